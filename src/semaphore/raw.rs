@@ -1,0 +1,639 @@
+//! The semaphore algorithm: one atomic state word and an intrusive FIFO of
+//! waiters. The public API in `mod.rs` is a thin, documented shell over it.
+//!
+//! # The state word
+//!
+//! | bits       | name      | meaning                                              |
+//! |------------|-----------|------------------------------------------------------|
+//! | 0          | `CLOSED`  | `close()` was called; no new permits are issued       |
+//! | 1          | `QUEUED`  | the wait list is (or is about to be) non-empty         |
+//! | 2..        | permits   | permits available to `try_acquire` right now          |
+//!
+//! # Invariants
+//!
+//! 1. While the wait list is non-empty, `QUEUED` is set and the permit count
+//!    is 0: every permit that becomes free while someone waits is handed to
+//!    the oldest waiter instead. So `try_acquire`, which needs a non-zero
+//!    count, can never jump the queue, and it needs no check of its own.
+//! 2. `QUEUED` is set and cleared only with the wait-list lock held. While it
+//!    is set, nothing but the lock holder changes the permit count: the
+//!    lock-free paths (try_acquire, release, forget) all compare-and-swap the
+//!    whole word and go to the lock (or fail) when they see `QUEUED`.
+//! 3. Permits are conserved: available + held by permits + assigned to
+//!    waiters == issued (`new` + `add_permits` - `forget_permits`).
+//!
+//! # Releasing
+//!
+//! With no waiter queued a release is one CAS on the state word and takes no
+//! lock (tokio locks its wait list on every release). The race with a waiter
+//! that is about to queue is settled by that CAS: the waiter sets `QUEUED`
+//! with a CAS too, so the release either lands first (the waiter sees the
+//! permits) or sees `QUEUED` and goes to the lock.
+//!
+//! # The waiter node
+//!
+//! Each pending acquire owns a [`Node`] pinned inside its future. Its `state`
+//! is `remaining << 1 | NODE_CLOSED`:
+//!
+//! * `remaining > 0`, flag clear: linked in the wait list, owed `remaining`
+//!   more permits. Only the lock holder changes it.
+//! * `0`: fully assigned and unlinked.
+//! * flag set: unlinked by `close()`; `remaining` permits were never assigned.
+//!
+//! The last two are terminal: the lock holder writes them with `Release` as
+//! its last access to the node (after taking the waker out), so the owner
+//! can see them with an `Acquire` load and finish without the lock.
+
+use core::fmt;
+use core::pin::Pin;
+use core::ptr::{self, NonNull};
+use core::task::{Context, Poll, Waker};
+
+use smallvec::SmallVec;
+
+use crate::sync::{AtomicUsize, Backoff, Mutex, MutexGuard, Ordering, UnsafeCell, WAKE_BATCH};
+use crate::wait_list::{Link, Pointers, WaitList};
+
+use super::{AcquireError, TryAcquireError};
+
+const CLOSED: usize = 1;
+const QUEUED: usize = 2;
+const SHIFT: usize = 2;
+
+const NODE_CLOSED: usize = 1;
+
+/// Same bound as tokio: the count must fit the word with room for flags.
+pub(crate) const MAX_PERMITS: usize = usize::MAX >> 3;
+
+pub(crate) struct RawSemaphore {
+    /// See the module docs for the layout.
+    state: AtomicUsize,
+    waiters: Mutex<WaitList<Node>>,
+}
+
+/// A waiter node; lives pinned inside an acquire future.
+pub(crate) struct Node {
+    pointers: Pointers<Node>,
+    /// `remaining << 1 | NODE_CLOSED`; see the module docs.
+    state: AtomicUsize,
+    /// The task to wake. Only accessed while the wait list is locked (or by
+    /// the owner before the node is first linked).
+    waker: UnsafeCell<Option<Waker>>,
+}
+
+// SAFETY: `Pointers::pointers` returns the embedded field through
+// `addr_of_mut!`, never a reference to the node.
+unsafe impl Link for Node {
+    unsafe fn pointers(target: NonNull<Self>) -> NonNull<Pointers<Self>> {
+        // SAFETY: the caller guarantees `target` is live.
+        unsafe { NonNull::new_unchecked(ptr::addr_of_mut!((*target.as_ptr()).pointers)) }
+    }
+}
+
+// SAFETY: the links and the waker are only accessed with the wait list
+// locked; `state` is atomic. `Waker` is `Send + Sync`.
+unsafe impl Send for Node {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Node {}
+
+/// Where an acquire future is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Not polled yet, or polled and completed on the fast path.
+    Idle,
+    /// The node was queued (it may since have been fully assigned).
+    Queued,
+    /// Returned `Ready`; polling again is a bug.
+    Done,
+}
+
+/// The part of an acquire future that talks to the semaphore: the node,
+/// the number of permits wanted and the phase. `Acquire` and `AcquireOwned`
+/// wrap it with a borrowed or an owned semaphore.
+pub(crate) struct Waiter {
+    node: Node,
+    needed: u32,
+    phase: Phase,
+}
+
+type WakeList = SmallVec<[Waker; WAKE_BATCH]>;
+
+fn wake_all(wakers: &mut WakeList) {
+    for waker in wakers.drain(..) {
+        waker.wake();
+    }
+}
+
+impl RawSemaphore {
+    #[cfg(not(all(test, feature = "loom")))]
+    pub(crate) const fn new(permits: usize) -> Self {
+        Self {
+            state: AtomicUsize::new(permits << SHIFT),
+            waiters: Mutex::new(WaitList::new()),
+        }
+    }
+
+    #[cfg(all(test, feature = "loom"))]
+    pub(crate) fn new(permits: usize) -> Self {
+        Self {
+            state: AtomicUsize::new(permits << SHIFT),
+            waiters: Mutex::new(WaitList::new()),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn available_permits(&self) -> usize {
+        // Relaxed: a snapshot; it synchronizes with nothing.
+        self.state.load(Ordering::Relaxed) >> SHIFT
+    }
+
+    #[inline]
+    pub(crate) fn is_closed(&self) -> bool {
+        // Acquire: pairs with the `fetch_or(CLOSED, Release)` in `close`.
+        self.state.load(Ordering::Acquire) & CLOSED == CLOSED
+    }
+
+    /// Takes `n` permits now or fails; never queues and never writes the
+    /// state word on failure.
+    #[inline]
+    pub(crate) fn try_acquire(&self, n: usize) -> Result<(), TryAcquireError> {
+        assert_max(n);
+        let n_shifted = n << SHIFT;
+        // Relaxed: only the successful CAS below needs to synchronize.
+        let mut curr = self.state.load(Ordering::Relaxed);
+        let backoff = Backoff::new();
+        loop {
+            if curr & CLOSED == CLOSED {
+                return Err(TryAcquireError::Closed);
+            }
+            // Invariant 1: with waiters queued the count is 0, so a non-zero
+            // request fails here and cannot overtake them.
+            if (curr >> SHIFT) < n {
+                return Err(TryAcquireError::NoPermits);
+            }
+            if n == 0 {
+                return Ok(());
+            }
+            // Acquire on success: pairs with the Release of whichever
+            // release made these permits available.
+            match self.state.compare_exchange_weak(
+                curr,
+                curr - n_shifted,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(()),
+                Err(actual) => {
+                    curr = actual;
+                    backoff.spin();
+                }
+            }
+        }
+    }
+
+    /// Returns `n` permits. Lock-free unless a waiter is queued.
+    #[inline]
+    pub(crate) fn release(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        // Relaxed: the CAS below carries the ordering.
+        let mut curr = self.state.load(Ordering::Relaxed);
+        let backoff = Backoff::new();
+        loop {
+            if curr & QUEUED == QUEUED {
+                return self.release_slow(n);
+            }
+            // Release on success: pairs with the Acquire CAS of the next
+            // `try_acquire` (or the enqueue CAS) that takes these permits.
+            match self.state.compare_exchange_weak(
+                curr,
+                curr + (n << SHIFT),
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(actual) => {
+                    curr = actual;
+                    backoff.spin();
+                }
+            }
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn release_slow(&self, n: usize) {
+        let guard = self.waiters.lock();
+        self.release_locked(n, guard);
+    }
+
+    /// Hands `rem` permits to the oldest waiters, then stores what is left.
+    /// Wakes the satisfied waiters after unlocking, in batches of
+    /// `WAKE_BATCH` so the lock is never held while user code runs.
+    fn release_locked<'a>(&'a self, mut rem: usize, mut guard: MutexGuard<'a, WaitList<Node>>) {
+        let mut wakers = WakeList::new();
+        loop {
+            // Relaxed: under the lock; `QUEUED` only changes under the lock.
+            let curr = self.state.load(Ordering::Relaxed);
+            if curr & QUEUED == 0 {
+                // Nobody waits (invariant 1), so the permits go to the word.
+                // Release: pairs with the Acquire CAS that takes them.
+                self.state.fetch_add(rem << SHIFT, Ordering::Release);
+                return;
+            }
+            while rem > 0 && wakers.len() < WAKE_BATCH {
+                let Some(node) = guard.front() else { break };
+                // SAFETY: linked nodes are live (they unlink themselves
+                // under this lock before they are dropped).
+                let node = unsafe { node.as_ref() };
+                // Relaxed: a linked node's state is only written under the
+                // lock, which we hold.
+                let owed = node.state.load(Ordering::Relaxed) >> 1;
+                if rem < owed {
+                    // Partial assignment; the node stays at the front.
+                    // Relaxed: the owner reads non-terminal values only to
+                    // decide to take the lock.
+                    node.state.store((owed - rem) << 1, Ordering::Relaxed);
+                    rem = 0;
+                    break;
+                }
+                rem -= owed;
+                guard.pop_front();
+                // SAFETY: the lock is held and the node is live.
+                if let Some(waker) = node.waker.with_mut(|w| unsafe { (*w).take() }) {
+                    wakers.push(waker);
+                }
+                // Release: pairs with the owner's Acquire load in
+                // `poll`/`drop`. This is the last access to the node.
+                node.state.store(0, Ordering::Release);
+            }
+            let done = if guard.is_empty() {
+                // Clear QUEUED and publish the leftover in one RMW; the
+                // count is 0 while QUEUED is set (invariant 1), and CLOSED
+                // is left as it is.
+                // Release: pairs with the Acquire CAS that takes them.
+                self.state
+                    .fetch_add((rem << SHIFT).wrapping_sub(QUEUED), Ordering::Release);
+                true
+            } else {
+                rem == 0
+            };
+            drop(guard);
+            wake_all(&mut wakers);
+            if done {
+                return;
+            }
+            guard = self.waiters.lock();
+        }
+    }
+
+    /// Adds `n` new permits, panicking (before changing anything) if the
+    /// count would pass `MAX_PERMITS`.
+    #[track_caller]
+    pub(crate) fn add_permits(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        assert!(
+            n <= MAX_PERMITS,
+            "cannot add more than MAX_PERMITS permits ({})",
+            MAX_PERMITS
+        );
+        let prev = self.available_permits();
+        assert!(
+            prev + n <= MAX_PERMITS,
+            "number of added permits ({}) would overflow MAX_PERMITS ({})",
+            n,
+            MAX_PERMITS
+        );
+        self.release(n);
+    }
+
+    /// Removes up to `n` available permits; returns how many it removed.
+    pub(crate) fn forget_permits(&self, n: usize) -> usize {
+        if n == 0 {
+            return 0;
+        }
+        // Relaxed: forgetting publishes nothing and takes no data.
+        let mut curr = self.state.load(Ordering::Relaxed);
+        let backoff = Backoff::new();
+        loop {
+            let avail = curr >> SHIFT;
+            if avail == 0 {
+                // Includes the QUEUED case (invariant 1): nothing to take.
+                return 0;
+            }
+            let take = avail.min(n);
+            match self.state.compare_exchange_weak(
+                curr,
+                curr - (take << SHIFT),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return take,
+                Err(actual) => {
+                    curr = actual;
+                    backoff.spin();
+                }
+            }
+        }
+    }
+
+    /// Closes the semaphore and fails every queued waiter.
+    pub(crate) fn close(&self) {
+        let mut guard = self.waiters.lock();
+        // Set under the lock so that no waiter queues after the drain below
+        // (the enqueue path checks CLOSED under the same lock).
+        // Release: pairs with the Acquire load in `is_closed`/`poll`.
+        self.state.fetch_or(CLOSED, Ordering::Release);
+        let mut wakers = WakeList::new();
+        loop {
+            while wakers.len() < WAKE_BATCH {
+                let Some(node) = guard.pop_front() else { break };
+                // SAFETY: the node was linked, so it is live; lock held.
+                let node = unsafe { node.as_ref() };
+                // SAFETY: the lock is held.
+                if let Some(waker) = node.waker.with_mut(|w| unsafe { (*w).take() }) {
+                    wakers.push(waker);
+                }
+                let st = node.state.load(Ordering::Relaxed);
+                // Release: pairs with the owner's Acquire load; last access.
+                node.state.store(st | NODE_CLOSED, Ordering::Release);
+            }
+            let empty = guard.is_empty();
+            if empty {
+                // Release: pairs with nothing in particular; the lock orders
+                // it with the next lock holder.
+                self.state.fetch_and(!QUEUED, Ordering::Release);
+            }
+            drop(guard);
+            wake_all(&mut wakers);
+            if empty {
+                return;
+            }
+            guard = self.waiters.lock();
+        }
+    }
+
+    /// Polls for `waiter.needed` permits. On `Ready(Ok)` the caller owns
+    /// them; on `Ready(Err)` it owns none.
+    #[inline]
+    pub(crate) fn poll_acquire(
+        &self,
+        waiter: Pin<&mut Waiter>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), AcquireError>> {
+        // SAFETY: nothing is moved out of `waiter`; the node stays pinned.
+        let waiter = unsafe { waiter.get_unchecked_mut() };
+        match waiter.phase {
+            Phase::Idle => match self.try_acquire(waiter.needed as usize) {
+                Ok(()) => {
+                    waiter.phase = Phase::Done;
+                    Poll::Ready(Ok(()))
+                }
+                Err(TryAcquireError::Closed) => {
+                    waiter.phase = Phase::Done;
+                    Poll::Ready(Err(AcquireError::closed()))
+                }
+                Err(TryAcquireError::NoPermits) => self.enqueue(waiter, cx),
+            },
+            Phase::Queued => self.repoll(waiter, cx),
+            Phase::Done => panic!("`Acquire` polled after completion"),
+        }
+    }
+
+    /// First poll, fast path failed: take what is there, queue for the rest.
+    #[cold]
+    #[inline(never)]
+    fn enqueue(&self, waiter: &mut Waiter, cx: &mut Context<'_>) -> Poll<Result<(), AcquireError>> {
+        let needed = waiter.needed as usize;
+        // Clone before locking: a waker clone is user code.
+        let waker = cx.waker().clone();
+        let mut guard = self.waiters.lock();
+        // Relaxed: every path below that takes permits does so by a CAS
+        // with Acquire.
+        let mut curr = self.state.load(Ordering::Relaxed);
+        loop {
+            if curr & CLOSED == CLOSED {
+                drop(guard);
+                waiter.phase = Phase::Done;
+                return Poll::Ready(Err(AcquireError::closed()));
+            }
+            let avail = curr >> SHIFT;
+            if curr & QUEUED == 0 && avail >= needed {
+                // Permits came back between the fast path and the lock.
+                match self.state.compare_exchange_weak(
+                    curr,
+                    curr - (needed << SHIFT),
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => {
+                        drop(guard);
+                        waiter.phase = Phase::Done;
+                        return Poll::Ready(Ok(()));
+                    }
+                    Err(actual) => {
+                        curr = actual;
+                        continue;
+                    }
+                }
+            }
+            // Take everything available (0 if QUEUED) and set QUEUED, in one
+            // CAS: this is what a lock-free release races with.
+            let next = (curr & CLOSED) | QUEUED;
+            if curr != next {
+                // Acquire: we take `avail` permits; pairs with the Release
+                // of the releases that made them available.
+                if let Err(actual) = self.state.compare_exchange_weak(
+                    curr,
+                    next,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                ) {
+                    curr = actual;
+                    continue;
+                }
+            }
+            let remaining = needed - avail;
+            // Relaxed: the node is not linked yet; the unlock publishes it.
+            waiter.node.state.store(remaining << 1, Ordering::Relaxed);
+            // SAFETY: the node is not linked yet, so only we can reach it.
+            // The previous value is `None` (first poll), so nothing is
+            // dropped under the lock.
+            waiter.node.waker.with_mut(|w| unsafe { *w = Some(waker) });
+            // SAFETY: the node is pinned inside the future and unlinked; the
+            // future's `Drop` unlinks it (under this lock) before it goes.
+            unsafe { guard.push_back(NonNull::from(&waiter.node)) };
+            waiter.phase = Phase::Queued;
+            return Poll::Pending;
+        }
+    }
+
+    /// A queued waiter is polled again.
+    fn repoll(&self, waiter: &mut Waiter, cx: &mut Context<'_>) -> Poll<Result<(), AcquireError>> {
+        // Acquire: pairs with the Release store of a terminal state.
+        let st = waiter.node.state.load(Ordering::Acquire);
+        if let Some(ready) = self.finish_terminal(waiter, st) {
+            return ready;
+        }
+        self.repoll_slow(waiter, cx)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn repoll_slow(
+        &self,
+        waiter: &mut Waiter,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), AcquireError>> {
+        let mut waker = Some(cx.waker().clone());
+        let guard = self.waiters.lock();
+        // Relaxed: under the lock, which orders us after the last writer.
+        let st = waiter.node.state.load(Ordering::Relaxed);
+        if !is_terminal(st) {
+            // Still linked: make sure the newest waker is the one woken.
+            waiter.node.waker.with_mut(|w| {
+                // SAFETY: the lock is held.
+                let slot = unsafe { &mut *w };
+                let new = waker.take().expect("waker taken once");
+                match slot {
+                    Some(old) if old.will_wake(&new) => waker = Some(new),
+                    _ => waker = slot.replace(new),
+                }
+            });
+            drop(guard);
+            // The waker we did not keep (new or old) is dropped here,
+            // outside the lock.
+            drop(waker);
+            return Poll::Pending;
+        }
+        drop(guard);
+        drop(waker);
+        self.finish_terminal(waiter, st)
+            .expect("terminal node state")
+    }
+
+    /// Completes a waiter whose node is unlinked (state `0` or closed).
+    fn finish_terminal(
+        &self,
+        waiter: &mut Waiter,
+        st: usize,
+    ) -> Option<Poll<Result<(), AcquireError>>> {
+        if !is_terminal(st) {
+            return None;
+        }
+        let needed = waiter.needed as usize;
+        waiter.phase = Phase::Done;
+        if st == 0 && !self.is_closed() {
+            return Some(Poll::Ready(Ok(())));
+        }
+        // Closed (like tokio, a closed semaphore fails even a waiter whose
+        // permits were all assigned): hand back what was assigned.
+        self.release(needed - (st >> 1));
+        Some(Poll::Ready(Err(AcquireError::closed())))
+    }
+
+    /// The acquire future is dropped: unlink the node and give back every
+    /// permit already assigned to it.
+    pub(crate) fn drop_waiter(&self, waiter: Pin<&mut Waiter>) {
+        // SAFETY: nothing is moved out; the node stays where it is until
+        // the future's memory is released after this returns.
+        let waiter = unsafe { waiter.get_unchecked_mut() };
+        if waiter.phase != Phase::Queued {
+            return;
+        }
+        waiter.phase = Phase::Done;
+        let needed = waiter.needed as usize;
+        // Acquire: pairs with the Release store of a terminal state.
+        let st = waiter.node.state.load(Ordering::Acquire);
+        if is_terminal(st) {
+            self.release(needed - (st >> 1));
+            return;
+        }
+        self.drop_waiter_slow(waiter, needed);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn drop_waiter_slow(&self, waiter: &mut Waiter, needed: usize) {
+        let mut guard = self.waiters.lock();
+        // Relaxed: under the lock.
+        let st = waiter.node.state.load(Ordering::Relaxed);
+        if !is_terminal(st) {
+            // SAFETY: the node is live, the lock is held and the node is in
+            // this list (non-terminal state means linked).
+            let linked = unsafe { guard.remove(NonNull::from(&waiter.node)) };
+            debug_assert!(linked);
+        }
+        let assigned = needed - (st >> 1);
+        if assigned > 0 {
+            // Through the locked path: the next waiters may now be
+            // satisfiable. Wakers are woken after unlocking.
+            self.release_locked(assigned, guard);
+        }
+        // The node's waker is dropped with the future, after the lock.
+    }
+}
+
+/// tokio's check and message, for requests that cannot fit the word (only
+/// reachable on 32-bit targets, where `u32::MAX > MAX_PERMITS`).
+#[inline]
+#[track_caller]
+pub(crate) fn assert_max(n: usize) {
+    assert!(
+        n <= MAX_PERMITS,
+        "a semaphore may not have more than MAX_PERMITS permits ({})",
+        MAX_PERMITS
+    );
+}
+
+#[inline]
+fn is_terminal(node_state: usize) -> bool {
+    node_state == 0 || node_state & NODE_CLOSED == NODE_CLOSED
+}
+
+impl fmt::Debug for RawSemaphore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.state.load(Ordering::Relaxed);
+        f.debug_struct("Semaphore")
+            .field("permits", &(st >> SHIFT))
+            .field("closed", &(st & CLOSED == CLOSED))
+            .field("queued", &(st & QUEUED == QUEUED))
+            .finish()
+    }
+}
+
+impl Waiter {
+    pub(crate) fn new(needed: u32) -> Self {
+        Self {
+            node: Node {
+                pointers: Pointers::new(),
+                state: AtomicUsize::new(0),
+                waker: UnsafeCell::new(None),
+            },
+            needed,
+            phase: Phase::Idle,
+        }
+    }
+
+    pub(crate) fn needed(&self) -> u32 {
+        self.needed
+    }
+
+    /// Whether the node may be linked (the future was queued and has not
+    /// completed).
+    pub(crate) fn is_queued(&self) -> bool {
+        self.phase == Phase::Queued
+    }
+}
+
+impl fmt::Debug for Waiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Waiter")
+            .field("needed", &self.needed)
+            .field("phase", &self.phase)
+            .finish()
+    }
+}

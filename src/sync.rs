@@ -1,0 +1,122 @@
+//! The one place that picks `std` or `loom` primitives.
+//!
+//! Every other module names atomics, cells, mutexes and spin hints through
+//! this shim, never `std::sync::atomic` or `loom` directly, so that the loom
+//! models in `loom-tests/` check the very code that ships.
+//!
+//! The switch is `cfg(all(test, feature = "loom"))`, not the feature alone:
+//! integration tests and doctests link the normal library even when the
+//! feature is on, so `cargo test --features loom` runs the models *and* the
+//! ordinary tests (see `STYLE.md`).
+//!
+//! The std side mirrors loom's API (`UnsafeCell::with`/`with_mut`,
+//! `Mutex::lock` returning the guard directly) and keeps `const`
+//! constructors, which loom lacks.
+
+#![allow(dead_code, unused_imports)]
+
+pub(crate) use imp::*;
+
+#[cfg(not(all(test, feature = "loom")))]
+mod imp {
+    pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    pub(crate) use std::sync::Arc;
+
+    /// `std::cell::UnsafeCell` with loom's closure-based access API.
+    #[derive(Debug)]
+    #[repr(transparent)]
+    pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+    impl<T> UnsafeCell<T> {
+        #[inline]
+        pub(crate) const fn new(value: T) -> Self {
+            Self(std::cell::UnsafeCell::new(value))
+        }
+
+        /// Runs `f` with a shared pointer to the contents.
+        #[inline]
+        pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+            f(self.0.get())
+        }
+
+        /// Runs `f` with a mutable pointer to the contents.
+        #[inline]
+        pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+            f(self.0.get())
+        }
+    }
+
+    /// A mutex whose `lock` returns the guard directly (no poisoning).
+    #[derive(Debug)]
+    pub(crate) struct Mutex<T>(parking_lot::Mutex<T>);
+
+    pub(crate) type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
+
+    impl<T> Mutex<T> {
+        #[inline]
+        pub(crate) const fn new(value: T) -> Self {
+            Self(parking_lot::Mutex::new(value))
+        }
+
+        #[inline]
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock()
+        }
+    }
+
+    /// Exponential spin after a failed CAS (crossbeam's `Backoff`).
+    pub(crate) type Backoff = crossbeam_utils::Backoff;
+
+    /// Wraps a value so it sits alone on its cache line(s).
+    pub(crate) type CachePadded<T> = crossbeam_utils::CachePadded<T>;
+
+    /// How many wakers are collected under a lock before it is released to
+    /// wake them.
+    pub(crate) const WAKE_BATCH: usize = 32;
+}
+
+#[cfg(all(test, feature = "loom"))]
+mod imp {
+    pub(crate) use loom::cell::UnsafeCell;
+    pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    pub(crate) use loom::sync::Arc;
+
+    /// loom's mutex with the guard returned directly.
+    #[derive(Debug)]
+    pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
+
+    pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Self(loom::sync::Mutex::new(value))
+        }
+
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock().unwrap()
+        }
+    }
+
+    /// Under loom a failed CAS yields to the scheduler instead of spinning,
+    /// so the model explores the interleaving that made it fail.
+    #[derive(Debug, Default)]
+    pub(crate) struct Backoff;
+
+    impl Backoff {
+        pub(crate) fn new() -> Self {
+            Backoff
+        }
+        pub(crate) fn spin(&self) {
+            loom::hint::spin_loop();
+        }
+        pub(crate) fn snooze(&self) {
+            loom::thread::yield_now();
+        }
+    }
+
+    pub(crate) type CachePadded<T> = crossbeam_utils::CachePadded<T>;
+
+    /// Small under loom, so a model with three waiters exercises the
+    /// unlock-wake-relock path that real code takes past 32 waiters.
+    pub(crate) const WAKE_BATCH: usize = 2;
+}

@@ -1,0 +1,359 @@
+//! An intrusive, doubly linked FIFO of pinned waiter nodes: the unsafe core.
+//!
+//! The nodes live inside the futures that wait (an `Acquire` future owns its
+//! node), so queueing a waiter allocates nothing. The list only stores raw
+//! pointers; it never owns, moves or drops a node.
+//!
+//! # Invariants
+//!
+//! * A `WaitList` is only ever used behind a mutex; every method that reads
+//!   or writes a node's links is called with that mutex held. The links live
+//!   in an [`UnsafeCell`] and are therefore only touched under the lock.
+//! * A node is in at most one list at a time. While it is linked it is pinned
+//!   and alive: its owner unlinks it (under the lock) before the node is
+//!   dropped or moved. This is what the `unsafe` of [`WaitList::push_back`]
+//!   asks of its caller.
+//! * Node pointers are derived from shared references and all mutation goes
+//!   through `UnsafeCell`s or atomics, and the links are read and written
+//!   through raw pointers (`addr_of!`) without forming an intermediate
+//!   `&mut` to the node. This keeps the list sound under both Stacked and
+//!   Tree Borrows (unlike the list that tokio#3399 reports).
+
+use core::fmt;
+use core::marker::PhantomPinned;
+use core::ptr::NonNull;
+
+use crate::sync::UnsafeCell;
+
+/// A type that can be linked into a [`WaitList`].
+///
+/// # Safety
+///
+/// [`Link::pointers`] must return a pointer to the [`Pointers`] embedded in
+/// the node that `target` points to, without creating a reference to the
+/// whole node, and the same node must always return the same `Pointers`.
+pub(crate) unsafe trait Link {
+    /// Returns the links embedded in `target`.
+    ///
+    /// # Safety
+    ///
+    /// `target` must point to a live node.
+    unsafe fn pointers(target: NonNull<Self>) -> NonNull<Pointers<Self>>;
+}
+
+/// The previous/next links embedded in every node.
+pub(crate) struct Pointers<T: ?Sized> {
+    /// Only accessed while the owning list's mutex is held.
+    inner: UnsafeCell<PointersInner<T>>,
+    /// A linked node must not move.
+    _pin: PhantomPinned,
+}
+
+struct PointersInner<T: ?Sized> {
+    prev: Option<NonNull<T>>,
+    next: Option<NonNull<T>>,
+}
+
+impl<T: ?Sized> Pointers<T> {
+    /// Unlinked pointers.
+    #[cfg(not(all(test, feature = "loom")))]
+    pub(crate) const fn new() -> Self {
+        Self {
+            inner: UnsafeCell::new(PointersInner {
+                prev: None,
+                next: None,
+            }),
+            _pin: PhantomPinned,
+        }
+    }
+
+    /// Unlinked pointers.
+    #[cfg(all(test, feature = "loom"))]
+    pub(crate) fn new() -> Self {
+        Self {
+            inner: UnsafeCell::new(PointersInner {
+                prev: None,
+                next: None,
+            }),
+            _pin: PhantomPinned,
+        }
+    }
+}
+
+impl<T: ?Sized> fmt::Debug for Pointers<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The links may only be read under the list's lock, which a `Debug`
+        // call does not hold, so they are not shown.
+        f.debug_struct("Pointers").finish_non_exhaustive()
+    }
+}
+
+// The accessors below take the node pointer, not `&self`, so no reference
+// to a node's links outlives a single read or write.
+
+/// # Safety
+///
+/// `node` is live and the list's lock is held.
+unsafe fn prev<T: Link + ?Sized>(node: NonNull<T>) -> Option<NonNull<T>> {
+    // SAFETY: the caller guarantees `node` is live; `pointers` returns a
+    // pointer into it; the lock is held, so no one writes the cell meanwhile.
+    unsafe { T::pointers(node).as_ref().inner.with(|p| (*p).prev) }
+}
+
+/// # Safety
+///
+/// `node` is live and the list's lock is held.
+unsafe fn next<T: Link + ?Sized>(node: NonNull<T>) -> Option<NonNull<T>> {
+    // SAFETY: as in `prev`.
+    unsafe { T::pointers(node).as_ref().inner.with(|p| (*p).next) }
+}
+
+/// # Safety
+///
+/// `node` is live and the list's lock is held.
+unsafe fn set_prev<T: Link + ?Sized>(node: NonNull<T>, value: Option<NonNull<T>>) {
+    // SAFETY: as in `prev`; the lock makes this the only access to the cell.
+    unsafe {
+        T::pointers(node)
+            .as_ref()
+            .inner
+            .with_mut(|p| (*p).prev = value)
+    }
+}
+
+/// # Safety
+///
+/// `node` is live and the list's lock is held.
+unsafe fn set_next<T: Link + ?Sized>(node: NonNull<T>, value: Option<NonNull<T>>) {
+    // SAFETY: as in `set_prev`.
+    unsafe {
+        T::pointers(node)
+            .as_ref()
+            .inner
+            .with_mut(|p| (*p).next = value)
+    }
+}
+
+/// An intrusive FIFO of nodes (oldest at the front).
+pub(crate) struct WaitList<T: Link + ?Sized> {
+    head: Option<NonNull<T>>,
+    tail: Option<NonNull<T>>,
+}
+
+// SAFETY: the list holds pointers to nodes that are `Sync` (their mutable
+// parts are atomics or cells only touched under the list's lock). Moving the
+// list to another thread moves only those pointers; the nodes themselves are
+// reached only while the lock is held.
+unsafe impl<T: Link + Sync + ?Sized> Send for WaitList<T> {}
+
+impl<T: Link + ?Sized> WaitList<T> {
+    /// An empty list.
+    pub(crate) const fn new() -> Self {
+        Self {
+            head: None,
+            tail: None,
+        }
+    }
+
+    /// Whether no node is linked.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.head.is_none()
+    }
+
+    /// The oldest node, if any.
+    #[inline]
+    pub(crate) fn front(&self) -> Option<NonNull<T>> {
+        self.head
+    }
+
+    /// Links `node` at the back (it becomes the newest).
+    ///
+    /// # Safety
+    ///
+    /// `node` is live, pinned and in no list, and stays live and pinned until
+    /// it has been removed from this list (by `pop_front` or `remove`). The
+    /// list's lock is held.
+    pub(crate) unsafe fn push_back(&mut self, node: NonNull<T>) {
+        debug_assert!(self.head != Some(node) && self.tail != Some(node));
+        // SAFETY: the caller guarantees `node` is live and the lock is held;
+        // `tail`, if any, is live by this function's contract on its caller.
+        unsafe {
+            set_next(node, None);
+            set_prev(node, self.tail);
+            match self.tail {
+                Some(tail) => set_next(tail, Some(node)),
+                None => self.head = Some(node),
+            }
+        }
+        self.tail = Some(node);
+    }
+
+    /// Unlinks and returns the oldest node.
+    pub(crate) fn pop_front(&mut self) -> Option<NonNull<T>> {
+        let head = self.head?;
+        // SAFETY: every linked node is live (contract of `push_back`), and
+        // `&mut self` means the caller holds the lock.
+        unsafe {
+            self.head = next(head);
+            match self.head {
+                Some(new_head) => set_prev(new_head, None),
+                None => self.tail = None,
+            }
+            set_prev(head, None);
+            set_next(head, None);
+        }
+        Some(head)
+    }
+
+    /// Unlinks `node` if it is in this list; returns whether it was.
+    ///
+    /// # Safety
+    ///
+    /// `node` is live and is either in this list or in no list. The lock is
+    /// held.
+    pub(crate) unsafe fn remove(&mut self, node: NonNull<T>) -> bool {
+        // SAFETY: `node` is live (caller), its neighbours are linked and so
+        // live (contract of `push_back`), and the lock is held.
+        unsafe {
+            let prev = prev(node);
+            let next = next(node);
+            match prev {
+                Some(prev) => set_next(prev, next),
+                None => {
+                    if self.head != Some(node) {
+                        // Neither a predecessor nor the head: not linked.
+                        return false;
+                    }
+                    self.head = next;
+                }
+            }
+            match next {
+                Some(next) => set_prev(next, prev),
+                None => self.tail = prev,
+            }
+            set_prev(node, None);
+            set_next(node, None);
+        }
+        true
+    }
+}
+
+impl<T: Link + ?Sized> fmt::Debug for WaitList<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WaitList")
+            .field("is_empty", &self.is_empty())
+            .finish()
+    }
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    //! The list against a `VecDeque` model; run under miri too.
+    use super::*;
+    use std::collections::VecDeque;
+    use std::pin::Pin;
+    use std::ptr;
+
+    struct Node {
+        pointers: Pointers<Node>,
+        id: usize,
+    }
+
+    // SAFETY: `pointers` returns the embedded field via `addr_of!`.
+    unsafe impl Link for Node {
+        unsafe fn pointers(target: NonNull<Self>) -> NonNull<Pointers<Self>> {
+            // SAFETY: `target` is live (caller); `addr_of_mut!` creates no
+            // intermediate reference.
+            unsafe { NonNull::new_unchecked(ptr::addr_of_mut!((*target.as_ptr()).pointers)) }
+        }
+    }
+
+    fn node(id: usize) -> Pin<Box<Node>> {
+        Box::pin(Node {
+            pointers: Pointers::new(),
+            id,
+        })
+    }
+
+    fn ptr(n: &Pin<Box<Node>>) -> NonNull<Node> {
+        NonNull::from(&**n)
+    }
+
+    fn ids(list: &mut WaitList<Node>) -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut cur = list.front();
+        while let Some(n) = cur {
+            // SAFETY: linked nodes are live; the test is single-threaded.
+            unsafe {
+                out.push(n.as_ref().id);
+                cur = next(n);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn fifo_order_and_remove_from_every_position() {
+        let nodes: Vec<_> = (0..5).map(node).collect();
+        let mut list = WaitList::new();
+        for n in &nodes {
+            // SAFETY: the boxes outlive the list's use of them.
+            unsafe { list.push_back(ptr(n)) };
+        }
+        assert_eq!(ids(&mut list), vec![0, 1, 2, 3, 4]);
+        // SAFETY: nodes are live and in this list (or, for the second
+        // removal, in no list).
+        unsafe {
+            assert!(list.remove(ptr(&nodes[2])));
+            assert!(!list.remove(ptr(&nodes[2])));
+            assert!(list.remove(ptr(&nodes[4])));
+            assert!(list.remove(ptr(&nodes[0])));
+        }
+        assert_eq!(ids(&mut list), vec![1, 3]);
+        assert_eq!(list.pop_front(), Some(ptr(&nodes[1])));
+        assert_eq!(list.pop_front(), Some(ptr(&nodes[3])));
+        assert_eq!(list.pop_front(), None);
+        assert!(list.is_empty());
+        // SAFETY: node 1 is live and in no list.
+        assert!(!unsafe { list.remove(ptr(&nodes[1])) });
+    }
+
+    #[test]
+    fn random_ops_match_vecdeque() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let nodes: Vec<_> = (0..16).map(node).collect();
+        for _round in 0..if cfg!(miri) { 4 } else { 200 } {
+            let mut list = WaitList::new();
+            let mut model: VecDeque<usize> = VecDeque::new();
+            for _ in 0..64 {
+                let id = rng.usize(..nodes.len());
+                match rng.u8(..3) {
+                    0 if !model.contains(&id) => {
+                        // SAFETY: node is live and in no list.
+                        unsafe { list.push_back(ptr(&nodes[id])) };
+                        model.push_back(id);
+                    }
+                    1 => {
+                        let got = list.pop_front().map(|n| {
+                            // SAFETY: the node was just unlinked and is live.
+                            unsafe { n.as_ref().id }
+                        });
+                        assert_eq!(got, model.pop_front());
+                    }
+                    _ => {
+                        // SAFETY: every node is in this list or in none.
+                        let removed = unsafe { list.remove(ptr(&nodes[id])) };
+                        let pos = model.iter().position(|&m| m == id);
+                        assert_eq!(removed, pos.is_some());
+                        if let Some(pos) = pos {
+                            model.remove(pos);
+                        }
+                    }
+                }
+                assert_eq!(ids(&mut list), model.iter().copied().collect::<Vec<_>>());
+            }
+            while list.pop_front().is_some() {}
+        }
+    }
+}

@@ -1,0 +1,477 @@
+//! Integration tests for `Semaphore`: tokio parity, FIFO, cancellation,
+//! closing, and the same workload on three executors.
+
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+use backpressure::{AcquireError, Semaphore, TryAcquireError};
+
+/// A waker that counts how often it was woken.
+#[derive(Default)]
+struct CountingWaker(AtomicUsize);
+
+impl Wake for CountingWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn counting_waker() -> (Arc<CountingWaker>, Waker) {
+    let c = Arc::new(CountingWaker::default());
+    (c.clone(), Waker::from(c))
+}
+
+fn poll_once<F: Future>(fut: Pin<&mut F>, waker: &Waker) -> Poll<F::Output> {
+    fut.poll(&mut Context::from_waker(waker))
+}
+
+#[test]
+fn api_edge_cases_match_tokio() {
+    // acquire_many(0) completes at once even with nothing available.
+    let sem = Semaphore::new(0);
+    let p = futures::executor::block_on(sem.acquire_many(0)).unwrap();
+    assert_eq!(p.num_permits(), 0);
+    assert_eq!(sem.try_acquire_many(0).unwrap().num_permits(), 0);
+
+    // add_permits after close still counts.
+    let sem = Semaphore::new(1);
+    sem.close();
+    sem.add_permits(2);
+    assert_eq!(sem.available_permits(), 3);
+    assert_eq!(sem.try_acquire().err(), Some(TryAcquireError::Closed));
+    assert_eq!(sem.try_acquire_many(0).err(), Some(TryAcquireError::Closed));
+    assert!(futures::executor::block_on(sem.acquire_many(0)).is_err());
+
+    // forget_permits keeps the closed state.
+    assert_eq!(sem.forget_permits(2), 2);
+    assert!(sem.is_closed());
+    assert_eq!(sem.available_permits(), 1);
+
+    // Same answers from tokio, side by side.
+    let ours = Semaphore::new(2);
+    let theirs = tokio::sync::Semaphore::new(2);
+    assert_eq!(ours.forget_permits(5), theirs.forget_permits(5));
+    ours.add_permits(1);
+    theirs.add_permits(1);
+    assert_eq!(ours.available_permits(), theirs.available_permits());
+    assert_eq!(
+        ours.try_acquire_many(2).err().map(|e| e.to_string()),
+        theirs.try_acquire_many(2).err().map(|e| e.to_string())
+    );
+    ours.close();
+    theirs.close();
+    assert_eq!(
+        ours.try_acquire().err().map(|e| e.to_string()),
+        theirs.try_acquire().err().map(|e| e.to_string())
+    );
+    assert_eq!(
+        AcquireError::clone(&futures::executor::block_on(ours.acquire()).unwrap_err()).to_string(),
+        "semaphore closed"
+    );
+}
+
+#[test]
+#[should_panic(expected = "a semaphore may not have more than MAX_PERMITS permits")]
+fn new_above_max_panics() {
+    let _ = Semaphore::new(Semaphore::MAX_PERMITS + 1);
+}
+
+#[test]
+#[should_panic(expected = "would overflow MAX_PERMITS")]
+fn add_permits_overflow_panics() {
+    let sem = Semaphore::new(Semaphore::MAX_PERMITS);
+    sem.add_permits(1);
+}
+
+#[test]
+fn add_permits_overflow_leaves_state_intact() {
+    let sem = Arc::new(Semaphore::new(Semaphore::MAX_PERMITS - 1));
+    let s = sem.clone();
+    let r = std::thread::spawn(move || s.add_permits(2)).join();
+    assert!(r.is_err());
+    assert_eq!(sem.available_permits(), Semaphore::MAX_PERMITS - 1);
+}
+
+#[test]
+fn permit_merge_split_forget() {
+    let sem = Semaphore::new(5);
+    let mut a = sem.try_acquire_many(2).unwrap();
+    a.merge(sem.try_acquire().unwrap());
+    assert_eq!(a.num_permits(), 3);
+    let b = a.split(2).unwrap();
+    assert!(a.split(2).is_none());
+    assert_eq!((a.num_permits(), b.num_permits()), (1, 2));
+    b.forget();
+    assert_eq!(sem.available_permits(), 2);
+    drop(a);
+    assert_eq!(sem.available_permits(), 3);
+}
+
+#[test]
+#[should_panic(expected = "merging permits from different semaphore instances")]
+fn merge_from_other_semaphore_panics() {
+    let s1 = Semaphore::new(1);
+    let s2 = Semaphore::new(1);
+    let mut a = s1.try_acquire().unwrap();
+    a.merge(s2.try_acquire().unwrap());
+}
+
+#[test]
+fn fifo_acquire_many_is_not_overtaken() {
+    let sem = Semaphore::new(0);
+    let (wa, a_waker) = counting_waker();
+    let (wb, b_waker) = counting_waker();
+    let mut a = pin!(sem.acquire_many(3));
+    let mut b = pin!(sem.acquire());
+    assert!(poll_once(a.as_mut(), &a_waker).is_pending());
+    assert!(poll_once(b.as_mut(), &b_waker).is_pending());
+
+    for _ in 0..2 {
+        sem.add_permits(1);
+        // The permit went to `a` (partially), not to `b` or the counter.
+        assert_eq!(sem.available_permits(), 0);
+        assert!(sem.try_acquire().is_err());
+        assert_eq!(wb.0.load(Ordering::SeqCst), 0);
+        assert!(poll_once(b.as_mut(), &b_waker).is_pending());
+    }
+    assert_eq!(wa.0.load(Ordering::SeqCst), 0);
+    sem.add_permits(1);
+    assert_eq!(wa.0.load(Ordering::SeqCst), 1);
+    let pa = match poll_once(a.as_mut(), &a_waker) {
+        Poll::Ready(Ok(p)) => p,
+        other => panic!(
+            "a not ready: {:?}",
+            other.map(|r| r.map(|p| p.num_permits()))
+        ),
+    };
+    assert_eq!(pa.num_permits(), 3);
+    assert!(poll_once(b.as_mut(), &b_waker).is_pending());
+    drop(pa);
+    assert_eq!(wb.0.load(Ordering::SeqCst), 1);
+    assert!(matches!(
+        poll_once(b.as_mut(), &b_waker),
+        Poll::Ready(Ok(_))
+    ));
+    assert_eq!(sem.available_permits(), 3);
+}
+
+#[test]
+fn cancelled_partial_acquire_returns_permits_and_wakes_next() {
+    let sem = Semaphore::new(0);
+    let (_, a_waker) = counting_waker();
+    let (wb, b_waker) = counting_waker();
+    let mut a = Box::pin(sem.acquire_many(3));
+    let mut b = pin!(sem.acquire_many(2));
+    assert!(poll_once(a.as_mut(), &a_waker).is_pending());
+    assert!(poll_once(b.as_mut(), &b_waker).is_pending());
+    sem.add_permits(2); // both assigned to `a`
+    assert_eq!(wb.0.load(Ordering::SeqCst), 0);
+    drop(a); // gives 2 back: exactly what `b` needs
+    assert_eq!(wb.0.load(Ordering::SeqCst), 1);
+    let p = match poll_once(b.as_mut(), &b_waker) {
+        Poll::Ready(Ok(p)) => p,
+        _ => panic!("b should be ready"),
+    };
+    assert_eq!(p.num_permits(), 2);
+    drop(p);
+    assert_eq!(sem.available_permits(), 2);
+}
+
+#[test]
+fn waker_replacement_wakes_the_latest_waker() {
+    let sem = Semaphore::new(0);
+    let (w1, waker1) = counting_waker();
+    let (w2, waker2) = counting_waker();
+    let mut a = pin!(sem.acquire());
+    assert!(poll_once(a.as_mut(), &waker1).is_pending());
+    assert!(poll_once(a.as_mut(), &waker2).is_pending());
+    sem.add_permits(1);
+    assert_eq!(w1.0.load(Ordering::SeqCst), 0);
+    assert_eq!(w2.0.load(Ordering::SeqCst), 1);
+    assert!(matches!(poll_once(a.as_mut(), &waker2), Poll::Ready(Ok(_))));
+}
+
+#[test]
+fn close_fails_waiters_and_returns_partial_permits() {
+    let sem = Semaphore::new(1);
+    let (wa, a_waker) = counting_waker();
+    let mut a = pin!(sem.acquire_many(3));
+    assert!(poll_once(a.as_mut(), &a_waker).is_pending());
+    assert_eq!(sem.available_permits(), 0); // the one permit is assigned to `a`
+    sem.close();
+    assert_eq!(wa.0.load(Ordering::SeqCst), 1);
+    assert!(matches!(
+        poll_once(a.as_mut(), &a_waker),
+        Poll::Ready(Err(_))
+    ));
+    // The assigned permit is back in the counter.
+    assert_eq!(sem.available_permits(), 1);
+}
+
+#[test]
+fn close_after_full_assignment_still_fails_like_tokio() {
+    let sem = Semaphore::new(0);
+    let (_, waker) = counting_waker();
+    let mut a = pin!(sem.acquire_many(2));
+    assert!(poll_once(a.as_mut(), &waker).is_pending());
+    sem.add_permits(2);
+    sem.close();
+    assert!(matches!(poll_once(a.as_mut(), &waker), Poll::Ready(Err(_))));
+    assert_eq!(sem.available_permits(), 2);
+
+    let theirs = tokio::sync::Semaphore::new(0);
+    let mut t = pin!(theirs.acquire_many(2));
+    assert!(poll_once(t.as_mut(), &waker).is_pending());
+    theirs.add_permits(2);
+    theirs.close();
+    assert!(matches!(poll_once(t.as_mut(), &waker), Poll::Ready(Err(_))));
+    assert_eq!(theirs.available_permits(), 2);
+}
+
+#[test]
+fn many_waiters_past_one_wake_batch() {
+    // 100 waiters are more than one wake batch (32): all must be woken.
+    let sem = Semaphore::new(0);
+    let (w, waker) = counting_waker();
+    let mut futs: Vec<_> = (0..100).map(|_| Box::pin(sem.acquire())).collect();
+    for f in &mut futs {
+        assert!(poll_once(f.as_mut(), &waker).is_pending());
+    }
+    sem.add_permits(100);
+    assert_eq!(w.0.load(Ordering::SeqCst), 100);
+    let permits: Vec<_> = futs
+        .iter_mut()
+        .map(|f| match poll_once(f.as_mut(), &waker) {
+            Poll::Ready(Ok(p)) => p,
+            _ => panic!("not ready"),
+        })
+        .collect();
+    assert_eq!(sem.available_permits(), 0);
+    drop(permits);
+    assert_eq!(sem.available_permits(), 100);
+
+    // And closing with 100 waiters wakes all of them.
+    let (w, waker) = counting_waker();
+    let mut futs: Vec<_> = (0..100).map(|_| Box::pin(sem.acquire_many(101))).collect();
+    for f in &mut futs {
+        assert!(poll_once(f.as_mut(), &waker).is_pending());
+    }
+    sem.close();
+    assert_eq!(w.0.load(Ordering::SeqCst), 100);
+    drop(futs);
+    assert_eq!(sem.available_permits(), 100);
+}
+
+#[test]
+fn types_are_send_sync_and_not_bigger_than_tokio() {
+    fn send_sync<T: Send + Sync>(_: &T) {}
+    let sem = Arc::new(Semaphore::new(1));
+    send_sync(&*sem);
+    send_sync(&sem.acquire());
+    send_sync(&sem.clone().acquire_owned());
+    send_sync(&sem.try_acquire().unwrap());
+    send_sync(&sem.clone().try_acquire_owned().unwrap());
+
+    let theirs = Arc::new(tokio::sync::Semaphore::new(1));
+    let ours_size = std::mem::size_of_val(&sem.acquire());
+    let their_size = std::mem::size_of_val(&theirs.acquire());
+    assert!(
+        ours_size <= their_size,
+        "Acquire is {ours_size} bytes, tokio's {their_size}"
+    );
+    let ours_owned = std::mem::size_of_val(&sem.clone().acquire_owned());
+    let their_owned = std::mem::size_of_val(&theirs.clone().acquire_owned());
+    assert!(ours_owned <= their_owned, "{ours_owned} vs {their_owned}");
+}
+
+#[test]
+fn blocking_acquire_parks_until_released() {
+    let sem = Arc::new(Semaphore::new(1));
+    let held = sem.try_acquire_many(1).unwrap();
+    let order = Arc::new(AtomicUsize::new(0));
+    let (s, o) = (sem.clone(), order.clone());
+    let t = std::thread::spawn(move || {
+        let p = s.blocking_acquire_owned().unwrap();
+        // The holder released before we got here.
+        assert_eq!(o.load(Ordering::SeqCst), 1);
+        p.num_permits()
+    });
+    // Give the thread a chance to queue; correctness does not depend on it.
+    std::thread::yield_now();
+    order.store(1, Ordering::SeqCst);
+    drop(held);
+    assert_eq!(t.join().unwrap(), 1);
+    assert_eq!(sem.available_permits(), 1);
+}
+
+/// Runs `tasks` tasks that each acquire 1..=3 permits, hold them briefly,
+/// and record the max number of permits held at once.
+async fn workload(sem: Arc<Semaphore>, held: Arc<AtomicUsize>, max: Arc<AtomicUsize>, n: u32) {
+    let p = sem.acquire_many(n).await.unwrap();
+    let now = held.fetch_add(n as usize, Ordering::SeqCst) + n as usize;
+    max.fetch_max(now, Ordering::SeqCst);
+    futures::future::ready(()).await;
+    std::thread::yield_now();
+    held.fetch_sub(n as usize, Ordering::SeqCst);
+    drop(p);
+}
+
+const PERMITS: usize = 4;
+const TASKS: usize = 200;
+
+fn check_workload(sem: &Semaphore, max: &AtomicUsize, done: usize) {
+    assert_eq!(done, TASKS);
+    assert!(max.load(Ordering::SeqCst) <= PERMITS);
+    assert!(max.load(Ordering::SeqCst) >= 1);
+    assert_eq!(sem.available_permits(), PERMITS);
+}
+
+#[test]
+fn workload_on_tokio_multi_thread() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let sem = Arc::new(Semaphore::new(PERMITS));
+    let (held, max) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let done = rt.block_on(async {
+        let handles: Vec<_> = (0..TASKS)
+            .map(|i| {
+                tokio::spawn(workload(
+                    sem.clone(),
+                    held.clone(),
+                    max.clone(),
+                    (i % 3 + 1) as u32,
+                ))
+            })
+            .collect();
+        let mut done = 0;
+        for h in handles {
+            h.await.unwrap();
+            done += 1;
+        }
+        done
+    });
+    check_workload(&sem, &max, done);
+}
+
+#[test]
+fn workload_on_smol() {
+    let sem = Arc::new(Semaphore::new(PERMITS));
+    let (held, max) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let ex = Arc::new(smol::Executor::new());
+    let (stop, shutdown) = smol::channel::unbounded::<()>();
+    let done = std::thread::scope(|s| {
+        for _ in 0..2 {
+            let ex = ex.clone();
+            let shutdown = shutdown.clone();
+            s.spawn(move || smol::block_on(ex.run(shutdown.recv())));
+        }
+        let done = smol::block_on(async {
+            let tasks: Vec<_> = (0..TASKS)
+                .map(|i| {
+                    ex.spawn(workload(
+                        sem.clone(),
+                        held.clone(),
+                        max.clone(),
+                        (i % 3 + 1) as u32,
+                    ))
+                })
+                .collect();
+            let mut done = 0;
+            for t in tasks {
+                t.await;
+                done += 1;
+            }
+            done
+        });
+        drop(stop);
+        done
+    });
+    check_workload(&sem, &max, done);
+}
+
+#[test]
+fn workload_on_plain_threads_with_block_on() {
+    let sem = Arc::new(Semaphore::new(PERMITS));
+    let (held, max) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let done = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (sem, held, max, done) = (sem.clone(), held.clone(), max.clone(), &done);
+            s.spawn(move || {
+                for i in 0..TASKS / 4 {
+                    futures::executor::block_on(workload(
+                        sem.clone(),
+                        held.clone(),
+                        max.clone(),
+                        ((i + t) % 3 + 1) as u32,
+                    ));
+                    done.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    check_workload(&sem, &max, done.load(Ordering::SeqCst));
+}
+
+/// Many tasks acquire random counts and are dropped at random points
+/// (before polling, while queued, partly assigned, or after completion);
+/// after every seeded round every permit is back.
+#[test]
+fn cancellation_storm_conserves_permits() {
+    const START: usize = 6;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    let rounds = std::env::var("BACKPRESSURE_STORM_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200u64);
+    for seed in 0..rounds {
+        let sem = Arc::new(Semaphore::new(START));
+        let completed = Arc::new(AtomicUsize::new(0));
+        rt.block_on(async {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let mut handles = Vec::new();
+            for _ in 0..64 {
+                let sem = sem.clone();
+                let completed = completed.clone();
+                let n = rng.u32(1..=START as u32);
+                let yields_before_cancel = rng.usize(0..6);
+                let hold_yields = rng.usize(0..3);
+                handles.push(tokio::spawn(async move {
+                    let acquire = sem.acquire_many(n);
+                    let cancel = async {
+                        for _ in 0..yields_before_cancel {
+                            tokio::task::yield_now().await;
+                        }
+                    };
+                    tokio::select! {
+                        biased;
+                        permit = acquire => {
+                            let permit = permit.unwrap();
+                            assert_eq!(permit.num_permits(), n as usize);
+                            for _ in 0..hold_yields {
+                                tokio::task::yield_now().await;
+                            }
+                            completed.fetch_add(1, Ordering::SeqCst);
+                        }
+                        _ = cancel => {}
+                    }
+                }));
+            }
+            for h in handles {
+                h.await.unwrap();
+            }
+        });
+        assert_eq!(sem.available_permits(), START, "seed {seed}: permits lost");
+        // The semaphore is still fully usable afterwards.
+        assert!(sem.try_acquire_many(START as u32).is_ok());
+    }
+}
