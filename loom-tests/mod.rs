@@ -1,1 +1,7 @@
+//! Loom models, compiled into the library's own test binary only under
+//! `cfg(all(test, feature = "loom"))` (see `src/lib.rs`).
+//!
+//! Run them with `cargo test --release --features loom` (the CI does);
+//! `LOOM_MAX_PREEMPTIONS` defaults to 2 here via each model's builder.
 
+mod semaphore;

@@ -34,6 +34,9 @@
 )]
 #![doc(test(attr(deny(warnings))))]
 
+#[cfg(any(fuzzing, all(test, not(feature = "loom"))))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod park;
 mod semaphore;
 mod sync;

@@ -1,0 +1,261 @@
+//! `semaphore_ops`: the semaphore against a reference model.
+//!
+//! The model is the specification in a few lines: a counter, a FIFO of
+//! `(slot, still owed)` and per-slot state. Every operation is applied to
+//! both; afterwards the available count, every poll result and every wake
+//! must agree exactly. Conservation is checked at the end: with every future
+//! and permit dropped, the semaphore holds what was issued.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+use crate::{Acquire, Semaphore, SemaphorePermit};
+
+const SLOTS: usize = 6;
+
+#[derive(Default)]
+struct CountingWaker(AtomicUsize);
+
+impl Wake for CountingWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What the model believes a slot holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Model {
+    Empty,
+    /// Queued, still owed `owed` of `n`.
+    Queued {
+        n: usize,
+        owed: usize,
+    },
+    /// Unlinked: fully assigned (`closed == false`) or failed by `close`
+    /// with `owed` never assigned.
+    Unlinked {
+        n: usize,
+        owed: usize,
+        woken: bool,
+    },
+    Held {
+        n: usize,
+    },
+}
+
+struct Spec {
+    avail: usize,
+    closed: bool,
+    queue: VecDeque<usize>,
+    slots: [Model; SLOTS],
+    issued: usize,
+}
+
+impl Spec {
+    fn release(&mut self, mut k: usize) {
+        while k > 0 {
+            let Some(&front) = self.queue.front() else {
+                break;
+            };
+            let Model::Queued { n, owed } = self.slots[front] else {
+                unreachable!("queue holds only queued slots")
+            };
+            if k < owed {
+                self.slots[front] = Model::Queued { n, owed: owed - k };
+                return;
+            }
+            k -= owed;
+            self.queue.pop_front();
+            self.slots[front] = Model::Unlinked {
+                n,
+                owed: 0,
+                woken: true,
+            };
+        }
+        self.avail += k;
+    }
+
+    fn close(&mut self) {
+        self.closed = true;
+        while let Some(slot) = self.queue.pop_front() {
+            let Model::Queued { n, owed } = self.slots[slot] else {
+                unreachable!()
+            };
+            self.slots[slot] = Model::Unlinked {
+                n,
+                owed,
+                woken: true,
+            };
+        }
+    }
+}
+
+enum Real<'a> {
+    Empty,
+    Pending(Pin<Box<Acquire<'a>>>),
+    Held(#[allow(dead_code)] SemaphorePermit<'a>),
+}
+
+/// Runs the byte string `data` as a sequence of operations on a semaphore
+/// and on the model, panicking at the first disagreement.
+pub fn semaphore_ops(data: &[u8]) {
+    let Some((&first, ops)) = data.split_first() else {
+        return;
+    };
+    let start = (first % 5) as usize;
+    let sem = Semaphore::new(start);
+    let mut spec = Spec {
+        avail: start,
+        closed: false,
+        queue: VecDeque::new(),
+        slots: [Model::Empty; SLOTS],
+        issued: start,
+    };
+    let wakers: Vec<Arc<CountingWaker>> = (0..SLOTS).map(|_| Arc::default()).collect();
+    let mut real: Vec<Real<'_>> = (0..SLOTS).map(|_| Real::Empty).collect();
+
+    for pair in ops.chunks(2) {
+        let op = pair[0];
+        let arg = pair.get(1).copied().unwrap_or(0);
+        let slot = (arg as usize) % SLOTS;
+        let n = (arg as usize / SLOTS) % 4; // 0..=3 permits
+        match op % 8 {
+            // Acquire n in an empty slot and poll it once.
+            0 | 1 if matches!(spec.slots[slot], Model::Empty) => {
+                let mut fut = Box::pin(sem.acquire_many(n as u32));
+                let waker = Waker::from(wakers[slot].clone());
+                wakers[slot].0.store(0, Ordering::Relaxed);
+                let got = fut.as_mut().poll(&mut Context::from_waker(&waker));
+                // Model: closed fails; 0 or enough permits with nobody
+                // queued succeed; otherwise drain and queue.
+                if spec.closed {
+                    assert!(matches!(got, Poll::Ready(Err(_))), "acquire on closed");
+                } else if n == 0 || (spec.queue.is_empty() && spec.avail >= n) {
+                    let Poll::Ready(Ok(p)) = got else {
+                        panic!("acquire_many({n}) should be ready")
+                    };
+                    spec.avail -= n;
+                    spec.slots[slot] = Model::Held { n };
+                    real[slot] = Real::Held(p);
+                } else {
+                    assert!(got.is_pending(), "acquire_many({n}) should queue");
+                    let took = spec.avail;
+                    spec.avail = 0;
+                    spec.slots[slot] = Model::Queued { n, owed: n - took };
+                    spec.queue.push_back(slot);
+                    real[slot] = Real::Pending(fut);
+                }
+            }
+            // Poll a pending slot.
+            2 => {
+                if let Real::Pending(fut) = &mut real[slot] {
+                    let waker = Waker::from(wakers[slot].clone());
+                    let got = fut.as_mut().poll(&mut Context::from_waker(&waker));
+                    match spec.slots[slot] {
+                        Model::Queued { .. } => assert!(got.is_pending(), "queued slot ready"),
+                        Model::Unlinked { n, owed, .. } => {
+                            if spec.closed {
+                                assert!(matches!(got, Poll::Ready(Err(_))));
+                                spec.slots[slot] = Model::Empty;
+                                real[slot] = Real::Empty;
+                                spec.release(n - owed);
+                            } else {
+                                let Poll::Ready(Ok(p)) = got else {
+                                    panic!("assigned slot not ready")
+                                };
+                                assert_eq!(p.num_permits(), n);
+                                spec.slots[slot] = Model::Held { n };
+                                real[slot] = Real::Held(p);
+                            }
+                        }
+                        other => panic!("pending future but model says {other:?}"),
+                    }
+                }
+            }
+            // Drop whatever the slot holds (cancel or release).
+            3 | 4 => {
+                match spec.slots[slot] {
+                    Model::Empty => {}
+                    Model::Held { n } => spec.release(n),
+                    Model::Queued { n, owed } => {
+                        spec.queue.retain(|&s| s != slot);
+                        spec.release(n - owed);
+                    }
+                    Model::Unlinked { n, owed, .. } => spec.release(n - owed),
+                }
+                spec.slots[slot] = Model::Empty;
+                real[slot] = Real::Empty;
+            }
+            5 => {
+                sem.add_permits(n);
+                spec.issued += n;
+                spec.release(n);
+            }
+            6 => {
+                let got = sem.forget_permits(n);
+                let want = spec.avail.min(n);
+                assert_eq!(got, want, "forget_permits({n})");
+                spec.avail -= want;
+                spec.issued -= want;
+            }
+            7 if arg % 4 == 0 => {
+                sem.close();
+                spec.close();
+            }
+            _ => {
+                let got = sem.try_acquire_many(n as u32);
+                if spec.closed {
+                    assert!(got.unwrap_err().is_closed());
+                } else if n == 0 || spec.avail >= n {
+                    // `avail > 0` implies nobody is queued.
+                    got.expect("try_acquire should succeed").forget();
+                    spec.avail -= n;
+                    spec.issued -= n;
+                } else {
+                    assert!(got.unwrap_err().is_no_permits());
+                }
+            }
+        }
+        assert_eq!(
+            sem.available_permits(),
+            spec.avail,
+            "available after op {op}"
+        );
+        assert_eq!(sem.is_closed(), spec.closed);
+        for (i, w) in wakers.iter().enumerate() {
+            let woken = w.0.load(Ordering::Relaxed) > 0;
+            if let Model::Unlinked { woken: true, .. } = spec.slots[i] {
+                assert!(woken, "slot {i} should have been woken");
+            }
+            if let Model::Queued { .. } = spec.slots[i] {
+                assert!(!woken, "slot {i} woken while still queued");
+            }
+        }
+    }
+
+    // Conservation: drop everything; every issued permit is back.
+    drop(real);
+    assert_eq!(
+        sem.available_permits(),
+        spec.issued,
+        "permits lost or invented"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn random_byte_strings_match_the_model() {
+        let mut rng = fastrand::Rng::with_seed(0x5eed);
+        let runs = if cfg!(miri) { 30 } else { 3_000 };
+        for _ in 0..runs {
+            let len = rng.usize(1..200);
+            let data: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();
+            super::semaphore_ops(&data);
+        }
+    }
+}
