@@ -34,6 +34,7 @@
 )]
 #![doc(test(attr(deny(warnings))))]
 
+mod clock;
 #[cfg(any(fuzzing, all(test, not(feature = "loom"))))]
 #[doc(hidden)]
 pub mod fuzzing;
@@ -42,6 +43,7 @@ mod semaphore;
 mod sync;
 mod wait_list;
 
+pub use clock::{Clock, DefaultClock, ManualClock};
 pub use semaphore::{
     Acquire, AcquireError, AcquireOwned, OwnedSemaphorePermit, Semaphore, SemaphorePermit,
     TryAcquireError,

@@ -1,0 +1,240 @@
+//! Time sources: monotonic nanoseconds from an origin.
+//!
+//! All time arithmetic in the crate is integer nanoseconds (`u64`, about 584
+//! years of range), saturating, so it neither drifts like floats nor panics
+//! on overflow, even with a clock at `u64::MAX`.
+//!
+//! * [`DefaultClock`]: backed by `quanta` (TSC where available, else the
+//!   OS monotonic clock), its origin the moment it was created.
+//! * [`ManualClock`]: moved only by [`advance`](ManualClock::advance) and
+//!   [`set`](ManualClock::set); clones share one time. For tests, models
+//!   and simulations.
+
+use core::fmt;
+use core::time::Duration;
+use std::sync::Arc;
+
+use crate::sync::{self, AtomicU64, Ordering};
+
+/// A monotonic time source in nanoseconds since some origin.
+///
+/// Implementations must never go backwards.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{Clock, ManualClock};
+///
+/// fn elapsed_since(clock: &dyn Clock, start: u64) -> u64 {
+///     clock.now_nanos().saturating_sub(start)
+/// }
+/// let clock = ManualClock::new();
+/// let start = clock.now_nanos();
+/// clock.advance(std::time::Duration::from_millis(5));
+/// assert_eq!(elapsed_since(&clock, start), 5_000_000);
+/// ```
+pub trait Clock: Send + Sync + fmt::Debug {
+    /// Nanoseconds since this clock's origin.
+    fn now_nanos(&self) -> u64;
+}
+
+impl<C: Clock + ?Sized> Clock for Arc<C> {
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        (**self).now_nanos()
+    }
+}
+
+impl<C: Clock + ?Sized> Clock for &C {
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        (**self).now_nanos()
+    }
+}
+
+/// The default clock: `quanta`, origin at creation.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{Clock, DefaultClock};
+/// let clock = DefaultClock::new();
+/// let a = clock.now_nanos();
+/// let b = clock.now_nanos();
+/// assert!(b >= a);
+/// ```
+#[derive(Clone)]
+pub struct DefaultClock {
+    clock: quanta::Clock,
+    origin: quanta::Instant,
+}
+
+impl DefaultClock {
+    /// A clock whose origin is now.
+    pub fn new() -> Self {
+        let clock = quanta::Clock::new();
+        let origin = clock.now();
+        Self { clock, origin }
+    }
+}
+
+impl Default for DefaultClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for DefaultClock {
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        let d = self.clock.now().saturating_duration_since(self.origin);
+        saturating_nanos(d)
+    }
+}
+
+impl fmt::Debug for DefaultClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DefaultClock")
+            .field("now_nanos", &self.now_nanos())
+            .finish()
+    }
+}
+
+/// A clock that moves only when told to; clones share the same time.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{Clock, ManualClock};
+/// use std::time::Duration;
+///
+/// let clock = ManualClock::new();
+/// let view = clock.clone();
+/// clock.advance(Duration::from_secs(1));
+/// assert_eq!(view.now_nanos(), 1_000_000_000);
+/// clock.set(u64::MAX);
+/// clock.advance(Duration::from_secs(1)); // saturates, never panics
+/// assert_eq!(view.now_nanos(), u64::MAX);
+/// ```
+#[derive(Clone)]
+pub struct ManualClock {
+    now: sync::Arc<AtomicU64>,
+}
+
+impl ManualClock {
+    /// A clock at 0.
+    pub fn new() -> Self {
+        Self::starting_at(0)
+    }
+
+    /// A clock at `nanos`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Clock, ManualClock};
+    /// assert_eq!(ManualClock::starting_at(7).now_nanos(), 7);
+    /// ```
+    pub fn starting_at(nanos: u64) -> Self {
+        Self {
+            now: sync::Arc::new(AtomicU64::new(nanos)),
+        }
+    }
+
+    /// Moves the clock forward by `d` (saturating at `u64::MAX`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Clock, ManualClock};
+    /// let clock = ManualClock::new();
+    /// clock.advance(std::time::Duration::from_nanos(3));
+    /// assert_eq!(clock.now_nanos(), 3);
+    /// ```
+    pub fn advance(&self, d: Duration) {
+        let d = saturating_nanos(d);
+        // Relaxed: the clock value is the only datum; readers need no other
+        // memory to be ordered with it.
+        let _ = self
+            .now
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                Some(t.saturating_add(d))
+            });
+    }
+
+    /// Sets the clock to `nanos`. Moving it backwards breaks the
+    /// monotonicity every user relies on, so a smaller value is ignored.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Clock, ManualClock};
+    /// let clock = ManualClock::new();
+    /// clock.set(10);
+    /// clock.set(5); // ignored: clocks do not go back
+    /// assert_eq!(clock.now_nanos(), 10);
+    /// ```
+    pub fn set(&self, nanos: u64) {
+        // Relaxed: as in `advance`.
+        self.now.fetch_max(nanos, Ordering::Relaxed);
+    }
+}
+
+impl Default for ManualClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for ManualClock {
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        // Relaxed: as in `advance`.
+        self.now.load(Ordering::Relaxed)
+    }
+}
+
+impl fmt::Debug for ManualClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ManualClock")
+            .field("now_nanos", &self.now_nanos())
+            .finish()
+    }
+}
+
+/// `d` in nanoseconds, saturating at `u64::MAX`.
+#[inline]
+pub(crate) fn saturating_nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manual_clock_saturates_and_never_goes_back() {
+        let c = ManualClock::starting_at(u64::MAX - 1);
+        c.advance(Duration::MAX);
+        assert_eq!(c.now_nanos(), u64::MAX);
+        c.set(0);
+        assert_eq!(c.now_nanos(), u64::MAX);
+    }
+
+    #[test]
+    fn default_clock_is_monotonic() {
+        let c = DefaultClock::new();
+        let mut last = 0;
+        for _ in 0..1000 {
+            let now = c.now_nanos();
+            assert!(now >= last);
+            last = now;
+        }
+    }
+
+    #[test]
+    fn saturating_nanos_of_huge_durations() {
+        assert_eq!(saturating_nanos(Duration::MAX), u64::MAX);
+        assert_eq!(saturating_nanos(Duration::from_nanos(5)), 5);
+    }
+}
