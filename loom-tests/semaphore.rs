@@ -1,1 +1,278 @@
+//! Loom models of the semaphore.
+//!
+//! tokio's scenarios (basic use, release, close while waiting, concurrent
+//! cancel, batch, release during a partly assigned acquire, concurrent
+//! permit updates) and the ones tokio lacks: `add_permits` racing `close`,
+//! cancelling a partly assigned `acquire_many` during a release, waker
+//! replacement on re-poll, the QUEUED bit racing a lock-free release, and
+//! more wakes than one batch (`WAKE_BATCH` is 2 under loom).
+//!
+//! Every model ends by checking conservation: with every future and permit
+//! dropped, `available_permits` equals what was issued.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Wake, Waker};
+
+use loom::future::block_on;
+use loom::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use loom::sync::Arc;
+use loom::thread;
+
+use crate::Semaphore;
+
+/// Runs `f` under loom with a bounded number of preemptions (default 2,
+/// overridable with `LOOM_MAX_PREEMPTIONS`).
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    if b.preemption_bound.is_none() {
+        b.preemption_bound = Some(2);
+    }
+    b.check(f);
+}
+
+/// A waker that counts wakes in a loom atomic.
+struct Counter(AtomicUsize);
+
+impl Wake for Counter {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.fetch_add(1, SeqCst);
+    }
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        self.0.fetch_add(1, SeqCst);
+    }
+}
+
+fn counter() -> (std::sync::Arc<Counter>, Waker) {
+    let c = std::sync::Arc::new(Counter(AtomicUsize::new(0)));
+    (c.clone(), Waker::from(c))
+}
+
+fn poll<F: Future>(f: Pin<&mut F>, w: &Waker) -> Poll<F::Output> {
+    f.poll(&mut Context::from_waker(w))
+}
+
+#[test]
+fn basic_usage_is_mutually_exclusive() {
+    model(|| {
+        let sem = Arc::new(Semaphore::new(1));
+        let inside = Arc::new(AtomicUsize::new(0));
+        let ths: Vec<_> = (0..2)
+            .map(|_| {
+                let (sem, inside) = (sem.clone(), inside.clone());
+                thread::spawn(move || {
+                    let p = block_on(sem.acquire()).unwrap();
+                    assert_eq!(inside.fetch_add(1, SeqCst), 0, "two holders at once");
+                    inside.fetch_sub(1, SeqCst);
+                    drop(p);
+                })
+            })
+            .collect();
+        for t in ths {
+            t.join().unwrap();
+        }
+        assert_eq!(sem.available_permits(), 1);
+    });
+}
+
+/// The waiter sets QUEUED with a CAS while a release tries its lock-free
+/// CAS: either the release lands first (the waiter sees the permit) or it
+/// sees QUEUED and hands the permit over under the lock. A lost permit or a
+/// lost wake-up deadlocks `block_on`, which loom reports.
+#[test]
+fn queued_bit_races_lock_free_release() {
+    model(|| {
+        let sem = Arc::new(Semaphore::new(1));
+        let held = sem.try_acquire().unwrap();
+        held.forget(); // the permit is now "out"; `add_permits` returns it
+        let s = sem.clone();
+        let releaser = thread::spawn(move || s.add_permits(1));
+        let p = block_on(sem.acquire()).unwrap();
+        releaser.join().unwrap();
+        drop(p);
+        assert_eq!(sem.available_permits(), 1);
+    });
+}
+
+#[test]
+fn release_wakes_waiter_across_threads() {
+    model(|| {
+        let sem = Arc::new(Semaphore::new(1));
+        let s = sem.clone();
+        let holder = thread::spawn(move || {
+            let p = s.try_acquire();
+            drop(p);
+        });
+        let p = block_on(sem.acquire()).unwrap();
+        drop(p);
+        holder.join().unwrap();
+        assert_eq!(sem.available_permits(), 1);
+    });
+}
+
+#[test]
+fn close_while_waiting() {
+    model(|| {
+        let sem = Arc::new(Semaphore::new(0));
+        let s = sem.clone();
+        let closer = thread::spawn(move || s.close());
+        assert!(block_on(sem.acquire()).is_err());
+        closer.join().unwrap();
+        assert_eq!(sem.available_permits(), 0);
+    });
+}
+
+/// A pending acquire is dropped while another thread releases.
+#[test]
+fn concurrent_cancel() {
+    model(|| {
+        let sem = Arc::new(Semaphore::new(0));
+        let s = sem.clone();
+        let releaser = thread::spawn(move || s.add_permits(2));
+        let (_, w) = counter();
+        let mut fut = Box::pin(sem.acquire_many(2));
+        let first = poll(fut.as_mut(), &w);
+        drop(first);
+        drop(fut);
+        releaser.join().unwrap();
+        assert_eq!(sem.available_permits(), 2);
+    });
+}
+
+/// A partly assigned `acquire_many` is cancelled while a release is
+/// assigning it more; a second waiter behind it must get what it needs.
+#[test]
+fn cancel_partly_assigned_during_release() {
+    model(|| {
+        let sem = Arc::new(Semaphore::new(1));
+        let (_, w) = counter();
+        let mut big = Box::pin(sem.acquire_many(3));
+        assert!(poll(big.as_mut(), &w).is_pending()); // took 1, owes 2
+        let s = sem.clone();
+        let second = thread::spawn(move || {
+            let p = block_on(s.acquire_many(2)).unwrap();
+            drop(p);
+        });
+        let s = sem.clone();
+        let releaser = thread::spawn(move || s.add_permits(1));
+        drop(big);
+        releaser.join().unwrap();
+        second.join().unwrap();
+        assert_eq!(sem.available_permits(), 2);
+    });
+}
+
+/// Two `acquire_many` callers compete; both finish, the count is exact.
+#[test]
+fn batch() {
+    model(|| {
+        let sem = Arc::new(Semaphore::new(3));
+        let s = sem.clone();
+        let t = thread::spawn(move || {
+            let p = block_on(s.acquire_many(2)).unwrap();
+            assert_eq!(p.num_permits(), 2);
+        });
+        let p = block_on(sem.acquire_many(2)).unwrap();
+        drop(p);
+        t.join().unwrap();
+        assert_eq!(sem.available_permits(), 3);
+    });
+}
+
+/// `add_permits` racing `close` with a waiter queued: the waiter fails or
+/// succeeds, never hangs, and no permit is lost.
+#[test]
+fn add_permits_races_close() {
+    model(|| {
+        let sem = Arc::new(Semaphore::new(0));
+        let s1 = sem.clone();
+        let adder = thread::spawn(move || s1.add_permits(1));
+        let s2 = sem.clone();
+        let closer = thread::spawn(move || s2.close());
+        let got = block_on(sem.acquire());
+        if let Ok(p) = got {
+            drop(p);
+        }
+        adder.join().unwrap();
+        closer.join().unwrap();
+        assert!(sem.is_closed());
+        assert_eq!(sem.available_permits(), 1);
+    });
+}
+
+/// The waiter re-polls with a new waker while a release completes it:
+/// if the re-poll returns Pending, the new waker is the one woken.
+#[test]
+fn waker_replacement_on_repoll() {
+    model(|| {
+        let sem = Arc::new(Semaphore::new(0));
+        let (c1, w1) = counter();
+        let (c2, w2) = counter();
+        let mut fut = Box::pin(sem.acquire());
+        assert!(poll(fut.as_mut(), &w1).is_pending());
+        let s = sem.clone();
+        let releaser = thread::spawn(move || s.add_permits(1));
+        let second = poll(fut.as_mut(), &w2);
+        releaser.join().unwrap();
+        if second.is_pending() {
+            assert_eq!(c2.0.load(SeqCst), 1, "replaced waker not woken");
+            assert_eq!(c1.0.load(SeqCst), 0, "stale waker woken");
+            assert!(poll(fut.as_mut(), &w2).is_ready());
+        } else {
+            assert_eq!(c1.0.load(SeqCst) + c2.0.load(SeqCst), 1);
+        }
+        drop(second);
+        drop(fut);
+        assert_eq!(sem.available_permits(), 1);
+    });
+}
+
+/// Three waiters with `WAKE_BATCH == 2`: the release path unlocks, wakes,
+/// relocks and carries on, while a waiter is cancelled concurrently.
+#[test]
+fn more_wakes_than_one_batch() {
+    model(|| {
+        let sem = Arc::new(Semaphore::new(0));
+        let counters: Vec<_> = (0..3).map(|_| counter()).collect();
+        let mut futs: Vec<_> = (0..3).map(|_| Box::pin(sem.acquire())).collect();
+        for (f, (_, w)) in futs.iter_mut().zip(&counters) {
+            assert!(poll(f.as_mut(), w).is_pending());
+        }
+        let s = sem.clone();
+        let releaser = thread::spawn(move || s.add_permits(3));
+        // Cancel the middle waiter while the release runs.
+        drop(futs.remove(1));
+        releaser.join().unwrap();
+        // The survivors were both woken and complete.
+        for (i, f) in [0usize, 2].iter().zip(futs.iter_mut()) {
+            assert_eq!(counters[*i].0 .0.load(SeqCst), 1, "waiter {i} not woken");
+            assert!(poll(f.as_mut(), &counters[*i].1).is_ready());
+        }
+        drop(futs);
+        assert_eq!(sem.available_permits(), 3);
+    });
+}
+
+/// `forget_permits`, `try_acquire` and a release race on the word.
+#[test]
+fn concurrent_permit_updates() {
+    model(|| {
+        let sem = Arc::new(Semaphore::new(2));
+        let s = sem.clone();
+        let forgetter = thread::spawn(move || s.forget_permits(1));
+        let s = sem.clone();
+        let taker = thread::spawn(move || {
+            if let Ok(p) = s.try_acquire() {
+                drop(p);
+                1
+            } else {
+                0
+            }
+        });
+        sem.add_permits(1);
+        let forgot = forgetter.join().unwrap();
+        let _took = taker.join().unwrap();
+        assert_eq!(forgot, 1);
+        assert_eq!(sem.available_permits(), 2);
+    });
+}
