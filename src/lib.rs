@@ -49,6 +49,11 @@ pub use semaphore::{
     TryAcquireError,
 };
 
+/// The README's Rust examples run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 #[cfg(all(test, feature = "loom"))]
 #[path = "../loom-tests/mod.rs"]
 mod loom_tests;
