@@ -35,6 +35,7 @@
 #![doc(test(attr(deny(warnings))))]
 
 mod clock;
+mod headers;
 #[cfg(any(fuzzing, all(test, not(feature = "loom"))))]
 #[doc(hidden)]
 pub mod fuzzing;
@@ -44,6 +45,7 @@ mod sync;
 mod wait_list;
 
 pub use clock::{Clock, DefaultClock, ManualClock};
+pub use headers::{Advice, Clamp, Policy, ServerHint};
 pub use semaphore::{
     Acquire, AcquireError, AcquireOwned, OwnedSemaphorePermit, Semaphore, SemaphorePermit,
     TryAcquireError,
