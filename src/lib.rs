@@ -34,6 +34,7 @@
 )]
 #![doc(test(attr(deny(warnings))))]
 
+mod backoff;
 mod clock;
 mod headers;
 #[cfg(any(fuzzing, all(test, not(feature = "loom"))))]
@@ -44,6 +45,9 @@ mod semaphore;
 mod sync;
 mod wait_list;
 
+pub use backoff::{
+    Backoff, Deadline, Decision, Jitter, RetryPolicy, SurfaceStatus, Surfaced, TimedOut,
+};
 pub use clock::{Clock, DefaultClock, ManualClock};
 pub use headers::{Advice, Clamp, Policy, ServerHint};
 pub use semaphore::{

@@ -76,7 +76,10 @@ pub(super) struct Acc {
     limit: Ranked<u64>,
     remaining: Ranked<u64>,
     used: Ranked<u64>,
-    reset: Ranked<When>,
+    /// Relative resets, kept apart so that they beat absolute ones of the
+    /// same rank (Discord sends both `Reset` and `Reset-After`).
+    reset_after: Ranked<When>,
+    reset_at: Ranked<When>,
     scope: [Option<String>; 3],
     policies: Vec<RawPolicy>,
     ratelimit: String,
@@ -150,11 +153,9 @@ impl Acc {
             "limit" => self.limit.offer(rank, parse_limit(v)),
             "remaining" => self.remaining.offer(rank, value::parse_u64(v)),
             "used" => self.used.offer(rank, value::parse_u64(v)),
-            "reset" => self.reset.offer(rank, value::parse_reset(v)),
+            "reset" => self.offer_reset(rank, value::parse_reset(v)),
             // Discord: always a delta, in (fractional) seconds.
-            "reset-after" => self
-                .reset
-                .offer(rank, value::parse_seconds(v).map(When::After)),
+            "reset-after" => self.offer_reset(rank, value::parse_seconds(v).map(When::After)),
             "scope" => set_first(&mut self.scope[0], scope_name(v)),
             "resource" => set_first(&mut self.scope[1], scope_name(v)),
             "bucket" => set_first(&mut self.scope[2], scope_name(v)),
@@ -167,6 +168,22 @@ impl Acc {
                     }
                 }
             }
+        }
+    }
+
+    fn offer_reset(&mut self, rank: Rank, v: Option<When>) {
+        match v {
+            Some(When::After(_)) => self.reset_after.offer(rank, v),
+            Some(When::At(_)) => self.reset_at.offer(rank, v),
+            None => {}
+        }
+    }
+
+    /// The best reset: the better rank; on a tie, relative over absolute.
+    fn best_reset(&self) -> Option<When> {
+        match (self.reset_after.0, self.reset_at.0) {
+            (Some((ra, a)), Some((rb, b))) => Some(if ra <= rb { a } else { b }),
+            (a, b) => a.or(b).map(|(_, w)| w),
         }
     }
 
@@ -225,7 +242,7 @@ impl Acc {
             limit: self.limit.get(),
             remaining: self.remaining.get(),
             used: self.used.get(),
-            reset_after: self.reset.get().map(wait),
+            reset_after: self.best_reset().map(wait),
             policies: Vec::with_capacity(self.policies.len()),
             scope: self.scope.into_iter().flatten().next(),
         };
@@ -286,7 +303,7 @@ impl Acc {
                 self.limit.offer(Rank::Ietf, limit);
                 self.remaining.offer(Rank::Ietf, remaining);
                 let reset = reset.map(|s| When::After(u128::from(s) * NANOS_PER_SEC));
-                self.reset.offer(Rank::Ietf, reset);
+                self.offer_reset(Rank::Ietf, reset);
                 return;
             }
         }
