@@ -36,10 +36,10 @@
 
 mod backoff;
 mod clock;
-mod headers;
 #[cfg(any(fuzzing, all(test, not(feature = "loom"))))]
 #[doc(hidden)]
 pub mod fuzzing;
+mod headers;
 mod park;
 mod semaphore;
 mod sync;

@@ -14,7 +14,9 @@ const MS: Duration = Duration::from_millis(1);
 const DRAWS: u32 = 10_000;
 
 fn backoff(jitter: Jitter, seed: u64) -> Backoff {
-    Backoff::new(100 * MS, 10_000 * MS).jitter(jitter).seed(seed)
+    Backoff::new(100 * MS, 10_000 * MS)
+        .jitter(jitter)
+        .seed(seed)
 }
 
 fn hint(headers: &[(&str, &str)]) -> ServerHint {
@@ -26,7 +28,10 @@ fn every_delay_within_its_bounds() {
     for seed in 0..4 {
         for attempt in 0..40 {
             let v = backoff(Jitter::None, seed).ceiling(attempt);
-            assert_eq!(v, (100 * MS * 2u32.saturating_pow(attempt)).min(10_000 * MS));
+            assert_eq!(
+                v,
+                (100 * MS * 2u32.saturating_pow(attempt)).min(10_000 * MS)
+            );
             assert_eq!(backoff(Jitter::None, seed).delay(attempt), v);
             let mut full = backoff(Jitter::Full, seed);
             let mut equal = backoff(Jitter::Equal, seed);
@@ -59,7 +64,10 @@ fn mean_of_ten_thousand_draws_is_within_two_percent() {
     let full = mean(&mut backoff(Jitter::Full, 11), 3);
     assert!((full / 0.400 - 1.0).abs() < 0.02, "full jitter mean {full}");
     let equal = mean(&mut backoff(Jitter::Equal, 12), 3);
-    assert!((equal / 0.600 - 1.0).abs() < 0.02, "equal jitter mean {equal}");
+    assert!(
+        (equal / 0.600 - 1.0).abs() < 0.02,
+        "equal jitter mean {equal}"
+    );
     // Capped: v = 10 s from attempt 7 on.
     let capped = mean(&mut backoff(Jitter::Full, 13), 1_000);
     assert!((capped / 5.0 - 1.0).abs() < 0.02, "capped mean {capped}");
@@ -145,7 +153,11 @@ fn a_retry_past_the_deadline_is_refused_not_slept() {
     assert_eq!(slept, [100 * MS, 200 * MS, 400 * MS]);
     assert_eq!(surfaced.status, SurfaceStatus::TimedOut);
     assert_eq!(surfaced.retry_after, Some(800 * MS));
-    assert_eq!(deadline.remaining(), 700 * MS, "the refused wait cost nothing");
+    assert_eq!(
+        deadline.remaining(),
+        700 * MS,
+        "the refused wait cost nothing"
+    );
     assert!(clock.now_nanos() <= deadline.at_nanos());
 }
 
@@ -179,8 +191,16 @@ fn an_hour_against_thirty_seconds_is_the_server_saying_stop() {
     assert_eq!(s.status, SurfaceStatus::RateLimited);
     assert_eq!(s.retry_after, Some(Duration::from_secs(3600)));
     assert_eq!(s.scope.as_deref(), Some("org"));
-    assert!(s.hint.contains("3600s") && s.hint.contains("org"), "{}", s.hint);
-    assert_eq!(deadline.remaining(), Duration::from_secs(30), "nothing charged");
+    assert!(
+        s.hint.contains("3600s") && s.hint.contains("org"),
+        "{}",
+        s.hint
+    );
+    assert_eq!(
+        deadline.remaining(),
+        Duration::from_secs(30),
+        "nothing charged"
+    );
 
     // Within the deadline but beyond the clamp: still stop.
     let mut deadline = Deadline::never(ManualClock::new());
@@ -231,10 +251,9 @@ fn the_attempt_cap_gives_up() {
 #[test]
 fn huge_attempt_numbers_never_overflow() {
     let mut deadline = Deadline::never(ManualClock::new());
-    let mut policy = RetryPolicy::new(
-        Backoff::new(Duration::MAX, Duration::MAX).jitter(Jitter::Equal),
-    )
-    .max_retries(u32::MAX);
+    let mut policy =
+        RetryPolicy::new(Backoff::new(Duration::MAX, Duration::MAX).jitter(Jitter::Equal))
+            .max_retries(u32::MAX);
     for _ in 0..100 {
         let _ = policy.decide(&ServerHint::default(), &mut deadline);
     }

@@ -274,7 +274,9 @@ impl ServerHint {
         if self.retry_after.is_some() {
             return self.retry_after;
         }
-        let top = (self.remaining == Some(0)).then_some(self.reset_after).flatten();
+        let top = (self.remaining == Some(0))
+            .then_some(self.reset_after)
+            .flatten();
         let policies = self
             .policies
             .iter()

@@ -112,9 +112,10 @@ impl Acc {
     pub(super) fn add(&mut self, name: &str, v: &str) {
         match name {
             "date" => set_first(&mut self.date, value::parse_http_date(v)),
-            "retry-after" => {
-                set_first(&mut self.retry_after, value::parse_retry_after(v, NANOS_PER_SEC))
-            }
+            "retry-after" => set_first(
+                &mut self.retry_after,
+                value::parse_retry_after(v, NANOS_PER_SEC),
+            ),
             "retry-after-ms" => set_first(
                 &mut self.retry_after_ms,
                 value::parse_retry_after(v, NANOS_PER_MILLI),

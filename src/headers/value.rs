@@ -170,9 +170,7 @@ pub(super) fn parse_rfc3339(s: &str) -> Option<i128> {
     {
         return None;
     }
-    s.parse::<jiff::Timestamp>()
-        .ok()
-        .map(|t| t.as_nanosecond())
+    s.parse::<jiff::Timestamp>().ok().map(|t| t.as_nanosecond())
 }
 
 /// `t` as Unix nanoseconds (negative before 1970).
@@ -300,7 +298,11 @@ mod tests {
             parse_reset("1700000000123"),
             Some(When::At(1_700_000_000_123_000_000))
         );
-        assert_eq!(parse_reset("1700000000123456"), None, "microseconds: skipped");
+        assert_eq!(
+            parse_reset("1700000000123456"),
+            None,
+            "microseconds: skipped"
+        );
     }
 
     #[test]
