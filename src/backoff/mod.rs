@@ -61,7 +61,7 @@ pub enum Jitter {
 /// # Examples
 ///
 /// ```
-/// use backpressure::{Backoff, Jitter};
+/// use backpressure::Backoff;
 /// use std::time::Duration;
 ///
 /// let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(5)).seed(1);

@@ -222,7 +222,6 @@ impl RetryPolicy {
     ///
     /// ```
     /// use backpressure::{Deadline, ManualClock, RetryPolicy, ServerHint};
-    /// use std::time::Duration;
     /// let mut p = RetryPolicy::default();
     /// let mut d = Deadline::never(ManualClock::new());
     /// let _ = p.decide(&ServerHint::default(), &mut d);

@@ -4,46 +4,7 @@
 //! (names case-insensitive, values as bytes), so it works with every HTTP
 //! library; the `http` feature adds [`ServerHint::from_header_map`].
 //!
-//! # Formats
-//!
-//! | header | values accepted |
-//! | --- | --- |
-//! | `Retry-After` | delta-seconds (`120`, also fractional `1.5`); HTTP-date as IMF-fixdate, RFC 850 or asctime |
-//! | `retry-after-ms`, `x-ms-retry-after-ms` | milliseconds (`1500`, `12.5`) |
-//! | `RateLimit-Policy` | `"burst";q=100;w=60` (RFC 9651 List; name a String or Token; `qu` unit), older `100;w=60` |
-//! | `RateLimit` | `"burst";r=50;t=30` (List), older `limit=100, remaining=50, reset=5` (Dictionary) |
-//! | `RateLimit-Limit/-Remaining/-Reset` | older drafts; `Limit` may be `100, 100;w=60` |
-//! | `X-RateLimit-*`, `X-Rate-Limit-*` | `-Limit`, `-Remaining`, `-Used`, `-Reset`, `-Reset-After`; `-<field>-<resource>` (`x-ratelimit-reset-tokens`) becomes a [`Policy`] |
-//! | `anthropic-ratelimit-<resource>-<field>` | a [`Policy`] per resource |
-//! | `X-RateLimit-Scope`, `-Resource`, `-Bucket` | [`ServerHint::scope`], in that order of preference |
-//!
-//! A reset value is read as: a number below 10⁹ is a delta in seconds
-//! (fractions kept); 10⁹ up to 10¹² is a Unix time in seconds (from
-//! 2001-09-09); 10¹² up to 10¹⁵ a Unix time in milliseconds; larger
-//! numbers are skipped. Otherwise an RFC 3339 timestamp, a Go-style
-//! duration (`1s`, `6m0s`, `12ms`, `1h2m3.5s`), or an HTTP-date.
-//!
-//! # Time
-//!
-//! Every result is a wait relative to the response. Absolute times are
-//! converted against the response's own `Date` header when it has a valid
-//! one (the server's clock, immune to ours being skewed), else against the
-//! `now` passed in. A time in the past is a zero wait; every duration is at
-//! most [`ServerHint::MAX_DURATION`]. Fractions round up, never down.
-//!
-//! # Precedence
-//!
-//! `retry-after-ms`, then `x-ms-retry-after-ms`, then `Retry-After` (the
-//! precise forms of the same wait). For the top-level counters, the IETF
-//! `RateLimit` field, then `RateLimit-*`, then `X-RateLimit-*`; among equals
-//! the first header wins. [`ServerHint::wait`] puts `Retry-After` before
-//! every reset field.
-//!
-//! # Garbage
-//!
-//! A value that does not parse is skipped; the rest still count. Names and
-//! values may be any bytes: nothing panics, no duration is negative or
-//! overflows.
+//! The formats, time rules and precedence are documented on [`ServerHint`].
 
 mod parse;
 mod value;
@@ -55,9 +16,56 @@ use serde::{Deserialize, Serialize};
 
 /// The server's view of its limits, as relative waits.
 ///
-/// Built by [`from_headers`](Self::from_headers); see the [module
-/// docs](self) for the formats. Every field is `None` (or empty) when the
-/// response did not say.
+/// Built by [`from_headers`](Self::from_headers). Every field is `None`
+/// (or empty) when the response did not say.
+///
+/// # Formats
+///
+/// | header | values accepted |
+/// | --- | --- |
+/// | `Retry-After` | delta-seconds (`120`, also fractional `1.5`); HTTP-date as IMF-fixdate, RFC 850 or asctime |
+/// | `retry-after-ms`, `x-ms-retry-after-ms` | milliseconds (`1500`, `12.5`) |
+/// | `RateLimit-Policy` | `"burst";q=100;w=60` (RFC 9651 List; name a String or Token; `qu` unit), older `100;w=60` |
+/// | `RateLimit` | `"burst";r=50;t=30` (List), older `limit=100, remaining=50, reset=5` (Dictionary) |
+/// | `RateLimit-Limit/-Remaining/-Reset` | older drafts; `Limit` may be `100, 100;w=60` |
+/// | `X-RateLimit-*`, `X-Rate-Limit-*` | `-Limit`, `-Remaining`, `-Used`, `-Reset`, `-Reset-After`; `-<field>-<resource>` (`x-ratelimit-reset-tokens`) becomes a [`Policy`] |
+/// | `anthropic-ratelimit-<resource>-<field>` | a [`Policy`] per resource |
+/// | `X-RateLimit-Scope`, `-Resource`, `-Bucket` | [`scope`](Self::scope), in that order of preference |
+///
+/// A reset value is read as: a number below 10⁹ is a delta in seconds
+/// (fractions kept); 10⁹ up to 10¹² is a Unix time in seconds (from
+/// 2001-09-09); 10¹² up to 10¹⁵ a Unix time in milliseconds; larger
+/// numbers are skipped. Otherwise an RFC 3339 timestamp, a Go-style
+/// duration (`1s`, `6m0s`, `12ms`, `1h2m3.5s`), or an HTTP-date.
+///
+/// HTTP-dates are parsed by `httpdate`, which rejects a weekday that does
+/// not match the date and reads an RFC 850 two-digit year `00`–`69` as
+/// 20xx, `70`–`99` as 19xx. RFC 3339 is parsed by `jiff` and needs an
+/// offset (`Z` or `±hh:mm`).
+///
+/// # Time
+///
+/// Every result is a wait relative to the response. Absolute times are
+/// converted against the response's own `Date` header when it has a valid
+/// one (the server's clock, immune to ours being skewed), else against the
+/// `now` passed in. A time in the past is a zero wait; every duration is at
+/// most [`MAX_DURATION`](Self::MAX_DURATION). Fractions round up, never down.
+///
+/// # Precedence
+///
+/// `retry-after-ms`, then `x-ms-retry-after-ms`, then `Retry-After` (the
+/// precise forms of the same wait). For the top-level counters, the IETF
+/// `RateLimit` field, then `RateLimit-*`, then `X-RateLimit-*`; among equals
+/// the first header wins. [`wait`](Self::wait) puts `Retry-After` before
+/// every reset field.
+///
+/// # Garbage
+///
+/// A value that does not parse is skipped; the rest still count. Names and
+/// values may be any bytes: nothing panics, no duration is negative or
+/// overflows.
+///
+/// # Serde
 ///
 /// With the `serde` feature it serializes with durations as whole
 /// milliseconds, rounded up (`retry_after_ms`, `reset_after_ms`,
