@@ -221,19 +221,25 @@ impl ServerHint {
         V: AsRef<[u8]>,
     {
         let mut acc = parse::Acc::default();
-        let mut name_buf = String::new();
+        // Every name we know is ASCII and shorter than this.
+        let mut name_buf = [0u8; 64];
         for (name, value) in headers {
-            let (name, value) = (name.as_ref(), value.as_ref());
-            // Every name we know is ASCII and shorter than this.
-            if name.len() > 64 || !name.is_ascii() {
-                continue;
-            }
-            let Ok(value) = core::str::from_utf8(value) else {
+            let name = name.as_ref();
+            let Some(lower) = name_buf.get_mut(..name.len()) else {
                 continue;
             };
-            name_buf.clear();
-            name_buf.extend(name.iter().map(|b| char::from(b.to_ascii_lowercase())));
-            acc.add(name_buf.trim(), value.trim_matches([' ', '\t']));
+            lower.copy_from_slice(name);
+            lower.make_ascii_lowercase();
+            let Ok(lower) = core::str::from_utf8(lower) else {
+                continue;
+            };
+            if !parse::is_candidate(lower) {
+                continue;
+            }
+            let Ok(value) = core::str::from_utf8(value.as_ref()) else {
+                continue;
+            };
+            acc.add(lower, value.trim_matches([' ', '\t']));
         }
         acc.finish(now)
     }

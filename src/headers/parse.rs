@@ -69,7 +69,9 @@ struct RawPolicy {
 
 #[derive(Debug, Default)]
 pub(super) struct Acc {
-    date: Option<i128>,
+    /// The first `Date` value, parsed only if an absolute time needs it
+    /// (most responses carry a `Date` and no absolute time).
+    date: Option<String>,
     retry_after: Option<When>,
     retry_after_ms: Option<When>,
     ms_retry_after_ms: Option<When>,
@@ -84,6 +86,19 @@ pub(super) struct Acc {
     policies: Vec<RawPolicy>,
     ratelimit: String,
     ratelimit_policy: String,
+}
+
+/// Whether [`Acc::add`] could use a header of this (lower-case) name: a
+/// cheap filter so the common response, with no limit headers, costs
+/// little.
+#[inline]
+pub(super) fn is_candidate(name: &str) -> bool {
+    name == "date"
+        || name.starts_with("retry-after")
+        || name.starts_with("ratelimit")
+        || name.starts_with("x-rate")
+        || name.starts_with("anthropic-ratelimit-")
+        || name == "x-ms-retry-after-ms"
 }
 
 /// One of the counters a rate-limit header carries.
@@ -111,7 +126,11 @@ impl Acc {
     /// Takes one header. `name` is lower-case ASCII; `v` is trimmed UTF-8.
     pub(super) fn add(&mut self, name: &str, v: &str) {
         match name {
-            "date" => set_first(&mut self.date, value::parse_http_date(v)),
+            "date" => {
+                if self.date.is_none() && v.len() <= 64 {
+                    self.date = Some(v.to_owned());
+                }
+            }
             "retry-after" => set_first(
                 &mut self.retry_after,
                 value::parse_retry_after(v, NANOS_PER_SEC),
@@ -230,7 +249,12 @@ impl Acc {
         self.parse_structured();
         // Absolute times are read against the server's own clock when it
         // sent one, so our clock's skew does not distort the wait.
-        let reference = self.date.unwrap_or_else(|| value::unix_nanos(now));
+        let reference = self
+            .date
+            .as_deref()
+            .filter(|_| self.needs_reference())
+            .and_then(value::parse_http_date)
+            .unwrap_or_else(|| value::unix_nanos(now));
         let wait = |w: When| cap(w.wait_from(reference));
 
         let mut hint = ServerHint {
@@ -277,6 +301,16 @@ impl Acc {
             }
         }
         hint
+    }
+
+    /// Whether any time collected is absolute.
+    fn needs_reference(&self) -> bool {
+        let at = |w: &Option<When>| matches!(w, Some(When::At(_)));
+        at(&self.retry_after)
+            || at(&self.retry_after_ms)
+            || at(&self.ms_retry_after_ms)
+            || self.reset_at.0.is_some()
+            || self.policies.iter().any(|p| at(&p.reset))
     }
 
     /// `RateLimit` and `RateLimit-Policy`, once every line is in.
