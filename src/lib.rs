@@ -34,16 +34,22 @@
 )]
 #![doc(test(attr(deny(warnings))))]
 
+mod backoff;
 mod clock;
 #[cfg(any(fuzzing, all(test, not(feature = "loom"))))]
 #[doc(hidden)]
 pub mod fuzzing;
+mod headers;
 mod park;
 mod semaphore;
 mod sync;
 mod wait_list;
 
+pub use backoff::{
+    Backoff, Deadline, Decision, Jitter, RetryPolicy, SurfaceStatus, Surfaced, TimedOut,
+};
 pub use clock::{Clock, DefaultClock, ManualClock};
+pub use headers::{Advice, Clamp, Policy, ServerHint};
 pub use semaphore::{
     Acquire, AcquireError, AcquireOwned, OwnedSemaphorePermit, Semaphore, SemaphorePermit,
     TryAcquireError,

@@ -5,6 +5,8 @@
 //!
 //! Compiled only with `--cfg fuzzing` (set by cargo-fuzz) or in tests.
 
+mod headers;
 mod semaphore_ops;
 
+pub use headers::headers;
 pub use semaphore_ops::semaphore_ops;

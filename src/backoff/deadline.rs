@@ -1,0 +1,271 @@
+//! [`Deadline`]: the remaining budget of one call, and [`TimedOut`].
+
+use core::fmt;
+use std::time::Duration;
+
+use crate::clock::saturating_nanos;
+use crate::Clock;
+
+/// The remaining time budget of one call, on a [`Clock`].
+///
+/// Waits [`charge`](Self::charge)d but not yet elapsed add up: charging
+/// 2 s and then 3 s before sleeping needs 5 s of budget. Once the clock
+/// passes a charged wait, only the clock counts again.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{Deadline, ManualClock};
+/// use std::time::Duration;
+///
+/// let clock = ManualClock::new();
+/// let mut deadline = Deadline::after(clock.clone(), Duration::from_secs(10));
+/// assert!(deadline.charge(Duration::from_secs(4)).is_ok());
+/// clock.advance(Duration::from_secs(4)); // ... slept
+/// assert_eq!(deadline.remaining(), Duration::from_secs(6));
+/// let err = deadline.charge(Duration::from_secs(7)).unwrap_err();
+/// assert_eq!(err.remaining(), Duration::from_secs(6));
+/// assert_eq!(deadline.remaining(), Duration::from_secs(6)); // a refused wait costs nothing
+/// ```
+#[derive(Clone, Debug)]
+pub struct Deadline<C: Clock> {
+    clock: C,
+    /// The deadline, in the clock's nanoseconds.
+    at: u64,
+    /// The end of the waits charged so far, in the clock's nanoseconds.
+    committed: u64,
+}
+
+impl<C: Clock> Deadline<C> {
+    /// A deadline `budget` from the clock's now (saturating).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Deadline, ManualClock};
+    /// use std::time::Duration;
+    /// let d = Deadline::after(ManualClock::starting_at(5), Duration::from_nanos(10));
+    /// assert_eq!(d.at_nanos(), 15);
+    /// ```
+    pub fn after(clock: C, budget: Duration) -> Deadline<C> {
+        let now = clock.now_nanos();
+        let at = now.saturating_add(saturating_nanos(budget));
+        Deadline::at(clock, at)
+    }
+
+    /// A deadline at `nanos` on `clock`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Deadline, ManualClock};
+    /// use std::time::Duration;
+    /// let d = Deadline::at(ManualClock::new(), 1_000);
+    /// assert_eq!(d.remaining(), Duration::from_nanos(1_000));
+    /// ```
+    pub fn at(clock: C, nanos: u64) -> Deadline<C> {
+        Deadline {
+            clock,
+            at: nanos,
+            committed: 0,
+        }
+    }
+
+    /// A deadline that never comes (`u64::MAX` nanoseconds).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Deadline, ManualClock};
+    /// use std::time::Duration;
+    /// let mut d = Deadline::never(ManualClock::new());
+    /// assert!(d.charge(Duration::from_secs(86_400 * 365)).is_ok());
+    /// ```
+    pub fn never(clock: C) -> Deadline<C> {
+        Deadline::at(clock, u64::MAX)
+    }
+
+    /// The deadline in the clock's nanoseconds.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Deadline, ManualClock};
+    /// assert_eq!(Deadline::at(ManualClock::new(), 9).at_nanos(), 9);
+    /// ```
+    pub fn at_nanos(&self) -> u64 {
+        self.at
+    }
+
+    /// The clock this deadline reads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Clock, Deadline, ManualClock};
+    /// let d = Deadline::at(ManualClock::starting_at(4), 9);
+    /// assert_eq!(d.clock().now_nanos(), 4);
+    /// ```
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// When the next wait would start: now, or the end of the waits
+    /// charged and not yet elapsed.
+    #[inline]
+    fn start(&self) -> u64 {
+        self.clock.now_nanos().max(self.committed)
+    }
+
+    /// The budget left after the waits already charged (zero once passed).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Deadline, ManualClock};
+    /// use std::time::Duration;
+    /// let clock = ManualClock::new();
+    /// let d = Deadline::after(clock.clone(), Duration::from_secs(1));
+    /// clock.advance(Duration::from_secs(5));
+    /// assert_eq!(d.remaining(), Duration::ZERO);
+    /// ```
+    pub fn remaining(&self) -> Duration {
+        Duration::from_nanos(self.at.saturating_sub(self.start()))
+    }
+
+    /// Whether no budget is left.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Deadline, ManualClock};
+    /// assert!(Deadline::at(ManualClock::starting_at(3), 3).is_expired());
+    /// ```
+    pub fn is_expired(&self) -> bool {
+        self.start() >= self.at
+    }
+
+    /// Accounts for a wait of `wait` if it fits in the remaining budget
+    /// (ending at or before the deadline); otherwise charges nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`TimedOut`] if the wait would end past the deadline: the caller
+    /// should stop now rather than sleep into a timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Deadline, ManualClock};
+    /// use std::time::Duration;
+    /// let mut d = Deadline::after(ManualClock::new(), Duration::from_secs(5));
+    /// assert!(d.charge(Duration::from_secs(3)).is_ok());
+    /// assert!(d.charge(Duration::from_secs(3)).is_err()); // 6 s > 5 s
+    /// assert!(d.charge(Duration::from_secs(2)).is_ok()); // exactly fits
+    /// ```
+    pub fn charge(&mut self, wait: Duration) -> Result<(), TimedOut> {
+        let start = self.start();
+        let left = self.at.saturating_sub(start);
+        let w = saturating_nanos(wait);
+        if w > left {
+            return Err(TimedOut {
+                wait,
+                remaining: Duration::from_nanos(left),
+            });
+        }
+        self.committed = start + w; // w <= at - start: no overflow
+        Ok(())
+    }
+}
+
+/// A wait refused because it would end past the deadline.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{Deadline, ManualClock};
+/// use std::time::Duration;
+/// let mut d = Deadline::after(ManualClock::new(), Duration::from_secs(1));
+/// let err = d.charge(Duration::from_secs(2)).unwrap_err();
+/// assert_eq!(err.wait(), Duration::from_secs(2));
+/// assert_eq!(err.to_string(), "a wait of 2s does not fit the 1s left before the deadline");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimedOut {
+    wait: Duration,
+    remaining: Duration,
+}
+
+impl TimedOut {
+    /// The wait that was refused.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Deadline, ManualClock};
+    /// use std::time::Duration;
+    /// let mut d = Deadline::after(ManualClock::new(), Duration::ZERO);
+    /// assert_eq!(d.charge(Duration::from_secs(1)).unwrap_err().wait(), Duration::from_secs(1));
+    /// ```
+    pub fn wait(&self) -> Duration {
+        self.wait
+    }
+
+    /// The budget that was left when the wait was refused.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Deadline, ManualClock};
+    /// use std::time::Duration;
+    /// let mut d = Deadline::after(ManualClock::new(), Duration::from_secs(1));
+    /// let err = d.charge(Duration::from_secs(3)).unwrap_err();
+    /// assert_eq!(err.remaining(), Duration::from_secs(1));
+    /// ```
+    pub fn remaining(&self) -> Duration {
+        self.remaining
+    }
+}
+
+impl fmt::Display for TimedOut {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "a wait of {:?} does not fit the {:?} left before the deadline",
+            self.wait, self.remaining
+        )
+    }
+}
+
+impl std::error::Error for TimedOut {}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::*;
+    use crate::ManualClock;
+
+    #[test]
+    fn stacked_charges_add_up_until_the_clock_passes_them() {
+        let clock = ManualClock::new();
+        let mut d = Deadline::after(clock.clone(), Duration::from_secs(10));
+        d.charge(Duration::from_secs(4)).unwrap();
+        d.charge(Duration::from_secs(4)).unwrap();
+        assert_eq!(d.remaining(), Duration::from_secs(2));
+        clock.advance(Duration::from_secs(3)); // mid-sleep: still 2 s left
+        assert_eq!(d.remaining(), Duration::from_secs(2));
+        clock.advance(Duration::from_secs(6)); // past the charged waits
+        assert_eq!(d.remaining(), Duration::from_secs(1));
+        assert!(d.charge(Duration::from_nanos(1_000_000_001)).is_err());
+    }
+
+    #[test]
+    fn deadline_at_the_end_of_time_never_overflows() {
+        let clock = ManualClock::starting_at(u64::MAX - 1);
+        let mut d = Deadline::after(clock.clone(), Duration::MAX);
+        assert_eq!(d.at_nanos(), u64::MAX);
+        d.charge(Duration::from_nanos(1)).unwrap();
+        assert!(d.charge(Duration::from_nanos(1)).is_err());
+        assert!(d.is_expired());
+        assert!(d.charge(Duration::ZERO).is_ok(), "a zero wait always fits");
+    }
+}

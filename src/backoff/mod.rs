@@ -1,0 +1,267 @@
+//! Jittered exponential backoff, deadline accounting, and a retry policy
+//! that turns a failure (plus the server's hint) into a decision.
+//!
+//! * [`Backoff`]: `min(cap, base * 2^attempt)` with [`Jitter`] (none, full,
+//!   equal, decorrelated), from a seedable RNG; saturating, so any attempt
+//!   number is fine.
+//! * [`Deadline`]: the remaining budget of a call on a [`Clock`].
+//!   [`charge`](Deadline::charge) accepts a wait only if it fits: a retry
+//!   that would sleep past the deadline is refused with [`TimedOut`]
+//!   instead of sleeping.
+//! * [`RetryPolicy`]: the server's hint (clamped) overrides the computed
+//!   backoff; an attempt cap; the answer is a [`Decision`] value.
+
+use std::time::Duration;
+
+use crate::clock::saturating_nanos;
+
+mod deadline;
+mod retry;
+
+pub use deadline::{Deadline, TimedOut};
+pub use retry::{Decision, RetryPolicy, SurfaceStatus, Surfaced};
+
+/// How a backoff delay is randomised. With `v = min(cap, base * 2^attempt)`:
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{Backoff, Jitter};
+/// use std::time::Duration;
+///
+/// let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(10))
+///     .jitter(Jitter::Equal)
+///     .seed(7);
+/// let d = b.delay(3); // v = 800 ms
+/// assert!(d >= Duration::from_millis(400) && d <= Duration::from_millis(800));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Jitter {
+    /// Exactly `v`. Synchronised clients stay synchronised: use only when
+    /// there is one client.
+    None,
+    /// Uniform in `[0, v]`: the least total work for competing clients
+    /// (mean `v / 2`).
+    #[default]
+    Full,
+    /// Uniform in `[v / 2, v]`: never retries almost at once (mean `3v / 4`).
+    Equal,
+    /// `min(cap, uniform(base, 3 * previous))`, `previous` starting at
+    /// `base`: grows from the last delay rather than the attempt number.
+    Decorrelated,
+}
+
+/// Exponential backoff with jitter from a seedable RNG.
+///
+/// Deliberately not `Clone`: two copies of one generator draw the same
+/// "random" delays and retry in lockstep, which is what jitter exists to
+/// prevent. Use [`fork`](Self::fork) for an independent generator.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::Backoff;
+/// use std::time::Duration;
+///
+/// let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(5)).seed(1);
+/// assert_eq!(b.ceiling(0), Duration::from_millis(100));
+/// assert_eq!(b.ceiling(2), Duration::from_millis(400));
+/// assert_eq!(b.ceiling(1_000_000), Duration::from_secs(5)); // never overflows
+/// assert!(b.delay(2) <= Duration::from_millis(400));
+/// ```
+#[derive(Debug)]
+pub struct Backoff {
+    pub(crate) base: u64,
+    cap: u64,
+    jitter: Jitter,
+    rng: fastrand::Rng,
+    /// The last decorrelated delay (nanoseconds).
+    previous: u64,
+}
+
+impl Backoff {
+    /// Backoff from `base` doubling up to `cap`, with [`Jitter::Full`] and
+    /// an RNG seeded from the thread's generator (so two backoffs made
+    /// this way draw independently). A `cap` below `base` caps every delay.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::Backoff;
+    /// use std::time::Duration;
+    /// let b = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+    /// assert_eq!(b.ceiling(10), Duration::from_secs(1));
+    /// ```
+    pub fn new(base: Duration, cap: Duration) -> Backoff {
+        let base = saturating_nanos(base);
+        Backoff {
+            base,
+            cap: saturating_nanos(cap),
+            jitter: Jitter::default(),
+            rng: fastrand::Rng::new(),
+            previous: base,
+        }
+    }
+
+    /// Sets the jitter.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Backoff, Jitter};
+    /// use std::time::Duration;
+    /// let mut b = Backoff::new(Duration::from_secs(1), Duration::from_secs(60)).jitter(Jitter::None);
+    /// assert_eq!(b.delay(3), Duration::from_secs(8));
+    /// ```
+    pub fn jitter(mut self, jitter: Jitter) -> Backoff {
+        self.jitter = jitter;
+        self
+    }
+
+    /// Seeds the RNG, making the delays deterministic (for tests).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::Backoff;
+    /// use std::time::Duration;
+    /// let make = || Backoff::new(Duration::from_millis(10), Duration::from_secs(1)).seed(42);
+    /// let (mut a, mut b) = (make(), make());
+    /// assert_eq!(a.delay(4), b.delay(4));
+    /// ```
+    pub fn seed(mut self, seed: u64) -> Backoff {
+        self.rng.seed(seed);
+        self
+    }
+
+    /// A backoff with the same settings and an independent generator seeded
+    /// from this one (deterministic if this one is seeded). Use one per
+    /// concurrent call.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::Backoff;
+    /// use std::time::Duration;
+    /// let mut parent = Backoff::new(Duration::from_millis(10), Duration::from_secs(1)).seed(3);
+    /// let mut a = parent.fork();
+    /// let mut b = parent.fork();
+    /// assert_ne!(a.delay(20), b.delay(20)); // up to 1 s apart, not in lockstep
+    /// ```
+    pub fn fork(&mut self) -> Backoff {
+        Backoff {
+            base: self.base,
+            cap: self.cap,
+            jitter: self.jitter,
+            rng: self.rng.fork(),
+            previous: self.base,
+        }
+    }
+
+    /// `min(cap, base * 2^attempt)`, saturating: the un-jittered delay.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::Backoff;
+    /// use std::time::Duration;
+    /// let b = Backoff::new(Duration::from_nanos(3), Duration::MAX);
+    /// assert_eq!(b.ceiling(u32::MAX), Duration::from_nanos(u64::MAX));
+    /// ```
+    pub fn ceiling(&self, attempt: u32) -> Duration {
+        Duration::from_nanos(self.ceiling_nanos(attempt))
+    }
+
+    #[inline]
+    fn ceiling_nanos(&self, attempt: u32) -> u64 {
+        let grown = 1u64
+            .checked_shl(attempt)
+            .and_then(|f| self.base.checked_mul(f))
+            .unwrap_or(u64::MAX);
+        // `base == 0` stays 0 even when the shift overflows.
+        let grown = if self.base == 0 { 0 } else { grown };
+        grown.min(self.cap)
+    }
+
+    /// The delay before retry number `attempt` (0 for the first retry).
+    ///
+    /// For [`Jitter::Decorrelated`] the delay depends on the previous one,
+    /// which this backoff remembers; `attempt == 0` restarts that chain
+    /// from `base`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Backoff, Jitter};
+    /// use std::time::Duration;
+    /// let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(2))
+    ///     .jitter(Jitter::Decorrelated)
+    ///     .seed(9);
+    /// for attempt in 0..20 {
+    ///     let d = b.delay(attempt);
+    ///     assert!(d >= Duration::from_millis(100) && d <= Duration::from_secs(2));
+    /// }
+    /// ```
+    pub fn delay(&mut self, attempt: u32) -> Duration {
+        let v = self.ceiling_nanos(attempt);
+        let nanos = match self.jitter {
+            Jitter::None => v,
+            Jitter::Full => self.rng.u64(0..=v),
+            Jitter::Equal => {
+                let half = v / 2;
+                half + self.rng.u64(0..=v - half)
+            }
+            Jitter::Decorrelated => {
+                if attempt == 0 {
+                    self.previous = self.base;
+                }
+                let lo = self.base.min(self.cap);
+                let hi = self.previous.saturating_mul(3).min(self.cap).max(lo);
+                let d = self.rng.u64(lo..=hi);
+                self.previous = d;
+                d
+            }
+        };
+        Duration::from_nanos(nanos)
+    }
+
+    /// A uniform draw in `[0, max]` from this backoff's generator.
+    pub(crate) fn spread(&mut self, max: u64) -> u64 {
+        self.rng.u64(0..=max)
+    }
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ceiling_saturates_for_any_attempt() {
+        let b = Backoff::new(Duration::from_nanos(u64::MAX / 2 + 1), Duration::MAX);
+        assert_eq!(b.ceiling(0), Duration::from_nanos(u64::MAX / 2 + 1));
+        assert_eq!(b.ceiling(1), Duration::from_nanos(u64::MAX));
+        for attempt in [2, 63, 64, 65, 1_000, u32::MAX] {
+            assert_eq!(b.ceiling(attempt), Duration::from_nanos(u64::MAX));
+        }
+        let zero = Backoff::new(Duration::ZERO, Duration::from_secs(1));
+        assert_eq!(zero.ceiling(u32::MAX), Duration::ZERO);
+    }
+
+    #[test]
+    fn cap_below_base_caps_every_jitter() {
+        for jitter in [
+            Jitter::None,
+            Jitter::Full,
+            Jitter::Equal,
+            Jitter::Decorrelated,
+        ] {
+            let mut b = Backoff::new(Duration::from_secs(5), Duration::from_secs(1))
+                .jitter(jitter)
+                .seed(1);
+            for attempt in 0..100 {
+                assert!(b.delay(attempt) <= Duration::from_secs(1), "{jitter:?}");
+            }
+        }
+    }
+}

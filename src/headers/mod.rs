@@ -1,0 +1,449 @@
+//! What a server says about its limits, read from response headers.
+//!
+//! [`ServerHint::from_headers`] takes any iterator of `(name, value)` pairs
+//! (names case-insensitive, values as bytes), so it works with every HTTP
+//! library; the `http` feature adds [`ServerHint::from_header_map`].
+//!
+//! The formats, time rules and precedence are documented on [`ServerHint`].
+
+mod parse;
+mod value;
+
+use std::time::{Duration, SystemTime};
+
+#[cfg(feature = "serde")]
+use serde::{Deserialize, Serialize};
+
+/// The server's view of its limits, as relative waits.
+///
+/// Built by [`from_headers`](Self::from_headers). Every field is `None`
+/// (or empty) when the response did not say.
+///
+/// # Formats
+///
+/// | header | values accepted |
+/// | --- | --- |
+/// | `Retry-After` | delta-seconds (`120`, also fractional `1.5`); HTTP-date as IMF-fixdate, RFC 850 or asctime |
+/// | `retry-after-ms`, `x-ms-retry-after-ms` | milliseconds (`1500`, `12.5`) |
+/// | `RateLimit-Policy` | `"burst";q=100;w=60` (RFC 9651 List; name a String or Token; `qu` unit), older `100;w=60` |
+/// | `RateLimit` | `"burst";r=50;t=30` (List), older `limit=100, remaining=50, reset=5` (Dictionary) |
+/// | `RateLimit-Limit/-Remaining/-Reset` | older drafts; `Limit` may be `100, 100;w=60` |
+/// | `X-RateLimit-*`, `X-Rate-Limit-*` | `-Limit`, `-Remaining`, `-Used`, `-Reset`, `-Reset-After`; `-<field>-<resource>` (`x-ratelimit-reset-tokens`) becomes a [`Policy`] |
+/// | `anthropic-ratelimit-<resource>-<field>` | a [`Policy`] per resource |
+/// | `X-RateLimit-Scope`, `-Resource`, `-Bucket` | [`scope`](Self::scope), in that order of preference |
+///
+/// A reset value is read as: a number below 10⁹ is a delta in seconds
+/// (fractions kept); 10⁹ up to 10¹² is a Unix time in seconds (from
+/// 2001-09-09); 10¹² up to 10¹⁵ a Unix time in milliseconds; larger
+/// numbers are skipped. Otherwise an RFC 3339 timestamp, a Go-style
+/// duration (`1s`, `6m0s`, `12ms`, `1h2m3.5s`), or an HTTP-date.
+///
+/// HTTP-dates are parsed by `httpdate`, which rejects a weekday that does
+/// not match the date and reads an RFC 850 two-digit year `00`–`69` as
+/// 20xx, `70`–`99` as 19xx. RFC 3339 is parsed by `jiff` and needs an
+/// offset (`Z` or `±hh:mm`).
+///
+/// # Time
+///
+/// Every result is a wait relative to the response. Absolute times are
+/// converted against the response's own `Date` header when it has a valid
+/// one (the server's clock, immune to ours being skewed), else against the
+/// `now` passed in. A time in the past is a zero wait; every duration is at
+/// most [`MAX_DURATION`](Self::MAX_DURATION). Fractions round up, never down.
+///
+/// # Precedence
+///
+/// `retry-after-ms`, then `x-ms-retry-after-ms`, then `Retry-After` (the
+/// precise forms of the same wait). For the top-level counters, the IETF
+/// `RateLimit` field, then `RateLimit-*`, then `X-RateLimit-*`; among equals
+/// the first header wins. [`wait`](Self::wait) puts `Retry-After` before
+/// every reset field.
+///
+/// # Garbage
+///
+/// A value that does not parse is skipped; the rest still count. Names and
+/// values may be any bytes: nothing panics, no duration is negative or
+/// overflows.
+///
+/// # Serde
+///
+/// With the `serde` feature it serializes with durations as whole
+/// milliseconds, rounded up (`retry_after_ms`, `reset_after_ms`,
+/// `window_ms`), so a wait never shrinks in transit.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::ServerHint;
+/// use std::time::{Duration, SystemTime};
+///
+/// let hint = ServerHint::from_headers(
+///     [("Retry-After", "3"), ("X-RateLimit-Remaining", "0")],
+///     SystemTime::now(),
+/// );
+/// assert_eq!(hint.retry_after, Some(Duration::from_secs(3)));
+/// assert_eq!(hint.remaining, Some(0));
+/// assert_eq!(hint.wait(), Some(Duration::from_secs(3)));
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
+#[non_exhaustive]
+pub struct ServerHint {
+    /// How long the server asked us to wait (`Retry-After` and its
+    /// millisecond forms).
+    #[cfg_attr(
+        feature = "serde",
+        serde(rename = "retry_after_ms", with = "millis", default)
+    )]
+    pub retry_after: Option<Duration>,
+    /// Requests allowed per window.
+    pub limit: Option<u64>,
+    /// Requests left in the current window.
+    pub remaining: Option<u64>,
+    /// Requests used in the current window (`X-RateLimit-Used`). When
+    /// `remaining` is absent but `limit` and `used` are present,
+    /// `remaining` is `limit - used`.
+    pub used: Option<u64>,
+    /// Time until the window resets and `remaining` is refilled.
+    #[cfg_attr(
+        feature = "serde",
+        serde(rename = "reset_after_ms", with = "millis", default)
+    )]
+    pub reset_after: Option<Duration>,
+    /// Named limits (IETF `RateLimit`/`RateLimit-Policy` members, or
+    /// per-resource vendor headers such as `x-ratelimit-remaining-tokens`),
+    /// in order of first appearance. When no top-level counters were sent,
+    /// `limit`, `remaining` and `reset_after` summarise the binding policy:
+    /// the one with the fewest remaining (ties: the longest reset).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub policies: Vec<Policy>,
+    /// What the limit applies to, as the server named it
+    /// (`X-RateLimit-Scope`, else `-Resource`, else `-Bucket`).
+    pub scope: Option<String>,
+}
+
+/// One named limit from a response.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::ServerHint;
+/// use std::time::{Duration, SystemTime};
+///
+/// let hint = ServerHint::from_headers(
+///     [
+///         ("RateLimit-Policy", r#""burst";q=100;w=60"#),
+///         ("RateLimit", r#""burst";r=0;t=12"#),
+///     ],
+///     SystemTime::now(),
+/// );
+/// let p = &hint.policies[0];
+/// assert_eq!(p.name.as_deref(), Some("burst"));
+/// assert_eq!(p.quota, Some(100));
+/// assert_eq!(p.window, Some(Duration::from_secs(60)));
+/// assert_eq!(p.remaining, Some(0));
+/// assert_eq!(p.reset_after, Some(Duration::from_secs(12)));
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
+#[non_exhaustive]
+pub struct Policy {
+    /// The policy's name; `None` for the unnamed older form
+    /// (`RateLimit-Policy: 100;w=60`).
+    pub name: Option<String>,
+    /// Units allowed per window (`q`, or the resource's limit header).
+    pub quota: Option<u64>,
+    /// What the quota counts (`qu`: `requests`, `content-bytes`, ...).
+    pub quota_unit: Option<String>,
+    /// The window length (`w`).
+    #[cfg_attr(
+        feature = "serde",
+        serde(rename = "window_ms", with = "millis", default)
+    )]
+    pub window: Option<Duration>,
+    /// Units left (`r`, or the resource's remaining header).
+    pub remaining: Option<u64>,
+    /// Time until the quota is restored (`t`, or the resource's reset).
+    #[cfg_attr(
+        feature = "serde",
+        serde(rename = "reset_after_ms", with = "millis", default)
+    )]
+    pub reset_after: Option<Duration>,
+}
+
+impl ServerHint {
+    /// The longest duration a hint holds (2³² − 1 seconds, about 136
+    /// years): longer values are capped, so adding one to an `Instant` or
+    /// to the crate's nanosecond clock cannot overflow.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::ServerHint;
+    /// use std::time::SystemTime;
+    ///
+    /// let hint = ServerHint::from_headers([("retry-after", "99999999999999999999")], SystemTime::now());
+    /// assert_eq!(hint.retry_after, Some(ServerHint::MAX_DURATION));
+    /// ```
+    pub const MAX_DURATION: Duration = Duration::from_secs(u32::MAX as u64);
+
+    /// Reads every recognised header in `headers`; `now` is the time the
+    /// response arrived, used for absolute times when the response has no
+    /// valid `Date`.
+    ///
+    /// Names are matched case-insensitively; values are trimmed of spaces
+    /// and tabs and must be UTF-8. Anything else is skipped.
+    ///
+    /// # Examples
+    ///
+    /// GitHub's epoch reset, read against the response's own `Date`:
+    ///
+    /// ```
+    /// use backpressure::ServerHint;
+    /// use std::time::{Duration, SystemTime};
+    ///
+    /// let headers: Vec<(&str, &[u8])> = vec![
+    ///     ("date", b"Tue, 14 Nov 2023 22:13:20 GMT"), // Unix 1700000000
+    ///     ("x-ratelimit-limit", b"5000"),
+    ///     ("x-ratelimit-remaining", b"0"),
+    ///     ("x-ratelimit-reset", b"1700000060"),
+    ///     ("x-ratelimit-resource", b"core"),
+    /// ];
+    /// let hint = ServerHint::from_headers(headers, SystemTime::now());
+    /// assert_eq!(hint.reset_after, Some(Duration::from_secs(60)));
+    /// assert_eq!(hint.scope.as_deref(), Some("core"));
+    /// assert_eq!(hint.wait(), Some(Duration::from_secs(60)));
+    /// ```
+    pub fn from_headers<I, N, V>(headers: I, now: SystemTime) -> ServerHint
+    where
+        I: IntoIterator<Item = (N, V)>,
+        N: AsRef<[u8]>,
+        V: AsRef<[u8]>,
+    {
+        let mut acc = parse::Acc::default();
+        // Every name we know is ASCII and shorter than this.
+        let mut name_buf = [0u8; 64];
+        for (name, value) in headers {
+            let name = name.as_ref();
+            let Some(lower) = name_buf.get_mut(..name.len()) else {
+                continue;
+            };
+            lower.copy_from_slice(name);
+            lower.make_ascii_lowercase();
+            let Ok(lower) = core::str::from_utf8(lower) else {
+                continue;
+            };
+            if !parse::is_candidate(lower) {
+                continue;
+            }
+            let Ok(value) = core::str::from_utf8(value.as_ref()) else {
+                continue;
+            };
+            acc.add(lower, value.trim_matches([' ', '\t']));
+        }
+        acc.finish(now)
+    }
+
+    /// [`from_headers`](Self::from_headers) over an `http::HeaderMap`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::ServerHint;
+    /// use http::HeaderMap;
+    /// use std::time::{Duration, SystemTime};
+    ///
+    /// let mut map = HeaderMap::new();
+    /// map.insert("retry-after", "2".parse().unwrap());
+    /// let hint = ServerHint::from_header_map(&map, SystemTime::now());
+    /// assert_eq!(hint.retry_after, Some(Duration::from_secs(2)));
+    /// ```
+    #[cfg(feature = "http")]
+    pub fn from_header_map(map: &http::HeaderMap, now: SystemTime) -> ServerHint {
+        Self::from_headers(map.iter(), now)
+    }
+
+    /// How long the server wants us to wait before the next request, if it
+    /// said: `retry_after` when present (it beats every reset field), else
+    /// the longest `reset_after` among the exhausted limits (top-level or
+    /// policy with `remaining == 0`), else `None`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::ServerHint;
+    /// use std::time::{Duration, SystemTime};
+    ///
+    /// let now = SystemTime::now();
+    /// let hint = ServerHint::from_headers(
+    ///     [("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "30"), ("retry-after", "5")],
+    ///     now,
+    /// );
+    /// assert_eq!(hint.wait(), Some(Duration::from_secs(5)));
+    ///
+    /// let hint = ServerHint::from_headers([("x-ratelimit-remaining", "3"), ("x-ratelimit-reset", "30")], now);
+    /// assert_eq!(hint.wait(), None); // requests left: no need to wait
+    /// ```
+    pub fn wait(&self) -> Option<Duration> {
+        if self.retry_after.is_some() {
+            return self.retry_after;
+        }
+        let top = (self.remaining == Some(0))
+            .then_some(self.reset_after)
+            .flatten();
+        let policies = self
+            .policies
+            .iter()
+            .filter(|p| p.remaining == Some(0))
+            .filter_map(|p| p.reset_after);
+        top.into_iter().chain(policies).max()
+    }
+
+    /// [`wait`](Self::wait) against what the caller can afford: see
+    /// [`Clamp::apply`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Advice, Clamp, ServerHint};
+    /// use std::time::{Duration, SystemTime};
+    ///
+    /// let hint = ServerHint::from_headers([("retry-after", "3600")], SystemTime::now());
+    /// let clamp = Clamp::new(Duration::from_secs(30));
+    /// // An hour against a 30 s budget is the server saying stop.
+    /// assert_eq!(hint.advise(clamp), Advice::Stop { retry_after: Duration::from_secs(3600) });
+    /// ```
+    pub fn advise(&self, clamp: Clamp) -> Advice {
+        match self.wait() {
+            None => Advice::Proceed,
+            Some(d) => clamp.apply(d),
+        }
+    }
+}
+
+/// The longest server-requested wait a caller will sleep through.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{Advice, Clamp};
+/// use std::time::Duration;
+///
+/// let clamp = Clamp { max: Duration::from_secs(30) };
+/// assert_eq!(clamp.apply(Duration::from_secs(2)), Advice::Wait(Duration::from_secs(2)));
+/// assert!(clamp.apply(Duration::from_secs(31)).is_stop());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Clamp {
+    /// Waits up to and including this are slept; longer ones are surfaced.
+    pub max: Duration,
+}
+
+impl Clamp {
+    /// A clamp at `max`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::Clamp;
+    /// use std::time::Duration;
+    /// assert_eq!(Clamp::new(Duration::from_secs(1)).max, Duration::from_secs(1));
+    /// ```
+    pub const fn new(max: Duration) -> Clamp {
+        Clamp { max }
+    }
+
+    /// `Wait(wait)` if it fits in `max`, else `Stop` carrying the server's
+    /// full wait, for the caller to surface rather than sleep.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Advice, Clamp};
+    /// use std::time::Duration;
+    ///
+    /// let clamp = Clamp::new(Duration::from_secs(10));
+    /// assert_eq!(clamp.apply(Duration::from_secs(10)), Advice::Wait(Duration::from_secs(10)));
+    /// assert_eq!(
+    ///     clamp.apply(Duration::from_secs(11)),
+    ///     Advice::Stop { retry_after: Duration::from_secs(11) },
+    /// );
+    /// ```
+    pub fn apply(self, wait: Duration) -> Advice {
+        if wait <= self.max {
+            Advice::Wait(wait)
+        } else {
+            Advice::Stop { retry_after: wait }
+        }
+    }
+}
+
+/// What to do with a server's hint, given a [`Clamp`].
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{Advice, Clamp, ServerHint};
+/// use std::time::{Duration, SystemTime};
+///
+/// let clamp = Clamp::new(Duration::from_secs(30));
+/// let hint = ServerHint::from_headers([("x-ratelimit-remaining", "7")], SystemTime::now());
+/// match hint.advise(clamp) {
+///     Advice::Proceed => {}
+///     Advice::Wait(d) => std::thread::sleep(d),
+///     Advice::Stop { retry_after } => println!("surface it: retry in {retry_after:?}"),
+///     _ => {}
+/// }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Advice {
+    /// The server asked for no wait.
+    Proceed,
+    /// Wait this long (at most the clamp), then go.
+    Wait(Duration),
+    /// The server's wait is longer than the caller can use: stop and
+    /// surface it instead of sleeping.
+    Stop {
+        /// The server's full wait.
+        retry_after: Duration,
+    },
+}
+
+impl Advice {
+    /// Whether this is [`Advice::Stop`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::Advice;
+    /// assert!(!Advice::Proceed.is_stop());
+    /// ```
+    pub fn is_stop(&self) -> bool {
+        matches!(self, Advice::Stop { .. })
+    }
+}
+
+/// Serde for `Option<Duration>` as whole milliseconds, rounded up.
+#[cfg(feature = "serde")]
+mod millis {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub(super) fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => {
+                let ms = d.as_nanos().div_ceil(1_000_000);
+                s.serialize_some(&u64::try_from(ms).unwrap_or(u64::MAX))
+            }
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        let max = super::ServerHint::MAX_DURATION;
+        Ok(Option::<u64>::deserialize(d)?.map(|ms| Duration::from_millis(ms).min(max)))
+    }
+}
