@@ -17,6 +17,10 @@
 
 pub(crate) use imp::*;
 
+/// Blocking primitives for the `ThreadSleeper` timer thread, which loom
+/// does not model: never switched.
+pub(crate) use parking_lot::{Condvar as ThreadCondvar, Mutex as ThreadMutex};
+
 #[cfg(not(all(test, feature = "loom")))]
 mod imp {
     pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
