@@ -52,12 +52,17 @@
 //! [`convert`]), and afterwards only cancels lower `tat`, and only back to
 //! values taken after the change. So a decision still in flight with the
 //! old quota expects a `tat` the word will never hold again: its CAS fails
-//! and it retries under the new quota. (The one exception: a `reset`, which
-//! does lower `tat`, landing after the quota change while that decision is
-//! still in flight, and other callers pushing `tat` back to exactly the
-//! value it read. The stale decision is then one decision under the
-//! previous quota. `reset` is an administrative operation; this is
-//! documented on it.)
+//! and it retries under the new quota.
+//!
+//! `reset` is the one operation that lowers `tat` for good (to `FULL`; it
+//! writes nothing when the bucket is already full). A decision in flight
+//! across a reset fails its CAS, unless other callers push `tat` back to
+//! exactly the value it read. Its decision is then still right for the
+//! state it lands on (same quota), but its reservation carries the
+//! pre-reset epoch, so a later cancel is refused: conservative, never an
+//! over-admission. (If a quota change also fell inside that window, the
+//! decision was made under the previous quota.) The loom model allows
+//! exactly the refused cancel.
 //!
 //! # Cancelling
 //!
@@ -360,35 +365,39 @@ impl Gcra {
     }
 
     /// Admits nothing before `now + retry_after`: raises `tat` so that the
-    /// first single cell fits exactly then. One `fetch_max`; it repeats
-    /// only if the quota changed meanwhile (a `fetch_max` never lowers the
-    /// word, so repeating is harmless).
+    /// first single cell fits exactly then, in one CAS (retried only if
+    /// another write got there first). A penalty shorter than the current
+    /// debt writes nothing.
     pub(crate) fn penalize(&self, retry_after: u64, now: u64) {
+        let backoff = Backoff::new();
         loop {
             let view = self.view();
             let target = now
                 .saturating_add(retry_after)
                 .saturating_add(view.tolerance() - view.period);
-            // Release: seqlock data, as in `apply`. Acquire: if this lands
-            // after a quota change converted `tat` (a Release CAS made
-            // under LOCKED), the load below sees that lock or its unlock.
-            // An RMW reads the latest value, so no maximum is lost.
-            self.tat.fetch_max(target, Ordering::AcqRel);
-            // Acquire: pairs with `unlock`. Any change, even a cancel's
-            // lock, redoes the penalty under the quota then in force.
-            if self.word.load(Ordering::Acquire) == view.word {
+            if view.tat >= target || self.apply(&view, target) {
                 return;
             }
+            backoff.spin();
         }
     }
 
     /// Makes the bucket full, and voids every outstanding reservation's
-    /// refund.
-    pub(crate) fn reset(&self) {
+    /// refund. A bucket already full at `now` is left as it is (its
+    /// reservations' refunds stay valid): writing `FULL` over an equal
+    /// value would let a decision in flight succeed with a stale epoch.
+    pub(crate) fn reset(&self, now: u64) {
         let word = self.lock();
-        // Release: seqlock data; published by `unlock`.
-        self.tat.store(FULL, Ordering::Release);
-        self.unlock(bump_epoch(word));
+        // An RMW, not a load and a store: a reservation landing in between
+        // must be either seen (and wiped) or fail its CAS. Release: seqlock
+        // data, published by `unlock`. Relaxed on failure: nothing to see.
+        let wiped = self
+            .tat
+            .fetch_update(Ordering::Release, Ordering::Relaxed, |tat| {
+                (tat > now).then_some(FULL)
+            })
+            .is_ok();
+        self.unlock(if wiped { bump_epoch(word) } else { word });
     }
 
     /// Switches to `quota`, converting the state so that nothing is granted

@@ -224,8 +224,8 @@ impl<C: Clock> TokenBucket<C> {
             .map(|r| Reservation::borrowed(&self.gcra, r, now))
     }
 
-    /// Admits nothing before `now + retry_after`, in one atomic
-    /// `fetch_max`: the server said so (a 429 or 503 with `Retry-After`).
+    /// Admits nothing before `now + retry_after`, in one compare-and-swap:
+    /// the server said so (a 429 or 503 with `Retry-After`).
     /// At that instant one cell fits, then one per period: the burst is
     /// not handed out at once after a throttle. A shorter penalty than the
     /// current wait changes nothing.
@@ -323,9 +323,9 @@ impl<C: Clock> TokenBucket<C> {
     /// Makes the bucket full again and forgets any penalty; outstanding
     /// reservations stay taken but can no longer be cancelled.
     ///
-    /// An administrative operation: a decision that was in flight across
-    /// both a [`set_quota`](TokenBucket::set_quota) and this reset may be
-    /// applied under the previous quota (see `gcra.rs`).
+    /// An administrative operation: a reservation made concurrently with
+    /// a reset may afterwards refuse to cancel (conservative; see
+    /// `gcra.rs`).
     ///
     /// # Examples
     ///
@@ -342,7 +342,7 @@ impl<C: Clock> TokenBucket<C> {
     /// assert_eq!(bucket.available(), 5);
     /// ```
     pub fn reset(&self) {
-        self.gcra.reset();
+        self.gcra.reset(self.clock.now_nanos());
     }
 
     /// The bucket's clock.
