@@ -40,6 +40,7 @@ mod clock;
 #[cfg(any(fuzzing, all(test, not(feature = "loom"))))]
 #[doc(hidden)]
 pub mod fuzzing;
+mod keyed;
 mod park;
 mod semaphore;
 mod sleep;
@@ -50,6 +51,7 @@ pub use bucket::{
     CheckError, Quota, QuotaError, RateLimiter, Reservation, ReserveError, TokenBucket,
 };
 pub use clock::{Clock, DefaultClock, ManualClock};
+pub use keyed::{Scoped, TooManyKeys};
 pub use semaphore::{
     Acquire, AcquireError, AcquireOwned, OwnedSemaphorePermit, Semaphore, SemaphorePermit,
     TryAcquireError,

@@ -37,7 +37,7 @@ pub enum CheckError {
         /// The bucket's burst.
         capacity: u32,
     },
-    /// A `Scoped` registry holds its maximum number of
+    /// A [`Scoped`](crate::Scoped) registry holds its maximum number of
     /// keys, none of them idle, and this key is new.
     TooManyKeys {
         /// The registry's key limit.
@@ -127,7 +127,7 @@ pub enum ReserveError {
         /// The bucket's burst.
         capacity: u32,
     },
-    /// A `Scoped` registry holds its maximum number of
+    /// A [`Scoped`](crate::Scoped) registry holds its maximum number of
     /// keys, none of them idle, and this key is new.
     TooManyKeys {
         /// The registry's key limit.

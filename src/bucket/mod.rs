@@ -410,9 +410,7 @@ impl<C: Clock> TokenBucket<C> {
             return Ok(());
         }
         let wait = reservation.wait();
-        let guard = CancelOnDrop(Some(reservation));
-        sleeper.sleep(wait).await;
-        guard.disarm();
+        sleep_reserved(reservation, wait, sleeper).await;
         Ok(())
     }
 
@@ -421,6 +419,18 @@ impl<C: Clock> TokenBucket<C> {
     pub(crate) fn raw(&self) -> &Gcra {
         &self.gcra
     }
+}
+
+/// Sleeps `wait` holding `reservation`; cancels it if dropped before the
+/// end.
+pub(crate) async fn sleep_reserved<S: Sleeper>(
+    reservation: Reservation<'_>,
+    wait: Duration,
+    sleeper: &S,
+) {
+    let guard = CancelOnDrop(Some(reservation));
+    sleeper.sleep(wait).await;
+    guard.disarm();
 }
 
 /// Cancels a reservation whose wait was abandoned.
