@@ -5,6 +5,8 @@
 //!
 //! Compiled only with `--cfg fuzzing` (set by cargo-fuzz) or in tests.
 
+mod bucket_model;
 mod semaphore_ops;
 
+pub use bucket_model::bucket_model;
 pub use semaphore_ops::semaphore_ops;
