@@ -89,10 +89,14 @@ struct Shard<K> {
 /// ```
 /// use backpressure::{ManualClock, Quota, Scoped};
 /// use std::num::NonZeroU32;
+/// use std::time::Duration;
 /// let limits = Scoped::with_clock(Quota::per_second(NonZeroU32::new(1).unwrap()), ManualClock::new())
 ///     .with_max_keys(1);
-/// limits.penalize(&1, std::time::Duration::from_secs(1)).unwrap();
-/// let err = limits.penalize(&2, std::time::Duration::from_secs(1)).unwrap_err();
+/// // Penalized keys hold debt, so none can be evicted: new keys are refused
+/// // once the (per-shard) limit is reached.
+/// let err = (0..10_000u32)
+///     .find_map(|k| limits.penalize(&k, Duration::from_secs(1)).err())
+///     .unwrap();
 /// assert_eq!(err.to_string(), "too many keys: the registry is full at 1 keys");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,8 +178,9 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// ```
     /// use backpressure::{ManualClock, Quota, Scoped};
     /// use std::num::NonZeroU32;
-    /// let limits = Scoped::with_clock(Quota::per_second(NonZeroU32::new(1).unwrap()), ManualClock::new())
-    ///     .with_max_keys(1000);
+    /// let limits: Scoped<u64, _> =
+    ///     Scoped::with_clock(Quota::per_second(NonZeroU32::new(1).unwrap()), ManualClock::new())
+    ///         .with_max_keys(1000);
     /// assert_eq!(limits.max_keys(), 1000);
     /// ```
     #[must_use]

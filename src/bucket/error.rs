@@ -99,7 +99,7 @@ impl std::error::Error for CheckError {}
 /// # Examples
 ///
 /// ```
-/// use backpressure::{ManualClock, Quota, ReserveError, TokenBucket};
+/// use backpressure::{ManualClock, Quota, TokenBucket};
 /// use std::num::NonZeroU32;
 /// use std::time::Duration;
 ///

@@ -20,7 +20,7 @@ use crate::sync::Arc;
 /// # Examples
 ///
 /// ```
-/// use backpressure::{Clock, ManualClock, Quota, TokenBucket};
+/// use backpressure::{ManualClock, Quota, TokenBucket};
 /// use std::num::NonZeroU32;
 /// use std::time::Duration;
 ///
