@@ -66,14 +66,16 @@ impl<C: Clock + ?Sized> Clock for &C {
 #[derive(Clone)]
 pub struct DefaultClock {
     clock: quanta::Clock,
-    origin: quanta::Instant,
+    /// The origin as a raw (unscaled) reading: a read scales only the
+    /// delta, and never goes through `Duration`.
+    origin: u64,
 }
 
 impl DefaultClock {
     /// A clock whose origin is now.
     pub fn new() -> Self {
         let clock = quanta::Clock::new();
-        let origin = clock.now();
+        let origin = clock.raw();
         Self { clock, origin }
     }
 }
@@ -87,8 +89,8 @@ impl Default for DefaultClock {
 impl Clock for DefaultClock {
     #[inline]
     fn now_nanos(&self) -> u64 {
-        let d = self.clock.now().saturating_duration_since(self.origin);
-        saturating_nanos(d)
+        // 0 if the raw counter reads at or before the origin.
+        self.clock.delta_as_nanos(self.origin, self.clock.raw())
     }
 }
 

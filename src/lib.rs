@@ -5,6 +5,7 @@
 //! | question | primitive |
 //! | --- | --- |
 //! | how many may be in flight now? | [`Semaphore`] (async, FIFO, cancel-safe) |
+//! | how many may start per second? | [`TokenBucket`] (GCRA, one atomic word) |
 //!
 //! Everything is runtime-agnostic: futures only use [`core::task::Waker`],
 //! so the same types work under tokio, smol/async-io, or a plain
@@ -35,25 +36,37 @@
 #![doc(test(attr(deny(warnings))))]
 
 mod backoff;
+mod bucket;
 mod clock;
 #[cfg(any(fuzzing, all(test, not(feature = "loom"))))]
 #[doc(hidden)]
 pub mod fuzzing;
 mod headers;
+mod keyed;
 mod park;
 mod semaphore;
+mod sleep;
 mod sync;
 mod wait_list;
 
 pub use backoff::{
     Backoff, Deadline, Decision, Jitter, RetryPolicy, SurfaceStatus, Surfaced, TimedOut,
 };
+pub use bucket::{
+    CheckError, Quota, QuotaError, RateLimiter, Reservation, ReserveError, TokenBucket,
+};
 pub use clock::{Clock, DefaultClock, ManualClock};
 pub use headers::{Advice, Clamp, Policy, ServerHint};
+pub use keyed::{Scoped, TooManyKeys};
 pub use semaphore::{
     Acquire, AcquireError, AcquireOwned, OwnedSemaphorePermit, Semaphore, SemaphorePermit,
     TryAcquireError,
 };
+#[cfg(feature = "tokio")]
+pub use sleep::TokioSleeper;
+#[cfg(feature = "async-io")]
+pub use sleep::{AsyncIoSleep, AsyncIoSleeper};
+pub use sleep::{ManualSleep, ManualSleeper, Sleeper, ThreadSleep, ThreadSleeper};
 
 /// The README's Rust examples run as doctests.
 #[cfg(doctest)]

@@ -17,6 +17,10 @@
 
 pub(crate) use imp::*;
 
+/// Blocking primitives for the `ThreadSleeper` timer thread, which loom
+/// does not model: never switched.
+pub(crate) use parking_lot::{Condvar as ThreadCondvar, Mutex as ThreadMutex};
+
 #[cfg(not(all(test, feature = "loom")))]
 mod imp {
     pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -67,6 +71,9 @@ mod imp {
     /// Exponential spin after a failed CAS (crossbeam's `Backoff`).
     pub(crate) type Backoff = crossbeam_utils::Backoff;
 
+    /// A reader-writer lock whose guards are returned directly.
+    pub(crate) type RwLock<T> = parking_lot::RwLock<T>;
+
     /// Wraps a value so it sits alone on its cache line(s).
     pub(crate) type CachePadded<T> = crossbeam_utils::CachePadded<T>;
 
@@ -115,6 +122,22 @@ mod imp {
     }
 
     pub(crate) type CachePadded<T> = crossbeam_utils::CachePadded<T>;
+
+    /// loom's reader-writer lock with the guards returned directly.
+    #[derive(Debug)]
+    pub(crate) struct RwLock<T>(loom::sync::RwLock<T>);
+
+    impl<T> RwLock<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Self(loom::sync::RwLock::new(value))
+        }
+        pub(crate) fn read(&self) -> loom::sync::RwLockReadGuard<'_, T> {
+            self.0.read().unwrap()
+        }
+        pub(crate) fn write(&self) -> loom::sync::RwLockWriteGuard<'_, T> {
+            self.0.write().unwrap()
+        }
+    }
 
     /// Small under loom, so a model with three waiters exercises the
     /// unlock-wake-relock path that real code takes past 32 waiters.

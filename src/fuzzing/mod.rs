@@ -9,4 +9,7 @@ mod headers;
 mod semaphore_ops;
 
 pub use headers::headers;
+mod bucket_model;
+
+pub use bucket_model::bucket_model;
 pub use semaphore_ops::semaphore_ops;

@@ -1,0 +1,167 @@
+//! TokenBucket and Scoped beside governor, same groups, same clock source
+//! (quanta) read on every call.
+//!
+//! Run: `cargo bench --bench bucket -- --warm-up-time 1 --measurement-time 3`
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use backpressure::{Quota, Scoped, TokenBucket};
+use criterion::{criterion_group, criterion_main, Criterion};
+use governor::{Quota as GQuota, RateLimiter};
+
+/// Never denies: one cell per nanosecond, a burst of 2^32 - 1.
+fn admitting() -> (Quota, GQuota) {
+    (
+        Quota::with_period(Duration::from_nanos(1)).allow_burst(NonZeroU32::MAX),
+        GQuota::with_period(Duration::from_nanos(1))
+            .unwrap()
+            .allow_burst(NonZeroU32::MAX),
+    )
+}
+
+/// Keyed: every key admits for the whole run and never becomes idle (so
+/// neither side evicts): one cell per hour, a burst of 2^32 - 1.
+fn keyed_quota() -> (Quota, GQuota) {
+    (
+        Quota::with_period(Duration::from_secs(3600)).allow_burst(NonZeroU32::MAX),
+        GQuota::with_period(Duration::from_secs(3600))
+            .unwrap()
+            .allow_burst(NonZeroU32::MAX),
+    )
+}
+
+/// The floor: one clock read, as each side does it.
+fn clock_read(c: &mut Criterion) {
+    use backpressure::Clock;
+    use governor::clock::Clock as _;
+    let mut g = c.benchmark_group("clock read");
+    let ours = backpressure::DefaultClock::new();
+    g.bench_function("backpressure", |b| b.iter(|| black_box(ours.now_nanos())));
+    let theirs = governor::clock::QuantaClock::default();
+    g.bench_function("governor", |b| b.iter(|| black_box(theirs.now())));
+    g.finish();
+}
+
+fn check_admitting(c: &mut Criterion) {
+    let mut g = c.benchmark_group("check admitting");
+    let (ours, theirs) = admitting();
+    let bucket = TokenBucket::new(ours);
+    g.bench_function("backpressure", |b| {
+        b.iter(|| black_box(bucket.try_acquire(1)).is_ok())
+    });
+    let gov = RateLimiter::direct(theirs);
+    g.bench_function("governor", |b| b.iter(|| black_box(gov.check()).is_ok()));
+    g.finish();
+}
+
+fn check_denying(c: &mut Criterion) {
+    let mut g = c.benchmark_group("check denying");
+    let bucket = TokenBucket::new(Quota::with_period(Duration::from_secs(3600)));
+    bucket.try_acquire(1).unwrap();
+    g.bench_function("backpressure", |b| {
+        b.iter(|| black_box(bucket.try_acquire(1)).is_err())
+    });
+    let gov = RateLimiter::direct(GQuota::with_period(Duration::from_secs(3600)).unwrap());
+    gov.check().unwrap();
+    g.bench_function("governor", |b| b.iter(|| black_box(gov.check()).is_err()));
+    g.finish();
+}
+
+/// Each of two threads makes `iters` checks; the time reported is the
+/// wall time of the whole run, i.e. per check per thread.
+fn two_threads(iters: u64, check: &(dyn Fn() + Sync)) -> Duration {
+    let barrier = Barrier::new(2);
+    std::thread::scope(|s| {
+        let other = s.spawn(|| {
+            barrier.wait();
+            for _ in 0..iters {
+                check();
+            }
+        });
+        barrier.wait();
+        let start = Instant::now();
+        for _ in 0..iters {
+            check();
+        }
+        other.join().unwrap();
+        start.elapsed()
+    })
+}
+
+fn check_two_threads(c: &mut Criterion) {
+    let mut g = c.benchmark_group("check admitting, 2 threads");
+    let (ours, theirs) = admitting();
+    let bucket = TokenBucket::new(ours);
+    g.bench_function("backpressure", |b| {
+        b.iter_custom(|iters| {
+            two_threads(iters, &|| {
+                black_box(bucket.try_acquire(1)).ok();
+            })
+        })
+    });
+    let gov = RateLimiter::direct(theirs);
+    g.bench_function("governor", |b| {
+        b.iter_custom(|iters| {
+            two_threads(iters, &|| {
+                black_box(gov.check()).ok();
+            })
+        })
+    });
+    g.finish();
+}
+
+fn keyed(c: &mut Criterion, keys: u64) {
+    let mut g = c.benchmark_group(format!("keyed check, {keys} keys"));
+    let (ours, theirs) = keyed_quota();
+    let scoped: Scoped<u64> = Scoped::new(ours).with_max_keys(2 * keys as usize);
+    let gov = RateLimiter::keyed(theirs);
+    for k in 0..keys {
+        scoped.try_acquire(&k, 1).unwrap();
+        gov.check_key(&k).unwrap();
+    }
+    // A fixed pseudo-random walk over the keys, so neither side gets a
+    // cache-friendly sequential order.
+    let stride = 0x9E37_79B9_7F4A_7C15u64 | 1;
+    let mut i = 0u64;
+    g.bench_function("backpressure", |b| {
+        b.iter(|| {
+            i = i.wrapping_add(stride);
+            black_box(scoped.try_acquire(&(i % keys), 1)).is_ok()
+        })
+    });
+    let mut i = 0u64;
+    g.bench_function("governor", |b| {
+        b.iter(|| {
+            i = i.wrapping_add(stride);
+            black_box(gov.check_key(&(i % keys))).is_ok()
+        })
+    });
+    println!(
+        "keys held after the run: backpressure {}, governor {}",
+        scoped.len(),
+        gov.len()
+    );
+    g.finish();
+}
+
+fn keyed_1k(c: &mut Criterion) {
+    keyed(c, 1_000);
+}
+
+fn keyed_1m(c: &mut Criterion) {
+    keyed(c, 1_000_000);
+}
+
+criterion_group!(
+    benches,
+    clock_read,
+    check_admitting,
+    check_denying,
+    check_two_threads,
+    keyed_1k,
+    keyed_1m
+);
+criterion_main!(benches);

@@ -1,0 +1,6 @@
+#![no_main]
+//! Drives the token bucket with a byte string and diffs it against a
+//! u128 reference model (see `src/fuzzing/bucket_model.rs`).
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| backpressure::fuzzing::bucket_model(data));

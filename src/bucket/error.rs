@@ -1,0 +1,209 @@
+//! The answers "not now" and "never" of a rate limiter.
+
+use core::fmt;
+use core::time::Duration;
+
+/// Why [`try_acquire`](crate::TokenBucket::try_acquire) admitted nothing.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{CheckError, ManualClock, Quota, TokenBucket};
+/// use std::num::NonZeroU32;
+/// use std::time::Duration;
+///
+/// let quota = Quota::per_second(NonZeroU32::new(2).unwrap());
+/// let bucket = TokenBucket::with_clock(quota, ManualClock::new());
+/// bucket.try_acquire(2).unwrap();
+/// let err = bucket.try_acquire(1).unwrap_err();
+/// assert_eq!(err, CheckError::NotUntil { wait: Duration::from_millis(500) });
+/// assert_eq!(err.to_string(), "rate limited: not before 500ms from now");
+/// assert!(bucket.try_acquire(3).unwrap_err().is_insufficient_capacity());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CheckError {
+    /// The cells fit after `wait` (measured from the call). Nothing was
+    /// consumed.
+    NotUntil {
+        /// How long until the cells would fit, if nothing else is admitted
+        /// meanwhile.
+        wait: Duration,
+    },
+    /// More cells were asked for than the burst: this can never succeed.
+    InsufficientCapacity {
+        /// Cells asked for.
+        requested: u32,
+        /// The bucket's burst.
+        capacity: u32,
+    },
+    /// A [`Scoped`](crate::Scoped) registry holds its maximum number of
+    /// keys, none of them idle, and this key is new.
+    TooManyKeys {
+        /// The registry's key limit.
+        limit: usize,
+    },
+}
+
+impl CheckError {
+    /// The wait, for [`NotUntil`](CheckError::NotUntil).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::CheckError;
+    /// use std::time::Duration;
+    /// let e = CheckError::NotUntil { wait: Duration::from_secs(1) };
+    /// assert_eq!(e.wait(), Some(Duration::from_secs(1)));
+    /// ```
+    pub fn wait(&self) -> Option<Duration> {
+        match *self {
+            CheckError::NotUntil { wait } => Some(wait),
+            _ => None,
+        }
+    }
+
+    /// Whether more cells were asked for than the burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::CheckError;
+    /// let e = CheckError::InsufficientCapacity { requested: 5, capacity: 3 };
+    /// assert!(e.is_insufficient_capacity());
+    /// ```
+    pub fn is_insufficient_capacity(&self) -> bool {
+        matches!(self, CheckError::InsufficientCapacity { .. })
+    }
+}
+
+impl fmt::Display for CheckError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CheckError::NotUntil { wait } => {
+                write!(f, "rate limited: not before {wait:?} from now")
+            }
+            CheckError::InsufficientCapacity {
+                requested,
+                capacity,
+            } => insufficient(f, *requested, *capacity),
+            CheckError::TooManyKeys { limit } => too_many_keys(f, *limit),
+        }
+    }
+}
+
+impl std::error::Error for CheckError {}
+
+/// Why [`reserve`](crate::TokenBucket::reserve) took nothing.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{ManualClock, Quota, TokenBucket};
+/// use std::num::NonZeroU32;
+/// use std::time::Duration;
+///
+/// let quota = Quota::per_second(NonZeroU32::new(1).unwrap());
+/// let bucket = TokenBucket::with_clock(quota, ManualClock::new());
+/// bucket.try_acquire(1).unwrap();
+/// let err = bucket.reserve(1, Duration::from_millis(100)).unwrap_err();
+/// assert_eq!(err.retry_after(), Some(Duration::from_secs(1)));
+/// assert!(err.is_rate_limited());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReserveError {
+    /// The cells would be usable only after `retry_after`, longer than the
+    /// caller can wait. Nothing was consumed.
+    RateLimited {
+        /// How long until the cells would fit, if nothing else is admitted
+        /// meanwhile.
+        retry_after: Duration,
+    },
+    /// More cells were asked for than the burst: this can never succeed.
+    InsufficientCapacity {
+        /// Cells asked for.
+        requested: u32,
+        /// The bucket's burst.
+        capacity: u32,
+    },
+    /// A [`Scoped`](crate::Scoped) registry holds its maximum number of
+    /// keys, none of them idle, and this key is new.
+    TooManyKeys {
+        /// The registry's key limit.
+        limit: usize,
+    },
+}
+
+impl ReserveError {
+    /// The wait, for [`RateLimited`](ReserveError::RateLimited).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::ReserveError;
+    /// use std::time::Duration;
+    /// let e = ReserveError::RateLimited { retry_after: Duration::from_secs(2) };
+    /// assert_eq!(e.retry_after(), Some(Duration::from_secs(2)));
+    /// ```
+    pub fn retry_after(&self) -> Option<Duration> {
+        match *self {
+            ReserveError::RateLimited { retry_after } => Some(retry_after),
+            _ => None,
+        }
+    }
+
+    /// Whether the wait exceeded what the caller could afford.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::ReserveError;
+    /// let e = ReserveError::RateLimited { retry_after: Default::default() };
+    /// assert!(e.is_rate_limited());
+    /// ```
+    pub fn is_rate_limited(&self) -> bool {
+        matches!(self, ReserveError::RateLimited { .. })
+    }
+
+    /// Whether more cells were asked for than the burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::ReserveError;
+    /// let e = ReserveError::InsufficientCapacity { requested: 9, capacity: 3 };
+    /// assert!(e.is_insufficient_capacity());
+    /// ```
+    pub fn is_insufficient_capacity(&self) -> bool {
+        matches!(self, ReserveError::InsufficientCapacity { .. })
+    }
+}
+
+impl fmt::Display for ReserveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReserveError::RateLimited { retry_after } => {
+                write!(f, "rate limited: retry after {retry_after:?}")
+            }
+            ReserveError::InsufficientCapacity {
+                requested,
+                capacity,
+            } => insufficient(f, *requested, *capacity),
+            ReserveError::TooManyKeys { limit } => too_many_keys(f, *limit),
+        }
+    }
+}
+
+impl std::error::Error for ReserveError {}
+
+fn insufficient(f: &mut fmt::Formatter<'_>, requested: u32, capacity: u32) -> fmt::Result {
+    write!(
+        f,
+        "insufficient capacity: {requested} cells requested, the burst is {capacity}"
+    )
+}
+
+fn too_many_keys(f: &mut fmt::Formatter<'_>, limit: usize) -> fmt::Result {
+    write!(f, "too many keys: the registry is full at {limit} keys")
+}

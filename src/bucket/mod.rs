@@ -1,0 +1,481 @@
+//! `TokenBucket`: how many calls may *start* per second. GCRA over one
+//! atomic word; the algorithm and its invariants are in `gcra.rs`.
+
+mod error;
+pub(crate) mod gcra;
+mod quota;
+mod reservation;
+
+use core::fmt;
+use core::time::Duration;
+
+use crate::clock::{saturating_nanos, Clock, DefaultClock};
+use crate::sleep::Sleeper;
+
+pub use error::{CheckError, ReserveError};
+pub use quota::{Quota, QuotaError};
+pub use reservation::Reservation;
+
+use gcra::Gcra;
+
+/// The contract every rate limiter in this crate keeps, so callers (and
+/// the admission layer) can take any of them: this process's
+/// [`TokenBucket`], a shared one enforced elsewhere, or a test double.
+///
+/// The trait is object safe (`&dyn RateLimiter` works) and every method
+/// decides at once: none of them sleeps or blocks. Waiting is the
+/// caller's, with the [`Reservation`] in hand (see
+/// [`TokenBucket::until_ready`]).
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{ManualClock, Quota, RateLimiter, TokenBucket};
+/// use std::num::NonZeroU32;
+///
+/// fn start_call(limiter: &dyn RateLimiter) -> bool {
+///     limiter.try_acquire(1).is_ok()
+/// }
+///
+/// let bucket = TokenBucket::with_clock(
+///     Quota::per_second(NonZeroU32::new(1).unwrap()),
+///     ManualClock::new(),
+/// );
+/// assert!(start_call(&bucket));
+/// assert!(!start_call(&bucket));
+/// ```
+pub trait RateLimiter: Send + Sync {
+    /// Admits `n` cells now, or says how long until they would fit.
+    /// A denial consumes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`CheckError::NotUntil`] when the cells do not fit yet,
+    /// [`CheckError::InsufficientCapacity`] when `n` is above the burst.
+    fn try_acquire(&self, n: u32) -> Result<(), CheckError>;
+
+    /// Takes `n` cells that are usable within `max_wait`, or nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`ReserveError::RateLimited`] when the wait is longer than
+    /// `max_wait`, [`ReserveError::InsufficientCapacity`] when `n` is above
+    /// the burst.
+    fn reserve(&self, n: u32, max_wait: Duration) -> Result<Reservation<'_>, ReserveError>;
+
+    /// The server said "not before `retry_after`" (a 429 or 503 with
+    /// `Retry-After`): admit nothing until then.
+    fn penalize(&self, retry_after: Duration);
+
+    /// How many cells [`try_acquire`](RateLimiter::try_acquire) would admit
+    /// now. A peek: it consumes nothing, and the answer may be stale by the
+    /// time it is used.
+    fn available(&self) -> u32;
+}
+
+/// A lock-free GCRA rate limiter: one cell per period, bursts up to the
+/// quota's burst, in integer nanoseconds on a [`Clock`].
+///
+/// Every decision is one compare-and-swap of one `AtomicU64` (retried only
+/// when another thread's CAS got there first), and a denial writes nothing.
+/// Beyond the usual check, it can:
+///
+/// * [`reserve`](TokenBucket::reserve) cells that fit within a caller's
+///   deadline budget, or say at once that they do not;
+/// * [`cancel`](Reservation::cancel) an abandoned reservation;
+/// * [`penalize`](TokenBucket::penalize): hold back after a server's 429;
+/// * [`set_quota`](TokenBucket::set_quota) at run time without losing the
+///   debt or opening a burst;
+/// * wait in [`until_ready`](TokenBucket::until_ready) on any runtime,
+///   sleeping exactly the reserved time.
+///
+/// Over any window of length `t`, at most `burst + t / period` cells are
+/// admitted.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{ManualClock, Quota, TokenBucket};
+/// use std::num::NonZeroU32;
+/// use std::time::Duration;
+///
+/// let clock = ManualClock::new();
+/// let quota = Quota::per_second(NonZeroU32::new(10).unwrap())
+///     .allow_burst(NonZeroU32::new(3).unwrap());
+/// let bucket = TokenBucket::with_clock(quota, clock.clone());
+///
+/// // The burst, then one per 100 ms.
+/// assert!(bucket.try_acquire(3).is_ok());
+/// assert!(bucket.try_acquire(1).is_err());
+/// clock.advance(Duration::from_millis(100));
+/// assert!(bucket.try_acquire(1).is_ok());
+/// ```
+pub struct TokenBucket<C: Clock = DefaultClock> {
+    gcra: Gcra,
+    clock: C,
+}
+
+impl TokenBucket<DefaultClock> {
+    /// A full bucket on the default (monotonic, `quanta`) clock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Quota, TokenBucket};
+    /// use std::num::NonZeroU32;
+    /// let bucket = TokenBucket::new(Quota::per_second(NonZeroU32::new(100).unwrap()));
+    /// assert!(bucket.try_acquire(1).is_ok());
+    /// ```
+    pub fn new(quota: Quota) -> Self {
+        Self::with_clock(quota, DefaultClock::new())
+    }
+}
+
+impl<C: Clock> TokenBucket<C> {
+    /// A full bucket on `clock`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, TokenBucket};
+    /// use std::num::NonZeroU32;
+    /// let bucket = TokenBucket::with_clock(
+    ///     Quota::per_minute(NonZeroU32::new(60).unwrap()),
+    ///     ManualClock::new(),
+    /// );
+    /// assert_eq!(bucket.available(), 60);
+    /// ```
+    pub fn with_clock(quota: Quota, clock: C) -> Self {
+        TokenBucket {
+            gcra: Gcra::new(quota),
+            clock,
+        }
+    }
+
+    /// Admits `n` cells now, or returns how long until they would fit.
+    /// A denial consumes nothing and writes nothing. `n == 0` always
+    /// succeeds.
+    ///
+    /// # Errors
+    ///
+    /// [`CheckError::NotUntil`] with the wait when the cells do not fit
+    /// yet; [`CheckError::InsufficientCapacity`] when `n` is above the
+    /// burst (it never will).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{CheckError, ManualClock, Quota, TokenBucket};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    ///
+    /// let bucket = TokenBucket::with_clock(
+    ///     Quota::per_second(NonZeroU32::new(1).unwrap()),
+    ///     ManualClock::new(),
+    /// );
+    /// assert!(bucket.try_acquire(1).is_ok());
+    /// assert_eq!(
+    ///     bucket.try_acquire(1),
+    ///     Err(CheckError::NotUntil { wait: Duration::from_secs(1) }),
+    /// );
+    /// assert_eq!(
+    ///     bucket.try_acquire(2),
+    ///     Err(CheckError::InsufficientCapacity { requested: 2, capacity: 1 }),
+    /// );
+    /// ```
+    #[inline]
+    pub fn try_acquire(&self, n: u32) -> Result<(), CheckError> {
+        self.gcra.try_acquire(n, self.clock.now_nanos())
+    }
+
+    /// Takes `n` cells, in one compare-and-swap, if they are usable within
+    /// `max_wait`; otherwise takes nothing and says how long they would
+    /// have taken. This is the rule "the wait comes out of the call's
+    /// deadline budget; if it is longer than the call can afford, do not
+    /// sleep: return rate-limited at once".
+    ///
+    /// # Errors
+    ///
+    /// [`ReserveError::RateLimited`] when the wait exceeds `max_wait`;
+    /// [`ReserveError::InsufficientCapacity`] when `n` is above the burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, TokenBucket};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    ///
+    /// let bucket = TokenBucket::with_clock(
+    ///     Quota::per_second(NonZeroU32::new(2).unwrap()),
+    ///     ManualClock::new(),
+    /// );
+    /// bucket.try_acquire(2).unwrap();
+    /// // The next cell is 500 ms away.
+    /// assert!(bucket.reserve(1, Duration::from_millis(499)).is_err());
+    /// let r = bucket.reserve(1, Duration::from_millis(500)).unwrap();
+    /// assert_eq!(r.wait(), Duration::from_millis(500));
+    /// ```
+    #[inline]
+    pub fn reserve(&self, n: u32, max_wait: Duration) -> Result<Reservation<'_>, ReserveError> {
+        let now = self.clock.now_nanos();
+        self.gcra
+            .reserve(n, saturating_nanos(max_wait), now)
+            .map(|r| Reservation::borrowed(&self.gcra, r, now))
+    }
+
+    /// Admits nothing before `now + retry_after`, in one compare-and-swap:
+    /// the server said so (a 429 or 503 with `Retry-After`).
+    /// At that instant one cell fits, then one per period: the burst is
+    /// not handed out at once after a throttle. A shorter penalty than the
+    /// current wait changes nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, TokenBucket};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    ///
+    /// let clock = ManualClock::new();
+    /// let bucket = TokenBucket::with_clock(
+    ///     Quota::per_second(NonZeroU32::new(10).unwrap()),
+    ///     clock.clone(),
+    /// );
+    /// bucket.penalize(Duration::from_secs(30));
+    /// assert_eq!(bucket.try_acquire(1).unwrap_err().wait(), Some(Duration::from_secs(30)));
+    /// clock.advance(Duration::from_secs(30));
+    /// assert!(bucket.try_acquire(1).is_ok());
+    /// assert!(bucket.try_acquire(1).is_err());
+    /// ```
+    pub fn penalize(&self, retry_after: Duration) {
+        self.gcra
+            .penalize(saturating_nanos(retry_after), self.clock.now_nanos());
+    }
+
+    /// Changes the rate and burst at run time.
+    ///
+    /// The change never grants anything the old quota had not granted yet:
+    /// the debt already taken is kept (counted in cells, so lowering the
+    /// rate makes it last longer), the next cell fits no earlier than it
+    /// would have before (so a penalty survives), and a raised rate or
+    /// burst takes effect as the bucket refills, never as an instant extra
+    /// burst. Outstanding reservations stay taken but can no longer be
+    /// cancelled.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, TokenBucket};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    ///
+    /// let clock = ManualClock::new();
+    /// let bucket = TokenBucket::with_clock(
+    ///     Quota::per_second(NonZeroU32::new(10).unwrap()),
+    ///     clock.clone(),
+    /// );
+    /// bucket.try_acquire(10).unwrap(); // drained
+    /// // Slower: the 10 cells just taken now cost 10 seconds.
+    /// bucket.set_quota(Quota::per_second(NonZeroU32::new(1).unwrap())
+    ///     .allow_burst(NonZeroU32::new(10).unwrap()));
+    /// assert_eq!(bucket.try_acquire(1).unwrap_err().wait(), Some(Duration::from_secs(1)));
+    /// assert_eq!(bucket.quota().burst().get(), 10);
+    /// ```
+    pub fn set_quota(&self, quota: Quota) {
+        self.gcra.set_quota(quota, self.clock.now_nanos());
+    }
+
+    /// The quota in force.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Quota, TokenBucket};
+    /// use std::num::NonZeroU32;
+    /// let q = Quota::per_second(NonZeroU32::new(7).unwrap());
+    /// assert_eq!(TokenBucket::new(q).quota(), q);
+    /// ```
+    pub fn quota(&self) -> Quota {
+        self.gcra.quota()
+    }
+
+    /// How many cells [`try_acquire`](TokenBucket::try_acquire) would admit
+    /// now, without consuming any. The answer may be stale by the time it
+    /// is used when other threads share the bucket.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, TokenBucket};
+    /// use std::num::NonZeroU32;
+    /// let bucket = TokenBucket::with_clock(
+    ///     Quota::per_second(NonZeroU32::new(5).unwrap()),
+    ///     ManualClock::new(),
+    /// );
+    /// bucket.try_acquire(2).unwrap();
+    /// assert_eq!(bucket.available(), 3);
+    /// ```
+    pub fn available(&self) -> u32 {
+        self.gcra.available(self.clock.now_nanos())
+    }
+
+    /// Makes the bucket full again and forgets any penalty; outstanding
+    /// reservations stay taken but can no longer be cancelled.
+    ///
+    /// An administrative operation: a reservation made concurrently with
+    /// a reset may afterwards refuse to cancel (conservative; see
+    /// `gcra.rs`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, TokenBucket};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// let bucket = TokenBucket::with_clock(
+    ///     Quota::per_second(NonZeroU32::new(5).unwrap()),
+    ///     ManualClock::new(),
+    /// );
+    /// bucket.penalize(Duration::from_secs(60));
+    /// bucket.reset();
+    /// assert_eq!(bucket.available(), 5);
+    /// ```
+    pub fn reset(&self) {
+        self.gcra.reset(self.clock.now_nanos());
+    }
+
+    /// The bucket's clock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Clock, ManualClock, Quota, TokenBucket};
+    /// use std::time::Duration;
+    /// let bucket = TokenBucket::with_clock(
+    ///     Quota::with_period(Duration::from_secs(1)),
+    ///     ManualClock::starting_at(5),
+    /// );
+    /// assert_eq!(bucket.clock().now_nanos(), 5);
+    /// ```
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// Waits until `n` cells are admitted, if that takes at most
+    /// `max_wait` (the time left before the caller's deadline).
+    ///
+    /// It reserves first, in one CAS, then sleeps exactly the reserved
+    /// wait on `sleeper`: a woken caller already holds its cells and does
+    /// not contend again. It never sleeps past `max_wait`: when the cells
+    /// would come later, it returns [`ReserveError::RateLimited`] at once
+    /// and consumes nothing.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future while it sleeps cancels the reservation (see
+    /// [`Reservation::cancel`]), so an abandoned wait gives its cells back
+    /// when no later reservation was stacked on it.
+    ///
+    /// # Errors
+    ///
+    /// As [`reserve`](TokenBucket::reserve).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Quota, ThreadSleeper, TokenBucket};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    ///
+    /// let bucket = TokenBucket::new(Quota::per_second(NonZeroU32::new(1000).unwrap()));
+    /// futures::executor::block_on(async {
+    ///     for _ in 0..1010 {
+    ///         // The last ten wait about a millisecond each.
+    ///         bucket.until_ready(1, Duration::from_secs(1), &ThreadSleeper::new()).await.unwrap();
+    ///     }
+    ///     // A call that cannot wait is told so at once.
+    ///     bucket.try_acquire(1000).unwrap_err();
+    ///     assert!(bucket.until_ready(1000, Duration::ZERO, &ThreadSleeper::new()).await.is_err());
+    /// });
+    /// ```
+    pub async fn until_ready<S: Sleeper>(
+        &self,
+        n: u32,
+        max_wait: Duration,
+        sleeper: &S,
+    ) -> Result<(), ReserveError> {
+        let reservation = self.reserve(n, max_wait)?;
+        if reservation.wait().is_zero() {
+            return Ok(());
+        }
+        let wait = reservation.wait();
+        sleep_reserved(reservation, wait, sleeper).await;
+        Ok(())
+    }
+
+    /// The raw algorithm, for `Scoped` and the fuzz model.
+    #[cfg(any(fuzzing, test))]
+    pub(crate) fn raw(&self) -> &Gcra {
+        &self.gcra
+    }
+}
+
+/// Sleeps `wait` holding `reservation`; cancels it if dropped before the
+/// end.
+pub(crate) async fn sleep_reserved<S: Sleeper>(
+    reservation: Reservation<'_>,
+    wait: Duration,
+    sleeper: &S,
+) {
+    let guard = CancelOnDrop(Some(reservation));
+    sleeper.sleep(wait).await;
+    guard.disarm();
+}
+
+/// Cancels a reservation whose wait was abandoned.
+struct CancelOnDrop<'a>(Option<Reservation<'a>>);
+
+impl CancelOnDrop<'_> {
+    fn disarm(mut self) {
+        // The cells are used: keep them.
+        drop(self.0.take());
+    }
+}
+
+impl Drop for CancelOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(r) = self.0.take() {
+            r.cancel();
+        }
+    }
+}
+
+impl<C: Clock> RateLimiter for TokenBucket<C> {
+    #[inline]
+    fn try_acquire(&self, n: u32) -> Result<(), CheckError> {
+        TokenBucket::try_acquire(self, n)
+    }
+
+    #[inline]
+    fn reserve(&self, n: u32, max_wait: Duration) -> Result<Reservation<'_>, ReserveError> {
+        TokenBucket::reserve(self, n, max_wait)
+    }
+
+    fn penalize(&self, retry_after: Duration) {
+        TokenBucket::penalize(self, retry_after)
+    }
+
+    fn available(&self) -> u32 {
+        TokenBucket::available(self)
+    }
+}
+
+impl<C: Clock> fmt::Debug for TokenBucket<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TokenBucket")
+            .field("state", &self.gcra)
+            .field("clock", &self.clock)
+            .finish()
+    }
+}

@@ -1,0 +1,505 @@
+//! `Scoped`: one rate limiter per key, e.g. per `(tool, credential)`,
+//! because the credential is what the server throttles.
+//!
+//! # Layout
+//!
+//! A power-of-two number of shards, each a `CachePadded` reader-writer
+//! lock over a `hashbrown` table of `key -> Arc<Gcra>`. The key is hashed
+//! once (ahash); bits 32.. pick the shard and the full hash is reused by the
+//! table, so a lookup hashes once. An existing key takes only the read
+//! lock; the bucket's own atomics do the rest, so threads on different keys
+//! of one shard do not exclude each other.
+//!
+//! # Bounded memory
+//!
+//! A bucket that is full again (its `tat` is not after `now`) is
+//! indistinguishable from a fresh one, so dropping it changes no decision:
+//! the next call for that key starts a full bucket, exactly what it would
+//! have found. Such idle entries are swept from a shard when an insert
+//! finds the shard has doubled since its last sweep (amortized O(1) per
+//! insert, no background thread) and whenever the shard is at its cap. A
+//! key that cannot be inserted because its shard is at its cap with no
+//! idle entry is refused (`TooManyKeys`), never admitted unmetered and
+//! never by evicting a bucket that still holds debt.
+//!
+//! Per-key quotas are kept apart from the buckets, so evicting a bucket
+//! never forgets its quota.
+
+use core::fmt;
+use core::hash::Hash;
+use core::time::Duration;
+
+use hashbrown::HashTable;
+
+use crate::bucket::gcra::Gcra;
+use crate::bucket::{CheckError, Quota, Reservation, ReserveError};
+use crate::clock::{saturating_nanos, Clock, DefaultClock};
+use crate::sleep::Sleeper;
+use crate::sync::{Arc, CachePadded, RwLock};
+
+/// A shard is swept at the latest when it has this many entries.
+const MIN_SWEEP: usize = 64;
+
+/// The default key limit.
+const DEFAULT_MAX_KEYS: usize = 1 << 20;
+
+/// A sharded registry of token buckets, one per key, created on first use
+/// with the key's quota (or the default), and dropped automatically once
+/// idle and full again.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{ManualClock, Quota, Scoped};
+/// use std::num::NonZeroU32;
+///
+/// // 2 calls per second per (tool, credential).
+/// let limits = Scoped::with_clock(
+///     Quota::per_second(NonZeroU32::new(2).unwrap()),
+///     ManualClock::new(),
+/// );
+/// let a = ("search", "key-a");
+/// let b = ("search", "key-b");
+/// assert!(limits.try_acquire(&a, 2).is_ok());
+/// assert!(limits.try_acquire(&a, 1).is_err()); // key-a is spent
+/// assert!(limits.try_acquire(&b, 1).is_ok()); // key-b is not
+/// ```
+pub struct Scoped<K, C: Clock = DefaultClock> {
+    shards: Box<[CachePadded<RwLock<Shard<K>>>]>,
+    mask: usize,
+    hasher: ahash::RandomState,
+    default_quota: Quota,
+    max_keys: usize,
+    shard_cap: usize,
+    clock: C,
+}
+
+struct Shard<K> {
+    buckets: HashTable<(K, Arc<Gcra>)>,
+    quotas: HashTable<(K, Quota)>,
+    /// Sweep on the insert that finds this many entries.
+    sweep_at: usize,
+}
+
+/// The key could not be tracked: the registry is at its key limit and none
+/// of its keys is idle.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{ManualClock, Quota, Scoped};
+/// use std::num::NonZeroU32;
+/// use std::time::Duration;
+/// let limits = Scoped::with_clock(Quota::per_second(NonZeroU32::new(1).unwrap()), ManualClock::new())
+///     .with_max_keys(1);
+/// // Penalized keys hold debt, so none can be evicted: new keys are refused
+/// // once the (per-shard) limit is reached.
+/// let err = (0..10_000u32)
+///     .find_map(|k| limits.penalize(&k, Duration::from_secs(1)).err())
+///     .unwrap();
+/// assert_eq!(err.to_string(), "too many keys: the registry is full at 1 keys");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TooManyKeys {
+    /// The registry's key limit.
+    pub limit: usize,
+}
+
+impl fmt::Display for TooManyKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "too many keys: the registry is full at {} keys",
+            self.limit
+        )
+    }
+}
+
+impl std::error::Error for TooManyKeys {}
+
+impl<K: Hash + Eq + Clone> Scoped<K, DefaultClock> {
+    /// A registry on the default clock, every key starting with
+    /// `default_quota`, at most 2²⁰ keys.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Quota, Scoped};
+    /// use std::num::NonZeroU32;
+    /// let limits: Scoped<String> = Scoped::new(Quota::per_second(NonZeroU32::new(10).unwrap()));
+    /// assert!(limits.try_acquire(&"tenant-1".to_string(), 1).is_ok());
+    /// ```
+    pub fn new(default_quota: Quota) -> Self {
+        Self::with_clock(default_quota, DefaultClock::new())
+    }
+}
+
+impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
+    /// A registry on `clock`, every key starting with `default_quota`, at
+    /// most 2²⁰ keys.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, Scoped};
+    /// use std::num::NonZeroU32;
+    /// let limits = Scoped::with_clock(Quota::per_second(NonZeroU32::new(1).unwrap()), ManualClock::new());
+    /// assert!(limits.try_acquire(&7u64, 1).is_ok());
+    /// ```
+    pub fn with_clock(default_quota: Quota, clock: C) -> Self {
+        let shards = (std::thread::available_parallelism().map_or(1, usize::from) * 4)
+            .next_power_of_two()
+            .clamp(4, 256);
+        Scoped {
+            shards: (0..shards)
+                .map(|_| {
+                    CachePadded::new(RwLock::new(Shard {
+                        buckets: HashTable::new(),
+                        quotas: HashTable::new(),
+                        sweep_at: MIN_SWEEP,
+                    }))
+                })
+                .collect(),
+            mask: shards - 1,
+            hasher: ahash::RandomState::new(),
+            default_quota,
+            max_keys: DEFAULT_MAX_KEYS,
+            shard_cap: DEFAULT_MAX_KEYS.div_ceil(shards),
+            clock,
+        }
+    }
+
+    /// Limits the number of keys tracked at once to about `max_keys` (the
+    /// limit is enforced per shard, as `max_keys / shards` rounded up, so a
+    /// skewed key set may be refused a little earlier).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, Scoped};
+    /// use std::num::NonZeroU32;
+    /// let limits: Scoped<u64, _> =
+    ///     Scoped::with_clock(Quota::per_second(NonZeroU32::new(1).unwrap()), ManualClock::new())
+    ///         .with_max_keys(1000);
+    /// assert_eq!(limits.max_keys(), 1000);
+    /// ```
+    #[must_use]
+    pub fn with_max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self.shard_cap = max_keys.div_ceil(self.shards.len());
+        self
+    }
+
+    /// The key limit.
+    pub fn max_keys(&self) -> usize {
+        self.max_keys
+    }
+
+    /// The quota a key gets unless [`set_quota`](Scoped::set_quota) said
+    /// otherwise.
+    pub fn default_quota(&self) -> Quota {
+        self.default_quota
+    }
+
+    /// How many keys hold a bucket now (idle ones included until swept).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, Scoped};
+    /// use std::num::NonZeroU32;
+    /// let limits = Scoped::with_clock(Quota::per_second(NonZeroU32::new(1).unwrap()), ManualClock::new());
+    /// limits.try_acquire(&"a", 1).unwrap();
+    /// assert_eq!(limits.len(), 1);
+    /// ```
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.read().buckets.len()).sum()
+    }
+
+    /// Whether no key holds a bucket.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Admits `n` cells for `key` now, or says how long until they fit.
+    ///
+    /// # Errors
+    ///
+    /// As [`TokenBucket::try_acquire`](crate::TokenBucket::try_acquire),
+    /// plus [`CheckError::TooManyKeys`] for a new key when the registry is
+    /// full.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, Scoped};
+    /// use std::num::NonZeroU32;
+    /// let limits = Scoped::with_clock(Quota::per_second(NonZeroU32::new(1).unwrap()), ManualClock::new());
+    /// assert!(limits.try_acquire(&"k", 1).is_ok());
+    /// assert!(limits.try_acquire(&"k", 1).unwrap_err().wait().is_some());
+    /// ```
+    #[inline]
+    pub fn try_acquire(&self, key: &K, n: u32) -> Result<(), CheckError> {
+        self.with_bucket(key, |b, now| b.try_acquire(n, now))
+            .unwrap_or_else(|e| Err(CheckError::TooManyKeys { limit: e.limit }))
+    }
+
+    /// Takes `n` cells for `key` if they are usable within `max_wait`, in
+    /// one CAS, or nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`TokenBucket::reserve`](crate::TokenBucket::reserve), plus
+    /// [`ReserveError::TooManyKeys`] for a new key when the registry is
+    /// full.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, Scoped};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// let limits = Scoped::with_clock(Quota::per_second(NonZeroU32::new(1).unwrap()), ManualClock::new());
+    /// limits.try_acquire(&"k", 1).unwrap();
+    /// let r = limits.reserve(&"k", 1, Duration::from_secs(1)).unwrap();
+    /// assert_eq!(r.wait(), Duration::from_secs(1));
+    /// assert!(r.cancel());
+    /// ```
+    #[inline]
+    pub fn reserve(
+        &self,
+        key: &K,
+        n: u32,
+        max_wait: Duration,
+    ) -> Result<Reservation<'static>, ReserveError> {
+        let max_wait = saturating_nanos(max_wait);
+        self.with_bucket(key, |b, now| {
+            b.reserve(n, max_wait, now)
+                .map(|r| Reservation::shared(b.clone(), r, now))
+        })
+        .unwrap_or_else(|e| Err(ReserveError::TooManyKeys { limit: e.limit }))
+    }
+
+    /// Admits nothing for `key` before `now + retry_after` (a 429 on that
+    /// credential). See [`TokenBucket::penalize`](crate::TokenBucket::penalize).
+    ///
+    /// # Errors
+    ///
+    /// [`TooManyKeys`] for a new key when the registry is full.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, Scoped};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// let limits = Scoped::with_clock(Quota::per_second(NonZeroU32::new(5).unwrap()), ManualClock::new());
+    /// limits.penalize(&"k", Duration::from_secs(10)).unwrap();
+    /// assert_eq!(limits.available(&"k"), 0);
+    /// assert_eq!(limits.available(&"other"), 5);
+    /// ```
+    pub fn penalize(&self, key: &K, retry_after: Duration) -> Result<(), TooManyKeys> {
+        let d = saturating_nanos(retry_after);
+        self.with_bucket(key, |b, now| b.penalize(d, now))
+    }
+
+    /// Sets `key`'s quota, now and for every bucket the key gets later
+    /// (after an eviction). A live bucket converts its state as
+    /// [`TokenBucket::set_quota`](crate::TokenBucket::set_quota) does.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, Scoped};
+    /// use std::num::NonZeroU32;
+    /// let limits = Scoped::with_clock(Quota::per_second(NonZeroU32::new(5).unwrap()), ManualClock::new());
+    /// limits.set_quota(&"enterprise", Quota::per_second(NonZeroU32::new(50).unwrap()));
+    /// assert_eq!(limits.available(&"enterprise"), 50);
+    /// assert_eq!(limits.available(&"free"), 5);
+    /// ```
+    pub fn set_quota(&self, key: &K, quota: Quota) {
+        let hash = self.hasher.hash_one(key);
+        let now = self.clock.now_nanos();
+        let mut shard = self.shard(hash).write();
+        match shard.quotas.find_mut(hash, |(k, _)| k == key) {
+            Some((_, q)) => *q = quota,
+            None => {
+                shard
+                    .quotas
+                    .insert_unique(hash, (key.clone(), quota), |(k, _)| self.hasher.hash_one(k));
+            }
+        }
+        if let Some((_, b)) = shard.buckets.find(hash, |(k, _)| k == key) {
+            b.set_quota(quota, now);
+        }
+    }
+
+    /// How many cells `try_acquire` would admit for `key` now, without
+    /// consuming any (and without creating a bucket).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, Scoped};
+    /// use std::num::NonZeroU32;
+    /// let limits = Scoped::with_clock(Quota::per_second(NonZeroU32::new(3).unwrap()), ManualClock::new());
+    /// limits.try_acquire(&1, 1).unwrap();
+    /// assert_eq!(limits.available(&1), 2);
+    /// assert_eq!(limits.available(&2), 3);
+    /// ```
+    pub fn available(&self, key: &K) -> u32 {
+        let hash = self.hasher.hash_one(key);
+        let now = self.clock.now_nanos();
+        let shard = self.shard(hash).read();
+        if let Some((_, b)) = shard.buckets.find(hash, |(k, _)| k == key) {
+            return b.available(now);
+        }
+        shard
+            .quotas
+            .find(hash, |(k, _)| k == key)
+            .map_or(self.default_quota, |(_, q)| *q)
+            .burst()
+            .get()
+    }
+
+    /// Waits until `n` cells for `key` are admitted, if that takes at most
+    /// `max_wait`; see [`TokenBucket::until_ready`](crate::TokenBucket::until_ready).
+    ///
+    /// # Errors
+    ///
+    /// As [`reserve`](Scoped::reserve).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Quota, Scoped, ThreadSleeper};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// let limits = Scoped::new(Quota::per_second(NonZeroU32::new(1000).unwrap()));
+    /// futures::executor::block_on(async {
+    ///     limits.until_ready(&"k", 1, Duration::from_secs(1), &ThreadSleeper::new()).await.unwrap();
+    /// });
+    /// ```
+    pub async fn until_ready<S: Sleeper>(
+        &self,
+        key: &K,
+        n: u32,
+        max_wait: Duration,
+        sleeper: &S,
+    ) -> Result<(), ReserveError> {
+        let reservation = self.reserve(key, n, max_wait)?;
+        let wait = reservation.wait();
+        if wait.is_zero() {
+            return Ok(());
+        }
+        crate::bucket::sleep_reserved(reservation, wait, sleeper).await;
+        Ok(())
+    }
+
+    /// Removes every idle (full again) bucket now; returns how many.
+    ///
+    /// Not needed for bounded memory (inserts sweep as they go); useful
+    /// before measuring or after a burst of one-off keys.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, Scoped};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// let clock = ManualClock::new();
+    /// let limits = Scoped::with_clock(Quota::per_second(NonZeroU32::new(1).unwrap()), clock.clone());
+    /// limits.try_acquire(&"k", 1).unwrap();
+    /// assert_eq!(limits.sweep(), 0);
+    /// clock.advance(Duration::from_secs(1));
+    /// assert_eq!(limits.sweep(), 1);
+    /// ```
+    pub fn sweep(&self) -> usize {
+        let now = self.clock.now_nanos();
+        self.shards.iter().map(|s| s.write().sweep(now)).sum()
+    }
+
+    #[inline]
+    fn shard(&self, hash: u64) -> &RwLock<Shard<K>> {
+        &self.shards[(hash >> 32) as usize & self.mask]
+    }
+
+    /// Runs `f` on `key`'s bucket, creating it if needed.
+    #[inline]
+    fn with_bucket<R>(
+        &self,
+        key: &K,
+        f: impl FnOnce(&Arc<Gcra>, u64) -> R,
+    ) -> Result<R, TooManyKeys> {
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash);
+        let now = self.clock.now_nanos();
+        {
+            let guard = shard.read();
+            if let Some((_, b)) = guard.buckets.find(hash, |(k, _)| k == key) {
+                return Ok(f(b, now));
+            }
+        }
+        self.insert(shard, hash, key, now, f)
+    }
+
+    /// The slow path of `with_bucket`: a new key. `f` runs under the write
+    /// lock, so a sweep cannot evict the new (full) bucket before `f` has
+    /// charged it.
+    #[cold]
+    fn insert<R>(
+        &self,
+        shard: &RwLock<Shard<K>>,
+        hash: u64,
+        key: &K,
+        now: u64,
+        f: impl FnOnce(&Arc<Gcra>, u64) -> R,
+    ) -> Result<R, TooManyKeys> {
+        let mut guard = shard.write();
+        if let Some((_, b)) = guard.buckets.find(hash, |(k, _)| k == key) {
+            return Ok(f(b, now));
+        }
+        let len = guard.buckets.len();
+        if len >= guard.sweep_at || len >= self.shard_cap {
+            guard.sweep(now);
+            guard.sweep_at = (guard.buckets.len() * 2).max(MIN_SWEEP);
+        }
+        if guard.buckets.len() >= self.shard_cap {
+            return Err(TooManyKeys {
+                limit: self.max_keys,
+            });
+        }
+        let quota = guard
+            .quotas
+            .find(hash, |(k, _)| k == key)
+            .map_or(self.default_quota, |(_, q)| *q);
+        let bucket = Arc::new(Gcra::new(quota));
+        let out = f(&bucket, now);
+        guard
+            .buckets
+            .insert_unique(hash, (key.clone(), bucket), |(k, _)| {
+                self.hasher.hash_one(k)
+            });
+        Ok(out)
+    }
+}
+
+impl<K> Shard<K> {
+    /// Drops the buckets that are full again; returns how many.
+    fn sweep(&mut self, now: u64) -> usize {
+        let before = self.buckets.len();
+        self.buckets.retain(|(_, b)| !b.is_full(now));
+        before - self.buckets.len()
+    }
+}
+
+impl<K, C: Clock> fmt::Debug for Scoped<K, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scoped")
+            .field("shards", &self.shards.len())
+            .field("default_quota", &self.default_quota)
+            .field("max_keys", &self.max_keys)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,417 @@
+//! TokenBucket: deterministic tests on a ManualClock, plus one multi-thread
+//! test on the real clock that asserts counts, never durations.
+
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use backpressure::{
+    CheckError, Clock, ManualClock, ManualSleeper, Quota, RateLimiter, ReserveError, TokenBucket,
+};
+use futures::FutureExt;
+
+fn nz(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).unwrap()
+}
+
+const MS: Duration = Duration::from_millis(1);
+
+/// 10/s (one per 100 ms), burst 3.
+fn bucket() -> (TokenBucket<ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    let q = Quota::per_second(nz(10)).allow_burst(nz(3));
+    (TokenBucket::with_clock(q, clock.clone()), clock)
+}
+
+fn admit_all(b: &TokenBucket<ManualClock>) -> u32 {
+    let mut n = 0;
+    while b.try_acquire(1).is_ok() {
+        n += 1;
+    }
+    n
+}
+
+#[test]
+fn burst_then_one_per_period() {
+    let (b, clock) = bucket();
+    assert_eq!(admit_all(&b), 3);
+    for _ in 0..50 {
+        clock.advance(99 * MS);
+        assert_eq!(admit_all(&b), 0, "a cell before its period elapsed");
+        clock.advance(MS);
+        assert_eq!(admit_all(&b), 1);
+    }
+    // Idle long enough refills to the burst, no further.
+    clock.advance(Duration::from_secs(3600));
+    assert_eq!(b.available(), 3);
+    assert_eq!(admit_all(&b), 3);
+}
+
+#[test]
+fn admitted_in_any_window_is_bounded_exactly() {
+    // Poll every 7 ms for 10 s, count admissions per sliding 1 s window.
+    let (b, clock) = bucket();
+    let mut admitted_at = Vec::new();
+    for step in 0..1430u64 {
+        while b.try_acquire(1).is_ok() {
+            admitted_at.push(step * 7);
+        }
+        clock.advance(7 * MS);
+    }
+    for (i, &start) in admitted_at.iter().enumerate() {
+        let in_window = admitted_at[i..]
+            .iter()
+            .take_while(|&&t| t < start + 1000)
+            .count();
+        // burst + rate * t, t = 1 s.
+        assert!(
+            in_window <= 3 + 10,
+            "{in_window} admitted in 1 s from {start} ms"
+        );
+    }
+    // Steady state is the rate: 3 + 10 s * 10/s (+1 for the last edge).
+    assert!(
+        (100..=104).contains(&admitted_at.len()),
+        "{}",
+        admitted_at.len()
+    );
+}
+
+#[test]
+fn denial_reports_the_wait_and_consumes_nothing() {
+    let (b, clock) = bucket();
+    b.try_acquire(3).unwrap();
+    clock.advance(30 * MS);
+    for _ in 0..100 {
+        assert_eq!(
+            b.try_acquire(2),
+            Err(CheckError::NotUntil { wait: 170 * MS })
+        );
+    }
+    clock.advance(170 * MS);
+    assert!(b.try_acquire(2).is_ok());
+}
+
+#[test]
+fn more_than_the_burst_is_insufficient_capacity() {
+    let (b, _) = bucket();
+    assert_eq!(
+        b.try_acquire(4),
+        Err(CheckError::InsufficientCapacity {
+            requested: 4,
+            capacity: 3
+        })
+    );
+    assert_eq!(
+        b.reserve(4, Duration::MAX).unwrap_err(),
+        ReserveError::InsufficientCapacity {
+            requested: 4,
+            capacity: 3
+        }
+    );
+    assert_eq!(b.available(), 3, "a refusal consumed something");
+    assert!(b.try_acquire(0).is_ok());
+    assert_eq!(b.reserve(0, Duration::ZERO).unwrap().wait(), Duration::ZERO);
+}
+
+#[test]
+fn reserve_just_below_at_and_above_the_wait() {
+    let (b, _) = bucket();
+    b.try_acquire(3).unwrap();
+    let wait = 100 * MS;
+    let below = b.reserve(1, wait - Duration::from_nanos(1)).unwrap_err();
+    assert_eq!(below, ReserveError::RateLimited { retry_after: wait });
+    // The refusal took nothing: the same wait again, exactly.
+    let at = b.reserve(1, wait).unwrap();
+    assert_eq!(at.wait(), wait);
+    assert_eq!(at.ready_at(), 100_000_000);
+    // Stacked: the next one is a period later.
+    let above = b.reserve(1, wait * 3).unwrap();
+    assert_eq!(above.wait(), 2 * wait);
+    assert_eq!(b.try_acquire(1).unwrap_err().wait(), Some(3 * wait));
+}
+
+#[test]
+fn reserve_counts_against_the_rate_like_admission() {
+    // Reserving far ahead is bounded by the rate: 3 now, then one per
+    // 100 ms.
+    let (b, _) = bucket();
+    let waits: Vec<_> = (0..10)
+        .map(|_| b.reserve(1, Duration::from_secs(10)).unwrap().wait())
+        .collect();
+    let want: Vec<_> = [0, 0, 0, 100, 200, 300, 400, 500, 600, 700]
+        .iter()
+        .map(|&ms| ms * MS)
+        .collect();
+    assert_eq!(waits, want);
+}
+
+#[test]
+fn cancel_refunds_only_the_top_reservation() {
+    let (b, clock) = bucket();
+    b.try_acquire(3).unwrap();
+    let r1 = b.reserve(1, Duration::from_secs(1)).unwrap();
+    let r2 = b.reserve(1, Duration::from_secs(1)).unwrap();
+    assert_eq!(r2.wait(), 200 * MS);
+    assert!(!r1.cancel(), "r2 is stacked on r1");
+    assert!(r2.cancel());
+    // Exactly r2's cell came back: the next reservation waits 200 ms.
+    let r3 = b.reserve(1, Duration::from_secs(1)).unwrap();
+    assert_eq!(r3.wait(), 200 * MS);
+
+    // A cancel after time passed gives back what is left, never more than
+    // the burst.
+    clock.advance(Duration::from_secs(10));
+    assert!(r3.cancel());
+    assert_eq!(b.available(), 3);
+}
+
+#[test]
+fn cancel_after_an_admission_or_penalty_is_refused() {
+    let (b, _) = bucket();
+    let r = b.reserve(2, Duration::ZERO).unwrap();
+    b.try_acquire(1).unwrap();
+    assert!(!r.cancel());
+    assert_eq!(b.available(), 0);
+
+    let (b, _) = bucket();
+    let r = b.reserve(1, Duration::ZERO).unwrap();
+    b.penalize(MS);
+    assert!(!r.cancel());
+}
+
+#[test]
+fn cancel_after_reset_or_quota_change_is_refused() {
+    let (b, _) = bucket();
+    let r = b.reserve(3, Duration::ZERO).unwrap();
+    b.reset();
+    // Pushing the state back to exactly what `r` wrote must not let its
+    // stale cancel through.
+    b.try_acquire(3).unwrap();
+    assert!(!r.cancel());
+    assert_eq!(b.available(), 0);
+
+    let (b, _) = bucket();
+    let r = b.reserve(1, Duration::ZERO).unwrap();
+    b.set_quota(Quota::per_second(nz(20)).allow_burst(nz(3)));
+    assert!(!r.cancel());
+}
+
+#[test]
+fn penalize_admits_nothing_before_the_retry_time() {
+    let (b, clock) = bucket();
+    b.penalize(Duration::from_secs(5));
+    assert_eq!(b.available(), 0);
+    assert_eq!(
+        b.try_acquire(1).unwrap_err().wait(),
+        Some(Duration::from_secs(5))
+    );
+    let r = b.reserve(1, Duration::from_secs(4)).unwrap_err();
+    assert_eq!(r.retry_after(), Some(Duration::from_secs(5)));
+    clock.advance(Duration::from_secs(5) - Duration::from_nanos(1));
+    assert!(b.try_acquire(1).is_err());
+    clock.advance(Duration::from_nanos(1));
+    // One cell at the retry time, then the rate: no burst after a 429.
+    assert_eq!(admit_all(&b), 1);
+    clock.advance(100 * MS);
+    assert_eq!(admit_all(&b), 1);
+    // A shorter penalty than the current debt changes nothing.
+    b.try_acquire(1).unwrap_err();
+    b.penalize(MS);
+    assert_eq!(b.try_acquire(1).unwrap_err().wait(), Some(100 * MS));
+}
+
+#[test]
+fn quota_change_keeps_debt_and_opens_no_burst() {
+    let (b, clock) = bucket();
+    b.try_acquire(3).unwrap();
+    // Raising the burst does not hand out the difference at once.
+    b.set_quota(Quota::per_second(nz(10)).allow_burst(nz(50)));
+    assert_eq!(b.available(), 0);
+    clock.advance(100 * MS);
+    assert_eq!(admit_all(&b), 1);
+    // It refills to the new burst over time.
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(b.available(), 50);
+
+    // Lowering the rate makes the debt last longer, in cells.
+    let (b, clock) = bucket();
+    b.try_acquire(3).unwrap(); // 3 cells of debt
+    b.set_quota(Quota::per_second(nz(1)).allow_burst(nz(3)));
+    assert_eq!(
+        b.try_acquire(1).unwrap_err().wait(),
+        Some(Duration::from_secs(1))
+    );
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(admit_all(&b), 1);
+
+    // A penalty survives a rate increase.
+    let (b, clock) = bucket();
+    b.penalize(Duration::from_secs(2));
+    b.set_quota(Quota::per_second(nz(1000)));
+    assert!(b.try_acquire(1).is_err());
+    clock.advance(Duration::from_secs(2));
+    assert!(b.try_acquire(1).is_ok());
+    assert_eq!(b.quota(), Quota::per_second(nz(1000)));
+
+    // Mid-stream: the same quota again changes nothing.
+    let (b, _) = bucket();
+    b.try_acquire(1).unwrap();
+    let r = b.reserve(1, Duration::ZERO).unwrap();
+    b.set_quota(b.quota());
+    assert_eq!(b.available(), 1);
+    assert!(r.cancel());
+}
+
+#[test]
+fn reset_refills_and_forgets_penalties() {
+    let (b, _) = bucket();
+    b.penalize(Duration::from_secs(3600));
+    b.reset();
+    assert_eq!(admit_all(&b), 3);
+}
+
+#[test]
+fn saturates_at_clock_extremes() {
+    // A clock at u64::MAX: a cell's new arrival time cannot be stored, so
+    // nothing is admitted, and nothing panics.
+    let clock = ManualClock::starting_at(u64::MAX);
+    let b = TokenBucket::with_clock(Quota::per_second(nz(10)), clock.clone());
+    assert!(b.try_acquire(1).is_err());
+    assert!(b.reserve(1, Duration::MAX).is_err());
+    b.penalize(Duration::MAX);
+    b.set_quota(Quota::with_period(Duration::MAX).allow_burst(NonZeroU32::MAX));
+    assert_eq!(b.available(), 0);
+    b.reset();
+    clock.advance(Duration::MAX);
+
+    // Close to the end, the last cells that still fit are admitted.
+    let clock = ManualClock::starting_at(u64::MAX - 250);
+    let b = TokenBucket::with_clock(
+        Quota::with_period(Duration::from_nanos(100)).allow_burst(nz(5)),
+        clock,
+    );
+    assert_eq!(b.available(), 2);
+    assert_eq!(admit_all_generic(&b), 2);
+
+    // A huge quota: tolerance saturates, cells still fit.
+    let b = TokenBucket::with_clock(
+        Quota::with_period(Duration::MAX).allow_burst(NonZeroU32::MAX),
+        ManualClock::new(),
+    );
+    assert!(b.try_acquire(1).is_ok());
+    assert!(b.try_acquire(1).is_err());
+    b.penalize(Duration::MAX);
+    assert_eq!(
+        b.reserve(1, Duration::MAX).unwrap_err().retry_after(),
+        Some(Duration::from_nanos(u64::MAX))
+    );
+}
+
+fn admit_all_generic<C: Clock>(b: &TokenBucket<C>) -> u32 {
+    let mut n = 0;
+    while b.try_acquire(1).is_ok() {
+        n += 1;
+    }
+    n
+}
+
+#[test]
+fn until_ready_sleeps_exactly_the_reserved_wait() {
+    let (b, clock) = bucket();
+    let sleeper = ManualSleeper::new(clock.clone());
+    b.try_acquire(3).unwrap();
+    let mut fut = Box::pin(b.until_ready(2, Duration::from_secs(1), &sleeper));
+    assert!(fut.as_mut().now_or_never().is_none());
+    // The cells are taken while it sleeps: nobody else gets them.
+    assert_eq!(b.try_acquire(1).unwrap_err().wait(), Some(300 * MS));
+    sleeper.advance(199 * MS);
+    assert!(fut.as_mut().now_or_never().is_none());
+    sleeper.advance(MS);
+    assert_eq!(fut.as_mut().now_or_never(), Some(Ok(())));
+    assert_eq!(clock.now_nanos(), 200_000_000);
+}
+
+#[test]
+fn until_ready_never_sleeps_past_its_budget() {
+    let (b, clock) = bucket();
+    let sleeper = ManualSleeper::new(clock);
+    b.try_acquire(3).unwrap();
+    let got = b
+        .until_ready(1, 99 * MS, &sleeper)
+        .now_or_never()
+        .expect("a refusal must not sleep");
+    assert_eq!(
+        got,
+        Err(ReserveError::RateLimited {
+            retry_after: 100 * MS
+        })
+    );
+    // Nothing was consumed.
+    assert_eq!(b.try_acquire(1).unwrap_err().wait(), Some(100 * MS));
+}
+
+#[test]
+fn dropping_until_ready_gives_the_cells_back() {
+    let (b, clock) = bucket();
+    let sleeper = ManualSleeper::new(clock);
+    b.try_acquire(3).unwrap();
+    let mut fut = Box::pin(b.until_ready(1, Duration::from_secs(1), &sleeper));
+    assert!(fut.as_mut().now_or_never().is_none());
+    assert_eq!(b.try_acquire(1).unwrap_err().wait(), Some(200 * MS));
+    drop(fut);
+    assert_eq!(b.try_acquire(1).unwrap_err().wait(), Some(100 * MS));
+}
+
+#[test]
+fn works_as_a_trait_object() {
+    let (b, _) = bucket();
+    let limiter: &dyn RateLimiter = &b;
+    assert_eq!(limiter.available(), 3);
+    limiter.try_acquire(2).unwrap();
+    let r = limiter.reserve(1, Duration::ZERO).unwrap();
+    assert!(r.cancel());
+    limiter.penalize(Duration::from_secs(1));
+    assert_eq!(limiter.available(), 0);
+}
+
+#[test]
+fn many_threads_never_exceed_burst_plus_rate() {
+    // 4 threads spin on try_acquire for ~200 ms of real time. Count, do not
+    // time: admitted <= burst + rate * elapsed + 1, where elapsed is read
+    // from the bucket's own clock after the last admission.
+    let quota = Quota::per_second(nz(1000)).allow_burst(nz(20));
+    let b = Arc::new(TokenBucket::new(quota));
+    let start = b.clock().now_nanos();
+    let admitted = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..4)
+        .map(|i| {
+            let (b, admitted, stop) = (b.clone(), admitted.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let ok = if i % 2 == 0 {
+                        b.try_acquire(1).is_ok()
+                    } else {
+                        b.reserve(1, Duration::ZERO).is_ok()
+                    };
+                    if ok {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let elapsed = b.clock().now_nanos() - start;
+    let admitted = admitted.load(Ordering::Relaxed);
+    let bound = 20 + elapsed / 1_000_000 + 1;
+    assert!(admitted <= bound, "admitted {admitted} > bound {bound}");
+    // And the bucket was not starved: at least the burst got through.
+    assert!(admitted >= 20, "admitted only {admitted}");
+}
