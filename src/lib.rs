@@ -37,10 +37,13 @@
 
 mod bucket;
 mod clock;
+mod limiter;
 #[cfg(any(fuzzing, all(test, not(feature = "loom"))))]
 #[doc(hidden)]
 pub mod fuzzing;
 mod park;
+#[cfg(feature = "redis")]
+mod redis;
 mod semaphore;
 mod sleep;
 mod sync;
@@ -50,6 +53,11 @@ pub use bucket::{
     CheckError, Quota, QuotaError, RateLimiter, Reservation, ReserveError, TokenBucket,
 };
 pub use clock::{Clock, DefaultClock, ManualClock};
+pub use limiter::{AsyncRateLimiter, AsyncReservation};
+#[cfg(feature = "redis")]
+pub use redis::{
+    FailPolicy, RedisBucket, RedisBucketBuilder, RedisBucketError, RedisReservation, RedisStats,
+};
 pub use semaphore::{
     Acquire, AcquireError, AcquireOwned, OwnedSemaphorePermit, Semaphore, SemaphorePermit,
     TryAcquireError,
