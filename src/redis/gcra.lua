@@ -29,13 +29,10 @@ local pen = tonumber(state[2]) or 0
 -- Integers below 2^53 are exact in Lua numbers; '%.0f' writes them
 -- without the 14-digit rounding of tostring.
 local function save(t, p)
-  if t <= now then
-    redis.call('DEL', key)
-    return
-  end
   redis.call('HSET', key, 't', string.format('%.0f', t), 'p', string.format('%.0f', p))
   if expire then
-    redis.call('PEXPIRE', key, math.ceil((t - now) / 1000))
+    -- Gone once full again (a key at or before `now` is a full bucket).
+    redis.call('PEXPIRE', key, math.max(1, math.ceil((t - now) / 1000)))
   else
     redis.call('PERSIST', key)
   end

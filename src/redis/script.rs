@@ -27,8 +27,8 @@
 //! A hash `{t: tat, p: penalty}`. `p` is the latest penalty's target: a
 //! lease returning cells or a refund never lowers `tat` below it, so a 429
 //! seen by one process holds every process back until its retry time. The
-//! key `PEXPIRE`s when the bucket is full again (`tat - now`), and is
-//! deleted outright when a decision leaves it full: idle keys cost nothing.
+//! key `PEXPIRE`s when the bucket is full again (`tat - now`, at least
+//! 1 ms): idle keys cost nothing.
 
 use ::redis::aio::ConnectionManager;
 use ::redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind};
