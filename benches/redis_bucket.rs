@@ -130,13 +130,16 @@ fn main() {
             callers: 8,
         },
     ];
-    println!("| leasing | callers | admitted/s | p50 µs | p99 µs | round trips / admitted | denied |");
+    println!(
+        "| leasing | callers | admitted/s | p50 µs | p99 µs | round trips / admitted | denied |"
+    );
     println!("| --- | --- | --- | --- | --- | --- | --- |");
     for (i, case) in cases.iter().enumerate() {
         let o = runtime.block_on(run(&server, &format!("bench-{i}"), case, secs));
         println!(
             "| {} | {} | {:.0} | {:.1} | {:.1} | {:.3} | {} |",
-            case.lease.map_or("off".to_owned(), |k| format!("{k} cells")),
+            case.lease
+                .map_or("off".to_owned(), |k| format!("{k} cells")),
             case.callers,
             o.admitted as f64 / o.secs,
             percentile(&o.latencies, 0.50),

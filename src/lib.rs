@@ -37,10 +37,10 @@
 
 mod bucket;
 mod clock;
-mod limiter;
 #[cfg(any(fuzzing, all(test, not(feature = "loom"))))]
 #[doc(hidden)]
 pub mod fuzzing;
+mod limiter;
 mod park;
 #[cfg(feature = "redis")]
 mod redis;

@@ -150,7 +150,8 @@ impl<L: RateLimiter + ?Sized> AsyncRateLimiter for L {
     }
 
     fn penalize(&self, retry_after: Duration) -> impl Future<Output = ()> + Send {
-        ready(RateLimiter::penalize(self, retry_after))
+        RateLimiter::penalize(self, retry_after);
+        ready(())
     }
 
     fn available(&self) -> impl Future<Output = u32> + Send {

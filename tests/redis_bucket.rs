@@ -99,7 +99,9 @@ async fn two_leasing_clients_stay_within_the_quota_plus_their_leases() {
     let lease = 3;
     let (admitted, elapsed) = two_clients(&server, "leased", Some(lease)).await;
     let bound = single_key_bound(elapsed) + 2.0 * lease as f64;
-    println!("redis, two leasing clients: {admitted} admitted in {elapsed:.2} s (bound {bound:.0})");
+    println!(
+        "redis, two leasing clients: {admitted} admitted in {elapsed:.2} s (bound {bound:.0})"
+    );
     assert!(admitted as f64 <= bound, "{admitted} > {bound}");
     assert!(admitted as f64 >= 0.8 * 50.0 * elapsed, "only {admitted}");
 }
@@ -144,7 +146,11 @@ async fn penalize_from_one_client_holds_back_the_other() {
         other => panic!("expected a refusal, got {other:?}"),
     };
     assert!(wait > Duration::from_millis(200) && wait <= Duration::from_millis(400));
-    assert!(b.reserve(1, Duration::from_millis(100)).await.unwrap_err().is_rate_limited());
+    assert!(b
+        .reserve(1, Duration::from_millis(100))
+        .await
+        .unwrap_err()
+        .is_rate_limited());
     // Once the retry time has passed, one cell fits, then one per period.
     tokio::time::sleep(wait + Duration::from_millis(5)).await;
     assert_eq!(b.try_acquire(1).await, Ok(()));
@@ -195,11 +201,13 @@ async fn leasing_cuts_round_trips() {
     assert_eq!(leasing.available().await, 99);
     leasing.release_lease().await;
     assert_eq!(leasing.available().await, 99); // all in Redis now
-    // ... with the next round trip when the lease cannot cover a call ...
+                                               // ... with the next round trip when the lease cannot cover a call ...
     leasing.try_acquire(1).await.unwrap(); // 89 in Redis, 9 here
     assert_eq!(
         leasing.try_acquire(100).await,
-        Err(CheckError::NotUntil { wait: Duration::from_millis(2) }), // 98 of 100
+        Err(CheckError::NotUntil {
+            wait: Duration::from_millis(2)
+        }), // 98 of 100
     );
     assert_eq!(leasing.available().await, 98);
     // ... and when the lease expires.
@@ -295,7 +303,10 @@ async fn fail_closed_refuses_while_redis_is_away_and_recovers() {
         .await
         .expect("a reserve never hangs");
     assert_eq!(r.unwrap_err(), ReserveError::Unavailable { retry_after });
-    assert!(started.elapsed() < Duration::from_secs(1), "reserve passed its deadline");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "reserve passed its deadline"
+    );
     assert!(bucket.stats().failures >= 6);
     server.signal("-CONT");
     assert!(recovered(&bucket).await, "no recovery after SIGCONT");
@@ -504,7 +515,10 @@ async fn lua_decisions_match_the_local_bucket() {
         let steps: Vec<Step> = (0..300)
             .map(|_| match rng.u8(0..10) {
                 0..=2 => Acquire(rng.u32(0..=burst + 1)),
-                3..=4 => Reserve(rng.u32(1..=burst), rng.u64(0..=3 * period * burst as u64 / 1000)),
+                3..=4 => Reserve(
+                    rng.u32(1..=burst),
+                    rng.u64(0..=3 * period * burst as u64 / 1000),
+                ),
                 5 => Cancel(rng.usize(0..4)),
                 6 if rng.u8(0..5) == 0 => Penalize(rng.u64(0..=2 * period / 1000 + 1)),
                 7 => Available,

@@ -7,49 +7,8 @@
 //! script called by hash; see `script.rs` for the arithmetic), on Redis's
 //! clock.
 //!
-//! # Shape of the API
-//!
-//! A Redis decision is a network round trip, and so is a refund, so the
-//! methods are `async` and [`reserve`](RedisBucket::reserve) returns a
-//! [`RedisReservation`] whose [`cancel`](RedisReservation::cancel) is
-//! `async` too. Method names and error types are those of
-//! [`TokenBucket`]; both implement [`AsyncRateLimiter`], which callers
-//! (and the admission layer) take to accept either.
-//!
-//! # Leasing
-//!
-//! With [`lease`](RedisBucketBuilder::lease), a decision that reaches Redis
-//! takes up to `size` cells in the same round trip (only cells usable now,
-//! and never more than fit), and later calls are admitted from them
-//! locally, without a round trip, until they run out or the lease's `ttl`
-//! passes. Unused cells go back to Redis with the next round trip after
-//! the lease expires (or with [`release_lease`](RedisBucket::release_lease)).
-//!
-//! The trade-off: fewer round trips against burstier fairness. Cells sit
-//! in one process while another is refused, and a process may spend the
-//! cells it holds after the window they were taken in. Over any window of
-//! length `t`, the cells admitted across `P` processes stay within
-//! `burst + t / period + P * size`; `size` is capped at the burst. A
-//! [`penalize`](RedisBucket::penalize) from another process reaches this
-//! one at its next round trip, so up to `size` leased cells may still be
-//! spent under a penalty.
-//!
-//! # Failure policy
-//!
-//! Every Redis call has a timeout ([`timeout`](RedisBucketBuilder::timeout),
-//! and never longer than a [`reserve`](RedisBucket::reserve) call's
-//! `max_wait`). When Redis does not answer in time, the decision follows
-//! the [`FailPolicy`]: fall back to a local bucket at a share of the rate,
-//! or refuse with `Unavailable` (nothing consumed). After a failure,
-//! decisions skip Redis for [`probe_interval`](RedisBucketBuilder::probe_interval)
-//! (so a dead server costs no timeouts), then try again; the connection
-//! (a `redis` crate `ConnectionManager`) reconnects on its own. Nothing
-//! here panics or waits without a bound.
-//!
-//! # Runtime
-//!
-//! The `redis` crate's connections run on tokio: poll these futures inside
-//! a tokio runtime. Outside one, every decision takes the failure policy.
+//! The public documentation (API shape, leasing, failure policy,
+//! runtime) is on [`RedisBucket`].
 
 mod reservation;
 mod script;
@@ -218,7 +177,7 @@ pub struct RedisBucketBuilder {
 
 impl RedisBucketBuilder {
     /// Lease up to `size` cells per round trip (capped at the burst), kept
-    /// for at most `ttl`. See the trade-off in the [module docs](RedisBucket).
+    /// for at most `ttl`. See the trade-off under *Leasing* on [`RedisBucket`].
     /// Off by default.
     ///
     /// # Examples
@@ -434,9 +393,58 @@ struct Failed;
 /// A GCRA bucket held in Redis, shared by every process that uses the same
 /// key (and quota).
 ///
-/// See the [module docs](self) for leasing, the failure policy and the
-/// runtime. Each process builds its own `RedisBucket` on the key; all of
-/// them must use the same quota.
+/// Each process builds its own `RedisBucket` on the key; all of them must
+/// use the same quota. The decision runs in Redis, atomically, in one
+/// round trip, on Redis's clock (`TIME`, integer microseconds: see the
+/// arithmetic in `src/redis/script.rs`); the key expires when the bucket
+/// is full again.
+///
+/// # Shape of the API
+///
+/// A Redis decision is a network round trip, and so is a refund, so the
+/// methods are `async` and [`reserve`](RedisBucket::reserve) returns a
+/// [`RedisReservation`] whose [`cancel`](RedisReservation::cancel) is
+/// `async` too. Method names and error types are those of
+/// [`TokenBucket`]; both implement [`AsyncRateLimiter`], which callers
+/// (and the admission layer) take to accept either.
+///
+/// # Leasing
+///
+/// With [`lease`](RedisBucketBuilder::lease), a decision that reaches Redis
+/// takes up to `size` cells in the same round trip (only cells usable now,
+/// and never more than fit), and later calls are admitted from them
+/// locally, without a round trip, until they run out or the lease's `ttl`
+/// passes. Unused cells go back to Redis with the next round trip after
+/// the lease expires (or with [`release_lease`](RedisBucket::release_lease)).
+///
+/// The trade-off: fewer round trips against burstier fairness. Cells sit
+/// in one process while another is refused, and a process may spend the
+/// cells it holds after the window they were taken in. Over any window of
+/// length `t`, the cells admitted across `P` processes stay within
+/// `burst + t / period + P * size`; `size` is capped at the burst. A
+/// [`penalize`](RedisBucket::penalize) from another process reaches this
+/// one at its next round trip, so up to `size` leased cells may still be
+/// spent under a penalty.
+///
+/// # Failure policy
+///
+/// Every Redis call has a timeout ([`timeout`](RedisBucketBuilder::timeout),
+/// and never longer than a [`reserve`](RedisBucket::reserve) call's
+/// `max_wait`). When Redis does not answer in time, the decision follows
+/// the [`FailPolicy`]: fall back to a local bucket at a share of the rate,
+/// or refuse with `Unavailable` (nothing consumed). After a failure,
+/// decisions skip Redis for [`probe_interval`](RedisBucketBuilder::probe_interval)
+/// (so a dead server costs no timeouts), then try again; the connection
+/// (a `redis` crate `ConnectionManager`) reconnects on its own. Nothing
+/// here panics or waits without a bound. A call that timed out may still
+/// be applied by Redis later, and cells being given back with it are
+/// dropped rather than sent twice: failures only ever lose cells, never
+/// admit extra ones.
+///
+/// # Runtime
+///
+/// The `redis` crate's connections run on tokio: poll these futures inside
+/// a tokio runtime. Outside one, every decision takes the failure policy.
 ///
 /// # Examples
 ///
@@ -886,7 +894,10 @@ impl RedisBucket {
         // On failure the give-back is dropped: it may have been applied,
         // and returning it twice would over-admit. Lost cells are the safe
         // side.
-        let reply = self.call(op, timeout).await.map_err(|Failed| Denial::Failed)?;
+        let reply = self
+            .call(op, timeout)
+            .await
+            .map_err(|Failed| Denial::Failed)?;
         let [granted, wait, before, after] = match reply[..] {
             [g, w, b, a] => [g, w, b, a].map(|v| v.max(0) as u64),
             _ => return Err(Denial::Failed),
@@ -919,10 +930,10 @@ impl RedisBucket {
         if timeout.is_zero() {
             return false;
         }
-        match self.call(Op::Cancel { before, after }, timeout).await {
-            Ok(reply) if reply.first() == Some(&1) => true,
-            _ => false,
-        }
+        matches!(
+            self.call(Op::Cancel { before, after }, timeout).await,
+            Ok(reply) if reply.first() == Some(&1)
+        )
     }
 
     /// Sends `op` to Redis within `timeout`, unless a recent failure says
@@ -942,7 +953,7 @@ impl RedisBucket {
             self.failed(now);
             return Err(Failed);
         }
-        let now_us = self.explicit_time.then(|| now / 1000);
+        let now_us = self.explicit_time.then_some(now / 1000);
         let mut trips = 0;
         let result = tokio::time::timeout(timeout, async {
             let conn = self
@@ -1033,8 +1044,7 @@ impl AsyncRateLimiter for RedisBucket {
         &self,
         n: u32,
         max_wait: Duration,
-    ) -> impl core::future::Future<Output = Result<RedisReservation<'_>, ReserveError>> + Send
-    {
+    ) -> impl core::future::Future<Output = Result<RedisReservation<'_>, ReserveError>> + Send {
         RedisBucket::reserve(self, n, max_wait)
     }
 

@@ -33,7 +33,9 @@ pub fn available(what: &str) -> bool {
                  (`apt-get install -y redis-server`) so {what} runs"
             );
         }
-        eprintln!("skipping {what}: redis-server is not installed (apt-get install -y redis-server)");
+        eprintln!(
+            "skipping {what}: redis-server is not installed (apt-get install -y redis-server)"
+        );
     }
     found
 }
