@@ -43,7 +43,10 @@ mod clock;
 pub mod fuzzing;
 mod headers;
 mod keyed;
+mod limiter;
 mod park;
+#[cfg(feature = "redis")]
+mod redis;
 mod semaphore;
 mod sleep;
 mod sync;
@@ -58,6 +61,11 @@ pub use bucket::{
 pub use clock::{Clock, DefaultClock, ManualClock};
 pub use headers::{Advice, Clamp, Policy, ServerHint};
 pub use keyed::{Scoped, TooManyKeys};
+pub use limiter::{AsyncRateLimiter, AsyncReservation};
+#[cfg(feature = "redis")]
+pub use redis::{
+    FailPolicy, RedisBucket, RedisBucketBuilder, RedisBucketError, RedisReservation, RedisStats,
+};
 pub use semaphore::{
     Acquire, AcquireError, AcquireOwned, OwnedSemaphorePermit, Semaphore, SemaphorePermit,
     TryAcquireError,

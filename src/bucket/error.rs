@@ -43,6 +43,13 @@ pub enum CheckError {
         /// The registry's key limit.
         limit: usize,
     },
+    /// The limiter that holds the quota (a shared store such as Redis) did
+    /// not answer in time and is configured to fail closed. Nothing was
+    /// consumed; the quota itself may have room.
+    Unavailable {
+        /// When to ask again.
+        retry_after: Duration,
+    },
 }
 
 impl CheckError {
@@ -88,6 +95,7 @@ impl fmt::Display for CheckError {
                 capacity,
             } => insufficient(f, *requested, *capacity),
             CheckError::TooManyKeys { limit } => too_many_keys(f, *limit),
+            CheckError::Unavailable { retry_after } => unavailable(f, *retry_after),
         }
     }
 }
@@ -132,6 +140,13 @@ pub enum ReserveError {
     TooManyKeys {
         /// The registry's key limit.
         limit: usize,
+    },
+    /// The limiter that holds the quota (a shared store such as Redis) did
+    /// not answer in time and is configured to fail closed. Nothing was
+    /// consumed; the quota itself may have room.
+    Unavailable {
+        /// When to ask again.
+        retry_after: Duration,
     },
 }
 
@@ -191,6 +206,7 @@ impl fmt::Display for ReserveError {
                 capacity,
             } => insufficient(f, *requested, *capacity),
             ReserveError::TooManyKeys { limit } => too_many_keys(f, *limit),
+            ReserveError::Unavailable { retry_after } => unavailable(f, *retry_after),
         }
     }
 }
@@ -206,4 +222,11 @@ fn insufficient(f: &mut fmt::Formatter<'_>, requested: u32, capacity: u32) -> fm
 
 fn too_many_keys(f: &mut fmt::Formatter<'_>, limit: usize) -> fmt::Result {
     write!(f, "too many keys: the registry is full at {limit} keys")
+}
+
+fn unavailable(f: &mut fmt::Formatter<'_>, retry_after: Duration) -> fmt::Result {
+    write!(
+        f,
+        "rate limiter unavailable: the shared quota store did not answer; retry after {retry_after:?}"
+    )
 }

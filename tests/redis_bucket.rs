@@ -1,0 +1,530 @@
+//! `RedisBucket` against a real `redis-server` (feature `redis`).
+//!
+//! Each test starts its own server on a free loopback port, without
+//! persistence, and kills it at the end. Without `redis-server` the tests
+//! print a skip message, or fail when `CI` is set.
+#![cfg(feature = "redis")]
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+use backpressure::{
+    CheckError, FailPolicy, ManualClock, Quota, RedisBucket, ReserveError, TokenBucket,
+};
+use redis_server::RedisServer;
+
+fn nz(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).unwrap()
+}
+
+/// 50 per second, burst 5: the quota of the sharing tests.
+fn shared_quota() -> Quota {
+    Quota::per_second(nz(50)).allow_burst(nz(5))
+}
+
+/// A bound no test's own calls should get near: a hang detector only.
+const HANG: Duration = Duration::from_secs(2);
+
+/// Calls `try_acquire(1)` in a loop until `until`, sleeping the returned
+/// wait (at most 5 ms) on a denial; returns the number admitted.
+async fn hammer(bucket: &RedisBucket, until: Instant) -> u64 {
+    let mut admitted = 0;
+    while Instant::now() < until {
+        match tokio::time::timeout(HANG, bucket.try_acquire(1))
+            .await
+            .expect("a decision never hangs")
+        {
+            Ok(()) => admitted += 1,
+            Err(CheckError::NotUntil { wait }) => {
+                tokio::time::sleep(wait.min(Duration::from_millis(5))).await
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    admitted
+}
+
+/// Two clients with separate connections share one key for about two
+/// seconds; returns (admitted, elapsed seconds).
+async fn two_clients(server: &RedisServer, key: &str, lease: Option<u32>) -> (u64, f64) {
+    let build = || {
+        let mut b = RedisBucket::builder(&server.url(), key, shared_quota())
+            .timeout(Duration::from_millis(500));
+        if let Some(k) = lease {
+            b = b.lease(nz(k), Duration::from_millis(100));
+        }
+        b.build().unwrap()
+    };
+    let (a, b) = (build(), build());
+    // Connect (and load the script) before the clock starts.
+    assert_eq!(a.available().await, 5);
+    assert_eq!(b.available().await, 5);
+    let start = Instant::now();
+    let until = start + Duration::from_secs(2);
+    let (x, y) = tokio::join!(hammer(&a, until), hammer(&b, until));
+    let elapsed = start.elapsed().as_secs_f64();
+    // Each client really took part.
+    assert!(x > 10 && y > 10, "admitted {x} and {y}");
+    (x + y, elapsed)
+}
+
+/// burst + rate * elapsed, +1 for the edges.
+fn single_key_bound(elapsed: f64) -> f64 {
+    5.0 + 50.0 * elapsed + 1.0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_on_one_key_stay_within_the_quota() {
+    if !redis_server::available("two_clients_on_one_key_stay_within_the_quota") {
+        return;
+    }
+    let server = RedisServer::start();
+    let (admitted, elapsed) = two_clients(&server, "shared", None).await;
+    let bound = single_key_bound(elapsed);
+    println!("redis, two clients: {admitted} admitted in {elapsed:.2} s (bound {bound:.0})");
+    assert!(admitted as f64 <= bound, "{admitted} > {bound}");
+    // And the quota is used, not starved.
+    assert!(admitted as f64 >= 0.8 * 50.0 * elapsed, "only {admitted}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_leasing_clients_stay_within_the_quota_plus_their_leases() {
+    if !redis_server::available("two_leasing_clients_stay_within_the_quota_plus_their_leases") {
+        return;
+    }
+    let server = RedisServer::start();
+    let lease = 3;
+    let (admitted, elapsed) = two_clients(&server, "leased", Some(lease)).await;
+    let bound = single_key_bound(elapsed) + 2.0 * lease as f64;
+    println!(
+        "redis, two leasing clients: {admitted} admitted in {elapsed:.2} s (bound {bound:.0})"
+    );
+    assert!(admitted as f64 <= bound, "{admitted} > {bound}");
+    assert!(admitted as f64 >= 0.8 * 50.0 * elapsed, "only {admitted}");
+}
+
+/// What a local limiter cannot prevent: two processes, each with its own
+/// bucket at the key's quota, together admit about twice the key's rate.
+#[test]
+fn two_local_buckets_on_one_key_double_the_rate() {
+    let clock = ManualClock::new();
+    let a = TokenBucket::with_clock(shared_quota(), clock.clone());
+    let b = TokenBucket::with_clock(shared_quota(), clock.clone());
+    let mut admitted = 0;
+    // Two seconds in 1 ms steps, both processes asking every step.
+    for _ in 0..2000 {
+        admitted += a.try_acquire(1).is_ok() as u64 + b.try_acquire(1).is_ok() as u64;
+        clock.advance(Duration::from_millis(1));
+    }
+    let bound = single_key_bound(2.0);
+    println!("local, two buckets: {admitted} admitted in 2.00 s (bound {bound:.0})");
+    assert_eq!(admitted, 2 * (5 + 100 - 1)); // the 2000th ms is not reached
+    assert!(admitted as f64 > 1.9 * bound);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn penalize_from_one_client_holds_back_the_other() {
+    if !redis_server::available("penalize_from_one_client_holds_back_the_other") {
+        return;
+    }
+    let server = RedisServer::start();
+    let build = || {
+        RedisBucket::builder(&server.url(), "penalized", shared_quota())
+            .timeout(Duration::from_millis(500))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (build(), build());
+    assert!(b.try_acquire(1).await.is_ok());
+    a.penalize(Duration::from_millis(400)).await;
+    // B has no local state: the refusal comes from the shared key.
+    let wait = match b.try_acquire(1).await {
+        Err(CheckError::NotUntil { wait }) => wait,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert!(wait > Duration::from_millis(200) && wait <= Duration::from_millis(400));
+    assert!(b
+        .reserve(1, Duration::from_millis(100))
+        .await
+        .unwrap_err()
+        .is_rate_limited());
+    // Once the retry time has passed, one cell fits, then one per period.
+    tokio::time::sleep(wait + Duration::from_millis(5)).await;
+    assert_eq!(b.try_acquire(1).await, Ok(()));
+    assert!(b.try_acquire(1).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leasing_cuts_round_trips() {
+    if !redis_server::available("leasing_cuts_round_trips") {
+        return;
+    }
+    let server = RedisServer::start();
+    // Manual time: no refill, so every count below is exact.
+    let clock = ManualClock::starting_at(1_000_000_000);
+    let quota = Quota::per_second(nz(1000)).allow_burst(nz(100));
+    let plain = RedisBucket::builder(&server.url(), "plain", quota)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let leasing = RedisBucket::builder(&server.url(), "leasing", quota)
+        .clock(clock.clone())
+        .lease(nz(10), Duration::from_millis(50))
+        .build()
+        .unwrap();
+    // Load the script once (the first EVALSHA on a fresh server is a
+    // NOSCRIPT and an EVAL), so both start from the steady state.
+    assert_eq!(plain.available().await, 100);
+    let (p0, l0) = (plain.stats().round_trips, leasing.stats().round_trips);
+    for _ in 0..100 {
+        plain.try_acquire(1).await.unwrap();
+        leasing.try_acquire(1).await.unwrap();
+    }
+    let (p, l) = (plain.stats(), leasing.stats());
+    println!(
+        "round trips per admitted call: {:.2} without leasing, {:.2} with leases of 10",
+        (p.round_trips - p0) as f64 / p.admitted as f64,
+        (l.round_trips - l0) as f64 / l.admitted as f64,
+    );
+    assert_eq!((p.round_trips - p0, p.admitted), (100, 100));
+    assert_eq!((l.round_trips - l0, l.admitted, l.leased), (10, 100, 90));
+    // The key is empty for both, and a lease never takes past the burst.
+    assert!(plain.try_acquire(1).await.is_err());
+    assert!(leasing.try_acquire(1).await.is_err());
+
+    // Unused leased cells go back, with `release_lease`...
+    clock.advance(Duration::from_millis(100)); // 100 cells refilled
+    leasing.try_acquire(1).await.unwrap(); // leases 10: 90 in Redis, 9 here
+    assert_eq!(leasing.available().await, 99);
+    leasing.release_lease().await;
+    assert_eq!(leasing.available().await, 99); // all in Redis now
+                                               // ... with the next round trip when the lease cannot cover a call ...
+    leasing.try_acquire(1).await.unwrap(); // 89 in Redis, 9 here
+    assert_eq!(
+        leasing.try_acquire(100).await,
+        Err(CheckError::NotUntil {
+            wait: Duration::from_millis(2)
+        }), // 98 of 100
+    );
+    assert_eq!(leasing.available().await, 98);
+    // ... and when the lease expires.
+    let other = RedisBucket::builder(&server.url(), "leasing", quota)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    leasing.try_acquire(1).await.unwrap(); // 88 in Redis, 9 here
+    other.try_acquire(88).await.unwrap(); // Redis empty
+    clock.advance(Duration::from_millis(50)); // lease expired; 50 refilled
+    assert_eq!(leasing.available().await, 50);
+    assert_eq!(leasing.try_acquire(59).await, Ok(())); // 50 + the 9 returned
+    assert!(other.try_acquire(1).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_expires_when_the_bucket_is_full_again() {
+    if !redis_server::available("the_key_expires_when_the_bucket_is_full_again") {
+        return;
+    }
+    let server = RedisServer::start();
+    let bucket = RedisBucket::builder(&server.url(), "expiring", shared_quota())
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    bucket.try_acquire(5).await.unwrap();
+    // Full again 100 ms (5 cells * 20 ms) after the take.
+    let pttl: i64 = server.command(&["PTTL", "expiring"]).unwrap()[1..]
+        .parse()
+        .unwrap();
+    assert!(pttl > 0 && pttl <= 100, "pttl {pttl}");
+    // A flushed script cache costs one EVAL, not a failure.
+    assert_eq!(server.command(&["SCRIPT", "FLUSH"]).as_deref(), Some("+OK"));
+    let trips = bucket.stats().round_trips;
+    assert_eq!(bucket.available().await, 0);
+    assert_eq!(bucket.stats().round_trips - trips, 2);
+    assert_eq!(bucket.stats().failures, 0);
+}
+
+/// Calls `try_acquire(1)` `k` times, each under the hang detector.
+async fn decisions(bucket: &RedisBucket, k: usize) -> Vec<Result<(), CheckError>> {
+    let mut out = Vec::new();
+    for _ in 0..k {
+        out.push(
+            tokio::time::timeout(HANG, bucket.try_acquire(1))
+                .await
+                .expect("a decision never hangs"),
+        );
+    }
+    out
+}
+
+/// Retries until Redis decides again (at most ~5 s), returning whether it
+/// did.
+async fn recovered(bucket: &RedisBucket) -> bool {
+    for _ in 0..100 {
+        let trips = bucket.stats().round_trips;
+        let fallback = bucket.stats().fallback;
+        let r = tokio::time::timeout(HANG, bucket.try_acquire(1))
+            .await
+            .expect("a decision never hangs");
+        if r.is_ok() && bucket.stats().round_trips > trips && bucket.stats().fallback == fallback {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_refuses_while_redis_is_away_and_recovers() {
+    if !redis_server::available("fail_closed_refuses_while_redis_is_away_and_recovers") {
+        return;
+    }
+    let mut server = RedisServer::start();
+    let retry_after = Duration::from_millis(250);
+    let bucket = RedisBucket::builder(&server.url(), "closed", shared_quota())
+        .timeout(Duration::from_millis(50))
+        .probe_interval(Duration::from_millis(100))
+        .fail_policy(FailPolicy::FailClosed { retry_after })
+        .build()
+        .unwrap();
+    assert_eq!(bucket.try_acquire(1).await, Ok(()));
+
+    // A frozen server: connected, silent. Every call times out, or skips
+    // Redis after a failure; none hangs, none admits.
+    server.signal("-STOP");
+    for r in decisions(&bucket, 5).await {
+        assert_eq!(r, Err(CheckError::Unavailable { retry_after }));
+    }
+    let started = Instant::now();
+    let r = tokio::time::timeout(HANG, bucket.reserve(1, Duration::from_secs(1)))
+        .await
+        .expect("a reserve never hangs");
+    assert_eq!(r.unwrap_err(), ReserveError::Unavailable { retry_after });
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "reserve passed its deadline"
+    );
+    assert!(bucket.stats().failures >= 6);
+    server.signal("-CONT");
+    assert!(recovered(&bucket).await, "no recovery after SIGCONT");
+
+    // A dead server, then a fresh one on the same port.
+    server.stop();
+    for r in decisions(&bucket, 5).await {
+        assert_eq!(r, Err(CheckError::Unavailable { retry_after }));
+    }
+    server.restart();
+    assert!(recovered(&bucket).await, "no recovery after a restart");
+    // Redis decides again: the fresh key has its burst, then refuses.
+    let mut admitted = 1; // `recovered` took one
+    while bucket.try_acquire(1).await.is_ok() {
+        admitted += 1;
+    }
+    assert!((5..=6).contains(&admitted), "admitted {admitted}");
+    assert_eq!(bucket.stats().fallback, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_open_falls_back_to_its_share_and_recovers() {
+    if !redis_server::available("fail_open_falls_back_to_its_share_and_recovers") {
+        return;
+    }
+    let mut server = RedisServer::start();
+    // 10/s burst 10 shared; half of it alone: 5/s burst 5.
+    let quota = Quota::per_second(nz(10));
+    let bucket = RedisBucket::builder(&server.url(), "open", quota)
+        .timeout(Duration::from_millis(50))
+        .probe_interval(Duration::from_secs(1))
+        .fail_policy(FailPolicy::FailOpen { share: 0.5 })
+        .build()
+        .unwrap();
+    assert_eq!(bucket.try_acquire(1).await, Ok(()));
+
+    server.signal("-STOP");
+    let results = decisions(&bucket, 10).await;
+    let admitted = results.iter().filter(|r| r.is_ok()).count();
+    // The fallback's burst of 5 (one more if a refill landed meanwhile);
+    // the rest are plain rate limits, not "unavailable".
+    assert!((5..=6).contains(&admitted), "admitted {admitted}");
+    assert!(results
+        .iter()
+        .all(|r| r.is_ok() || matches!(r, Err(CheckError::NotUntil { .. }))));
+    assert_eq!(bucket.stats().fallback, 10);
+    let r = tokio::time::timeout(HANG, bucket.reserve(1, Duration::from_secs(1)))
+        .await
+        .expect("a reserve never hangs")
+        .unwrap();
+    assert!(r.is_fallback() && r.wait() <= Duration::from_secs(1));
+
+    server.signal("-CONT");
+    server.stop();
+    server.restart();
+    assert!(recovered(&bucket).await, "no recovery after a restart");
+    // Redis decides again, with the full shared burst of 10.
+    let mut admitted = 1;
+    while bucket.try_acquire(1).await.is_ok() {
+        admitted += 1;
+    }
+    assert!((10..=11).contains(&admitted), "admitted {admitted}");
+}
+
+// ---------------------------------------------------------------------------
+// Script correctness: the Lua decisions against the local bucket, on one
+// manual clock.
+
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Acquire(u32),
+    /// n, max_wait in ms.
+    Reserve(u32, u64),
+    /// Cancel the i-th reservation still held (modulo their number).
+    Cancel(usize),
+    /// Penalize for ms. Held reservations are dropped first (see below).
+    Penalize(u64),
+    Available,
+    /// Advance the clock by µs.
+    Advance(u64),
+}
+
+/// Runs `steps` on a local bucket and on Redis; every answer must match.
+///
+/// One documented difference is kept out: Redis keeps a penalty through a
+/// refund (the `p` field), the local bucket lets a cancel lower `tat` below
+/// a penalty that did not raise it. So a penalty drops the reservations
+/// held before it.
+async fn compare(server: &RedisServer, key: &str, quota: Quota, steps: &[Step]) {
+    let clock = ManualClock::starting_at(1_000_000_000);
+    let local = TokenBucket::with_clock(quota, clock.clone());
+    let remote = RedisBucket::builder(&server.url(), key, quota)
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let mut held = Vec::new();
+    for (i, step) in steps.iter().enumerate() {
+        let at = format!("{key} step {i} {step:?}");
+        match *step {
+            Step::Acquire(n) => {
+                assert_eq!(local.try_acquire(n), remote.try_acquire(n).await, "{at}");
+            }
+            Step::Reserve(n, ms) => {
+                let max = Duration::from_millis(ms);
+                match (local.reserve(n, max), remote.reserve(n, max).await) {
+                    (Ok(l), Ok(r)) => {
+                        assert_eq!(l.wait(), r.wait(), "{at}");
+                        held.push((l, r));
+                    }
+                    (l, r) => assert_eq!(l.map(|_| ()), r.map(|_| ()), "{at}"),
+                }
+            }
+            Step::Cancel(j) if !held.is_empty() => {
+                let (l, r) = held.remove(j % held.len());
+                assert_eq!(l.cancel(), r.cancel().await, "{at}");
+            }
+            Step::Cancel(_) => {}
+            Step::Penalize(ms) => {
+                held.clear();
+                local.penalize(Duration::from_millis(ms));
+                remote.penalize(Duration::from_millis(ms)).await;
+            }
+            Step::Available => {
+                assert_eq!(local.available(), remote.available().await, "{at}");
+            }
+            Step::Advance(us) => clock.advance(Duration::from_micros(us)),
+        }
+    }
+    assert_eq!(remote.stats().failures, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lua_decisions_match_the_local_bucket() {
+    if !redis_server::available("lua_decisions_match_the_local_bucket") {
+        return;
+    }
+    let server = RedisServer::start();
+    use Step::*;
+    let tables: &[(&str, Quota, &[Step])] = &[
+        (
+            "burst-then-period",
+            shared_quota(),
+            &[
+                Available,
+                Acquire(5),
+                Acquire(1),
+                Available,
+                Advance(19_999),
+                Acquire(1),
+                Advance(1),
+                Acquire(1),
+                Acquire(6),
+                Acquire(0),
+            ],
+        ),
+        (
+            "reserve-edges",
+            Quota::per_second(nz(2)),
+            &[
+                Acquire(2),
+                Reserve(1, 499),
+                Reserve(1, 500),
+                Reserve(1, 999),
+                Reserve(1, 1000),
+                Cancel(0),
+                Cancel(0),
+                Reserve(1, 1000),
+                Reserve(3, 10_000),
+                Available,
+            ],
+        ),
+        (
+            "penalty",
+            Quota::per_second(nz(10)),
+            &[
+                Acquire(3),
+                Penalize(2_000),
+                Acquire(1),
+                Reserve(1, 1_999),
+                Advance(2_000_000),
+                Acquire(1),
+                Acquire(1),
+                Advance(100_000),
+                Available,
+                Penalize(10),
+                Acquire(1),
+            ],
+        ),
+    ];
+    for (key, quota, steps) in tables {
+        compare(&server, key, *quota, steps).await;
+    }
+
+    // Seeded random sequences over a few quotas, with µs-exact periods.
+    let quotas = [
+        shared_quota(),
+        Quota::with_period(Duration::from_millis(7)).allow_burst(nz(3)),
+        Quota::per_second(nz(1)),
+        Quota::with_period(Duration::from_micros(250)).allow_burst(nz(10)),
+    ];
+    for (q, quota) in quotas.iter().enumerate() {
+        let mut rng = fastrand::Rng::with_seed(q as u64);
+        let burst = quota.burst().get();
+        let period = quota.period().as_micros() as u64;
+        let steps: Vec<Step> = (0..300)
+            .map(|_| match rng.u8(0..10) {
+                0..=2 => Acquire(rng.u32(0..=burst + 1)),
+                3..=4 => Reserve(
+                    rng.u32(1..=burst),
+                    rng.u64(0..=3 * period * burst as u64 / 1000),
+                ),
+                5 => Cancel(rng.usize(0..4)),
+                6 if rng.u8(0..5) == 0 => Penalize(rng.u64(0..=2 * period / 1000 + 1)),
+                7 => Available,
+                _ => Advance(rng.u64(0..=2 * period)),
+            })
+            .collect();
+        compare(&server, &format!("random-{q}"), *quota, &steps).await;
+    }
+}
