@@ -216,7 +216,8 @@ fn penalize_admits_nothing_before_the_retry_time() {
     assert_eq!(admit_all(&b), 1);
     clock.advance(100 * MS);
     assert_eq!(admit_all(&b), 1);
-    // A shorter penalty than the current debt changes nothing.
+    // A shorter penalty than the current debt does not move the wait (it
+    // only voids refunds; see `cancel_cannot_undercut_a_shorter_penalty`).
     b.try_acquire(1).unwrap_err();
     b.penalize(MS);
     assert_eq!(b.try_acquire(1).unwrap_err().wait(), Some(100 * MS));
@@ -414,4 +415,19 @@ fn many_threads_never_exceed_burst_plus_rate() {
     assert!(admitted <= bound, "admitted {admitted} > bound {bound}");
     // And the bucket was not starved: at least the burst got through.
     assert!(admitted >= 20, "admitted only {admitted}");
+}
+
+/// Regression: a penalty shorter than the bucket's debt wrote nothing, so
+/// cancelling the reservation that made the debt lowered the bucket below
+/// the penalty and admitted a call before the server's Retry-After.
+#[test]
+fn cancel_cannot_undercut_a_shorter_penalty() {
+    let clock = ManualClock::new();
+    let b = TokenBucket::with_clock(Quota::per_second(nz(1)).allow_burst(nz(5)), clock.clone());
+    b.try_acquire(5).unwrap(); // the burst is spent: next cell in 1 s
+    let r = b.reserve(3, Duration::from_secs(10)).unwrap(); // debt up to 4 s out
+    b.penalize(Duration::from_secs(2)); // shorter than the debt
+    assert!(!r.cancel(), "the refund would undercut the penalty");
+    clock.advance(Duration::from_millis(1500));
+    assert!(b.try_acquire(1).is_err(), "admitted before Retry-After");
 }

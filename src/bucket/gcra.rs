@@ -366,8 +366,13 @@ impl Gcra {
 
     /// Admits nothing before `now + retry_after`: raises `tat` so that the
     /// first single cell fits exactly then, in one CAS (retried only if
-    /// another write got there first). A penalty shorter than the current
-    /// debt writes nothing.
+    /// another write got there first).
+    ///
+    /// A penalty shorter than the current debt leaves `tat` alone but voids
+    /// every outstanding refund (it bumps the epoch under the admin lock):
+    /// otherwise cancelling the reservation that made the debt could lower
+    /// `tat` below the penalty and admit a call before the server's
+    /// `Retry-After`. Voiding refunds only ever errs towards admitting less.
     pub(crate) fn penalize(&self, retry_after: u64, now: u64) {
         let backoff = Backoff::new();
         loop {
@@ -375,10 +380,23 @@ impl Gcra {
             let target = now
                 .saturating_add(retry_after)
                 .saturating_add(view.tolerance() - view.period);
-            if view.tat >= target || self.apply(&view, target) {
+            if view.tat < target {
+                if self.apply(&view, target) {
+                    return;
+                }
+                backoff.spin();
+                continue;
+            }
+            let word = self.lock();
+            // Relaxed: we hold the admin lock (taken with Acquire), and the
+            // only writes that lower `tat` (cancel, reset, set_quota) hold
+            // it too; concurrent admissions only raise it.
+            if self.tat.load(Ordering::Relaxed) >= target {
+                self.unlock(bump_epoch(word));
                 return;
             }
-            backoff.spin();
+            // A refund landed before the lock: raise `tat` instead.
+            self.unlock(word);
         }
     }
 

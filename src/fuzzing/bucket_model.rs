@@ -125,7 +125,12 @@ impl Model {
 
     fn penalize(&mut self, d: u64) {
         let target = (self.now + d as u128 + self.tolerance() - self.period).min(MAX);
-        self.tat = self.tat.max(target);
+        // A penalty within the debt voids outstanding refunds instead.
+        if self.tat >= target {
+            self.epoch += 1;
+        } else {
+            self.tat = target;
+        }
     }
 
     fn reset(&mut self) {
