@@ -4,5 +4,6 @@
 //! Run them with `cargo test --release --features loom` (the CI does);
 //! `LOOM_MAX_PREEMPTIONS` defaults to 2 here via each model's builder.
 
+mod admission;
 mod bucket;
 mod semaphore;

@@ -35,6 +35,7 @@
 )]
 #![doc(test(attr(deny(warnings))))]
 
+mod admission;
 mod backoff;
 mod bucket;
 mod clock;
@@ -52,6 +53,10 @@ mod sleep;
 mod sync;
 mod wait_list;
 
+pub use admission::{
+    concurrency_for, Admission, Builder as AdmissionBuilder, CallSpec, Kind, SlotPolicy, Status,
+    Throttled, Ticket,
+};
 pub use backoff::{
     Backoff, Deadline, Decision, Jitter, RetryPolicy, SurfaceStatus, Surfaced, TimedOut,
 };

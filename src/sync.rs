@@ -23,7 +23,9 @@ pub(crate) use parking_lot::{Condvar as ThreadCondvar, Mutex as ThreadMutex};
 
 #[cfg(not(all(test, feature = "loom")))]
 mod imp {
-    pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    pub(crate) use std::sync::atomic::{
+        fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+    };
     pub(crate) use std::sync::Arc;
 
     /// `std::cell::UnsafeCell` with loom's closure-based access API.
@@ -85,7 +87,9 @@ mod imp {
 #[cfg(all(test, feature = "loom"))]
 mod imp {
     pub(crate) use loom::cell::UnsafeCell;
-    pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    pub(crate) use loom::sync::atomic::{
+        fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+    };
     pub(crate) use loom::sync::Arc;
 
     /// loom's mutex with the guard returned directly.

@@ -1,0 +1,996 @@
+//! The harness gate: every call asks [`Admission::admit`] before it starts
+//! and gets a [`Ticket`] (go) or a [`Throttled`] (not now, and why).
+//!
+//! Four limits, checked in this order:
+//!
+//! 1. **run budget**: at most N calls per run (optionally per tool);
+//! 2. **concurrency**: a per-tool pool, then the global pool (see
+//!    [`SlotPolicy`] for what a call does when its tool is full);
+//! 3. **rate**: the credential's token bucket (and the bucket of any server
+//!    scope the tool was seen to fall under); a wait up to the inline
+//!    threshold is slept inside `admit`, a longer one is returned at once as
+//!    `rate_limited` without consuming a token;
+//! 4. **the deadline**: no wait ever runs past the call's deadline.
+//!
+//! Slots are taken before the rate token so that a call starts at the
+//! instant its token was reserved for: reserving first and then queueing for
+//! a slot would let reserved calls bunch up and reach the server as a burst.
+//!
+//! [`Ticket::observe`] feeds the server's answer back: a 429 or a
+//! `Retry-After` holds back every call on that credential (or on that
+//! server scope), and `remaining: 0` waits for the reset instead of for the
+//! next 429.
+
+pub(crate) mod pools;
+mod throttled;
+
+use core::fmt;
+use core::num::NonZeroU32;
+use core::time::Duration;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::bucket::{Quota, Reservation, ReserveError};
+use crate::clock::{Clock, DefaultClock};
+use crate::headers::ServerHint;
+use crate::keyed::Scoped;
+use crate::semaphore::OwnedSemaphorePermit;
+use crate::sleep::{Sleeper, ThreadSleeper};
+use crate::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+
+pub use pools::SlotPolicy;
+pub use throttled::{Status, Throttled};
+
+use pools::{acquire_both, Pool, SlotError, Which};
+
+/// Whether a call only reads (safe to coalesce and retry) or writes.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::Kind;
+/// assert!(Kind::Read.is_read());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// Idempotent: identical reads may share one request.
+    Read,
+    /// Has effects: never coalesced, never cached.
+    Write,
+}
+
+impl Kind {
+    /// Whether this is [`Kind::Read`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::Kind;
+    /// assert!(!Kind::Write.is_read());
+    /// ```
+    pub fn is_read(self) -> bool {
+        self == Kind::Read
+    }
+}
+
+/// What `admit` needs to know about a call.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{CallSpec, Kind};
+/// use std::time::Duration;
+///
+/// let spec = CallSpec::new("search_tickets", "org-key")
+///     .kind(Kind::Read)
+///     .deadline(Duration::from_secs(30));
+/// assert_eq!(spec.tool, "search_tickets");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CallSpec {
+    /// The tool (downstream endpoint) called.
+    pub tool: String,
+    /// The credential the call is sent with: what the server throttles.
+    pub credential: String,
+    /// Read or write.
+    pub kind: Kind,
+    /// How long the call may wait to be admitted, from the `admit` call.
+    pub deadline: Duration,
+}
+
+impl CallSpec {
+    /// A read with a 30 s deadline.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{CallSpec, Kind};
+    /// let spec = CallSpec::new("get_usage", "key");
+    /// assert_eq!(spec.kind, Kind::Read);
+    /// ```
+    pub fn new(tool: impl Into<String>, credential: impl Into<String>) -> Self {
+        Self {
+            tool: tool.into(),
+            credential: credential.into(),
+            kind: Kind::Read,
+            deadline: Duration::from_secs(30),
+        }
+    }
+
+    /// Sets read or write.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{CallSpec, Kind};
+    /// assert_eq!(CallSpec::new("refund", "k").kind(Kind::Write).kind, Kind::Write);
+    /// ```
+    pub fn kind(mut self, kind: Kind) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    /// Sets the deadline (a budget from the `admit` call).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::CallSpec;
+    /// use std::time::Duration;
+    /// let spec = CallSpec::new("t", "k").deadline(Duration::from_secs(5));
+    /// assert_eq!(spec.deadline, Duration::from_secs(5));
+    /// ```
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+}
+
+/// Proposes a concurrency cap from Little's law: in-flight calls = rate x
+/// latency, rounded up, at least 1.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::concurrency_for;
+/// use std::time::Duration;
+/// // 10 requests/s at 400 ms each keep 4 in flight.
+/// assert_eq!(concurrency_for(10.0, Duration::from_millis(400)), 4);
+/// assert_eq!(concurrency_for(f64::NAN, Duration::from_secs(1)), 1);
+/// ```
+pub fn concurrency_for(rate_per_sec: f64, latency: Duration) -> u32 {
+    let n = rate_per_sec * latency.as_secs_f64();
+    if n.is_finite() && n > 1.0 {
+        // Subtract a hair so that 10 x 0.4 = 4.000000000000001 gives 4.
+        (n - 1e-9).ceil().min(u32::MAX as f64) as u32
+    } else {
+        1
+    }
+}
+
+/// Configuration of one tool.
+#[derive(Clone, Debug)]
+struct ToolConfig {
+    cap: usize,
+    policy: SlotPolicy,
+    budget: Option<u32>,
+}
+
+struct ToolState {
+    pool: Pool,
+    policy: SlotPolicy,
+    /// Calls admitted in this run, against `budget`.
+    used: AtomicU32,
+    budget: Option<u32>,
+    /// The server scope (from limit headers) this tool was seen to fall
+    /// under, if any.
+    server_scope: RwLock<Option<String>>,
+}
+
+/// Builds an [`Admission`]; every setting has a default.
+///
+/// | setting | default |
+/// | --- | --- |
+/// | global concurrency | 16 |
+/// | per-tool concurrency | 4 (unknown tools too) |
+/// | per-tool policy | [`SlotPolicy::Wait`] |
+/// | credential quota | 10/s, burst 10 |
+/// | wait-queue capacity | 256 waiting calls |
+/// | inline wait threshold | 2 s |
+/// | max honoured Retry-After | 5 min (longer: `quota_exhausted`) |
+/// | expected latency (drain estimates before any call finished) | 1 s |
+/// | run budget | none |
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{Admission, Quota, SlotPolicy};
+/// use std::num::NonZeroU32;
+///
+/// let admission = Admission::builder()
+///     .global_concurrency(8)
+///     .tool("search_tickets", 4, SlotPolicy::Wait)
+///     .tool("refund", 1, SlotPolicy::FailFast)
+///     .default_quota(Quota::per_second(NonZeroU32::new(10).unwrap()))
+///     .run_budget(50)
+///     .build();
+/// # let _ = admission;
+/// ```
+pub struct Builder<S = ThreadSleeper, C = DefaultClock> {
+    sleeper: S,
+    clock: C,
+    global: usize,
+    default_tool: ToolConfig,
+    tools: HashMap<String, ToolConfig>,
+    default_quota: Quota,
+    quotas: Vec<(String, Quota)>,
+    queue_capacity: usize,
+    inline_wait: Duration,
+    max_retry_after: Duration,
+    expected_latency: Duration,
+    run_budget: Option<u32>,
+}
+
+impl Builder {
+    fn new() -> Self {
+        Self {
+            sleeper: ThreadSleeper::new(),
+            clock: DefaultClock::new(),
+            global: 16,
+            default_tool: ToolConfig {
+                cap: 4,
+                policy: SlotPolicy::Wait,
+                budget: None,
+            },
+            tools: HashMap::new(),
+            default_quota: Quota::per_second(NonZeroU32::new(10).expect("10 > 0")),
+            quotas: Vec::new(),
+            queue_capacity: 256,
+            inline_wait: Duration::from_secs(2),
+            max_retry_after: Duration::from_secs(300),
+            expected_latency: Duration::from_secs(1),
+            run_budget: None,
+        }
+    }
+}
+
+impl<S, C> Builder<S, C> {
+    /// The timer used for inline waits (default: [`ThreadSleeper`], which
+    /// needs no runtime).
+    pub fn sleeper<S2>(self, sleeper: S2) -> Builder<S2, C> {
+        Builder {
+            sleeper,
+            clock: self.clock,
+            global: self.global,
+            default_tool: self.default_tool,
+            tools: self.tools,
+            default_quota: self.default_quota,
+            quotas: self.quotas,
+            queue_capacity: self.queue_capacity,
+            inline_wait: self.inline_wait,
+            max_retry_after: self.max_retry_after,
+            expected_latency: self.expected_latency,
+            run_budget: self.run_budget,
+        }
+    }
+
+    /// The clock of the rate limits (default: [`DefaultClock`]).
+    pub fn clock<C2>(self, clock: C2) -> Builder<S, C2> {
+        Builder {
+            sleeper: self.sleeper,
+            clock,
+            global: self.global,
+            default_tool: self.default_tool,
+            tools: self.tools,
+            default_quota: self.default_quota,
+            quotas: self.quotas,
+            queue_capacity: self.queue_capacity,
+            inline_wait: self.inline_wait,
+            max_retry_after: self.max_retry_after,
+            expected_latency: self.expected_latency,
+            run_budget: self.run_budget,
+        }
+    }
+
+    /// At most `n` calls in flight across all tools (0 is taken as 1).
+    pub fn global_concurrency(mut self, n: usize) -> Self {
+        self.global = n.max(1);
+        self
+    }
+
+    /// Concurrency cap and policy for tools not configured by name.
+    pub fn default_tool(mut self, cap: usize, policy: SlotPolicy) -> Self {
+        self.default_tool.cap = cap.max(1);
+        self.default_tool.policy = policy;
+        self
+    }
+
+    /// Concurrency cap (0 is taken as 1) and slot policy of one tool.
+    pub fn tool(mut self, name: impl Into<String>, cap: usize, policy: SlotPolicy) -> Self {
+        let entry = self
+            .tools
+            .entry(name.into())
+            .or_insert_with(|| self.default_tool.clone());
+        entry.cap = cap.max(1);
+        entry.policy = policy;
+        self
+    }
+
+    /// At most `n` calls of one tool per run.
+    pub fn tool_budget(mut self, name: impl Into<String>, n: u32) -> Self {
+        self.tools
+            .entry(name.into())
+            .or_insert_with(|| self.default_tool.clone())
+            .budget = Some(n);
+        self
+    }
+
+    /// The quota of credentials not configured by name.
+    pub fn default_quota(mut self, quota: Quota) -> Self {
+        self.default_quota = quota;
+        self
+    }
+
+    /// The quota of one credential.
+    pub fn quota(mut self, credential: impl Into<String>, quota: Quota) -> Self {
+        self.quotas.push((credential.into(), quota));
+        self
+    }
+
+    /// At most `n` calls waiting for a slot at once, across all tools;
+    /// more are shed at once with a drain estimate.
+    pub fn queue_capacity(mut self, n: usize) -> Self {
+        self.queue_capacity = n;
+        self
+    }
+
+    /// Rate-limit waits up to this long are slept inside `admit` (invisible
+    /// to the caller); longer ones are returned as `rate_limited`.
+    pub fn inline_wait(mut self, d: Duration) -> Self {
+        self.inline_wait = d;
+        self
+    }
+
+    /// A server hold longer than this is `quota_exhausted` (an operator's
+    /// problem), not `rate_limited`.
+    pub fn max_retry_after(mut self, d: Duration) -> Self {
+        self.max_retry_after = d;
+        self
+    }
+
+    /// The hold time assumed for drain estimates until calls have finished.
+    pub fn expected_latency(mut self, d: Duration) -> Self {
+        self.expected_latency = d;
+        self
+    }
+
+    /// At most `n` calls per run (see [`Admission::reset_run`]).
+    pub fn run_budget(mut self, n: u32) -> Self {
+        self.run_budget = Some(n);
+        self
+    }
+
+    /// Builds the admission layer.
+    pub fn build(self) -> Admission<S, C>
+    where
+        C: Clock + Clone,
+    {
+        let credentials = Scoped::with_clock(self.default_quota, self.clock.clone());
+        for (cred, q) in &self.quotas {
+            credentials.set_quota(cred, *q);
+        }
+        // Server-scope buckets only ever act through `penalize`: their own
+        // quota is effectively unlimited.
+        let open = Quota::with_period(Duration::from_nanos(1))
+            .allow_burst(NonZeroU32::new(1 << 30).expect("non-zero"));
+        let server_scopes = Scoped::with_clock(open, self.clock.clone());
+        let tools = self
+            .tools
+            .into_iter()
+            .map(|(name, cfg)| {
+                let state = Arc::new(ToolState::new(&cfg, self.expected_latency));
+                (name, state)
+            })
+            .collect();
+        Admission {
+            inner: Arc::new(Inner {
+                sleeper: self.sleeper,
+                clock: self.clock,
+                global: Pool::new(self.global, self.expected_latency),
+                waiting: AtomicUsize::new(0),
+                queue_capacity: self.queue_capacity,
+                tools: RwLock::new(tools),
+                default_tool: self.default_tool,
+                credentials,
+                server_scopes,
+                inline_wait: self.inline_wait,
+                max_retry_after: self.max_retry_after,
+                expected_latency: self.expected_latency,
+                run_budget: self.run_budget,
+                run_used: AtomicU32::new(0),
+                closed: AtomicBool::new(false),
+            }),
+        }
+    }
+}
+
+impl<S: fmt::Debug, C: fmt::Debug> fmt::Debug for Builder<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("global", &self.global)
+            .field("tools", &self.tools)
+            .field("queue_capacity", &self.queue_capacity)
+            .field("inline_wait", &self.inline_wait)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ToolState {
+    fn new(cfg: &ToolConfig, expected_latency: Duration) -> Self {
+        Self {
+            pool: Pool::new(cfg.cap, expected_latency),
+            policy: cfg.policy,
+            used: AtomicU32::new(0),
+            budget: cfg.budget,
+            server_scope: RwLock::new(None),
+        }
+    }
+}
+
+struct Inner<S, C: Clock> {
+    sleeper: S,
+    clock: C,
+    global: Pool,
+    /// Calls waiting for any slot, against `queue_capacity`.
+    waiting: AtomicUsize,
+    queue_capacity: usize,
+    tools: RwLock<HashMap<String, Arc<ToolState>>>,
+    default_tool: ToolConfig,
+    credentials: Scoped<String, C>,
+    server_scopes: Scoped<(String, String), C>,
+    inline_wait: Duration,
+    max_retry_after: Duration,
+    expected_latency: Duration,
+    run_budget: Option<u32>,
+    run_used: AtomicU32,
+    closed: AtomicBool,
+}
+
+/// The admission layer: concurrency pools, rate limits per credential,
+/// a bounded wait queue and a run budget, answering every call with a
+/// [`Ticket`] or a structured [`Throttled`]. Cheap to clone (shared).
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{Admission, CallSpec, Status};
+///
+/// # futures::executor::block_on(async {
+/// let admission = Admission::builder().run_budget(1).build();
+/// let ticket = admission.admit(&CallSpec::new("search", "key")).await.unwrap();
+/// // ... send the request while holding `ticket` ...
+/// drop(ticket);
+/// let refused = admission.admit(&CallSpec::new("search", "key")).await.unwrap_err();
+/// assert_eq!(refused.status, Status::BudgetExhausted);
+/// # });
+/// ```
+pub struct Admission<S = ThreadSleeper, C: Clock = DefaultClock> {
+    inner: Arc<Inner<S, C>>,
+}
+
+impl<S, C: Clock> Clone for Admission<S, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl Admission {
+    /// A builder with the documented defaults.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::Admission;
+    /// let admission = Admission::builder().global_concurrency(4).build();
+    /// # let _ = admission;
+    /// ```
+    pub fn builder() -> Builder {
+        Builder::new()
+    }
+}
+
+/// Takes the run budget; gives it back on drop unless kept.
+struct BudgetClaim<'a> {
+    run: Option<&'a AtomicU32>,
+    tool: Option<&'a AtomicU32>,
+}
+
+impl BudgetClaim<'_> {
+    fn keep(mut self) {
+        self.run = None;
+        self.tool = None;
+    }
+}
+
+impl Drop for BudgetClaim<'_> {
+    fn drop(&mut self) {
+        // Relaxed: a counter; it guards no other memory.
+        if let Some(c) = self.run {
+            c.fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some(c) = self.tool {
+            c.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Takes one unit of `counter` if it is below `limit`.
+fn take_below(counter: &AtomicU32, limit: Option<u32>) -> bool {
+    let Some(limit) = limit else { return true };
+    // Relaxed: a counter; the CAS makes the bound exact.
+    counter
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+            (used < limit).then_some(used + 1)
+        })
+        .is_ok()
+}
+
+/// Cancels the held reservations unless disarmed.
+struct Reserved(Vec<Reservation<'static>>);
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        for r in self.0.drain(..) {
+            r.cancel();
+        }
+    }
+}
+
+impl<S, C> Admission<S, C>
+where
+    S: Sleeper,
+    C: Clock,
+{
+    /// Admits `spec`'s call, waiting (inside this future) for a slot up to
+    /// the call's deadline and for a rate-limit token up to the inline
+    /// threshold.
+    ///
+    /// # Errors
+    ///
+    /// A [`Throttled`] saying why the call may not start now:
+    /// `budget_exhausted`, `shed` (queue full, or a fail-fast tool is busy),
+    /// `timed_out`, `rate_limited`, `quota_exhausted` or `closed`. Nothing
+    /// is consumed for a refused call: no slot, no token, no budget.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future gives back everything taken so far (slots, the
+    /// reserved token, the budget unit) and leaves the queues in order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, CallSpec, SlotPolicy, Status};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let admission = Admission::builder().tool("refund", 1, SlotPolicy::FailFast).build();
+    /// let first = admission.admit(&CallSpec::new("refund", "k")).await.unwrap();
+    /// let second = admission.admit(&CallSpec::new("refund", "k")).await.unwrap_err();
+    /// assert_eq!(second.status, Status::Shed);
+    /// assert_eq!(second.scope, "tool:refund");
+    /// # drop(first);
+    /// # });
+    /// ```
+    pub async fn admit(&self, spec: &CallSpec) -> Result<Ticket<S, C>, Throttled> {
+        let inner = &*self.inner;
+        let started = inner.clock.now_nanos();
+        let deadline_at = started.saturating_add(crate::clock::saturating_nanos(spec.deadline));
+        // Relaxed: a flag; a call racing `close` may still be admitted.
+        if inner.closed.load(Ordering::Relaxed) {
+            return Err(self.decided(
+                spec,
+                Throttled::new(Status::Closed, "admission", "the admission layer is closed"),
+            ));
+        }
+        let tool = self.tool_state(&spec.tool);
+
+        // 1. Budget.
+        let mut claim = BudgetClaim {
+            run: None,
+            tool: None,
+        };
+        if !take_below(&inner.run_used, inner.run_budget) {
+            return Err(self.decided(
+                spec,
+                Throttled::new(
+                    Status::BudgetExhausted,
+                    "run",
+                    "this run's call budget is spent; finish with what you have",
+                ),
+            ));
+        }
+        claim.run = inner.run_budget.map(|_| &inner.run_used);
+        if !take_below(&tool.used, tool.budget) {
+            return Err(self.decided(
+                spec,
+                Throttled::new(
+                    Status::BudgetExhausted,
+                    format!("tool:{}", spec.tool),
+                    format!("this run's budget for {} is spent", spec.tool),
+                ),
+            ));
+        }
+        claim.tool = tool.budget.map(|_| &tool.used);
+
+        // 2. Slots: the tool's, then the global one, until the deadline.
+        let remaining = Duration::from_nanos(deadline_at.saturating_sub(inner.clock.now_nanos()));
+        let timeout = core::pin::pin!(inner.sleeper.sleep(remaining));
+        let slots = acquire_both(
+            &tool.pool,
+            &inner.global,
+            tool.policy,
+            &inner.waiting,
+            inner.queue_capacity,
+            timeout,
+        )
+        .await;
+        let (tool_slot, global_slot) = match slots {
+            Ok(s) => s,
+            Err((e, which)) => return Err(self.decided(spec, slot_refusal(spec, e, which))),
+        };
+
+        // 3. Rate: the credential's bucket and any server scope's bucket.
+        let now = inner.clock.now_nanos();
+        let left = Duration::from_nanos(deadline_at.saturating_sub(now));
+        let max_wait = inner.inline_wait.min(left);
+        let mut reserved = Reserved(Vec::with_capacity(2));
+        let mut wait = Duration::ZERO;
+        let scope = tool.server_scope.read().clone();
+        let buckets: [(Option<Result<Reservation<'static>, ReserveError>>, String); 2] = [
+            (
+                Some(inner.credentials.reserve(&spec.credential, 1, max_wait)),
+                "api_key".to_string(),
+            ),
+            match &scope {
+                Some(s) => (
+                    Some(inner.server_scopes.reserve(
+                        &(spec.credential.clone(), s.clone()),
+                        1,
+                        max_wait,
+                    )),
+                    format!("server:{s}"),
+                ),
+                None => (None, String::new()),
+            },
+        ];
+        for (result, scope_name) in buckets {
+            match result {
+                None => {}
+                Some(Ok(r)) => {
+                    wait = wait.max(r.wait());
+                    reserved.0.push(r);
+                }
+                Some(Err(e)) => {
+                    return Err(self.decided(spec, self.rate_refusal(e, scope_name, left)));
+                }
+            }
+        }
+        if !wait.is_zero() {
+            inner.sleeper.sleep(wait).await;
+        }
+        // The tokens are used now: keep them.
+        core::mem::take(&mut reserved.0);
+        claim.keep();
+        self.decided_ok(spec, wait);
+        Ok(Ticket {
+            admission: self.clone(),
+            tool: tool.clone(),
+            tool_name: spec.tool.clone(),
+            credential: spec.credential.clone(),
+            started_at: inner.clock.now_nanos(),
+            _slots: (tool_slot, global_slot),
+        })
+    }
+
+    fn rate_refusal(&self, e: ReserveError, scope: String, left: Duration) -> Throttled {
+        let inner = &*self.inner;
+        match e.retry_after() {
+            Some(after) if after > inner.max_retry_after => Throttled::new(
+                Status::QuotaExhausted,
+                scope,
+                format!(
+                    "the limit resets in {after:?}, longer than any retry is worth; tell the operator"
+                ),
+            )
+            .with_retry_after(after),
+            Some(after) if after > left => Throttled::new(
+                Status::RateLimited,
+                scope,
+                format!(
+                    "the next slot is in {after:?}, after this call's deadline ({left:?} left); retry later or drop the call"
+                ),
+            )
+            .with_retry_after(after),
+            Some(after) => Throttled::new(
+                Status::RateLimited,
+                scope,
+                format!(
+                    "the next slot is in {after:?}, longer than the {:?} waited inline; retry after that",
+                    inner.inline_wait
+                ),
+            )
+            .with_retry_after(after),
+            None => Throttled::new(
+                Status::RateLimited,
+                scope,
+                format!("cannot take a rate-limit slot: {e}"),
+            ),
+        }
+    }
+
+    /// The state of `tool`, created with the defaults on first use.
+    fn tool_state(&self, tool: &str) -> Arc<ToolState> {
+        if let Some(t) = self.inner.tools.read().get(tool) {
+            return t.clone();
+        }
+        let mut tools = self.inner.tools.write();
+        tools
+            .entry(tool.to_string())
+            .or_insert_with(|| {
+                Arc::new(ToolState::new(
+                    &self.inner.default_tool,
+                    self.inner.expected_latency,
+                ))
+            })
+            .clone()
+    }
+
+    /// Starts a new run: the run budget and the per-tool budgets count from
+    /// zero again.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, CallSpec};
+    /// # futures::executor::block_on(async {
+    /// let admission = Admission::builder().run_budget(1).build();
+    /// drop(admission.admit(&CallSpec::new("t", "k")).await.unwrap());
+    /// assert!(admission.admit(&CallSpec::new("t", "k")).await.is_err());
+    /// admission.reset_run();
+    /// assert!(admission.admit(&CallSpec::new("t", "k")).await.is_ok());
+    /// # });
+    /// ```
+    pub fn reset_run(&self) {
+        // Relaxed: counters.
+        self.inner.run_used.store(0, Ordering::Relaxed);
+        for t in self.inner.tools.read().values() {
+            t.used.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Refuses every later call with `closed`. Admitted tickets stay valid.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, CallSpec, Status};
+    /// # futures::executor::block_on(async {
+    /// let admission = Admission::builder().build();
+    /// admission.close();
+    /// let err = admission.admit(&CallSpec::new("t", "k")).await.unwrap_err();
+    /// assert_eq!(err.status, Status::Closed);
+    /// # });
+    /// ```
+    pub fn close(&self) {
+        // Relaxed: see `admit`.
+        self.inner.closed.store(true, Ordering::Relaxed);
+    }
+
+    /// Applies a server's answer for `credential` (and `tool`) without a
+    /// ticket, e.g. from a response of a call made outside this layer.
+    /// Returns the hold applied. See [`Ticket::observe`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, ServerHint};
+    /// use std::time::{Duration, SystemTime};
+    /// let admission = Admission::builder().build();
+    /// let hint = ServerHint::from_headers([("retry-after", "3")], SystemTime::now());
+    /// assert_eq!(admission.observe("search", "key", 429, &hint), Some(Duration::from_secs(3)));
+    /// ```
+    pub fn observe(
+        &self,
+        tool: &str,
+        credential: &str,
+        status: u16,
+        hint: &ServerHint,
+    ) -> Option<Duration> {
+        let inner = &*self.inner;
+        let wait = match hint.wait() {
+            Some(w) => w,
+            // A 429 with no hint: hold the key back for a second rather
+            // than let the next call find out the same way.
+            None if status == 429 => Duration::from_secs(1),
+            None => return None,
+        };
+        match &hint.scope {
+            Some(scope) => {
+                // The server named the limit: hold back only the calls that
+                // fall under it (this tool's, from now on).
+                let _ = inner
+                    .server_scopes
+                    .penalize(&(credential.to_string(), scope.clone()), wait);
+                let tool = self.tool_state(tool);
+                *tool.server_scope.write() = Some(scope.clone());
+            }
+            None => {
+                let _ = inner.credentials.penalize(&credential.to_string(), wait);
+            }
+        }
+        Some(wait)
+    }
+
+    fn decided(&self, spec: &CallSpec, t: Throttled) -> Throttled {
+        #[cfg(feature = "tracing")]
+        tracing::event!(
+            tracing::Level::DEBUG,
+            tool = %spec.tool,
+            scope = %t.scope,
+            status = t.status.as_str(),
+            retry_after_ms = t.retry_after_ms,
+            "backpressure: refused"
+        );
+        #[cfg(not(feature = "tracing"))]
+        let _ = spec;
+        t
+    }
+
+    fn decided_ok(&self, spec: &CallSpec, waited: Duration) {
+        #[cfg(feature = "tracing")]
+        tracing::event!(
+            tracing::Level::DEBUG,
+            tool = %spec.tool,
+            waited_ms = waited.as_millis() as u64,
+            "backpressure: admitted"
+        );
+        #[cfg(not(feature = "tracing"))]
+        let _ = (spec, waited);
+    }
+
+    /// Calls waiting for a slot right now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::Admission;
+    /// assert_eq!(Admission::builder().build().waiting(), 0);
+    /// ```
+    pub fn waiting(&self) -> usize {
+        // Relaxed: advisory.
+        self.inner.waiting.load(Ordering::Relaxed)
+    }
+}
+
+fn slot_refusal(spec: &CallSpec, e: SlotError, which: Which) -> Throttled {
+    let scope = match which {
+        Which::Tool => format!("tool:{}", spec.tool),
+        Which::Global => "global".to_string(),
+    };
+    match e {
+        SlotError::Full { estimate } => Throttled::new(
+            Status::Shed,
+            scope,
+            "too many calls are waiting; retry after the drain estimate",
+        )
+        .with_retry_after(estimate),
+        SlotError::TimedOut => Throttled::new(
+            Status::TimedOut,
+            scope,
+            "no slot came free before the call's deadline",
+        ),
+        SlotError::Closed => Throttled::new(Status::Closed, scope, "the pool is closed"),
+    }
+}
+
+impl<S, C: Clock> fmt::Debug for Admission<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Admission")
+            .field("global_cap", &self.inner.global.cap)
+            .field("waiting", &self.inner.waiting.load(Ordering::Relaxed))
+            .field("queue_capacity", &self.inner.queue_capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Permission to run one call: holds its tool slot and its global slot
+/// until dropped.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{Admission, CallSpec, ServerHint};
+/// use std::time::SystemTime;
+/// # futures::executor::block_on(async {
+/// let admission = Admission::builder().build();
+/// let ticket = admission.admit(&CallSpec::new("search", "key")).await.unwrap();
+/// // ... the call returned 200 with `RateLimit-Remaining: 0`, reset in 5 s:
+/// let hint = ServerHint::from_headers(
+///     [("ratelimit-remaining", "0"), ("ratelimit-reset", "5")],
+///     SystemTime::now(),
+/// );
+/// assert!(ticket.observe(200, &hint).is_some()); // the next call waits for the reset
+/// # });
+/// ```
+#[must_use = "the call's slots are released as soon as the ticket is dropped"]
+pub struct Ticket<S = ThreadSleeper, C = DefaultClock>
+where
+    S: Sleeper,
+    C: Clock,
+{
+    admission: Admission<S, C>,
+    tool: Arc<ToolState>,
+    tool_name: String,
+    credential: String,
+    started_at: u64,
+    _slots: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+}
+
+impl<S: Sleeper, C: Clock> Ticket<S, C> {
+    /// Feeds the server's answer back; returns the hold applied, if any.
+    ///
+    /// * a `Retry-After` (on a 429, 503 or any status) holds back every call
+    ///   on this credential until then; with a server scope in the headers,
+    ///   only the calls under that scope (this tool's);
+    /// * `remaining: 0` with a reset time holds calls until the reset, so
+    ///   the next call waits instead of drawing the next 429;
+    /// * a bare 429 holds the credential for one second.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, CallSpec, ServerHint};
+    /// use std::time::{Duration, SystemTime};
+    /// # futures::executor::block_on(async {
+    /// let admission = Admission::builder().build();
+    /// let ticket = admission.admit(&CallSpec::new("search", "key")).await.unwrap();
+    /// let hint = ServerHint::from_headers([("retry-after", "60")], SystemTime::now());
+    /// assert_eq!(ticket.observe(429, &hint), Some(Duration::from_secs(60)));
+    /// drop(ticket);
+    /// let next = admission.admit(&CallSpec::new("search", "key")).await.unwrap_err();
+    /// assert_eq!(next.scope, "api_key");
+    /// # });
+    /// ```
+    pub fn observe(&self, status: u16, hint: &ServerHint) -> Option<Duration> {
+        self.admission
+            .observe(&self.tool_name, &self.credential, status, hint)
+    }
+
+    /// The tool this ticket admits.
+    pub fn tool(&self) -> &str {
+        &self.tool_name
+    }
+}
+
+impl<S: Sleeper, C: Clock> Drop for Ticket<S, C> {
+    fn drop(&mut self) {
+        let now = self.admission.inner.clock.now_nanos();
+        let held = Duration::from_nanos(now.saturating_sub(self.started_at));
+        self.tool.pool.record_hold(held);
+        self.admission.inner.global.record_hold(held);
+    }
+}
+
+impl<S: Sleeper, C: Clock> fmt::Debug for Ticket<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ticket")
+            .field("tool", &self.tool_name)
+            .field("credential", &"<redacted>")
+            .finish_non_exhaustive()
+    }
+}

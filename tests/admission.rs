@@ -1,0 +1,368 @@
+//! Admission against a throttling fake downstream that records when each
+//! request started. The assertions are on those timestamps (orderings and
+//! lower bounds, which a slow machine cannot break) and on counts.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use backpressure::{Admission, CallSpec, Quota, ServerHint, SlotPolicy, Status};
+
+/// Lets `allowed` requests per key through per fixed window, then answers
+/// 429 with `Retry-After` until the window ends. Every 2xx carries
+/// `RateLimit-Remaining` / `RateLimit-Reset`, as real APIs do.
+struct Fake {
+    allowed: usize,
+    window: Duration,
+    epoch: Instant,
+    starts: Mutex<Vec<Instant>>,
+    windows: Mutex<HashMap<String, (u128, usize)>>,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+    throttled: AtomicUsize,
+}
+
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+}
+
+impl Answer {
+    fn hint(&self) -> ServerHint {
+        ServerHint::from_headers(
+            self.headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())),
+            SystemTime::now(),
+        )
+    }
+}
+
+impl Fake {
+    fn new(allowed: usize, window: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            allowed,
+            window,
+            epoch: Instant::now(),
+            starts: Mutex::new(Vec::new()),
+            windows: Mutex::new(HashMap::new()),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+            throttled: AtomicUsize::new(0),
+        })
+    }
+
+    async fn call(&self, key: &str, latency: Duration) -> Answer {
+        let now = Instant::now();
+        self.starts.lock().unwrap().push(now);
+        let n = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_in_flight.fetch_max(n, Ordering::SeqCst);
+        let since = now.duration_since(self.epoch).as_nanos();
+        let index = since / self.window.as_nanos();
+        let reset = self.window.as_nanos() - since % self.window.as_nanos();
+        let reset = Duration::from_nanos(reset as u64);
+        let verdict = {
+            let mut w = self.windows.lock().unwrap();
+            let e = w.entry(key.to_string()).or_insert((index, 0));
+            if e.0 != index {
+                *e = (index, 0);
+            }
+            if e.1 < self.allowed {
+                e.1 += 1;
+                Ok(self.allowed - e.1)
+            } else {
+                Err(())
+            }
+        };
+        tokio::time::sleep(latency).await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        let ms = |d: Duration| format!("{:.3}", d.as_secs_f64());
+        match verdict {
+            Ok(remaining) => Answer {
+                status: 200,
+                headers: vec![
+                    ("RateLimit-Limit".into(), self.allowed.to_string()),
+                    ("RateLimit-Remaining".into(), remaining.to_string()),
+                    ("RateLimit-Reset".into(), ms(reset)),
+                ],
+            },
+            Err(()) => {
+                self.throttled.fetch_add(1, Ordering::SeqCst);
+                Answer {
+                    status: 429,
+                    headers: vec![("Retry-After".into(), ms(reset))],
+                }
+            }
+        }
+    }
+
+    fn starts(&self) -> Vec<Instant> {
+        let mut s = self.starts.lock().unwrap().clone();
+        s.sort();
+        s
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap()
+}
+
+/// 5 calls, 3 allowed per 0.2 s window: the third response says
+/// `remaining: 0`, so calls 4 and 5 wait for the reset instead of drawing a
+/// 429. Exactly 5 requests, none surfaced as rate_limited.
+#[test]
+fn remaining_zero_waits_for_reset_instead_of_the_next_429() {
+    let fake = Fake::new(3, Duration::from_millis(200));
+    let admission = Admission::builder()
+        .tool("search", 1, SlotPolicy::Wait)
+        .default_quota(Quota::per_second(std::num::NonZeroU32::new(1000).unwrap()))
+        .build();
+    let results = rt().block_on(async {
+        let calls = (0..5).map(|_| {
+            let (admission, fake) = (admission.clone(), fake.clone());
+            tokio::spawn(async move {
+                let ticket = admission.admit(&CallSpec::new("search", "key")).await?;
+                let answer = fake.call("key", Duration::from_millis(5)).await;
+                ticket.observe(answer.status, &answer.hint());
+                Ok::<u16, backpressure::Throttled>(answer.status)
+            })
+        });
+        let mut out = Vec::new();
+        for c in calls.collect::<Vec<_>>() {
+            out.push(c.await.unwrap());
+        }
+        out
+    });
+    assert!(results.iter().all(|r| r == &Ok(200)), "{results:?}");
+    let starts = fake.starts();
+    assert_eq!(starts.len(), 5, "exactly one request per call");
+    assert_eq!(fake.throttled.load(Ordering::SeqCst), 0);
+    // Requests 4 and 5 start in the next window: at least the time the
+    // server said was left after request 3 finished.
+    let third_window = starts[2].duration_since(fake.epoch).as_nanos() / 200_000_000;
+    for s in &starts[3..] {
+        let w = s.duration_since(fake.epoch).as_nanos() / 200_000_000;
+        assert!(w > third_window, "request started in the exhausted window");
+    }
+}
+
+/// A Retry-After beyond the call's deadline: the call is refused at once
+/// and the request is never sent.
+#[test]
+fn retry_after_beyond_deadline_is_surfaced_and_not_sent() {
+    let fake = Fake::new(100, Duration::from_secs(1));
+    let admission = Admission::builder().build();
+    rt().block_on(async {
+        let hint = ServerHint::from_headers([("retry-after", "10")], SystemTime::now());
+        assert_eq!(
+            admission.observe("search", "key", 429, &hint),
+            Some(Duration::from_secs(10))
+        );
+        let spec = CallSpec::new("search", "key").deadline(Duration::from_secs(1));
+        let refused = admission.admit(&spec).await.unwrap_err();
+        assert_eq!(refused.status, Status::RateLimited);
+        assert_eq!(refused.scope, "api_key");
+        let after = refused.retry_after_ms.unwrap();
+        assert!((9_000..=10_000).contains(&after), "{after}");
+        // Another credential is not held back.
+        let other = admission
+            .admit(&CallSpec::new("search", "other"))
+            .await
+            .unwrap();
+        let answer = fake.call("other", Duration::ZERO).await;
+        assert_eq!(answer.status, 200);
+        drop(other);
+    });
+    assert_eq!(
+        fake.starts().len(),
+        1,
+        "the held-back call must not be sent"
+    );
+}
+
+/// A hold longer than the max honoured Retry-After is quota_exhausted.
+#[test]
+fn daily_quota_is_quota_exhausted() {
+    let admission = Admission::builder()
+        .max_retry_after(Duration::from_secs(60))
+        .build();
+    let hint = ServerHint::from_headers([("retry-after", "86400")], SystemTime::now());
+    admission.observe("search", "key", 429, &hint);
+    let refused =
+        futures::executor::block_on(admission.admit(&CallSpec::new("search", "key"))).unwrap_err();
+    assert_eq!(refused.status, Status::QuotaExhausted);
+    assert!(!refused.status.is_retryable());
+}
+
+/// Queue full: calls are shed at once with a drain estimate, and nothing
+/// waits past its deadline.
+#[test]
+fn full_queue_sheds_with_drain_estimate() {
+    let admission = Admission::builder()
+        .tool("export", 1, SlotPolicy::Queue(2))
+        .expected_latency(Duration::from_millis(500))
+        .build();
+    rt().block_on(async {
+        let holder = admission
+            .admit(&CallSpec::new("export", "k"))
+            .await
+            .unwrap();
+        let spec = CallSpec::new("export", "k").deadline(Duration::from_millis(300));
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let (a, s) = (admission.clone(), spec.clone());
+                tokio::spawn(async move { a.admit(&s).await.map(drop) })
+            })
+            .collect();
+        // Wait until both are queued (a count, not a timing assumption).
+        while admission.waiting() < 2 {
+            tokio::task::yield_now().await;
+        }
+        let shed = admission.admit(&spec).await.unwrap_err();
+        assert_eq!(shed.status, Status::Shed);
+        assert_eq!(shed.scope, "tool:export");
+        // Two ahead, one slot, 500 ms each: the third starts in ~1.5 s.
+        assert_eq!(shed.retry_after_ms, Some(1500));
+        for w in waiters {
+            let err = w.await.unwrap().unwrap_err();
+            assert_eq!(err.status, Status::TimedOut);
+        }
+        assert_eq!(admission.waiting(), 0);
+        drop(holder);
+        // Everything was given back: the slot is free again.
+        let again = admission.admit(&CallSpec::new("export", "k")).await;
+        assert!(again.is_ok());
+    });
+}
+
+/// 12 calls, capacity 4: never more than 4 in flight at the server, all 12
+/// complete, one request each.
+#[test]
+fn twelve_calls_capacity_four() {
+    let fake = Fake::new(1000, Duration::from_secs(1));
+    let admission = Admission::builder()
+        .tool("get_usage", 4, SlotPolicy::Wait)
+        .default_quota(Quota::per_second(std::num::NonZeroU32::new(1000).unwrap()))
+        .build();
+    let ok = rt().block_on(async {
+        let calls: Vec<_> = (0..12)
+            .map(|_| {
+                let (a, f) = (admission.clone(), fake.clone());
+                tokio::spawn(async move {
+                    let t = a.admit(&CallSpec::new("get_usage", "k")).await.unwrap();
+                    let answer = f.call("k", Duration::from_millis(20)).await;
+                    drop(t);
+                    answer.status
+                })
+            })
+            .collect();
+        let mut ok = 0;
+        for c in calls {
+            ok += usize::from(c.await.unwrap() == 200);
+        }
+        ok
+    });
+    assert_eq!(ok, 12);
+    assert_eq!(fake.starts().len(), 12);
+    let max = fake.max_in_flight.load(Ordering::SeqCst);
+    assert!(max <= 4, "max in flight {max}");
+    assert!(max >= 2, "the calls never overlapped: {max}");
+}
+
+/// A saturated tool does not block another tool, and a call waiting for
+/// its tool holds no global slot.
+#[test]
+fn saturated_tool_does_not_block_other_tools() {
+    let admission = Admission::builder()
+        .global_concurrency(2)
+        .tool("slow", 1, SlotPolicy::Wait)
+        .build();
+    rt().block_on(async {
+        let slow = admission.admit(&CallSpec::new("slow", "k")).await.unwrap();
+        let a = admission.clone();
+        let queued =
+            tokio::spawn(async move { a.admit(&CallSpec::new("slow", "k")).await.map(drop) });
+        while admission.waiting() < 1 {
+            tokio::task::yield_now().await;
+        }
+        // One global slot is still free for another tool.
+        let fast = admission.admit(&CallSpec::new("fast", "k")).await.unwrap();
+        drop(fast);
+        drop(slow);
+        assert!(queued.await.unwrap().is_ok());
+    });
+}
+
+/// Dropping a waiting admit gives everything back.
+#[test]
+fn cancelled_admit_returns_its_place() {
+    let admission = Admission::builder()
+        .tool("t", 1, SlotPolicy::Wait)
+        .run_budget(3)
+        .build();
+    rt().block_on(async {
+        let holder = admission.admit(&CallSpec::new("t", "k")).await.unwrap();
+        let a = admission.clone();
+        let waiter = tokio::spawn(async move { a.admit(&CallSpec::new("t", "k")).await.map(drop) });
+        while admission.waiting() < 1 {
+            tokio::task::yield_now().await;
+        }
+        waiter.abort();
+        let _ = waiter.await;
+        assert_eq!(admission.waiting(), 0);
+        drop(holder);
+        // The cancelled call's budget unit came back: two more fit.
+        drop(admission.admit(&CallSpec::new("t", "k")).await.unwrap());
+        drop(admission.admit(&CallSpec::new("t", "k")).await.unwrap());
+        let refused = admission.admit(&CallSpec::new("t", "k")).await.unwrap_err();
+        assert_eq!(refused.status, Status::BudgetExhausted);
+    });
+}
+
+/// Two processes' worth of local limiters on one key: each keeps its own
+/// 10/s, together they send about twice the key's rate. This is what a
+/// local limiter cannot prevent (the `redis` feature can).
+#[test]
+fn two_local_admissions_on_one_key_exceed_its_rate() {
+    let clock = backpressure::ManualClock::new();
+    let make = || {
+        Admission::builder()
+            .clock(clock.clone())
+            .default_quota(Quota::per_second(std::num::NonZeroU32::new(10).unwrap()))
+            .inline_wait(Duration::ZERO)
+            .build()
+    };
+    let (a, b) = (make(), make());
+    let mut admitted = 0;
+    for _ in 0..100 {
+        for adm in [&a, &b] {
+            if futures::executor::block_on(adm.admit(&CallSpec::new("t", "shared"))).is_ok() {
+                admitted += 1;
+            }
+        }
+        clock.advance(Duration::from_millis(10));
+    }
+    // One second: the key allows burst 10 + 10/s * 1 s = 20.
+    let bound = 10 + 10;
+    assert!(admitted > bound, "admitted {admitted}");
+    assert!(admitted <= 2 * bound, "admitted {admitted}");
+}
+
+#[test]
+fn little_law_helper() {
+    assert_eq!(
+        backpressure::concurrency_for(10.0, Duration::from_millis(400)),
+        4
+    );
+    assert_eq!(
+        backpressure::concurrency_for(0.5, Duration::from_millis(100)),
+        1
+    );
+    assert_eq!(
+        backpressure::concurrency_for(-3.0, Duration::from_secs(1)),
+        1
+    );
+}
