@@ -5,6 +5,7 @@
 //! | question | primitive |
 //! | --- | --- |
 //! | how many may be in flight now? | [`Semaphore`] (async, FIFO, cancel-safe) |
+//! | is this exact read already running? | [`SingleFlight`] (+ short TTL cache) |
 //!
 //! Everything is runtime-agnostic: futures only use [`core::task::Waker`],
 //! so the same types work under tokio, smol/async-io, or a plain
@@ -40,6 +41,7 @@ mod clock;
 pub mod fuzzing;
 mod park;
 mod semaphore;
+mod single_flight;
 mod sync;
 mod wait_list;
 
@@ -48,6 +50,7 @@ pub use semaphore::{
     Acquire, AcquireError, AcquireOwned, OwnedSemaphorePermit, Semaphore, SemaphorePermit,
     TryAcquireError,
 };
+pub use single_flight::{FlightError, Provenance, Run, SingleFlight, SingleFlightBuilder};
 
 #[cfg(all(test, feature = "loom"))]
 #[path = "../loom-tests/mod.rs"]
