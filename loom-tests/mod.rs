@@ -5,3 +5,4 @@
 //! `LOOM_MAX_PREEMPTIONS` defaults to 2 here via each model's builder.
 
 mod semaphore;
+mod single_flight;

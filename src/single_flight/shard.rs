@@ -282,12 +282,12 @@ impl<K, V, E> Shard<K, V, E> {
         self.cached = 0;
     }
 
-    #[cfg(test)]
+    #[cfg(all(test, not(feature = "loom")))]
     pub(super) fn cached(&self) -> usize {
         self.cached
     }
 
-    #[cfg(test)]
+    #[cfg(all(test, not(feature = "loom")))]
     pub(super) fn records_len(&self) -> usize {
         self.records.len()
     }
