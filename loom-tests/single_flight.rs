@@ -113,7 +113,7 @@ fn cancelled_leader_hands_off_to_one_of_two_followers() {
         let flights = map(false);
         let works = Arc::new(Works::default());
         // The first leader owns the key, then is cancelled.
-        let mut leader = Box::pin(flights.run(1, || std::future::pending::<u32>()));
+        let mut leader = Box::pin(flights.run(1, std::future::pending::<u32>));
         let waker = futures::task::noop_waker();
         assert!(leader
             .as_mut()
