@@ -8,3 +8,5 @@
 mod semaphore_ops;
 
 pub use semaphore_ops::semaphore_ops;
+mod single_flight_ops;
+pub use single_flight_ops::single_flight_ops;
