@@ -7,3 +7,4 @@
 mod admission;
 mod bucket;
 mod semaphore;
+mod single_flight;

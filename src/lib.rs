@@ -6,6 +6,7 @@
 //! | --- | --- |
 //! | how many may be in flight now? | [`Semaphore`] (async, FIFO, cancel-safe) |
 //! | how many may start per second? | [`TokenBucket`] (GCRA, one atomic word) |
+//! | is this exact read already running? | [`SingleFlight`] (+ short TTL cache) |
 //!
 //! Everything is runtime-agnostic: futures only use [`core::task::Waker`],
 //! so the same types work under tokio, smol/async-io, or a plain
@@ -49,6 +50,7 @@ mod park;
 #[cfg(feature = "redis")]
 mod redis;
 mod semaphore;
+mod single_flight;
 mod sleep;
 mod sync;
 mod wait_list;
@@ -85,6 +87,7 @@ pub use sleep::{ManualSleep, ManualSleeper, Sleeper, ThreadSleep, ThreadSleeper}
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+pub use single_flight::{FlightError, Provenance, Run, SingleFlight, SingleFlightBuilder};
 
 #[cfg(all(test, feature = "loom"))]
 #[path = "../loom-tests/mod.rs"]

@@ -13,3 +13,5 @@ mod bucket_model;
 
 pub use bucket_model::bucket_model;
 pub use semaphore_ops::semaphore_ops;
+mod single_flight_ops;
+pub use single_flight_ops::single_flight_ops;

@@ -1,0 +1,294 @@
+//! One shard: a hash table from key to in-flight or cached flight, and the
+//! bookkeeping of the TTL cache. Everything here runs with the shard's lock
+//! held, so nothing here calls user code except `K::eq` (the lookup by key),
+//! and nothing is dropped here: removed entries are handed back to the
+//! caller, which drops them after unlocking.
+//!
+//! # Identity
+//!
+//! A flight is identified by its `Arc` pointer, not its key: a completing,
+//! resigning or panicking leader removes "the entry of *this* flight", so it
+//! never removes a newer flight for the same key (Go's #31420). The pointer
+//! cannot be reused while the caller holds its `Arc`.
+//!
+//! # The cache
+//!
+//! A completed value is cached by turning its entry from `InFlight` into
+//! `Cached` in place (the flight already holds the value). Each cached entry
+//! has one [`Record`] in `records`, in insertion order, which with one TTL
+//! for all is expiry order (up to the instant between reading the clock and
+//! taking the lock). Expired entries are reclaimed from the front of
+//! `records`, a bounded number per insertion, so no background thread is
+//! needed and no call pays for a whole sweep. Records whose entry was
+//! invalidated or replaced go stale; they are skipped when reached, and
+//! compacted away when they outnumber the live ones.
+
+use std::collections::VecDeque;
+
+use hashbrown::hash_table::{Entry as TableEntry, HashTable};
+
+use super::flight::Flight;
+use crate::sync::Arc;
+
+/// Expired records examined per insertion.
+const RECLAIM_BUDGET: usize = 16;
+
+pub(super) struct Shard<K, V, E> {
+    table: HashTable<Entry<K, V, E>>,
+    /// One record per cached entry (plus stale ones), oldest first.
+    records: VecDeque<Record>,
+    /// Number of `Cached` entries in `table`.
+    cached: usize,
+    /// Stamps cached entries so a record can tell its entry from a later one.
+    next_stamp: u64,
+}
+
+pub(super) struct Entry<K, V, E> {
+    key: K,
+    hash: u64,
+    pub(super) slot: Slot<V, E>,
+}
+
+pub(super) enum Slot<V, E> {
+    /// A leader runs it; callers join.
+    InFlight(Arc<Flight<V, E>>),
+    /// Completed with a value (state `OK`), served until `expires_at`.
+    Cached {
+        flight: Arc<Flight<V, E>>,
+        expires_at: u64,
+        stamp: u64,
+    },
+}
+
+#[derive(Clone, Copy)]
+struct Record {
+    hash: u64,
+    stamp: u64,
+    expires_at: u64,
+}
+
+/// What a lookup by key found.
+pub(super) enum Lookup<V, E> {
+    /// A live cached value.
+    Cached(Arc<Flight<V, E>>),
+    /// A flight to join.
+    InFlight(Arc<Flight<V, E>>),
+    /// Nothing: a new flight was inserted for the caller to lead (an
+    /// expired cached entry it replaced is returned for dropping).
+    Inserted(Arc<Flight<V, E>>, Option<Slot<V, E>>),
+}
+
+impl<K, V, E> Shard<K, V, E> {
+    pub(super) fn new() -> Self {
+        Self {
+            table: HashTable::new(),
+            records: VecDeque::new(),
+            cached: 0,
+            next_stamp: 0,
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Finds `key`: a live cached value, an in-flight flight, or (after
+    /// inserting a new flight) nothing. `now` is `Some` iff caching is on.
+    pub(super) fn lookup(
+        &mut self,
+        hash: u64,
+        key: K,
+        now: Option<u64>,
+    ) -> (Lookup<V, E>, Option<K>)
+    where
+        K: Eq,
+    {
+        match self.table.entry(hash, |e| e.key == key, |e| e.hash) {
+            TableEntry::Occupied(mut occ) => {
+                let slot = &mut occ.get_mut().slot;
+                match slot {
+                    Slot::InFlight(flight) => (Lookup::InFlight(Arc::clone(flight)), Some(key)),
+                    Slot::Cached {
+                        flight, expires_at, ..
+                    } if now.is_some_and(|now| now < *expires_at) => {
+                        (Lookup::Cached(Arc::clone(flight)), Some(key))
+                    }
+                    Slot::Cached { .. } => {
+                        // Expired: lead a new flight in its place. Its record
+                        // goes stale (the stamp no longer matches).
+                        let flight = Arc::new(Flight::new());
+                        let old = core::mem::replace(slot, Slot::InFlight(Arc::clone(&flight)));
+                        self.cached -= 1;
+                        (Lookup::Inserted(flight, Some(old)), Some(key))
+                    }
+                }
+            }
+            TableEntry::Vacant(vacant) => {
+                let flight = Arc::new(Flight::new());
+                vacant.insert(Entry {
+                    key,
+                    hash,
+                    slot: Slot::InFlight(Arc::clone(&flight)),
+                });
+                (Lookup::Inserted(flight, None), None)
+            }
+        }
+    }
+
+    /// Removes the entry of `flight` if it is still in flight here.
+    pub(super) fn remove_flight(
+        &mut self,
+        hash: u64,
+        flight: &Arc<Flight<V, E>>,
+    ) -> Option<Entry<K, V, E>> {
+        let found = self.table.find_entry(hash, |e| match &e.slot {
+            Slot::InFlight(f) => Arc::ptr_eq(f, flight),
+            Slot::Cached { .. } => false,
+        });
+        found.ok().map(|occ| occ.remove().0)
+    }
+
+    /// Turns the entry of `flight`, if it is still in flight here, into a
+    /// cached entry that expires at `expires_at`, keeping at most
+    /// `capacity` cached entries. Entries reclaimed or evicted to make room
+    /// are pushed to `trash`. Returns whether the value was cached.
+    pub(super) fn cache_flight(
+        &mut self,
+        hash: u64,
+        flight: &Arc<Flight<V, E>>,
+        now: u64,
+        expires_at: u64,
+        capacity: usize,
+        trash: &mut Vec<Entry<K, V, E>>,
+    ) -> bool {
+        self.reclaim(now, trash);
+        let stamp = self.next_stamp;
+        let Some(entry) = self.table.find_mut(hash, |e| match &e.slot {
+            Slot::InFlight(f) => Arc::ptr_eq(f, flight),
+            Slot::Cached { .. } => false,
+        }) else {
+            // Forgotten (or replaced) while running: its value is not for
+            // later callers.
+            return false;
+        };
+        let Slot::InFlight(f) = &entry.slot else {
+            unreachable!("matched an in-flight slot")
+        };
+        entry.slot = Slot::Cached {
+            flight: Arc::clone(f),
+            expires_at,
+            stamp,
+        };
+        self.next_stamp += 1;
+        self.cached += 1;
+        self.records.push_back(Record {
+            hash,
+            stamp,
+            expires_at,
+        });
+        while self.cached > capacity {
+            self.evict_oldest(trash);
+        }
+        if self.records.len() > 2 * capacity + RECLAIM_BUDGET {
+            self.compact();
+        }
+        true
+    }
+
+    /// Removes up to `RECLAIM_BUDGET` expired cached entries from the front.
+    pub(super) fn reclaim(&mut self, now: u64, trash: &mut Vec<Entry<K, V, E>>) {
+        for _ in 0..RECLAIM_BUDGET {
+            match self.records.front() {
+                Some(r) if r.expires_at <= now => {
+                    let r = *r;
+                    self.records.pop_front();
+                    if let Some(e) = self.take_record(r) {
+                        trash.push(e);
+                    }
+                }
+                _ => return,
+            }
+        }
+    }
+
+    /// Removes the oldest live cached entry.
+    fn evict_oldest(&mut self, trash: &mut Vec<Entry<K, V, E>>) {
+        while let Some(r) = self.records.pop_front() {
+            if let Some(e) = self.take_record(r) {
+                trash.push(e);
+                return;
+            }
+        }
+        debug_assert_eq!(self.cached, 0, "every cached entry has a record");
+    }
+
+    /// Removes the cached entry `r` stands for, if it is still there.
+    fn take_record(&mut self, r: Record) -> Option<Entry<K, V, E>> {
+        let occ = self
+            .table
+            .find_entry(
+                r.hash,
+                |e| matches!(e.slot, Slot::Cached { stamp, .. } if stamp == r.stamp),
+            )
+            .ok()?;
+        self.cached -= 1;
+        Some(occ.remove().0)
+    }
+
+    /// Drops the stale records.
+    fn compact(&mut self) {
+        let table = &self.table;
+        self.records.retain(|r| {
+            table
+                .find(
+                    r.hash,
+                    |e| matches!(e.slot, Slot::Cached { stamp, .. } if stamp == r.stamp),
+                )
+                .is_some()
+        });
+    }
+
+    /// Removes the entry for `key`, in flight or cached (`cached_only`
+    /// restricts it to cached ones).
+    pub(super) fn remove_key<Q>(
+        &mut self,
+        hash: u64,
+        key: &Q,
+        cached_only: bool,
+    ) -> Option<Entry<K, V, E>>
+    where
+        K: core::borrow::Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        let occ = self
+            .table
+            .find_entry(hash, |e| e.key.borrow() == key)
+            .ok()?;
+        match occ.get().slot {
+            Slot::Cached { .. } => self.cached -= 1,
+            Slot::InFlight(_) if cached_only => return None,
+            Slot::InFlight(_) => {}
+        }
+        Some(occ.remove().0)
+    }
+
+    /// Moves every cached entry to `trash`; in-flight entries stay.
+    pub(super) fn clear_cached(&mut self, trash: &mut Vec<Entry<K, V, E>>) {
+        trash.extend(
+            self.table
+                .extract_if(|e| matches!(e.slot, Slot::Cached { .. })),
+        );
+        self.records.clear();
+        self.cached = 0;
+    }
+
+    #[cfg(all(test, not(feature = "loom")))]
+    pub(super) fn cached(&self) -> usize {
+        self.cached
+    }
+
+    #[cfg(all(test, not(feature = "loom")))]
+    pub(super) fn records_len(&self) -> usize {
+        self.records.len()
+    }
+}

@@ -1,0 +1,68 @@
+//! Unit tests of the shard bookkeeping that the public API cannot see.
+
+use std::time::Duration;
+
+use super::shard::Shard;
+use super::SingleFlight;
+use crate::ManualClock;
+
+type Map = SingleFlight<u32, u32, std::convert::Infallible, ManualClock>;
+
+fn map(max: usize) -> Map {
+    SingleFlight::builder()
+        .shards(1)
+        .cache(Duration::from_secs(60), max)
+        .clock(ManualClock::new())
+        .build()
+}
+
+fn run(m: &Map, k: u32) {
+    crate::park::block_on(m.run(k, || async move { k })).unwrap();
+}
+
+fn with_shard<R>(m: &Map, f: impl FnOnce(&Shard<u32, u32, std::convert::Infallible>) -> R) -> R {
+    f(&m.shards[0].lock())
+}
+
+#[test]
+fn invalidate_churn_keeps_stale_records_bounded() {
+    let m = map(4);
+    for round in 0..1_000 {
+        run(&m, round % 3);
+        m.invalidate(&(round % 3));
+        let records = with_shard(&m, |s| s.records_len());
+        assert!(
+            records <= 2 * 4 + 16 + 1,
+            "round {round}: {records} records"
+        );
+    }
+    assert_eq!(with_shard(&m, |s| s.cached()), 0);
+}
+
+#[test]
+fn cached_count_matches_the_table() {
+    let m = map(8);
+    for k in 0..20 {
+        run(&m, k);
+        if k % 5 == 0 {
+            m.forget(&k);
+        }
+    }
+    let (cached, len) = with_shard(&m, |s| (s.cached(), s.len()));
+    assert_eq!(cached, len);
+    assert_eq!(cached, 8);
+    m.clear();
+    assert_eq!(
+        with_shard(&m, |s| (s.cached(), s.len(), s.records_len())),
+        (0, 0, 0)
+    );
+}
+
+#[test]
+fn shard_count_is_a_power_of_two() {
+    for (asked, got) in [(0, 1), (1, 1), (3, 4), (64, 64), (usize::MAX, 1 << 16)] {
+        let m: SingleFlight<u8, u8> = SingleFlight::builder().shards(asked).build();
+        assert_eq!(m.shards.len(), got);
+        assert_eq!(m.mask, got - 1);
+    }
+}
