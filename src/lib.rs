@@ -56,8 +56,8 @@ mod sync;
 mod wait_list;
 
 pub use admission::{
-    concurrency_for, Admission, Builder as AdmissionBuilder, CallSpec, Kind, SlotPolicy, Status,
-    Throttled, Ticket,
+    concurrency_for, Admission, AttemptFuture, Builder as AdmissionBuilder, Call, CallResult,
+    CallSpec, Kind, Reply, Runner, SlotPolicy, Status, Throttled, Ticket,
 };
 pub use backoff::{
     Backoff, Deadline, Decision, Jitter, RetryPolicy, SurfaceStatus, Surfaced, TimedOut,

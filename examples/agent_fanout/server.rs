@@ -28,7 +28,12 @@ pub struct Stats {
 
 impl Stats {
     pub fn client(&self, tag: &str) -> ClientStats {
-        self.by_client.lock().unwrap().get(tag).cloned().unwrap_or_default()
+        self.by_client
+            .lock()
+            .unwrap()
+            .get(tag)
+            .cloned()
+            .unwrap_or_default()
     }
 }
 
@@ -47,7 +52,10 @@ impl Limiter {
     /// `Ok(remaining)` or `Err(wait until a slot frees)`.
     fn check(&mut self, key: &str, now: Instant) -> Result<usize, Duration> {
         let q = self.accepted.entry(key.to_string()).or_default();
-        while q.front().is_some_and(|&t| now.duration_since(t) >= self.window) {
+        while q
+            .front()
+            .is_some_and(|&t| now.duration_since(t) >= self.window)
+        {
             q.pop_front();
         }
         if q.len() >= self.limit {
@@ -62,7 +70,9 @@ impl Limiter {
 /// Starts the API: `limit` requests per `window` per API key, each request
 /// taking `latency` to serve.
 pub async fn start(limit: usize, window: Duration, latency: Duration) -> Server {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
     let addr = listener.local_addr().unwrap();
     let stats = Arc::new(Stats::default());
     let limiter = Arc::new(Mutex::new(Limiter {
@@ -73,7 +83,9 @@ pub async fn start(limit: usize, window: Duration, latency: Duration) -> Server 
     let st = stats.clone();
     tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else { return };
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
             let (st, limiter) = (st.clone(), limiter.clone());
             tokio::spawn(async move {
                 let _ = serve(stream, &st, &limiter, limit, window, latency).await;
@@ -163,7 +175,12 @@ pub struct Response {
 }
 
 /// One GET over a fresh connection.
-pub async fn get(addr: SocketAddr, path: &str, key: &str, client: &str) -> std::io::Result<Response> {
+pub async fn get(
+    addr: SocketAddr,
+    path: &str,
+    key: &str,
+    client: &str,
+) -> std::io::Result<Response> {
     let mut stream = TcpStream::connect(addr).await?;
     let req = format!(
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nX-Client: {client}\r\nConnection: close\r\n\r\n"

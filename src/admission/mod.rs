@@ -22,6 +22,7 @@
 //! next 429.
 
 pub(crate) mod pools;
+mod runner;
 mod throttled;
 
 use core::fmt;
@@ -41,6 +42,7 @@ use crate::sleep::{Sleeper, ThreadSleeper};
 use crate::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 pub use pools::SlotPolicy;
+pub use runner::{AttemptFuture, Call, CallResult, Reply, Runner};
 pub use throttled::{Status, Throttled};
 
 use pools::{acquire_both, Pool, SlotError, Which};

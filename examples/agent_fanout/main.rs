@@ -1,0 +1,381 @@
+//! The incident this crate exists for, reproduced on loopback.
+//!
+//! A real HTTP API (see `server.rs`) allows `--rate` requests per second
+//! per API key over a rolling one-second window and answers 429 +
+//! Retry-After beyond that. A "production sync job" uses the same key at
+//! 40 % of the rate. An agent harness runs one model turn of `--turn` tool
+//! calls (by default 8: 4 `search_tickets`, 3 `get_usage`, 1
+//! `list_customers`, with the duplicates a model really emits), plus the
+//! follow-up calls a model makes when it is told "tool failed".
+//!
+//! The turn runs twice, each against a fresh server:
+//!
+//! * **naive**: fan out everything at once; retry a 429 after a fixed,
+//!   unjittered 200 ms (three times); report failures as a generic error,
+//!   which makes the model call again;
+//! * **backpressure**: the same calls through `Runner` + `Admission`:
+//!   identical reads coalesced, per-tool concurrency, the key's quota, the
+//!   server's limit headers obeyed, waits up to 2 s kept invisible, longer
+//!   ones returned as a structured `rate_limited` the model plans with.
+//!
+//! ```sh
+//! cargo run --release --example agent_fanout -- --rate 10 --turn 8 --seed 7
+//! ```
+
+mod server;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use backpressure::{
+    Admission, Call, CallResult, CallSpec, Provenance, Quota, Reply, Runner, ServerHint, SlotPolicy,
+};
+
+const KEY: &str = "org-key-1";
+
+#[derive(Clone, Debug)]
+struct ToolCall {
+    tool: &'static str,
+    args: String,
+}
+
+impl ToolCall {
+    fn path(&self) -> String {
+        format!("/{}?{}", self.tool, self.args)
+    }
+}
+
+/// One model turn: `n` calls in the proportions of the incident (4 search,
+/// 3 usage, 1 customers per 8), arguments drawn from small pools so a turn
+/// repeats itself the way models do.
+fn model_turn(n: usize, rng: &mut fastrand::Rng) -> Vec<ToolCall> {
+    let queries = ["q=refund", "q=refund", "q=billing", "q=outage"];
+    let orgs = ["org=acme", "org=acme", "org=globex"];
+    (0..n)
+        .map(|i| match i % 8 {
+            0..=3 => ToolCall {
+                tool: "search_tickets",
+                args: queries[rng.usize(..queries.len())].to_string(),
+            },
+            4..=6 => ToolCall {
+                tool: "get_usage",
+                args: orgs[rng.usize(..orgs.len())].to_string(),
+            },
+            _ => ToolCall {
+                tool: "list_customers",
+                args: "page=1".to_string(),
+            },
+        })
+        .collect()
+}
+
+/// What a model does when a tool "failed": it calls it again, and asks for
+/// context it thinks it is missing.
+fn follow_ups(failed: &[ToolCall]) -> Vec<ToolCall> {
+    failed
+        .iter()
+        .flat_map(|c| {
+            [
+                c.clone(),
+                ToolCall {
+                    tool: "list_customers",
+                    args: "page=1".to_string(),
+                },
+            ]
+        })
+        .collect()
+}
+
+#[derive(Debug, Default)]
+struct Row {
+    requests: usize,
+    throttled: usize,
+    surfaced_rate_limited: usize,
+    generic_failures: usize,
+    coalesced: usize,
+    max_in_flight: usize,
+    prod_failures: usize,
+    prod_requests: usize,
+    wall: Duration,
+}
+
+/// The production job: steady requests on the same key until told to stop.
+fn start_prod_job(
+    addr: SocketAddr,
+    rate: u32,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    let every = Duration::from_secs_f64(1.0 / (rate as f64 * 0.4).max(0.5));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        while !stop.load(Ordering::SeqCst) {
+            tick.tick().await;
+            tokio::spawn(async move {
+                let _ = server::get(addr, "/sync?cursor=next", KEY, "prod").await;
+            });
+        }
+    })
+}
+
+async fn naive(rate: u32, turn: &[ToolCall]) -> Row {
+    let srv = server::start(
+        rate as usize,
+        Duration::from_secs(1),
+        Duration::from_millis(150),
+    )
+    .await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let prod = start_prod_job(srv.addr, rate, stop.clone());
+    // The job has been running for a while: its requests fill the window.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let started = Instant::now();
+    let mut row = Row::default();
+    let mut round = turn.to_vec();
+    for _ in 0..2 {
+        let tasks: Vec<_> = round
+            .iter()
+            .cloned()
+            .map(|c| {
+                let addr = srv.addr;
+                tokio::spawn(async move {
+                    for _ in 0..4 {
+                        match server::get(addr, &c.path(), KEY, "harness").await {
+                            Ok(r) if r.status == 200 => return Ok(()),
+                            // Fixed 200 ms, no jitter: every caller comes back at once.
+                            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+                        }
+                    }
+                    Err(c)
+                })
+            })
+            .collect();
+        let mut failed = Vec::new();
+        for t in tasks {
+            if let Err(c) = t.await.unwrap() {
+                failed.push(c);
+            }
+        }
+        row.generic_failures += failed.len();
+        if failed.is_empty() {
+            break;
+        }
+        // "tool failed": the model tries again, and asks for more.
+        round = follow_ups(&failed);
+    }
+    row.wall = started.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    let _ = prod.await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    fill_server_stats(&mut row, &srv);
+    row
+}
+
+async fn with_backpressure(rate: u32, turn: &[ToolCall], seed: u64) -> Row {
+    let srv = server::start(
+        rate as usize,
+        Duration::from_secs(1),
+        Duration::from_millis(150),
+    )
+    .await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let prod = start_prod_job(srv.addr, rate, stop.clone());
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let started = Instant::now();
+
+    // The harness knows the API's published rate and the latency it sees;
+    // Little's law gives the concurrency that rate can keep busy.
+    let cap = backpressure::concurrency_for(rate as f64, Duration::from_millis(150)) as usize;
+    let admission = Admission::builder()
+        .global_concurrency(cap.max(2))
+        .default_tool(cap.max(1), SlotPolicy::Wait)
+        .default_quota(
+            Quota::per_second(NonZeroU32::new(rate).unwrap())
+                .allow_burst(NonZeroU32::new((rate / 2).max(1)).unwrap()),
+        )
+        .expected_latency(Duration::from_millis(150))
+        .build();
+    let runner: Runner<String> = Runner::new(admission, Duration::from_secs(3)).retries(
+        backpressure::Backoff::new(Duration::from_millis(100), Duration::from_secs(2)).seed(seed),
+        3,
+    );
+    let mut row = Row::default();
+    let mut round = turn.to_vec();
+    for _ in 0..2 {
+        let calls = round
+            .iter()
+            .map(|c| {
+                let (addr, path) = (srv.addr, c.path());
+                Call::new(
+                    CallSpec::new(c.tool, KEY).deadline(Duration::from_secs(20)),
+                    move || {
+                        let path = path.clone();
+                        async move {
+                            let r = server::get(addr, &path, KEY, "harness")
+                                .await
+                                .map_err(|e| e.to_string())?;
+                            let hint = ServerHint::from_headers(
+                                r.headers.iter().map(|(n, v)| (n.as_str(), v.as_slice())),
+                                SystemTime::now(),
+                            );
+                            Ok(Reply::new(r.status, r.body).with_hint(hint))
+                        }
+                    },
+                )
+                .coalesce_key(c.args.clone())
+            })
+            .collect();
+        let results = runner.execute(calls).await;
+        let mut failed = Vec::new();
+        for (call, result) in round.iter().zip(&results) {
+            match result {
+                CallResult::Done { provenance, .. } if *provenance != Provenance::Leader => {
+                    row.coalesced += 1
+                }
+                CallResult::Done { .. } => {}
+                // Structured: the model sees `retry_after_ms` and plans
+                // with it instead of calling again right away.
+                CallResult::Throttled(t) => {
+                    row.surfaced_rate_limited += 1;
+                    println!("  surfaced to the model: {}", json(t));
+                }
+                _ => failed.push(call.clone()),
+            }
+        }
+        row.generic_failures += failed.len();
+        if failed.is_empty() {
+            break;
+        }
+        round = follow_ups(&failed);
+    }
+    row.wall = started.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    let _ = prod.await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    fill_server_stats(&mut row, &srv);
+    row
+}
+
+fn json(t: &backpressure::Throttled) -> String {
+    format!(
+        "{{\"status\":\"{}\",\"scope\":\"{}\",\"retry_after_ms\":{},\"hint\":\"{}\"}}",
+        t.status,
+        t.scope,
+        t.retry_after_ms
+            .map_or("null".to_string(), |m| m.to_string()),
+        t.hint.replace('"', "'")
+    )
+}
+
+fn fill_server_stats(row: &mut Row, srv: &server::Server) {
+    let h = srv.stats.client("harness");
+    let p = srv.stats.client("prod");
+    row.requests = h.requests;
+    row.throttled = h.throttled;
+    row.prod_requests = p.requests;
+    row.prod_failures = p.throttled;
+    row.max_in_flight = srv.stats.max_in_flight.load(Ordering::SeqCst);
+}
+
+fn arg<T: std::str::FromStr>(args: &HashMap<String, String>, name: &str, default: T) -> T {
+    match args.get(name) {
+        None => default,
+        Some(v) => v.parse().unwrap_or_else(|_| {
+            eprintln!("--{name}: cannot parse {v:?}");
+            std::process::exit(2)
+        }),
+    }
+}
+
+fn main() {
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let mut args = HashMap::new();
+    for pair in raw.chunks(2) {
+        match pair {
+            [k, v] if k.starts_with("--") => {
+                args.insert(k.trim_start_matches("--").to_string(), v.clone());
+            }
+            _ => {
+                eprintln!("usage: agent_fanout [--rate N] [--turn N] [--seed N]");
+                std::process::exit(2);
+            }
+        }
+    }
+    let rate: u32 = arg(&args, "rate", 10u32).max(1);
+    let turn_size: usize = arg(&args, "turn", 8usize).max(1);
+    let seed: u64 = arg(&args, "seed", 7u64);
+
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let turn = model_turn(turn_size, &mut rng);
+    println!(
+        "API: {rate} req/s per key (rolling 1 s window), 150 ms per request; production job on the same key at {:.1} req/s",
+        rate as f64 * 0.4
+    );
+    println!(
+        "model turn ({} calls): {}",
+        turn.len(),
+        turn.iter().map(|c| c.path()).collect::<Vec<_>>().join(" ")
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    println!("\nnaive run ...");
+    let naive = rt.block_on(naive(rate, &turn));
+    println!("backpressure run ...");
+    let bp = rt.block_on(with_backpressure(rate, &turn, seed));
+
+    println!();
+    println!("| {:<38} | {:>8} | {:>12} |", "", "naive", "backpressure");
+    println!("|{:-<40}|{:->10}|{:->14}|", "", "", "");
+    let rows: [(&str, String, String); 9] = [
+        (
+            "HTTP requests sent (harness)",
+            naive.requests.to_string(),
+            bp.requests.to_string(),
+        ),
+        (
+            "429s received (harness)",
+            naive.throttled.to_string(),
+            bp.throttled.to_string(),
+        ),
+        (
+            "calls surfaced as rate_limited",
+            naive.surfaced_rate_limited.to_string(),
+            bp.surfaced_rate_limited.to_string(),
+        ),
+        (
+            "calls reported as generic failures",
+            naive.generic_failures.to_string(),
+            bp.generic_failures.to_string(),
+        ),
+        (
+            "duplicate reads coalesced",
+            naive.coalesced.to_string(),
+            bp.coalesced.to_string(),
+        ),
+        (
+            "max requests in flight at the API",
+            naive.max_in_flight.to_string(),
+            bp.max_in_flight.to_string(),
+        ),
+        (
+            "production-job 429s",
+            format!("{}/{}", naive.prod_failures, naive.prod_requests),
+            format!("{}/{}", bp.prod_failures, bp.prod_requests),
+        ),
+        (
+            "wall time of the turn",
+            format!("{:.2} s", naive.wall.as_secs_f64()),
+            format!("{:.2} s", bp.wall.as_secs_f64()),
+        ),
+        ("", String::new(), String::new()),
+    ];
+    for (name, a, b) in rows.iter().take(8) {
+        println!("| {name:<38} | {a:>8} | {b:>12} |");
+    }
+}

@@ -1,0 +1,200 @@
+//! `Runner`: coalescing, retries and surfacing, asserted on the requests a
+//! fake server saw (counts and start-time orderings), never on durations.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use backpressure::{
+    Admission, Backoff, Call, CallResult, CallSpec, Kind, Provenance, Reply, Runner, ServerHint,
+    Status,
+};
+
+/// A scripted answer: status and headers.
+type Answer = (u16, Vec<(&'static str, String)>);
+
+/// Answers each request from a script of statuses (then 200s), recording
+/// when each request started.
+#[derive(Default)]
+struct Script {
+    statuses: Mutex<Vec<Answer>>,
+    starts: Mutex<Vec<Instant>>,
+    sent: AtomicUsize,
+}
+
+impl Script {
+    fn new(statuses: Vec<Answer>) -> Arc<Self> {
+        Arc::new(Self {
+            statuses: Mutex::new(statuses.into_iter().rev().collect()),
+            ..Default::default()
+        })
+    }
+
+    fn call(self: &Arc<Self>, spec: CallSpec, key: Option<&str>) -> Call<String> {
+        let me = self.clone();
+        let call = Call::new(spec, move || {
+            let me = me.clone();
+            async move {
+                me.starts.lock().unwrap().push(Instant::now());
+                let n = me.sent.fetch_add(1, Ordering::SeqCst);
+                let (status, headers) = me.statuses.lock().unwrap().pop().unwrap_or((200, vec![]));
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                let hint = ServerHint::from_headers(
+                    headers.iter().map(|(n, v)| (*n, v.as_bytes())),
+                    SystemTime::now(),
+                );
+                Ok(Reply::new(status, format!("reply {n}")).with_hint(hint))
+            }
+        });
+        match key {
+            Some(k) => call.coalesce_key(k),
+            None => call,
+        }
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn identical_reads_share_one_request_writes_never_do() {
+    let script = Script::new(vec![]);
+    let runner: Runner<String> = Runner::new(Admission::builder().build(), Duration::from_secs(3));
+    let results = rt().block_on(runner.execute(vec![
+        script.call(CallSpec::new("search", "k"), Some("q=refund")),
+        script.call(CallSpec::new("search", "k"), Some("q=refund")),
+        script.call(CallSpec::new("search", "k"), Some("q=billing")),
+        script.call(CallSpec::new("refund", "k").kind(Kind::Write), Some("id=1")),
+        script.call(CallSpec::new("refund", "k").kind(Kind::Write), Some("id=1")),
+    ]));
+    // 2 distinct reads + 2 writes.
+    assert_eq!(script.sent.load(Ordering::SeqCst), 4);
+    assert_eq!(results[0].value(), results[1].value());
+    let provenances: Vec<_> = results[..2]
+        .iter()
+        .map(|r| match r {
+            CallResult::Done { provenance, .. } => *provenance,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert!(provenances.contains(&Provenance::Leader));
+    assert!(provenances.contains(&Provenance::Joined) || provenances.contains(&Provenance::Cached));
+    assert_ne!(
+        results[3].value(),
+        results[4].value(),
+        "writes were coalesced"
+    );
+
+    // Within the TTL the same read is served from the turn's cache...
+    let again = rt().block_on(runner.execute(vec![
+        script.call(CallSpec::new("search", "k"), Some("q=refund")),
+    ]));
+    assert!(matches!(
+        again[0],
+        CallResult::Done {
+            provenance: Provenance::Cached,
+            ..
+        }
+    ));
+    assert_eq!(script.sent.load(Ordering::SeqCst), 4);
+    // ...until the turn ends.
+    runner.clear_cache();
+    rt().block_on(runner.execute(vec![
+        script.call(CallSpec::new("search", "k"), Some("q=refund")),
+    ]));
+    assert_eq!(script.sent.load(Ordering::SeqCst), 5);
+}
+
+#[test]
+fn a_429_is_retried_after_retry_after_invisibly() {
+    let script = Script::new(vec![(429, vec![("retry-after", "0.2".into())])]);
+    let runner: Runner<String> = Runner::new(Admission::builder().build(), Duration::ZERO);
+    let results =
+        rt().block_on(runner.execute(vec![script.call(CallSpec::new("search", "k"), None)]));
+    assert!(
+        matches!(results[0], CallResult::Done { attempts: 2, .. }),
+        "{results:?}"
+    );
+    let starts = script.starts.lock().unwrap().clone();
+    assert_eq!(starts.len(), 2);
+    // The retry started no earlier than Retry-After after the first
+    // request (which answered after it started).
+    assert!(starts[1].duration_since(starts[0]) >= Duration::from_millis(200));
+}
+
+#[test]
+fn a_long_retry_after_is_surfaced_not_slept() {
+    let script = Script::new(vec![(429, vec![("retry-after", "30".into())])]);
+    let runner: Runner<String> = Runner::new(Admission::builder().build(), Duration::ZERO);
+    let results =
+        rt().block_on(runner.execute(vec![script.call(CallSpec::new("search", "k"), None)]));
+    let t = results[0].throttled().expect("surfaced");
+    assert_eq!(t.status, Status::RateLimited);
+    assert_eq!(t.scope, "api_key");
+    assert!(t.retry_after_ms.unwrap() > 29_000);
+    assert_eq!(script.sent.load(Ordering::SeqCst), 1, "no second request");
+}
+
+#[test]
+fn transient_failures_retry_within_the_deadline_then_surface() {
+    // Three 503s, backoff 300 ms fixed, deadline 500 ms: the first retry fits,
+    // the second would pass the deadline and is surfaced, not slept.
+    let script = Script::new(vec![(503, vec![]), (503, vec![]), (503, vec![])]);
+    let runner: Runner<String> = Runner::new(Admission::builder().build(), Duration::ZERO).retries(
+        Backoff::new(Duration::from_millis(300), Duration::from_millis(300))
+            .jitter(backpressure::Jitter::None),
+        5,
+    );
+    let spec = CallSpec::new("search", "k").deadline(Duration::from_millis(500));
+    let results = rt().block_on(runner.execute(vec![script.call(spec, None)]));
+    let t = results[0].throttled().expect("surfaced");
+    assert_eq!(t.status, Status::TimedOut);
+    assert_eq!(script.sent.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn results_come_back_in_input_order() {
+    let script = Script::new(vec![]);
+    let runner: Runner<String> = Runner::new(Admission::builder().build(), Duration::ZERO);
+    let calls = (0..6)
+        .map(|i| script.call(CallSpec::new(format!("tool{i}"), "k"), None))
+        .collect();
+    let results = rt().block_on(runner.execute(calls));
+    assert_eq!(results.len(), 6);
+    assert!(results.iter().all(|r| r.value().is_some()));
+}
+
+/// The scenario through the runner: 5 calls, 3 allowed per window,
+/// the server saying so in its headers: exactly 5 requests, none surfaced.
+#[test]
+fn five_calls_three_allowed_through_the_runner() {
+    let reset = || {
+        vec![
+            ("ratelimit-remaining", "0".to_string()),
+            ("ratelimit-reset", "0.2".to_string()),
+        ]
+    };
+    let script = Script::new(vec![
+        (200, vec![("ratelimit-remaining", "2".into())]),
+        (200, vec![("ratelimit-remaining", "1".into())]),
+        (200, reset()),
+    ]);
+    let admission = Admission::builder()
+        .tool("search", 1, backpressure::SlotPolicy::Wait)
+        .build();
+    let runner: Runner<String> = Runner::new(admission, Duration::ZERO);
+    let calls = (0..5)
+        .map(|_| script.call(CallSpec::new("search", "k"), None))
+        .collect();
+    let results = rt().block_on(runner.execute(calls));
+    assert!(results.iter().all(|r| r.value().is_some()), "{results:?}");
+    let starts = script.starts.lock().unwrap().clone();
+    assert_eq!(starts.len(), 5);
+    assert!(starts[3].duration_since(starts[2]) >= Duration::from_millis(200));
+    assert!(starts[4] >= starts[3]);
+}
