@@ -187,7 +187,7 @@ enum Failure {
 /// # Examples
 ///
 /// ```
-/// use backpressure::{Admission, Call, CallSpec, Provenance, Reply, Runner};
+/// use backpressure::{Admission, Call, CallSpec, Reply, Runner};
 /// use std::sync::atomic::{AtomicUsize, Ordering};
 /// use std::sync::Arc;
 /// use std::time::Duration;
