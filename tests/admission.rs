@@ -366,3 +366,22 @@ fn little_law_helper() {
         1
     );
 }
+
+#[cfg(feature = "serde")]
+#[test]
+fn throttled_serializes_as_the_model_reads_it() {
+    let t = backpressure::Throttled::new(Status::RateLimited, "api_key", "wait for the key")
+        .with_retry_after(Duration::from_millis(4200));
+    assert_eq!(
+        serde_json::to_string(&t).unwrap(),
+        r#"{"status":"rate_limited","scope":"api_key","retry_after_ms":4200,"hint":"wait for the key"}"#
+    );
+    let back: backpressure::Throttled =
+        serde_json::from_str(&serde_json::to_string(&t).unwrap()).unwrap();
+    assert_eq!(back, t);
+    let shed = backpressure::Throttled::new(Status::BudgetExhausted, "run", "done");
+    assert_eq!(
+        serde_json::to_string(&shed).unwrap(),
+        r#"{"status":"budget_exhausted","scope":"run","hint":"done"}"#
+    );
+}

@@ -356,7 +356,18 @@ where
                 continue;
             }
             match policy.decide(&hint, &mut deadline) {
-                Decision::Retry { after } => self.admission.inner.sleeper.sleep(after).await,
+                Decision::Retry { after } => {
+                    #[cfg(feature = "tracing")]
+                    tracing::event!(
+                        tracing::Level::DEBUG,
+                        tool = %call.spec.tool,
+                        status,
+                        attempt = sent,
+                        wait_ms = after.as_millis() as u64,
+                        "backpressure: retried"
+                    );
+                    self.admission.inner.sleeper.sleep(after).await
+                }
                 Decision::Surface(s) => return Err(Failure::Throttled(surfaced(s))),
                 _ => {
                     return Err(Failure::Failed {
