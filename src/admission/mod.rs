@@ -21,29 +21,31 @@
 //! server scope), and `remaining: 0` waits for the reset instead of for the
 //! next 429.
 
+mod builder;
 pub(crate) mod pools;
 mod runner;
 mod throttled;
+mod ticket;
 
 use core::fmt;
-use core::num::NonZeroU32;
 use core::time::Duration;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use crate::bucket::{Quota, Reservation, ReserveError};
+use crate::bucket::{Reservation, ReserveError};
 use crate::clock::{Clock, DefaultClock};
 use crate::headers::ServerHint;
 use crate::keyed::Scoped;
-use crate::semaphore::OwnedSemaphorePermit;
 use crate::sleep::{Sleeper, ThreadSleeper};
 use crate::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
+pub use builder::Builder;
 pub use pools::SlotPolicy;
 pub use runner::{AttemptFuture, Call, CallResult, Reply, Runner};
 pub use throttled::{Status, Throttled};
+pub use ticket::Ticket;
 
 use pools::{acquire_both, Pool, SlotError, Which};
 
@@ -190,244 +192,6 @@ struct ToolState {
     /// The server scope (from limit headers) this tool was seen to fall
     /// under, if any.
     server_scope: RwLock<Option<String>>,
-}
-
-/// Builds an [`Admission`]; every setting has a default.
-///
-/// | setting | default |
-/// | --- | --- |
-/// | global concurrency | 16 |
-/// | per-tool concurrency | 4 (unknown tools too) |
-/// | per-tool policy | [`SlotPolicy::Wait`] |
-/// | credential quota | 10/s, burst 10 |
-/// | wait-queue capacity | 256 waiting calls |
-/// | inline wait threshold | 2 s |
-/// | max honoured Retry-After | 5 min (longer: `quota_exhausted`) |
-/// | expected latency (drain estimates before any call finished) | 1 s |
-/// | run budget | none |
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::{Admission, Quota, SlotPolicy};
-/// use std::num::NonZeroU32;
-///
-/// let admission = Admission::builder()
-///     .global_concurrency(8)
-///     .tool("search_tickets", 4, SlotPolicy::Wait)
-///     .tool("refund", 1, SlotPolicy::FailFast)
-///     .default_quota(Quota::per_second(NonZeroU32::new(10).unwrap()))
-///     .run_budget(50)
-///     .build();
-/// # let _ = admission;
-/// ```
-pub struct Builder<S = ThreadSleeper, C = DefaultClock> {
-    sleeper: S,
-    clock: C,
-    global: usize,
-    default_tool: ToolConfig,
-    tools: HashMap<String, ToolConfig>,
-    default_quota: Quota,
-    quotas: Vec<(String, Quota)>,
-    queue_capacity: usize,
-    inline_wait: Duration,
-    max_retry_after: Duration,
-    expected_latency: Duration,
-    run_budget: Option<u32>,
-}
-
-impl Builder {
-    fn new() -> Self {
-        Self {
-            sleeper: ThreadSleeper::new(),
-            clock: DefaultClock::new(),
-            global: 16,
-            default_tool: ToolConfig {
-                cap: 4,
-                policy: SlotPolicy::Wait,
-                budget: None,
-            },
-            tools: HashMap::new(),
-            default_quota: Quota::per_second(NonZeroU32::new(10).expect("10 > 0")),
-            quotas: Vec::new(),
-            queue_capacity: 256,
-            inline_wait: Duration::from_secs(2),
-            max_retry_after: Duration::from_secs(300),
-            expected_latency: Duration::from_secs(1),
-            run_budget: None,
-        }
-    }
-}
-
-impl<S, C> Builder<S, C> {
-    /// The timer used for inline waits (default: [`ThreadSleeper`], which
-    /// needs no runtime).
-    pub fn sleeper<S2>(self, sleeper: S2) -> Builder<S2, C> {
-        Builder {
-            sleeper,
-            clock: self.clock,
-            global: self.global,
-            default_tool: self.default_tool,
-            tools: self.tools,
-            default_quota: self.default_quota,
-            quotas: self.quotas,
-            queue_capacity: self.queue_capacity,
-            inline_wait: self.inline_wait,
-            max_retry_after: self.max_retry_after,
-            expected_latency: self.expected_latency,
-            run_budget: self.run_budget,
-        }
-    }
-
-    /// The clock of the rate limits (default: [`DefaultClock`]).
-    pub fn clock<C2>(self, clock: C2) -> Builder<S, C2> {
-        Builder {
-            sleeper: self.sleeper,
-            clock,
-            global: self.global,
-            default_tool: self.default_tool,
-            tools: self.tools,
-            default_quota: self.default_quota,
-            quotas: self.quotas,
-            queue_capacity: self.queue_capacity,
-            inline_wait: self.inline_wait,
-            max_retry_after: self.max_retry_after,
-            expected_latency: self.expected_latency,
-            run_budget: self.run_budget,
-        }
-    }
-
-    /// At most `n` calls in flight across all tools (0 is taken as 1).
-    pub fn global_concurrency(mut self, n: usize) -> Self {
-        self.global = n.max(1);
-        self
-    }
-
-    /// Concurrency cap and policy for tools not configured by name.
-    pub fn default_tool(mut self, cap: usize, policy: SlotPolicy) -> Self {
-        self.default_tool.cap = cap.max(1);
-        self.default_tool.policy = policy;
-        self
-    }
-
-    /// Concurrency cap (0 is taken as 1) and slot policy of one tool.
-    pub fn tool(mut self, name: impl Into<String>, cap: usize, policy: SlotPolicy) -> Self {
-        let entry = self
-            .tools
-            .entry(name.into())
-            .or_insert_with(|| self.default_tool.clone());
-        entry.cap = cap.max(1);
-        entry.policy = policy;
-        self
-    }
-
-    /// At most `n` calls of one tool per run.
-    pub fn tool_budget(mut self, name: impl Into<String>, n: u32) -> Self {
-        self.tools
-            .entry(name.into())
-            .or_insert_with(|| self.default_tool.clone())
-            .budget = Some(n);
-        self
-    }
-
-    /// The quota of credentials not configured by name.
-    pub fn default_quota(mut self, quota: Quota) -> Self {
-        self.default_quota = quota;
-        self
-    }
-
-    /// The quota of one credential.
-    pub fn quota(mut self, credential: impl Into<String>, quota: Quota) -> Self {
-        self.quotas.push((credential.into(), quota));
-        self
-    }
-
-    /// At most `n` calls waiting for a slot at once, across all tools;
-    /// more are shed at once with a drain estimate.
-    pub fn queue_capacity(mut self, n: usize) -> Self {
-        self.queue_capacity = n;
-        self
-    }
-
-    /// Rate-limit waits up to this long are slept inside `admit` (invisible
-    /// to the caller); longer ones are returned as `rate_limited`.
-    pub fn inline_wait(mut self, d: Duration) -> Self {
-        self.inline_wait = d;
-        self
-    }
-
-    /// A server hold longer than this is `quota_exhausted` (an operator's
-    /// problem), not `rate_limited`.
-    pub fn max_retry_after(mut self, d: Duration) -> Self {
-        self.max_retry_after = d;
-        self
-    }
-
-    /// The hold time assumed for drain estimates until calls have finished.
-    pub fn expected_latency(mut self, d: Duration) -> Self {
-        self.expected_latency = d;
-        self
-    }
-
-    /// At most `n` calls per run (see [`Admission::reset_run`]).
-    pub fn run_budget(mut self, n: u32) -> Self {
-        self.run_budget = Some(n);
-        self
-    }
-
-    /// Builds the admission layer.
-    pub fn build(self) -> Admission<S, C>
-    where
-        C: Clock + Clone,
-    {
-        let credentials = Scoped::with_clock(self.default_quota, self.clock.clone());
-        for (cred, q) in &self.quotas {
-            credentials.set_quota(cred, *q);
-        }
-        // Server-scope buckets only ever act through `penalize`: their own
-        // quota is effectively unlimited.
-        let open = Quota::with_period(Duration::from_nanos(1))
-            .allow_burst(NonZeroU32::new(1 << 30).expect("non-zero"));
-        let server_scopes = Scoped::with_clock(open, self.clock.clone());
-        let tools = self
-            .tools
-            .into_iter()
-            .map(|(name, cfg)| {
-                let state = Arc::new(ToolState::new(&cfg, self.expected_latency));
-                (name, state)
-            })
-            .collect();
-        Admission {
-            inner: Arc::new(Inner {
-                sleeper: self.sleeper,
-                clock: self.clock,
-                global: Pool::new(self.global, self.expected_latency),
-                waiting: AtomicUsize::new(0),
-                queue_capacity: self.queue_capacity,
-                tools: RwLock::new(tools),
-                default_tool: self.default_tool,
-                credentials,
-                server_scopes,
-                inline_wait: self.inline_wait,
-                max_retry_after: self.max_retry_after,
-                expected_latency: self.expected_latency,
-                run_budget: self.run_budget,
-                run_used: AtomicU32::new(0),
-                closed: AtomicBool::new(false),
-            }),
-        }
-    }
-}
-
-impl<S: fmt::Debug, C: fmt::Debug> fmt::Debug for Builder<S, C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Builder")
-            .field("global", &self.global)
-            .field("tools", &self.tools)
-            .field("queue_capacity", &self.queue_capacity)
-            .field("inline_wait", &self.inline_wait)
-            .finish_non_exhaustive()
-    }
 }
 
 impl ToolState {
@@ -906,93 +670,6 @@ impl<S, C: Clock> fmt::Debug for Admission<S, C> {
             .field("global_cap", &self.inner.global.cap)
             .field("waiting", &self.inner.waiting.load(Ordering::Relaxed))
             .field("queue_capacity", &self.inner.queue_capacity)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Permission to run one call: holds its tool slot and its global slot
-/// until dropped.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::{Admission, CallSpec, ServerHint};
-/// use std::time::SystemTime;
-/// # futures::executor::block_on(async {
-/// let admission = Admission::builder().build();
-/// let ticket = admission.admit(&CallSpec::new("search", "key")).await.unwrap();
-/// // ... the call returned 200 with `RateLimit-Remaining: 0`, reset in 5 s:
-/// let hint = ServerHint::from_headers(
-///     [("ratelimit-remaining", "0"), ("ratelimit-reset", "5")],
-///     SystemTime::now(),
-/// );
-/// assert!(ticket.observe(200, &hint).is_some()); // the next call waits for the reset
-/// # });
-/// ```
-#[must_use = "the call's slots are released as soon as the ticket is dropped"]
-pub struct Ticket<S = ThreadSleeper, C = DefaultClock>
-where
-    S: Sleeper,
-    C: Clock,
-{
-    admission: Admission<S, C>,
-    tool: Arc<ToolState>,
-    tool_name: String,
-    credential: String,
-    started_at: u64,
-    _slots: (OwnedSemaphorePermit, OwnedSemaphorePermit),
-}
-
-impl<S: Sleeper, C: Clock> Ticket<S, C> {
-    /// Feeds the server's answer back; returns the hold applied, if any.
-    ///
-    /// * a `Retry-After` (on a 429, 503 or any status) holds back every call
-    ///   on this credential until then; with a server scope in the headers,
-    ///   only the calls under that scope (this tool's);
-    /// * `remaining: 0` with a reset time holds calls until the reset, so
-    ///   the next call waits instead of drawing the next 429;
-    /// * a bare 429 holds the credential for one second.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Admission, CallSpec, ServerHint};
-    /// use std::time::{Duration, SystemTime};
-    /// # futures::executor::block_on(async {
-    /// let admission = Admission::builder().build();
-    /// let ticket = admission.admit(&CallSpec::new("search", "key")).await.unwrap();
-    /// let hint = ServerHint::from_headers([("retry-after", "60")], SystemTime::now());
-    /// assert_eq!(ticket.observe(429, &hint), Some(Duration::from_secs(60)));
-    /// drop(ticket);
-    /// let next = admission.admit(&CallSpec::new("search", "key")).await.unwrap_err();
-    /// assert_eq!(next.scope, "api_key");
-    /// # });
-    /// ```
-    pub fn observe(&self, status: u16, hint: &ServerHint) -> Option<Duration> {
-        self.admission
-            .observe(&self.tool_name, &self.credential, status, hint)
-    }
-
-    /// The tool this ticket admits.
-    pub fn tool(&self) -> &str {
-        &self.tool_name
-    }
-}
-
-impl<S: Sleeper, C: Clock> Drop for Ticket<S, C> {
-    fn drop(&mut self) {
-        let now = self.admission.inner.clock.now_nanos();
-        let held = Duration::from_nanos(now.saturating_sub(self.started_at));
-        self.tool.pool.record_hold(held);
-        self.admission.inner.global.record_hold(held);
-    }
-}
-
-impl<S: Sleeper, C: Clock> fmt::Debug for Ticket<S, C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Ticket")
-            .field("tool", &self.tool_name)
-            .field("credential", &"<redacted>")
             .finish_non_exhaustive()
     }
 }

@@ -1,0 +1,256 @@
+//! [`Builder`]: the admission layer's settings and their defaults.
+
+use core::fmt;
+use core::num::NonZeroU32;
+use core::time::Duration;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::bucket::Quota;
+use crate::clock::{Clock, DefaultClock};
+use crate::keyed::Scoped;
+use crate::sleep::ThreadSleeper;
+use crate::sync::{AtomicBool, AtomicU32, AtomicUsize};
+
+use super::pools::{Pool, SlotPolicy};
+use super::{Admission, Inner, ToolConfig, ToolState};
+
+/// Builds an [`Admission`]; every setting has a default.
+///
+/// | setting | default |
+/// | --- | --- |
+/// | global concurrency | 16 |
+/// | per-tool concurrency | 4 (unknown tools too) |
+/// | per-tool policy | [`SlotPolicy::Wait`] |
+/// | credential quota | 10/s, burst 10 |
+/// | wait-queue capacity | 256 waiting calls |
+/// | inline wait threshold | 2 s |
+/// | max honoured Retry-After | 5 min (longer: `quota_exhausted`) |
+/// | expected latency (drain estimates before any call finished) | 1 s |
+/// | run budget | none |
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{Admission, Quota, SlotPolicy};
+/// use std::num::NonZeroU32;
+///
+/// let admission = Admission::builder()
+///     .global_concurrency(8)
+///     .tool("search_tickets", 4, SlotPolicy::Wait)
+///     .tool("refund", 1, SlotPolicy::FailFast)
+///     .default_quota(Quota::per_second(NonZeroU32::new(10).unwrap()))
+///     .run_budget(50)
+///     .build();
+/// # let _ = admission;
+/// ```
+pub struct Builder<S = ThreadSleeper, C = DefaultClock> {
+    sleeper: S,
+    clock: C,
+    global: usize,
+    default_tool: ToolConfig,
+    tools: HashMap<String, ToolConfig>,
+    default_quota: Quota,
+    quotas: Vec<(String, Quota)>,
+    queue_capacity: usize,
+    inline_wait: Duration,
+    max_retry_after: Duration,
+    expected_latency: Duration,
+    run_budget: Option<u32>,
+}
+
+impl Builder {
+    pub(super) fn new() -> Self {
+        Self {
+            sleeper: ThreadSleeper::new(),
+            clock: DefaultClock::new(),
+            global: 16,
+            default_tool: ToolConfig {
+                cap: 4,
+                policy: SlotPolicy::Wait,
+                budget: None,
+            },
+            tools: HashMap::new(),
+            default_quota: Quota::per_second(NonZeroU32::new(10).expect("10 > 0")),
+            quotas: Vec::new(),
+            queue_capacity: 256,
+            inline_wait: Duration::from_secs(2),
+            max_retry_after: Duration::from_secs(300),
+            expected_latency: Duration::from_secs(1),
+            run_budget: None,
+        }
+    }
+}
+
+impl<S, C> Builder<S, C> {
+    /// The timer used for inline waits (default: [`ThreadSleeper`], which
+    /// needs no runtime).
+    pub fn sleeper<S2>(self, sleeper: S2) -> Builder<S2, C> {
+        Builder {
+            sleeper,
+            clock: self.clock,
+            global: self.global,
+            default_tool: self.default_tool,
+            tools: self.tools,
+            default_quota: self.default_quota,
+            quotas: self.quotas,
+            queue_capacity: self.queue_capacity,
+            inline_wait: self.inline_wait,
+            max_retry_after: self.max_retry_after,
+            expected_latency: self.expected_latency,
+            run_budget: self.run_budget,
+        }
+    }
+
+    /// The clock of the rate limits (default: [`DefaultClock`]).
+    pub fn clock<C2>(self, clock: C2) -> Builder<S, C2> {
+        Builder {
+            sleeper: self.sleeper,
+            clock,
+            global: self.global,
+            default_tool: self.default_tool,
+            tools: self.tools,
+            default_quota: self.default_quota,
+            quotas: self.quotas,
+            queue_capacity: self.queue_capacity,
+            inline_wait: self.inline_wait,
+            max_retry_after: self.max_retry_after,
+            expected_latency: self.expected_latency,
+            run_budget: self.run_budget,
+        }
+    }
+
+    /// At most `n` calls in flight across all tools (0 is taken as 1).
+    pub fn global_concurrency(mut self, n: usize) -> Self {
+        self.global = n.max(1);
+        self
+    }
+
+    /// Concurrency cap and policy for tools not configured by name.
+    pub fn default_tool(mut self, cap: usize, policy: SlotPolicy) -> Self {
+        self.default_tool.cap = cap.max(1);
+        self.default_tool.policy = policy;
+        self
+    }
+
+    /// Concurrency cap (0 is taken as 1) and slot policy of one tool.
+    pub fn tool(mut self, name: impl Into<String>, cap: usize, policy: SlotPolicy) -> Self {
+        let entry = self
+            .tools
+            .entry(name.into())
+            .or_insert_with(|| self.default_tool.clone());
+        entry.cap = cap.max(1);
+        entry.policy = policy;
+        self
+    }
+
+    /// At most `n` calls of one tool per run.
+    pub fn tool_budget(mut self, name: impl Into<String>, n: u32) -> Self {
+        self.tools
+            .entry(name.into())
+            .or_insert_with(|| self.default_tool.clone())
+            .budget = Some(n);
+        self
+    }
+
+    /// The quota of credentials not configured by name.
+    pub fn default_quota(mut self, quota: Quota) -> Self {
+        self.default_quota = quota;
+        self
+    }
+
+    /// The quota of one credential.
+    pub fn quota(mut self, credential: impl Into<String>, quota: Quota) -> Self {
+        self.quotas.push((credential.into(), quota));
+        self
+    }
+
+    /// At most `n` calls waiting for a slot at once, across all tools;
+    /// more are shed at once with a drain estimate.
+    pub fn queue_capacity(mut self, n: usize) -> Self {
+        self.queue_capacity = n;
+        self
+    }
+
+    /// Rate-limit waits up to this long are slept inside `admit` (invisible
+    /// to the caller); longer ones are returned as `rate_limited`.
+    pub fn inline_wait(mut self, d: Duration) -> Self {
+        self.inline_wait = d;
+        self
+    }
+
+    /// A server hold longer than this is `quota_exhausted` (an operator's
+    /// problem), not `rate_limited`.
+    pub fn max_retry_after(mut self, d: Duration) -> Self {
+        self.max_retry_after = d;
+        self
+    }
+
+    /// The hold time assumed for drain estimates until calls have finished.
+    pub fn expected_latency(mut self, d: Duration) -> Self {
+        self.expected_latency = d;
+        self
+    }
+
+    /// At most `n` calls per run (see [`Admission::reset_run`]).
+    pub fn run_budget(mut self, n: u32) -> Self {
+        self.run_budget = Some(n);
+        self
+    }
+
+    /// Builds the admission layer.
+    pub fn build(self) -> Admission<S, C>
+    where
+        C: Clock + Clone,
+    {
+        let credentials = Scoped::with_clock(self.default_quota, self.clock.clone());
+        for (cred, q) in &self.quotas {
+            credentials.set_quota(cred, *q);
+        }
+        // Server-scope buckets only ever act through `penalize`: their own
+        // quota is effectively unlimited.
+        let open = Quota::with_period(Duration::from_nanos(1))
+            .allow_burst(NonZeroU32::new(1 << 30).expect("non-zero"));
+        let server_scopes = Scoped::with_clock(open, self.clock.clone());
+        let tools = self
+            .tools
+            .into_iter()
+            .map(|(name, cfg)| {
+                let state = Arc::new(ToolState::new(&cfg, self.expected_latency));
+                (name, state)
+            })
+            .collect();
+        Admission {
+            inner: Arc::new(Inner {
+                sleeper: self.sleeper,
+                clock: self.clock,
+                global: Pool::new(self.global, self.expected_latency),
+                waiting: AtomicUsize::new(0),
+                queue_capacity: self.queue_capacity,
+                tools: RwLock::new(tools),
+                default_tool: self.default_tool,
+                credentials,
+                server_scopes,
+                inline_wait: self.inline_wait,
+                max_retry_after: self.max_retry_after,
+                expected_latency: self.expected_latency,
+                run_budget: self.run_budget,
+                run_used: AtomicU32::new(0),
+                closed: AtomicBool::new(false),
+            }),
+        }
+    }
+}
+
+impl<S: fmt::Debug, C: fmt::Debug> fmt::Debug for Builder<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("global", &self.global)
+            .field("tools", &self.tools)
+            .field("queue_capacity", &self.queue_capacity)
+            .field("inline_wait", &self.inline_wait)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,100 @@
+//! [`Ticket`]: the permission to run one call, and the way back for the
+//! server's answer.
+
+use core::fmt;
+use core::time::Duration;
+use std::sync::Arc;
+
+use crate::clock::{Clock, DefaultClock};
+use crate::headers::ServerHint;
+use crate::semaphore::OwnedSemaphorePermit;
+use crate::sleep::{Sleeper, ThreadSleeper};
+
+use super::{Admission, ToolState};
+
+/// Permission to run one call: holds its tool slot and its global slot
+/// until dropped.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{Admission, CallSpec, ServerHint};
+/// use std::time::SystemTime;
+/// # futures::executor::block_on(async {
+/// let admission = Admission::builder().build();
+/// let ticket = admission.admit(&CallSpec::new("search", "key")).await.unwrap();
+/// // ... the call returned 200 with `RateLimit-Remaining: 0`, reset in 5 s:
+/// let hint = ServerHint::from_headers(
+///     [("ratelimit-remaining", "0"), ("ratelimit-reset", "5")],
+///     SystemTime::now(),
+/// );
+/// assert!(ticket.observe(200, &hint).is_some()); // the next call waits for the reset
+/// # });
+/// ```
+#[must_use = "the call's slots are released as soon as the ticket is dropped"]
+pub struct Ticket<S = ThreadSleeper, C = DefaultClock>
+where
+    S: Sleeper,
+    C: Clock,
+{
+    pub(super) admission: Admission<S, C>,
+    pub(super) tool: Arc<ToolState>,
+    pub(super) tool_name: String,
+    pub(super) credential: String,
+    pub(super) started_at: u64,
+    pub(super) _slots: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+}
+
+impl<S: Sleeper, C: Clock> Ticket<S, C> {
+    /// Feeds the server's answer back; returns the hold applied, if any.
+    ///
+    /// * a `Retry-After` (on a 429, 503 or any status) holds back every call
+    ///   on this credential until then; with a server scope in the headers,
+    ///   only the calls under that scope (this tool's);
+    /// * `remaining: 0` with a reset time holds calls until the reset, so
+    ///   the next call waits instead of drawing the next 429;
+    /// * a bare 429 holds the credential for one second.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, CallSpec, ServerHint};
+    /// use std::time::{Duration, SystemTime};
+    /// # futures::executor::block_on(async {
+    /// let admission = Admission::builder().build();
+    /// let ticket = admission.admit(&CallSpec::new("search", "key")).await.unwrap();
+    /// let hint = ServerHint::from_headers([("retry-after", "60")], SystemTime::now());
+    /// assert_eq!(ticket.observe(429, &hint), Some(Duration::from_secs(60)));
+    /// drop(ticket);
+    /// let next = admission.admit(&CallSpec::new("search", "key")).await.unwrap_err();
+    /// assert_eq!(next.scope, "api_key");
+    /// # });
+    /// ```
+    pub fn observe(&self, status: u16, hint: &ServerHint) -> Option<Duration> {
+        self.admission
+            .observe(&self.tool_name, &self.credential, status, hint)
+    }
+
+    /// The tool this ticket admits.
+    pub fn tool(&self) -> &str {
+        &self.tool_name
+    }
+}
+
+impl<S: Sleeper, C: Clock> Drop for Ticket<S, C> {
+    fn drop(&mut self) {
+        let now = self.admission.inner.clock.now_nanos();
+        let held = Duration::from_nanos(now.saturating_sub(self.started_at));
+        self.tool.pool.record_hold(held);
+        self.admission.inner.global.record_hold(held);
+    }
+}
+
+impl<S: Sleeper, C: Clock> fmt::Debug for Ticket<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ticket")
+            .field("tool", &self.tool_name)
+            .field("credential", &"<redacted>")
+            .finish_non_exhaustive()
+    }
+}
