@@ -87,6 +87,14 @@ impl Builder {
 impl<S, C> Builder<S, C> {
     /// The timer used for inline waits (default: [`ThreadSleeper`], which
     /// needs no runtime).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, ThreadSleeper};
+    /// let admission = Admission::builder().sleeper(ThreadSleeper::new()).build();
+    /// # let _ = admission;
+    /// ```
     pub fn sleeper<S2>(self, sleeper: S2) -> Builder<S2, C> {
         Builder {
             sleeper,
@@ -105,6 +113,14 @@ impl<S, C> Builder<S, C> {
     }
 
     /// The clock of the rate limits (default: [`DefaultClock`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, ManualClock};
+    /// let admission = Admission::builder().clock(ManualClock::new()).build();
+    /// # let _ = admission;
+    /// ```
     pub fn clock<C2>(self, clock: C2) -> Builder<S, C2> {
         Builder {
             sleeper: self.sleeper,
@@ -123,12 +139,28 @@ impl<S, C> Builder<S, C> {
     }
 
     /// At most `n` calls in flight across all tools (0 is taken as 1).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::Admission;
+    /// let admission = Admission::builder().global_concurrency(32).build();
+    /// # let _ = admission;
+    /// ```
     pub fn global_concurrency(mut self, n: usize) -> Self {
         self.global = n.max(1);
         self
     }
 
     /// Concurrency cap and policy for tools not configured by name.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, SlotPolicy};
+    /// let admission = Admission::builder().default_tool(2, SlotPolicy::Queue(8)).build();
+    /// # let _ = admission;
+    /// ```
     pub fn default_tool(mut self, cap: usize, policy: SlotPolicy) -> Self {
         self.default_tool.cap = cap.max(1);
         self.default_tool.policy = policy;
@@ -136,6 +168,14 @@ impl<S, C> Builder<S, C> {
     }
 
     /// Concurrency cap (0 is taken as 1) and slot policy of one tool.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, SlotPolicy};
+    /// let admission = Admission::builder().tool("create_refund", 1, SlotPolicy::FailFast).build();
+    /// # let _ = admission;
+    /// ```
     pub fn tool(mut self, name: impl Into<String>, cap: usize, policy: SlotPolicy) -> Self {
         let entry = self
             .tools
@@ -147,6 +187,18 @@ impl<S, C> Builder<S, C> {
     }
 
     /// At most `n` calls of one tool per run.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, CallSpec, Status};
+    /// # futures::executor::block_on(async {
+    /// let admission = Admission::builder().tool_budget("search", 1).build();
+    /// drop(admission.admit(&CallSpec::new("search", "k")).await.unwrap());
+    /// let err = admission.admit(&CallSpec::new("search", "k")).await.unwrap_err();
+    /// assert_eq!(err.status, Status::BudgetExhausted);
+    /// # });
+    /// ```
     pub fn tool_budget(mut self, name: impl Into<String>, n: u32) -> Self {
         self.tools
             .entry(name.into())
@@ -156,12 +208,34 @@ impl<S, C> Builder<S, C> {
     }
 
     /// The quota of credentials not configured by name.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, Quota};
+    /// use std::num::NonZeroU32;
+    /// let admission = Admission::builder()
+    ///     .default_quota(Quota::per_minute(NonZeroU32::new(600).unwrap()))
+    ///     .build();
+    /// # let _ = admission;
+    /// ```
     pub fn default_quota(mut self, quota: Quota) -> Self {
         self.default_quota = quota;
         self
     }
 
     /// The quota of one credential.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, Quota};
+    /// use std::num::NonZeroU32;
+    /// let admission = Admission::builder()
+    ///     .quota("enterprise-key", Quota::per_second(NonZeroU32::new(100).unwrap()))
+    ///     .build();
+    /// # let _ = admission;
+    /// ```
     pub fn quota(mut self, credential: impl Into<String>, quota: Quota) -> Self {
         self.quotas.push((credential.into(), quota));
         self
@@ -169,6 +243,14 @@ impl<S, C> Builder<S, C> {
 
     /// At most `n` calls waiting for a slot at once, across all tools;
     /// more are shed at once with a drain estimate.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::Admission;
+    /// let admission = Admission::builder().queue_capacity(64).build();
+    /// # let _ = admission;
+    /// ```
     pub fn queue_capacity(mut self, n: usize) -> Self {
         self.queue_capacity = n;
         self
@@ -176,6 +258,15 @@ impl<S, C> Builder<S, C> {
 
     /// Rate-limit waits up to this long are slept inside `admit` (invisible
     /// to the caller); longer ones are returned as `rate_limited`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::Admission;
+    /// use std::time::Duration;
+    /// let admission = Admission::builder().inline_wait(Duration::from_millis(500)).build();
+    /// # let _ = admission;
+    /// ```
     pub fn inline_wait(mut self, d: Duration) -> Self {
         self.inline_wait = d;
         self
@@ -183,24 +274,58 @@ impl<S, C> Builder<S, C> {
 
     /// A server hold longer than this is `quota_exhausted` (an operator's
     /// problem), not `rate_limited`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::Admission;
+    /// use std::time::Duration;
+    /// let admission = Admission::builder().max_retry_after(Duration::from_secs(60)).build();
+    /// # let _ = admission;
+    /// ```
     pub fn max_retry_after(mut self, d: Duration) -> Self {
         self.max_retry_after = d;
         self
     }
 
     /// The hold time assumed for drain estimates until calls have finished.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::Admission;
+    /// use std::time::Duration;
+    /// let admission = Admission::builder().expected_latency(Duration::from_millis(400)).build();
+    /// # let _ = admission;
+    /// ```
     pub fn expected_latency(mut self, d: Duration) -> Self {
         self.expected_latency = d;
         self
     }
 
     /// At most `n` calls per run (see [`Admission::reset_run`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::Admission;
+    /// let admission = Admission::builder().run_budget(40).build();
+    /// # let _ = admission;
+    /// ```
     pub fn run_budget(mut self, n: u32) -> Self {
         self.run_budget = Some(n);
         self
     }
 
     /// Builds the admission layer.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::Admission;
+    /// let admission = Admission::builder().build();
+    /// assert_eq!(admission.waiting(), 0);
+    /// ```
     pub fn build(self) -> Admission<S, C>
     where
         C: Clock + Clone,

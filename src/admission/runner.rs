@@ -52,6 +52,13 @@ pub struct Reply<V> {
 
 impl<V> Reply<V> {
     /// A reply with no limit headers.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::Reply;
+    /// assert_eq!(Reply::new(204, ()).status, 204);
+    /// ```
     pub fn new(status: u16, value: V) -> Self {
         Self {
             status,
@@ -61,12 +68,30 @@ impl<V> Reply<V> {
     }
 
     /// Attaches the limit headers.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Reply, ServerHint};
+    /// use std::time::{Duration, SystemTime};
+    /// let hint = ServerHint::from_headers([("retry-after", "2")], SystemTime::now());
+    /// let reply = Reply::new(429, ()).with_hint(hint);
+    /// assert_eq!(reply.hint.retry_after, Some(Duration::from_secs(2)));
+    /// ```
     pub fn with_hint(mut self, hint: ServerHint) -> Self {
         self.hint = hint;
         self
     }
 
     /// 2xx.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::Reply;
+    /// assert!(Reply::new(201, ()).is_success());
+    /// assert!(!Reply::new(503, ()).is_success());
+    /// ```
     pub fn is_success(&self) -> bool {
         (200..300).contains(&self.status)
     }
@@ -96,6 +121,14 @@ pub struct Call<V> {
 
 impl<V> Call<V> {
     /// A call; `make` starts one attempt each time it is called.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Call, CallSpec, Reply};
+    /// let call = Call::new(CallSpec::new("get_usage", "key"), || async { Ok(Reply::new(200, 42u64)) });
+    /// # let _ = call;
+    /// ```
     pub fn new<F, Fut>(spec: CallSpec, make: F) -> Self
     where
         F: Fn() -> Fut + Send + Sync + 'static,
@@ -111,6 +144,15 @@ impl<V> Call<V> {
     /// The canonical arguments of a read: reads of one tool with equal keys
     /// share one execution and, within the TTL, one cached result. Ignored
     /// for writes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Call, CallSpec, Reply};
+    /// let call = Call::new(CallSpec::new("search", "key"), || async { Ok(Reply::new(200, ())) })
+    ///     .coalesce_key("q=refund&page=1");
+    /// # let _ = call;
+    /// ```
     pub fn coalesce_key(mut self, key: impl Into<String>) -> Self {
         self.key = Some(key.into());
         self
@@ -155,6 +197,14 @@ pub enum CallResult<V> {
 
 impl<V> CallResult<V> {
     /// The value, if the call succeeded.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{CallResult, Provenance};
+    /// let r = CallResult::Done { value: 7, provenance: Provenance::Leader, attempts: 1 };
+    /// assert_eq!(r.value(), Some(&7));
+    /// ```
     pub fn value(&self) -> Option<&V> {
         match self {
             CallResult::Done { value, .. } => Some(value),
@@ -163,6 +213,14 @@ impl<V> CallResult<V> {
     }
 
     /// The structured refusal, if any.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{CallResult, Status, Throttled};
+    /// let r: CallResult<()> = CallResult::Throttled(Throttled::new(Status::Shed, "queue", "busy"));
+    /// assert_eq!(r.throttled().unwrap().status, Status::Shed);
+    /// ```
     pub fn throttled(&self) -> Option<&Throttled> {
         match self {
             CallResult::Throttled(t) => Some(t),
@@ -227,6 +285,15 @@ where
     /// `cache_ttl` (zero disables the cache; coalescing of reads in flight
     /// stays on). Transient failures are retried up to 3 times with full
     /// jitter from 100 ms to 5 s.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, Runner};
+    /// use std::time::Duration;
+    /// let runner: Runner<String> = Runner::new(Admission::builder().build(), Duration::from_secs(3));
+    /// # let _ = runner;
+    /// ```
     pub fn new(admission: Admission<S, C>, cache_ttl: Duration) -> Self {
         let clock = admission.inner.clock.clone();
         let mut flights = SingleFlight::builder().clock(clock);
@@ -245,6 +312,16 @@ where
 
     /// Sets the backoff of transient-failure retries (its seed makes runs
     /// reproducible) and how many retries a call gets.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, Backoff, Runner};
+    /// use std::time::Duration;
+    /// let runner: Runner<String> = Runner::new(Admission::builder().build(), Duration::ZERO)
+    ///     .retries(Backoff::new(Duration::from_millis(50), Duration::from_secs(1)).seed(7), 2);
+    /// # let _ = runner;
+    /// ```
     pub fn retries(self, backoff: Backoff, max_retries: u32) -> Self {
         *self.retry.lock() = RetryPolicy::new(backoff).max_retries(max_retries);
         Self {
@@ -254,22 +331,67 @@ where
     }
 
     /// Drops the turn's cached reads (call it at the end of a turn).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, Runner};
+    /// use std::time::Duration;
+    /// let runner: Runner<String> = Runner::new(Admission::builder().build(), Duration::from_secs(3));
+    /// runner.clear_cache(); // end of the turn
+    /// ```
     pub fn clear_cache(&self) {
         self.flights.clear();
     }
 
     /// The admission layer the runner uses.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, Runner};
+    /// use std::time::Duration;
+    /// let runner: Runner<String> = Runner::new(Admission::builder().build(), Duration::ZERO);
+    /// assert_eq!(runner.admission().waiting(), 0);
+    /// ```
     pub fn admission(&self) -> &Admission<S, C> {
         &self.admission
     }
 
     /// Runs every call concurrently and returns the results in input order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, Call, CallSpec, Reply, Runner};
+    /// use std::time::Duration;
+    /// # futures::executor::block_on(async {
+    /// let runner: Runner<u32> = Runner::new(Admission::builder().build(), Duration::ZERO);
+    /// let calls = (0..3)
+    ///     .map(|i| Call::new(CallSpec::new("t", "k"), move || async move { Ok(Reply::new(200, i)) }))
+    ///     .collect();
+    /// let results = runner.execute(calls).await;
+    /// assert_eq!(results.iter().map(|r| *r.value().unwrap()).collect::<Vec<_>>(), [0, 1, 2]);
+    /// # });
+    /// ```
     pub async fn execute(&self, calls: Vec<Call<V>>) -> Vec<CallResult<V>> {
         let futures: Vec<_> = calls.into_iter().map(|c| Box::pin(self.one(c))).collect();
         join_all(futures).await
     }
 
     /// Runs one call.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, Call, CallSpec, Reply, Runner};
+    /// use std::time::Duration;
+    /// # futures::executor::block_on(async {
+    /// let runner: Runner<&str> = Runner::new(Admission::builder().build(), Duration::ZERO);
+    /// let r = runner.one(Call::new(CallSpec::new("t", "k"), || async { Ok(Reply::new(200, "ok")) })).await;
+    /// assert_eq!(r.value(), Some(&"ok"));
+    /// # });
+    /// ```
     pub async fn one(&self, call: Call<V>) -> CallResult<V> {
         let key = match (&call.key, call.spec.kind) {
             (Some(k), Kind::Read) => Some((call.spec.tool.clone(), k.clone())),
