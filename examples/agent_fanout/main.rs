@@ -103,6 +103,70 @@ struct Row {
     wall: Duration,
 }
 
+impl Row {
+    const LABELS: [&'static str; 8] = [
+        "HTTP requests sent (harness)",
+        "429s received (harness)",
+        "calls surfaced as rate_limited",
+        "calls reported as generic failures",
+        "duplicate reads coalesced",
+        "max requests in flight at the API",
+        "production-job 429s",
+        "wall time of the turn",
+    ];
+
+    fn cells(&self) -> [String; 8] {
+        [
+            self.requests.to_string(),
+            self.throttled.to_string(),
+            self.surfaced_rate_limited.to_string(),
+            self.generic_failures.to_string(),
+            self.coalesced.to_string(),
+            self.max_in_flight.to_string(),
+            format!("{}/{}", self.prod_failures, self.prod_requests),
+            format!("{:.2} s", self.wall.as_secs_f64()),
+        ]
+    }
+}
+
+/// A fresh API with the production job already running on the key.
+struct Stage {
+    srv: server::Server,
+    stop: Arc<AtomicBool>,
+    prod: tokio::task::JoinHandle<()>,
+    started: Instant,
+}
+
+impl Stage {
+    async fn start(rate: u32) -> Stage {
+        let srv = server::start(
+            rate as usize,
+            Duration::from_secs(1),
+            Duration::from_millis(150),
+        )
+        .await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let prod = start_prod_job(srv.addr, rate, stop.clone());
+        // The job has been running for a while: its requests fill the window.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        Stage {
+            srv,
+            stop,
+            prod,
+            started: Instant::now(),
+        }
+    }
+
+    /// Stops the job and fills in what the server saw.
+    async fn finish(self, row: &mut Row) {
+        row.wall = self.started.elapsed();
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.prod.await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        fill_server_stats(row, &self.srv);
+    }
+}
+
 /// The production job: steady requests on the same key until told to stop.
 fn start_prod_job(
     addr: SocketAddr,
@@ -122,17 +186,8 @@ fn start_prod_job(
 }
 
 async fn naive(rate: u32, turn: &[ToolCall]) -> Row {
-    let srv = server::start(
-        rate as usize,
-        Duration::from_secs(1),
-        Duration::from_millis(150),
-    )
-    .await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let prod = start_prod_job(srv.addr, rate, stop.clone());
-    // The job has been running for a while: its requests fill the window.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    let started = Instant::now();
+    let stage = Stage::start(rate).await;
+    let addr = stage.srv.addr;
     let mut row = Row::default();
     let mut round = turn.to_vec();
     for _ in 0..2 {
@@ -140,7 +195,6 @@ async fn naive(rate: u32, turn: &[ToolCall]) -> Row {
             .iter()
             .cloned()
             .map(|c| {
-                let addr = srv.addr;
                 tokio::spawn(async move {
                     for _ in 0..4 {
                         match server::get(addr, &c.path(), KEY, "harness").await {
@@ -166,25 +220,12 @@ async fn naive(rate: u32, turn: &[ToolCall]) -> Row {
         // "tool failed": the model tries again, and asks for more.
         round = follow_ups(&failed);
     }
-    row.wall = started.elapsed();
-    stop.store(true, Ordering::SeqCst);
-    let _ = prod.await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    fill_server_stats(&mut row, &srv);
+    stage.finish(&mut row).await;
     row
 }
 
 async fn with_backpressure(rate: u32, turn: &[ToolCall], seed: u64) -> Row {
-    let srv = server::start(
-        rate as usize,
-        Duration::from_secs(1),
-        Duration::from_millis(150),
-    )
-    .await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let prod = start_prod_job(srv.addr, rate, stop.clone());
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    let started = Instant::now();
+    let stage = Stage::start(rate).await;
 
     // The harness knows the API's published rate and the latency it sees;
     // Little's law gives the concurrency that rate can keep busy.
@@ -208,7 +249,7 @@ async fn with_backpressure(rate: u32, turn: &[ToolCall], seed: u64) -> Row {
         let calls = round
             .iter()
             .map(|c| {
-                let (addr, path) = (srv.addr, c.path());
+                let (addr, path) = (stage.srv.addr, c.path());
                 Call::new(
                     CallSpec::new(c.tool, KEY).deadline(Duration::from_secs(20)),
                     move || {
@@ -251,11 +292,7 @@ async fn with_backpressure(rate: u32, turn: &[ToolCall], seed: u64) -> Row {
         }
         round = follow_ups(&failed);
     }
-    row.wall = started.elapsed();
-    stop.store(true, Ordering::SeqCst);
-    let _ = prod.await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    fill_server_stats(&mut row, &srv);
+    stage.finish(&mut row).await;
     row
 }
 
@@ -332,50 +369,7 @@ fn main() {
     println!();
     println!("| {:<38} | {:>8} | {:>12} |", "", "naive", "backpressure");
     println!("|{:-<40}|{:->10}|{:->14}|", "", "", "");
-    let rows: [(&str, String, String); 9] = [
-        (
-            "HTTP requests sent (harness)",
-            naive.requests.to_string(),
-            bp.requests.to_string(),
-        ),
-        (
-            "429s received (harness)",
-            naive.throttled.to_string(),
-            bp.throttled.to_string(),
-        ),
-        (
-            "calls surfaced as rate_limited",
-            naive.surfaced_rate_limited.to_string(),
-            bp.surfaced_rate_limited.to_string(),
-        ),
-        (
-            "calls reported as generic failures",
-            naive.generic_failures.to_string(),
-            bp.generic_failures.to_string(),
-        ),
-        (
-            "duplicate reads coalesced",
-            naive.coalesced.to_string(),
-            bp.coalesced.to_string(),
-        ),
-        (
-            "max requests in flight at the API",
-            naive.max_in_flight.to_string(),
-            bp.max_in_flight.to_string(),
-        ),
-        (
-            "production-job 429s",
-            format!("{}/{}", naive.prod_failures, naive.prod_requests),
-            format!("{}/{}", bp.prod_failures, bp.prod_requests),
-        ),
-        (
-            "wall time of the turn",
-            format!("{:.2} s", naive.wall.as_secs_f64()),
-            format!("{:.2} s", bp.wall.as_secs_f64()),
-        ),
-        ("", String::new(), String::new()),
-    ];
-    for (name, a, b) in rows.iter().take(8) {
-        println!("| {name:<38} | {a:>8} | {b:>12} |");
+    for ((label, a), b) in Row::LABELS.iter().zip(naive.cells()).zip(bp.cells()) {
+        println!("| {label:<38} | {a:>8} | {b:>12} |");
     }
 }
