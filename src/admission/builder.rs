@@ -49,6 +49,13 @@ use super::{Admission, Inner, ToolConfig, ToolState};
 pub struct Builder<S = ThreadSleeper, C = DefaultClock> {
     sleeper: S,
     clock: C,
+    cfg: Settings,
+}
+
+/// Everything but the sleeper and the clock (which change the builder's
+/// type).
+#[derive(Debug)]
+struct Settings {
     global: usize,
     default_tool: ToolConfig,
     tools: HashMap<String, ToolConfig>,
@@ -66,20 +73,22 @@ impl Builder {
         Self {
             sleeper: ThreadSleeper::new(),
             clock: DefaultClock::new(),
-            global: 16,
-            default_tool: ToolConfig {
-                cap: 4,
-                policy: SlotPolicy::Wait,
-                budget: None,
+            cfg: Settings {
+                global: 16,
+                default_tool: ToolConfig {
+                    cap: 4,
+                    policy: SlotPolicy::Wait,
+                    budget: None,
+                },
+                tools: HashMap::new(),
+                default_quota: Quota::per_second(NonZeroU32::new(10).expect("10 > 0")),
+                quotas: Vec::new(),
+                queue_capacity: 256,
+                inline_wait: Duration::from_secs(2),
+                max_retry_after: Duration::from_secs(300),
+                expected_latency: Duration::from_secs(1),
+                run_budget: None,
             },
-            tools: HashMap::new(),
-            default_quota: Quota::per_second(NonZeroU32::new(10).expect("10 > 0")),
-            quotas: Vec::new(),
-            queue_capacity: 256,
-            inline_wait: Duration::from_secs(2),
-            max_retry_after: Duration::from_secs(300),
-            expected_latency: Duration::from_secs(1),
-            run_budget: None,
         }
     }
 }
@@ -99,16 +108,7 @@ impl<S, C> Builder<S, C> {
         Builder {
             sleeper,
             clock: self.clock,
-            global: self.global,
-            default_tool: self.default_tool,
-            tools: self.tools,
-            default_quota: self.default_quota,
-            quotas: self.quotas,
-            queue_capacity: self.queue_capacity,
-            inline_wait: self.inline_wait,
-            max_retry_after: self.max_retry_after,
-            expected_latency: self.expected_latency,
-            run_budget: self.run_budget,
+            cfg: self.cfg,
         }
     }
 
@@ -125,16 +125,7 @@ impl<S, C> Builder<S, C> {
         Builder {
             sleeper: self.sleeper,
             clock,
-            global: self.global,
-            default_tool: self.default_tool,
-            tools: self.tools,
-            default_quota: self.default_quota,
-            quotas: self.quotas,
-            queue_capacity: self.queue_capacity,
-            inline_wait: self.inline_wait,
-            max_retry_after: self.max_retry_after,
-            expected_latency: self.expected_latency,
-            run_budget: self.run_budget,
+            cfg: self.cfg,
         }
     }
 
@@ -148,7 +139,7 @@ impl<S, C> Builder<S, C> {
     /// # let _ = admission;
     /// ```
     pub fn global_concurrency(mut self, n: usize) -> Self {
-        self.global = n.max(1);
+        self.cfg.global = n.max(1);
         self
     }
 
@@ -162,8 +153,8 @@ impl<S, C> Builder<S, C> {
     /// # let _ = admission;
     /// ```
     pub fn default_tool(mut self, cap: usize, policy: SlotPolicy) -> Self {
-        self.default_tool.cap = cap.max(1);
-        self.default_tool.policy = policy;
+        self.cfg.default_tool.cap = cap.max(1);
+        self.cfg.default_tool.policy = policy;
         self
     }
 
@@ -178,9 +169,10 @@ impl<S, C> Builder<S, C> {
     /// ```
     pub fn tool(mut self, name: impl Into<String>, cap: usize, policy: SlotPolicy) -> Self {
         let entry = self
+            .cfg
             .tools
             .entry(name.into())
-            .or_insert_with(|| self.default_tool.clone());
+            .or_insert_with(|| self.cfg.default_tool.clone());
         entry.cap = cap.max(1);
         entry.policy = policy;
         self
@@ -200,9 +192,10 @@ impl<S, C> Builder<S, C> {
     /// # });
     /// ```
     pub fn tool_budget(mut self, name: impl Into<String>, n: u32) -> Self {
-        self.tools
+        self.cfg
+            .tools
             .entry(name.into())
-            .or_insert_with(|| self.default_tool.clone())
+            .or_insert_with(|| self.cfg.default_tool.clone())
             .budget = Some(n);
         self
     }
@@ -220,7 +213,7 @@ impl<S, C> Builder<S, C> {
     /// # let _ = admission;
     /// ```
     pub fn default_quota(mut self, quota: Quota) -> Self {
-        self.default_quota = quota;
+        self.cfg.default_quota = quota;
         self
     }
 
@@ -237,7 +230,7 @@ impl<S, C> Builder<S, C> {
     /// # let _ = admission;
     /// ```
     pub fn quota(mut self, credential: impl Into<String>, quota: Quota) -> Self {
-        self.quotas.push((credential.into(), quota));
+        self.cfg.quotas.push((credential.into(), quota));
         self
     }
 
@@ -252,7 +245,7 @@ impl<S, C> Builder<S, C> {
     /// # let _ = admission;
     /// ```
     pub fn queue_capacity(mut self, n: usize) -> Self {
-        self.queue_capacity = n;
+        self.cfg.queue_capacity = n;
         self
     }
 
@@ -268,7 +261,7 @@ impl<S, C> Builder<S, C> {
     /// # let _ = admission;
     /// ```
     pub fn inline_wait(mut self, d: Duration) -> Self {
-        self.inline_wait = d;
+        self.cfg.inline_wait = d;
         self
     }
 
@@ -284,7 +277,7 @@ impl<S, C> Builder<S, C> {
     /// # let _ = admission;
     /// ```
     pub fn max_retry_after(mut self, d: Duration) -> Self {
-        self.max_retry_after = d;
+        self.cfg.max_retry_after = d;
         self
     }
 
@@ -299,7 +292,7 @@ impl<S, C> Builder<S, C> {
     /// # let _ = admission;
     /// ```
     pub fn expected_latency(mut self, d: Duration) -> Self {
-        self.expected_latency = d;
+        self.cfg.expected_latency = d;
         self
     }
 
@@ -313,7 +306,7 @@ impl<S, C> Builder<S, C> {
     /// # let _ = admission;
     /// ```
     pub fn run_budget(mut self, n: u32) -> Self {
-        self.run_budget = Some(n);
+        self.cfg.run_budget = Some(n);
         self
     }
 
@@ -330,8 +323,8 @@ impl<S, C> Builder<S, C> {
     where
         C: Clock + Clone,
     {
-        let credentials = Scoped::with_clock(self.default_quota, self.clock.clone());
-        for (cred, q) in &self.quotas {
+        let credentials = Scoped::with_clock(self.cfg.default_quota, self.clock.clone());
+        for (cred, q) in &self.cfg.quotas {
             credentials.set_quota(cred, *q);
         }
         // Server-scope buckets only ever act through `penalize`: their own
@@ -340,10 +333,11 @@ impl<S, C> Builder<S, C> {
             .allow_burst(NonZeroU32::new(1 << 30).expect("non-zero"));
         let server_scopes = Scoped::with_clock(open, self.clock.clone());
         let tools = self
+            .cfg
             .tools
             .into_iter()
             .map(|(name, cfg)| {
-                let state = Arc::new(ToolState::new(&cfg, self.expected_latency));
+                let state = Arc::new(ToolState::new(&cfg, self.cfg.expected_latency));
                 (name, state)
             })
             .collect();
@@ -351,17 +345,17 @@ impl<S, C> Builder<S, C> {
             inner: Arc::new(Inner {
                 sleeper: self.sleeper,
                 clock: self.clock,
-                global: Pool::new(self.global, self.expected_latency),
+                global: Pool::new(self.cfg.global, self.cfg.expected_latency),
                 waiting: AtomicUsize::new(0),
-                queue_capacity: self.queue_capacity,
+                queue_capacity: self.cfg.queue_capacity,
                 tools: RwLock::new(tools),
-                default_tool: self.default_tool,
+                default_tool: self.cfg.default_tool,
                 credentials,
                 server_scopes,
-                inline_wait: self.inline_wait,
-                max_retry_after: self.max_retry_after,
-                expected_latency: self.expected_latency,
-                run_budget: self.run_budget,
+                inline_wait: self.cfg.inline_wait,
+                max_retry_after: self.cfg.max_retry_after,
+                expected_latency: self.cfg.expected_latency,
+                run_budget: self.cfg.run_budget,
                 run_used: AtomicU32::new(0),
                 closed: AtomicBool::new(false),
             }),
@@ -372,10 +366,10 @@ impl<S, C> Builder<S, C> {
 impl<S: fmt::Debug, C: fmt::Debug> fmt::Debug for Builder<S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Builder")
-            .field("global", &self.global)
-            .field("tools", &self.tools)
-            .field("queue_capacity", &self.queue_capacity)
-            .field("inline_wait", &self.inline_wait)
+            .field("global", &self.cfg.global)
+            .field("tools", &self.cfg.tools)
+            .field("queue_capacity", &self.cfg.queue_capacity)
+            .field("inline_wait", &self.cfg.inline_wait)
             .finish_non_exhaustive()
     }
 }
