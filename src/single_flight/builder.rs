@@ -64,7 +64,7 @@ impl<K, V, E, C: Clock> SingleFlightBuilder<K, V, E, C> {
 
     /// Keeps each successful value for `ttl` after its work completes, so a
     /// later call for the key within `ttl` gets it without running the work
-    /// ([`Provenance::Cached`]). At most `max_entries` values are kept
+    /// ([`Provenance::Cached`](super::Provenance::Cached)). At most `max_entries` values are kept
     /// (divided evenly among the shards, rounded up); past that the oldest
     /// of a shard is evicted. Errors are never cached. A zero `ttl` or
     /// `max_entries` disables the cache. Expired values are reclaimed as
