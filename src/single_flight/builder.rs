@@ -31,7 +31,9 @@ type Types<K, V, E> = fn() -> (K, V, E);
 pub struct SingleFlightBuilder<K, V, E = Infallible, C = DefaultClock> {
     shards: Option<usize>,
     cache: Option<(Duration, usize)>,
-    clock: C,
+    /// The clock given, or how to make the default one: a `DefaultClock`
+    /// is only created if no other clock is chosen.
+    clock: Result<C, fn() -> C>,
     _types: PhantomData<Types<K, V, E>>,
 }
 
@@ -40,7 +42,7 @@ impl<K, V, E> SingleFlightBuilder<K, V, E, DefaultClock> {
         Self {
             shards: None,
             cache: None,
-            clock: DefaultClock::new(),
+            clock: Err(DefaultClock::new),
             _types: PhantomData,
         }
     }
@@ -64,7 +66,7 @@ impl<K, V, E, C: Clock> SingleFlightBuilder<K, V, E, C> {
 
     /// Keeps each successful value for `ttl` after its work completes, so a
     /// later call for the key within `ttl` gets it without running the work
-    /// ([`Provenance::Cached`]). At most `max_entries` values are kept
+    /// ([`Provenance::Cached`](super::Provenance::Cached)). At most `max_entries` values are kept
     /// (divided evenly among the shards, rounded up); past that the oldest
     /// of a shard is evicted. Errors are never cached. A zero `ttl` or
     /// `max_entries` disables the cache. Expired values are reclaimed as
@@ -106,7 +108,7 @@ impl<K, V, E, C: Clock> SingleFlightBuilder<K, V, E, C> {
         SingleFlightBuilder {
             shards: self.shards,
             cache: self.cache,
-            clock,
+            clock: Ok(clock),
             _types: PhantomData,
         }
     }
@@ -140,7 +142,7 @@ impl<K, V, E, C: Clock> SingleFlightBuilder<K, V, E, C> {
             mask: shards - 1,
             hasher: ahash::RandomState::new(),
             cache,
-            clock: self.clock,
+            clock: self.clock.unwrap_or_else(|make| make()),
         }
     }
 }
@@ -154,7 +156,7 @@ impl<K, V, E, C: Clock> fmt::Debug for SingleFlightBuilder<K, V, E, C> {
         f.debug_struct("SingleFlightBuilder")
             .field("shards", &self.shards)
             .field("cache", &self.cache)
-            .field("clock", &self.clock)
+            .field("clock", &self.clock.as_ref().ok())
             .finish()
     }
 }

@@ -46,7 +46,7 @@ impl Provenance {
     }
 }
 
-/// Why a [`SingleFlight`] call produced no value.
+/// Why a [`SingleFlight`](super::SingleFlight) call produced no value.
 ///
 /// # Examples
 ///
