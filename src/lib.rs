@@ -57,7 +57,8 @@ mod wait_list;
 
 pub use admission::{
     concurrency_for, Admission, AttemptFuture, Builder as AdmissionBuilder, Call, CallResult,
-    CallSpec, Kind, Reply, Runner, SlotPolicy, Status, Throttled, Ticket,
+    CallSpec, Kind, Reply, Runner, SharedFuture, SharedLimiter, SlotPolicy, Status, Throttled,
+    Ticket,
 };
 pub use backoff::{
     Backoff, Deadline, Decision, Jitter, RetryPolicy, SurfaceStatus, Surfaced, TimedOut,

@@ -15,6 +15,7 @@ use crate::sleep::ThreadSleeper;
 use crate::sync::{AtomicBool, AtomicU32, AtomicUsize};
 
 use super::pools::{Pool, SlotPolicy};
+use super::shared::SharedLimiter;
 use super::{Admission, Inner, ToolConfig, ToolState};
 
 /// Builds an [`Admission`]; every setting has a default.
@@ -54,7 +55,6 @@ pub struct Builder<S = ThreadSleeper, C = DefaultClock> {
 
 /// Everything but the sleeper and the clock (which change the builder's
 /// type).
-#[derive(Debug)]
 struct Settings {
     global: usize,
     default_tool: ToolConfig,
@@ -66,6 +66,7 @@ struct Settings {
     max_retry_after: Duration,
     expected_latency: Duration,
     run_budget: Option<u32>,
+    shared: HashMap<String, Arc<dyn SharedLimiter>>,
 }
 
 impl Builder {
@@ -88,6 +89,7 @@ impl Builder {
                 max_retry_after: Duration::from_secs(300),
                 expected_latency: Duration::from_secs(1),
                 run_budget: None,
+                shared: HashMap::new(),
             },
         }
     }
@@ -310,6 +312,40 @@ impl<S, C> Builder<S, C> {
         self
     }
 
+    /// Admits `credential` through `limiter`, a quota shared with other
+    /// processes (a `RedisBucket` with the `redis` feature), instead of a
+    /// local bucket. A 429 observed on it holds back every process.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, CallSpec, ManualClock, Quota, Status, TokenBucket};
+    /// use std::num::NonZeroU32;
+    ///
+    /// // Any limiter works; across processes it would be a `RedisBucket`.
+    /// let one_per_second = TokenBucket::with_clock(
+    ///     Quota::per_second(NonZeroU32::new(1).unwrap()),
+    ///     ManualClock::new(),
+    /// );
+    /// let admission = Admission::builder()
+    ///     .shared_quota("org-key", one_per_second)
+    ///     .inline_wait(std::time::Duration::ZERO)
+    ///     .build();
+    /// # futures::executor::block_on(async {
+    /// drop(admission.admit(&CallSpec::new("t", "org-key")).await.unwrap());
+    /// let next = admission.admit(&CallSpec::new("t", "org-key")).await.unwrap_err();
+    /// assert_eq!(next.status, Status::RateLimited);
+    /// # });
+    /// ```
+    pub fn shared_quota(
+        mut self,
+        credential: impl Into<String>,
+        limiter: impl SharedLimiter + 'static,
+    ) -> Self {
+        self.cfg.shared.insert(credential.into(), Arc::new(limiter));
+        self
+    }
+
     /// Builds the admission layer.
     ///
     /// # Examples
@@ -358,6 +394,8 @@ impl<S, C> Builder<S, C> {
                 run_budget: self.cfg.run_budget,
                 run_used: AtomicU32::new(0),
                 closed: AtomicBool::new(false),
+                shared: self.cfg.shared,
+                pending: parking_lot::Mutex::new(HashMap::new()),
             }),
         }
     }

@@ -24,6 +24,7 @@
 mod builder;
 pub(crate) mod pools;
 mod runner;
+mod shared;
 mod throttled;
 mod ticket;
 
@@ -44,6 +45,7 @@ use crate::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 pub use builder::Builder;
 pub use pools::SlotPolicy;
 pub use runner::{AttemptFuture, Call, CallResult, Reply, Runner};
+pub use shared::{SharedFuture, SharedLimiter};
 pub use throttled::{Status, Throttled};
 pub use ticket::Ticket;
 
@@ -223,6 +225,11 @@ struct Inner<S, C: Clock> {
     run_budget: Option<u32>,
     run_used: AtomicU32,
     closed: AtomicBool,
+    /// Credentials whose quota is shared with other processes.
+    shared: HashMap<String, Arc<dyn SharedLimiter>>,
+    /// Penalties observed for shared credentials, applied (as "until" on
+    /// our clock) by the next admit on that credential.
+    pending: parking_lot::Mutex<HashMap<String, u64>>,
 }
 
 /// The admission layer: concurrency pools, rate limits per credential,
@@ -417,9 +424,13 @@ where
         let mut reserved = Reserved(Vec::with_capacity(2));
         let mut wait = Duration::ZERO;
         let scope = tool.server_scope.read().clone();
+        let shared = inner.shared.get(&spec.credential);
+        let shared_cred = shared.is_some();
         let buckets: [(Option<Result<Reservation<'static>, ReserveError>>, String); 2] = [
             (
-                Some(inner.credentials.reserve(&spec.credential, 1, max_wait)),
+                // A credential shared across processes is admitted by its
+                // shared limiter below, not by a local bucket.
+                (!shared_cred).then(|| inner.credentials.reserve(&spec.credential, 1, max_wait)),
                 "api_key".to_string(),
             ),
             match &scope {
@@ -443,6 +454,17 @@ where
                 }
                 Some(Err(e)) => {
                     return Err(self.decided(spec, self.rate_refusal(e, scope_name, left)));
+                }
+            }
+        }
+        if let Some(shared) = shared {
+            // Last, so a refusal here cancels the local reservations above
+            // (a shared cell cannot be given back without a round trip).
+            self.push_penalty(&spec.credential, shared.as_ref()).await;
+            match shared.reserve_one(max_wait).await {
+                Ok(w) => wait = wait.max(w),
+                Err(e) => {
+                    return Err(self.decided(spec, self.rate_refusal(e, "api_key".into(), left)));
                 }
             }
         }
@@ -514,6 +536,49 @@ where
                 ))
             })
             .clone()
+    }
+
+    /// Pushes the penalties observed on credentials with a shared quota
+    /// (see [`Builder::shared_quota`]) to their shared limiters, so other
+    /// processes hold back too. [`Ticket::observe`] cannot await, so it
+    /// records them; the next `admit` on the same credential pushes them,
+    /// and this pushes them all now ([`Runner`] calls it after every
+    /// throttled reply).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, ManualClock, Quota, ServerHint, TokenBucket};
+    /// use std::num::NonZeroU32;
+    /// use std::time::SystemTime;
+    ///
+    /// let shared = std::sync::Arc::new(TokenBucket::with_clock(
+    ///     Quota::per_second(NonZeroU32::new(5).unwrap()),
+    ///     ManualClock::new(),
+    /// ));
+    /// let admission = Admission::builder().shared_quota("org-key", shared.clone()).build();
+    /// let hint = ServerHint::from_headers([("retry-after", "30")], SystemTime::now());
+    /// admission.observe("search", "org-key", 429, &hint);
+    /// futures::executor::block_on(admission.sync_shared());
+    /// assert_eq!(shared.available(), 0); // held back for everyone
+    /// ```
+    pub async fn sync_shared(&self) {
+        let credentials: Vec<String> = self.inner.pending.lock().keys().cloned().collect();
+        for credential in credentials {
+            if let Some(shared) = self.inner.shared.get(&credential) {
+                self.push_penalty(&credential, shared.as_ref()).await;
+            }
+        }
+    }
+
+    async fn push_penalty(&self, credential: &str, shared: &dyn SharedLimiter) {
+        let pending = self.inner.pending.lock().remove(credential);
+        if let Some(until) = pending {
+            let now = self.inner.clock.now_nanos();
+            if until > now {
+                shared.penalize_all(Duration::from_nanos(until - now)).await;
+            }
+        }
     }
 
     /// Starts a new run: the run budget and the per-tool budgets count from
@@ -594,6 +659,17 @@ where
                     .penalize(&(credential.to_string(), scope.clone()), wait);
                 let tool = self.tool_state(tool);
                 *tool.server_scope.write() = Some(scope.clone());
+            }
+            None if inner.shared.contains_key(credential) => {
+                // Reaching the shared limiter needs an await: the next admit
+                // on this credential applies it before reserving.
+                let until = inner
+                    .clock
+                    .now_nanos()
+                    .saturating_add(crate::clock::saturating_nanos(wait));
+                let mut pending = inner.pending.lock();
+                let slot = pending.entry(credential.to_string()).or_insert(0);
+                *slot = (*slot).max(until);
             }
             None => {
                 let _ = inner.credentials.penalize(&credential.to_string(), wait);

@@ -458,6 +458,7 @@ where
                 }
                 Ok(r) => {
                     ticket.observe(r.status, &r.hint);
+                    self.admission.sync_shared().await;
                     let error = format!("server answered {}", r.status);
                     (r.status, r.hint, error)
                 }

@@ -451,6 +451,30 @@ impl Drop for CancelOnDrop<'_> {
     }
 }
 
+/// A shared limiter is still a limiter (so an `Arc<TokenBucket>` can be
+/// handed to several users, e.g. `Admission::shared_quota`).
+impl<L: RateLimiter + ?Sized> RateLimiter for std::sync::Arc<L> {
+    #[inline]
+    fn try_acquire(&self, n: u32) -> Result<(), CheckError> {
+        (**self).try_acquire(n)
+    }
+
+    #[inline]
+    fn reserve(&self, n: u32, max_wait: Duration) -> Result<Reservation<'_>, ReserveError> {
+        (**self).reserve(n, max_wait)
+    }
+
+    #[inline]
+    fn penalize(&self, retry_after: Duration) {
+        (**self).penalize(retry_after)
+    }
+
+    #[inline]
+    fn available(&self) -> u32 {
+        (**self).available()
+    }
+}
+
 impl<C: Clock> RateLimiter for TokenBucket<C> {
     #[inline]
     fn try_acquire(&self, n: u32) -> Result<(), CheckError> {

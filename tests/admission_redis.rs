@@ -1,0 +1,96 @@
+//! `Admission` with a credential shared across processes through Redis
+//! (feature `redis`): two admission layers (two "processes", separate
+//! connections) on one API key stay within the key's quota together, and a
+//! 429 seen by one holds back the other.
+#![cfg(all(feature = "redis", feature = "tokio"))]
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant, SystemTime};
+
+use backpressure::{Admission, CallSpec, Quota, RedisBucket, ServerHint, Status, TokioSleeper};
+use redis_server::RedisServer;
+
+fn quota() -> Quota {
+    Quota::per_second(NonZeroU32::new(50).unwrap()).allow_burst(NonZeroU32::new(5).unwrap())
+}
+
+fn admission(server: &RedisServer) -> Admission<TokioSleeper> {
+    let bucket = RedisBucket::builder(&server.url(), "org-key", quota())
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    Admission::builder()
+        .sleeper(TokioSleeper)
+        .global_concurrency(64)
+        .default_tool(64, backpressure::SlotPolicy::Wait)
+        .shared_quota("org-key", bucket)
+        .inline_wait(Duration::ZERO)
+        .build()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_admissions_share_one_key_within_its_quota() {
+    if !redis_server::available("two_admissions_share_one_key_within_its_quota") {
+        return;
+    }
+    let server = RedisServer::start();
+    let (a, b) = (admission(&server), admission(&server));
+    let start = Instant::now();
+    let until = start + Duration::from_millis(1500);
+    let hammer = |adm: Admission<TokioSleeper>| async move {
+        let mut admitted = 0u64;
+        while Instant::now() < until {
+            match adm.admit(&CallSpec::new("search", "org-key")).await {
+                Ok(ticket) => {
+                    admitted += 1;
+                    drop(ticket);
+                }
+                Err(t) => {
+                    assert_eq!(t.status, Status::RateLimited, "{t}");
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+        }
+        admitted
+    };
+    let (x, y) = tokio::join!(tokio::spawn(hammer(a)), tokio::spawn(hammer(b)));
+    let admitted = x.unwrap() + y.unwrap();
+    let elapsed = start.elapsed().as_secs_f64();
+    let bound = 5.0 + 50.0 * elapsed;
+    assert!(
+        admitted as f64 <= bound + 1.0,
+        "admitted {admitted} > bound {bound:.1}"
+    );
+    // And the shared quota is really used (not refusing everything).
+    assert!(
+        admitted as f64 >= 0.5 * bound,
+        "admitted only {admitted} of {bound:.1}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_seen_by_one_process_holds_back_the_other() {
+    if !redis_server::available("a_429_seen_by_one_process_holds_back_the_other") {
+        return;
+    }
+    let server = RedisServer::start();
+    let (a, b) = (admission(&server), admission(&server));
+    // B can call before.
+    drop(b.admit(&CallSpec::new("search", "org-key")).await.unwrap());
+    let ticket = a.admit(&CallSpec::new("search", "org-key")).await.unwrap();
+    let hint = ServerHint::from_headers([("retry-after", "2")], SystemTime::now());
+    ticket.observe(429, &hint);
+    drop(ticket);
+    a.sync_shared().await;
+    let refused = b
+        .admit(&CallSpec::new("get_usage", "org-key"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.status, Status::RateLimited);
+    assert_eq!(refused.scope, "api_key");
+    let ms = refused.retry_after_ms.unwrap();
+    assert!((1_000..=2_000).contains(&ms), "retry after {ms} ms");
+}
