@@ -21,9 +21,10 @@
 
 use core::fmt;
 use core::marker::PhantomPinned;
-use core::ptr::NonNull;
+use core::ptr::{self, NonNull};
+use core::task::Waker;
 
-use crate::sync::UnsafeCell;
+use crate::sync::{AtomicUsize, Ordering, UnsafeCell};
 
 /// A type that can be linked into a [`WaitList`].
 ///
@@ -131,6 +132,94 @@ unsafe fn set_next<T: Link + ?Sized>(node: NonNull<T>, value: Option<NonNull<T>>
             .as_ref()
             .inner
             .with_mut(|p| (*p).next = value)
+    }
+}
+
+/// The waiter node of the crate's lists (the semaphore's and the
+/// single-flight's): the links, a state word whose meaning belongs to the
+/// list's owner, and the task to wake. It lives pinned inside the future
+/// that waits.
+///
+/// The protocol both owners follow: while the node is linked, only the
+/// lock holder writes `state` and `waker`; to release a node, the lock
+/// holder unlinks it and calls [`WaitNode::finish`], whose `Release` store
+/// of a terminal state is its last access, so the owner can see that state
+/// with an `Acquire` load and go on (or drop the node) without the lock.
+pub(crate) struct WaitNode {
+    pointers: Pointers<WaitNode>,
+    /// Meaning defined by the owning list (see `semaphore::raw`,
+    /// `single_flight::flight`).
+    pub(crate) state: AtomicUsize,
+    /// Only accessed with the owning list's lock held (or by the owner
+    /// before the node is first linked).
+    pub(crate) waker: UnsafeCell<Option<Waker>>,
+}
+
+// SAFETY: `pointers` returns the embedded field through `addr_of_mut!`,
+// never a reference to the node.
+unsafe impl Link for WaitNode {
+    unsafe fn pointers(target: NonNull<Self>) -> NonNull<Pointers<Self>> {
+        // SAFETY: the caller guarantees `target` is live.
+        unsafe { NonNull::new_unchecked(ptr::addr_of_mut!((*target.as_ptr()).pointers)) }
+    }
+}
+
+// SAFETY: the links and the waker are only accessed with the owning list's
+// lock held; `state` is atomic. `Waker` is `Send + Sync`.
+unsafe impl Send for WaitNode {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for WaitNode {}
+
+impl WaitNode {
+    /// An unlinked node in `state`, with no waker.
+    pub(crate) fn new(state: usize) -> Self {
+        Self {
+            pointers: Pointers::new(),
+            state: AtomicUsize::new(state),
+            waker: UnsafeCell::new(None),
+        }
+    }
+
+    /// Stores `waker` unless an equivalent one is there; returns the waker
+    /// no longer needed (the old or the new one), for the caller to drop
+    /// after unlocking.
+    ///
+    /// # Safety
+    ///
+    /// The owning list's lock is held, or the node was never linked.
+    pub(crate) unsafe fn swap_waker(&self, waker: Waker) -> Option<Waker> {
+        // SAFETY: the caller guarantees exclusive access to the cell.
+        self.waker.with_mut(|slot| unsafe {
+            match &*slot {
+                Some(old) if old.will_wake(&waker) => Some(waker),
+                _ => (*slot).replace(waker),
+            }
+        })
+    }
+
+    /// Takes the waker and stores the terminal `state` with `Release`: the
+    /// lock holder's last access to a node it just unlinked.
+    ///
+    /// # Safety
+    ///
+    /// `node` is live and was just unlinked; the owning list's lock is held.
+    pub(crate) unsafe fn finish(node: NonNull<Self>, state: usize) -> Option<Waker> {
+        // SAFETY: the caller guarantees liveness.
+        let node = unsafe { node.as_ref() };
+        // SAFETY: the lock is held.
+        let waker = node.waker.with_mut(|w| unsafe { (*w).take() });
+        // Release: pairs with the owner's Acquire load of `state`; after
+        // this store the owner may drop the node.
+        node.state.store(state, Ordering::Release);
+        waker
+    }
+}
+
+impl fmt::Debug for WaitNode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WaitNode")
+            .field("state", &self.state.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
     }
 }
 

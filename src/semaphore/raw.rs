@@ -46,13 +46,13 @@
 
 use core::fmt;
 use core::pin::Pin;
-use core::ptr::{self, NonNull};
+use core::ptr::NonNull;
 use core::task::{Context, Poll, Waker};
 
 use smallvec::SmallVec;
 
-use crate::sync::{AtomicUsize, Backoff, Mutex, MutexGuard, Ordering, UnsafeCell, WAKE_BATCH};
-use crate::wait_list::{Link, Pointers, WaitList};
+use crate::sync::{AtomicUsize, Backoff, Mutex, MutexGuard, Ordering, WAKE_BATCH};
+use crate::wait_list::{WaitList, WaitNode};
 
 use super::{AcquireError, TryAcquireError};
 
@@ -71,30 +71,9 @@ pub(crate) struct RawSemaphore {
     waiters: Mutex<WaitList<Node>>,
 }
 
-/// A waiter node; lives pinned inside an acquire future.
-pub(crate) struct Node {
-    pointers: Pointers<Node>,
-    /// `remaining << 1 | NODE_CLOSED`; see the module docs.
-    state: AtomicUsize,
-    /// The task to wake. Only accessed while the wait list is locked (or by
-    /// the owner before the node is first linked).
-    waker: UnsafeCell<Option<Waker>>,
-}
-
-// SAFETY: `Pointers::pointers` returns the embedded field through
-// `addr_of_mut!`, never a reference to the node.
-unsafe impl Link for Node {
-    unsafe fn pointers(target: NonNull<Self>) -> NonNull<Pointers<Self>> {
-        // SAFETY: the caller guarantees `target` is live.
-        unsafe { NonNull::new_unchecked(ptr::addr_of_mut!((*target.as_ptr()).pointers)) }
-    }
-}
-
-// SAFETY: the links and the waker are only accessed with the wait list
-// locked; `state` is atomic. `Waker` is `Send + Sync`.
-unsafe impl Send for Node {}
-// SAFETY: as for `Send`.
-unsafe impl Sync for Node {}
+/// The semaphore's waiter node; its `state` is `remaining << 1 |
+/// NODE_CLOSED` (see the module docs).
+type Node = WaitNode;
 
 /// Where an acquire future is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -259,14 +238,13 @@ impl RawSemaphore {
                     break;
                 }
                 rem -= owed;
-                guard.pop_front();
-                // SAFETY: the lock is held and the node is live.
-                if let Some(waker) = node.waker.with_mut(|w| unsafe { (*w).take() }) {
+                let unlinked = guard.pop_front().expect("the front node");
+                // SAFETY: just unlinked, live, lock held. `finish` stores
+                // the terminal state with Release (pairs with the owner's
+                // Acquire in `poll`/`drop`): the last access to the node.
+                if let Some(waker) = unsafe { WaitNode::finish(unlinked, 0) } {
                     wakers.push(waker);
                 }
-                // Release: pairs with the owner's Acquire load in
-                // `poll`/`drop`. This is the last access to the node.
-                node.state.store(0, Ordering::Release);
             }
             let done = if guard.is_empty() {
                 // Clear QUEUED and publish the leftover in one RMW; the
@@ -352,14 +330,13 @@ impl RawSemaphore {
             while wakers.len() < WAKE_BATCH {
                 let Some(node) = guard.pop_front() else { break };
                 // SAFETY: the node was linked, so it is live; lock held.
-                let node = unsafe { node.as_ref() };
-                // SAFETY: the lock is held.
-                if let Some(waker) = node.waker.with_mut(|w| unsafe { (*w).take() }) {
+                // Relaxed: a linked node's state is written under the lock.
+                let st = unsafe { node.as_ref() }.state.load(Ordering::Relaxed);
+                // SAFETY: just unlinked, live, lock held; `finish`'s Release
+                // store pairs with the owner's Acquire load (last access).
+                if let Some(waker) = unsafe { WaitNode::finish(node, st | NODE_CLOSED) } {
                     wakers.push(waker);
                 }
-                let st = node.state.load(Ordering::Relaxed);
-                // Release: pairs with the owner's Acquire load; last access.
-                node.state.store(st | NODE_CLOSED, Ordering::Release);
             }
             let empty = guard.is_empty();
             if empty {
@@ -460,9 +437,10 @@ impl RawSemaphore {
             // Relaxed: the node is not linked yet; the unlock publishes it.
             waiter.node.state.store(remaining << 1, Ordering::Relaxed);
             // SAFETY: the node is not linked yet, so only we can reach it.
-            // The previous value is `None` (first poll), so nothing is
+            // The slot is empty (first poll), so nothing comes back to be
             // dropped under the lock.
-            waiter.node.waker.with_mut(|w| unsafe { *w = Some(waker) });
+            let none = unsafe { waiter.node.swap_waker(waker) };
+            debug_assert!(none.is_none());
             // SAFETY: the node is pinned inside the future and unlinked; the
             // future's `Drop` unlinks it (under this lock) before it goes.
             unsafe { guard.push_back(NonNull::from(&waiter.node)) };
@@ -494,15 +472,9 @@ impl RawSemaphore {
         let st = waiter.node.state.load(Ordering::Relaxed);
         if !is_terminal(st) {
             // Still linked: make sure the newest waker is the one woken.
-            waiter.node.waker.with_mut(|w| {
-                // SAFETY: the lock is held.
-                let slot = unsafe { &mut *w };
-                let new = waker.take().expect("waker taken once");
-                match slot {
-                    Some(old) if old.will_wake(&new) => waker = Some(new),
-                    _ => waker = slot.replace(new),
-                }
-            });
+            let new = waker.take().expect("waker taken once");
+            // SAFETY: the lock is held.
+            waker = unsafe { waiter.node.swap_waker(new) };
             drop(guard);
             // The waker we did not keep (new or old) is dropped here,
             // outside the lock.
@@ -608,11 +580,7 @@ impl fmt::Debug for RawSemaphore {
 impl Waiter {
     pub(crate) fn new(needed: u32) -> Self {
         Self {
-            node: Node {
-                pointers: Pointers::new(),
-                state: AtomicUsize::new(0),
-                waker: UnsafeCell::new(None),
-            },
+            node: Node::new(0),
             needed,
             phase: Phase::Idle,
         }

@@ -33,12 +33,12 @@
 
 use core::fmt;
 use core::mem::MaybeUninit;
-use core::ptr::{self, NonNull};
+use core::ptr::NonNull;
 use core::task::Waker;
 use std::sync::Arc as StdArc;
 
 use crate::sync::{AtomicUsize, Ordering, UnsafeCell};
-use crate::wait_list::{Link, Pointers, WaitList};
+use crate::wait_list::{WaitList, WaitNode};
 
 pub(super) const RUNNING: usize = 0;
 pub(super) const OK: usize = 1;
@@ -170,7 +170,7 @@ impl<V, E> Flight<V, E> {
             .with_mut(|list| unsafe { (*list).pop_front() })?;
         // SAFETY: linked nodes are live (their owners unlink them under this
         // lock before they go); the lock is held.
-        Some(unsafe { Node::finish(node, PROMOTED) })
+        Some(unsafe { WaitNode::finish(node, PROMOTED) })
     }
 
     /// Moves the flight to `state` (`OK`, `FAILED` or `PANICKED`) and hands
@@ -199,7 +199,7 @@ impl<V, E> Flight<V, E> {
                 return false;
             };
             // SAFETY: as in `promote_next`.
-            if let Some(waker) = unsafe { Node::finish(node, DONE) } {
+            if let Some(waker) = unsafe { WaitNode::finish(node, DONE) } {
                 wakers.push(waker);
             }
         }
@@ -234,38 +234,10 @@ impl<V, E> fmt::Debug for Flight<V, E> {
 }
 
 /// A follower's place in a flight's wait list; lives pinned in its future.
-pub(super) struct Node {
-    pointers: Pointers<Node>,
-    /// `LINKED`, `DONE` or `PROMOTED`; see the module docs.
-    state: AtomicUsize,
-    /// The task to wake. Only accessed while the shard lock is held.
-    waker: UnsafeCell<Option<Waker>>,
-}
-
-// SAFETY: `pointers` returns the embedded field through `addr_of_mut!`,
-// never a reference to the node.
-unsafe impl Link for Node {
-    unsafe fn pointers(target: NonNull<Self>) -> NonNull<Pointers<Self>> {
-        // SAFETY: the caller guarantees `target` is live.
-        unsafe { NonNull::new_unchecked(ptr::addr_of_mut!((*target.as_ptr()).pointers)) }
-    }
-}
-
-// SAFETY: the links and the waker are only accessed with the shard lock
-// held; `state` is atomic. `Waker` is `Send + Sync`.
-unsafe impl Send for Node {}
-// SAFETY: as for `Send`.
-unsafe impl Sync for Node {}
+/// Its `state` is `LINKED`, `DONE` or `PROMOTED` (see the module docs).
+pub(super) type Node = WaitNode;
 
 impl Node {
-    pub(super) fn new() -> Self {
-        Self {
-            pointers: Pointers::new(),
-            state: AtomicUsize::new(LINKED),
-            waker: UnsafeCell::new(None),
-        }
-    }
-
     /// The node state, `Acquire`: pairs with the `Release` store in
     /// `finish`, after which the owner may go on without the lock.
     #[inline]
@@ -277,40 +249,7 @@ impl Node {
     /// that is no longer needed (the old or the new one) so the caller can
     /// drop it after unlocking.
     pub(super) fn set_waker<S>(&self, waker: Waker, _locked: Locked<'_, S>) -> Option<Waker> {
-        // SAFETY: the shard lock is held.
-        self.waker.with_mut(|slot| unsafe {
-            match &*slot {
-                Some(old) if old.will_wake(&waker) => Some(waker),
-                _ => (*slot).replace(waker),
-            }
-        })
-    }
-
-    /// Takes the waker and stores the terminal `state`: the last access of
-    /// the lock holder to an unlinked node.
-    ///
-    /// # Safety
-    ///
-    /// `node` is live and was just unlinked; the shard lock is held.
-    unsafe fn finish(node: NonNull<Node>, state: usize) -> Option<Waker> {
-        // SAFETY: the caller guarantees liveness; the lock is held.
-        let node = unsafe { node.as_ref() };
-        // SAFETY: the lock is held.
-        let waker = node.waker.with_mut(|w| unsafe { (*w).take() });
-        // Release: pairs with the owner's Acquire in `Node::state`; after
-        // this store the owner may drop the node, so it is the last access.
-        node.state.store(state, Ordering::Release);
-        waker
-    }
-}
-
-impl fmt::Debug for Node {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match self.state.load(Ordering::Relaxed) {
-            LINKED => "linked",
-            DONE => "done",
-            _ => "promoted",
-        };
-        f.debug_struct("Node").field("state", &state).finish()
+        // SAFETY: the shard lock is held (the `Locked` token proves it).
+        unsafe { self.swap_waker(waker) }
     }
 }

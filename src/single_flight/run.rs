@@ -96,7 +96,7 @@ impl<'a, K, V, E, C: Clock, F, Fut: Future> Run<'a, K, V, E, C, F, Fut> {
             fut: None,
             flight: None,
             hash: 0,
-            node: Node::new(),
+            node: Node::new(LINKED),
             phase: Phase::Init,
         }
     }
