@@ -9,22 +9,14 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 
+use super::CountingWaker;
 use crate::{Acquire, Semaphore, SemaphorePermit};
 
 const SLOTS: usize = 6;
-
-#[derive(Default)]
-struct CountingWaker(AtomicUsize);
-
-impl Wake for CountingWaker {
-    fn wake(self: Arc<Self>) {
-        self.0.fetch_add(1, Ordering::Relaxed);
-    }
-}
 
 /// What the model believes a slot holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

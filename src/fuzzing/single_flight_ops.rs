@@ -17,25 +17,17 @@ use std::future::Future;
 use std::panic::{self, AssertUnwindSafe};
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use super::CountingWaker;
 use crate::{FlightError, ManualClock, Provenance, SingleFlight};
 
 const SLOTS: usize = 6;
 const KEYS: u8 = 3;
 const TTL_MS: u64 = 10;
-
-#[derive(Default)]
-struct CountingWaker(AtomicUsize);
-
-impl Wake for CountingWaker {
-    fn wake(self: Arc<Self>) {
-        self.0.fetch_add(1, Ordering::Relaxed);
-    }
-}
 
 /// What a call's work does once its gate opens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
