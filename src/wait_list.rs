@@ -172,6 +172,7 @@ unsafe impl Sync for WaitNode {}
 
 impl WaitNode {
     /// An unlinked node in `state`, with no waker.
+    #[inline]
     pub(crate) fn new(state: usize) -> Self {
         Self {
             pointers: Pointers::new(),

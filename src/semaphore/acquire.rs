@@ -70,6 +70,7 @@ pub struct AcquireOwned {
 }
 
 impl<'a> Acquire<'a> {
+    #[inline]
     pub(crate) fn new(sem: &'a Semaphore, n: u32) -> Self {
         Self {
             sem,
@@ -104,6 +105,7 @@ impl<'a> Future for Acquire<'a> {
 }
 
 impl Drop for Acquire<'_> {
+    #[inline]
     fn drop(&mut self) {
         if !self.waiter.is_queued() {
             return;
@@ -116,6 +118,7 @@ impl Drop for Acquire<'_> {
 }
 
 impl AcquireOwned {
+    #[inline]
     pub(crate) fn new(sem: Arc<Semaphore>, n: u32) -> Self {
         Self {
             sem: Some(sem),
@@ -150,6 +153,7 @@ impl Future for AcquireOwned {
 }
 
 impl Drop for AcquireOwned {
+    #[inline]
     fn drop(&mut self) {
         let Some(sem) = self.sem.as_ref() else { return };
         if !self.waiter.is_queued() {

@@ -311,6 +311,7 @@ impl Semaphore {
     /// assert_eq!(permit.num_permits(), 1);
     /// # });
     /// ```
+    #[inline]
     pub fn acquire(&self) -> Acquire<'_> {
         Acquire::new(self, 1)
     }
@@ -340,6 +341,7 @@ impl Semaphore {
     /// # drop(permit);
     /// # });
     /// ```
+    #[inline]
     pub fn acquire_many(&self, n: u32) -> Acquire<'_> {
         Acquire::new(self, n)
     }
@@ -410,6 +412,7 @@ impl Semaphore {
     /// assert_eq!(semaphore.available_permits(), 1);
     /// # });
     /// ```
+    #[inline]
     pub fn acquire_owned(self: Arc<Self>) -> AcquireOwned {
         AcquireOwned::new(self, 1)
     }
@@ -435,6 +438,7 @@ impl Semaphore {
     /// assert_eq!(permit.num_permits(), 2);
     /// # });
     /// ```
+    #[inline]
     pub fn acquire_many_owned(self: Arc<Self>, n: u32) -> AcquireOwned {
         AcquireOwned::new(self, n)
     }

@@ -376,7 +376,7 @@ impl RawSemaphore {
                 Err(TryAcquireError::NoPermits) => self.enqueue(waiter, cx),
             },
             Phase::Queued => self.repoll(waiter, cx),
-            Phase::Done => panic!("`Acquire` polled after completion"),
+            Phase::Done => polled_after_completion(),
         }
     }
 
@@ -549,6 +549,13 @@ impl RawSemaphore {
     }
 }
 
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn polled_after_completion() -> ! {
+    panic!("`Acquire` polled after completion")
+}
+
 /// tokio's check and message, for requests that cannot fit the word (only
 /// reachable on 32-bit targets, where `u32::MAX > MAX_PERMITS`).
 #[inline]
@@ -578,6 +585,7 @@ impl fmt::Debug for RawSemaphore {
 }
 
 impl Waiter {
+    #[inline]
     pub(crate) fn new(needed: u32) -> Self {
         Self {
             node: Node::new(0),
@@ -586,12 +594,14 @@ impl Waiter {
         }
     }
 
+    #[inline]
     pub(crate) fn needed(&self) -> u32 {
         self.needed
     }
 
     /// Whether the node may be linked (the future was queued and has not
     /// completed).
+    #[inline]
     pub(crate) fn is_queued(&self) -> bool {
         self.phase == Phase::Queued
     }
