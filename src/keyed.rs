@@ -334,6 +334,17 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         }
     }
 
+    /// When the latest server hold on `key` ends (0: none, or its bucket
+    /// was evicted, which happens only once the hold is over).
+    pub(crate) fn held_until(&self, key: &K) -> u64 {
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash).read();
+        shard
+            .buckets
+            .find(hash, |(k, _)| k == key)
+            .map_or(0, |(_, b)| b.held_until())
+    }
+
     /// How many cells `try_acquire` would admit for `key` now, without
     /// consuming any (and without creating a bucket).
     ///

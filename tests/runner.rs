@@ -141,9 +141,10 @@ fn a_long_retry_after_is_surfaced_not_slept() {
 }
 
 #[test]
-fn transient_failures_retry_within_the_deadline_then_surface() {
+fn transient_failures_retry_within_the_deadline_then_fail() {
     // Three 503s, backoff 300 ms fixed, deadline 500 ms: the first retry fits,
-    // the second would pass the deadline and is surfaced, not slept.
+    // the second would pass the deadline and is not slept. A bare 503 is a
+    // fault, not a rate limit: the call fails with it, saying why it stopped.
     let script = Script::new(vec![(503, vec![]), (503, vec![]), (503, vec![])]);
     let runner: Runner<String> = Runner::new(Admission::builder().build(), Duration::ZERO).retries(
         Backoff::new(Duration::from_millis(300), Duration::from_millis(300))
@@ -152,8 +153,14 @@ fn transient_failures_retry_within_the_deadline_then_surface() {
     );
     let spec = CallSpec::new("search", "k").deadline(Duration::from_millis(500));
     let results = rt().block_on(runner.execute(vec![script.call(spec, None)]));
-    let t = results[0].throttled().expect("surfaced");
-    assert_eq!(t.status, Status::TimedOut);
+    match &results[0] {
+        CallResult::Failed {
+            status: 503,
+            error,
+            attempts: 2,
+        } => assert!(error.contains("not retried"), "{error}"),
+        other => panic!("{other:?}"),
+    }
     assert_eq!(script.sent.load(Ordering::SeqCst), 2);
 }
 

@@ -31,6 +31,7 @@ use super::{Admission, Inner, ToolConfig, ToolState};
 /// | max honoured Retry-After | 5 min (longer: `quota_exhausted`) |
 /// | expected latency (drain estimates before any call finished) | 1 s |
 /// | run budget | none |
+/// | tools not configured by name | at most 1,024 tracked (idle ones evicted; then `shed`) |
 ///
 /// # Examples
 ///
@@ -66,6 +67,7 @@ struct Settings {
     max_retry_after: Duration,
     expected_latency: Duration,
     run_budget: Option<u32>,
+    max_tools: usize,
     shared: HashMap<String, Arc<dyn SharedLimiter>>,
 }
 
@@ -89,6 +91,7 @@ impl Builder {
                 max_retry_after: Duration::from_secs(300),
                 expected_latency: Duration::from_secs(1),
                 run_budget: None,
+                max_tools: 1024,
                 shared: HashMap::new(),
             },
         }
@@ -177,6 +180,28 @@ impl<S, C> Builder<S, C> {
             .or_insert_with(|| self.cfg.default_tool.clone());
         entry.cap = cap.max(1);
         entry.policy = policy;
+        self
+    }
+
+    /// How many tools not configured by name the layer tracks at once
+    /// (default 1,024; at least 1). At the cap, idle ones are evicted; if
+    /// none is idle, a call for a new tool name is refused as `shed`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, CallSpec, Status};
+    /// # futures::executor::block_on(async {
+    /// let admission = Admission::builder().max_tools(1).build();
+    /// let busy = admission.admit(&CallSpec::new("a", "k")).await.unwrap();
+    /// let err = admission.admit(&CallSpec::new("b", "k")).await.unwrap_err();
+    /// assert_eq!(err.status, Status::Shed);
+    /// drop(busy); // "a" is idle now: "b" takes its place
+    /// assert!(admission.admit(&CallSpec::new("b", "k")).await.is_ok());
+    /// # });
+    /// ```
+    pub fn max_tools(mut self, n: usize) -> Self {
+        self.cfg.max_tools = n.max(1);
         self
     }
 
@@ -373,7 +398,7 @@ impl<S, C> Builder<S, C> {
             .tools
             .into_iter()
             .map(|(name, cfg)| {
-                let state = Arc::new(ToolState::new(&cfg, self.cfg.expected_latency));
+                let state = Arc::new(ToolState::new(&cfg, self.cfg.expected_latency, false));
                 (name, state)
             })
             .collect();
@@ -385,6 +410,7 @@ impl<S, C> Builder<S, C> {
                 waiting: AtomicUsize::new(0),
                 queue_capacity: self.cfg.queue_capacity,
                 tools: RwLock::new(tools),
+                max_tools: self.cfg.max_tools,
                 default_tool: self.cfg.default_tool,
                 credentials,
                 server_scopes,
@@ -394,6 +420,7 @@ impl<S, C> Builder<S, C> {
                 run_budget: self.cfg.run_budget,
                 run_used: AtomicU32::new(0),
                 closed: AtomicBool::new(false),
+                closed_signal: crate::semaphore::Semaphore::new(0),
                 shared: self.cfg.shared,
                 pending: parking_lot::Mutex::new(HashMap::new()),
             }),

@@ -29,6 +29,7 @@ mod throttled;
 mod ticket;
 
 use core::fmt;
+use core::future::Future;
 use core::time::Duration;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -39,6 +40,7 @@ use crate::bucket::{Reservation, ReserveError};
 use crate::clock::{Clock, DefaultClock};
 use crate::headers::ServerHint;
 use crate::keyed::Scoped;
+use crate::semaphore::Semaphore;
 use crate::sleep::{Sleeper, ThreadSleeper};
 use crate::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
@@ -46,10 +48,14 @@ pub use builder::Builder;
 pub use pools::SlotPolicy;
 pub use runner::{AttemptFuture, Call, CallResult, Reply, Runner};
 pub use shared::{SharedFuture, SharedLimiter};
+pub(crate) use throttled::Human;
 pub use throttled::{Status, Throttled};
 pub use ticket::Ticket;
 
 use pools::{acquire_both, Pool, SlotError, Which};
+
+/// The scope of a credential's own quota in a [`Throttled`].
+const API_KEY: &str = "api_key";
 
 /// Whether a call only reads (safe to coalesce and retry) or writes.
 ///
@@ -186,6 +192,9 @@ struct ToolConfig {
 }
 
 struct ToolState {
+    /// Created on first use with the defaults (not configured by name):
+    /// such a tool may be evicted once idle.
+    dynamic: bool,
     pool: Pool,
     policy: SlotPolicy,
     /// Calls admitted in this run, against `budget`.
@@ -197,8 +206,17 @@ struct ToolState {
 }
 
 impl ToolState {
-    fn new(cfg: &ToolConfig, expected_latency: Duration) -> Self {
+    /// Nobody but the registry holds it (no ticket, no admit in progress)
+    /// and evicting it loses no budget.
+    fn is_idle(self: &Arc<Self>) -> bool {
+        // Relaxed: read under the registry's write lock; a new holder must
+        // take the lock to get an `Arc`, so the count cannot grow meanwhile.
+        Arc::strong_count(self) == 1 && self.used.load(Ordering::Relaxed) == 0
+    }
+
+    fn new(cfg: &ToolConfig, expected_latency: Duration, dynamic: bool) -> Self {
         Self {
+            dynamic,
             pool: Pool::new(cfg.cap, expected_latency),
             policy: cfg.policy,
             used: AtomicU32::new(0),
@@ -216,6 +234,8 @@ struct Inner<S, C: Clock> {
     waiting: AtomicUsize,
     queue_capacity: usize,
     tools: RwLock<HashMap<String, Arc<ToolState>>>,
+    /// At most this many tools created on first use (see `tool_state`).
+    max_tools: usize,
     default_tool: ToolConfig,
     credentials: Scoped<String, C>,
     server_scopes: Scoped<(String, String), C>,
@@ -225,6 +245,9 @@ struct Inner<S, C: Clock> {
     run_budget: Option<u32>,
     run_used: AtomicU32,
     closed: AtomicBool,
+    /// Never holds a permit: `close` closes it, which wakes every call
+    /// sleeping for a rate token or a retry (they race its `acquire`).
+    closed_signal: Semaphore,
     /// Credentials whose quota is shared with other processes.
     shared: HashMap<String, Arc<dyn SharedLimiter>>,
     /// Penalties observed for shared credentials, applied (as "until" on
@@ -365,12 +388,18 @@ where
         let deadline_at = started.saturating_add(crate::clock::saturating_nanos(spec.deadline));
         // Relaxed: a flag; a call racing `close` may still be admitted.
         if inner.closed.load(Ordering::Relaxed) {
-            return Err(self.decided(
-                spec,
-                Throttled::new(Status::Closed, "admission", "the admission layer is closed"),
-            ));
+            return Err(self.closed_refusal(spec));
         }
-        let tool = self.tool_state(&spec.tool);
+        let tool = match self.tool_state(&spec.tool) {
+            Ok(t) => t,
+            Err(refused) => return Err(self.decided(spec, refused)),
+        };
+        // Again: a tool created after `close` walked the map was not closed
+        // by it, but its creation (under the map's write lock) happened
+        // after `close`'s store, so this load sees it.
+        if inner.closed.load(Ordering::Relaxed) {
+            return Err(self.closed_refusal(spec));
+        }
 
         // 1. Budget.
         let mut claim = BudgetClaim {
@@ -417,64 +446,83 @@ where
             Err((e, which)) => return Err(self.decided(spec, slot_refusal(spec, e, which))),
         };
 
-        // 3. Rate: the credential's bucket and any server scope's bucket.
-        let now = inner.clock.now_nanos();
-        let left = Duration::from_nanos(deadline_at.saturating_sub(now));
-        let max_wait = inner.inline_wait.min(left);
-        let mut reserved = Reserved(Vec::with_capacity(2));
-        let mut wait = Duration::ZERO;
+        // 3. Rate: the credential's bucket and any server scope's bucket,
+        // within the inline wait and the deadline. A hold the server placed
+        // while this call slept towards its instant sends it back here.
+        let rate_started = inner.clock.now_nanos();
+        let inline_end =
+            rate_started.saturating_add(crate::clock::saturating_nanos(inner.inline_wait));
         let scope = tool.server_scope.read().clone();
+        let scope_key = scope.as_ref().map(|s| (spec.credential.clone(), s.clone()));
         let shared = inner.shared.get(&spec.credential);
-        let shared_cred = shared.is_some();
-        let buckets: [(Option<Result<Reservation<'static>, ReserveError>>, String); 2] = [
-            (
+        let mut reserved = Reserved(Vec::with_capacity(2));
+        loop {
+            let now = inner.clock.now_nanos();
+            let left = Duration::from_nanos(deadline_at.saturating_sub(now));
+            let max_wait = Duration::from_nanos(inline_end.min(deadline_at).saturating_sub(now));
+            let mut wait = Duration::ZERO;
+            if shared.is_none() {
                 // A credential shared across processes is admitted by its
                 // shared limiter below, not by a local bucket.
-                (!shared_cred).then(|| inner.credentials.reserve(&spec.credential, 1, max_wait)),
-                "api_key".to_string(),
-            ),
-            match &scope {
-                Some(s) => (
-                    Some(inner.server_scopes.reserve(
-                        &(spec.credential.clone(), s.clone()),
-                        1,
-                        max_wait,
-                    )),
-                    format!("server:{s}"),
-                ),
-                None => (None, String::new()),
-            },
-        ];
-        for (result, scope_name) in buckets {
-            match result {
-                None => {}
-                Some(Ok(r)) => {
-                    wait = wait.max(r.wait());
-                    reserved.0.push(r);
-                }
-                Some(Err(e)) => {
-                    return Err(self.decided(spec, self.rate_refusal(e, scope_name, left)));
+                match inner.credentials.reserve(&spec.credential, 1, max_wait) {
+                    Ok(r) => {
+                        wait = wait.max(r.wait());
+                        reserved.0.push(r);
+                    }
+                    Err(e) => {
+                        return Err(self.decided(spec, self.rate_refusal(e, API_KEY, left)));
+                    }
                 }
             }
-        }
-        if let Some(shared) = shared {
-            // Last, so a refusal here cancels the local reservations above
-            // (a shared cell cannot be given back without a round trip).
-            self.push_penalty(&spec.credential, shared.as_ref()).await;
-            match shared.reserve_one(max_wait).await {
-                Ok(w) => wait = wait.max(w),
-                Err(e) => {
-                    return Err(self.decided(spec, self.rate_refusal(e, "api_key".into(), left)));
+            if let (Some(key), Some(name)) = (&scope_key, &scope) {
+                match inner.server_scopes.reserve(key, 1, max_wait) {
+                    Ok(r) => {
+                        wait = wait.max(r.wait());
+                        reserved.0.push(r);
+                    }
+                    Err(e) => {
+                        let scope = format!("server:{name}");
+                        return Err(self.decided(spec, self.rate_refusal(e, &scope, left)));
+                    }
                 }
             }
-        }
-        if !wait.is_zero() {
-            inner.sleeper.sleep(wait).await;
+            if let Some(shared) = shared {
+                // Last, so a refusal here cancels the local reservations
+                // above (a shared cell cannot be given back without a round
+                // trip).
+                self.push_penalty(&spec.credential, shared.as_ref()).await;
+                match shared.reserve_one(max_wait).await {
+                    Ok(w) => wait = wait.max(w),
+                    Err(e) => {
+                        return Err(self.decided(spec, self.rate_refusal(e, API_KEY, left)));
+                    }
+                }
+            }
+            if wait.is_zero() {
+                break;
+            }
+            let ready_at = now.saturating_add(crate::clock::saturating_nanos(wait));
+            if !self.sleep_unless_closed(wait).await {
+                return Err(self.closed_refusal(spec));
+            }
+            if self.held_until(&spec.credential, scope_key.as_ref()) <= ready_at {
+                break;
+            }
+            // A 429 arrived while we slept and its hold covers our instant:
+            // give the reservations back (a penalty usually voids the
+            // refund, which errs towards admitting less) and queue again
+            // behind the hold, within what is left of the budgets.
+            for r in reserved.0.drain(..) {
+                let _ = r.cancel();
+            }
         }
         // The tokens are used now: keep them.
         core::mem::take(&mut reserved.0);
         claim.keep();
-        self.decided_ok(spec, wait);
+        self.decided_ok(
+            spec,
+            Duration::from_nanos(inner.clock.now_nanos().saturating_sub(rate_started)),
+        );
         Ok(Ticket {
             admission: self.clone(),
             tool: tool.clone(),
@@ -485,14 +533,15 @@ where
         })
     }
 
-    fn rate_refusal(&self, e: ReserveError, scope: String, left: Duration) -> Throttled {
+    fn rate_refusal(&self, e: ReserveError, scope: &str, left: Duration) -> Throttled {
         let inner = &*self.inner;
         match e.retry_after() {
             Some(after) if after > inner.max_retry_after => Throttled::new(
                 Status::QuotaExhausted,
                 scope,
                 format!(
-                    "the limit resets in {after:?}, longer than any retry is worth; tell the operator"
+                    "the limit resets in {}, longer than any retry is worth; tell the operator",
+                    Human(after)
                 ),
             )
             .with_retry_after(after),
@@ -500,7 +549,9 @@ where
                 Status::RateLimited,
                 scope,
                 format!(
-                    "the next slot is in {after:?}, after this call's deadline ({left:?} left); retry later or drop the call"
+                    "the next slot is in {}, after this call's deadline ({} left); retry later or drop the call",
+                    Human(after),
+                    Human(left)
                 ),
             )
             .with_retry_after(after),
@@ -508,8 +559,9 @@ where
                 Status::RateLimited,
                 scope,
                 format!(
-                    "the next slot is in {after:?}, longer than the {:?} waited inline; retry after that",
-                    inner.inline_wait
+                    "the next slot is in {}, longer than the {} waited inline; retry after that",
+                    Human(after),
+                    Human(inner.inline_wait)
                 ),
             )
             .with_retry_after(after),
@@ -521,21 +573,55 @@ where
         }
     }
 
+    /// The end of the latest server hold that covers `credential`'s calls
+    /// (its own, its shared quota's as last observed here, and the
+    /// server scope `scope` it falls under).
+    fn held_until(&self, credential: &str, scope: Option<&(String, String)>) -> u64 {
+        let inner = &*self.inner;
+        let own = inner.credentials.held_until(&credential.to_string());
+        let scoped = scope.map_or(0, |k| inner.server_scopes.held_until(k));
+        let shared = inner.pending.lock().get(credential).copied().unwrap_or(0);
+        own.max(scoped).max(shared)
+    }
+
     /// The state of `tool`, created with the defaults on first use.
-    fn tool_state(&self, tool: &str) -> Arc<ToolState> {
-        if let Some(t) = self.inner.tools.read().get(tool) {
-            return t.clone();
+    ///
+    /// Tools not configured by name are capped at `max_tools`: at the cap,
+    /// the idle ones (no call admitted or waiting, no budget used this run)
+    /// are evicted first, and a new name is refused only if none is idle.
+    /// An evicted tool forgets its hold-time estimate and the server scope
+    /// it was seen under; both are learned again.
+    fn tool_state(&self, tool: &str) -> Result<Arc<ToolState>, Throttled> {
+        let inner = &*self.inner;
+        if let Some(t) = inner.tools.read().get(tool) {
+            return Ok(t.clone());
         }
-        let mut tools = self.inner.tools.write();
-        tools
-            .entry(tool.to_string())
-            .or_insert_with(|| {
-                Arc::new(ToolState::new(
-                    &self.inner.default_tool,
-                    self.inner.expected_latency,
-                ))
-            })
-            .clone()
+        let mut tools = inner.tools.write();
+        if let Some(t) = tools.get(tool) {
+            return Ok(t.clone());
+        }
+        let dynamic = tools.values().filter(|t| t.dynamic).count();
+        if dynamic >= inner.max_tools {
+            tools.retain(|_, t| !(t.dynamic && t.is_idle()));
+            let left = tools.values().filter(|t| t.dynamic).count();
+            if left >= inner.max_tools {
+                return Err(Throttled::new(
+                    Status::Shed,
+                    format!("tool:{tool}"),
+                    format!(
+                        "{left} tools not configured by name are in use, the most this layer tracks; \
+                         retry once some finish, or configure the tool by name"
+                    ),
+                ));
+            }
+        }
+        let state = Arc::new(ToolState::new(
+            &inner.default_tool,
+            inner.expected_latency,
+            true,
+        ));
+        tools.insert(tool.to_string(), state.clone());
+        Ok(state)
     }
 
     /// Pushes the penalties observed on credentials with a shared quota
@@ -618,8 +704,55 @@ where
     /// # });
     /// ```
     pub fn close(&self) {
-        // Relaxed: see `admit`.
-        self.inner.closed.store(true, Ordering::Relaxed);
+        let inner = &*self.inner;
+        // Relaxed: the tools map's lock orders this store before any tool
+        // created later (see `admit`, which checks again after creating
+        // its tool); the semaphores below carry their own ordering.
+        inner.closed.store(true, Ordering::Relaxed);
+        for tool in inner.tools.read().values() {
+            tool.pool.close();
+        }
+        inner.global.close();
+        inner.closed_signal.close();
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::Admission;
+    /// let admission = Admission::builder().build();
+    /// assert!(!admission.is_closed());
+    /// admission.close();
+    /// assert!(admission.is_closed());
+    /// ```
+    pub fn is_closed(&self) -> bool {
+        // Relaxed: advisory, as in `admit`.
+        self.inner.closed.load(Ordering::Relaxed)
+    }
+
+    /// Sleeps for `d` unless the layer is closed first; returns whether the
+    /// whole sleep ran (false: closed).
+    pub(crate) async fn sleep_unless_closed(&self, d: Duration) -> bool {
+        let inner = &*self.inner;
+        let mut sleep = core::pin::pin!(inner.sleeper.sleep(d));
+        let mut closed = core::pin::pin!(inner.closed_signal.acquire());
+        core::future::poll_fn(|cx| {
+            // The signal never has a permit: it completes only when closed.
+            if closed.as_mut().poll(cx).is_ready() {
+                return core::task::Poll::Ready(false);
+            }
+            sleep.as_mut().poll(cx).map(|()| true)
+        })
+        .await
+    }
+
+    fn closed_refusal(&self, spec: &CallSpec) -> Throttled {
+        self.decided(
+            spec,
+            Throttled::new(Status::Closed, "admission", "the admission layer is closed"),
+        )
     }
 
     /// Applies a server's answer for `credential` (and `tool`) without a
@@ -657,8 +790,11 @@ where
                 let _ = inner
                     .server_scopes
                     .penalize(&(credential.to_string(), scope.clone()), wait);
-                let tool = self.tool_state(tool);
-                *tool.server_scope.write() = Some(scope.clone());
+                // A tool the registry cannot hold right now learns its
+                // scope on a later reply.
+                if let Ok(tool) = self.tool_state(tool) {
+                    *tool.server_scope.write() = Some(scope.clone());
+                }
             }
             None if inner.shared.contains_key(credential) => {
                 // Reaching the shared limiter needs an await: the next admit
@@ -703,6 +839,11 @@ where
         );
         #[cfg(not(feature = "tracing"))]
         let _ = (spec, waited);
+    }
+
+    /// The clock the layer's rate limits and deadlines run on.
+    pub(crate) fn clock(&self) -> &C {
+        &self.inner.clock
     }
 
     /// Calls waiting for a slot right now.

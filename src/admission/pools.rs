@@ -87,6 +87,12 @@ impl Pool {
         }
     }
 
+    /// Closes the pool: every waiting and later acquire fails with
+    /// [`SlotError::Closed`]; slots already held stay valid.
+    pub(crate) fn close(&self) {
+        self.sem.close();
+    }
+
     /// Folds one observed hold time into the mean (weight 1/8).
     pub(crate) fn record_hold(&self, held: Duration) {
         let sample = crate::clock::saturating_nanos(held);

@@ -1,32 +1,48 @@
 //! `Runner`: executes one model turn's calls through [`Admission`] and
-//! returns their results in input order.
+//! returns their results in input order, one [`CallResult`] per call.
 //!
 //! * Reads with the same `(tool, canonical args)` share one execution
 //!   ([`SingleFlight`]) and, within the cache TTL, one result; writes are
 //!   never coalesced or cached. Which calls are reads is the caller's
 //!   decision ([`Kind`]).
-//! * A 429 is fed back to the admission layer (every call on that key is
-//!   held back), then the call is admitted again: the wait is slept inline
-//!   while it is short, and surfaced as `rate_limited` when it is not.
-//! * Transient failures (5xx, transport errors) are retried with jittered
-//!   backoff charged against the call's deadline; a retry that would pass
-//!   the deadline is not slept but surfaced as `timed_out`.
-//! * When the server lets a call through, it costs exactly one request.
+//! * Every attempt is admitted first ([`Admission::admit`]), so retries
+//!   pay the same slots, rate and deadline as first attempts.
+//! * A panic in a call is contained in that call's result
+//!   ([`CallResult::Panicked`]); the turn's other calls complete.
+//!
+//! What the runner does with each reply (retries: 3 by default, see
+//! [`Runner::retries`]; `attempts` counts the requests the call sent):
+//!
+//! | reply | fed back | retried? | ends as |
+//! | --- | --- | --- | --- |
+//! | 2xx | `observe` (`remaining: 0` waits for the reset) | no | `Done` |
+//! | 429, or 503 with `Retry-After` | the credential (or server scope) is held for `Retry-After` (1 s if absent) | yes: re-admitted behind the hold; slept inline while it fits the inline wait and the deadline | `Throttled { rate_limited }` when the hold does not fit or the retries run out, never `Failed` |
+//! | 408, other 5xx | `observe` | yes, after jittered backoff (100 ms to 5 s) charged to the deadline | `Failed` with the last status when retries, deadline or admission run out |
+//! | transport error | nothing (not a rate limit) | yes, as 5xx | `Failed { status: 0, error }`, never `rate_limited` |
+//! | other 4xx | `observe` | no | `Failed` |
+//! | refused by admission | | no | `Throttled` with the refusal's status |
+//! | panic | | no | `Panicked` |
+//!
+//! A retry refused by admission after a transport error or a 5xx ends as
+//! that `Failed` (the refusal is named as the reason it was not retried);
+//! after a 429 it ends as the refusal, `Throttled`.
 
 use core::fmt;
 use core::future::Future;
 use core::pin::Pin;
 use core::task::Poll;
 use core::time::Duration;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 
-use crate::backoff::{Backoff, Deadline, Decision, Jitter, RetryPolicy, SurfaceStatus, Surfaced};
+use crate::backoff::{Backoff, Deadline, Decision, Jitter, RetryPolicy};
 use crate::clock::Clock;
 use crate::headers::ServerHint;
 use crate::single_flight::{FlightError, Provenance, SingleFlight};
 use crate::sleep::Sleeper;
 
-use super::{Admission, CallSpec, Kind, Status, Throttled};
+use super::{Admission, CallSpec, Human, Kind, Status, Throttled};
 
 /// What one attempt of a call got back from the server.
 ///
@@ -184,14 +200,25 @@ pub enum CallResult<V> {
     },
     /// Not now, and why: plan with it, do not retry blindly.
     Throttled(Throttled),
-    /// The server kept failing (or the transport did) and retries ran out.
+    /// The call failed for a reason that is not about capacity: a 4xx
+    /// other than 408/429, a 5xx or transport error that outlasted its
+    /// retries, or a transport error whose retry was not admitted. Never a
+    /// 429: a call whose last answer was a 429 ends as [`Throttled`].
     Failed {
         /// The last status (0 for a transport error).
         status: u16,
         /// What went wrong.
         error: String,
-        /// Requests sent.
+        /// Requests this call itself sent (0 when it joined an identical
+        /// call that failed).
         attempts: u32,
+    },
+    /// The call's attempt (or the closure making it) panicked. The panic is
+    /// contained: the turn's other calls complete, and the call's slots
+    /// were released.
+    Panicked {
+        /// The panic's message, if it was a string.
+        message: String,
     },
 }
 
@@ -229,15 +256,71 @@ impl<V> CallResult<V> {
     }
 }
 
+/// Under the `serde` feature every result serializes as one JSON object
+/// with a `status` field a model can branch on:
+///
+/// | variant | `status` | other fields |
+/// | --- | --- | --- |
+/// | `Done` | `"done"` | `value`, `provenance` (`leader`/`joined`/`cached`), `attempts` |
+/// | `Throttled` | the [`Status`] (`rate_limited`, `shed`, ...) | `scope`, `retry_after_ms`, `hint` (as [`Throttled`]) |
+/// | `Failed` | `"failed"` | `http_status` (0: transport), `error`, `attempts` |
+/// | `Panicked` | `"panicked"` | `message` |
+#[cfg(feature = "serde")]
+impl<V: serde::Serialize> serde::Serialize for CallResult<V> {
+    fn serialize<Ser: serde::Serializer>(&self, s: Ser) -> Result<Ser::Ok, Ser::Error> {
+        use serde::ser::SerializeStruct;
+        match self {
+            CallResult::Done {
+                value,
+                provenance,
+                attempts,
+            } => {
+                let mut st = s.serialize_struct("CallResult", 4)?;
+                st.serialize_field("status", "done")?;
+                st.serialize_field("value", value)?;
+                st.serialize_field("provenance", provenance)?;
+                st.serialize_field("attempts", attempts)?;
+                st.end()
+            }
+            CallResult::Throttled(t) => t.serialize(s),
+            CallResult::Failed {
+                status,
+                error,
+                attempts,
+            } => {
+                let mut st = s.serialize_struct("CallResult", 4)?;
+                st.serialize_field("status", "failed")?;
+                st.serialize_field("http_status", status)?;
+                st.serialize_field("error", error)?;
+                st.serialize_field("attempts", attempts)?;
+                st.end()
+            }
+            CallResult::Panicked { message } => {
+                let mut st = s.serialize_struct("CallResult", 2)?;
+                st.serialize_field("status", "panicked")?;
+                st.serialize_field("message", message)?;
+                st.end()
+            }
+        }
+    }
+}
+
 /// Why a led execution ended without a value (shared with followers).
 #[derive(Debug)]
 enum Failure {
     Throttled(Throttled),
+    /// The caller's own request count is added by `to_result`.
     Failed {
         status: u16,
         error: String,
-        attempts: u32,
     },
+    Panicked(String),
+}
+
+/// What the previous attempt of a call got, for when its retry is refused.
+struct LastAttempt {
+    status: u16,
+    error: String,
 }
 
 /// Runs a turn's calls through an [`Admission`].
@@ -295,7 +378,7 @@ where
     /// # let _ = runner;
     /// ```
     pub fn new(admission: Admission<S, C>, cache_ttl: Duration) -> Self {
-        let clock = admission.inner.clock.clone();
+        let clock = admission.clock().clone();
         let mut flights = SingleFlight::builder().clock(clock);
         if !cache_ttl.is_zero() {
             flights = flights.cache(cache_ttl, 4096);
@@ -397,86 +480,102 @@ where
             (Some(k), Kind::Read) => Some((call.spec.tool.clone(), k.clone())),
             _ => None,
         };
+        // Requests this caller sent itself (it led, or took over a flight).
+        let sent = AtomicU32::new(0);
         let Some(key) = key else {
-            return match self.attempts(&call).await {
-                Ok((value, attempts)) => CallResult::Done {
+            return match self.contained(&call, &sent).await {
+                Ok(value) => CallResult::Done {
                     value,
                     provenance: Provenance::Leader,
-                    attempts,
+                    attempts: sent.load(Relaxed),
                 },
-                Err(f) => f.into_result(),
+                Err(f) => f.to_result(sent.load(Relaxed)),
             };
         };
-        let attempts_cell = std::sync::atomic::AtomicU32::new(0);
         let led = self
             .flights
-            .try_run(key, || async {
-                let (value, attempts) = self.attempts(&call).await?;
-                attempts_cell.store(attempts, std::sync::atomic::Ordering::Relaxed);
-                Ok(value)
-            })
+            .try_run(key, || self.contained(&call, &sent))
             .await;
+        // Relaxed: written by this task's own future, read after it ended.
+        let attempts = sent.load(Relaxed);
         match led {
             Ok((value, provenance)) => CallResult::Done {
                 value,
                 provenance,
                 attempts: if provenance == Provenance::Leader {
-                    attempts_cell.load(std::sync::atomic::Ordering::Relaxed)
+                    attempts
                 } else {
                     0
                 },
             },
-            Err(FlightError::Failed(f)) => f.as_ref().clone_result(),
-            Err(_) => CallResult::Failed {
-                status: 0,
-                error: "the identical call this one joined panicked".into(),
-                attempts: 0,
+            Err(FlightError::Failed(f)) => f.to_result(attempts),
+            // `contained` catches the closure's panics; a flight can only
+            // report one if the runner itself panicked.
+            Err(e) => CallResult::Panicked {
+                message: e.to_string(),
             },
         }
     }
 
+    /// [`attempts`](Self::attempts), with a panic turned into
+    /// [`Failure::Panicked`]: the attempt's future (holding the ticket) is
+    /// dropped, so its slots are released, and the other calls go on.
+    async fn contained(&self, call: &Call<V>, sent: &AtomicU32) -> Result<V, Failure> {
+        let mut attempts = Box::pin(self.attempts(call, sent));
+        core::future::poll_fn(|cx| {
+            match std::panic::catch_unwind(AssertUnwindSafe(|| attempts.as_mut().poll(cx))) {
+                Ok(p) => p,
+                Err(payload) => Poll::Ready(Err(Failure::Panicked(panic_message(&*payload)))),
+            }
+        })
+        .await
+    }
+
     /// Admits and sends one call until it succeeds, is refused, or runs out
-    /// of retries or deadline.
-    async fn attempts(&self, call: &Call<V>) -> Result<(V, u32), Failure> {
-        let clock = self.admission.inner.clock.clone();
-        let mut deadline = Deadline::after(clock, call.spec.deadline);
+    /// of retries or deadline. `sent` counts the requests sent.
+    async fn attempts(&self, call: &Call<V>, sent: &AtomicU32) -> Result<V, Failure> {
+        let mut deadline = Deadline::after(self.admission.clock().clone(), call.spec.deadline);
         let mut policy = self.retry.lock().fork();
-        let mut sent = 0u32;
+        let mut last: Option<LastAttempt> = None;
         loop {
             let spec = call.spec.clone().deadline(deadline.remaining());
-            let ticket = self
-                .admission
-                .admit(&spec)
-                .await
-                .map_err(Failure::Throttled)?;
-            sent += 1;
+            let ticket = match self.admission.admit(&spec).await {
+                Ok(t) => t,
+                Err(refused) => return Err(refused_retry(refused, last)),
+            };
+            // Relaxed: a count read by this call's own task afterwards.
+            let n = sent.fetch_add(1, Relaxed) + 1;
             let reply = (call.make)().await;
             let (status, hint, error) = match reply {
                 Ok(r) if r.is_success() => {
                     ticket.observe(r.status, &r.hint);
-                    return Ok((r.value, sent));
+                    return Ok(r.value);
                 }
                 Ok(r) => {
-                    ticket.observe(r.status, &r.hint);
+                    let held = ticket.observe(r.status, &r.hint);
                     self.admission.sync_shared().await;
-                    let error = format!("server answered {}", r.status);
-                    (r.status, r.hint, error)
+                    let capacity = is_capacity(r.status, &r.hint);
+                    if capacity && n > self.max_retries {
+                        // Out of retries, and the server's last word was
+                        // "not now": that is a rate limit, never a failure.
+                        return Err(Failure::Throttled(still_throttled(
+                            r.status, &r.hint, held, n,
+                        )));
+                    }
+                    (r.status, r.hint, format!("server answered {}", r.status))
                 }
                 Err(e) => (0, ServerHint::default(), e),
             };
             drop(ticket);
-            let retryable = status == 0 || status == 429 || status == 408 || status >= 500;
-            if !retryable || sent > self.max_retries {
-                return Err(Failure::Failed {
-                    status,
-                    error,
-                    attempts: sent,
-                });
-            }
-            if status == 429 {
-                // The hold is in the credential's bucket now (observe):
-                // the next admit waits for it, or surfaces it.
+            if is_capacity(status, &hint) {
+                // The hold is in the credential's bucket now (observe): the
+                // next admit waits for it, or surfaces it as rate_limited.
+                last = Some(LastAttempt { status, error });
                 continue;
+            }
+            let retryable = status == 0 || status == 408 || status >= 500;
+            if !retryable || n > self.max_retries {
+                return Err(Failure::Failed { status, error });
             }
             match policy.decide(&hint, &mut deadline) {
                 Decision::Retry { after } => {
@@ -485,48 +584,97 @@ where
                         tracing::Level::DEBUG,
                         tool = %call.spec.tool,
                         status,
-                        attempt = sent,
+                        attempt = n,
                         wait_ms = after.as_millis() as u64,
                         "backpressure: retried"
                     );
-                    self.admission.inner.sleeper.sleep(after).await
+                    if !self.admission.sleep_unless_closed(after).await {
+                        return Err(Failure::Failed {
+                            status,
+                            error: format!("{error}; not retried: the admission layer closed"),
+                        });
+                    }
+                    last = Some(LastAttempt { status, error });
                 }
-                Decision::Surface(s) => return Err(Failure::Throttled(surfaced(s))),
-                _ => {
+                // The error was not about capacity: report it as it was,
+                // saying why it was not retried (a transport error is never
+                // turned into a rate limit).
+                Decision::Surface(s) => {
                     return Err(Failure::Failed {
                         status,
-                        error,
-                        attempts: sent,
+                        error: format!("{error}; not retried: {}", s.hint),
                     })
                 }
+                _ => return Err(Failure::Failed { status, error }),
             }
         }
     }
 }
 
-impl Failure {
-    fn into_result<V>(self) -> CallResult<V> {
-        match self {
-            Failure::Throttled(t) => CallResult::Throttled(t),
-            Failure::Failed {
-                status,
-                error,
-                attempts,
-            } => CallResult::Failed {
-                status,
-                error,
-                attempts,
-            },
-        }
-    }
+/// A 429, or a 503 that says when to come back: the server's capacity,
+/// not a fault.
+fn is_capacity(status: u16, hint: &ServerHint) -> bool {
+    status == 429 || (status == 503 && hint.retry_after.is_some())
+}
 
-    fn clone_result<V>(&self) -> CallResult<V> {
+/// The call's last answer was "not now" and its retries are spent.
+fn still_throttled(status: u16, hint: &ServerHint, held: Option<Duration>, sent: u32) -> Throttled {
+    let scope = hint
+        .scope
+        .as_ref()
+        .map_or_else(|| "api_key".to_string(), |s| format!("server:{s}"));
+    let after = held
+        .or_else(|| hint.wait())
+        .unwrap_or(Duration::from_secs(1));
+    Throttled::new(
+        Status::RateLimited,
+        scope,
+        format!(
+            "the server still answered {status} after {sent} requests; retry after {}",
+            Human(after)
+        ),
+    )
+    .with_retry_after(after)
+}
+
+/// A retry refused by admission ends the call with what it means: after a
+/// 429 the refusal is the rate limit itself; after a transport error or a
+/// 5xx it is the original failure (the server is not known to be
+/// throttling), with the refusal as the reason it was not retried.
+fn refused_retry(refused: Throttled, last: Option<LastAttempt>) -> Failure {
+    match last {
+        Some(l) if l.status != 429 && l.status != 503 && refused.status != Status::Closed => {
+            Failure::Failed {
+                status: l.status,
+                error: format!("{}; not retried: {}", l.error, refused.hint),
+            }
+        }
+        _ => Failure::Throttled(refused),
+    }
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "the call panicked with a non-string payload".to_string()
+    }
+}
+
+impl Failure {
+    /// The result for a caller that sent `attempts` requests itself.
+    fn to_result<V>(&self, attempts: u32) -> CallResult<V> {
         match self {
             Failure::Throttled(t) => CallResult::Throttled(t.clone()),
             Failure::Failed { status, error, .. } => CallResult::Failed {
                 status: *status,
                 error: error.clone(),
-                attempts: 0,
+                attempts,
+            },
+            Failure::Panicked(message) => CallResult::Panicked {
+                message: message.clone(),
             },
         }
     }
@@ -537,19 +685,8 @@ impl fmt::Display for Failure {
         match self {
             Failure::Throttled(t) => t.fmt(f),
             Failure::Failed { error, .. } => f.write_str(error),
+            Failure::Panicked(m) => write!(f, "the call panicked: {m}"),
         }
-    }
-}
-
-fn surfaced(s: Surfaced) -> Throttled {
-    let status = match s.status {
-        SurfaceStatus::RateLimited => Status::RateLimited,
-        _ => Status::TimedOut,
-    };
-    let t = Throttled::new(status, s.scope.unwrap_or_else(|| "server".into()), s.hint);
-    match s.retry_after {
-        Some(d) => t.with_retry_after(d),
-        None => t,
     }
 }
 

@@ -185,3 +185,58 @@ pub(crate) fn ceil_ms(d: Duration) -> u64 {
     let ms = d.as_nanos().div_ceil(1_000_000);
     u64::try_from(ms).unwrap_or(u64::MAX)
 }
+
+/// A duration written for a person or a model: "350 ms", "2.25 s",
+/// "4 min 10 s", "3.5 h". Exact values belong in `retry_after_ms`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Human(pub(crate) Duration);
+
+impl fmt::Display for Human {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = self.0;
+        let secs = d.as_secs_f64();
+        if d < Duration::from_millis(1) && !d.is_zero() {
+            f.write_str("under 1 ms")
+        } else if d < Duration::from_secs(1) {
+            write!(f, "{} ms", d.as_millis())
+        } else if secs < 100.0 {
+            // Two decimals, trailing zeros dropped: 2.25 s, 2.5 s, 3 s.
+            let s = format!("{:.2}", (secs * 100.0).round() / 100.0);
+            let s = s.trim_end_matches('0').trim_end_matches('.');
+            write!(f, "{s} s")
+        } else if secs < 3600.0 {
+            let total = secs.round() as u64;
+            match total % 60 {
+                0 => write!(f, "{} min", total / 60),
+                s => write!(f, "{} min {s} s", total / 60),
+            }
+        } else {
+            let h = (secs / 360.0).round() / 10.0;
+            write!(f, "{h} h")
+        }
+    }
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_durations_carry_no_nanosecond_noise() {
+        let cases = [
+            (Duration::from_nanos(2_249_801_146), "2.25 s"),
+            (Duration::from_millis(2_500), "2.5 s"),
+            (Duration::from_secs(3), "3 s"),
+            (Duration::from_nanos(349_600_000), "349 ms"),
+            (Duration::ZERO, "0 ms"),
+            (Duration::from_nanos(10), "under 1 ms"),
+            (Duration::from_secs(250), "4 min 10 s"),
+            (Duration::from_secs(300), "5 min"),
+            (Duration::from_secs(12_600), "3.5 h"),
+            (Duration::MAX, "5124095576030431 h"),
+        ];
+        for (d, want) in cases {
+            assert_eq!(Human(d).to_string(), want, "{d:?}");
+        }
+    }
+}

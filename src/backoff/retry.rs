@@ -307,10 +307,10 @@ impl RetryPolicy {
                 scope: scope(),
                 retry_after: Some(wait),
                 hint: format!(
-                    "retry {} would wait {:?} but only {:?} is left before the deadline",
+                    "retry {} would wait {} but only {} is left before the deadline",
                     attempt + 1,
-                    wait,
-                    e.remaining()
+                    crate::admission::Human(wait),
+                    crate::admission::Human(e.remaining())
                 ),
             }),
         }
@@ -322,9 +322,9 @@ fn rate_limited(server: Duration, scope: Option<String>, clamp: Clamp) -> Surfac
     Surfaced {
         status: SurfaceStatus::RateLimited,
         hint: format!(
-            "the server asked to wait {:?}, more than the {:?} this call can wait; retry after that{}",
-            server,
-            clamp.max,
+            "the server asked to wait {}, more than the {} this call can wait; retry after that{}",
+            crate::admission::Human(server),
+            crate::admission::Human(clamp.max),
             match &scope {
                 Some(s) => format!(" (limit scope: {s})"),
                 None => String::new(),

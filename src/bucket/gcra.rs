@@ -169,6 +169,11 @@ pub(crate) struct Gcra {
     word: AtomicU64,
     /// Nanoseconds per cell; written only under `LOCKED`.
     period: AtomicU64,
+    /// The latest end of a server hold (`now + retry_after` of the latest
+    /// `penalize`), or 0. Not part of the decision: callers that reserved
+    /// before a hold read it when they wake to see whether their instant
+    /// fell inside it.
+    held_until: AtomicU64,
 }
 
 impl Gcra {
@@ -177,7 +182,16 @@ impl Gcra {
             tat: AtomicU64::new(FULL),
             word: AtomicU64::new((quota.burst.get() as u64) << BURST_SHIFT),
             period: AtomicU64::new(quota.period),
+            held_until: AtomicU64::new(0),
         }
+    }
+
+    /// The end of the latest server hold (0: none yet).
+    pub(crate) fn held_until(&self) -> u64 {
+        // Relaxed: a lone value that orders no other memory; a reader that
+        // misses a hold landing concurrently is in the same position as a
+        // call that started just before the 429 arrived.
+        self.held_until.load(Ordering::Relaxed)
     }
 
     /// Reads a consistent (quota, tat) pair.
@@ -374,6 +388,9 @@ impl Gcra {
     /// `tat` below the penalty and admit a call before the server's
     /// `Retry-After`. Voiding refunds only ever errs towards admitting less.
     pub(crate) fn penalize(&self, retry_after: u64, now: u64) {
+        // Relaxed: see `held_until`.
+        self.held_until
+            .fetch_max(now.saturating_add(retry_after), Ordering::Relaxed);
         let backoff = Backoff::new();
         loop {
             let view = self.view();

@@ -19,6 +19,8 @@ use std::sync::Arc;
 /// # });
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum Provenance {
     /// This caller ran the work (also when it took over from a cancelled
     /// leader).

@@ -1,0 +1,429 @@
+//! What a call ends as, and when its requests start, on a manual clock:
+//! the regressions of issue #10 items 3, 10, 14, 15, 16, 17 and 19.
+//!
+//! Every test drives the runner by hand: poll, then move the manual clock
+//! by 1 ms, so request start times are exact and nothing depends on how
+//! fast this machine is.
+
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use backpressure::{
+    Admission, Call, CallResult, CallSpec, ManualClock, ManualSleeper, Quota, Reply, Runner,
+    ServerHint, Sleeper, SlotPolicy, Status,
+};
+
+const MS: u64 = 1_000_000;
+
+/// One scripted answer: a status with headers, or a transport error.
+type Answer = Result<(u16, Vec<(&'static str, &'static str)>), &'static str>;
+
+/// A fake server on the manual clock: answers from a script (then 200),
+/// after `latency`, recording each request's start time (ms).
+struct Fake {
+    sleeper: ManualSleeper,
+    latency: Duration,
+    script: Mutex<Vec<Answer>>,
+    starts: Mutex<Vec<u64>>,
+    sent: AtomicUsize,
+}
+
+impl Fake {
+    fn new(
+        sleeper: &ManualSleeper,
+        latency: Duration,
+        script: Vec<Answer>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            sleeper: sleeper.clone(),
+            latency,
+            script: Mutex::new(script.into_iter().rev().collect()),
+            starts: Mutex::new(Vec::new()),
+            sent: AtomicUsize::new(0),
+        })
+    }
+
+    fn call(self: &Arc<Self>, spec: CallSpec) -> Call<u64> {
+        let me = self.clone();
+        Call::new(spec, move || {
+            let me = me.clone();
+            async move {
+                let start = me.sleeper.clock().now_nanos_ms();
+                me.starts.lock().unwrap().push(start);
+                me.sent.fetch_add(1, Ordering::SeqCst);
+                let answer = me.script.lock().unwrap().pop().unwrap_or(Ok((200, vec![])));
+                me.sleeper.sleep(me.latency).await;
+                match answer {
+                    Ok((status, headers)) => {
+                        let hint = ServerHint::from_headers(headers, std::time::SystemTime::now());
+                        Ok(Reply::new(status, start).with_hint(hint))
+                    }
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        })
+    }
+
+    fn starts(&self) -> Vec<u64> {
+        self.starts.lock().unwrap().clone()
+    }
+}
+
+trait Millis {
+    fn now_nanos_ms(&self) -> u64;
+}
+
+impl Millis for ManualClock {
+    fn now_nanos_ms(&self) -> u64 {
+        use backpressure::Clock;
+        self.now_nanos() / MS
+    }
+}
+
+/// Polls `fut` to completion, moving the manual clock 1 ms between polls
+/// (at most `limit_ms` of simulated time).
+fn drive<F: Future>(sleeper: &ManualSleeper, limit_ms: u64, fut: F) -> F::Output {
+    let mut fut = pin!(fut);
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    for _ in 0..limit_ms {
+        if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            return out;
+        }
+        sleeper.advance(Duration::from_millis(1));
+    }
+    panic!("not done after {limit_ms} simulated ms");
+}
+
+fn manual() -> (ManualClock, ManualSleeper) {
+    let clock = ManualClock::new();
+    (clock.clone(), ManualSleeper::new(clock))
+}
+
+fn per_second(n: u32, burst: u32) -> Quota {
+    Quota::per_second(NonZeroU32::new(n).unwrap()).allow_burst(NonZeroU32::new(burst).unwrap())
+}
+
+/// Item 14: a 429 that outlasts the retries was `Failed { status: 429 }`.
+#[test]
+fn a_429_that_outlasts_the_retries_is_throttled_not_failed() {
+    let (clock, sleeper) = manual();
+    let ra = || Ok((429, vec![("retry-after", "1")]));
+    let fake = Fake::new(
+        &sleeper,
+        Duration::from_millis(5),
+        vec![ra(), ra(), ra(), ra(), ra()],
+    );
+    let admission = Admission::builder()
+        .sleeper(sleeper.clone())
+        .clock(clock)
+        .build();
+    let runner: Runner<u64, _, _> = Runner::new(admission, Duration::ZERO);
+    let results = drive(
+        &sleeper,
+        60_000,
+        runner.execute(vec![fake.call(CallSpec::new("search", "k"))]),
+    );
+    let t = results[0]
+        .throttled()
+        .unwrap_or_else(|| panic!("{results:?}"));
+    assert_eq!(t.status, Status::RateLimited);
+    assert_eq!(t.scope, "api_key");
+    assert_eq!(t.retry_after_ms, Some(1000));
+    // 1 + 3 retries, each after the server's hold.
+    let starts = fake.starts();
+    assert_eq!(starts.len(), 4, "{starts:?}");
+    for w in starts.windows(2) {
+        assert!(
+            w[1] >= w[0] + 5 + 1000,
+            "a retry started inside the hold: {starts:?}"
+        );
+    }
+}
+
+/// Item 15: calls booked at 10/s against a 4/s server kept starting inside
+/// the server's `Retry-After` hold after a 429.
+#[test]
+fn no_booked_call_starts_inside_the_servers_hold() {
+    let (clock, sleeper) = manual();
+    // The second request (at 100 ms) is throttled for 1 s; its reply lands
+    // at 150 ms, while the calls booked at 200, 300 and 400 ms sleep.
+    let fake = Fake::new(
+        &sleeper,
+        Duration::from_millis(50),
+        vec![Ok((200, vec![])), Ok((429, vec![("retry-after", "1")]))],
+    );
+    let admission = Admission::builder()
+        .sleeper(sleeper.clone())
+        .clock(clock)
+        .default_quota(per_second(10, 1))
+        .tool("search", 8, SlotPolicy::Wait)
+        .build();
+    let runner: Runner<u64, _, _> = Runner::new(admission, Duration::ZERO);
+    let calls = (0..5)
+        .map(|_| fake.call(CallSpec::new("search", "k")))
+        .collect();
+    let results = drive(&sleeper, 60_000, runner.execute(calls));
+    assert!(results.iter().all(|r| r.value().is_some()), "{results:?}");
+    let starts = fake.starts();
+    assert_eq!(starts.len(), 6, "5 calls + 1 retry: {starts:?}");
+    let hold = 150..1150;
+    assert!(
+        starts.iter().all(|s| !hold.contains(s)),
+        "a request started inside the hold {hold:?}: {starts:?}"
+    );
+    // After the hold, the quota spaces them again: no burst at 1150 ms.
+    let mut after: Vec<u64> = starts.iter().copied().filter(|s| *s >= 1150).collect();
+    after.sort_unstable();
+    assert_eq!(after.len(), 4, "{starts:?}");
+    for w in after.windows(2) {
+        assert!(w[1] - w[0] >= 99, "bunched after the hold: {after:?}");
+    }
+}
+
+/// Item 16: with the server down, retries that did not fit the inline wait
+/// came back as `rate_limited` on `api_key`, and "connection refused" was
+/// lost.
+#[test]
+fn a_refused_connection_is_never_rate_limited() {
+    let (clock, sleeper) = manual();
+    let refused = || Err("connection refused");
+    let fake = Fake::new(
+        &sleeper,
+        Duration::from_millis(1),
+        (0..64).map(|_| refused()).collect(),
+    );
+    // A tight quota, so retries are refused by our own limiter.
+    let admission = Admission::builder()
+        .sleeper(sleeper.clone())
+        .clock(clock)
+        .default_quota(per_second(1, 2))
+        .inline_wait(Duration::from_millis(200))
+        .build();
+    let runner: Runner<u64, _, _> = Runner::new(admission, Duration::ZERO);
+    let calls = (0..8)
+        .map(|_| fake.call(CallSpec::new("search", "k")))
+        .collect();
+    let results = drive(&sleeper, 120_000, runner.execute(calls));
+    for r in &results {
+        match r {
+            CallResult::Failed {
+                status: 0, error, ..
+            } => assert!(error.contains("connection refused"), "{error}"),
+            // A call never sent (its first admit was refused) is throttled
+            // by our quota: that one is a rate limit of ours.
+            CallResult::Throttled(t) => {
+                assert_eq!(t.status, Status::RateLimited);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let sent: u32 = results
+        .iter()
+        .map(|r| match r {
+            CallResult::Failed { attempts, .. } => *attempts,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(sent as usize, fake.sent.load(Ordering::SeqCst));
+    // Every call that sent something failed with the transport error.
+    assert!(results
+        .iter()
+        .filter(|r| matches!(r, CallResult::Failed { .. }))
+        .all(|r| !matches!(r, CallResult::Throttled(_))));
+    assert!(results
+        .iter()
+        .any(|r| matches!(r, CallResult::Failed { attempts, .. } if *attempts >= 1)));
+}
+
+/// Item 17: `attempts` was 0 on every `Failed` of a coalesced read.
+#[test]
+fn failed_reports_the_requests_it_sent() {
+    let (clock, sleeper) = manual();
+    let fake = Fake::new(
+        &sleeper,
+        Duration::from_millis(1),
+        vec![Ok((404, vec![])), Ok((500, vec![])), Ok((500, vec![]))],
+    );
+    let admission = Admission::builder()
+        .sleeper(sleeper.clone())
+        .clock(clock)
+        .build();
+    let runner: Runner<u64, _, _> = Runner::new(admission, Duration::ZERO).retries(
+        backpressure::Backoff::new(Duration::from_millis(10), Duration::from_millis(10)),
+        1,
+    );
+    let read = |k: &str| fake.call(CallSpec::new("get", "k")).coalesce_key(k);
+    let results = drive(&sleeper, 10_000, runner.execute(vec![read("a")]));
+    assert!(
+        matches!(
+            results[0],
+            CallResult::Failed {
+                status: 404,
+                attempts: 1,
+                ..
+            }
+        ),
+        "{results:?}"
+    );
+    // Two identical reads: the leader sent 2 (500, retry, 500); the
+    // follower joined and sent none.
+    let results = drive(&sleeper, 10_000, runner.execute(vec![read("b"), read("b")]));
+    let attempts: Vec<u32> = results
+        .iter()
+        .map(|r| match r {
+            CallResult::Failed {
+                status: 500,
+                attempts,
+                ..
+            } => *attempts,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(attempts, [2, 0]);
+    assert_eq!(fake.sent.load(Ordering::SeqCst), 3);
+}
+
+/// Item 10: one call's panic escaped `execute`, and every other result of
+/// the turn was lost.
+#[test]
+fn a_panicking_call_is_contained_and_the_turn_completes() {
+    let (clock, sleeper) = manual();
+    let fake = Fake::new(&sleeper, Duration::from_millis(1), vec![]);
+    let admission = Admission::builder()
+        .sleeper(sleeper.clone())
+        .clock(clock)
+        .global_concurrency(2)
+        .build();
+    let runner: Runner<u64, _, _> = Runner::new(admission, Duration::ZERO);
+    let boom = |key: Option<&str>| {
+        let call = Call::new(CallSpec::new("get", "k"), || async {
+            panic!("tool exploded");
+            #[allow(unreachable_code)]
+            Ok(Reply::new(200, 0u64))
+        });
+        match key {
+            Some(k) => call.coalesce_key(k),
+            None => call,
+        }
+    };
+    let calls = vec![
+        fake.call(CallSpec::new("get", "k")),
+        boom(None),
+        boom(Some("x")),
+        boom(Some("x")),
+        fake.call(CallSpec::new("get", "k")),
+    ];
+    let results = drive(&sleeper, 10_000, runner.execute(calls));
+    assert!(results[0].value().is_some(), "{results:?}");
+    assert!(results[4].value().is_some(), "{results:?}");
+    for r in &results[1..4] {
+        match r {
+            CallResult::Panicked { message } => assert!(message.contains("tool exploded")),
+            other => panic!("{other:?}"),
+        }
+    }
+    // The slots came back: two calls fit the global cap of 2 again.
+    let again = drive(
+        &sleeper,
+        10_000,
+        runner.execute(vec![
+            fake.call(CallSpec::new("get", "k")),
+            fake.call(CallSpec::new("get", "k")),
+        ]),
+    );
+    assert!(again.iter().all(|r| r.value().is_some()));
+}
+
+/// Item 3: `close()` woke nobody; a waiting call reported `timed_out` at its
+/// deadline.
+#[test]
+fn close_wakes_every_waiting_admit_and_keeps_tickets_valid() {
+    let (clock, sleeper) = manual();
+    let admission = Admission::builder()
+        .sleeper(sleeper.clone())
+        .clock(clock)
+        .tool("slot", 1, SlotPolicy::Wait)
+        .default_quota(per_second(1, 1))
+        .build();
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    let held = futures::executor::block_on(admission.admit(&CallSpec::new("slot", "a")))
+        .expect("first call");
+    let rate = futures::executor::block_on(admission.admit(&CallSpec::new("other", "b")))
+        .expect("b's token");
+    // One call waits for the tool slot, one sleeps for b's next token.
+    let (slot_spec, token_spec) = (CallSpec::new("slot", "a"), CallSpec::new("other", "b"));
+    let mut for_slot = pin!(admission.admit(&slot_spec));
+    let mut for_token = pin!(admission.admit(&token_spec));
+    assert!(for_slot.as_mut().poll(&mut cx).is_pending());
+    assert!(for_token.as_mut().poll(&mut cx).is_pending());
+    sleeper.advance(Duration::from_millis(100));
+    assert!(for_slot.as_mut().poll(&mut cx).is_pending());
+    assert!(for_token.as_mut().poll(&mut cx).is_pending());
+
+    admission.close();
+    // The next poll answers, with no time passing.
+    for fut in [
+        for_slot.as_mut().poll(&mut cx),
+        for_token.as_mut().poll(&mut cx),
+    ] {
+        match fut {
+            Poll::Ready(Err(t)) => assert_eq!(t.status, Status::Closed),
+            other => panic!("{:?}", other.map(|r| r.map(|_| ()))),
+        }
+    }
+    // Tickets already issued stay valid.
+    assert_eq!(held.tool(), "slot");
+    let hint = ServerHint::from_headers([("retry-after", "1")], std::time::SystemTime::now());
+    assert!(rate.observe(429, &hint).is_some());
+    drop((held, rate));
+    let after = futures::executor::block_on(admission.admit(&CallSpec::new("new_tool", "c")));
+    assert_eq!(after.unwrap_err().status, Status::Closed);
+}
+
+/// Item 19: only `Throttled` serialized; a harness wrote the JSON of done and
+/// failed calls by hand.
+#[cfg(feature = "serde")]
+#[test]
+fn every_call_result_serializes_with_a_status() {
+    use backpressure::{Provenance, Throttled};
+    let done: CallResult<&str> = CallResult::Done {
+        value: "[#1]",
+        provenance: Provenance::Joined,
+        attempts: 0,
+    };
+    assert_eq!(
+        serde_json::to_value(&done).unwrap(),
+        serde_json::json!({"status": "done", "value": "[#1]", "provenance": "joined", "attempts": 0})
+    );
+    let throttled: CallResult<&str> = CallResult::Throttled(
+        Throttled::new(Status::RateLimited, "api_key", "wait")
+            .with_retry_after(Duration::from_millis(1500)),
+    );
+    assert_eq!(
+        serde_json::to_value(&throttled).unwrap(),
+        serde_json::json!({"status": "rate_limited", "scope": "api_key", "retry_after_ms": 1500, "hint": "wait"})
+    );
+    let failed: CallResult<&str> = CallResult::Failed {
+        status: 0,
+        error: "connection refused".into(),
+        attempts: 2,
+    };
+    assert_eq!(
+        serde_json::to_value(&failed).unwrap(),
+        serde_json::json!({"status": "failed", "http_status": 0, "error": "connection refused", "attempts": 2})
+    );
+    let panicked: CallResult<&str> = CallResult::Panicked {
+        message: "boom".into(),
+    };
+    assert_eq!(
+        serde_json::to_value(&panicked).unwrap(),
+        serde_json::json!({"status": "panicked", "message": "boom"})
+    );
+}
