@@ -81,9 +81,16 @@ pub struct RedisStats {
     pub admitted: u64,
     /// Of those, cells admitted from a lease, without a round trip.
     pub leased: u64,
-    /// Calls Redis did not answer in time (or that were not sent because
-    /// a recent call had failed).
+    /// Calls Redis did not answer within the store
+    /// [`timeout`](RedisBucketBuilder::timeout), lost to a connection
+    /// error, answered with an error or a malformed reply, or that were not
+    /// sent because a recent call had failed.
     pub failures: u64,
+    /// [`reserve`](RedisBucket::reserve) calls whose own budget
+    /// (`max_wait`, shorter than the store timeout) ran out before Redis
+    /// answered. Refused as rate limited; not failures: they neither take
+    /// the failure policy nor make later calls skip Redis.
+    pub out_of_budget: u64,
     /// Decisions made by the fail-open fallback bucket.
     pub fallback: u64,
 }
@@ -176,6 +183,17 @@ pub struct RedisBucketBuilder {
 }
 
 impl RedisBucketBuilder {
+    /// The longest [`timeout`](RedisBucketBuilder::timeout) accepted: 60 s.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::RedisBucketBuilder;
+    /// use std::time::Duration;
+    /// assert_eq!(RedisBucketBuilder::MAX_TIMEOUT, Duration::from_secs(60));
+    /// ```
+    pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+
     /// Lease up to `size` cells per round trip (capped at the burst), kept
     /// for at most `ttl`. See the trade-off under *Leasing* on [`RedisBucket`].
     /// Off by default.
@@ -198,18 +216,27 @@ impl RedisBucketBuilder {
     }
 
     /// The longest any Redis call may take (connecting included); default
-    /// 50 ms.
+    /// 50 ms. It must be in `(0, MAX_TIMEOUT]`
+    /// ([`MAX_TIMEOUT`](RedisBucketBuilder::MAX_TIMEOUT) is 60 s):
+    /// [`build`](RedisBucketBuilder::build) refuses zero (every call would
+    /// fail) and anything longer (`Duration::MAX` would wait forever on a
+    /// server that accepts and never answers).
     ///
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Quota, RedisBucket};
+    /// use backpressure::{Quota, RedisBucket, RedisBucketBuilder};
     /// use std::num::NonZeroU32;
     /// use std::time::Duration;
-    /// let b = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN))
+    /// let q = Quota::per_second(NonZeroU32::MIN);
+    /// let b = RedisBucket::builder("redis://127.0.0.1/", "k", q)
     ///     .timeout(Duration::from_millis(5))
     ///     .build();
     /// assert!(b.is_ok());
+    /// for bad in [Duration::ZERO, RedisBucketBuilder::MAX_TIMEOUT + Duration::from_nanos(1)] {
+    ///     let err = RedisBucket::builder("redis://127.0.0.1/", "k", q).timeout(bad).build();
+    ///     assert!(err.unwrap_err().to_string().starts_with("invalid timeout"));
+    /// }
     /// ```
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -279,8 +306,9 @@ impl RedisBucketBuilder {
     ///
     /// # Errors
     ///
-    /// An unparseable URL, a fail-open share outside `(0, 1]`, or a quota
-    /// whose tolerance (`burst * period`) exceeds 2^51 µs (71 years).
+    /// An unparseable URL, a [`timeout`](RedisBucketBuilder::timeout)
+    /// outside `(0, MAX_TIMEOUT]`, a fail-open share outside `(0, 1]`, or a
+    /// quota whose tolerance (`burst * period`) exceeds 2^51 µs (71 years).
     ///
     /// # Examples
     ///
@@ -296,6 +324,13 @@ impl RedisBucketBuilder {
             message: format!("invalid redis url: {e}"),
             source: Some(e),
         })?;
+        if self.timeout.is_zero() || self.timeout > Self::MAX_TIMEOUT {
+            return Err(config_error(format!(
+                "invalid timeout {:?}: it must be in (0, {:?}]",
+                self.timeout,
+                Self::MAX_TIMEOUT
+            )));
+        }
         let period_us = self.quota.period.div_ceil(1000);
         let burst = self.quota.burst.get();
         if period_us.saturating_mul(burst as u64) > MAX_MICROS {
@@ -387,8 +422,17 @@ struct State {
 }
 
 /// Why a script call produced no decision.
-#[derive(Debug)]
-struct Failed;
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Failed {
+    /// Redis did not decide: a connection error, the store timeout, an
+    /// error or malformed reply, or a recent failure said not to try.
+    /// Counted in `failures`; the failure policy answers.
+    Store,
+    /// The caller's budget, shorter than the store timeout, ran out before
+    /// the reply. Counted in `out_of_budget`; the caller's own refusal,
+    /// which says nothing about Redis.
+    Budget,
+}
 
 /// A GCRA bucket held in Redis, shared by every process that uses the same
 /// key (and quota).
@@ -430,10 +474,14 @@ struct Failed;
 ///
 /// Every Redis call has a timeout ([`timeout`](RedisBucketBuilder::timeout),
 /// and never longer than a [`reserve`](RedisBucket::reserve) call's
-/// `max_wait`). When Redis does not answer in time, the decision follows
-/// the [`FailPolicy`]: fall back to a local bucket at a share of the rate,
-/// or refuse with `Unavailable` (nothing consumed). After a failure,
-/// decisions skip Redis for [`probe_interval`](RedisBucketBuilder::probe_interval)
+/// `max_wait`). When Redis does not answer within the store timeout (or
+/// the connection fails, or Redis answers with an error), the decision
+/// follows the [`FailPolicy`]: fall back to a local bucket at a share of
+/// the rate, or refuse with `Unavailable` (nothing consumed). A `max_wait`
+/// too short for the round trip is that caller's refusal
+/// (`RateLimited`), not a failure. After a connection error or a store
+/// timeout, decisions skip Redis for
+/// [`probe_interval`](RedisBucketBuilder::probe_interval)
 /// (so a dead server costs no timeouts), then try again; the connection
 /// (a `redis` crate `ConnectionManager`) reconnects on its own. Nothing
 /// here panics or waits without a bound. A call that timed out may still
@@ -611,11 +659,12 @@ impl RedisBucket {
         if self.take_leased(n) {
             return Ok(());
         }
-        match self.take(n, 0, self.timeout).await {
+        match self.take(n, 0, None).await {
             // `max_wait` 0: a grant is usable now.
             Ok(_) => Ok(()),
             Err(Denial::Wait(wait)) => Err(CheckError::NotUntil { wait }),
-            Err(Denial::Failed) => match &self.policy {
+            // Without a caller's budget, every failure is the store's.
+            Err(Denial::Failed(_)) => match &self.policy {
                 Policy::Open(fallback) => {
                     self.state.lock().stats.fallback += 1;
                     fallback.try_acquire(n)
@@ -637,7 +686,14 @@ impl RedisBucket {
     /// # Errors
     ///
     /// As [`TokenBucket::reserve`], plus [`ReserveError::Unavailable`] when
-    /// Redis does not answer and the policy is [`FailPolicy::FailClosed`].
+    /// Redis does not answer within the store timeout and the policy is
+    /// [`FailPolicy::FailClosed`]. When a `max_wait` shorter than the store
+    /// timeout runs out before Redis answers, the caller could not afford
+    /// the round trip: [`ReserveError::RateLimited`] with `retry_after` =
+    /// `max_wait` (the earliest an answer could have come), counted in
+    /// [`RedisStats::out_of_budget`]. That is this caller's refusal only:
+    /// it neither takes the failure policy nor makes other calls skip
+    /// Redis.
     ///
     /// # Examples
     ///
@@ -674,13 +730,10 @@ impl RedisBucket {
         }
         let start = self.clock.now_nanos();
         let budget = saturating_nanos(max_wait);
-        let timeout = if max_wait.is_zero() {
-            self.timeout
-        } else {
-            self.timeout.min(max_wait)
-        };
+        // A zero budget still gets one store round trip (a cell usable now).
+        let bound = (!max_wait.is_zero()).then_some(max_wait);
         let max_wait_us = (budget / 1000).min(MAX_MICROS);
-        match self.take(n, max_wait_us, timeout).await {
+        match self.take(n, max_wait_us, bound).await {
             Ok(taken) => {
                 let wait = Duration::from_micros(taken.wait_us);
                 let elapsed = self.clock.now_nanos().saturating_sub(start);
@@ -704,7 +757,10 @@ impl RedisBucket {
                 Ok(RedisReservation::new(self, wait, refund))
             }
             Err(Denial::Wait(retry_after)) => Err(ReserveError::RateLimited { retry_after }),
-            Err(Denial::Failed) => match &self.policy {
+            Err(Denial::Failed(Failed::Budget)) => Err(ReserveError::RateLimited {
+                retry_after: max_wait,
+            }),
+            Err(Denial::Failed(Failed::Store)) => match &self.policy {
                 Policy::Open(fallback) => {
                     self.state.lock().stats.fallback += 1;
                     let elapsed = self.clock.now_nanos().saturating_sub(start);
@@ -748,7 +804,7 @@ impl RedisBucket {
         let give = self.drain_lease(true);
         let retry = (saturating_nanos(retry_after) / 1000).min(MAX_MICROS);
         // A failure is already counted; there is nothing else to do.
-        let _ = self.call(Op::Penalize { retry, give }, self.timeout).await;
+        let _ = self.call(Op::Penalize { retry, give }, None).await;
     }
 
     /// How many cells [`try_acquire`](RedisBucket::try_acquire) would admit
@@ -768,13 +824,13 @@ impl RedisBucket {
     /// # }
     /// ```
     pub async fn available(&self) -> u32 {
-        match self.call(Op::Available, self.timeout).await {
+        match self.call(Op::Available, None).await {
             Ok(reply) => {
                 let remote = reply.first().copied().unwrap_or(0).max(0) as u64;
                 let local = self.valid_leased() as u64;
                 (remote + local).min(u32::MAX as u64) as u32
             }
-            Err(Failed) => match &self.policy {
+            Err(_) => match &self.policy {
                 Policy::Open(fallback) => fallback.available(),
                 Policy::Closed(_) => 0,
             },
@@ -803,7 +859,7 @@ impl RedisBucket {
     pub async fn release_lease(&self) {
         let give = self.drain_lease(true);
         if give > 0 {
-            let _ = self.call(Op::Give { give }, self.timeout).await;
+            let _ = self.call(Op::Give { give }, None).await;
         }
     }
 
@@ -880,8 +936,14 @@ impl RedisBucket {
     }
 
     /// One take in Redis: gives back whatever the lease no longer uses,
-    /// takes `n` (plus a lease's worth when usable now).
-    async fn take(&self, n: u32, max_wait_us: u64, timeout: Duration) -> Result<Taken, Denial> {
+    /// takes `n` (plus a lease's worth when usable now). `bound` is the
+    /// caller's budget for the round trip (see [`call`](Self::call)).
+    async fn take(
+        &self,
+        n: u32,
+        max_wait_us: u64,
+        bound: Option<Duration>,
+    ) -> Result<Taken, Denial> {
         // A lease that could not cover `n` is given back whole, live or not.
         let give = self.drain_lease(true);
         let extra = self.lease.map_or(0, |l| l.size.saturating_sub(n));
@@ -894,14 +956,17 @@ impl RedisBucket {
         // On failure the give-back is dropped: it may have been applied,
         // and returning it twice would over-admit. Lost cells are the safe
         // side.
-        let reply = self
-            .call(op, timeout)
-            .await
-            .map_err(|Failed| Denial::Failed)?;
+        let reply = self.call(op, bound).await.map_err(Denial::Failed)?;
         let [granted, wait, before, after] = match reply[..] {
-            [g, w, b, a] => [g, w, b, a].map(|v| v.max(0) as u64),
-            _ => return Err(Denial::Failed),
+            [g, w, b, a] if g >= 0 && w >= 0 && b >= 0 && a >= 0 => [g, w, b, a].map(|v| v as u64),
+            _ => return Err(self.malformed()),
         };
+        // The script refuses only a wait longer than `max_wait` (>= 0), so
+        // a refusal with no wait, or a grant short of `n`, is not its
+        // answer: a store error, never a zero-wait denial to spin on.
+        if granted == 0 && wait == 0 || granted != 0 && granted < n as u64 {
+            return Err(self.malformed());
+        }
         if granted == 0 {
             return Err(Denial::Wait(Duration::from_micros(wait)));
         }
@@ -924,38 +989,58 @@ impl RedisBucket {
         })
     }
 
+    /// A reply the script cannot have sent: counted as a failure (Redis
+    /// answered, so later calls still try it).
+    #[cold]
+    fn malformed(&self) -> Denial {
+        self.state.lock().stats.failures += 1;
+        Denial::Failed(Failed::Store)
+    }
+
     /// Undoes a remote take, best effort, within `budget` nanoseconds.
     pub(crate) async fn remote_cancel(&self, before: u64, after: u64, budget: u64) -> bool {
-        let timeout = self.timeout.min(Duration::from_nanos(budget));
-        if timeout.is_zero() {
+        if budget == 0 {
             return false;
         }
         matches!(
-            self.call(Op::Cancel { before, after }, timeout).await,
+            self.call(Op::Cancel { before, after }, Some(Duration::from_nanos(budget))).await,
             Ok(reply) if reply.first() == Some(&1)
         )
     }
 
-    /// Sends `op` to Redis within `timeout`, unless a recent failure says
-    /// not to try yet. Counts round trips and failures.
-    async fn call(&self, op: Op, timeout: Duration) -> Result<Vec<i64>, Failed> {
+    /// Sends `op` to Redis within the store timeout, or within `bound` (the
+    /// caller's budget) when that is shorter, unless a recent failure says
+    /// not to try yet. Counts round trips, failures and calls out of
+    /// budget.
+    ///
+    /// Only a connection error or the store timeout makes later calls skip
+    /// Redis (for the probe interval). Running out of a shorter `bound` is
+    /// [`Failed::Budget`]: a caller that could not wait for the round
+    /// trip learns nothing about Redis's health, and must not fail the
+    /// callers after it. An error reply means Redis is up: a failure for
+    /// this call only.
+    async fn call(&self, op: Op, bound: Option<Duration>) -> Result<Vec<i64>, Failed> {
         let now = self.clock.now_nanos();
         {
             let mut state = self.state.lock();
             if now < state.down_until {
                 state.stats.failures += 1;
-                return Err(Failed);
+                return Err(Failed::Store);
             }
         }
         // The connection and its timer need a tokio runtime; without one,
         // this is a failure, not a panic.
         if tokio::runtime::Handle::try_current().is_err() {
             self.failed(now);
-            return Err(Failed);
+            return Err(Failed::Store);
         }
+        let (limit, caller_bound) = match bound {
+            Some(b) if b < self.timeout => (b, true),
+            _ => (self.timeout, false),
+        };
         let now_us = self.explicit_time.then_some(now / 1000);
         let mut trips = 0;
-        let result = tokio::time::timeout(timeout, async {
+        let result = tokio::time::timeout(limit, async {
             let conn = self
                 .conn
                 .get_or_try_init(|| {
@@ -984,14 +1069,24 @@ impl RedisBucket {
         state.stats.round_trips += trips;
         match result {
             Ok(Ok(reply)) => Ok(reply),
+            Err(_elapsed) if caller_bound => {
+                state.stats.out_of_budget += 1;
+                Err(Failed::Budget)
+            }
+            Ok(Err(e)) if is_reply(&e) => {
+                state.stats.failures += 1;
+                Err(Failed::Store)
+            }
             _ => {
                 drop(state);
                 self.failed(self.clock.now_nanos());
-                Err(Failed)
+                Err(Failed::Store)
             }
         }
     }
 
+    /// A connection error or a store timeout: skip Redis for the probe
+    /// interval.
     #[cold]
     fn failed(&self, now: u64) {
         let mut state = self.state.lock();
@@ -1014,7 +1109,19 @@ struct Taken {
 #[derive(Debug)]
 enum Denial {
     Wait(Duration),
-    Failed,
+    Failed(Failed),
+}
+
+/// Whether `e` is Redis's answer (an error reply: a script error,
+/// `WRONGTYPE`, `BUSY`, `LOADING`, ...) rather than a transport failure:
+/// Redis is up and answers at once, so there is no timeout to avoid.
+fn is_reply(e: &::redis::RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ::redis::ErrorKind::Server(_)
+            | ::redis::ErrorKind::Extension
+            | ::redis::ErrorKind::UnexpectedReturnType
+    )
 }
 
 impl fmt::Debug for RedisBucket {
