@@ -10,57 +10,30 @@
 //! The public documentation (API shape, leasing, failure policy,
 //! runtime) is on [`RedisBucket`].
 
+mod breaker;
+mod builder;
+mod connection;
+mod lease;
 mod reservation;
 mod script;
 
 use core::fmt;
-use core::num::NonZeroU32;
 use core::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::{Client, Script};
-use tokio::sync::OnceCell;
-
-use crate::bucket::{CheckError, Quota, ReserveError, TokenBucket};
-use crate::clock::{saturating_nanos, Clock, DefaultClock};
+#[cfg(doc)]
+use crate::bucket::TokenBucket;
+use crate::bucket::{CheckError, Quota, ReserveError};
+use crate::clock::{saturating_nanos, Clock};
 use crate::limiter::AsyncRateLimiter;
 use crate::sync::{Arc, ThreadMutex};
 
+use breaker::{Breaker, Policy};
+pub use builder::{FailPolicy, RedisBucketBuilder, RedisBucketError};
+use connection::{Connection, Failed};
+use lease::{Lease, LeaseState};
 pub use reservation::RedisReservation;
 use reservation::Refund;
-use script::{Op, Params, MAX_MICROS};
-
-/// What a [`RedisBucket`] does when Redis does not answer in time.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::FailPolicy;
-/// use std::time::Duration;
-///
-/// // Keep working at a quarter of the shared rate (say, four processes).
-/// let open = FailPolicy::FailOpen { share: 0.25 };
-/// // Or refuse, and tell callers to come back in a second.
-/// let closed = FailPolicy::FailClosed { retry_after: Duration::from_secs(1) };
-/// assert_ne!(open, closed);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq)]
-#[non_exhaustive]
-pub enum FailPolicy {
-    /// Decide with a local [`TokenBucket`] at `share` (in `(0, 1]`) of the
-    /// quota's rate and burst (at least one cell of burst): with `P`
-    /// processes on the key, `1 / P` keeps the total within the quota.
-    FailOpen {
-        /// The fraction of the shared quota this process may use alone.
-        share: f64,
-    },
-    /// Refuse: [`CheckError::Unavailable`] / [`ReserveError::Unavailable`]
-    /// with this `retry_after`, consuming nothing.
-    FailClosed {
-        /// What to tell callers.
-        retry_after: Duration,
-    },
-}
+use script::{Op, MAX_MICROS};
 
 /// Counters of a [`RedisBucket`]'s decisions, for measuring leasing and
 /// the failure policy.
@@ -109,329 +82,12 @@ impl RedisStats {
     }
 }
 
-/// Why a [`RedisBucketBuilder`] could not build.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::{Quota, RedisBucket};
-/// use std::num::NonZeroU32;
-/// let err = RedisBucket::builder("not a url", "k", Quota::per_second(NonZeroU32::MIN))
-///     .build()
-///     .unwrap_err();
-/// assert!(err.to_string().starts_with("invalid redis url"));
-/// ```
-#[derive(Debug)]
-pub struct RedisBucketError {
-    message: String,
-    source: Option<::redis::RedisError>,
-}
-
-impl fmt::Display for RedisBucketError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for RedisBucketError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_ref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
-    }
-}
-
-fn config_error(message: String) -> RedisBucketError {
-    RedisBucketError {
-        message,
-        source: None,
-    }
-}
-
-/// Configures a [`RedisBucket`]; see [`RedisBucket::builder`].
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::{FailPolicy, Quota, RedisBucket};
-/// use std::num::NonZeroU32;
-/// use std::time::Duration;
-///
-/// let bucket = RedisBucket::builder(
-///     "redis://127.0.0.1:6379",
-///     "quota:org-key",
-///     Quota::per_second(NonZeroU32::new(50).unwrap()),
-/// )
-/// .lease(NonZeroU32::new(5).unwrap(), Duration::from_millis(100))
-/// .timeout(Duration::from_millis(20))
-/// .fail_policy(FailPolicy::FailOpen { share: 0.5 })
-/// .build()
-/// .unwrap(); // connects lazily: no Redis needed here
-/// assert_eq!(bucket.key(), "quota:org-key");
-/// ```
-#[derive(Debug)]
-#[must_use = "a builder does nothing until `build()`"]
-pub struct RedisBucketBuilder {
-    url: String,
-    key: String,
-    quota: Quota,
-    lease: Option<(NonZeroU32, Duration)>,
-    timeout: Duration,
-    probe_interval: Duration,
-    policy: FailPolicy,
-    clock: Option<Arc<dyn Clock>>,
-}
-
-impl RedisBucketBuilder {
-    /// The longest [`timeout`](RedisBucketBuilder::timeout) accepted: 60 s.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::RedisBucketBuilder;
-    /// use std::time::Duration;
-    /// assert_eq!(RedisBucketBuilder::MAX_TIMEOUT, Duration::from_secs(60));
-    /// ```
-    pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
-
-    /// Lease up to `size` cells per round trip (capped at the burst), kept
-    /// for at most `ttl`. See the trade-off under *Leasing* on [`RedisBucket`].
-    /// Off by default.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Quota, RedisBucket};
-    /// use std::num::NonZeroU32;
-    /// use std::time::Duration;
-    /// let b = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::new(10).unwrap()))
-    ///     .lease(NonZeroU32::new(100).unwrap(), Duration::from_millis(50))
-    ///     .build()
-    ///     .unwrap();
-    /// assert_eq!(b.lease_size(), 10); // capped at the burst
-    /// ```
-    pub fn lease(mut self, size: NonZeroU32, ttl: Duration) -> Self {
-        self.lease = Some((size, ttl));
-        self
-    }
-
-    /// The longest any Redis call may take (connecting included); default
-    /// 50 ms. It must be in `(0, MAX_TIMEOUT]`
-    /// ([`MAX_TIMEOUT`](RedisBucketBuilder::MAX_TIMEOUT) is 60 s):
-    /// [`build`](RedisBucketBuilder::build) refuses zero (every call would
-    /// fail) and anything longer (`Duration::MAX` would wait forever on a
-    /// server that accepts and never answers).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Quota, RedisBucket, RedisBucketBuilder};
-    /// use std::num::NonZeroU32;
-    /// use std::time::Duration;
-    /// let q = Quota::per_second(NonZeroU32::MIN);
-    /// let b = RedisBucket::builder("redis://127.0.0.1/", "k", q)
-    ///     .timeout(Duration::from_millis(5))
-    ///     .build();
-    /// assert!(b.is_ok());
-    /// for bad in [Duration::ZERO, RedisBucketBuilder::MAX_TIMEOUT + Duration::from_nanos(1)] {
-    ///     let err = RedisBucket::builder("redis://127.0.0.1/", "k", q).timeout(bad).build();
-    ///     assert!(err.unwrap_err().to_string().starts_with("invalid timeout"));
-    /// }
-    /// ```
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// How long decisions skip Redis after a failed call before trying it
-    /// again; default 500 ms.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Quota, RedisBucket};
-    /// use std::num::NonZeroU32;
-    /// use std::time::Duration;
-    /// let b = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN))
-    ///     .probe_interval(Duration::from_millis(100))
-    ///     .build();
-    /// assert!(b.is_ok());
-    /// ```
-    pub fn probe_interval(mut self, interval: Duration) -> Self {
-        self.probe_interval = interval;
-        self
-    }
-
-    /// What to do when Redis does not answer; default
-    /// [`FailPolicy::FailClosed`] with a one-second `retry_after`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{FailPolicy, Quota, RedisBucket};
-    /// use std::num::NonZeroU32;
-    /// let b = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN))
-    ///     .fail_policy(FailPolicy::FailOpen { share: 2.0 })
-    ///     .build();
-    /// assert!(b.is_err()); // a share is in (0, 1]
-    /// ```
-    pub fn fail_policy(mut self, policy: FailPolicy) -> Self {
-        self.policy = policy;
-        self
-    }
-
-    /// Decide on `clock`'s time instead of Redis's `TIME`. Every process on
-    /// the key must then share the clock, and the key no longer expires
-    /// (its expiry would be in Redis's time). Meant for tests and
-    /// simulations, with a [`ManualClock`](crate::ManualClock); the local
-    /// deadlines and leases use the same clock.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{ManualClock, Quota, RedisBucket};
-    /// use std::num::NonZeroU32;
-    /// let b = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN))
-    ///     .clock(ManualClock::new())
-    ///     .build();
-    /// assert!(b.is_ok());
-    /// ```
-    pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
-        self.clock = Some(Arc::new(clock));
-        self
-    }
-
-    /// Checks the configuration and builds the bucket. It connects lazily,
-    /// on the first decision: building never waits for Redis.
-    ///
-    /// # Errors
-    ///
-    /// An unparseable URL, a [`timeout`](RedisBucketBuilder::timeout)
-    /// outside `(0, MAX_TIMEOUT]`, a fail-open share outside `(0, 1]`, or a
-    /// quota whose tolerance (`burst * period`) exceeds 2^51 µs (71 years).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Quota, RedisBucket};
-    /// use std::num::NonZeroU32;
-    /// assert!(RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN))
-    ///     .build()
-    ///     .is_ok());
-    /// ```
-    pub fn build(self) -> Result<RedisBucket, RedisBucketError> {
-        let client = Client::open(self.url.as_str()).map_err(|e| RedisBucketError {
-            message: format!("invalid redis url: {e}"),
-            source: Some(e),
-        })?;
-        if self.timeout.is_zero() || self.timeout > Self::MAX_TIMEOUT {
-            return Err(config_error(format!(
-                "invalid timeout {:?}: it must be in (0, {:?}]",
-                self.timeout,
-                Self::MAX_TIMEOUT
-            )));
-        }
-        let period_us = self.quota.period.div_ceil(1000);
-        let burst = self.quota.burst.get();
-        if period_us.saturating_mul(burst as u64) > MAX_MICROS {
-            return Err(config_error(format!(
-                "quota too long for a shared bucket: burst {burst} times {period_us} µs exceeds 2^51 µs"
-            )));
-        }
-        let (clock, explicit_time): (Arc<dyn Clock>, bool) = match self.clock {
-            Some(clock) => (clock, true),
-            None => (Arc::new(DefaultClock::new()), false),
-        };
-        let policy = match self.policy {
-            FailPolicy::FailOpen { share } => {
-                if !(share > 0.0 && share <= 1.0) {
-                    return Err(config_error(format!(
-                        "invalid fail-open share {share}: it must be in (0, 1]"
-                    )));
-                }
-                Policy::Open(TokenBucket::with_clock(
-                    share_of(self.quota, share),
-                    clock.clone(),
-                ))
-            }
-            FailPolicy::FailClosed { retry_after } => Policy::Closed(retry_after),
-        };
-        Ok(RedisBucket {
-            client,
-            conn: OnceCell::new(),
-            script: Script::new(script::SOURCE),
-            key: self.key,
-            quota: self.quota,
-            params: Params { period_us, burst },
-            lease: self.lease.map(|(size, ttl)| Lease {
-                size: size.get().min(burst),
-                ttl: saturating_nanos(ttl),
-            }),
-            timeout: self.timeout,
-            probe_interval: saturating_nanos(self.probe_interval),
-            policy,
-            clock,
-            explicit_time,
-            state: ThreadMutex::new(State::default()),
-        })
-    }
-}
-
-/// `share` of `quota`'s rate and burst: a longer period, rounded up, and
-/// at least one cell of burst.
-fn share_of(quota: Quota, share: f64) -> Quota {
-    let period = (quota.period as f64 / share).ceil();
-    let period = if period >= u64::MAX as f64 {
-        u64::MAX
-    } else {
-        period as u64
-    };
-    let burst = (quota.burst.get() as f64 * share).floor() as u32;
-    Quota {
-        period: period.max(quota.period),
-        burst: NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN),
-    }
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Lease {
-    size: u32,
-    /// Nanoseconds on the bucket's clock.
-    ttl: u64,
-}
-
-#[derive(Debug)]
-enum Policy {
-    Open(TokenBucket<Arc<dyn Clock>>),
-    Closed(Duration),
-}
-
 /// The local half, behind one short-held mutex.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct State {
-    /// Leased cells not handed out yet.
-    leased: u32,
-    /// When they expire, on the bucket's clock.
-    lease_expires: u64,
-    /// Cells to give back with the next round trip (expired, or over the
-    /// lease size after two concurrent refills).
-    give_back: u32,
-    /// No Redis calls before this instant (after a failure).
-    down_until: u64,
+    lease: LeaseState,
+    breaker: Breaker,
     stats: RedisStats,
-}
-
-/// Why a script call produced no decision.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Failed {
-    /// Redis did not decide: a connection error, the store timeout, an
-    /// error or malformed reply, or a recent failure said not to try.
-    /// Counted in `failures`; the failure policy answers.
-    Store,
-    /// The caller's budget, shorter than the store timeout, ran out before
-    /// the reply. Counted in `out_of_budget`; the caller's own refusal,
-    /// which says nothing about Redis.
-    Budget,
 }
 
 /// A GCRA bucket held in Redis, shared by every process that uses the same
@@ -517,52 +173,18 @@ enum Failed {
 /// # }
 /// ```
 pub struct RedisBucket {
-    client: Client,
-    conn: OnceCell<ConnectionManager>,
-    script: Script,
-    key: String,
+    /// The connection, the script, the key and the store timeout.
+    conn: Connection,
     quota: Quota,
-    params: Params,
     lease: Option<Lease>,
-    timeout: Duration,
-    /// Nanoseconds.
-    probe_interval: u64,
     policy: Policy,
     /// Local time: deadlines, leases, the probe interval; and the decision
-    /// time itself when `explicit_time`.
+    /// time itself when the builder was given a clock.
     clock: Arc<dyn Clock>,
-    explicit_time: bool,
     state: ThreadMutex<State>,
 }
 
 impl RedisBucket {
-    /// Starts configuring a bucket on `key` at `url` (`redis://host:port/db`)
-    /// with `quota`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Quota, RedisBucket};
-    /// use std::num::NonZeroU32;
-    /// let q = Quota::per_second(NonZeroU32::new(5).unwrap());
-    /// let b = RedisBucket::builder("redis://127.0.0.1/", "k", q).build().unwrap();
-    /// assert_eq!(b.quota(), q);
-    /// ```
-    pub fn builder(url: &str, key: impl Into<String>, quota: Quota) -> RedisBucketBuilder {
-        RedisBucketBuilder {
-            url: url.to_owned(),
-            key: key.into(),
-            quota,
-            lease: None,
-            timeout: Duration::from_millis(50),
-            probe_interval: Duration::from_millis(500),
-            policy: FailPolicy::FailClosed {
-                retry_after: Duration::from_secs(1),
-            },
-            clock: None,
-        }
-    }
-
     /// The Redis key.
     ///
     /// # Examples
@@ -575,7 +197,7 @@ impl RedisBucket {
     /// assert_eq!(b.key(), "rl:a");
     /// ```
     pub fn key(&self) -> &str {
-        &self.key
+        &self.conn.key
     }
 
     /// The quota (the shared one; Redis rounds its period up to whole
@@ -664,14 +286,9 @@ impl RedisBucket {
             Ok(_) => Ok(()),
             Err(Denial::Wait(wait)) => Err(CheckError::NotUntil { wait }),
             // Without a caller's budget, every failure is the store's.
-            Err(Denial::Failed(_)) => match &self.policy {
-                Policy::Open(fallback) => {
-                    self.state.lock().stats.fallback += 1;
-                    fallback.try_acquire(n)
-                }
-                Policy::Closed(retry_after) => Err(CheckError::Unavailable {
-                    retry_after: *retry_after,
-                }),
+            Err(Denial::Failed(_)) => match self.fall_back() {
+                Ok(fallback) => fallback.try_acquire(n),
+                Err(retry_after) => Err(CheckError::Unavailable { retry_after }),
             },
         }
     }
@@ -760,19 +377,16 @@ impl RedisBucket {
             Err(Denial::Failed(Failed::Budget)) => Err(ReserveError::RateLimited {
                 retry_after: max_wait,
             }),
-            Err(Denial::Failed(Failed::Store)) => match &self.policy {
-                Policy::Open(fallback) => {
-                    self.state.lock().stats.fallback += 1;
-                    let elapsed = self.clock.now_nanos().saturating_sub(start);
-                    let left = Duration::from_nanos(budget.saturating_sub(elapsed));
-                    fallback
-                        .reserve(n, left)
-                        .map(|r| RedisReservation::new(self, r.wait(), Refund::Local(r)))
-                }
-                Policy::Closed(retry_after) => Err(ReserveError::Unavailable {
-                    retry_after: *retry_after,
-                }),
-            },
+            Err(Denial::Failed(Failed::Store)) => {
+                let fallback = self
+                    .fall_back()
+                    .map_err(|retry_after| ReserveError::Unavailable { retry_after })?;
+                let elapsed = self.clock.now_nanos().saturating_sub(start);
+                let left = Duration::from_nanos(budget.saturating_sub(elapsed));
+                fallback
+                    .reserve(n, left)
+                    .map(|r| RedisReservation::new(self, r.wait(), Refund::Local(r)))
+            }
         }
     }
 
@@ -830,10 +444,8 @@ impl RedisBucket {
                 let local = self.valid_leased() as u64;
                 (remote + local).min(u32::MAX as u64) as u32
             }
-            Err(_) => match &self.policy {
-                Policy::Open(fallback) => fallback.available(),
-                Policy::Closed(_) => 0,
-            },
+            // A peek, not a decision: not counted as a fallback.
+            Err(_) => self.policy.fallback().map_or(0, |f| f.available()),
         }
     }
 
@@ -867,72 +479,18 @@ impl RedisBucket {
 
     #[inline]
     fn check_capacity(&self, n: u32) -> Result<(), u32> {
-        if n > self.params.burst {
-            Err(self.params.burst)
+        let burst = self.conn.params.burst;
+        if n > burst {
+            Err(burst)
         } else {
             Ok(())
         }
-    }
-
-    /// Takes `n` cells from a live lease.
-    #[inline]
-    fn take_leased(&self, n: u32) -> bool {
-        if self.lease.is_none() {
-            return false;
-        }
-        let now = self.clock.now_nanos();
-        let mut state = self.state.lock();
-        if state.leased >= n && now < state.lease_expires {
-            state.leased -= n;
-            state.stats.admitted += n as u64;
-            state.stats.leased += n as u64;
-            true
-        } else {
-            false
-        }
-    }
-
-    /// Leased cells usable now.
-    fn valid_leased(&self) -> u32 {
-        let now = self.clock.now_nanos();
-        let state = self.state.lock();
-        if now < state.lease_expires {
-            state.leased
-        } else {
-            0
-        }
-    }
-
-    /// Empties the lease into the give-back count and returns that count
-    /// (taken: the caller sends it). With `all == false`, a live lease is
-    /// kept.
-    fn drain_lease(&self, all: bool) -> u32 {
-        let now = self.clock.now_nanos();
-        let mut state = self.state.lock();
-        if all || now >= state.lease_expires {
-            state.give_back = state.give_back.saturating_add(state.leased);
-            state.leased = 0;
-        }
-        core::mem::take(&mut state.give_back)
     }
 
     /// Uncounts `n` admitted cells the caller did not use.
     pub(crate) fn unadmit(&self, n: u32) {
         let mut state = self.state.lock();
         state.stats.admitted = state.stats.admitted.saturating_sub(n as u64);
-    }
-
-    /// Puts `n` cells of a cancelled leased reservation back.
-    pub(crate) fn unlease(&self, n: u32) {
-        let now = self.clock.now_nanos();
-        let mut state = self.state.lock();
-        state.stats.admitted = state.stats.admitted.saturating_sub(n as u64);
-        state.stats.leased = state.stats.leased.saturating_sub(n as u64);
-        if now < state.lease_expires {
-            state.leased += n;
-        } else {
-            state.give_back = state.give_back.saturating_add(n);
-        }
     }
 
     /// One take in Redis: gives back whatever the lease no longer uses,
@@ -974,12 +532,8 @@ impl RedisBucket {
         let mut state = self.state.lock();
         state.stats.admitted += n as u64;
         if let (Some(lease), true) = (self.lease, granted > n) {
-            let extra = granted - n;
             let now = self.clock.now_nanos();
-            let keep = extra.min(lease.size.saturating_sub(state.leased));
-            state.leased += keep;
-            state.give_back = state.give_back.saturating_add(extra - keep);
-            state.lease_expires = now.saturating_add(lease.ttl);
+            state.lease.refill(lease, granted - n, now);
         }
         Ok(Taken {
             granted,
@@ -990,108 +544,11 @@ impl RedisBucket {
     }
 
     /// A reply the script cannot have sent: counted as a failure (Redis
-    /// answered, so later calls still try it).
+    /// answered, so the breaker stays closed).
     #[cold]
     fn malformed(&self) -> Denial {
         self.state.lock().stats.failures += 1;
         Denial::Failed(Failed::Store)
-    }
-
-    /// Undoes a remote take, best effort, within `budget` nanoseconds.
-    pub(crate) async fn remote_cancel(&self, before: u64, after: u64, budget: u64) -> bool {
-        if budget == 0 {
-            return false;
-        }
-        matches!(
-            self.call(Op::Cancel { before, after }, Some(Duration::from_nanos(budget))).await,
-            Ok(reply) if reply.first() == Some(&1)
-        )
-    }
-
-    /// Sends `op` to Redis within the store timeout, or within `bound` (the
-    /// caller's budget) when that is shorter, unless a recent failure says
-    /// not to try yet. Counts round trips, failures and calls out of
-    /// budget.
-    ///
-    /// Only a connection error or the store timeout makes later calls skip
-    /// Redis (for the probe interval). Running out of a shorter `bound` is
-    /// [`Failed::Budget`]: a caller that could not wait for the round
-    /// trip learns nothing about Redis's health, and must not fail the
-    /// callers after it. An error reply means Redis is up: a failure for
-    /// this call only.
-    async fn call(&self, op: Op, bound: Option<Duration>) -> Result<Vec<i64>, Failed> {
-        let now = self.clock.now_nanos();
-        {
-            let mut state = self.state.lock();
-            if now < state.down_until {
-                state.stats.failures += 1;
-                return Err(Failed::Store);
-            }
-        }
-        // The connection and its timer need a tokio runtime; without one,
-        // this is a failure, not a panic.
-        if tokio::runtime::Handle::try_current().is_err() {
-            self.failed(now);
-            return Err(Failed::Store);
-        }
-        let (limit, caller_bound) = match bound {
-            Some(b) if b < self.timeout => (b, true),
-            _ => (self.timeout, false),
-        };
-        let now_us = self.explicit_time.then_some(now / 1000);
-        let mut trips = 0;
-        let result = tokio::time::timeout(limit, async {
-            let conn = self
-                .conn
-                .get_or_try_init(|| {
-                    let config = ConnectionManagerConfig::new()
-                        .set_connection_timeout(Some(self.timeout))
-                        .set_response_timeout(Some(self.timeout))
-                        .set_number_of_retries(2)
-                        .set_max_delay(Duration::from_nanos(self.probe_interval));
-                    ConnectionManager::new_with_config(self.client.clone(), config)
-                })
-                .await?;
-            let (reply, n) = script::run(
-                &mut conn.clone(),
-                &self.script,
-                &self.key,
-                self.params,
-                now_us,
-                op,
-            )
-            .await;
-            trips = n;
-            reply
-        })
-        .await;
-        let mut state = self.state.lock();
-        state.stats.round_trips += trips;
-        match result {
-            Ok(Ok(reply)) => Ok(reply),
-            Err(_elapsed) if caller_bound => {
-                state.stats.out_of_budget += 1;
-                Err(Failed::Budget)
-            }
-            Ok(Err(e)) if is_reply(&e) => {
-                state.stats.failures += 1;
-                Err(Failed::Store)
-            }
-            _ => {
-                drop(state);
-                self.failed(self.clock.now_nanos());
-                Err(Failed::Store)
-            }
-        }
-    }
-
-    /// A connection error or a store timeout: skip Redis for the probe
-    /// interval.
-    #[cold]
-    fn failed(&self, now: u64) {
-        let mut state = self.state.lock();
-        state.stats.failures += 1;
-        state.down_until = now.saturating_add(self.probe_interval);
     }
 }
 
@@ -1112,25 +569,13 @@ enum Denial {
     Failed(Failed),
 }
 
-/// Whether `e` is Redis's answer (an error reply: a script error,
-/// `WRONGTYPE`, `BUSY`, `LOADING`, ...) rather than a transport failure:
-/// Redis is up and answers at once, so there is no timeout to avoid.
-fn is_reply(e: &::redis::RedisError) -> bool {
-    matches!(
-        e.kind(),
-        ::redis::ErrorKind::Server(_)
-            | ::redis::ErrorKind::Extension
-            | ::redis::ErrorKind::UnexpectedReturnType
-    )
-}
-
 impl fmt::Debug for RedisBucket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBucket")
-            .field("key", &self.key)
+            .field("key", &self.conn.key)
             .field("quota", &self.quota)
             .field("lease", &self.lease)
-            .field("timeout", &self.timeout)
+            .field("timeout", &self.conn.timeout)
             .field("policy", &self.policy)
             .field("stats", &self.stats())
             .finish_non_exhaustive()
