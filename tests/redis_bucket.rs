@@ -458,6 +458,36 @@ async fn a_store_timeout_under_a_long_budget_still_opens_the_breaker() {
     assert_eq!(stats.round_trips, trips);
 }
 
+/// A `max_wait` on a manual clock was also a real-time timeout on the
+/// round trip, so `lua_decisions_match_the_local_bucket` refused at random
+/// under load (a 1 ms budget against a slow round trip). On an explicit
+/// clock only the store timeout bounds the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_clock_budget_timed_out_in_real_time() {
+    if !redis_server::available("a_manual_clock_budget_timed_out_in_real_time") {
+        return;
+    }
+    let server = RedisServer::start();
+    let clock = ManualClock::starting_at(1_000_000_000);
+    let bucket = RedisBucket::builder(&server.url(), "manual", shared_quota())
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    assert_eq!(bucket.available().await, 5);
+    server.signal("-STOP");
+    let reserve = tokio::spawn(async move {
+        let r = bucket.reserve(1, Duration::from_millis(1)).await;
+        (r.map(|r| r.wait()), bucket.stats())
+    });
+    // Long past the 1 ms of real time, none of the manual clock.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    server.signal("-CONT");
+    let (r, stats) = reserve.await.unwrap();
+    assert_eq!(r, Ok(Duration::ZERO));
+    assert_eq!((stats.failures, stats.out_of_budget), (0, 0), "{stats:?}");
+}
+
 /// Issue #10 item 6: `timeout(Duration::ZERO)` was accepted (every call
 /// fails), and `timeout(Duration::MAX)` too, which waits forever on a
 /// server that accepts and never answers.

@@ -223,7 +223,9 @@ impl RedisBucketBuilder {
     /// the key must then share the clock, and the key no longer expires
     /// (its expiry would be in Redis's time). Meant for tests and
     /// simulations, with a [`ManualClock`](crate::ManualClock); the local
-    /// deadlines and leases use the same clock.
+    /// deadlines and leases use the same clock. A `reserve`'s `max_wait`
+    /// is then a span of that clock, not of real time, so it no longer
+    /// bounds the round trip: only the [`timeout`](Self::timeout) does.
     ///
     /// # Examples
     ///

@@ -123,7 +123,9 @@ impl RedisBucket {
             (None, 0)
         } else {
             let (limit, caller_bound) = match bound {
-                Some(b) if b < self.conn.timeout => (b, true),
+                // On an explicit (manual) clock a budget is not real time:
+                // a real timer on it would refuse at random under load.
+                Some(b) if b < self.conn.timeout && !self.conn.explicit_time => (b, true),
                 _ => (self.conn.timeout, false),
             };
             match self.conn.run(op, now, limit).await {
