@@ -10,7 +10,9 @@ mod redis_server;
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant, SystemTime};
 
-use backpressure::{Admission, CallSpec, Quota, RedisBucket, ServerHint, Status, TokioSleeper};
+use backpressure::{
+    Admission, CallSpec, FailPolicy, Quota, RedisBucket, ServerHint, Status, TokioSleeper,
+};
 use redis_server::RedisServer;
 
 fn quota() -> Quota {
@@ -93,4 +95,81 @@ async fn a_429_seen_by_one_process_holds_back_the_other() {
     assert_eq!(refused.scope, "api_key");
     let ms = refused.retry_after_ms.unwrap();
     assert!((1_000..=2_000).contains(&ms), "retry after {ms} ms");
+}
+
+/// Issue #10 item 7: `ReserveError::retry_after()` ignored `Unavailable`,
+/// so a shared-quota outage reached callers as `rate_limited` with
+/// `retry_after_ms: None`, dropping the configured wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_quota_outage_drops_the_configured_retry_after() {
+    if !redis_server::available("a_shared_quota_outage_drops_the_configured_retry_after") {
+        return;
+    }
+    // A port nothing listens on any more: every call is refused at once.
+    let mut server = RedisServer::start();
+    server.stop();
+    let bucket = RedisBucket::builder(&server.url(), "org-key", quota())
+        .timeout(Duration::from_millis(500))
+        .fail_policy(FailPolicy::FailClosed {
+            retry_after: Duration::from_millis(250),
+        })
+        .build()
+        .unwrap();
+    let admission = Admission::builder()
+        .sleeper(TokioSleeper)
+        .shared_quota("org-key", bucket)
+        .inline_wait(Duration::ZERO)
+        .build();
+    let refused = admission
+        .admit(&CallSpec::new("search", "org-key"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.status, Status::RateLimited, "{refused}");
+    assert_eq!(refused.scope, "api_key");
+    assert_eq!(refused.retry_after_ms, Some(250), "{refused}");
+}
+
+/// Issue #10 item 5, through `Admission::shared_quota`: one call with a
+/// deadline shorter than the Redis round trip opened the breaker, and the
+/// next calls, with their full 30 s, were refused with "the shared quota
+/// store did not answer" while Redis was healthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_impatient_call_fails_the_next_ones_on_a_shared_quota() {
+    if !redis_server::available("one_impatient_call_fails_the_next_ones_on_a_shared_quota") {
+        return;
+    }
+    let server = RedisServer::start();
+    let bucket = RedisBucket::builder(&server.url(), "org-key", quota())
+        .timeout(Duration::from_secs(1))
+        // A tripped breaker would stay open through the test.
+        .probe_interval(Duration::from_secs(60))
+        .fail_policy(FailPolicy::FailClosed {
+            retry_after: Duration::from_secs(7),
+        })
+        .build()
+        .unwrap();
+    let admission = Admission::builder()
+        .sleeper(TokioSleeper)
+        .shared_quota("org-key", bucket)
+        .build();
+    // Connected, script loaded.
+    drop(
+        admission
+            .admit(&CallSpec::new("search", "org-key"))
+            .await
+            .unwrap(),
+    );
+
+    // A frozen server: no reply can come within 2 ms.
+    server.signal("-STOP");
+    let impatient = CallSpec::new("search", "org-key").deadline(Duration::from_millis(2));
+    let refused = admission.admit(&impatient).await.unwrap_err();
+    server.signal("-CONT");
+    assert_eq!(refused.status, Status::RateLimited, "{refused}");
+    assert!(!refused.to_string().contains("did not answer"), "{refused}");
+
+    for _ in 0..3 {
+        let ticket = admission.admit(&CallSpec::new("search", "org-key")).await;
+        drop(ticket.expect("redis is healthy: the next calls are admitted"));
+    }
 }

@@ -12,7 +12,8 @@ use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 use backpressure::{
-    CheckError, FailPolicy, ManualClock, Quota, RedisBucket, ReserveError, TokenBucket,
+    CheckError, FailPolicy, ManualClock, Quota, RedisBucket, RedisBucketBuilder, ReserveError,
+    TokenBucket,
 };
 use redis_server::RedisServer;
 
@@ -369,6 +370,210 @@ async fn fail_open_falls_back_to_its_share_and_recovers() {
         admitted += 1;
     }
     assert!((10..=11).contains(&admitted), "admitted {admitted}");
+}
+
+/// Issue #10 item 5: a `reserve` whose `max_wait` was shorter than the
+/// round trip timed out, counted as a store failure and opened the breaker
+/// for `probe_interval`, so the next caller, with a 30 s budget, got
+/// `Unavailable` at once while Redis was healthy.
+///
+/// The slow round trip is a frozen server (`SIGSTOP`): no reply can come
+/// within the short budget, whatever the machine's load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_budget_trips_the_breaker_for_everyone() {
+    if !redis_server::available("a_short_budget_trips_the_breaker_for_everyone") {
+        return;
+    }
+    let server = RedisServer::start();
+    let retry_after = Duration::from_secs(7);
+    let bucket = RedisBucket::builder(&server.url(), "impatient", shared_quota())
+        .timeout(Duration::from_secs(1))
+        // Long enough that a tripped breaker stays open through the test.
+        .probe_interval(Duration::from_secs(60))
+        .fail_policy(FailPolicy::FailClosed { retry_after })
+        .build()
+        .unwrap();
+    // Connect and load the script first.
+    assert_eq!(bucket.available().await, 5);
+
+    server.signal("-STOP");
+    let short = Duration::from_millis(2);
+    let refused = tokio::time::timeout(HANG, bucket.reserve(1, short))
+        .await
+        .expect("a reserve never hangs");
+    server.signal("-CONT");
+    // The caller's refusal: rate limited, not "the store did not answer".
+    assert_eq!(
+        refused.unwrap_err(),
+        ReserveError::RateLimited { retry_after: short }
+    );
+    let stats = bucket.stats();
+    assert_eq!((stats.failures, stats.out_of_budget), (0, 1), "{stats:?}");
+
+    // The breaker is closed: a patient caller is decided by Redis.
+    let trips = stats.round_trips;
+    let r = tokio::time::timeout(HANG, bucket.reserve(1, Duration::from_secs(30)))
+        .await
+        .expect("a reserve never hangs")
+        .expect("redis is healthy");
+    assert!(!r.is_fallback());
+    assert_eq!(bucket.try_acquire(1).await, Ok(()));
+    let stats = bucket.stats();
+    assert_eq!(stats.round_trips - trips, 2, "{stats:?}");
+    assert_eq!((stats.failures, stats.fallback), (0, 0), "{stats:?}");
+}
+
+/// The store timeout still opens the breaker: a `max_wait` longer than the
+/// timeout does not turn a silent Redis into a rate limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_timeout_under_a_long_budget_still_opens_the_breaker() {
+    if !redis_server::available("a_store_timeout_under_a_long_budget_still_opens_the_breaker") {
+        return;
+    }
+    let server = RedisServer::start();
+    let retry_after = Duration::from_secs(7);
+    let bucket = RedisBucket::builder(&server.url(), "patient", shared_quota())
+        .timeout(Duration::from_millis(50))
+        .probe_interval(Duration::from_secs(60))
+        .fail_policy(FailPolicy::FailClosed { retry_after })
+        .build()
+        .unwrap();
+    assert_eq!(bucket.available().await, 5);
+    server.signal("-STOP");
+    let first = tokio::time::timeout(HANG, bucket.reserve(1, Duration::from_secs(1))).await;
+    let trips = bucket.stats().round_trips;
+    // Skipped: the breaker is open.
+    let second = tokio::time::timeout(HANG, bucket.try_acquire(1)).await;
+    server.signal("-CONT");
+    assert_eq!(
+        first.expect("a reserve never hangs").unwrap_err(),
+        ReserveError::Unavailable { retry_after }
+    );
+    assert_eq!(
+        second.expect("a decision never hangs"),
+        Err(CheckError::Unavailable { retry_after })
+    );
+    let stats = bucket.stats();
+    assert_eq!((stats.failures, stats.out_of_budget), (2, 0), "{stats:?}");
+    assert_eq!(stats.round_trips, trips);
+}
+
+/// A `max_wait` on a manual clock was also a real-time timeout on the
+/// round trip, so `lua_decisions_match_the_local_bucket` refused at random
+/// under load (a 1 ms budget against a slow round trip). On an explicit
+/// clock only the store timeout bounds the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_clock_budget_timed_out_in_real_time() {
+    if !redis_server::available("a_manual_clock_budget_timed_out_in_real_time") {
+        return;
+    }
+    let server = RedisServer::start();
+    let clock = ManualClock::starting_at(1_000_000_000);
+    let bucket = RedisBucket::builder(&server.url(), "manual", shared_quota())
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    assert_eq!(bucket.available().await, 5);
+    server.signal("-STOP");
+    let reserve = tokio::spawn(async move {
+        let r = bucket.reserve(1, Duration::from_millis(1)).await;
+        (r.map(|r| r.wait()), bucket.stats())
+    });
+    // Long past the 1 ms of real time, none of the manual clock.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    server.signal("-CONT");
+    let (r, stats) = reserve.await.unwrap();
+    assert_eq!(r, Ok(Duration::ZERO));
+    assert_eq!((stats.failures, stats.out_of_budget), (0, 0), "{stats:?}");
+}
+
+/// Issue #10 item 6: `timeout(Duration::ZERO)` was accepted (every call
+/// fails), and `timeout(Duration::MAX)` too, which waits forever on a
+/// server that accepts and never answers.
+#[test]
+fn timeout_accepts_zero_and_duration_max() {
+    let build = |timeout| {
+        RedisBucket::builder("redis://127.0.0.1/", "k", shared_quota())
+            .timeout(timeout)
+            .build()
+    };
+    let max = RedisBucketBuilder::MAX_TIMEOUT;
+    for bad in [Duration::ZERO, max + Duration::from_nanos(1), Duration::MAX] {
+        let err = build(bad).unwrap_err();
+        assert!(
+            err.to_string().starts_with("invalid timeout"),
+            "{bad:?}: {err}"
+        );
+    }
+    for good in [Duration::from_nanos(1), Duration::from_millis(50), max] {
+        assert!(build(good).is_ok(), "{good:?}");
+    }
+}
+
+/// Issue #10 item 6: a key holding garbage (`t = 1e300`) replied a wait
+/// that does not fit an integer, read as a denial with `wait: 0ns`, a
+/// retry-now spin; `abc` or `-1` read as a full bucket. The script now
+/// repairs such a key to an empty bucket: a denial with a real wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_key_reads_as_a_zero_wait_denial() {
+    if !redis_server::available("a_corrupted_key_reads_as_a_zero_wait_denial") {
+        return;
+    }
+    let server = RedisServer::start();
+    let clock = ManualClock::starting_at(1_000_000_000);
+    let period = Duration::from_millis(20); // shared_quota(): 50/s, burst 5
+    let garbage: &[&[&str]] = &[
+        &["HSET", "{k}", "t", "1e300"],
+        &["HSET", "{k}", "t", "-1e300"],
+        &["HSET", "{k}", "t", "abc"],
+        &["HSET", "{k}", "t", "-1"],
+        &["HSET", "{k}", "t", "1.5"],
+        &["HSET", "{k}", "t", "inf"],
+        &["HSET", "{k}", "t", "nan"],
+        &["HSET", "{k}", "t", "0", "p", "1e300"],
+        &["SET", "{k}", "garbage"],
+    ];
+    for (i, cmd) in garbage.iter().enumerate() {
+        let key = format!("corrupt-{i}");
+        let cmd: Vec<&str> = cmd
+            .iter()
+            .map(|a| if *a == "{k}" { key.as_str() } else { a })
+            .collect();
+        assert!(server.command(&cmd).is_some(), "{cmd:?}");
+        let bucket = RedisBucket::builder(&server.url(), key.as_str(), shared_quota())
+            .clock(clock.clone())
+            .timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        // An empty bucket: the next cell in one period; nothing else fits.
+        assert_eq!(
+            bucket.try_acquire(1).await,
+            Err(CheckError::NotUntil { wait: period }),
+            "{cmd:?}"
+        );
+        assert_eq!(
+            bucket
+                .reserve(1, Duration::from_millis(10))
+                .await
+                .unwrap_err(),
+            ReserveError::RateLimited {
+                retry_after: period
+            },
+            "{cmd:?}"
+        );
+        assert_eq!(bucket.available().await, 0, "{cmd:?}");
+        assert_eq!(bucket.stats().failures, 0, "{cmd:?}");
+        // The key was rewritten as a hash with a sane (7-digit, about
+        // 1.1 * 10^6 µs) tat, and refills from there.
+        assert_eq!(server.command(&["TYPE", &key]).as_deref(), Some("+hash"));
+        let t = server.command(&["HGET", &key, "t"]).unwrap();
+        assert_eq!(t, "$7", "{cmd:?}: tat of {t} bytes");
+        clock.advance(period);
+        assert_eq!(bucket.try_acquire(1).await, Ok(()), "{cmd:?}");
+        assert!(bucket.try_acquire(1).await.is_err(), "{cmd:?}");
+        clock.advance(4 * period);
+    }
 }
 
 // ---------------------------------------------------------------------------

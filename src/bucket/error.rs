@@ -151,7 +151,12 @@ pub enum ReserveError {
 }
 
 impl ReserveError {
-    /// The wait, for [`RateLimited`](ReserveError::RateLimited).
+    /// When to ask again: the wait, for
+    /// [`RateLimited`](ReserveError::RateLimited), and the configured
+    /// `retry_after` of an [`Unavailable`](ReserveError::Unavailable)
+    /// store. `None` when asking again cannot help
+    /// ([`InsufficientCapacity`](ReserveError::InsufficientCapacity),
+    /// [`TooManyKeys`](ReserveError::TooManyKeys)).
     ///
     /// # Examples
     ///
@@ -160,11 +165,14 @@ impl ReserveError {
     /// use std::time::Duration;
     /// let e = ReserveError::RateLimited { retry_after: Duration::from_secs(2) };
     /// assert_eq!(e.retry_after(), Some(Duration::from_secs(2)));
+    /// let down = ReserveError::Unavailable { retry_after: Duration::from_secs(1) };
+    /// assert_eq!(down.retry_after(), Some(Duration::from_secs(1)));
     /// ```
     pub fn retry_after(&self) -> Option<Duration> {
         match *self {
-            ReserveError::RateLimited { retry_after } => Some(retry_after),
-            _ => None,
+            ReserveError::RateLimited { retry_after }
+            | ReserveError::Unavailable { retry_after } => Some(retry_after),
+            ReserveError::InsufficientCapacity { .. } | ReserveError::TooManyKeys { .. } => None,
         }
     }
 
@@ -229,4 +237,28 @@ fn unavailable(f: &mut fmt::Formatter<'_>, retry_after: Duration) -> fmt::Result
         f,
         "rate limiter unavailable: the shared quota store did not answer; retry after {retry_after:?}"
     )
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::*;
+
+    /// Issue #10 item 7: `retry_after()` dropped the wait of an
+    /// `Unavailable` store, so an outage reached callers with no retry time.
+    #[test]
+    fn retry_after_ignores_unavailable() {
+        let wait = Duration::from_millis(250);
+        let e = ReserveError::Unavailable { retry_after: wait };
+        assert_eq!(e.retry_after(), Some(wait));
+        assert_eq!(
+            ReserveError::RateLimited { retry_after: wait }.retry_after(),
+            Some(wait)
+        );
+        let never = ReserveError::InsufficientCapacity {
+            requested: 2,
+            capacity: 1,
+        };
+        assert_eq!(never.retry_after(), None);
+        assert_eq!(ReserveError::TooManyKeys { limit: 1 }.retry_after(), None);
+    }
 }

@@ -22,9 +22,6 @@ else
   expire = false
 end
 local tolerance = period * burst
-local state = redis.call('HMGET', key, 't', 'p')
-local tat = tonumber(state[1]) or 0
-local pen = tonumber(state[2]) or 0
 
 -- Integers below 2^53 are exact in Lua numbers; '%.0f' writes them
 -- without the 14-digit rounding of tostring.
@@ -36,6 +33,41 @@ local function save(t, p)
   else
     redis.call('PERSIST', key)
   end
+end
+
+-- What this script writes: integers in [0, now + 2^52] (a tat is at most
+-- now + max_wait + tolerance, a penalty now + retry + tolerance, each term
+-- capped at 2^51). Anything else was written by someone else: 1e300 would
+-- reply a wait that does not fit an integer (read as 0, a retry-now spin),
+-- 'abc' or -1 would read as a full bucket; inf and nan parse too.
+local function valid(v)
+  return v ~= nil and v == v and v >= 0 and v <= now + 2^52 and v == math.floor(v)
+end
+
+local tat, pen, corrupt = 0, 0, false
+local state = redis.pcall('HMGET', key, 't', 'p')
+if state.err then
+  -- Not a hash (WRONGTYPE).
+  corrupt = true
+else
+  -- A missing field (false) is a fresh key: full, no penalty.
+  if state[1] then
+    local t = tonumber(state[1])
+    if valid(t) then tat = t else corrupt = true end
+  end
+  if state[2] then
+    local p = tonumber(state[2])
+    if valid(p) then pen = p else corrupt = true end
+  end
+end
+if corrupt then
+  -- Repair on the safe side: an empty bucket refilling from now (as if a
+  -- whole burst had just been taken), keeping whatever was still valid.
+  redis.log(redis.LOG_WARNING, 'backpressure gcra: key ' .. key ..
+    ' held values this script did not write; reset to an empty bucket')
+  tat = math.max(tat, pen, now + tolerance)
+  redis.call('DEL', key)
+  save(tat, pen)
 end
 
 -- Unused leased cells back: never below now (the bucket is full there)

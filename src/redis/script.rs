@@ -29,6 +29,13 @@
 //! seen by one process holds every process back until its retry time. The
 //! key `PEXPIRE`s when the bucket is full again (`tat - now`, at least
 //! 1 ms): idle keys cost nothing.
+//!
+//! The script owns the key. A value it could not have written (not a
+//! hash, a field that is not an integer in `[0, now + 2^52]`: `1e300`,
+//! `abc`, `-1`, `inf`) is repaired on the safe side, to an empty bucket
+//! refilling from now (`tat = max(tat, p, now + τ)`, keeping a valid
+//! field), with a warning in the Redis log. The caller then sees an
+//! ordinary denial with a real wait, never a zero-wait one.
 
 use ::redis::aio::ConnectionManager;
 use ::redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind};

@@ -1,0 +1,368 @@
+//! Configuring a `RedisBucket`: the builder, the checks `build` makes, and
+//! the failure policy it takes.
+
+use core::fmt;
+use core::num::NonZeroU32;
+use core::time::Duration;
+
+use ::redis::Client;
+
+use super::breaker::{Breaker, Policy};
+use super::connection::Connection;
+use super::lease::{Lease, LeaseState};
+use super::script::{Params, MAX_MICROS};
+use super::{RedisBucket, RedisStats, State};
+use crate::bucket::{Quota, TokenBucket};
+use crate::clock::{saturating_nanos, Clock, DefaultClock};
+use crate::sync::{Arc, ThreadMutex};
+
+/// What a [`RedisBucket`] does when Redis does not answer in time.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::FailPolicy;
+/// use std::time::Duration;
+///
+/// // Keep working at a quarter of the shared rate (say, four processes).
+/// let open = FailPolicy::FailOpen { share: 0.25 };
+/// // Or refuse, and tell callers to come back in a second.
+/// let closed = FailPolicy::FailClosed { retry_after: Duration::from_secs(1) };
+/// assert_ne!(open, closed);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum FailPolicy {
+    /// Decide with a local [`TokenBucket`] at `share` (in `(0, 1]`) of the
+    /// quota's rate and burst (at least one cell of burst): with `P`
+    /// processes on the key, `1 / P` keeps the total within the quota.
+    FailOpen {
+        /// The fraction of the shared quota this process may use alone.
+        share: f64,
+    },
+    /// Refuse: [`CheckError::Unavailable`] / [`ReserveError::Unavailable`]
+    /// with this `retry_after`, consuming nothing.
+    FailClosed {
+        /// What to tell callers.
+        retry_after: Duration,
+    },
+}
+
+/// Why a [`RedisBucketBuilder`] could not build.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{Quota, RedisBucket};
+/// use std::num::NonZeroU32;
+/// let err = RedisBucket::builder("not a url", "k", Quota::per_second(NonZeroU32::MIN))
+///     .build()
+///     .unwrap_err();
+/// assert!(err.to_string().starts_with("invalid redis url"));
+/// ```
+#[derive(Debug)]
+pub struct RedisBucketError {
+    message: String,
+    source: Option<::redis::RedisError>,
+}
+
+impl fmt::Display for RedisBucketError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for RedisBucketError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_ref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+fn config_error(message: String) -> RedisBucketError {
+    RedisBucketError {
+        message,
+        source: None,
+    }
+}
+
+/// Configures a [`RedisBucket`]; see [`RedisBucket::builder`].
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{FailPolicy, Quota, RedisBucket};
+/// use std::num::NonZeroU32;
+/// use std::time::Duration;
+///
+/// let bucket = RedisBucket::builder(
+///     "redis://127.0.0.1:6379",
+///     "quota:org-key",
+///     Quota::per_second(NonZeroU32::new(50).unwrap()),
+/// )
+/// .lease(NonZeroU32::new(5).unwrap(), Duration::from_millis(100))
+/// .timeout(Duration::from_millis(20))
+/// .fail_policy(FailPolicy::FailOpen { share: 0.5 })
+/// .build()
+/// .unwrap(); // connects lazily: no Redis needed here
+/// assert_eq!(bucket.key(), "quota:org-key");
+/// ```
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `build()`"]
+pub struct RedisBucketBuilder {
+    url: String,
+    key: String,
+    quota: Quota,
+    lease: Option<(NonZeroU32, Duration)>,
+    timeout: Duration,
+    probe_interval: Duration,
+    policy: FailPolicy,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl RedisBucketBuilder {
+    /// The longest [`timeout`](RedisBucketBuilder::timeout) accepted: 60 s.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::RedisBucketBuilder;
+    /// use std::time::Duration;
+    /// assert_eq!(RedisBucketBuilder::MAX_TIMEOUT, Duration::from_secs(60));
+    /// ```
+    pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+
+    /// Lease up to `size` cells per round trip (capped at the burst), kept
+    /// for at most `ttl`. See the trade-off under *Leasing* on [`RedisBucket`].
+    /// Off by default.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Quota, RedisBucket};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// let b = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::new(10).unwrap()))
+    ///     .lease(NonZeroU32::new(100).unwrap(), Duration::from_millis(50))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(b.lease_size(), 10); // capped at the burst
+    /// ```
+    pub fn lease(mut self, size: NonZeroU32, ttl: Duration) -> Self {
+        self.lease = Some((size, ttl));
+        self
+    }
+
+    /// The longest any Redis call may take (connecting included); default
+    /// 50 ms. It must be in `(0, MAX_TIMEOUT]`
+    /// ([`MAX_TIMEOUT`](RedisBucketBuilder::MAX_TIMEOUT) is 60 s):
+    /// [`build`](RedisBucketBuilder::build) refuses zero (every call would
+    /// fail) and anything longer (`Duration::MAX` would wait forever on a
+    /// server that accepts and never answers).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Quota, RedisBucket, RedisBucketBuilder};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// let q = Quota::per_second(NonZeroU32::MIN);
+    /// let b = RedisBucket::builder("redis://127.0.0.1/", "k", q)
+    ///     .timeout(Duration::from_millis(5))
+    ///     .build();
+    /// assert!(b.is_ok());
+    /// for bad in [Duration::ZERO, RedisBucketBuilder::MAX_TIMEOUT + Duration::from_nanos(1)] {
+    ///     let err = RedisBucket::builder("redis://127.0.0.1/", "k", q).timeout(bad).build();
+    ///     assert!(err.unwrap_err().to_string().starts_with("invalid timeout"));
+    /// }
+    /// ```
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How long decisions skip Redis after a failed call before trying it
+    /// again; default 500 ms.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Quota, RedisBucket};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// let b = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN))
+    ///     .probe_interval(Duration::from_millis(100))
+    ///     .build();
+    /// assert!(b.is_ok());
+    /// ```
+    pub fn probe_interval(mut self, interval: Duration) -> Self {
+        self.probe_interval = interval;
+        self
+    }
+
+    /// What to do when Redis does not answer; default
+    /// [`FailPolicy::FailClosed`] with a one-second `retry_after`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{FailPolicy, Quota, RedisBucket};
+    /// use std::num::NonZeroU32;
+    /// let b = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN))
+    ///     .fail_policy(FailPolicy::FailOpen { share: 2.0 })
+    ///     .build();
+    /// assert!(b.is_err()); // a share is in (0, 1]
+    /// ```
+    pub fn fail_policy(mut self, policy: FailPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Decide on `clock`'s time instead of Redis's `TIME`. Every process on
+    /// the key must then share the clock, and the key no longer expires
+    /// (its expiry would be in Redis's time). Meant for tests and
+    /// simulations, with a [`ManualClock`](crate::ManualClock); the local
+    /// deadlines and leases use the same clock. A `reserve`'s `max_wait`
+    /// is then a span of that clock, not of real time, so it no longer
+    /// bounds the round trip: only the [`timeout`](Self::timeout) does.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, RedisBucket};
+    /// use std::num::NonZeroU32;
+    /// let b = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN))
+    ///     .clock(ManualClock::new())
+    ///     .build();
+    /// assert!(b.is_ok());
+    /// ```
+    pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Checks the configuration and builds the bucket. It connects lazily,
+    /// on the first decision: building never waits for Redis.
+    ///
+    /// # Errors
+    ///
+    /// An unparseable URL, a [`timeout`](RedisBucketBuilder::timeout)
+    /// outside `(0, MAX_TIMEOUT]`, a fail-open share outside `(0, 1]`, or a
+    /// quota whose tolerance (`burst * period`) exceeds 2^51 µs (71 years).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Quota, RedisBucket};
+    /// use std::num::NonZeroU32;
+    /// assert!(RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN))
+    ///     .build()
+    ///     .is_ok());
+    /// ```
+    pub fn build(self) -> Result<RedisBucket, RedisBucketError> {
+        let client = Client::open(self.url.as_str()).map_err(|e| RedisBucketError {
+            message: format!("invalid redis url: {e}"),
+            source: Some(e),
+        })?;
+        if self.timeout.is_zero() || self.timeout > Self::MAX_TIMEOUT {
+            return Err(config_error(format!(
+                "invalid timeout {:?}: it must be in (0, {:?}]",
+                self.timeout,
+                Self::MAX_TIMEOUT
+            )));
+        }
+        let period_us = self.quota.period.div_ceil(1000);
+        let burst = self.quota.burst.get();
+        if period_us.saturating_mul(burst as u64) > MAX_MICROS {
+            return Err(config_error(format!(
+                "quota too long for a shared bucket: burst {burst} times {period_us} µs exceeds 2^51 µs"
+            )));
+        }
+        let (clock, explicit_time): (Arc<dyn Clock>, bool) = match self.clock {
+            Some(clock) => (clock, true),
+            None => (Arc::new(DefaultClock::new()), false),
+        };
+        let policy = match self.policy {
+            FailPolicy::FailOpen { share } => {
+                if !(share > 0.0 && share <= 1.0) {
+                    return Err(config_error(format!(
+                        "invalid fail-open share {share}: it must be in (0, 1]"
+                    )));
+                }
+                Policy::Open(TokenBucket::with_clock(
+                    share_of(self.quota, share),
+                    clock.clone(),
+                ))
+            }
+            FailPolicy::FailClosed { retry_after } => Policy::Closed(retry_after),
+        };
+        Ok(RedisBucket {
+            conn: Connection::new(
+                client,
+                self.key,
+                Params { period_us, burst },
+                self.timeout,
+                self.probe_interval,
+                explicit_time,
+            ),
+            quota: self.quota,
+            lease: self.lease.map(|(size, ttl)| Lease {
+                size: size.get().min(burst),
+                ttl: saturating_nanos(ttl),
+            }),
+            policy,
+            clock,
+            state: ThreadMutex::new(State {
+                lease: LeaseState::default(),
+                breaker: Breaker::new(saturating_nanos(self.probe_interval)),
+                stats: RedisStats::default(),
+            }),
+        })
+    }
+}
+
+/// `share` of `quota`'s rate and burst: a longer period, rounded up, and
+/// at least one cell of burst.
+fn share_of(quota: Quota, share: f64) -> Quota {
+    let period = (quota.period as f64 / share).ceil();
+    let period = if period >= u64::MAX as f64 {
+        u64::MAX
+    } else {
+        period as u64
+    };
+    let burst = (quota.burst.get() as f64 * share).floor() as u32;
+    Quota {
+        period: period.max(quota.period),
+        burst: NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN),
+    }
+}
+
+impl RedisBucket {
+    /// Starts configuring a bucket on `key` at `url` (`redis://host:port/db`)
+    /// with `quota`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Quota, RedisBucket};
+    /// use std::num::NonZeroU32;
+    /// let q = Quota::per_second(NonZeroU32::new(5).unwrap());
+    /// let b = RedisBucket::builder("redis://127.0.0.1/", "k", q).build().unwrap();
+    /// assert_eq!(b.quota(), q);
+    /// ```
+    pub fn builder(url: &str, key: impl Into<String>, quota: Quota) -> RedisBucketBuilder {
+        RedisBucketBuilder {
+            url: url.to_owned(),
+            key: key.into(),
+            quota,
+            lease: None,
+            timeout: Duration::from_millis(50),
+            probe_interval: Duration::from_millis(500),
+            policy: FailPolicy::FailClosed {
+                retry_after: Duration::from_secs(1),
+            },
+            clock: None,
+        }
+    }
+}
