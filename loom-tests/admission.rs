@@ -134,3 +134,55 @@ fn fail_fast_sheds_without_keeping_the_tool_slot() {
         );
     });
 }
+
+/// `Admission::close` closes the tool pools and then the global pool while
+/// calls wait on either: every waiter wakes with `Closed` (none sleeps to
+/// its deadline, none is admitted after both pools closed), and a slot held
+/// across the close is still returned.
+#[test]
+fn close_wakes_a_waiter_on_either_pool() {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound.get_or_insert(2);
+    b.check(|| {
+        let p = pools();
+        // A runs on X and holds the only X slot; C runs on Y.
+        let a = block_on(acquire_both(
+            &p.x,
+            &p.global,
+            SlotPolicy::Wait,
+            &p.waiting,
+            8,
+            pin!(never()),
+        ))
+        .unwrap();
+        let p2 = p.clone();
+        // B waits for X's slot (A holds it).
+        let b_call = thread::spawn(move || {
+            block_on(acquire_both(
+                &p2.x,
+                &p2.global,
+                SlotPolicy::Wait,
+                &p2.waiting,
+                8,
+                pin!(never()),
+            ))
+            .map(drop)
+        });
+        let p3 = p.clone();
+        let closer = thread::spawn(move || {
+            p3.x.close();
+            p3.y.close();
+            p3.global.close();
+        });
+        closer.join().unwrap();
+        // With a never-firing timeout, B returns only because it was woken.
+        let got = b_call.join().unwrap();
+        assert!(
+            matches!(got, Err((SlotError::Closed, Which::Tool))),
+            "{got:?}"
+        );
+        drop(a);
+        assert_eq!(p.x.sem.available_permits(), 1);
+        assert_eq!(p.global.sem.available_permits(), 2);
+    });
+}

@@ -109,7 +109,13 @@ pub struct CallSpec {
     pub credential: String,
     /// Read or write.
     pub kind: Kind,
-    /// How long the call may wait to be admitted, from the `admit` call.
+    /// How long the call may wait to be admitted, from the `admit` call
+    /// (through [`Runner`], from the call's start: every retry and its
+    /// backoff is charged to it). A slot is waited for up to the deadline;
+    /// a rate-limit wait is slept only while it fits both the deadline and
+    /// the layer's inline wait ([`Builder::inline_wait`], 2 s by default):
+    /// a longer one is returned at once as `rate_limited` with
+    /// `retry_after_ms`, so a long deadline never means a long sleep.
     pub deadline: Duration,
 }
 
@@ -145,7 +151,9 @@ impl CallSpec {
         self
     }
 
-    /// Sets the deadline (a budget from the `admit` call).
+    /// Sets the deadline (a budget from the `admit` call; see
+    /// [`CallSpec::deadline`](struct.CallSpec.html#structfield.deadline)
+    /// for how it meets the inline wait).
     ///
     /// # Examples
     ///
@@ -535,6 +543,19 @@ where
 
     fn rate_refusal(&self, e: ReserveError, scope: &str, left: Duration) -> Throttled {
         let inner = &*self.inner;
+        if let ReserveError::Unavailable { retry_after } = e {
+            // Not a quota: the store that keeps the shared one is down (its
+            // fail policy is closed). Say so, with its configured wait.
+            return Throttled::new(
+                Status::RateLimited,
+                scope,
+                format!(
+                    "the shared quota store did not answer; retry after {}",
+                    Human(retry_after)
+                ),
+            )
+            .with_retry_after(retry_after);
+        }
         match e.retry_after() {
             Some(after) if after > inner.max_retry_after => Throttled::new(
                 Status::QuotaExhausted,
