@@ -146,6 +146,7 @@ pub fn headers(mut data: &[u8]) {
         let before = deadline.remaining();
         match policy.decide(&hint, &mut deadline) {
             Decision::Retry { after } => {
+                assert!(!before.is_zero(), "retried after the deadline passed");
                 assert!(
                     after <= before,
                     "retry {after:?} past the budget {before:?}"
@@ -162,6 +163,10 @@ pub fn headers(mut data: &[u8]) {
                     SurfaceStatus::RateLimited => {
                         assert_eq!(Some(r), hint.wait());
                         assert!(r > before.min(clamp.max), "{r:?} fitted; why stop?");
+                    }
+                    _ if before.is_zero() => {
+                        // Expired: no retry, whatever the wait.
+                        assert_eq!(s.status, SurfaceStatus::TimedOut);
                     }
                     _ => {
                         assert!(hint.wait().is_none() && r <= budget);
