@@ -448,8 +448,7 @@ impl Gcra {
             Ok(stamp) => {
                 // `tat = FULL` at the new stamp. Release: seqlock data.
                 let stamp = stamp.wrapping_add(1);
-                self.skew
-                    .store(stamp.wrapping_sub(FULL), Ordering::Release);
+                self.skew.store(stamp.wrapping_sub(FULL), Ordering::Release);
                 self.unlock(bump_epoch(word));
             }
             Err(_) => self.unlock(word),
