@@ -366,3 +366,22 @@ fn quota_change_racing_a_penalty() {
         ],
     );
 }
+
+#[test]
+fn quota_change_lowering_tat_racing_admissions() {
+    // A faster rate halves the debt: `tat` goes from START + 100 down to
+    // START + 50, and one admission under the new quota brings it back to
+    // START + 100. A `Try` that read START + 100 under the old quota
+    // (where it fits) must not land on the restored value and admit a
+    // second cell: the CAS is on the stamp, which a quota change moves up
+    // by one, never down.
+    check(
+        quota(PERIOD, 2),
+        &[Op::Try(1)],
+        vec![
+            vec![Op::SetQuota(quota(PERIOD / 2, 2))],
+            vec![Op::Try(1)],
+            vec![Op::Try(1)],
+        ],
+    );
+}

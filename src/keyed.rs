@@ -23,7 +23,12 @@
 //! never by evicting a bucket that still holds debt.
 //!
 //! Per-key quotas are kept apart from the buckets, so evicting a bucket
-//! never forgets its quota.
+//! never forgets its quota. They are configuration, not state: evicting
+//! one for being idle would change later decisions, so they are bounded
+//! by a cap instead. At most `max_keys` keys hold a quota of their own
+//! (counted across shards, exactly); a quota equal to the default is not
+//! stored (setting it removes the key's own), and a new key past the cap
+//! is refused (`TooManyKeys`).
 
 use core::fmt;
 use core::hash::Hash;
@@ -35,7 +40,7 @@ use crate::bucket::gcra::Gcra;
 use crate::bucket::{CheckError, Quota, Reservation, ReserveError};
 use crate::clock::{saturating_nanos, Clock, DefaultClock};
 use crate::sleep::Sleeper;
-use crate::sync::{Arc, CachePadded, RwLock};
+use crate::sync::{Arc, AtomicUsize, CachePadded, Ordering, RwLock};
 
 /// A shard is swept at the latest when it has this many entries.
 const MIN_SWEEP: usize = 64;
@@ -71,6 +76,8 @@ pub struct Scoped<K, C: Clock = DefaultClock> {
     default_quota: Quota,
     max_keys: usize,
     shard_cap: usize,
+    /// Keys with a quota of their own, across shards: at most `max_keys`.
+    custom_quotas: AtomicUsize,
     clock: C,
 }
 
@@ -165,13 +172,16 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
             default_quota,
             max_keys: DEFAULT_MAX_KEYS,
             shard_cap: DEFAULT_MAX_KEYS.div_ceil(shards),
+            custom_quotas: AtomicUsize::new(0),
             clock,
         }
     }
 
     /// Limits the number of keys tracked at once to about `max_keys` (the
     /// limit is enforced per shard, as `max_keys / shards` rounded up, so a
-    /// skewed key set may be refused a little earlier).
+    /// skewed key set may be refused a little earlier), and the number of
+    /// keys with a quota of their own ([`set_quota`](Scoped::set_quota)) to
+    /// exactly `max_keys`.
     ///
     /// # Examples
     ///
@@ -307,23 +317,60 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// (after an eviction). A live bucket converts its state as
     /// [`TokenBucket::set_quota`](crate::TokenBucket::set_quota) does.
     ///
+    /// Keys with a quota of their own are bounded like the buckets: at most
+    /// [`max_keys`](Scoped::max_keys) of them. Setting a key back to the
+    /// [`default_quota`](Scoped::default_quota) removes its own quota and
+    /// frees its place.
+    ///
+    /// # Errors
+    ///
+    /// [`TooManyKeys`] when `key` has no quota of its own yet and
+    /// `max_keys` keys already do. Nothing changes then: the key (and its
+    /// live bucket, if any) keeps the default quota.
+    ///
     /// # Examples
     ///
     /// ```
     /// use backpressure::{ManualClock, Quota, Scoped};
     /// use std::num::NonZeroU32;
-    /// let limits = Scoped::with_clock(Quota::per_second(NonZeroU32::new(5).unwrap()), ManualClock::new());
-    /// limits.set_quota(&"enterprise", Quota::per_second(NonZeroU32::new(50).unwrap()));
+    /// let free = Quota::per_second(NonZeroU32::new(5).unwrap());
+    /// let paid = Quota::per_second(NonZeroU32::new(50).unwrap());
+    /// let limits = Scoped::with_clock(free, ManualClock::new()).with_max_keys(1);
+    /// limits.set_quota(&"enterprise", paid).unwrap();
     /// assert_eq!(limits.available(&"enterprise"), 50);
     /// assert_eq!(limits.available(&"free"), 5);
+    ///
+    /// // One key with its own quota is the limit here.
+    /// assert!(limits.set_quota(&"startup", paid).is_err());
+    /// limits.set_quota(&"enterprise", free).unwrap(); // back to the default
+    /// assert_eq!(limits.custom_quotas(), 0);
+    /// limits.set_quota(&"startup", paid).unwrap();
     /// ```
-    pub fn set_quota(&self, key: &K, quota: Quota) {
+    pub fn set_quota(&self, key: &K, quota: Quota) -> Result<(), TooManyKeys> {
         let hash = self.hasher.hash_one(key);
         let now = self.clock.now_nanos();
         let mut shard = self.shard(hash).write();
-        match shard.quotas.find_mut(hash, |(k, _)| k == key) {
-            Some((_, q)) => *q = quota,
-            None => {
+        let is_default = quota == self.default_quota;
+        match shard.quotas.find_entry(hash, |(k, _)| k == key) {
+            Ok(entry) if is_default => {
+                entry.remove();
+                // Relaxed: a lone counter; the shard lock orders the table.
+                self.custom_quotas.fetch_sub(1, Ordering::Relaxed);
+            }
+            Ok(mut entry) => entry.get_mut().1 = quota,
+            Err(_) if is_default => {}
+            Err(_) => {
+                // Relaxed: as above; the RMW alone keeps the count exact.
+                let room =
+                    self.custom_quotas
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                            (n < self.max_keys).then_some(n + 1)
+                        });
+                if room.is_err() {
+                    return Err(TooManyKeys {
+                        limit: self.max_keys,
+                    });
+                }
                 shard
                     .quotas
                     .insert_unique(hash, (key.clone(), quota), |(k, _)| self.hasher.hash_one(k));
@@ -332,6 +379,27 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         if let Some((_, b)) = shard.buckets.find(hash, |(k, _)| k == key) {
             b.set_quota(quota, now);
         }
+        Ok(())
+    }
+
+    /// How many keys have a quota of their own (see
+    /// [`set_quota`](Scoped::set_quota)); at most
+    /// [`max_keys`](Scoped::max_keys).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, Scoped};
+    /// use std::num::NonZeroU32;
+    /// let q = |n| Quota::per_second(NonZeroU32::new(n).unwrap());
+    /// let limits = Scoped::with_clock(q(5), ManualClock::new());
+    /// limits.set_quota(&"a", q(50)).unwrap();
+    /// limits.set_quota(&"b", q(5)).unwrap(); // the default: not stored
+    /// assert_eq!(limits.custom_quotas(), 1);
+    /// ```
+    pub fn custom_quotas(&self) -> usize {
+        // Relaxed: a count for reports; exact once set_quota calls are done.
+        self.custom_quotas.load(Ordering::Relaxed)
     }
 
     /// When the latest server hold on `key` ends (0: none, or its bucket

@@ -262,3 +262,36 @@ fn huge_attempt_numbers_never_overflow() {
         assert!(b.delay(attempt) <= Duration::from_nanos(u64::MAX));
     }
 }
+
+/// Issue #10, item 4: `Deadline::charge` accepted a zero wait at zero
+/// budget (`0 > 0` is false), so an expired deadline kept granting
+/// `Retry { after: 0 }` for `Retry-After: 0` or a zero backoff.
+#[test]
+fn expired_deadline_grants_no_zero_wait_retry() {
+    let clock = ManualClock::new();
+    let mut deadline = Deadline::after(clock.clone(), Duration::from_secs(1));
+    clock.advance(Duration::from_secs(2));
+    let mut policy =
+        RetryPolicy::new(Backoff::new(Duration::ZERO, Duration::ZERO)).max_retries(u32::MAX);
+    for _ in 0..10 {
+        for h in [hint(&[("retry-after", "0")]), ServerHint::default()] {
+            match policy.decide(&h, &mut deadline) {
+                Decision::Surface(s) => assert_eq!(s.status, SurfaceStatus::TimedOut),
+                other => panic!("a retry after the deadline: {other:?}"),
+            }
+        }
+    }
+
+    // Exactly at the deadline counts as passed; just before, a zero wait
+    // still fits.
+    let clock = ManualClock::starting_at(10);
+    let mut deadline = Deadline::at(clock.clone(), 11);
+    assert!(deadline.charge(Duration::ZERO).is_ok());
+    clock.advance(Duration::from_nanos(1));
+    assert!(deadline.is_expired());
+    assert!(deadline.charge(Duration::ZERO).is_err());
+    // A wait ending exactly at the deadline fits, and then nothing does.
+    let mut deadline = Deadline::at(clock.clone(), 20);
+    assert!(deadline.charge(Duration::from_nanos(9)).is_ok());
+    assert!(deadline.charge(Duration::ZERO).is_err());
+}

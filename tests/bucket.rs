@@ -224,17 +224,36 @@ fn penalize_admits_nothing_before_the_retry_time() {
 }
 
 #[test]
-fn quota_change_keeps_debt_and_opens_no_burst() {
+fn quota_change_keeps_debt_in_cells() {
     let (b, clock) = bucket();
     b.try_acquire(3).unwrap();
-    // Raising the burst does not hand out the difference at once.
+    // Raising the burst keeps the 3 cells of debt: the 47 cells never
+    // taken are there at once, the 3 taken come back at the rate.
     b.set_quota(Quota::per_second(nz(10)).allow_burst(nz(50)));
-    assert_eq!(b.available(), 0);
+    assert_eq!(b.available(), 47);
+    assert_eq!(admit_all(&b), 47);
     clock.advance(100 * MS);
     assert_eq!(admit_all(&b), 1);
     // It refills to the new burst over time.
     clock.advance(Duration::from_secs(60));
     assert_eq!(b.available(), 50);
+
+    // Lowering the burst below the debt leaves the bucket drained, not
+    // locked out past it (the documented clamp).
+    let (b, clock) = bucket();
+    b.try_acquire(3).unwrap();
+    b.set_quota(Quota::per_second(nz(10)).allow_burst(nz(1)));
+    assert_eq!(b.try_acquire(1).unwrap_err().wait(), Some(100 * MS));
+    clock.advance(100 * MS);
+    assert_eq!(admit_all(&b), 1);
+
+    // Raising the rate: the same cells of debt, now shorter.
+    let (b, clock) = bucket();
+    b.try_acquire(3).unwrap();
+    b.set_quota(Quota::per_second(nz(100)).allow_burst(nz(3)));
+    assert_eq!(b.try_acquire(1).unwrap_err().wait(), Some(10 * MS));
+    clock.advance(30 * MS);
+    assert_eq!(admit_all(&b), 3);
 
     // Lowering the rate makes the debt last longer, in cells.
     let (b, clock) = bucket();
@@ -247,13 +266,17 @@ fn quota_change_keeps_debt_and_opens_no_burst() {
     clock.advance(Duration::from_secs(1));
     assert_eq!(admit_all(&b), 1);
 
-    // A penalty survives a rate increase.
+    // A penalty survives a rate and burst increase, to the nanosecond.
     let (b, clock) = bucket();
     b.penalize(Duration::from_secs(2));
     b.set_quota(Quota::per_second(nz(1000)));
-    assert!(b.try_acquire(1).is_err());
+    assert_eq!(
+        b.try_acquire(1).unwrap_err().wait(),
+        Some(Duration::from_secs(2))
+    );
     clock.advance(Duration::from_secs(2));
     assert!(b.try_acquire(1).is_ok());
+    assert!(b.try_acquire(1).is_err());
     assert_eq!(b.quota(), Quota::per_second(nz(1000)));
 
     // Mid-stream: the same quota again changes nothing.
@@ -263,6 +286,72 @@ fn quota_change_keeps_debt_and_opens_no_burst() {
     b.set_quota(b.quota());
     assert_eq!(b.available(), 1);
     assert!(r.cancel());
+}
+
+/// Issue #10, item 1: `set_quota` added a period whenever the burst grew
+/// (and a 1 ns fence every time) and never took it back, so flipping
+/// between two quotas with nothing admitted locked the bucket out without
+/// bound (0 available, a 9.1 s wait after 100 flips).
+#[test]
+fn set_quota_flipping_invents_no_debt() {
+    let clock = ManualClock::starting_at(1_000_000_000_000);
+    let a = Quota::per_second(nz(10));
+    let b = a.allow_burst(nz(9));
+    let bucket = TokenBucket::with_clock(a, clock.clone());
+    for _ in 0..100 {
+        bucket.set_quota(b);
+        bucket.set_quota(a);
+    }
+    // Nothing was admitted: a full bucket stays full.
+    assert_eq!(bucket.available(), 10);
+    clock.advance(200 * MS);
+    assert!(bucket.available() >= 9);
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(bucket.available(), 10);
+
+    // With debt: flipping keeps it, and never adds to it.
+    bucket.try_acquire(4).unwrap();
+    for _ in 0..100 {
+        bucket.set_quota(b);
+        bucket.set_quota(a);
+    }
+    assert_eq!(bucket.available(), 6);
+    clock.advance(400 * MS);
+    assert_eq!(bucket.available(), 10);
+
+    // Drained, and across rates too: the debt ends where it was.
+    let slow = Quota::per_second(nz(1)).allow_burst(nz(10));
+    bucket.try_acquire(10).unwrap();
+    for _ in 0..100 {
+        bucket.set_quota(slow);
+        bucket.set_quota(a);
+    }
+    assert_eq!(bucket.try_acquire(1).unwrap_err().wait(), Some(100 * MS));
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(bucket.available(), 10);
+    // A burst below the debt clamps it (documented): 10 cells of debt
+    // under burst 9 are 9, and stay 9.
+    bucket.try_acquire(10).unwrap();
+    for _ in 0..100 {
+        bucket.set_quota(b);
+        bucket.set_quota(slow);
+        bucket.set_quota(a);
+    }
+    assert_eq!(bucket.available(), 1);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(bucket.available(), 10);
+
+    // A penalty is kept as it was, not stretched.
+    bucket.penalize(Duration::from_secs(5));
+    for _ in 0..100 {
+        bucket.set_quota(slow);
+        bucket.set_quota(b);
+        bucket.set_quota(a);
+    }
+    assert_eq!(
+        bucket.try_acquire(1).unwrap_err().wait(),
+        Some(Duration::from_secs(5))
+    );
 }
 
 #[test]

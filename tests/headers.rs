@@ -302,3 +302,96 @@ fn serde_round_trip_in_milliseconds() {
     assert_eq!(sparse.remaining, Some(3));
     assert_eq!(sparse.retry_after, None);
 }
+
+/// Issue #10, item 12: a response `Date` of 1970 was trusted, so an epoch
+/// reset of 1700000000 became a 53-year wait. A `Date` more than
+/// `MAX_DATE_SKEW` from ours is ignored in favour of `now`.
+#[test]
+fn server_date_of_1970_is_ignored_not_a_53_year_wait() {
+    let reset = |date: &str, now: u64| {
+        ServerHint::from_headers(
+            [
+                ("date", date),
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", "1700000060"),
+            ],
+            at(now),
+        )
+        .reset_after
+    };
+    let secs = |s| Some(Duration::from_secs(s));
+    assert_eq!(reset("Thu, 01 Jan 1970 00:00:00 GMT", T0), secs(60));
+    // Far in the future is as wrong as far in the past.
+    assert_eq!(reset("Fri, 31 Dec 9999 23:59:59 GMT", T0), secs(60));
+    // Within a day, the server's clock still rules (ours may be off).
+    assert_eq!(
+        reset("Tue, 14 Nov 2023 22:13:00 GMT", T0 + 86_400 - 20),
+        secs(80)
+    );
+    assert_eq!(reset(DATE, T0 + 86_400), secs(60));
+    assert_eq!(reset(DATE, T0 - 86_400), secs(60));
+    // A second past the day: ours.
+    assert_eq!(reset(DATE, T0 + 86_401), secs(0));
+    assert_eq!(reset(DATE, T0 - 86_401), secs(86_461));
+    assert_eq!(ServerHint::MAX_DATE_SKEW, Duration::from_secs(86_400));
+}
+
+/// Issue #10, item 12: `httpdate` reads years from 1970 only, so a
+/// `Retry-After` date before 1970 was skipped (`None`) instead of read as
+/// the past it is: a zero wait.
+#[test]
+fn retry_after_date_before_1970_is_a_zero_wait() {
+    for date in [
+        "Wed, 31 Dec 1969 23:59:59 GMT",
+        "Mon, 01 Jan 1900 00:00:00 GMT",
+        "Sat, 01 Jan 0000 00:00:00 GMT",
+        "Wed Dec 31 23:59:59 1969",
+    ] {
+        let hint = ServerHint::from_headers([("retry-after", date)], at(T0));
+        assert_eq!(hint.retry_after, Some(Duration::ZERO), "{date}");
+        let hint = ServerHint::from_headers(
+            [("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", date)],
+            at(T0),
+        );
+        assert_eq!(hint.reset_after, Some(Duration::ZERO), "{date}");
+    }
+    // Still a date: a wrong weekday before 1970 is skipped like any other.
+    let hint = ServerHint::from_headers([("retry-after", "Thu, 31 Dec 1969 23:59:59 GMT")], at(T0));
+    assert_eq!(hint.retry_after, None);
+    // And it is the right instant: a `now` before 1970 waits until then.
+    let hint = ServerHint::from_headers(
+        [("retry-after", "Wed, 31 Dec 1969 23:59:59 GMT")],
+        UNIX_EPOCH - Duration::from_secs(61),
+    );
+    assert_eq!(hint.retry_after, Some(Duration::from_secs(60)));
+}
+
+/// Issue #10, item 12: `jiff` stops at 9999-12-30T22:00Z, so an RFC 3339
+/// reset on 9999-12-31 was skipped while 9999-12-30 was capped. Every
+/// far-future form is capped alike.
+#[test]
+fn rfc3339_reset_in_year_9999_is_capped_like_the_day_before() {
+    let reset = |v: &str| {
+        ServerHint::from_headers(
+            [("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", v)],
+            at(T0),
+        )
+        .reset_after
+    };
+    let max = Some(ServerHint::MAX_DURATION);
+    for v in [
+        "9999-12-30T00:00:00Z",
+        "9999-12-31T00:00:00Z",
+        "9999-12-31T23:59:59.999999999Z",
+        "9999-12-31T23:59:59-23:59",
+        "Fri, 31 Dec 9999 23:59:59 GMT",
+        "Fri Dec 31 23:59:59 9999",
+        "999999999999999",
+        "99999999999h",
+    ] {
+        assert_eq!(reset(v), max, "{v}");
+    }
+    // Not a date: still skipped.
+    assert_eq!(reset("9999-02-29T00:00:00Z"), None);
+    assert_eq!(reset("9999-12-32T00:00:00Z"), None);
+}

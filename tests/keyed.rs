@@ -63,7 +63,7 @@ fn keys_are_limited_independently() {
 #[test]
 fn per_key_quota_with_a_default() {
     let (s, _) = registry();
-    s.set_quota(&(1, 1), Quota::per_second(nz(100)));
+    s.set_quota(&(1, 1), Quota::per_second(nz(100))).unwrap();
     assert_eq!(s.available(&(1, 1)), 100);
     assert_eq!(s.available(&(2, 2)), 2);
     assert!(s.try_acquire(&(1, 1), 50).is_ok());
@@ -75,14 +75,16 @@ fn per_key_quota_with_a_default() {
         })
     );
     // A live bucket converts; the debt stays.
-    s.set_quota(&(1, 1), Quota::per_second(nz(100)).allow_burst(nz(60)));
+    s.set_quota(&(1, 1), Quota::per_second(nz(100)).allow_burst(nz(60)))
+        .unwrap();
     assert!(s.available(&(1, 1)) <= 50);
 }
 
 #[test]
 fn idle_full_keys_are_evicted_and_keep_their_quota() {
     let (s, clock) = registry();
-    s.set_quota(&(7, 7), Quota::per_second(nz(1)).allow_burst(nz(5)));
+    s.set_quota(&(7, 7), Quota::per_second(nz(1)).allow_burst(nz(5)))
+        .unwrap();
     for key in 0..1000 {
         s.try_acquire(&(key, 0), 1).unwrap();
     }
@@ -181,4 +183,43 @@ fn bytes_per_idle_key() {
     // key 8 + Arc pointer 8 + control byte + table slack, plus the Arc
     // allocation (16 + 24).
     assert!(bytes < 160.0, "{bytes} bytes per key");
+}
+
+/// Issue #10, item 11b: `Scoped::set_quota` stored a quota for every key
+/// it was given, ignoring `max_keys` (a million keys under
+/// `with_max_keys(10)` cost 32 MB). Keys with a quota of their own are now
+/// capped at `max_keys`, and the rest are refused with `TooManyKeys`.
+#[test]
+fn scoped_set_quota_respects_max_keys() {
+    let clock = ManualClock::new();
+    let default = Quota::per_second(nz(10)).allow_burst(nz(2));
+    let own = Quota::per_second(nz(100));
+    let s: Scoped<u32, _> = Scoped::with_clock(default, clock).with_max_keys(10);
+    let mut stored = 0;
+    for key in 0..1_000_000u32 {
+        match s.set_quota(&key, own) {
+            Ok(()) => stored += 1,
+            Err(e) => assert_eq!(e.limit, 10),
+        }
+    }
+    assert_eq!(stored, 10);
+    assert_eq!(s.custom_quotas(), 10);
+    // The ten keep their quota; a refused key keeps the default.
+    assert_eq!(s.available(&0), 100);
+    assert_eq!(s.available(&999_999), 2);
+    // Updating a key that has one is not a new key.
+    s.set_quota(&3, Quota::per_second(nz(50))).unwrap();
+    assert_eq!(s.custom_quotas(), 10);
+    // Back to the default frees a place, and is never stored.
+    s.set_quota(&3, default).unwrap();
+    s.set_quota(&123_456, default).unwrap();
+    assert_eq!(s.custom_quotas(), 9);
+    assert_eq!(s.available(&3), 2);
+    s.set_quota(&500_000, own).unwrap();
+    assert!(s.set_quota(&500_001, own).is_err());
+    assert_eq!(s.custom_quotas(), 10);
+    // A refused quota leaves a live bucket as it was.
+    s.try_acquire(&700_000, 1).unwrap();
+    assert!(s.set_quota(&700_000, own).is_err());
+    assert_eq!(s.available(&700_000), 1);
 }

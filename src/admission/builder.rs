@@ -386,7 +386,10 @@ impl<S, C> Builder<S, C> {
     {
         let credentials = Scoped::with_clock(self.cfg.default_quota, self.clock.clone());
         for (cred, q) in &self.cfg.quotas {
-            credentials.set_quota(cred, *q);
+            // Refused only past the registry's key limit (2^20 credentials
+            // with a quota of their own); such a credential keeps the
+            // default quota rather than failing the build.
+            let _ = credentials.set_quota(cred, *q);
         }
         // Server-scope buckets only ever act through `penalize`: their own
         // quota is effectively unlimited.

@@ -148,10 +148,15 @@ impl<C: Clock> Deadline<C> {
     /// Accounts for a wait of `wait` if it fits in the remaining budget
     /// (ending at or before the deadline); otherwise charges nothing.
     ///
+    /// Once the deadline has passed ([`is_expired`](Self::is_expired)),
+    /// nothing fits, not even a zero wait: a call out of budget gets no
+    /// further attempt, however short the wait before it.
+    ///
     /// # Errors
     ///
-    /// [`TimedOut`] if the wait would end past the deadline: the caller
-    /// should stop now rather than sleep into a timeout.
+    /// [`TimedOut`] if the wait would end past the deadline, or the
+    /// deadline has already passed: the caller should stop now rather than
+    /// sleep into a timeout.
     ///
     /// # Examples
     ///
@@ -162,12 +167,16 @@ impl<C: Clock> Deadline<C> {
     /// assert!(d.charge(Duration::from_secs(3)).is_ok());
     /// assert!(d.charge(Duration::from_secs(3)).is_err()); // 6 s > 5 s
     /// assert!(d.charge(Duration::from_secs(2)).is_ok()); // exactly fits
+    /// assert!(d.is_expired());
+    /// assert!(d.charge(Duration::ZERO).is_err()); // no budget, no retry
     /// ```
     pub fn charge(&mut self, wait: Duration) -> Result<(), TimedOut> {
         let start = self.start();
         let left = self.at.saturating_sub(start);
         let w = saturating_nanos(wait);
-        if w > left {
+        // `left == 0` is an expired deadline: a zero wait would pass
+        // `w > left` and grant a retry after the deadline.
+        if left == 0 || w > left {
             return Err(TimedOut {
                 wait,
                 remaining: Duration::from_nanos(left),
@@ -266,6 +275,9 @@ mod tests {
         d.charge(Duration::from_nanos(1)).unwrap();
         assert!(d.charge(Duration::from_nanos(1)).is_err());
         assert!(d.is_expired());
-        assert!(d.charge(Duration::ZERO).is_ok(), "a zero wait always fits");
+        assert!(
+            d.charge(Duration::ZERO).is_err(),
+            "an expired deadline fits nothing, not even a zero wait"
+        );
     }
 }

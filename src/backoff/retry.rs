@@ -21,7 +21,8 @@ pub enum SurfaceStatus {
     /// The server's wait is longer than the clamp or the deadline: the
     /// server is saying stop.
     RateLimited,
-    /// Our own backoff would sleep past the deadline.
+    /// Our own backoff would sleep past the deadline, or the deadline has
+    /// already passed.
     TimedOut,
 }
 
@@ -112,7 +113,9 @@ pub enum Decision {
 /// Decides, after each failed attempt of one call, whether and when to
 /// retry.
 ///
-/// In order: past the attempt cap, [`Decision::GiveUp`]. If the server
+/// In order: past the attempt cap, [`Decision::GiveUp`]. Once the
+/// deadline has passed, [`Decision::Surface`] with
+/// [`SurfaceStatus::TimedOut`], whatever the wait (even zero). If the server
 /// gave a wait ([`ServerHint::wait`]) longer than the clamp or the
 /// remaining deadline, [`Decision::Surface`] with
 /// [`SurfaceStatus::RateLimited`]; otherwise the server's wait overrides
@@ -262,13 +265,10 @@ impl RetryPolicy {
     /// use std::time::Duration;
     ///
     /// let mut p = RetryPolicy::default();
-    /// // No budget left: even a short backoff does not fit.
+    /// // No budget left: no retry, not even an immediate one.
     /// let mut d = Deadline::after(ManualClock::new(), Duration::ZERO);
-    /// match p.decide(&ServerHint::default(), &mut d) {
-    ///     Decision::Retry { after } => assert_eq!(after, Duration::ZERO),
-    ///     Decision::Surface(s) => assert_eq!(s.status, SurfaceStatus::TimedOut),
-    ///     other => panic!("{other:?}"),
-    /// }
+    /// let Decision::Surface(s) = p.decide(&ServerHint::default(), &mut d) else { panic!() };
+    /// assert_eq!(s.status, SurfaceStatus::TimedOut);
     /// ```
     pub fn decide<C: Clock>(&mut self, hint: &ServerHint, deadline: &mut Deadline<C>) -> Decision {
         if self.retries >= self.max_retries {
@@ -277,6 +277,16 @@ impl RetryPolicy {
         let attempt = self.retries;
         self.retries += 1;
         let scope = || hint.scope.clone();
+
+        if deadline.is_expired() {
+            // Checked first: with no budget left, a zero wait (`Retry-After:
+            // 0`, a zero backoff) would otherwise still "fit".
+            return Decision::Surface(expired(
+                hint.wait().unwrap_or_else(|| self.backoff.delay(attempt)),
+                scope(),
+                attempt,
+            ));
+        }
 
         if let Some(server) = hint.wait() {
             let clamp = Clamp::new(self.clamp.max.min(deadline.remaining()));
@@ -314,6 +324,19 @@ impl RetryPolicy {
                 ),
             }),
         }
+    }
+}
+
+#[cold]
+fn expired(wait: Duration, scope: Option<String>, attempt: u32) -> Surfaced {
+    Surfaced {
+        status: SurfaceStatus::TimedOut,
+        scope,
+        retry_after: Some(wait),
+        hint: format!(
+            "retry {} not attempted: the deadline has already passed",
+            attempt + 1
+        ),
     }
 }
 

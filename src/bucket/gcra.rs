@@ -28,55 +28,63 @@
 //!
 //! | word     | bits   | meaning                                                   |
 //! |----------|--------|-----------------------------------------------------------|
-//! | `tat`    | 0..64  | theoretical arrival time, nanoseconds since the clock's origin |
+//! | `stamp`  | 0..64  | `tat + skew` (mod 2⁶⁴): the `tat`, shifted (see below)     |
+//! | `skew`   | 0..64  | what `stamp` is shifted by; written only under `LOCKED`   |
 //! | `word`   | 0      | `LOCKED`: an admin operation (cancel, reset, set_quota) is running |
 //! |          | 1..32  | epoch: bumped by `reset` and by every quota change         |
 //! |          | 32..64 | burst                                                     |
 //! | `period` | 0..64  | nanoseconds per cell                                       |
 //!
+//! `tat` is the theoretical arrival time in nanoseconds since the clock's
+//! origin; every rule above is written in `tat`, and `stamp - skew` gives
+//! it back.
+//!
 //! # Why the quota is a seqlock, and what makes a quota change safe
 //!
 //! The quota is 96 bits (a `u64` period and a `u32` burst) and cannot share
-//! the `tat` word without cutting the time range to a few years, so it lives
-//! beside it: the burst in `word`, the period in `period`, and `word` is
-//! the sequence counter of a seqlock. A decision reads `word` (Acquire),
-//! `period` and `tat` (Acquire), then `word` again, and retries if the
-//! two reads differ or `LOCKED` was set; writers change `period` and `tat`
-//! only while `LOCKED` is held, with Release stores. The hot path therefore
-//! pays two extra loads of a line it reads anyway, and no write.
+//! the `stamp` word without cutting the time range to a few years, so it
+//! lives beside it: the burst in `word`, the period in `period`, and `word`
+//! is the sequence counter of a seqlock. A decision reads `word` (Acquire),
+//! `period`, `skew` and `stamp` (Acquire), then `word` again, and retries
+//! if the two reads differ or `LOCKED` was set; writers change `period`,
+//! `skew` and `stamp` only while `LOCKED` is held, with Release stores. The
+//! hot path therefore pays three extra loads of a line it reads anyway, and
+//! no write.
 //!
 //! The seqlock makes each decision see a consistent (quota, tat) pair; the
 //! compare-and-swap that applies it must also fail if the quota changed in
-//! between. That is why a quota change never lowers `tat`: it converts the
-//! state with a maximum of terms that all start at `tat + 1` or above (see
-//! [`convert`]), and afterwards only cancels lower `tat`, and only back to
-//! values taken after the change. So a decision still in flight with the
-//! old quota expects a `tat` the word will never hold again: its CAS fails
-//! and it retries under the new quota.
+//! between. That is what the stamp is for. A quota change may well *lower*
+//! `tat` (a faster rate makes the same cells of debt shorter, see
+//! [`convert`]), and a plain `tat` lowered and then raised again by
+//! admissions could come back to exactly the value a decision still in
+//! flight read under the old quota: its CAS would succeed. So the CAS is on
+//! `stamp`, and `stamp` only moves up: admissions and penalties raise `tat`
+//! (and `stamp` with it), while a quota change or a reset, whatever it does
+//! to `tat`, adds exactly 1 to `stamp` and puts the difference into `skew`.
+//! A decision still in flight expects a `stamp` the word will never hold
+//! again, so its CAS fails and it retries under the new quota. (Only
+//! cancels lower `stamp`, back to a value taken after the last change; see
+//! below. "Never again" holds until `stamp` wraps, which takes 2⁶⁴ ns of
+//! arrivals and converted debt: centuries, not a race window.)
 //!
-//! `reset` is the one operation that lowers `tat` for good (to `FULL`; it
-//! writes nothing when the bucket is already full). A decision in flight
-//! across a reset fails its CAS, unless other callers push `tat` back to
-//! exactly the value it read. Its decision is then still right for the
-//! state it lands on (same quota), but its reservation carries the
+//! `reset` lowers `tat` to `FULL` (it writes nothing when the bucket is
+//! already full), through the same `stamp + 1`. Its reservations carry the
 //! pre-reset epoch, so a later cancel is refused: conservative, never an
-//! over-admission. (If a quota change also fell inside that window, the
-//! decision was made under the previous quota.) The loom model allows
-//! exactly the refused cancel.
+//! over-admission. The loom model allows exactly the refused cancel.
 //!
 //! # Cancelling
 //!
-//! A reservation remembers the `tat` it found (`before`), the one it wrote
-//! (`after`) and the epoch. Cancelling compare-and-swaps `after` back to
-//! `before`: that succeeds only if nothing was admitted, reserved or
+//! A reservation remembers the `stamp` it found (`before`), the one it
+//! wrote (`after`) and the epoch. Cancelling compare-and-swaps `after` back
+//! to `before`: that succeeds only if nothing was admitted, reserved or
 //! penalized since, so a refund never frees cells that someone else holds,
 //! and the bucket never holds more than its burst. The epoch check and the
 //! CAS run under `LOCKED`, so a `reset` or quota change cannot slip between
-//! them (after a reset, callers could push `tat` back to exactly `after`).
-//! Apart from reset and quota changes, `tat` moves like the top of a stack:
-//! admissions and penalties raise it, and only the reservation on top can
-//! lower it, to the value below. So `tat == after` means that reservation
-//! is still on top.
+//! them, and an equal epoch means `skew` has not changed since the
+//! reservation. Apart from reset and quota changes, `stamp` moves like the
+//! top of a stack: admissions and penalties raise it, and only the
+//! reservation on top can lower it, to the value below. So
+//! `stamp == after` means that reservation is still on top.
 
 use core::fmt;
 
@@ -92,7 +100,7 @@ const BURST_SHIFT: u32 = 32;
 /// The `tat` a fresh or reset bucket holds: full at any `now`.
 const FULL: u64 = 0;
 
-/// What a reservation needs to be cancelled.
+/// What a reservation needs to be cancelled: the `stamp`s around it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Ticket {
     pub(crate) before: u64,
@@ -115,6 +123,10 @@ struct View {
     word: u64,
     period: u64,
     burst: u32,
+    /// The raw word, which the CAS compares.
+    stamp: u64,
+    skew: u64,
+    /// `stamp - skew`: what the rules use.
     tat: u64,
 }
 
@@ -162,13 +174,15 @@ impl View {
 
 /// A GCRA bucket without a clock: every operation takes `now`.
 pub(crate) struct Gcra {
-    /// Theoretical arrival time. Written with Release, read with Acquire
+    /// `tat + skew` (wrapping). Written with Release, read with Acquire
     /// (the data half of the seqlock; see the module docs).
-    tat: AtomicU64,
+    stamp: AtomicU64,
     /// `burst << 32 | epoch << 1 | LOCKED`: the seqlock word.
     word: AtomicU64,
     /// Nanoseconds per cell; written only under `LOCKED`.
     period: AtomicU64,
+    /// `stamp - tat` (wrapping); written only under `LOCKED`.
+    skew: AtomicU64,
     /// The latest end of a server hold (`now + retry_after` of the latest
     /// `penalize`), or 0. Not part of the decision: callers that reserved
     /// before a hold read it when they wake to see whether their instant
@@ -179,9 +193,10 @@ pub(crate) struct Gcra {
 impl Gcra {
     pub(crate) fn new(quota: Quota) -> Gcra {
         Gcra {
-            tat: AtomicU64::new(FULL),
+            stamp: AtomicU64::new(FULL),
             word: AtomicU64::new((quota.burst.get() as u64) << BURST_SHIFT),
             period: AtomicU64::new(quota.period),
+            skew: AtomicU64::new(0),
             held_until: AtomicU64::new(0),
         }
     }
@@ -207,14 +222,17 @@ impl Gcra {
                 // second `word` load below sees the lock or later, and the
                 // view is discarded. They also keep that load after them.
                 let period = self.period.load(Ordering::Acquire);
-                let tat = self.tat.load(Ordering::Acquire);
+                let skew = self.skew.load(Ordering::Acquire);
+                let stamp = self.stamp.load(Ordering::Acquire);
                 // Relaxed: ordered after the Acquire loads above.
                 if self.word.load(Ordering::Relaxed) == word {
                     return View {
                         word,
                         period,
                         burst: (word >> BURST_SHIFT) as u32,
-                        tat,
+                        stamp,
+                        skew,
+                        tat: stamp.wrapping_sub(skew),
                     };
                 }
             }
@@ -235,7 +253,7 @@ impl Gcra {
                 continue;
             }
             // Acquire: pairs with the Release unlock of the previous admin
-            // operation, so this one sees its `period` and `tat`.
+            // operation, so this one sees its `period`, `skew` and `stamp`.
             match self.word.compare_exchange_weak(
                 word,
                 word | LOCKED,
@@ -255,17 +273,23 @@ impl Gcra {
     fn unlock(&self, word: u64) {
         debug_assert_eq!(word & LOCKED, 0);
         // Release: pairs with the Acquire loads of `word` in `view` and
-        // `lock`, publishing the `period` and `tat` written under the lock.
+        // `lock`, publishing the `period`, `skew` and `stamp` written under
+        // the lock.
         self.word.store(word, Ordering::Release);
     }
 
-    /// Applies `new_tat` if `tat` still holds `view.tat`.
+    /// Applies `new_tat` if `stamp` still holds `view.stamp`.
     #[inline]
     fn apply(&self, view: &View, new_tat: u64) -> bool {
-        // Release: `tat` is seqlock data (see `view`). Relaxed on failure:
-        // the caller re-reads through `view`.
-        self.tat
-            .compare_exchange_weak(view.tat, new_tat, Ordering::Release, Ordering::Relaxed)
+        // Release: `stamp` is seqlock data (see `view`). Relaxed on
+        // failure: the caller re-reads through `view`.
+        self.stamp
+            .compare_exchange_weak(
+                view.stamp,
+                new_tat.wrapping_add(view.skew),
+                Ordering::Release,
+                Ordering::Relaxed,
+            )
             .is_ok()
     }
 
@@ -329,8 +353,8 @@ impl Gcra {
                         return Ok(Reserved {
                             ready_at,
                             ticket: Some(Ticket {
-                                before: view.tat,
-                                after: new_tat,
+                                before: view.stamp,
+                                after: new_tat.wrapping_add(view.skew),
                                 epoch: view.epoch(),
                             }),
                         });
@@ -366,7 +390,7 @@ impl Gcra {
             // Release: seqlock data, as in `apply`. Relaxed on failure:
             // nothing is read from the value.
             && self
-                .tat
+                .stamp
                 .compare_exchange(
                     ticket.after,
                     ticket.before,
@@ -405,10 +429,13 @@ impl Gcra {
                 continue;
             }
             let word = self.lock();
-            // Relaxed: we hold the admin lock (taken with Acquire), and the
-            // only writes that lower `tat` (cancel, reset, set_quota) hold
-            // it too; concurrent admissions only raise it.
-            if self.tat.load(Ordering::Relaxed) >= target {
+            // Relaxed (both): we hold the admin lock (taken with Acquire),
+            // `skew` changes only under it, and the only writes that lower
+            // `tat` (cancel, reset, set_quota) hold it too; concurrent
+            // admissions only raise it.
+            let skew = self.skew.load(Ordering::Relaxed);
+            let tat = self.stamp.load(Ordering::Relaxed).wrapping_sub(skew);
+            if tat >= target {
                 self.unlock(bump_epoch(word));
                 return;
             }
@@ -419,24 +446,35 @@ impl Gcra {
 
     /// Makes the bucket full, and voids every outstanding reservation's
     /// refund. A bucket already full at `now` is left as it is (its
-    /// reservations' refunds stay valid): writing `FULL` over an equal
-    /// value would let a decision in flight succeed with a stale epoch.
+    /// reservations' refunds stay valid).
     pub(crate) fn reset(&self, now: u64) {
         let word = self.lock();
-        // An RMW, not a load and a store: a reservation landing in between
-        // must be either seen (and wiped) or fail its CAS. Release: seqlock
-        // data, published by `unlock`. Relaxed on failure: nothing to see.
+        // Relaxed: we hold the lock, and took it with Acquire.
+        let skew = self.skew.load(Ordering::Relaxed);
+        // An RMW, not a load and a store: a decision landing in between
+        // must be either seen (and wiped) or fail its CAS. `stamp + 1`
+        // fences out every decision in flight (module docs). Release:
+        // seqlock data, published by `unlock`. Relaxed on failure: nothing
+        // to see.
         let wiped = self
-            .tat
-            .fetch_update(Ordering::Release, Ordering::Relaxed, |tat| {
-                (tat > now).then_some(FULL)
-            })
-            .is_ok();
-        self.unlock(if wiped { bump_epoch(word) } else { word });
+            .stamp
+            .fetch_update(Ordering::Release, Ordering::Relaxed, |stamp| {
+                (stamp.wrapping_sub(skew) > now).then_some(stamp.wrapping_add(1))
+            });
+        match wiped {
+            Ok(stamp) => {
+                // `tat = FULL` at the new stamp. Release: seqlock data.
+                let stamp = stamp.wrapping_add(1);
+                self.skew.store(stamp.wrapping_sub(FULL), Ordering::Release);
+                self.unlock(bump_epoch(word));
+            }
+            Err(_) => self.unlock(word),
+        }
     }
 
-    /// Switches to `quota`, converting the state so that nothing is granted
-    /// that the old quota had not granted yet (see [`convert`]).
+    /// Switches to `quota`, converting the state as [`convert`] says: the
+    /// debt in cells is kept, a full bucket stays full, and a hold past the
+    /// burst (a penalty) keeps its wait.
     pub(crate) fn set_quota(&self, quota: Quota, now: u64) {
         let word = self.lock();
         let old = Quota {
@@ -449,21 +487,33 @@ impl Gcra {
             self.unlock(word);
             return;
         }
+        // Relaxed: as `period` above.
+        let skew = self.skew.load(Ordering::Relaxed);
         // Release: seqlock data; a `view` that sees it also sees LOCKED.
         self.period.store(quota.period, Ordering::Release);
-        // Acquire: the freshest `tat` to convert; the CAS retries anyway.
-        let mut tat = self.tat.load(Ordering::Acquire);
-        loop {
-            let new = convert(tat, now, old, quota);
+        // Acquire: the freshest `stamp` to convert; the CAS retries anyway
+        // (decisions read before the lock may still land).
+        let mut stamp = self.stamp.load(Ordering::Acquire);
+        let new_tat = loop {
+            let new_tat = convert(stamp.wrapping_sub(skew), now, old, quota);
+            // `stamp + 1`: never a value the word held before, so every
+            // decision in flight under the old quota fails its CAS.
             // Release: seqlock data. Acquire on failure: as the load above.
-            match self
-                .tat
-                .compare_exchange_weak(tat, new, Ordering::Release, Ordering::Acquire)
-            {
-                Ok(_) => break,
-                Err(actual) => tat = actual,
+            match self.stamp.compare_exchange_weak(
+                stamp,
+                stamp.wrapping_add(1),
+                Ordering::Release,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break new_tat,
+                Err(actual) => stamp = actual,
             }
-        }
+        };
+        // Release: seqlock data, under LOCKED like `period`.
+        self.skew.store(
+            stamp.wrapping_add(1).wrapping_sub(new_tat),
+            Ordering::Release,
+        );
         let word = ((quota.burst.get() as u64) << BURST_SHIFT) | (word & EPOCH_MASK);
         self.unlock(bump_epoch(word));
     }
@@ -501,29 +551,44 @@ impl Gcra {
     }
 }
 
-/// Converts a `tat` from quota `old` to quota `new` at `now`. The result
-/// is the largest of:
+/// Converts a `tat` from quota `old` to quota `new` at `now`, by the
+/// debt `D = tat - now` the bucket holds:
 ///
-/// * `tat + 1`: `tat` never goes down, which fences out any decision still
-///   in flight under the old quota (see the module docs);
-/// * `now + debt * T_new / T_old` (rounded up): the debt taken so far is
-///   kept in *cells*, so lowering the rate cannot turn recent admissions
-///   into free capacity;
-/// * `tat + (τ_new - T_new) - (τ_old - T_old)`: the next single cell fits
-///   no earlier than it would have under the old quota, so a penalty
-///   survives and a larger burst does not open at once.
+/// * `D == 0` (full): `tat` is returned as it is. A full bucket stays
+///   full, whatever the change.
+/// * `0 < D <= τ_old` (some of the burst is used): the debt is `D / T_old`
+///   cells, and stays that many cells at the new period, `D * T_new /
+///   T_old`, rounded up to a whole nanosecond. It is clamped to the new
+///   burst (`τ_new`): cells beyond it are forgiven, so a lowered burst
+///   leaves the bucket drained, not locked out past it. Lowering the rate
+///   makes the same cells last longer; raising the burst opens the
+///   difference at once (those cells were never taken).
+/// * `D > τ_old` (held back past a whole burst: a penalty, or reservations
+///   queued beyond the burst): the wait until the next single cell,
+///   `D - (τ_old - T_old)`, is kept exactly, and the new bucket is drained
+///   behind it. So a server's `Retry-After` survives any quota change.
 ///
-/// So a quota change never grants anything the old quota had not granted
-/// yet: a raised rate or burst takes effect as the bucket refills.
-/// Saturates at `u64::MAX`.
+/// No term adds periods, so converting back and forth never builds debt:
+/// flipping between two quotas leaves a held bucket's wait as it was, and
+/// the cells of any other at most its debt rounded up to a whole cell.
+/// Never lowers a debt below what the cells admitted (or the penalty)
+/// cost under the new quota, apart from the documented clamp; never
+/// overflows (u128 inside, capped at `u64::MAX`).
 pub(crate) fn convert(tat: u64, now: u64, old: Quota, new: Quota) -> u64 {
     let debt = tat.saturating_sub(now) as u128;
-    let kept = now as u128 + (debt * new.period as u128).div_ceil(old.period as u128);
-    let next = tat as i128 + (new.tolerance() - new.period) as i128
-        - (old.tolerance() - old.period) as i128;
-    let next = next.max(0) as u128;
-    let fence = tat as u128 + 1;
-    kept.max(next).max(fence).min(u64::MAX as u128) as u64
+    if debt == 0 {
+        return tat;
+    }
+    let (t_old, tau_old) = (old.period as u128, old.tolerance() as u128);
+    let (t_new, tau_new) = (new.period as u128, new.tolerance() as u128);
+    let kept = if debt > tau_old {
+        // `tau >= period` (burst >= 1), so neither subtraction wraps.
+        let wait = debt - (tau_old - t_old);
+        (tau_new - t_new) + wait
+    } else {
+        (debt * t_new).div_ceil(t_old).min(tau_new)
+    };
+    (now as u128 + kept).min(u64::MAX as u128) as u64
 }
 
 fn bump_epoch(word: u64) -> u64 {
@@ -546,6 +611,7 @@ impl fmt::Debug for Gcra {
         let view = self.view();
         f.debug_struct("Gcra")
             .field("tat", &view.tat)
+            .field("stamp", &view.stamp)
             .field("period", &view.period)
             .field("burst", &view.burst)
             .field("epoch", &view.epoch())
@@ -579,25 +645,60 @@ mod tests {
         // 1000/s, burst 1000, drained at 0: tat = 1s. Now 1/s, burst 1000.
         let t = convert(1_000_000_000, 0, q(1_000_000, 1000), q(1_000_000_000, 1000));
         assert_eq!(t, 1_000 * 1_000_000_000);
+        // And the other way: 1000 cells at 1/s are 1000 cells at 1000/s.
+        let t = convert(t, 0, q(1_000_000_000, 1000), q(1_000_000, 1000));
+        assert_eq!(t, 1_000_000_000);
     }
 
     #[test]
-    fn convert_never_moves_the_next_cell_earlier() {
-        // 1/s burst 1, drained at 0 (next cell at 1s). Now 100/s burst 100.
+    fn convert_keeps_a_hold_past_the_burst() {
+        // 1/s burst 1, penalized 10 s at 0 (tat = 10 s). Now 100/s burst 100.
         let old = q(1_000_000_000, 1);
         let new = q(10_000_000, 100);
-        let t = convert(1_000_000_000, 0, old, new);
-        // The first cell under the new quota fits at t - (τ - T) = 1s.
-        assert_eq!(t - (new.tolerance() - new.period), 1_000_000_000);
+        let t = convert(10_000_000_000, 0, old, new);
+        // The first cell under the new quota fits at t - (τ - T) = 10 s.
+        assert_eq!(t - (new.tolerance() - new.period), 10_000_000_000);
     }
 
     #[test]
-    fn convert_always_raises_and_saturates() {
-        assert_eq!(convert(5, 100, q(10, 1), q(10, 2)), 100);
-        assert_eq!(convert(500, 100, q(10, 100), q(10, 1)), 501);
+    fn convert_keeps_full_full_and_clamps_to_the_burst() {
+        assert_eq!(convert(5, 100, q(10, 1), q(10, 2)), 5);
+        assert_eq!(convert(100, 100, q(10, 1), q(1, 2)), 100);
+        // 5 cells of debt, burst 100 -> 3: drained, not past it.
+        assert_eq!(convert(150, 100, q(10, 100), q(10, 3)), 130);
+        // Rounded up to a whole nanosecond.
+        assert_eq!(convert(101, 100, q(3, 100), q(2, 100)), 101);
         assert_eq!(
             convert(u64::MAX, 0, q(1, 1), q(u64::MAX, u32::MAX)),
             u64::MAX
         );
+        assert_eq!(convert(u64::MAX, 0, q(u64::MAX, 1), q(1, 1)), 1);
+    }
+
+    #[test]
+    fn flipping_quotas_builds_no_debt() {
+        let (a, b) = (q(100, 10), q(100, 9));
+        for debt in [0, 1, 450, 900, 1_000, 1_001, 5_000] {
+            let mut t = 1_000 + debt;
+            for _ in 0..100 {
+                t = convert(convert(t, 1_000, a, b), 1_000, b, a);
+            }
+            assert!(t <= 1_000 + debt, "debt {debt} grew to {}", t - 1_000);
+        }
+    }
+
+    #[test]
+    fn a_quota_change_moves_the_stamp_by_one() {
+        let g = Gcra::new(q(100, 10));
+        g.try_acquire(10, 1_000).unwrap();
+        let before = g.view().stamp;
+        // A faster rate lowers `tat`, but never the stamp.
+        g.set_quota(q(10, 10), 1_000);
+        assert_eq!(g.view().stamp, before.wrapping_add(1));
+        assert_eq!(g.tat(), 1_100);
+        g.reset(1_000);
+        assert_eq!(g.view().stamp, before.wrapping_add(2));
+        assert_eq!(g.tat(), FULL);
+        assert_eq!(g.available(1_000), 10);
     }
 }

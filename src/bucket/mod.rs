@@ -84,8 +84,8 @@ pub trait RateLimiter: Send + Sync {
 ///   deadline budget, or say at once that they do not;
 /// * [`cancel`](Reservation::cancel) an abandoned reservation;
 /// * [`penalize`](TokenBucket::penalize): hold back after a server's 429;
-/// * [`set_quota`](TokenBucket::set_quota) at run time without losing the
-///   debt or opening a burst;
+/// * [`set_quota`](TokenBucket::set_quota) at run time, keeping the debt
+///   (in cells) and any penalty, and inventing none;
 /// * wait in [`until_ready`](TokenBucket::until_ready) on any runtime,
 ///   sleeping exactly the reserved time.
 ///
@@ -255,13 +255,22 @@ impl<C: Clock> TokenBucket<C> {
 
     /// Changes the rate and burst at run time.
     ///
-    /// The change never grants anything the old quota had not granted yet:
-    /// the debt already taken is kept (counted in cells, so lowering the
-    /// rate makes it last longer), the next cell fits no earlier than it
-    /// would have before (so a penalty survives), and a raised rate or
-    /// burst takes effect as the bucket refills, never as an instant extra
-    /// burst. Outstanding reservations stay taken but can no longer be
-    /// cancelled.
+    /// The debt already taken is kept, and nothing more is charged:
+    ///
+    /// * a full bucket stays full;
+    /// * `k` cells of debt stay `k` cells under the new quota (so lowering
+    ///   the rate makes them last longer, raising it shorter), rounded up
+    ///   to a whole nanosecond. Only a burst lowered below `k` clamps them
+    ///   to the new burst: the bucket is then drained, not locked out past
+    ///   it;
+    /// * a bucket held back past its whole burst (a
+    ///   [`penalize`](TokenBucket::penalize), or reservations queued beyond
+    ///   the burst) keeps the wait for its next cell exactly, so a server's
+    ///   `Retry-After` survives the change.
+    ///
+    /// So changing the quota back and forth builds no debt. Outstanding
+    /// reservations stay taken but can no longer be cancelled. Never
+    /// panics, whatever the quotas.
     ///
     /// # Examples
     ///
@@ -281,6 +290,15 @@ impl<C: Clock> TokenBucket<C> {
     ///     .allow_burst(NonZeroU32::new(10).unwrap()));
     /// assert_eq!(bucket.try_acquire(1).unwrap_err().wait(), Some(Duration::from_secs(1)));
     /// assert_eq!(bucket.quota().burst().get(), 10);
+    ///
+    /// // Back and forth: the same 10 cells of debt, nothing added.
+    /// for _ in 0..100 {
+    ///     bucket.set_quota(Quota::per_second(NonZeroU32::new(10).unwrap()));
+    ///     bucket.set_quota(Quota::per_second(NonZeroU32::new(1).unwrap())
+    ///         .allow_burst(NonZeroU32::new(10).unwrap()));
+    /// }
+    /// clock.advance(Duration::from_secs(10));
+    /// assert_eq!(bucket.available(), 10);
     /// ```
     pub fn set_quota(&self, quota: Quota) {
         self.gcra.set_quota(quota, self.clock.now_nanos());

@@ -140,19 +140,39 @@ impl Model {
         }
     }
 
+    /// The quota-change spec, written from its statement rather than from
+    /// the code: a full bucket stays full; a bucket within its burst keeps
+    /// its cells of debt (rounded up to a nanosecond, at most the new
+    /// burst); a bucket held past its burst keeps the wait for its next
+    /// cell. Any change voids refunds.
     fn set_quota(&mut self, period: u128, burst: u128) {
         if (period, burst) == (self.period, self.burst) {
             return;
         }
         let (old_t, old_tau) = (self.period, self.tolerance());
-        let (new_t, new_tau) = (period, (period * burst).min(MAX));
-        let debt = self.tat.saturating_sub(self.now);
-        let kept = self.now + (debt * new_t).div_ceil(old_t);
-        let next = (self.tat + (new_tau - new_t)).saturating_sub(old_tau - old_t);
-        self.tat = kept.max(next).max(self.tat + 1).min(MAX);
         self.period = period;
         self.burst = burst;
         self.epoch += 1;
+        let debt = self.tat.saturating_sub(self.now);
+        if debt == 0 {
+            return;
+        }
+        let (new_t, new_tau) = (period, self.tolerance());
+        let debt = if debt > old_tau {
+            let wait = debt - (old_tau - old_t);
+            let debt = new_tau - new_t + wait;
+            // The next single cell fits exactly when it did.
+            assert_eq!(debt - (new_tau - new_t), wait);
+            debt
+        } else {
+            // `c` cells of debt stay `c` cells (never more, never fewer
+            // unless past the new burst).
+            let cells = (debt * new_t).div_ceil(old_t).min(new_tau);
+            assert!(cells * old_t < debt * new_t + old_t, "charged more cells");
+            assert!(cells * old_t >= debt * new_t || cells == new_tau);
+            cells
+        };
+        self.tat = (self.now + debt).min(MAX);
     }
 
     fn available(&self) -> u32 {
@@ -234,8 +254,28 @@ pub fn bucket_model(data: &[u8]) {
             }
             6 => {
                 let (p, b) = (pick(&PERIODS, arg), pick(&BURSTS, arg / 8));
+                let (home_p, home_b) = (model.period as u64, model.burst as u32);
+                let debt = model.tat.saturating_sub(model.now);
                 bucket.set_quota(quota(p, b));
                 model.set_quota(p as u128, b as u128);
+                if arg & 0x80 != 0 {
+                    // There and back, a few times: no drift. The debt ends
+                    // at most where it was, rounded up to a whole cell.
+                    for _ in 0..3 {
+                        bucket.set_quota(quota(home_p, home_b));
+                        model.set_quota(home_p as u128, home_b as u128);
+                        bucket.set_quota(quota(p, b));
+                        model.set_quota(p as u128, b as u128);
+                    }
+                    bucket.set_quota(quota(home_p, home_b));
+                    model.set_quota(home_p as u128, home_b as u128);
+                    let cell = home_p as u128;
+                    let after = model.tat.saturating_sub(model.now);
+                    assert!(
+                        after <= debt.div_ceil(cell) * cell,
+                        "round trips took the debt from {debt} to {after}"
+                    );
+                }
             }
             7 if arg % 8 == 0 => {
                 bucket.reset();

@@ -2,7 +2,8 @@
 //! clamp and the [`RetryPolicy`].
 //!
 //! Nothing may panic, and every duration that comes out must be bounded:
-//! each field at most [`ServerHint::MAX_DURATION`]; an [`Advice::Wait`] at
+//! each field at most [`ServerHint::MAX_DURATION`]; the response's `Date`
+//! moving no wait by more than [`ServerHint::MAX_DATE_SKEW`]; an [`Advice::Wait`] at
 //! most the clamp and an [`Advice::Stop`] above it; a retry's wait within
 //! the deadline's budget and never earlier than the server asked.
 //!
@@ -58,6 +59,10 @@ const VALUES: &[&str] = &[
     "Tue Nov 14 22:13:20 2023",
     "Fri, 31 Dec 9999 23:59:59 GMT",
     "Thu, 01 Jan 1970 00:00:00 GMT",
+    "Wed, 31 Dec 1969 23:59:59 GMT",
+    "Mon, 01 Jan 1900 00:00:00 GMT",
+    "Wed Dec 31 23:59:59 1969",
+    "9999-12-31T00:00:00Z",
     "1700000000",
     "1700000000.123",
     "1700000000123",
@@ -136,6 +141,14 @@ pub fn headers(mut data: &[u8]) {
 
     let hint = ServerHint::from_headers(pairs.iter().map(|(n, v)| (n, v)), now);
     check(&hint, clamp);
+    let undated = ServerHint::from_headers(
+        pairs
+            .iter()
+            .filter(|(n, _)| !n.eq_ignore_ascii_case(b"date"))
+            .map(|(n, v)| (n, v)),
+        now,
+    );
+    date_moves_waits_by_at_most_the_skew(&hint, &undated);
 
     let clock = ManualClock::starting_at(seed >> 8);
     let mut deadline = Deadline::after(clock.clone(), budget);
@@ -146,6 +159,7 @@ pub fn headers(mut data: &[u8]) {
         let before = deadline.remaining();
         match policy.decide(&hint, &mut deadline) {
             Decision::Retry { after } => {
+                assert!(!before.is_zero(), "retried after the deadline passed");
                 assert!(
                     after <= before,
                     "retry {after:?} past the budget {before:?}"
@@ -163,6 +177,10 @@ pub fn headers(mut data: &[u8]) {
                         assert_eq!(Some(r), hint.wait());
                         assert!(r > before.min(clamp.max), "{r:?} fitted; why stop?");
                     }
+                    _ if before.is_zero() => {
+                        // Expired: no retry, whatever the wait.
+                        assert_eq!(s.status, SurfaceStatus::TimedOut);
+                    }
                     _ => {
                         assert!(hint.wait().is_none() && r <= budget);
                         assert!(r > before, "{r:?} fitted in {before:?}; why stop?");
@@ -177,6 +195,28 @@ pub fn headers(mut data: &[u8]) {
             }
             Decision::GiveUp => break,
         }
+    }
+}
+
+/// The response's `Date` is trusted only within
+/// [`ServerHint::MAX_DATE_SKEW`] of `now`, so with or without it every
+/// wait differs by at most that much (clamping at zero and at the cap only
+/// brings them closer), and nothing else changes.
+fn date_moves_waits_by_at_most_the_skew(dated: &ServerHint, undated: &ServerHint) {
+    let skew = ServerHint::MAX_DATE_SKEW;
+    let close = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
+        (Some(a), Some(b)) => assert!(
+            a.abs_diff(b) <= skew,
+            "the Date moved a wait from {b:?} to {a:?}"
+        ),
+        (a, b) => assert_eq!(a, b),
+    };
+    close(dated.retry_after, undated.retry_after);
+    close(dated.reset_after, undated.reset_after);
+    assert_eq!(dated.policies.len(), undated.policies.len());
+    for (p, q) in dated.policies.iter().zip(&undated.policies) {
+        close(p.reset_after, q.reset_after);
+        assert_eq!((p.remaining, p.window), (q.remaining, q.window));
     }
 }
 

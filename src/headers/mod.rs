@@ -47,9 +47,12 @@ use serde::{Deserialize, Serialize};
 ///
 /// Every result is a wait relative to the response. Absolute times are
 /// converted against the response's own `Date` header when it has a valid
-/// one (the server's clock, immune to ours being skewed), else against the
-/// `now` passed in. A time in the past is a zero wait; every duration is at
-/// most [`MAX_DURATION`](Self::MAX_DURATION). Fractions round up, never down.
+/// one within [`MAX_DATE_SKEW`](Self::MAX_DATE_SKEW) of the `now` passed in
+/// (the server's clock, immune to ours being a little off), else against
+/// `now`: a `Date` a day or more away is a broken server clock, not a
+/// skew. A time in the past (before 1970 included) is a zero wait; every
+/// duration, far-future dates included, is at most
+/// [`MAX_DURATION`](Self::MAX_DURATION). Fractions round up, never down.
 ///
 /// # Precedence
 ///
@@ -187,6 +190,29 @@ impl ServerHint {
     /// ```
     pub const MAX_DURATION: Duration = Duration::from_secs(u32::MAX as u64);
 
+    /// How far the response's `Date` may be from the `now` passed to
+    /// [`from_headers`](Self::from_headers) and still be trusted for
+    /// absolute times (one day). A `Date` further off is ignored in favour
+    /// of `now`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::ServerHint;
+    /// use std::time::{Duration, UNIX_EPOCH};
+    ///
+    /// let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    /// // A server whose clock says 1970: its Date is ignored, not trusted
+    /// // into a 53-year wait.
+    /// let hint = ServerHint::from_headers(
+    ///     [("date", "Thu, 01 Jan 1970 00:00:00 GMT"), ("x-ratelimit-reset", "1700000030")],
+    ///     now,
+    /// );
+    /// assert_eq!(hint.reset_after, Some(Duration::from_secs(30)));
+    /// assert_eq!(ServerHint::MAX_DATE_SKEW, Duration::from_secs(86_400));
+    /// ```
+    pub const MAX_DATE_SKEW: Duration = Duration::from_secs(86_400);
+
     /// Reads every recognised header in `headers`; `now` is the time the
     /// response arrived, used for absolute times when the response has no
     /// valid `Date`.
@@ -196,11 +222,12 @@ impl ServerHint {
     ///
     /// # Examples
     ///
-    /// GitHub's epoch reset, read against the response's own `Date`:
+    /// GitHub's epoch reset, read against the response's own `Date` (our
+    /// clock is 20 minutes fast here; the server's rules):
     ///
     /// ```
     /// use backpressure::ServerHint;
-    /// use std::time::{Duration, SystemTime};
+    /// use std::time::{Duration, UNIX_EPOCH};
     ///
     /// let headers: Vec<(&str, &[u8])> = vec![
     ///     ("date", b"Tue, 14 Nov 2023 22:13:20 GMT"), // Unix 1700000000
@@ -209,7 +236,8 @@ impl ServerHint {
     ///     ("x-ratelimit-reset", b"1700000060"),
     ///     ("x-ratelimit-resource", b"core"),
     /// ];
-    /// let hint = ServerHint::from_headers(headers, SystemTime::now());
+    /// let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000 + 1_200);
+    /// let hint = ServerHint::from_headers(headers, now);
     /// assert_eq!(hint.reset_after, Some(Duration::from_secs(60)));
     /// assert_eq!(hint.scope.as_deref(), Some("core"));
     /// assert_eq!(hint.wait(), Some(Duration::from_secs(60)));

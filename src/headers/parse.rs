@@ -248,13 +248,19 @@ impl Acc {
     pub(super) fn finish(mut self, now: SystemTime) -> ServerHint {
         self.parse_structured();
         // Absolute times are read against the server's own clock when it
-        // sent one, so our clock's skew does not distort the wait.
+        // sent one, so our clock's skew does not distort the wait; unless
+        // the two disagree by more than `MAX_DATE_SKEW`, when the server's
+        // clock is the one plainly wrong (a `Date` of 1970 would turn
+        // every epoch reset into decades).
+        let now = value::unix_nanos(now);
+        let max_skew = ServerHint::MAX_DATE_SKEW.as_nanos() as i128;
         let reference = self
             .date
             .as_deref()
             .filter(|_| self.needs_reference())
             .and_then(value::parse_http_date)
-            .unwrap_or_else(|| value::unix_nanos(now));
+            .filter(|date| date.abs_diff(now) <= max_skew as u128)
+            .unwrap_or(now);
         let wait = |w: When| cap(w.wait_from(reference));
 
         let mut hint = ServerHint {

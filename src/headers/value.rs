@@ -157,20 +157,70 @@ pub(super) fn parse_go_duration(s: &str) -> Option<u128> {
 }
 
 /// An HTTP-date in any of the three forms RFC 9110 §5.6.7 requires
-/// recipients to accept: IMF-fixdate, RFC 850 and asctime.
+/// recipients to accept: IMF-fixdate, RFC 850 and asctime, any year from
+/// 0000 to 9999.
 pub(super) fn parse_http_date(s: &str) -> Option<i128> {
-    httpdate::parse_http_date(s).ok().map(unix_nanos)
+    match httpdate::parse_http_date(s) {
+        Ok(t) => Some(unix_nanos(t)),
+        Err(_) => parse_http_date_before_1970(s),
+    }
+}
+
+/// Nanoseconds in 400 Gregorian years (146,097 days): the calendar, and so
+/// every weekday, repeats after that.
+const GREGORIAN_CYCLE_NANOS: i128 = 146_097 * 86_400 * NANOS_PER_SEC as i128;
+
+/// `httpdate` reads the years 1970 to 9999 only, so a well-formed date
+/// before 1970 (a server clock reset to 0, a sentinel) would be skipped
+/// instead of read as the past it is. The same date `400·k` years later
+/// has the same weekday: `httpdate` validates that one, and the result is
+/// shifted back. Only IMF-fixdate and asctime carry a four-digit year (an
+/// RFC 850 year is 1970–2069 by definition).
+fn parse_http_date_before_1970(s: &str) -> Option<i128> {
+    let year_at = match s.len() {
+        29 => 12, // "Sun, 06 Nov 1994 08:49:37 GMT"
+        24 => 20, // "Sun Nov  6 08:49:37 1994"
+        _ => return None,
+    };
+    let digits = s.get(year_at..year_at + 4)?;
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let year: u32 = digits.parse().ok()?;
+    if year >= 1970 {
+        return None;
+    }
+    let cycles = (1970 - year).div_ceil(400);
+    let shifted = format!(
+        "{}{:04}{}",
+        &s[..year_at],
+        year + 400 * cycles,
+        &s[year_at + 4..]
+    );
+    let t = httpdate::parse_http_date(&shifted).ok()?;
+    Some(unix_nanos(t) - i128::from(cycles) * GREGORIAN_CYCLE_NANOS)
 }
 
 /// An RFC 3339 timestamp with an offset (`2024-05-01T12:00:00Z`,
-/// `...+02:00`, fractional seconds allowed).
+/// `...+02:00`, fractional seconds allowed), any year from 0000 to 9999.
 pub(super) fn parse_rfc3339(s: &str) -> Option<i128> {
     // Cheap pre-check so numbers and durations never reach the parser.
     if s.len() < 20 || !s.as_bytes()[..4].iter().all(u8::is_ascii_digit) || s.as_bytes()[4] != b'-'
     {
         return None;
     }
-    s.parse::<jiff::Timestamp>().ok().map(|t| t.as_nanosecond())
+    match s.parse::<jiff::Timestamp>() {
+        Ok(t) => Some(t.as_nanosecond()),
+        // `jiff` stops at 9999-12-30T22:00Z, so the last day of year 9999
+        // would be skipped while the day before is capped. Any valid
+        // year-9999 time is far past the cap: if the same text in 9998
+        // (an equally non-leap year) is valid, so is this one.
+        Err(_) if s.starts_with("9999-") => format!("9998{}", &s[4..])
+            .parse::<jiff::Timestamp>()
+            .ok()
+            .map(|_| i128::MAX),
+        Err(_) => None,
+    }
 }
 
 /// `t` as Unix nanoseconds (negative before 1970).
