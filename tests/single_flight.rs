@@ -669,3 +669,65 @@ fn distinct_keys_do_not_coalesce_across_shards() {
         assert_eq!(o.unwrap(), (k as u32, Provenance::Leader));
     }
 }
+
+// Issue #10, item 8: `2 * capacity + RECLAIM_BUDGET` overflowed for an
+// "unbounded" cache (`max_entries` near `usize::MAX`) on one or two shards.
+// In debug builds the first completion panicked after its entry had become
+// `Cached`: the flight was published `PANICKED`, the value leaked, and every
+// later call for the key within the TTL hit an `unreachable!`.
+#[test]
+fn cache_bound_overflow_with_unbounded_max_entries_does_not_panic_or_poison_the_key() {
+    for shards in [1, 2] {
+        let clock = ManualClock::new();
+        let flights: SingleFlight<u32, u32, std::convert::Infallible, ManualClock> =
+            SingleFlight::builder()
+                .shards(shards)
+                .cache(Duration::from_secs(60), usize::MAX)
+                .clock(clock.clone())
+                .build();
+        let starts = Arc::new(AtomicUsize::new(0));
+        let (tx, make) = gated(&starts);
+        let mut leader = Polled::new(flights.run(1, make));
+        let mut follower = Polled::new(flights.run(1, || async { 0 }));
+        assert!(leader.poll().is_pending());
+        assert!(follower.poll().is_pending());
+        tx.send(9).unwrap();
+        assert_eq!(ready(leader.poll()).unwrap(), (9, Provenance::Leader));
+        assert_eq!(follower.woken(), 1);
+        assert_eq!(ready(follower.poll()).unwrap(), (9, Provenance::Joined));
+        for _ in 0..3 {
+            let hit = futures::executor::block_on(flights.run(1, || async { 1 }));
+            assert_eq!(hit.unwrap(), (9, Provenance::Cached), "{shards} shard(s)");
+        }
+        for k in 2..100 {
+            let out = futures::executor::block_on(flights.run(k, move || async move { k }));
+            assert_eq!(out.unwrap(), (k, Provenance::Leader));
+        }
+        assert_eq!(flights.len(), 99, "nothing evicted from an unbounded cache");
+        assert_eq!(starts.load(Ordering::SeqCst), 1);
+    }
+}
+
+// Issue #10, item 8 (audit): the expiry instant `now + ttl` saturates, so
+// a huge TTL on a clock far from its origin neither panics nor wraps to an
+// instant in the past (which would expire every value at once). Guards the
+// `saturating_add` in `complete` and `saturating_nanos` in the builder.
+#[test]
+fn cache_expiry_overflow_with_huge_ttl_saturates_to_never() {
+    let clock = ManualClock::starting_at(u64::MAX - 10);
+    let flights: SingleFlight<u32, u32, std::convert::Infallible, ManualClock> =
+        SingleFlight::builder()
+            .shards(1)
+            .cache(Duration::MAX, 100)
+            .clock(clock.clone())
+            .build();
+    assert_eq!(
+        futures::executor::block_on(flights.run(1, || async { 5 })).unwrap(),
+        (5, Provenance::Leader)
+    );
+    clock.advance(Duration::from_nanos(5));
+    assert_eq!(
+        futures::executor::block_on(flights.run(1, || async { 6 })).unwrap(),
+        (5, Provenance::Cached)
+    );
+}

@@ -178,8 +178,12 @@ pub fn single_flight_ops(data: &[u8]) {
     let builder = SingleFlight::builder()
         .shards(usize::from(config >> 1 & 3) + 1)
         .clock(clock.clone());
+    // Bit 3 picks an "unbounded" cache, whose size bounds must saturate.
+    let max_entries = if config >> 3 & 1 == 1 { usize::MAX } else { 64 };
     let map: Map = if cache {
-        builder.cache(Duration::from_millis(TTL_MS), 64).build()
+        builder
+            .cache(Duration::from_millis(TTL_MS), max_entries)
+            .build()
     } else {
         builder.build()
     };

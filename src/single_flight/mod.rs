@@ -397,11 +397,17 @@ impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
         let result = result.map_err(StdArc::new);
         let state = if result.is_ok() { OK } else { FAILED };
         if let (Some(cache), Ok(value)) = (self.cache, &result) {
-            // The flight keeps the value for the cache (and the followers).
+            // User code (the clock, `V::clone`) runs before the outcome is
+            // written: if it panics, `fail_panicked` finds the cell empty
+            // and the entry in flight. From the write to the publication
+            // below nothing may panic (`cache_flight` does not), or the
+            // value would leak and a cached entry would point at a flight
+            // that is not `OK`.
+            let now = self.clock.now_nanos();
+            let copy = value.clone();
             // SAFETY: this leader is the only writer and the state is
             // `RUNNING`, so nobody reads the cell yet.
-            unsafe { flight.write_outcome(Ok(value.clone())) };
-            let now = self.clock.now_nanos();
+            unsafe { flight.write_outcome(Ok(copy)) };
             let mut trash = Vec::new();
             let mut guard = self.lock(hash);
             guard.cache_flight(
