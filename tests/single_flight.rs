@@ -608,7 +608,12 @@ fn clear_and_invalidate_drop_cached_values_only() {
     assert_eq!(run_now(&flights, 1, 51), (51, Provenance::Leader));
     tx.send(7).unwrap();
     assert_eq!(ready(inflight.poll()).unwrap(), (7, Provenance::Leader));
-    assert_eq!(run_now(&flights, 100, 0), (7, Provenance::Cached));
+    assert_eq!(
+        run_now(&flights, 100, 8),
+        (8, Provenance::Leader),
+        "a flight invalidated and cleared while running is not cached"
+    );
+    assert_eq!(run_now(&flights, 100, 0), (8, Provenance::Cached));
 }
 
 #[test]
@@ -730,4 +735,41 @@ fn cache_expiry_overflow_with_huge_ttl_saturates_to_never() {
         futures::executor::block_on(flights.run(1, || async { 6 })).unwrap(),
         (5, Provenance::Cached)
     );
+}
+
+// Issue #10, item 9: a flight that began before `invalidate`/`clear` of its
+// key finished after it, and its (stale) value was cached for a whole TTL.
+#[test]
+fn invalidate_or_clear_during_flight_does_not_cache_the_stale_value() {
+    for clear in [false, true] {
+        let (flights, clock) = cached_map(10, 100);
+        let starts = Arc::new(AtomicUsize::new(0));
+        let (tx, make) = gated(&starts);
+        let mut leader = Polled::new(flights.run(1, make));
+        let mut early = Polled::new(flights.run(1, || async { 0 }));
+        assert!(leader.poll().is_pending());
+        assert!(early.poll().is_pending());
+        if clear {
+            flights.clear();
+        } else {
+            assert!(!flights.invalidate(&1), "no cached value to drop");
+        }
+        // A call after the invalidation still joins the running flight.
+        let mut late = Polled::new(flights.run(1, || async { 0 }));
+        assert!(late.poll().is_pending());
+        tx.send(7).unwrap();
+        assert_eq!(ready(leader.poll()).unwrap(), (7, Provenance::Leader));
+        assert_eq!(ready(early.poll()).unwrap(), (7, Provenance::Joined));
+        assert_eq!(ready(late.poll()).unwrap(), (7, Provenance::Joined));
+        assert!(flights.is_empty(), "the stale flight left no entry");
+        clock.advance(Duration::from_secs(9));
+        assert_eq!(
+            run_now(&flights, 1, 8),
+            (8, Provenance::Leader),
+            "clear: {clear}: the stale value is not served from the cache"
+        );
+        // A flight begun after the invalidation is cached as usual.
+        assert_eq!(run_now(&flights, 1, 9), (8, Provenance::Cached));
+        assert_eq!(starts.load(Ordering::SeqCst), 1);
+    }
 }

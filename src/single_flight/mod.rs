@@ -278,9 +278,11 @@ where
         self.remove(key, false)
     }
 
-    /// Drops the cached value for `key`, if any; a call in flight is left
-    /// alone (later calls still join it). Returns whether a value was
-    /// dropped.
+    /// Drops the cached value for `key`, if any. A call in flight for `key`
+    /// keeps running, and its followers (also those that join it after
+    /// this) get its value, but that value is not cached: it may predate
+    /// whatever made the caller invalidate. Returns whether a cached value
+    /// was dropped.
     ///
     /// # Examples
     ///
@@ -317,7 +319,9 @@ where
     }
 
     /// Drops every cached value at once (say, at the end of an agent's
-    /// turn). Calls in flight are not affected.
+    /// turn). Calls in flight keep running and their followers get their
+    /// values, but those values are not cached (as with
+    /// [`invalidate`](Self::invalidate)).
     ///
     /// # Examples
     ///

@@ -23,6 +23,15 @@
 //! invalidated or replaced go stale; they are skipped when reached, and
 //! compacted away when they outnumber the live ones.
 //!
+//! # Invalidation during a flight
+//!
+//! `invalidate`/`clear` of a key that is in flight marks its entry
+//! [`Entry::cacheable`] `false`: the flight's value was computed from what
+//! was there before the invalidation, so it goes to the flight's own
+//! followers but is not cached (the entry is removed when it completes).
+//! The mark lives on the entry, which is this flight's alone: a new flight
+//! for the key (after `forget` or expiry) starts cacheable.
+//!
 //! # No panics after publication
 //!
 //! [`Shard::cache_flight`] runs between the leader writing its value and
@@ -66,6 +75,10 @@ pub(super) struct Entry<K, V, E> {
     key: K,
     hash: u64,
     pub(super) slot: Slot<V, E>,
+    /// Whether the flight in `slot` may be cached when it completes: `false`
+    /// once `invalidate`/`clear` reached the key while it was in flight.
+    /// Meaningless for `Cached` slots.
+    cacheable: bool,
 }
 
 pub(super) enum Slot<V, E> {
@@ -145,6 +158,7 @@ impl<K, V, E> Shard<K, V, E> {
                         // goes stale (the stamp no longer matches).
                         let flight = Arc::new(Flight::new());
                         let old = core::mem::replace(slot, Slot::InFlight(Arc::clone(&flight)));
+                        occ.get_mut().cacheable = true;
                         self.cached -= 1;
                         (Lookup::Inserted(flight, Some(old)), Some(key))
                     }
@@ -156,6 +170,7 @@ impl<K, V, E> Shard<K, V, E> {
                     key,
                     hash,
                     slot: Slot::InFlight(Arc::clone(&flight)),
+                    cacheable: true,
                 });
                 (Lookup::Inserted(flight, None), None)
             }
@@ -183,10 +198,11 @@ impl<K, V, E> Shard<K, V, E> {
         Some(occ.remove().0)
     }
 
-    /// Turns the entry of `flight`, if it is still in flight here, into a
-    /// cached entry that expires at `expires_at`, keeping at most
-    /// `capacity` cached entries. Entries reclaimed or evicted to make room
-    /// are pushed to `trash`. Returns whether the value was cached.
+    /// Turns the entry of `flight`, if it is still in flight here and was
+    /// not invalidated meanwhile, into a cached entry that expires at
+    /// `expires_at`, keeping at most `capacity` cached entries. An
+    /// invalidated entry is removed instead. Entries reclaimed, evicted or
+    /// removed are pushed to `trash`. Returns whether the value was cached.
     ///
     /// Never panics (see the module docs): the caller publishes the flight
     /// right after, under the same lock.
@@ -210,6 +226,12 @@ impl<K, V, E> Shard<K, V, E> {
             return false;
         };
         let entry = occ.get_mut();
+        if !entry.cacheable {
+            // Invalidated while running: the value may predate the
+            // invalidation, so it is not for later callers either.
+            trash.push(occ.remove().0);
+            return false;
+        }
         let old = core::mem::replace(
             &mut entry.slot,
             Slot::Cached {
@@ -313,18 +335,27 @@ impl<K, V, E> Shard<K, V, E> {
             .ok()?;
         match occ.get().slot {
             Slot::Cached { .. } => self.cached -= 1,
-            Slot::InFlight(_) if cached_only => return None,
+            Slot::InFlight(_) if cached_only => {
+                // `invalidate`: the flight keeps running and later calls
+                // still join it, but its value is not cached.
+                occ.into_mut().cacheable = false;
+                return None;
+            }
             Slot::InFlight(_) => {}
         }
         Some(occ.remove().0)
     }
 
-    /// Moves every cached entry to `trash`; in-flight entries stay.
+    /// Moves every cached entry to `trash`; in-flight entries stay, but
+    /// their values will not be cached.
     pub(super) fn clear_cached(&mut self, trash: &mut Vec<Entry<K, V, E>>) {
-        trash.extend(
-            self.table
-                .extract_if(|e| matches!(e.slot, Slot::Cached { .. })),
-        );
+        trash.extend(self.table.extract_if(|e| match e.slot {
+            Slot::Cached { .. } => true,
+            Slot::InFlight(_) => {
+                e.cacheable = false;
+                false
+            }
+        }));
         self.records.clear();
         self.cached = 0;
     }
