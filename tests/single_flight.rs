@@ -773,3 +773,69 @@ fn invalidate_or_clear_during_flight_does_not_cache_the_stale_value() {
         assert_eq!(starts.load(Ordering::SeqCst), 1);
     }
 }
+
+/// Panics on its first wake; counts the wakes after that.
+#[derive(Default)]
+struct PanickyWaker {
+    wakes: AtomicUsize,
+}
+
+impl Wake for PanickyWaker {
+    fn wake(self: Arc<Self>) {
+        if self.wakes.fetch_add(1, Ordering::SeqCst) == 0 {
+            panic!("the waker panicked");
+        }
+    }
+}
+
+// Issue #10, item 13: publishing woke the followers in a loop; a waker that
+// panicked dropped the rest of its batch unwoken and left the followers of
+// later batches linked to a finished flight, asleep for good.
+#[test]
+fn panicking_waker_does_not_strand_the_other_followers() {
+    // More than one wake batch (32), with the panicking waker first.
+    const FOLLOWERS: usize = 40;
+    for panicker in [0, 31, 32, FOLLOWERS - 1] {
+        let flights = SingleFlight::<u32, u32>::new();
+        let starts = Arc::new(AtomicUsize::new(0));
+        let (tx, make) = gated(&starts);
+        let mut leader = Polled::new(flights.run(1, make));
+        assert!(leader.poll().is_pending());
+        let mut followers: Vec<_> = (0..FOLLOWERS)
+            .map(|_| Polled::new(flights.run(1, || async { 0 })))
+            .collect();
+        let panicky = Arc::new(PanickyWaker::default());
+        for (i, f) in followers.iter_mut().enumerate() {
+            let pending = if i == panicker {
+                let waker = Waker::from(panicky.clone());
+                f.fut
+                    .as_mut()
+                    .poll(&mut Context::from_waker(&waker))
+                    .is_pending()
+            } else {
+                f.poll().is_pending()
+            };
+            assert!(pending);
+        }
+        tx.send(5).unwrap();
+        let hook = panic::take_hook();
+        panic::set_hook(Box::new(|_| {}));
+        let leader_poll = panic::catch_unwind(AssertUnwindSafe(|| leader.poll()));
+        panic::set_hook(hook);
+        let payload = leader_poll.expect_err("the waker's panic reaches the leader's poll");
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&"the waker panicked"));
+        assert_eq!(panicky.wakes.load(Ordering::SeqCst), 1, "woken once");
+        for (i, f) in followers.iter_mut().enumerate() {
+            if i != panicker {
+                assert_eq!(f.woken(), 1, "panicker {panicker}: follower {i} woken");
+            }
+            assert_eq!(
+                ready(f.poll()).unwrap(),
+                (5, Provenance::Joined),
+                "panicker {panicker}: follower {i}"
+            );
+        }
+        assert!(flights.is_empty());
+        assert_eq!(starts.load(Ordering::SeqCst), 1);
+    }
+}

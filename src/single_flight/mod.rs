@@ -39,6 +39,7 @@ use core::convert::Infallible;
 use core::fmt;
 use core::future::Future;
 use core::hash::Hash;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc as StdArc;
 
 use smallvec::SmallVec;
@@ -455,7 +456,8 @@ impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
         // Relaxed would do (the state only changes under this lock), but
         // this is cold.
         if flight.state() != RUNNING {
-            // Published already; the panic came later (a `Drop`).
+            // Published already; the panic came later (a `Drop`, or a
+            // follower's waker: `Waking` has woken the others).
             return;
         }
         let removed = guard.remove_flight(hash, flight);
@@ -464,27 +466,25 @@ impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
     }
 
     /// Publishes `state` and wakes every follower, in batches, never waking
-    /// under the lock.
+    /// under the lock. If a waker panics, the rest are still woken before
+    /// the panic continues (see [`Waking`]).
     fn publish<'s>(
         &'s self,
         mut guard: MutexGuard<'s, Shard<K, V, E>>,
-        flight: &Flight<V, E>,
+        flight: &'s Flight<V, E>,
         hash: u64,
         state: usize,
     ) {
-        let mut wakers = WakeList::new();
-        let mut more = flight.publish(state, &mut wakers, &mut *guard);
-        loop {
-            drop(guard);
-            for waker in wakers.drain(..) {
-                waker.wake();
-            }
-            if !more {
-                return;
-            }
-            guard = self.lock(hash);
-            more = flight.drain(&mut wakers, &mut *guard);
-        }
+        let mut waking = Waking {
+            map: self,
+            flight,
+            hash,
+            wakers: WakeList::new(),
+            more: false,
+        };
+        waking.more = flight.publish(state, &mut waking.wakers, &mut *guard);
+        drop(guard);
+        waking.wake_all();
     }
 
     /// The leader (or a promoted follower that never started) went away
@@ -508,6 +508,71 @@ impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
                 let removed = guard.remove_flight(hash, flight);
                 drop(guard);
                 drop(removed);
+            }
+        }
+    }
+}
+
+/// The followers of a published flight still to be woken: the current
+/// batch (unlinked and marked `DONE` under the lock) and whether more wait
+/// in the list.
+///
+/// A waker is user code and may panic. Without this guard, a panic would
+/// drop the rest of the batch unwoken and leave the followers still in the
+/// list linked to a finished flight, asleep for good. Its `Drop` (which only
+/// has work left if a wake panicked) wakes them all, catching their own
+/// panics (a second panic while unwinding would abort), and the first
+/// panic then continues.
+struct Waking<'s, K, V, E, C: Clock> {
+    map: &'s SingleFlight<K, V, E, C>,
+    flight: &'s Flight<V, E>,
+    hash: u64,
+    /// The current batch, oldest last (so `pop` wakes in FIFO order).
+    wakers: WakeList,
+    /// Whether followers remain in the flight's list.
+    more: bool,
+}
+
+impl<K, V, E, C: Clock> Waking<'_, K, V, E, C> {
+    /// Wakes every follower, oldest first; a panicking waker unwinds out
+    /// of here and `Drop` finishes the job.
+    fn wake_all(&mut self) {
+        self.wakers.reverse();
+        loop {
+            while let Some(waker) = self.wakers.pop() {
+                waker.wake();
+            }
+            if !self.refill() {
+                return;
+            }
+        }
+    }
+
+    /// Re-takes the lock and collects the next batch; returns whether there
+    /// is one.
+    fn refill(&mut self) -> bool {
+        if !self.more {
+            return false;
+        }
+        let mut guard = self.map.lock(self.hash);
+        self.more = self.flight.drain(&mut self.wakers, &mut *guard);
+        drop(guard);
+        self.wakers.reverse();
+        true
+    }
+}
+
+impl<K, V, E, C: Clock> Drop for Waking<'_, K, V, E, C> {
+    fn drop(&mut self) {
+        // Empty unless a wake panicked.
+        loop {
+            while let Some(waker) = self.wakers.pop() {
+                // The payload of a second panic is dropped: the first one
+                // is already unwinding.
+                let _ = panic::catch_unwind(AssertUnwindSafe(|| waker.wake()));
+            }
+            if !self.refill() {
+                return;
             }
         }
     }
