@@ -300,7 +300,9 @@ impl<K, V, E> Shard<K, V, E> {
                 |e| matches!(e.slot, Slot::Cached { stamp, .. } if stamp == r.stamp),
             )
             .ok()?;
-        self.cached -= 1;
+        // Saturating: this runs inside `cache_flight`, which must not panic
+        // (every cached entry is counted, so it never saturates).
+        self.cached = self.cached.saturating_sub(1);
         Some(occ.remove().0)
     }
 
