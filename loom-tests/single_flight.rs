@@ -1,6 +1,7 @@
 //! Loom models of `SingleFlight`: joining racing completion (no lost
-//! wake-up), a cancelled leader handing off to one of two followers, and
-//! `forget` racing completion (identity-checked removal).
+//! wake-up), a cancelled leader handing off to one of two followers,
+//! `forget` racing completion (identity-checked removal), and
+//! `invalidate`/`clear` racing completion (no stale value cached).
 //!
 //! Every execution of the work counts itself in `active` for its duration
 //! and asserts it was alone: "at most one execution per key at a time" is
@@ -172,4 +173,55 @@ fn forget_races_completion() {
         let (v, how) = block_on(flights.run(1, || async { 3 })).unwrap();
         assert_eq!((v, how), (2, Provenance::Cached));
     });
+}
+
+/// `invalidate` (or `clear`) of a key races the completion of its flight,
+/// then the invalidating thread calls for the key. Whatever the order, that
+/// call never gets the old value from the cache: it joins the old flight
+/// (the invalidation came while it ran, so its value is not cached after),
+/// or runs its own work (the invalidation dropped the cached value, or the
+/// old flight was not cached).
+fn invalidation_races_completion(clear: bool) {
+    model(move || {
+        let flights = map(true);
+        let works = Arc::new(Works::default());
+        let mut old = Box::pin(flights.run(1, || works.run(1)));
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(old.as_mut().poll(&mut cx).is_pending());
+        let t = {
+            let flights = flights.clone();
+            thread::spawn(move || {
+                if clear {
+                    flights.clear();
+                } else {
+                    flights.invalidate(&1);
+                }
+                block_on(flights.run(1, || async { 2 })).unwrap()
+            })
+        };
+        let Poll::Ready(out) = old.as_mut().poll(&mut cx) else {
+            panic!("the old work finishes on its second poll");
+        };
+        assert_eq!(out.unwrap(), (1, Provenance::Leader));
+        let got = t.join().unwrap();
+        let after = block_on(flights.run(1, || async { 3 })).unwrap();
+        match got {
+            (1, Provenance::Joined) => {
+                assert_eq!(after, (3, Provenance::Leader), "the stale value was cached");
+            }
+            (2, Provenance::Leader) => assert_eq!(after, (2, Provenance::Cached)),
+            other => panic!("the call after the invalidation got {other:?}"),
+        }
+    });
+}
+
+#[test]
+fn invalidate_races_completion() {
+    invalidation_races_completion(false);
+}
+
+#[test]
+fn clear_races_completion() {
+    invalidation_races_completion(true);
 }

@@ -608,7 +608,12 @@ fn clear_and_invalidate_drop_cached_values_only() {
     assert_eq!(run_now(&flights, 1, 51), (51, Provenance::Leader));
     tx.send(7).unwrap();
     assert_eq!(ready(inflight.poll()).unwrap(), (7, Provenance::Leader));
-    assert_eq!(run_now(&flights, 100, 0), (7, Provenance::Cached));
+    assert_eq!(
+        run_now(&flights, 100, 8),
+        (8, Provenance::Leader),
+        "a flight invalidated and cleared while running is not cached"
+    );
+    assert_eq!(run_now(&flights, 100, 0), (8, Provenance::Cached));
 }
 
 #[test]
@@ -667,5 +672,172 @@ fn distinct_keys_do_not_coalesce_across_shards() {
     assert_eq!(runs.load(Ordering::SeqCst), 200);
     for (k, o) in outs.into_iter().enumerate() {
         assert_eq!(o.unwrap(), (k as u32, Provenance::Leader));
+    }
+}
+
+// Issue #10, item 8: `2 * capacity + RECLAIM_BUDGET` overflowed for an
+// "unbounded" cache (`max_entries` near `usize::MAX`) on one or two shards.
+// In debug builds the first completion panicked after its entry had become
+// `Cached`: the flight was published `PANICKED`, the value leaked, and every
+// later call for the key within the TTL hit an `unreachable!`.
+#[test]
+fn cache_bound_overflow_with_unbounded_max_entries_does_not_panic_or_poison_the_key() {
+    for shards in [1, 2] {
+        let clock = ManualClock::new();
+        let flights: SingleFlight<u32, u32, std::convert::Infallible, ManualClock> =
+            SingleFlight::builder()
+                .shards(shards)
+                .cache(Duration::from_secs(60), usize::MAX)
+                .clock(clock.clone())
+                .build();
+        let starts = Arc::new(AtomicUsize::new(0));
+        let (tx, make) = gated(&starts);
+        let mut leader = Polled::new(flights.run(1, make));
+        let mut follower = Polled::new(flights.run(1, || async { 0 }));
+        assert!(leader.poll().is_pending());
+        assert!(follower.poll().is_pending());
+        tx.send(9).unwrap();
+        assert_eq!(ready(leader.poll()).unwrap(), (9, Provenance::Leader));
+        assert_eq!(follower.woken(), 1);
+        assert_eq!(ready(follower.poll()).unwrap(), (9, Provenance::Joined));
+        for _ in 0..3 {
+            let hit = futures::executor::block_on(flights.run(1, || async { 1 }));
+            assert_eq!(hit.unwrap(), (9, Provenance::Cached), "{shards} shard(s)");
+        }
+        for k in 2..100 {
+            let out = futures::executor::block_on(flights.run(k, move || async move { k }));
+            assert_eq!(out.unwrap(), (k, Provenance::Leader));
+        }
+        assert_eq!(flights.len(), 99, "nothing evicted from an unbounded cache");
+        assert_eq!(starts.load(Ordering::SeqCst), 1);
+    }
+}
+
+// Issue #10, item 8 (audit): the expiry instant `now + ttl` saturates, so
+// a huge TTL on a clock far from its origin neither panics nor wraps to an
+// instant in the past (which would expire every value at once). Guards the
+// `saturating_add` in `complete` and `saturating_nanos` in the builder.
+#[test]
+fn cache_expiry_overflow_with_huge_ttl_saturates_to_never() {
+    let clock = ManualClock::starting_at(u64::MAX - 10);
+    let flights: SingleFlight<u32, u32, std::convert::Infallible, ManualClock> =
+        SingleFlight::builder()
+            .shards(1)
+            .cache(Duration::MAX, 100)
+            .clock(clock.clone())
+            .build();
+    assert_eq!(
+        futures::executor::block_on(flights.run(1, || async { 5 })).unwrap(),
+        (5, Provenance::Leader)
+    );
+    clock.advance(Duration::from_nanos(5));
+    assert_eq!(
+        futures::executor::block_on(flights.run(1, || async { 6 })).unwrap(),
+        (5, Provenance::Cached)
+    );
+}
+
+// Issue #10, item 9: a flight that began before `invalidate`/`clear` of its
+// key finished after it, and its (stale) value was cached for a whole TTL.
+#[test]
+fn invalidate_or_clear_during_flight_does_not_cache_the_stale_value() {
+    for clear in [false, true] {
+        let (flights, clock) = cached_map(10, 100);
+        let starts = Arc::new(AtomicUsize::new(0));
+        let (tx, make) = gated(&starts);
+        let mut leader = Polled::new(flights.run(1, make));
+        let mut early = Polled::new(flights.run(1, || async { 0 }));
+        assert!(leader.poll().is_pending());
+        assert!(early.poll().is_pending());
+        if clear {
+            flights.clear();
+        } else {
+            assert!(!flights.invalidate(&1), "no cached value to drop");
+        }
+        // A call after the invalidation still joins the running flight.
+        let mut late = Polled::new(flights.run(1, || async { 0 }));
+        assert!(late.poll().is_pending());
+        tx.send(7).unwrap();
+        assert_eq!(ready(leader.poll()).unwrap(), (7, Provenance::Leader));
+        assert_eq!(ready(early.poll()).unwrap(), (7, Provenance::Joined));
+        assert_eq!(ready(late.poll()).unwrap(), (7, Provenance::Joined));
+        assert!(flights.is_empty(), "the stale flight left no entry");
+        clock.advance(Duration::from_secs(9));
+        assert_eq!(
+            run_now(&flights, 1, 8),
+            (8, Provenance::Leader),
+            "clear: {clear}: the stale value is not served from the cache"
+        );
+        // A flight begun after the invalidation is cached as usual.
+        assert_eq!(run_now(&flights, 1, 9), (8, Provenance::Cached));
+        assert_eq!(starts.load(Ordering::SeqCst), 1);
+    }
+}
+
+/// Panics on its first wake; counts the wakes after that.
+#[derive(Default)]
+struct PanickyWaker {
+    wakes: AtomicUsize,
+}
+
+impl Wake for PanickyWaker {
+    fn wake(self: Arc<Self>) {
+        if self.wakes.fetch_add(1, Ordering::SeqCst) == 0 {
+            panic!("the waker panicked");
+        }
+    }
+}
+
+// Issue #10, item 13: publishing woke the followers in a loop; a waker that
+// panicked dropped the rest of its batch unwoken and left the followers of
+// later batches linked to a finished flight, asleep for good.
+#[test]
+fn panicking_waker_does_not_strand_the_other_followers() {
+    // More than one wake batch (32), with the panicking waker first.
+    const FOLLOWERS: usize = 40;
+    for panicker in [0, 31, 32, FOLLOWERS - 1] {
+        // A manual clock keeps the test runnable under miri.
+        let flights: SingleFlight<u32, u32, std::convert::Infallible, ManualClock> =
+            SingleFlight::builder().clock(ManualClock::new()).build();
+        let starts = Arc::new(AtomicUsize::new(0));
+        let (tx, make) = gated(&starts);
+        let mut leader = Polled::new(flights.run(1, make));
+        assert!(leader.poll().is_pending());
+        let mut followers: Vec<_> = (0..FOLLOWERS)
+            .map(|_| Polled::new(flights.run(1, || async { 0 })))
+            .collect();
+        let panicky = Arc::new(PanickyWaker::default());
+        for (i, f) in followers.iter_mut().enumerate() {
+            let pending = if i == panicker {
+                let waker = Waker::from(panicky.clone());
+                f.fut
+                    .as_mut()
+                    .poll(&mut Context::from_waker(&waker))
+                    .is_pending()
+            } else {
+                f.poll().is_pending()
+            };
+            assert!(pending);
+        }
+        tx.send(5).unwrap();
+        let hook = panic::take_hook();
+        panic::set_hook(Box::new(|_| {}));
+        let leader_poll = panic::catch_unwind(AssertUnwindSafe(|| leader.poll()));
+        panic::set_hook(hook);
+        let payload = leader_poll.expect_err("the waker's panic reaches the leader's poll");
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&"the waker panicked"));
+        assert_eq!(panicky.wakes.load(Ordering::SeqCst), 1, "woken once");
+        for (i, f) in followers.iter_mut().enumerate() {
+            if i != panicker {
+                assert_eq!(f.woken(), 1, "panicker {panicker}: follower {i} woken");
+            }
+            assert_eq!(
+                ready(f.poll()).unwrap(),
+                (5, Provenance::Joined),
+                "panicker {panicker}: follower {i}"
+            );
+        }
+        assert!(flights.is_empty());
+        assert_eq!(starts.load(Ordering::SeqCst), 1);
     }
 }

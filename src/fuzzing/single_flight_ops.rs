@@ -3,8 +3,10 @@
 //!
 //! Up to `SLOTS` calls live at once, on a few keys. Each call's work waits on
 //! a gate that the driver opens with a value, an error or a panic. The model
-//! keeps, per flight, its key, whether the key still maps to it and its
-//! FIFO of followers; per key, the flight or the cached value; per slot,
+//! keeps, per flight, its key, whether the key still maps to it, whether its
+//! value may still be cached (not after an `invalidate`/`clear` of its key
+//! while it ran) and its FIFO of followers; per key, the flight or the
+//! cached value; per slot,
 //! whether it leads, waits, was promoted or was released with an outcome.
 //! After every operation each poll result, every `make` call and every wake
 //! must agree with the model, and the map's size must be within what the
@@ -62,6 +64,9 @@ enum SlotModel {
 struct FlightModel {
     key: u8,
     attached: bool,
+    /// Cleared by `invalidate`/`clear` of the key while the flight runs: its
+    /// value may be stale, so it goes to its followers but is not cached.
+    cacheable: bool,
     followers: VecDeque<usize>,
 }
 
@@ -126,7 +131,9 @@ impl Spec {
         }
         let key = self.flights[f].key;
         match out {
-            Expected::Value(value, _) if self.cache && self.flights[f].attached => {
+            Expected::Value(value, _)
+                if self.cache && self.flights[f].attached && self.flights[f].cacheable =>
+            {
                 self.flights[f].attached = false;
                 self.keys.insert(
                     key,
@@ -178,8 +185,12 @@ pub fn single_flight_ops(data: &[u8]) {
     let builder = SingleFlight::builder()
         .shards(usize::from(config >> 1 & 3) + 1)
         .clock(clock.clone());
+    // Bit 3 picks an "unbounded" cache, whose size bounds must saturate.
+    let max_entries = if config >> 3 & 1 == 1 { usize::MAX } else { 64 };
     let map: Map = if cache {
-        builder.cache(Duration::from_millis(TTL_MS), 64).build()
+        builder
+            .cache(Duration::from_millis(TTL_MS), max_entries)
+            .build()
     } else {
         builder.build()
     };
@@ -237,6 +248,7 @@ pub fn single_flight_ops(data: &[u8]) {
                         spec.flights.push(FlightModel {
                             key,
                             attached: true,
+                            cacheable: true,
                             followers: VecDeque::new(),
                         });
                         spec.keys.insert(key, KeyModel::InFlight(f));
@@ -326,18 +338,30 @@ pub fn single_flight_ops(data: &[u8]) {
                     }
                     2 => {
                         let got = map.invalidate(&key);
-                        if let Some(KeyModel::Cached { .. }) = entry {
-                            if live {
-                                assert!(got, "invalidate({key})");
+                        match entry {
+                            Some(KeyModel::Cached { .. }) => {
+                                if live {
+                                    assert!(got, "invalidate({key})");
+                                }
+                                spec.keys.remove(&key);
                             }
-                            spec.keys.remove(&key);
-                        } else {
-                            assert!(!got, "invalidate({key}) of a flight or nothing");
+                            Some(KeyModel::InFlight(f)) => {
+                                assert!(!got, "invalidate({key}) of a flight");
+                                // Later calls still join it, but its value
+                                // is not cached.
+                                spec.flights[f].cacheable = false;
+                            }
+                            None => assert!(!got, "invalidate({key}) of nothing"),
                         }
                     }
                     _ => {
                         map.clear();
                         spec.keys.retain(|_, k| matches!(k, KeyModel::InFlight(_)));
+                        for k in spec.keys.values() {
+                            if let KeyModel::InFlight(f) = *k {
+                                spec.flights[f].cacheable = false;
+                            }
+                        }
                     }
                 }
             }

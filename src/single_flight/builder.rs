@@ -69,7 +69,9 @@ impl<K, V, E, C: Clock> SingleFlightBuilder<K, V, E, C> {
     /// ([`Provenance::Cached`](super::Provenance::Cached)). At most `max_entries` values are kept
     /// (divided evenly among the shards, rounded up); past that the oldest
     /// of a shard is evicted. Errors are never cached. A zero `ttl` or
-    /// `max_entries` disables the cache. Expired values are reclaimed as
+    /// `max_entries` disables the cache. A huge `ttl` (up to
+    /// [`Duration::MAX`]) or `max_entries` (up to `usize::MAX`) saturates:
+    /// values never expire, or the cache is unbounded. Expired values are reclaimed as
     /// later calls insert into the same shard, or by
     /// [`clear`](SingleFlight::clear).
     ///
@@ -148,7 +150,7 @@ impl<K, V, E, C: Clock> SingleFlightBuilder<K, V, E, C> {
 }
 
 fn default_shards() -> usize {
-    std::thread::available_parallelism().map_or(4, |n| n.get() * 4)
+    std::thread::available_parallelism().map_or(4, |n| n.get().saturating_mul(4))
 }
 
 impl<K, V, E, C: Clock> fmt::Debug for SingleFlightBuilder<K, V, E, C> {

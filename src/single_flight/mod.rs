@@ -39,6 +39,7 @@ use core::convert::Infallible;
 use core::fmt;
 use core::future::Future;
 use core::hash::Hash;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc as StdArc;
 
 use smallvec::SmallVec;
@@ -278,9 +279,11 @@ where
         self.remove(key, false)
     }
 
-    /// Drops the cached value for `key`, if any; a call in flight is left
-    /// alone (later calls still join it). Returns whether a value was
-    /// dropped.
+    /// Drops the cached value for `key`, if any. A call in flight for `key`
+    /// keeps running, and its followers (also those that join it after
+    /// this) get its value, but that value is not cached: it may predate
+    /// whatever made the caller invalidate. Returns whether a cached value
+    /// was dropped.
     ///
     /// # Examples
     ///
@@ -317,7 +320,9 @@ where
     }
 
     /// Drops every cached value at once (say, at the end of an agent's
-    /// turn). Calls in flight are not affected.
+    /// turn). Calls in flight keep running and their followers get their
+    /// values, but those values are not cached (as with
+    /// [`invalidate`](Self::invalidate)).
     ///
     /// # Examples
     ///
@@ -397,11 +402,17 @@ impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
         let result = result.map_err(StdArc::new);
         let state = if result.is_ok() { OK } else { FAILED };
         if let (Some(cache), Ok(value)) = (self.cache, &result) {
-            // The flight keeps the value for the cache (and the followers).
+            // User code (the clock, `V::clone`) runs before the outcome is
+            // written: if it panics, `fail_panicked` finds the cell empty
+            // and the entry in flight. From the write to the publication
+            // below nothing may panic (`cache_flight` does not), or the
+            // value would leak and a cached entry would point at a flight
+            // that is not `OK`.
+            let now = self.clock.now_nanos();
+            let copy = value.clone();
             // SAFETY: this leader is the only writer and the state is
             // `RUNNING`, so nobody reads the cell yet.
-            unsafe { flight.write_outcome(Ok(value.clone())) };
-            let now = self.clock.now_nanos();
+            unsafe { flight.write_outcome(Ok(copy)) };
             let mut trash = Vec::new();
             let mut guard = self.lock(hash);
             guard.cache_flight(
@@ -445,7 +456,8 @@ impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
         // Relaxed would do (the state only changes under this lock), but
         // this is cold.
         if flight.state() != RUNNING {
-            // Published already; the panic came later (a `Drop`).
+            // Published already; the panic came later (a `Drop`, or a
+            // follower's waker: `Waking` has woken the others).
             return;
         }
         let removed = guard.remove_flight(hash, flight);
@@ -454,27 +466,25 @@ impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
     }
 
     /// Publishes `state` and wakes every follower, in batches, never waking
-    /// under the lock.
+    /// under the lock. If a waker panics, the rest are still woken before
+    /// the panic continues (see [`Waking`]).
     fn publish<'s>(
         &'s self,
         mut guard: MutexGuard<'s, Shard<K, V, E>>,
-        flight: &Flight<V, E>,
+        flight: &'s Flight<V, E>,
         hash: u64,
         state: usize,
     ) {
-        let mut wakers = WakeList::new();
-        let mut more = flight.publish(state, &mut wakers, &mut *guard);
-        loop {
-            drop(guard);
-            for waker in wakers.drain(..) {
-                waker.wake();
-            }
-            if !more {
-                return;
-            }
-            guard = self.lock(hash);
-            more = flight.drain(&mut wakers, &mut *guard);
-        }
+        let mut waking = Waking {
+            map: self,
+            flight,
+            hash,
+            wakers: WakeList::new(),
+            more: false,
+        };
+        waking.more = flight.publish(state, &mut waking.wakers, &mut *guard);
+        drop(guard);
+        waking.wake_all();
     }
 
     /// The leader (or a promoted follower that never started) went away
@@ -498,6 +508,71 @@ impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
                 let removed = guard.remove_flight(hash, flight);
                 drop(guard);
                 drop(removed);
+            }
+        }
+    }
+}
+
+/// The followers of a published flight still to be woken: the current
+/// batch (unlinked and marked `DONE` under the lock) and whether more wait
+/// in the list.
+///
+/// A waker is user code and may panic. Without this guard, a panic would
+/// drop the rest of the batch unwoken and leave the followers still in the
+/// list linked to a finished flight, asleep for good. Its `Drop` (which only
+/// has work left if a wake panicked) wakes them all, catching their own
+/// panics (a second panic while unwinding would abort), and the first
+/// panic then continues.
+struct Waking<'s, K, V, E, C: Clock> {
+    map: &'s SingleFlight<K, V, E, C>,
+    flight: &'s Flight<V, E>,
+    hash: u64,
+    /// The current batch, oldest last (so `pop` wakes in FIFO order).
+    wakers: WakeList,
+    /// Whether followers remain in the flight's list.
+    more: bool,
+}
+
+impl<K, V, E, C: Clock> Waking<'_, K, V, E, C> {
+    /// Wakes every follower, oldest first; a panicking waker unwinds out
+    /// of here and `Drop` finishes the job.
+    fn wake_all(&mut self) {
+        self.wakers.reverse();
+        loop {
+            while let Some(waker) = self.wakers.pop() {
+                waker.wake();
+            }
+            if !self.refill() {
+                return;
+            }
+        }
+    }
+
+    /// Re-takes the lock and collects the next batch; returns whether there
+    /// is one.
+    fn refill(&mut self) -> bool {
+        if !self.more {
+            return false;
+        }
+        let mut guard = self.map.lock(self.hash);
+        self.more = self.flight.drain(&mut self.wakers, &mut *guard);
+        drop(guard);
+        self.wakers.reverse();
+        true
+    }
+}
+
+impl<K, V, E, C: Clock> Drop for Waking<'_, K, V, E, C> {
+    fn drop(&mut self) {
+        // Empty unless a wake panicked.
+        loop {
+            while let Some(waker) = self.wakers.pop() {
+                // The payload of a second panic is dropped: the first one
+                // is already unwinding.
+                let _ = panic::catch_unwind(AssertUnwindSafe(|| waker.wake()));
+            }
+            if !self.refill() {
+                return;
             }
         }
     }

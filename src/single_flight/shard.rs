@@ -22,16 +22,44 @@
 //! needed and no call pays for a whole sweep. Records whose entry was
 //! invalidated or replaced go stale; they are skipped when reached, and
 //! compacted away when they outnumber the live ones.
+//!
+//! # Invalidation during a flight
+//!
+//! `invalidate`/`clear` of a key that is in flight marks its entry
+//! [`Entry::cacheable`] `false`: the flight's value was computed from what
+//! was there before the invalidation, so it goes to the flight's own
+//! followers but is not cached (the entry is removed when it completes).
+//! The mark lives on the entry, which is this flight's alone: a new flight
+//! for the key (after `forget` or expiry) starts cacheable.
+//!
+//! # No panics after publication
+//!
+//! [`Shard::cache_flight`] runs between the leader writing its value and
+//! publishing it, so it must not panic: a panic there would leave a value
+//! written and never dropped, and followers told `LeaderPanicked` about a
+//! flight that succeeded. Its arithmetic saturates (a cache of
+//! `usize::MAX` entries is "unbounded", not an overflow) and its loops end
+//! even if the bookkeeping were wrong.
 
 use std::collections::VecDeque;
 
 use hashbrown::hash_table::{Entry as TableEntry, HashTable};
 
-use super::flight::Flight;
+use super::flight::{Flight, OK};
 use crate::sync::Arc;
 
 /// Expired records examined per insertion.
 const RECLAIM_BUDGET: usize = 16;
+
+/// How many records (live and stale) a shard of `capacity` cached entries
+/// keeps before it compacts them: twice the live ones plus slack, saturating
+/// so that an "unbounded" capacity (`usize::MAX`) means "never compact"
+/// instead of overflowing (a panic in debug builds, a wrap to 14 and a
+/// compaction on every insertion in release builds).
+#[inline]
+pub(super) const fn record_bound(capacity: usize) -> usize {
+    capacity.saturating_mul(2).saturating_add(RECLAIM_BUDGET)
+}
 
 pub(super) struct Shard<K, V, E> {
     table: HashTable<Entry<K, V, E>>,
@@ -47,6 +75,10 @@ pub(super) struct Entry<K, V, E> {
     key: K,
     hash: u64,
     pub(super) slot: Slot<V, E>,
+    /// Whether the flight in `slot` may be cached when it completes: `false`
+    /// once `invalidate`/`clear` reached the key while it was in flight.
+    /// Meaningless for `Cached` slots.
+    cacheable: bool,
 }
 
 pub(super) enum Slot<V, E> {
@@ -108,9 +140,17 @@ impl<K, V, E> Shard<K, V, E> {
                 let slot = &mut occ.get_mut().slot;
                 match slot {
                     Slot::InFlight(flight) => (Lookup::InFlight(Arc::clone(flight)), Some(key)),
+                    // `state() == OK` always holds for a `Cached` slot:
+                    // `cache_flight` makes it `Cached` and the same critical
+                    // section publishes `OK`, and nothing between them can
+                    // panic (see the module docs). Checking it anyway costs
+                    // one load of a line the hit reads next, and is what
+                    // lets `Run` treat any other state of a hit as
+                    // unreachable: a slot that breaks the rule is served
+                    // like an expired one.
                     Slot::Cached {
                         flight, expires_at, ..
-                    } if now.is_some_and(|now| now < *expires_at) => {
+                    } if now.is_some_and(|now| now < *expires_at) && flight.state() == OK => {
                         (Lookup::Cached(Arc::clone(flight)), Some(key))
                     }
                     Slot::Cached { .. } => {
@@ -118,6 +158,7 @@ impl<K, V, E> Shard<K, V, E> {
                         // goes stale (the stamp no longer matches).
                         let flight = Arc::new(Flight::new());
                         let old = core::mem::replace(slot, Slot::InFlight(Arc::clone(&flight)));
+                        occ.get_mut().cacheable = true;
                         self.cached -= 1;
                         (Lookup::Inserted(flight, Some(old)), Some(key))
                     }
@@ -129,29 +170,42 @@ impl<K, V, E> Shard<K, V, E> {
                     key,
                     hash,
                     slot: Slot::InFlight(Arc::clone(&flight)),
+                    cacheable: true,
                 });
                 (Lookup::Inserted(flight, None), None)
             }
         }
     }
 
-    /// Removes the entry of `flight` if it is still in flight here.
+    /// Removes the entry of `flight` if it is still here, in flight or
+    /// (only if a completion was cut short by a panic, which the module
+    /// docs rule out) cached: a flight that failed must not stay cached.
     pub(super) fn remove_flight(
         &mut self,
         hash: u64,
         flight: &Arc<Flight<V, E>>,
     ) -> Option<Entry<K, V, E>> {
-        let found = self.table.find_entry(hash, |e| match &e.slot {
-            Slot::InFlight(f) => Arc::ptr_eq(f, flight),
-            Slot::Cached { .. } => false,
-        });
-        found.ok().map(|occ| occ.remove().0)
+        let occ = self
+            .table
+            .find_entry(hash, |e| match &e.slot {
+                Slot::InFlight(f) | Slot::Cached { flight: f, .. } => Arc::ptr_eq(f, flight),
+            })
+            .ok()?;
+        if matches!(occ.get().slot, Slot::Cached { .. }) {
+            // Its record goes stale.
+            self.cached = self.cached.saturating_sub(1);
+        }
+        Some(occ.remove().0)
     }
 
-    /// Turns the entry of `flight`, if it is still in flight here, into a
-    /// cached entry that expires at `expires_at`, keeping at most
-    /// `capacity` cached entries. Entries reclaimed or evicted to make room
-    /// are pushed to `trash`. Returns whether the value was cached.
+    /// Turns the entry of `flight`, if it is still in flight here and was
+    /// not invalidated meanwhile, into a cached entry that expires at
+    /// `expires_at`, keeping at most `capacity` cached entries. An
+    /// invalidated entry is removed instead. Entries reclaimed, evicted or
+    /// removed are pushed to `trash`. Returns whether the value was cached.
+    ///
+    /// Never panics (see the module docs): the caller publishes the flight
+    /// right after, under the same lock.
     pub(super) fn cache_flight(
         &mut self,
         hash: u64,
@@ -163,7 +217,7 @@ impl<K, V, E> Shard<K, V, E> {
     ) -> bool {
         self.reclaim(now, trash);
         let stamp = self.next_stamp;
-        let Some(entry) = self.table.find_mut(hash, |e| match &e.slot {
+        let Ok(mut occ) = self.table.find_entry(hash, |e| match &e.slot {
             Slot::InFlight(f) => Arc::ptr_eq(f, flight),
             Slot::Cached { .. } => false,
         }) else {
@@ -171,15 +225,27 @@ impl<K, V, E> Shard<K, V, E> {
             // later callers.
             return false;
         };
-        let Slot::InFlight(f) = &entry.slot else {
-            unreachable!("matched an in-flight slot")
-        };
-        entry.slot = Slot::Cached {
-            flight: Arc::clone(f),
-            expires_at,
-            stamp,
-        };
-        self.next_stamp += 1;
+        let entry = occ.get_mut();
+        if !entry.cacheable {
+            // Invalidated while running: the value may predate the
+            // invalidation, so it is not for later callers either.
+            trash.push(occ.remove().0);
+            return false;
+        }
+        let old = core::mem::replace(
+            &mut entry.slot,
+            Slot::Cached {
+                flight: Arc::clone(flight),
+                expires_at,
+                stamp,
+            },
+        );
+        // The `Arc` in `old` is a second reference to `flight`, which the
+        // caller holds: dropping it here only decrements the count.
+        drop(old);
+        // Wrapping: 2^64 insertions are out of reach, and a stamp is only
+        // compared with the few records alive at once.
+        self.next_stamp = self.next_stamp.wrapping_add(1);
         self.cached += 1;
         self.records.push_back(Record {
             hash,
@@ -187,9 +253,11 @@ impl<K, V, E> Shard<K, V, E> {
             expires_at,
         });
         while self.cached > capacity {
-            self.evict_oldest(trash);
+            if !self.evict_oldest(trash) {
+                break;
+            }
         }
-        if self.records.len() > 2 * capacity + RECLAIM_BUDGET {
+        if self.records.len() > record_bound(capacity) {
             self.compact();
         }
         true
@@ -211,15 +279,16 @@ impl<K, V, E> Shard<K, V, E> {
         }
     }
 
-    /// Removes the oldest live cached entry.
-    fn evict_oldest(&mut self, trash: &mut Vec<Entry<K, V, E>>) {
+    /// Removes the oldest live cached entry; returns whether there was one
+    /// (every cached entry has a record, so `false` means none is cached).
+    fn evict_oldest(&mut self, trash: &mut Vec<Entry<K, V, E>>) -> bool {
         while let Some(r) = self.records.pop_front() {
             if let Some(e) = self.take_record(r) {
                 trash.push(e);
-                return;
+                return true;
             }
         }
-        debug_assert_eq!(self.cached, 0, "every cached entry has a record");
+        false
     }
 
     /// Removes the cached entry `r` stands for, if it is still there.
@@ -231,7 +300,9 @@ impl<K, V, E> Shard<K, V, E> {
                 |e| matches!(e.slot, Slot::Cached { stamp, .. } if stamp == r.stamp),
             )
             .ok()?;
-        self.cached -= 1;
+        // Saturating: this runs inside `cache_flight`, which must not panic
+        // (every cached entry is counted, so it never saturates).
+        self.cached = self.cached.saturating_sub(1);
         Some(occ.remove().0)
     }
 
@@ -266,18 +337,27 @@ impl<K, V, E> Shard<K, V, E> {
             .ok()?;
         match occ.get().slot {
             Slot::Cached { .. } => self.cached -= 1,
-            Slot::InFlight(_) if cached_only => return None,
+            Slot::InFlight(_) if cached_only => {
+                // `invalidate`: the flight keeps running and later calls
+                // still join it, but its value is not cached.
+                occ.into_mut().cacheable = false;
+                return None;
+            }
             Slot::InFlight(_) => {}
         }
         Some(occ.remove().0)
     }
 
-    /// Moves every cached entry to `trash`; in-flight entries stay.
+    /// Moves every cached entry to `trash`; in-flight entries stay, but
+    /// their values will not be cached.
     pub(super) fn clear_cached(&mut self, trash: &mut Vec<Entry<K, V, E>>) {
-        trash.extend(
-            self.table
-                .extract_if(|e| matches!(e.slot, Slot::Cached { .. })),
-        );
+        trash.extend(self.table.extract_if(|e| match e.slot {
+            Slot::Cached { .. } => true,
+            Slot::InFlight(_) => {
+                e.cacheable = false;
+                false
+            }
+        }));
         self.records.clear();
         self.cached = 0;
     }

@@ -75,3 +75,32 @@ fn shard_count_is_a_power_of_two() {
         assert_eq!(m.mask, got - 1);
     }
 }
+
+// Issue #10, item 8: `2 * capacity + RECLAIM_BUDGET` overflowed for an
+// "unbounded" cache. In release builds it wrapped to 14, so a shard with
+// more than 14 records compacted on every insertion (30,000 keys: 1.5 s
+// instead of 7 ms); in debug builds it panicked mid-completion. Stale
+// records must survive an insertion below the (saturated) bound.
+#[test]
+fn record_bound_overflow_with_unbounded_cache_neither_panics_nor_compacts_every_insert() {
+    assert_eq!(super::shard::record_bound(usize::MAX), usize::MAX);
+    assert_eq!(super::shard::record_bound(usize::MAX / 2 + 1), usize::MAX);
+    assert_eq!(super::shard::record_bound(4), 2 * 4 + 16);
+    for shards in [1, 2] {
+        let m: Map = SingleFlight::builder()
+            .shards(shards)
+            .cache(Duration::from_secs(60), usize::MAX)
+            .clock(ManualClock::new())
+            .build();
+        let records = |m: &Map| -> usize { m.shards.iter().map(|s| s.lock().records_len()).sum() };
+        for k in 0..20 {
+            run(&m, k);
+        }
+        for k in 0..10 {
+            assert!(m.invalidate(&k));
+        }
+        run(&m, 100);
+        assert_eq!(records(&m), 21, "{shards} shard(s): the stale records stay");
+        assert_eq!(m.len(), 11);
+    }
+}
