@@ -289,7 +289,8 @@ fn quiet_overflow_panics() {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             let expected = info
-                .payload_as_str()
+                .payload()
+                .downcast_ref::<String>()
                 .is_some_and(|m| m.contains("would overflow MAX_PERMITS"));
             if !expected {
                 previous(info);
