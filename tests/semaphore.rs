@@ -544,7 +544,17 @@ fn types_are_send_sync_and_not_bigger_than_tokio() {
     send_sync(&sem.try_acquire().unwrap());
     send_sync(&sem.clone().try_acquire_owned().unwrap());
 
+    // Like tokio's, so `catch_unwind(|| sem.add_permits(n))` compiles.
+    fn unwind_safe<T: std::panic::UnwindSafe + std::panic::RefUnwindSafe>(_: &T) {}
+    unwind_safe(&*sem);
+    unwind_safe(&sem);
+    unwind_safe(&sem.try_acquire().unwrap());
+    unwind_safe(&sem.clone().try_acquire_owned().unwrap());
     let theirs = Arc::new(tokio::sync::Semaphore::new(1));
+    unwind_safe(&*theirs);
+    unwind_safe(&theirs.try_acquire().unwrap());
+    unwind_safe(&theirs.clone().try_acquire_owned().unwrap());
+
     let ours_size = std::mem::size_of_val(&sem.acquire());
     let their_size = std::mem::size_of_val(&theirs.acquire());
     assert!(

@@ -618,6 +618,16 @@ impl Semaphore {
     }
 }
 
+// Unwind safe, like tokio's `Semaphore` (so `catch_unwind(|| sem.add_permits(n))`
+// compiles after a switch from tokio). The raw pointers and cells inside
+// opt it out automatically, but no panic leaves the semaphore half-updated:
+// the `MAX_PERMITS` and request-size checks panic before changing anything;
+// a panicking waker (clone, wake or drop) runs outside the lock, and a
+// panicking wake is resumed only after the hand-off it interrupted is
+// complete; the wait-list mutex does not poison.
+impl std::panic::UnwindSafe for Semaphore {}
+impl std::panic::RefUnwindSafe for Semaphore {}
+
 impl fmt::Debug for Semaphore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.raw.fmt(f)
