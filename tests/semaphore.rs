@@ -162,6 +162,22 @@ fn release_past_max_permits_after_add_permits_panics_like_tokio() {
         .starts_with("cannot add more than MAX_PERMITS permits"));
 }
 
+/// The overflowing drop happens while the thread already unwinds: a second
+/// panic would abort the process (tokio's does). The permits are refused
+/// quietly and the first panic carries on.
+#[test]
+fn permit_dropped_while_unwinding_past_max_permits_does_not_abort() {
+    let sem = Semaphore::new(1);
+    let held = sem.try_acquire().unwrap();
+    sem.add_permits(Semaphore::MAX_PERMITS);
+    let msg = caught(move || {
+        let _held = held;
+        panic!("first panic");
+    });
+    assert_eq!(msg.as_deref(), Some("first panic"));
+    assert_eq!(sem.available_permits(), Semaphore::MAX_PERMITS);
+}
+
 /// tokio checks the bound only on what is left after serving the queued
 /// waiters: `add_permits(MAX + 2)` feeding a waiter owed 2 is fine, one
 /// more panics. Same here, and the waiter served is still woken (tokio
