@@ -5,12 +5,15 @@
 //! permit updates) and the ones tokio lacks: `add_permits` racing `close`,
 //! cancelling a partly assigned `acquire_many` during a release, waker
 //! replacement on re-poll, the QUEUED bit racing a lock-free release, and
-//! more wakes than one batch (`WAKE_BATCH` is 2 under loom).
+//! more wakes than one batch (`WAKE_BATCH` is 2 under loom), and
+//! concurrent `add_permits` near `MAX_PERMITS` (lock-free and through the
+//! wait list).
 //!
 //! Every model ends by checking conservation: with every future and permit
 //! dropped, `available_permits` equals what was issued.
 
 use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::task::{Context, Poll, Wake, Waker};
 
@@ -274,5 +277,82 @@ fn concurrent_permit_updates() {
         let _took = taker.join().unwrap();
         assert_eq!(forgot, 1);
         assert_eq!(sem.available_permits(), 2);
+    });
+}
+
+/// The models below expect `add_permits` to panic; keep those expected
+/// panics out of the output (loom runs each model many times). Any other
+/// panic still goes to the previous hook.
+fn quiet_overflow_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let expected = info
+                .payload()
+                .downcast_ref::<String>()
+                .is_some_and(|m| m.contains("would overflow MAX_PERMITS"));
+            if !expected {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// Runs `add_permits(n)` on another thread; the handle yields whether it
+/// panicked.
+fn add_permits_on_thread(sem: &Arc<Semaphore>, n: usize) -> thread::JoinHandle<bool> {
+    let sem = sem.clone();
+    thread::spawn(move || catch_unwind(AssertUnwindSafe(|| sem.add_permits(n))).is_err())
+}
+
+/// Two lock-free `add_permits` race near `MAX_PERMITS`. The bound is
+/// checked on the value each CAS is conditioned on, so they cannot both
+/// pass it: exactly one panics, and the count ends at the bound, never
+/// past it. (Checking a value read before the CAS loop lets both pass.)
+#[test]
+fn concurrent_add_permits_near_max() {
+    quiet_overflow_panics();
+    model(|| {
+        const MAX: usize = Semaphore::MAX_PERMITS;
+        let sem = Arc::new(Semaphore::new(MAX - 2));
+        let adders = [
+            add_permits_on_thread(&sem, 2),
+            add_permits_on_thread(&sem, 2),
+        ];
+        let panics = adders
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .filter(|p| *p)
+            .count();
+        assert_eq!(panics, 1);
+        assert_eq!(sem.available_permits(), MAX);
+    });
+}
+
+/// The same race with a waiter queued, so the releases meet the bound on
+/// the locked path too: whichever of `add_permits(MAX)` and
+/// `add_permits(2)` lands second would pass it and panics; the other feeds
+/// the waiter and stores the rest. The waiter is woken either way.
+#[test]
+fn add_permits_near_max_through_the_wait_list() {
+    quiet_overflow_panics();
+    model(|| {
+        const MAX: usize = Semaphore::MAX_PERMITS;
+        let sem = Arc::new(Semaphore::new(0));
+        let (c, w) = counter();
+        let mut fut = Box::pin(sem.acquire());
+        assert!(poll(fut.as_mut(), &w).is_pending());
+        let big = add_permits_on_thread(&sem, MAX);
+        let small = add_permits_on_thread(&sem, 2);
+        let (big, small) = (big.join().unwrap(), small.join().unwrap());
+        assert!(big != small, "exactly one must panic");
+        let left = if big { 1 } else { MAX - 1 };
+        assert_eq!(sem.available_permits(), left);
+        assert_eq!(c.0.load(SeqCst), 1, "the waiter was not woken");
+        match poll(fut.as_mut(), &w) {
+            Poll::Ready(Ok(p)) => p.forget(),
+            other => panic!("waiter not served: {:?}", other.map(|r| r.is_ok())),
+        };
     });
 }

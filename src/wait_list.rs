@@ -23,8 +23,12 @@ use core::fmt;
 use core::marker::PhantomPinned;
 use core::ptr::{self, NonNull};
 use core::task::Waker;
+use std::any::Any;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use crate::sync::{AtomicUsize, Ordering, UnsafeCell};
+use smallvec::SmallVec;
+
+use crate::sync::{AtomicUsize, Ordering, UnsafeCell, WAKE_BATCH};
 
 /// A type that can be linked into a [`WaitList`].
 ///
@@ -337,6 +341,93 @@ impl<T: Link + ?Sized> fmt::Debug for WaitList<T> {
     }
 }
 
+/// The payload of a panic caught by [`WakeBatch::wake_all`], for the caller
+/// to hand to [`std::panic::resume_unwind`] once its own work is done.
+pub(crate) type Panic = Box<dyn Any + Send + 'static>;
+
+/// Up to [`WAKE_BATCH`] wakers collected under a wait-list lock, to be woken
+/// after it is released (a waker is user code: it may call back into the
+/// primitive, so it never runs under the lock).
+///
+/// Waking may panic. A panicking waker must strand neither the other
+/// wakers in the batch (their tasks would never be polled again) nor the
+/// work the caller still has to do after the batch (serve the next waiters,
+/// store leftover permits). So [`wake_all`](Self::wake_all) wakes *every*
+/// waker even if some panic, and returns the first panic's payload instead
+/// of unwinding: the caller finishes its hand-off, then resumes the panic.
+/// If a batch is dropped with wakers still in it (a panic elsewhere
+/// unwound past it), `Drop` wakes them the same way.
+///
+/// Each slot is emptied before its waker runs, so after a panic the `Some`
+/// slots are exactly the wakers not yet woken: none is woken twice.
+pub(crate) struct WakeBatch {
+    slots: SmallVec<[Option<Waker>; WAKE_BATCH]>,
+}
+
+impl WakeBatch {
+    /// An empty batch.
+    #[inline]
+    pub(crate) fn new() -> Self {
+        Self {
+            slots: SmallVec::new(),
+        }
+    }
+
+    /// Whether the batch holds `WAKE_BATCH` wakers (the lock holder should
+    /// unlock and wake them before collecting more).
+    #[inline]
+    pub(crate) fn is_full(&self) -> bool {
+        self.slots.len() >= WAKE_BATCH
+    }
+
+    /// Adds a waker to wake later.
+    #[inline]
+    pub(crate) fn push(&mut self, waker: Waker) {
+        debug_assert!(!self.is_full());
+        self.slots.push(Some(waker));
+    }
+
+    /// Wakes every waker in the batch and empties it. If wakers panic, the
+    /// others are still woken and the first panic is returned (the rest are
+    /// dropped; the panic hook has already reported them).
+    #[must_use = "a caught panic must be resumed once the hand-off is done"]
+    pub(crate) fn wake_all(&mut self) -> Option<Panic> {
+        let mut first = None;
+        // Each round takes at least one slot, so this ends.
+        while let Err(payload) = catch_unwind(AssertUnwindSafe(|| self.wake_remaining())) {
+            first.get_or_insert(payload);
+        }
+        self.slots.clear();
+        first
+    }
+
+    fn wake_remaining(&mut self) {
+        for slot in self.slots.iter_mut() {
+            if let Some(waker) = slot.take() {
+                waker.wake();
+            }
+        }
+    }
+}
+
+impl Drop for WakeBatch {
+    fn drop(&mut self) {
+        if !self.slots.is_empty() {
+            // Normally reached only while unwinding from a panic elsewhere;
+            // that panic carries on, so one caught here is dropped.
+            drop(self.wake_all());
+        }
+    }
+}
+
+impl fmt::Debug for WakeBatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WakeBatch")
+            .field("len", &self.slots.len())
+            .finish()
+    }
+}
+
 #[cfg(all(test, not(feature = "loom")))]
 mod tests {
     //! The list against a `VecDeque` model; run under miri too.
@@ -445,5 +536,57 @@ mod tests {
             }
             while list.pop_front().is_some() {}
         }
+    }
+
+    /// Counts wakes; panics on every wake if `panics`.
+    struct TestWaker {
+        woken: std::sync::atomic::AtomicUsize,
+        panics: bool,
+    }
+
+    impl std::task::Wake for TestWaker {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.woken.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            assert!(!self.panics, "test waker panics");
+        }
+    }
+
+    fn test_waker(panics: bool) -> (std::sync::Arc<TestWaker>, Waker) {
+        let w = std::sync::Arc::new(TestWaker {
+            woken: std::sync::atomic::AtomicUsize::new(0),
+            panics,
+        });
+        (w.clone(), Waker::from(w))
+    }
+
+    /// Issue #10, item 13: a panicking waker used to drop the rest of the
+    /// batch unwoken. Two panicking wakers in one batch: every waker is
+    /// woken exactly once and the first panic is handed back.
+    #[test]
+    fn panicking_waker_does_not_strand_the_rest_of_the_batch() {
+        let wakers: Vec<_> = (0..WAKE_BATCH)
+            .map(|i| test_waker(i == 1 || i == WAKE_BATCH - 2))
+            .collect();
+        let mut batch = WakeBatch::new();
+        for (_, w) in &wakers {
+            batch.push(w.clone());
+        }
+        assert!(batch.is_full());
+        let panic = batch.wake_all().expect("the first panic is returned");
+        assert_eq!(panic.downcast_ref::<&str>(), Some(&"test waker panics"));
+        for (i, (count, _)) in wakers.iter().enumerate() {
+            assert_eq!(
+                count.woken.load(std::sync::atomic::Ordering::SeqCst),
+                1,
+                "{i}"
+            );
+        }
+        // The batch is empty and reusable.
+        assert!(batch.wake_all().is_none());
+        let (count, w) = test_waker(false);
+        batch.push(w);
+        drop(batch);
+        // Dropped with a waker still in it: `Drop` wakes it.
+        assert_eq!(count.woken.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 }

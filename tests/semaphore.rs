@@ -2,6 +2,7 @@
 //! closing, and the same workload on three executors.
 
 use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -93,6 +94,290 @@ fn add_permits_overflow_leaves_state_intact() {
     let r = std::thread::spawn(move || s.add_permits(2)).join();
     assert!(r.is_err());
     assert_eq!(sem.available_permits(), Semaphore::MAX_PERMITS - 1);
+}
+
+/// The message of a caught panic, if the closure panicked.
+fn panic_message(r: std::thread::Result<()>) -> Option<String> {
+    let payload = r.err()?;
+    Some(
+        payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default(),
+    )
+}
+
+fn caught(f: impl FnOnce()) -> Option<String> {
+    panic_message(catch_unwind(AssertUnwindSafe(f)))
+}
+
+/// Issue #10, item 2: `add_permits` checked only the available count and a
+/// release never checked, so `new(1)`, hold, `add_permits(MAX)`, drop left
+/// `MAX + 1` available with no panic. tokio panics at the drop, with
+/// "number of added permits (1) would overflow MAX_PERMITS"; so do we, at
+/// the same step, and the count stays at the bound.
+#[test]
+fn release_past_max_permits_after_add_permits_panics_like_tokio() {
+    const MAX: usize = Semaphore::MAX_PERMITS;
+    assert_eq!(MAX, tokio::sync::Semaphore::MAX_PERMITS);
+
+    // tokio first, so that a failure below leaves no tokio permit to drop
+    // (and panic) while unwinding.
+    let theirs = {
+        let sem = tokio::sync::Semaphore::new(1);
+        let held = sem.try_acquire().unwrap();
+        let add = caught(|| sem.add_permits(MAX));
+        let release = caught(|| drop(held));
+        let too_many = caught(|| tokio::sync::Semaphore::new(0).add_permits(MAX + 1));
+        [add, release, too_many]
+    };
+    let sem = Semaphore::new(1);
+    let held = sem.try_acquire().unwrap();
+    // Filling the semaphore to the bound while a permit is out is allowed;
+    // the permit's drop is what passes the bound.
+    let add = caught(|| sem.add_permits(MAX));
+    assert_eq!(sem.available_permits(), MAX);
+    let release = caught(|| drop(held));
+    // tokio is left at MAX + 1; we refuse the addition instead.
+    assert_eq!(sem.available_permits(), MAX);
+    assert!(!sem.is_closed());
+    drop(sem.try_acquire_many(3).unwrap());
+    assert_eq!(sem.available_permits(), MAX);
+    // More than MAX_PERMITS at once: tokio's other message.
+    let empty = Semaphore::new(0);
+    let too_many = caught(|| empty.add_permits(MAX + 1));
+    assert_eq!(empty.available_permits(), 0);
+
+    let ours = [add, release, too_many];
+    assert_eq!(ours, theirs);
+    assert_eq!(ours[0], None);
+    assert!(ours[1]
+        .as_deref()
+        .unwrap()
+        .starts_with("number of added permits (1) would overflow MAX_PERMITS"));
+    assert!(ours[2]
+        .as_deref()
+        .unwrap()
+        .starts_with("cannot add more than MAX_PERMITS permits"));
+}
+
+/// The overflowing drop happens while the thread already unwinds: a second
+/// panic would abort the process (tokio's does). The permits are refused
+/// quietly and the first panic carries on.
+#[test]
+fn permit_dropped_while_unwinding_past_max_permits_does_not_abort() {
+    let sem = Semaphore::new(1);
+    let held = sem.try_acquire().unwrap();
+    sem.add_permits(Semaphore::MAX_PERMITS);
+    let msg = caught(move || {
+        let _held = held;
+        panic!("first panic");
+    });
+    assert_eq!(msg.as_deref(), Some("first panic"));
+    assert_eq!(sem.available_permits(), Semaphore::MAX_PERMITS);
+}
+
+/// tokio checks the bound only on what is left after serving the queued
+/// waiters: `add_permits(MAX + 2)` feeding a waiter owed 2 is fine, one
+/// more panics. Same here, and the waiter served is still woken (tokio
+/// drops its waker unwoken on that panic).
+#[test]
+fn add_permits_checks_the_leftover_after_waiters_like_tokio() {
+    const MAX: usize = Semaphore::MAX_PERMITS;
+    for extra in [2, 3] {
+        let theirs = {
+            let sem = tokio::sync::Semaphore::new(0);
+            let mut fut = pin!(sem.acquire_many(2));
+            assert!(poll_once(fut.as_mut(), Waker::noop()).is_pending());
+            let msg = caught(|| sem.add_permits(MAX + extra));
+            // Keep the served permits out (their drop would pass the bound).
+            match poll_once(fut.as_mut(), Waker::noop()) {
+                Poll::Ready(Ok(p)) => p.forget(),
+                other => panic!("{other:?}"),
+            }
+            msg
+        };
+        let sem = Semaphore::new(0);
+        let (woken, waker) = counting_waker();
+        let mut fut = pin!(sem.acquire_many(2));
+        assert!(poll_once(fut.as_mut(), &waker).is_pending());
+        let ours = caught(|| sem.add_permits(MAX + extra));
+        assert_eq!(ours, theirs, "extra = {extra}");
+        assert_eq!(ours.is_some(), extra == 3);
+        assert_eq!(
+            woken.0.load(Ordering::SeqCst),
+            1,
+            "the served waiter is woken"
+        );
+        match poll_once(fut.as_mut(), &waker) {
+            Poll::Ready(Ok(p)) => p.forget(),
+            other => panic!("{other:?}"),
+        }
+        let left = if extra == 3 { 0 } else { MAX };
+        assert_eq!(sem.available_permits(), left);
+    }
+}
+
+/// Concurrent `add_permits` that together pass the bound: the old check
+/// read the count and then added, so both could pass it. Now the bound is
+/// checked on the value the CAS is conditioned on: exactly one panics.
+#[test]
+fn concurrent_add_permits_cannot_pass_max_permits() {
+    let half = Semaphore::MAX_PERMITS / 2 + 1;
+    for _ in 0..if cfg!(miri) { 2 } else { 200 } {
+        let sem = Semaphore::new(0);
+        let start = std::sync::Barrier::new(2);
+        let panics = std::thread::scope(|s| {
+            let ths: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        start.wait();
+                        catch_unwind(AssertUnwindSafe(|| sem.add_permits(half))).is_err()
+                    })
+                })
+                .collect();
+            ths.into_iter()
+                .map(|t| usize::from(t.join().unwrap()))
+                .sum::<usize>()
+        });
+        assert_eq!(panics, 1);
+        assert_eq!(sem.available_permits(), half);
+    }
+}
+
+/// A waker that panics the first time it is woken.
+#[derive(Default)]
+struct PanickingWaker(AtomicUsize);
+
+impl Wake for PanickingWaker {
+    fn wake(self: Arc<Self>) {
+        if self.0.fetch_add(1, Ordering::SeqCst) == 0 {
+            panic!("waker panicked on purpose");
+        }
+    }
+}
+
+/// Issue #10, item 13: the release path wakes waiters in batches of 32
+/// outside the lock. A waker that panicked dropped the rest of its batch
+/// unwoken, and the permits not yet handed out (later waiters, the
+/// leftover) were lost. Now the hand-off completes, then the panic goes on.
+#[test]
+fn panicking_waker_does_not_strand_waiters_or_permits() {
+    // 10 waiters, the panicking one, 40 more: two batches, and a leftover.
+    let sem = Semaphore::new(0);
+    let panicky = Arc::new(PanickingWaker::default());
+    let panicky_waker = Waker::from(panicky.clone());
+    let counters: Vec<_> = (0..50).map(|_| counting_waker()).collect();
+    let mut futs: Vec<_> = (0..51).map(|_| Box::pin(sem.acquire())).collect();
+    let waker_of = |i: usize| match i {
+        10 => &panicky_waker,
+        i if i < 10 => &counters[i].1,
+        i => &counters[i - 1].1,
+    };
+    for (i, f) in futs.iter_mut().enumerate() {
+        assert!(poll_once(f.as_mut(), waker_of(i)).is_pending());
+    }
+
+    let issued = 51 + 5;
+    let msg = panic_message(catch_unwind(AssertUnwindSafe(|| sem.add_permits(issued))));
+    assert_eq!(msg.as_deref(), Some("waker panicked on purpose"));
+
+    assert_eq!(panicky.0.load(Ordering::SeqCst), 1);
+    for (i, (count, _)) in counters.iter().enumerate() {
+        assert_eq!(
+            count.0.load(Ordering::SeqCst),
+            1,
+            "waiter {i} was not woken"
+        );
+    }
+    let held: Vec<_> = futs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, f)| match poll_once(f.as_mut(), waker_of(i)) {
+            Poll::Ready(Ok(p)) => p,
+            other => panic!("waiter {i}: {other:?}"),
+        })
+        .collect();
+    let held_n: usize = held.iter().map(|p| p.num_permits()).sum();
+    assert_eq!(sem.available_permits() + held_n, issued);
+    drop(held);
+    assert_eq!(sem.available_permits(), issued);
+}
+
+/// Same bug through a permit's drop, with a partly assigned `acquire_many`
+/// behind the panicking waiter: it must get its share, and the count must
+/// stay exact (available + held + assigned == issued).
+#[test]
+fn panicking_waker_on_permit_drop_still_hands_off_every_permit() {
+    let sem = Semaphore::new(4);
+    let permit = sem.try_acquire_many(4).unwrap();
+    let panicky_waker = Waker::from(Arc::new(PanickingWaker::default()));
+    let (first_count, first) = counting_waker();
+    let (big_count, big_waker) = counting_waker();
+    let mut p = pin!(sem.acquire());
+    let mut a = pin!(sem.acquire());
+    let mut big = pin!(sem.acquire_many(5));
+    assert!(poll_once(p.as_mut(), &panicky_waker).is_pending());
+    assert!(poll_once(a.as_mut(), &first).is_pending());
+    assert!(poll_once(big.as_mut(), &big_waker).is_pending());
+
+    let mut permit = Some(permit);
+    let r = catch_unwind(AssertUnwindSafe(|| drop(permit.take())));
+    assert!(r.is_err());
+    assert_eq!(first_count.0.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        big_count.0.load(Ordering::SeqCst),
+        0,
+        "owed 3 more, not woken"
+    );
+    // 1 + 1 handed out, 2 assigned to `big`, none available.
+    assert_eq!(sem.available_permits(), 0);
+    let held_p = match poll_once(p.as_mut(), &panicky_waker) {
+        Poll::Ready(Ok(p)) => p,
+        other => panic!("{other:?}"),
+    };
+    let held_a = match poll_once(a.as_mut(), &first) {
+        Poll::Ready(Ok(p)) => p,
+        other => panic!("{other:?}"),
+    };
+    sem.add_permits(3);
+    assert_eq!(big_count.0.load(Ordering::SeqCst), 1);
+    let held_big = match poll_once(big.as_mut(), &big_waker) {
+        Poll::Ready(Ok(p)) => p,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(held_big.num_permits(), 5);
+    drop((held_p, held_a, held_big));
+    assert_eq!(sem.available_permits(), 4 + 3);
+}
+
+/// `close` wakes in batches too: a panicking waker must not leave the other
+/// waiters asleep forever.
+#[test]
+fn panicking_waker_in_close_does_not_strand_waiters() {
+    let sem = Semaphore::new(0);
+    let panicky_waker = Waker::from(Arc::new(PanickingWaker::default()));
+    let counters: Vec<_> = (0..40).map(|_| counting_waker()).collect();
+    let mut p = Box::pin(sem.acquire());
+    assert!(poll_once(p.as_mut(), &panicky_waker).is_pending());
+    let mut futs: Vec<_> = (0..40).map(|_| Box::pin(sem.acquire())).collect();
+    for (f, (_, w)) in futs.iter_mut().zip(&counters) {
+        assert!(poll_once(f.as_mut(), w).is_pending());
+    }
+    assert!(catch_unwind(AssertUnwindSafe(|| sem.close())).is_err());
+    for (i, ((count, w), f)) in counters.iter().zip(&mut futs).enumerate() {
+        assert_eq!(
+            count.0.load(Ordering::SeqCst),
+            1,
+            "waiter {i} was not woken"
+        );
+        assert!(matches!(poll_once(f.as_mut(), w), Poll::Ready(Err(_))));
+    }
+    assert!(matches!(
+        poll_once(p.as_mut(), &panicky_waker),
+        Poll::Ready(Err(_))
+    ));
 }
 
 #[test]
@@ -275,7 +560,17 @@ fn types_are_send_sync_and_not_bigger_than_tokio() {
     send_sync(&sem.try_acquire().unwrap());
     send_sync(&sem.clone().try_acquire_owned().unwrap());
 
+    // Like tokio's, so `catch_unwind(|| sem.add_permits(n))` compiles.
+    fn unwind_safe<T: std::panic::UnwindSafe + std::panic::RefUnwindSafe>(_: &T) {}
+    unwind_safe(&*sem);
+    unwind_safe(&sem);
+    unwind_safe(&sem.try_acquire().unwrap());
+    unwind_safe(&sem.clone().try_acquire_owned().unwrap());
     let theirs = Arc::new(tokio::sync::Semaphore::new(1));
+    unwind_safe(&*theirs);
+    unwind_safe(&theirs.try_acquire().unwrap());
+    unwind_safe(&theirs.clone().try_acquire_owned().unwrap());
+
     let ours_size = std::mem::size_of_val(&sem.acquire());
     let their_size = std::mem::size_of_val(&theirs.acquire());
     assert!(

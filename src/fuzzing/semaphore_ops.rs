@@ -5,18 +5,47 @@
 //! both; afterwards the available count, every poll result and every wake
 //! must agree exactly. Conservation is checked at the end: with every future
 //! and permit dropped, the semaphore holds what was issued.
+//!
+//! Some waiters poll with a waker that panics when woken. An operation that
+//! wakes one must panic (once the hand-off is done), and must still wake
+//! every other waiter it satisfies and leave the count exactly as the model
+//! says (issue #10, item 13). libFuzzer's panic hook aborts on any panic,
+//! caught or not, so those waiters exist only outside `cfg(fuzzing)`.
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Wake, Waker};
 
 use super::CountingWaker;
 use crate::{Acquire, Semaphore, SemaphorePermit};
 
 const SLOTS: usize = 6;
+
+/// Whether some waiters get a waker that panics (see the module docs).
+const PANICKING_WAKERS: bool = !cfg!(fuzzing);
+
+/// Counts its wakes in the slot's counter, then panics.
+struct PanickingWaker(Arc<CountingWaker>);
+
+impl Wake for PanickingWaker {
+    fn wake(self: Arc<Self>) {
+        // Relaxed: single-threaded driver; the count is the only datum.
+        self.0 .0.fetch_add(1, Ordering::Relaxed);
+        panic!("semaphore_ops: waker panics on purpose");
+    }
+}
+
+/// Runs `f`, which panics iff it wakes a panicking waker: checks that it
+/// did exactly when the model says a panicking waiter was woken.
+fn expect_panic_iff<R>(panics: bool, what: &str, f: impl FnOnce() -> R) -> Option<R> {
+    let got = catch_unwind(AssertUnwindSafe(f));
+    assert_eq!(got.is_err(), panics, "{what}: panicked");
+    got.ok()
+}
 
 /// What the model believes a slot holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,6 +137,15 @@ pub fn semaphore_ops(data: &[u8]) {
         issued: start,
     };
     let wakers: Vec<Arc<CountingWaker>> = (0..SLOTS).map(|_| Arc::default()).collect();
+    // Whether the slot's future polls with a panicking waker.
+    let mut panicky = [false; SLOTS];
+    let waker_of = |slot: usize, panicky: bool| {
+        if panicky {
+            Waker::from(Arc::new(PanickingWaker(wakers[slot].clone())))
+        } else {
+            Waker::from(wakers[slot].clone())
+        }
+    };
     let mut real: Vec<Real<'_>> = (0..SLOTS).map(|_| Real::Empty).collect();
 
     for pair in ops.chunks(2) {
@@ -115,11 +153,23 @@ pub fn semaphore_ops(data: &[u8]) {
         let arg = pair.get(1).copied().unwrap_or(0);
         let slot = (arg as usize) % SLOTS;
         let n = (arg as usize / SLOTS) % 4; // 0..=3 permits
+
+        // Does this op wake a panicking waiter? Compare the model before
+        // and after it.
+        let before = spec.slots;
+        let wakes_panicky = |spec: &Spec| {
+            (0..SLOTS).any(|i| {
+                panicky[i]
+                    && matches!(before[i], Model::Queued { .. })
+                    && matches!(spec.slots[i], Model::Unlinked { woken: true, .. })
+            })
+        };
         match op % 8 {
             // Acquire n in an empty slot and poll it once.
             0 | 1 if matches!(spec.slots[slot], Model::Empty) => {
                 let mut fut = Box::pin(sem.acquire_many(n as u32));
-                let waker = Waker::from(wakers[slot].clone());
+                panicky[slot] = PANICKING_WAKERS && op / 8 % 4 == 0;
+                let waker = waker_of(slot, panicky[slot]);
                 wakers[slot].0.store(0, Ordering::Relaxed);
                 let got = fut.as_mut().poll(&mut Context::from_waker(&waker));
                 // Model: closed fails; 0 or enough permits with nobody
@@ -145,17 +195,28 @@ pub fn semaphore_ops(data: &[u8]) {
             // Poll a pending slot.
             2 => {
                 if let Real::Pending(fut) = &mut real[slot] {
-                    let waker = Waker::from(wakers[slot].clone());
-                    let got = fut.as_mut().poll(&mut Context::from_waker(&waker));
+                    let waker = waker_of(slot, panicky[slot]);
+                    let mut cx = Context::from_waker(&waker);
                     match spec.slots[slot] {
-                        Model::Queued { .. } => assert!(got.is_pending(), "queued slot ready"),
+                        Model::Queued { .. } => {
+                            let got = fut.as_mut().poll(&mut cx);
+                            assert!(got.is_pending(), "queued slot ready");
+                        }
                         Model::Unlinked { n, owed, .. } => {
                             if spec.closed {
-                                assert!(matches!(got, Poll::Ready(Err(_))));
+                                // Completing hands back what was assigned,
+                                // which may wake (and panic) another slot.
                                 spec.slots[slot] = Model::Empty;
-                                real[slot] = Real::Empty;
                                 spec.release(n - owed);
+                                let got = expect_panic_iff(wakes_panicky(&spec), "poll", || {
+                                    fut.as_mut().poll(&mut cx)
+                                });
+                                if let Some(got) = got {
+                                    assert!(matches!(got, Poll::Ready(Err(_))));
+                                }
+                                real[slot] = Real::Empty;
                             } else {
+                                let got = fut.as_mut().poll(&mut cx);
                                 let Poll::Ready(Ok(p)) = got else {
                                     panic!("assigned slot not ready")
                                 };
@@ -180,12 +241,13 @@ pub fn semaphore_ops(data: &[u8]) {
                     Model::Unlinked { n, owed, .. } => spec.release(n - owed),
                 }
                 spec.slots[slot] = Model::Empty;
-                real[slot] = Real::Empty;
+                let old = std::mem::replace(&mut real[slot], Real::Empty);
+                expect_panic_iff(wakes_panicky(&spec), "drop", || drop(old));
             }
             5 => {
-                sem.add_permits(n);
                 spec.issued += n;
                 spec.release(n);
+                expect_panic_iff(wakes_panicky(&spec), "add_permits", || sem.add_permits(n));
             }
             6 => {
                 let got = sem.forget_permits(n);
@@ -195,8 +257,8 @@ pub fn semaphore_ops(data: &[u8]) {
                 spec.issued -= want;
             }
             7 if arg % 4 == 0 => {
-                sem.close();
                 spec.close();
+                expect_panic_iff(wakes_panicky(&spec), "close", || sem.close());
             }
             _ => {
                 let got = sem.try_acquire_many(n as u32);
@@ -229,8 +291,11 @@ pub fn semaphore_ops(data: &[u8]) {
         }
     }
 
-    // Conservation: drop everything; every issued permit is back.
-    drop(real);
+    // Conservation: drop everything; every issued permit is back. (A drop
+    // may wake a panicking waiter; the hand-off must complete anyway.)
+    for r in real {
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(r)));
+    }
     assert_eq!(
         sem.available_permits(),
         spec.issued,

@@ -152,7 +152,20 @@ impl std::error::Error for TryAcquireError {}
 impl Semaphore {
     /// The maximum number of permits a semaphore can hold: `usize::MAX >> 3`.
     ///
-    /// Exceeding it panics.
+    /// Exceeding it panics, with tokio's messages and at tokio's moment:
+    /// [`new`](Self::new) or an acquire asking for more; or a release (an
+    /// [`add_permits`](Self::add_permits) call, or the drop of a permit)
+    /// whose permits, after serving the queued waiters, would push
+    /// [`available_permits`](Self::available_permits) past it. Like tokio,
+    /// `add_permits` only checks the permits available, not those held: a
+    /// permit out while `add_permits` fills the semaphore to the bound
+    /// panics when it is dropped.
+    ///
+    /// Unlike tokio, the count never passes the bound, even for a moment or
+    /// under concurrent calls: the release that would pass it is refused
+    /// (its permits are dropped, the count is unchanged) and then panics.
+    /// A permit dropped during unwinding does not panic a second time
+    /// (which would abort); its permits are dropped.
     ///
     /// # Examples
     ///
@@ -226,7 +239,15 @@ impl Semaphore {
     ///
     /// # Panics
     ///
-    /// If the count would exceed [`Semaphore::MAX_PERMITS`].
+    /// If the permits left after serving the queued waiters would push the
+    /// available count past [`Semaphore::MAX_PERMITS`]. The waiters served
+    /// are still woken; the rest is not added. See
+    /// [`MAX_PERMITS`](Self::MAX_PERMITS) for a permit's drop panicking
+    /// after the semaphore was filled to the bound.
+    ///
+    /// A waker that panics when woken does not stop the hand-off: every
+    /// other satisfied waiter is woken and the leftover stored, then the
+    /// waker's panic is resumed here.
     ///
     /// # Examples
     ///
@@ -235,6 +256,11 @@ impl Semaphore {
     /// let semaphore = Semaphore::new(0);
     /// semaphore.add_permits(2);
     /// assert_eq!(semaphore.available_permits(), 2);
+    ///
+    /// let full = Semaphore::new(Semaphore::MAX_PERMITS);
+    /// let overflow = std::panic::catch_unwind(|| full.add_permits(1));
+    /// assert!(overflow.is_err());
+    /// assert_eq!(full.available_permits(), Semaphore::MAX_PERMITS);
     /// ```
     #[track_caller]
     pub fn add_permits(&self, n: usize) {
@@ -260,6 +286,12 @@ impl Semaphore {
     /// Closes the semaphore: queued and future acquires fail with
     /// [`AcquireError`], `try_acquire` fails with
     /// [`TryAcquireError::Closed`]. Permits already held stay valid.
+    ///
+    /// # Panics
+    ///
+    /// Only if a queued waiter's waker panics when woken, and only after
+    /// every queued waiter has been failed and woken: the waker's panic is
+    /// resumed once the close is complete.
     ///
     /// # Examples
     ///
@@ -585,6 +617,16 @@ impl Semaphore {
         self.raw.release(n);
     }
 }
+
+// Unwind safe, like tokio's `Semaphore` (so `catch_unwind(|| sem.add_permits(n))`
+// compiles after a switch from tokio). The raw pointers and cells inside
+// opt it out automatically, but no panic leaves the semaphore half-updated:
+// the `MAX_PERMITS` and request-size checks panic before changing anything;
+// a panicking waker (clone, wake or drop) runs outside the lock, and a
+// panicking wake is resumed only after the hand-off it interrupted is
+// complete; the wait-list mutex does not poison.
+impl std::panic::UnwindSafe for Semaphore {}
+impl std::panic::RefUnwindSafe for Semaphore {}
 
 impl fmt::Debug for Semaphore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -30,6 +30,15 @@
 //! with a CAS too, so the release either lands first (the waiter sees the
 //! permits) or sees `QUEUED` and goes to the lock.
 //!
+//! The same CAS enforces `MAX_PERMITS`: it is conditioned on the count it
+//! checked, so the count can never pass the bound (see [`overflow`] for
+//! when that panics, and how it matches tokio).
+//!
+//! The locked path wakes in batches after unlocking. A waker that panics
+//! strands nothing: the rest of its batch is woken, the remaining waiters
+//! are served and the leftover stored, and then the panic is resumed
+//! (`WakeBatch` in `wait_list.rs`; tokio drops the rest of the batch).
+//!
 //! # The waiter node
 //!
 //! Each pending acquire owns a [`Node`] pinned inside its future. Its `state`
@@ -47,12 +56,10 @@
 use core::fmt;
 use core::pin::Pin;
 use core::ptr::NonNull;
-use core::task::{Context, Poll, Waker};
+use core::task::{Context, Poll};
 
-use smallvec::SmallVec;
-
-use crate::sync::{AtomicUsize, Backoff, Mutex, MutexGuard, Ordering, WAKE_BATCH};
-use crate::wait_list::{WaitList, WaitNode};
+use crate::sync::{AtomicUsize, Backoff, Mutex, MutexGuard, Ordering};
+use crate::wait_list::{Panic, WaitList, WaitNode, WakeBatch};
 
 use super::{AcquireError, TryAcquireError};
 
@@ -95,12 +102,14 @@ pub(crate) struct Waiter {
     phase: Phase,
 }
 
-type WakeList = SmallVec<[Waker; WAKE_BATCH]>;
-
-fn wake_all(wakers: &mut WakeList) {
-    for waker in wakers.drain(..) {
-        waker.wake();
-    }
+/// What [`RawSemaphore::add_unqueued`] did.
+enum Added {
+    /// The permits are in the word.
+    Done,
+    /// `QUEUED` is set: the permits must go through the wait list.
+    Queued,
+    /// The count would pass `MAX_PERMITS`; nothing was added.
+    Overflow,
 }
 
 impl RawSemaphore {
@@ -170,18 +179,43 @@ impl RawSemaphore {
         }
     }
 
-    /// Returns `n` permits. Lock-free unless a waiter is queued.
+    /// Returns (or adds) `n` permits. Lock-free unless a waiter is queued.
+    ///
+    /// Panics, like tokio, if what is left after serving the queued waiters
+    /// would push the available count past `MAX_PERMITS` (see
+    /// [`overflow`]); the count is then left as it was.
     #[inline]
+    #[track_caller]
     pub(crate) fn release(&self, n: usize) {
         if n == 0 {
             return;
         }
+        match self.add_unqueued(n) {
+            Added::Done => {}
+            Added::Queued => self.release_slow(n),
+            Added::Overflow => overflow(n),
+        }
+    }
+
+    /// Adds `n` permits to the word, one CAS per attempt, unless `QUEUED`
+    /// is set or the count would pass `MAX_PERMITS`. The bound is checked
+    /// on the very value the CAS is conditioned on, so two concurrent
+    /// additions can never both pass it, and it costs no extra atomic.
+    #[inline]
+    fn add_unqueued(&self, n: usize) -> Added {
         // Relaxed: the CAS below carries the ordering.
         let mut curr = self.state.load(Ordering::Relaxed);
         let backoff = Backoff::new();
         loop {
             if curr & QUEUED == QUEUED {
-                return self.release_slow(n);
+                return Added::Queued;
+            }
+            let avail = curr >> SHIFT;
+            // `avail <= MAX_PERMITS` always holds (this check guards every
+            // addition), so the subtraction cannot underflow; it also
+            // rejects `n > MAX_PERMITS` before `n << SHIFT` could wrap.
+            if n > MAX_PERMITS - avail {
+                return Added::Overflow;
             }
             // Release on success: pairs with the Acquire CAS of the next
             // `try_acquire` (or the enqueue CAS) that takes these permits.
@@ -191,7 +225,7 @@ impl RawSemaphore {
                 Ordering::Release,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return,
+                Ok(_) => return Added::Done,
                 Err(actual) => {
                     curr = actual;
                     backoff.spin();
@@ -202,6 +236,7 @@ impl RawSemaphore {
 
     #[cold]
     #[inline(never)]
+    #[track_caller]
     fn release_slow(&self, n: usize) {
         let guard = self.waiters.lock();
         self.release_locked(n, guard);
@@ -210,18 +245,34 @@ impl RawSemaphore {
     /// Hands `rem` permits to the oldest waiters, then stores what is left.
     /// Wakes the satisfied waiters after unlocking, in batches of
     /// `WAKE_BATCH` so the lock is never held while user code runs.
+    ///
+    /// Panics, if any, wait until the hand-off is complete: a waker that
+    /// panics is caught (the rest of its batch is still woken), the
+    /// remaining waiters are still served and the leftover still stored,
+    /// and only then is the panic resumed. Likewise a leftover that would
+    /// pass `MAX_PERMITS` is refused and reported after the lock is
+    /// released and every satisfied waiter woken.
+    #[track_caller]
     fn release_locked<'a>(&'a self, mut rem: usize, mut guard: MutexGuard<'a, WaitList<Node>>) {
-        let mut wakers = WakeList::new();
-        loop {
+        let mut wakers = WakeBatch::new();
+        let mut panicked: Option<Panic> = None;
+        // Whether the leftover was refused.
+        let refused = loop {
             // Relaxed: under the lock; `QUEUED` only changes under the lock.
             let curr = self.state.load(Ordering::Relaxed);
             if curr & QUEUED == 0 {
                 // Nobody waits (invariant 1), so the permits go to the word.
-                // Release: pairs with the Acquire CAS that takes them.
-                self.state.fetch_add(rem << SHIFT, Ordering::Release);
-                return;
+                // The batch is empty here (woken at the end of the last
+                // round). Lock-free paths still move the count, so CAS.
+                let added = self.add_unqueued(rem);
+                drop(guard);
+                match added {
+                    Added::Done => break false,
+                    Added::Overflow => break true,
+                    Added::Queued => unreachable!("QUEUED is only set under the lock"),
+                }
             }
-            while rem > 0 && wakers.len() < WAKE_BATCH {
+            while rem > 0 && !wakers.is_full() {
                 let Some(node) = guard.front() else { break };
                 // SAFETY: linked nodes are live (they unlink themselves
                 // under this lock before they are dropped).
@@ -246,45 +297,46 @@ impl RawSemaphore {
                     wakers.push(waker);
                 }
             }
+            // `Some(refused)` once the hand-off is complete.
             let done = if guard.is_empty() {
-                // Clear QUEUED and publish the leftover in one RMW; the
-                // count is 0 while QUEUED is set (invariant 1), and CLOSED
+                // The count is 0 while QUEUED is set (invariant 1), so the
+                // leftover fits unless it alone passes the bound; then it
+                // is refused, but QUEUED is still cleared.
+                let refused = rem > MAX_PERMITS;
+                let stored = if refused { 0 } else { rem };
+                // Clear QUEUED and publish the leftover in one RMW; CLOSED
                 // is left as it is.
                 // Release: pairs with the Acquire CAS that takes them.
                 self.state
-                    .fetch_add((rem << SHIFT).wrapping_sub(QUEUED), Ordering::Release);
-                true
+                    .fetch_add((stored << SHIFT).wrapping_sub(QUEUED), Ordering::Release);
+                Some(refused)
+            } else if rem == 0 {
+                Some(false)
             } else {
-                rem == 0
+                None
             };
             drop(guard);
-            wake_all(&mut wakers);
-            if done {
-                return;
+            if let Some(payload) = wakers.wake_all() {
+                panicked.get_or_insert(payload);
+            }
+            if let Some(refused) = done {
+                break refused;
             }
             guard = self.waiters.lock();
+        };
+        if let Some(payload) = panicked {
+            std::panic::resume_unwind(payload);
+        }
+        if refused {
+            overflow(rem);
         }
     }
 
-    /// Adds `n` new permits, panicking (before changing anything) if the
-    /// count would pass `MAX_PERMITS`.
+    /// Adds `n` new permits: exactly a release, as in tokio (see
+    /// [`overflow`] for when it panics).
+    #[inline]
     #[track_caller]
     pub(crate) fn add_permits(&self, n: usize) {
-        if n == 0 {
-            return;
-        }
-        assert!(
-            n <= MAX_PERMITS,
-            "cannot add more than MAX_PERMITS permits ({})",
-            MAX_PERMITS
-        );
-        let prev = self.available_permits();
-        assert!(
-            prev + n <= MAX_PERMITS,
-            "number of added permits ({}) would overflow MAX_PERMITS ({})",
-            n,
-            MAX_PERMITS
-        );
         self.release(n);
     }
 
@@ -325,9 +377,12 @@ impl RawSemaphore {
         // (the enqueue path checks CLOSED under the same lock).
         // Release: pairs with the Acquire load in `is_closed`/`poll`.
         self.state.fetch_or(CLOSED, Ordering::Release);
-        let mut wakers = WakeList::new();
+        let mut wakers = WakeBatch::new();
+        // A panicking waker is resumed only after every waiter is failed
+        // and woken (see `release_locked`).
+        let mut panicked: Option<Panic> = None;
         loop {
-            while wakers.len() < WAKE_BATCH {
+            while !wakers.is_full() {
                 let Some(node) = guard.pop_front() else { break };
                 // SAFETY: the node was linked, so it is live; lock held.
                 // Relaxed: a linked node's state is written under the lock.
@@ -345,11 +400,16 @@ impl RawSemaphore {
                 self.state.fetch_and(!QUEUED, Ordering::Release);
             }
             drop(guard);
-            wake_all(&mut wakers);
+            if let Some(payload) = wakers.wake_all() {
+                panicked.get_or_insert(payload);
+            }
             if empty {
-                return;
+                break;
             }
             guard = self.waiters.lock();
+        }
+        if let Some(payload) = panicked {
+            std::panic::resume_unwind(payload);
         }
     }
 
@@ -554,6 +614,49 @@ impl RawSemaphore {
 #[track_caller]
 fn polled_after_completion() -> ! {
     panic!("`Acquire` polled after completion")
+}
+
+/// A release (or `add_permits`) would push the available count past
+/// `MAX_PERMITS`: panic with tokio's messages, at tokio's moment.
+///
+/// # The decision
+///
+/// tokio 1.x (`batch_semaphore.rs`, `add_permits_locked`) makes
+/// `add_permits` and a permit's drop the same operation, and checks the
+/// bound only on what is left after feeding the queued waiters. So
+/// `new(1)`, hold the permit, `add_permits(MAX_PERMITS)` succeeds, and it
+/// is the permit's *drop* that panics with "number of added permits (1)
+/// would overflow MAX_PERMITS". We do the same, for the same inputs and at
+/// the same call, with the same two messages. We do not panic earlier in
+/// `add_permits` (which would need a count of the permits held out): that
+/// would reject programs tokio accepts, e.g. ones whose held permits are
+/// later `forget`-ten and never come back.
+///
+/// Where we differ, we are stricter about the state: tokio adds first and
+/// asserts after (leaving `MAX_PERMITS + 1` available); we check the value
+/// the CAS is conditioned on and refuse the addition, so the count never
+/// passes `MAX_PERMITS` (the word cannot wrap) and concurrent additions
+/// cannot both slip under the bound. The refused permits are dropped; the
+/// satisfied waiters are still woken. The check reuses the value the fast
+/// path already loaded: no extra atomic on release.
+///
+/// A permit dropped while its thread is already unwinding does not panic a
+/// second time (that would abort the process, as tokio does): its refused
+/// permits are dropped silently.
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn overflow(added: usize) {
+    if std::thread::panicking() {
+        return;
+    }
+    if added > MAX_PERMITS {
+        panic!("cannot add more than MAX_PERMITS permits ({})", MAX_PERMITS);
+    }
+    panic!(
+        "number of added permits ({}) would overflow MAX_PERMITS ({})",
+        added, MAX_PERMITS
+    );
 }
 
 /// tokio's check and message, for requests that cannot fit the word (only
