@@ -192,6 +192,12 @@ fn explore() {
     }).collect();
     let rows: Vec<(f64, u64, &Run)> = rates.iter().zip(&runs).map(|(&r, run)| (r, secs, run)).collect();
     print_table("jitter 5..150ms", &rows);
+    let runs: Vec<Run> = rates.iter().map(|&r| {
+        let mut rng = fastrand::Rng::with_seed(7);
+        simulate_with(&cfg, r, 2, secs, move || rng.u64(5_000_000..30_000_000))
+    }).collect();
+    let rows: Vec<(f64, u64, &Run)> = rates.iter().zip(&runs).map(|(&r, run)| (r, secs, run)).collect();
+    print_table("jitter 5..30ms", &rows);
     for b in [1u64, 4, 10] {
         let runs: Vec<Run> = rates.iter().map(|&r| simulate(&cfg, r, b, secs, 5_000_000)).collect();
         let rows: Vec<(f64, u64, &Run)> = rates.iter().zip(&runs).map(|(&r, run)| (r, secs, run)).collect();
@@ -207,7 +213,20 @@ fn debug_one() {
     let cfg = AdaptiveRate::new();
     let r: f64 = std::env::var("R").unwrap().parse().unwrap();
     let lat: u64 = std::env::var("LAT").unwrap().parse().unwrap();
-    let run = simulate(&cfg, r, 2, 30, lat * 1_000_000);
+    let b: u64 = std::env::var("B").map_or(2, |b| b.parse().unwrap());
+    let jit: u64 = std::env::var("JIT").map_or(0, |b| b.parse().unwrap());
+    let mut rng = fastrand::Rng::with_seed(7);
+    let run = simulate_with(&cfg, r, b, 30, move || lat * 1_000_000 + rng.u64(0..=jit * 1_000_000));
     print_table("debug", &[(r, 30, &run)]);
     for (t, r) in &run.trace { println!("{t:.3} {r:.2}"); }
+}
+
+#[test]
+fn explore_fixed() {
+    for (r, fixed) in [(25.0, 12.0), (25.0, 15.0), (25.0, 20.0), (25.0, 22.5), (60.0, 20.0), (60.0, 30.0), (60.0, 40.0), (60.0, 54.0)] {
+        let cfg = AdaptiveRate::new().initial(Some(fixed)).min_rate(fixed).max_rate(fixed);
+        let mut rng = fastrand::Rng::with_seed(7);
+        let run = simulate_with(&cfg, r, 2, 30, move || rng.u64(5_000_000..150_000_000));
+        print_table(&format!("fixed {fixed} jitter 5..150"), &[(r, 30, &run)]);
+    }
 }

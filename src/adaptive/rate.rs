@@ -3,53 +3,75 @@
 //! feeds every reply and which answers with the [`Quota`] the credential's
 //! token bucket should use.
 //!
-//! # The algorithm
+//! # Why not plain AIMD
+//!
+//! Each 429 costs a hold of the credential (`Retry-After`, typically 1 s,
+//! 3–5% of a 30 s run), and at 4 requests/s a 5% budget of 429s is four
+//! of them. AIMD with a factor of 0.5 averages 75% of the server's rate
+//! and keeps sawing into it. This controller instead *measures* the
+//! server's rate from the replies, settles just below it after one or two
+//! 429s, and probes above it rarely.
+//!
+//! # The bounds
 //!
 //! A server that limits a credential to `R` requests per second with a
 //! burst of `b` (GCRA, or a token bucket) admits, over any window of length
-//! `w`, at most `b + R·w` requests. The controller keeps the replies of the
-//! current *epoch* (since its last decrease) and turns that fact into two
-//! bounds when a 429 arrives:
+//! `w`, at most `b + R·w` requests. The controller records the successes
+//! of the current *epoch* (since its last decrease; the last 128) and turns
+//! that into two bounds when a 429 arrives:
 //!
-//! * **floor**: `n` successes whose server arrivals fit in a window `w`
-//!   prove `R ≥ (n − b) / w`. `w` runs from the first request's send to
-//!   the last reply, so it is never shorter than the server's window,
-//!   whatever the latency. The floor is the best such bound over the
-//!   windows of the last 128 successes.
-//! * **ceiling**: a request refused at `t` while the server's bucket was
-//!   full at the epoch's start means that, for some earlier success `i`,
-//!   `R < (n_i + 1 − b) / (t − t_i)`, with `n_i` the successes since `i`;
-//!   the largest of those is an upper bound. The rate in force when the
-//!   429 came is one too; the lower of the two is the ceiling.
+//! * **floor**: `n` successes that reached the server within `w` prove
+//!   `R ≥ (n − b) / w`; the floor is the best such bound over the epoch's
+//!   windows.
+//! * **ceiling**: a request refused at `t`, when the server's bucket was
+//!   full at the epoch's start, proves `R < (n_i + 1 − b) / (t − t_i)` for
+//!   some earlier success `i` (with `n_i` the successes since `i`); the
+//!   largest of those is an upper bound. The rate that was refused is one
+//!   too; the ceiling is the lower of the two.
+//!
+//! The server is assumed to see a request halfway through its round trip.
+//! The ceiling is only used when it can be trusted: when round trips vary
+//! by less than one period (so no success can still be in flight behind
+//! the refusal), when the pause before the epoch was long enough to refill
+//! `b` requests, and when it is above the floor.
 //!
 //! `b` is the [`server_burst`](AdaptiveRate::server_burst) assumption
 //! (default 2). The floor is exact when it is at least the real burst, the
-//! ceiling when it is at most; a wrong guess costs about `error / w`
-//! requests per second, so it fades as the epochs grow longer.
+//! ceiling when it is at most. A wrong guess costs about `error / w`
+//! requests per second, so it fades as the epochs grow longer, and a 429
+//! at a rate the floor had proven doubles the assumption.
+//!
+//! # Decreases
 //!
 //! On a 429 the new rate is the floor, but never below
 //! [`decrease`](AdaptiveRate::decrease) × the ceiling (the classic
 //! multiplicative decrease, for a 429 that came too fast to measure
-//! anything), and always at least 2% below the rate that was refused. 429s
-//! of requests sent before the last decrease are ignored, so a burst of
-//! them (everything that was in flight) lowers the rate once per round
+//! anything), and always at least 2% below the rate that was refused.
+//! 429s of requests sent before the last decrease are ignored, so a burst
+//! of them (everything that was in flight) lowers the rate once per round
 //! trip.
 //!
-//! Increases:
+//! # Increases
 //!
-//! * **slow start** (until the first 429): +1 request/s per success, so
+//! * **slow start**, until the first 429: +1 request/s per success, so
 //!   the rate roughly doubles every second and a low initial guess costs
 //!   little;
-//! * after a decrease the rate **holds**: briefly when the floor and the
-//!   ceiling are far apart (the cut was a guess), then climbs by 50% of the
-//!   rate per second up to the ceiling; for
-//!   [`probe_after`](AdaptiveRate::probe_after) (default 10 s, and at
-//!   least 100 successes) when they agree, since each probe above the
-//!   server's rate costs one 429. Each probe that finds the same ceiling
-//!   doubles that wait (up to 16×);
-//! * a **probe** then raises the rate additively by
-//!   [`probe_gain`](AdaptiveRate::probe_gain) × the plateau rate per
-//!   second (default 5%) until the next 429.
+//! * after a **settled** decrease (the floor is within 15% of the
+//!   ceiling) the rate holds for [`probe_after`](AdaptiveRate::probe_after)
+//!   (default 10 s, and at least 100 successes), since each probe above the
+//!   server's rate costs one 429; a probe that finds the same limit again
+//!   doubles that wait, up to 16×;
+//! * after a **guessed** decrease the rate holds just long enough for a
+//!   too-high guess to draw its 429, then climbs by 50% per second to
+//!   halfway between the guess and the ceiling;
+//! * a **probe** then raises the rate by
+//!   [`probe_gain`](AdaptiveRate::probe_gain) × the starting rate per
+//!   second (default 5%), until the next 429.
+//!
+//! The rate only grows while the client uses it: when requests leave at
+//! less than half the rate (the callers have nothing to send), it stays
+//! where it is, so an idle credential does not come back with a rate it
+//! never tried.
 //!
 //! A `RateLimit`/`X-RateLimit` header ([`RateOutcome::ServerLimit`]) sets
 //! the rate to the server's numbers at once and caps every later probe
@@ -60,12 +82,14 @@
 //! Every method takes `&self`; the state sits behind a small
 //! `parking_lot::Mutex`, held for a few arithmetic operations per reply
 //! (and, on a 429 that lowers the rate, a pass over at most 128 recorded
-//! successes). This is a harness-level object fed once per reply, not a
-//! hot-path primitive: the token bucket it configures stays lock-free.
+//! successes: about 8,000 steps, once per round trip at most). This is a
+//! harness-level object fed once per reply, not a hot-path primitive: the
+//! token bucket it configures stays lock-free.
 
 use core::fmt;
 use core::num::NonZeroU32;
 use core::time::Duration;
+use std::collections::VecDeque;
 
 use parking_lot::Mutex;
 
@@ -79,6 +103,12 @@ const ABS_MIN_RATE: f64 = 1e-3;
 const ABS_MAX_RATE: f64 = 1e9;
 /// Successes kept for the bounds.
 const WINDOW: usize = 128;
+/// Round trips kept to judge whether replies can overtake each other.
+const RTTS: usize = 32;
+/// Successes looked at to tell whether the callers use the rate.
+const USE_WINDOW: usize = 8;
+/// Below this share of the rate in use, the rate does not grow.
+const IN_USE: f64 = 0.5;
 /// A decrease always lands at least this fraction below the refused rate.
 const MIN_CUT: f64 = 0.02;
 /// Floor / ceiling at or above this: the estimate is settled.
@@ -89,6 +119,8 @@ const CLIMB_GAIN: f64 = 0.5;
 const PROBE_MIN_SUCCESSES: u64 = 100;
 /// The probe wait grows up to this multiple of `probe_after`.
 const MAX_PROBE_BACKOFF: u32 = 16;
+/// The server burst assumption doubles up to this.
+const MAX_SERVER_BURST: u32 = 1024;
 /// A new quota is handed out when the rate moved by at least this fraction.
 const REQUOTA: f64 = 0.01;
 
@@ -431,9 +463,14 @@ impl AdaptiveRate {
                 phase,
                 decreased_at: None,
                 epoch_start: now_nanos,
-                epoch: Vec::with_capacity(WINDOW),
+                epoch: VecDeque::with_capacity(WINDOW),
+                epoch_first: None,
                 backoff: 1,
                 last_settled: None,
+                proven: None,
+                server_burst: cfg.server_burst,
+                rtts: [0; RTTS],
+                replies: 0,
             }),
             cfg,
         }
@@ -484,7 +521,11 @@ struct Sample {
 impl Sample {
     /// When the server saw the request: halfway through its round trip.
     fn arrival(&self) -> u64 {
-        self.sent + (self.recv - self.sent) / 2
+        self.sent + self.rtt() / 2
+    }
+
+    fn rtt(&self) -> u64 {
+        self.recv - self.sent
     }
 }
 
@@ -529,12 +570,23 @@ struct State {
     /// Successes of requests sent before this (the controller's creation
     /// or the last decrease) are not evidence for the current epoch.
     epoch_start: u64,
-    /// Successes of the current epoch, at most `WINDOW`, in reply order.
-    epoch: Vec<Sample>,
+    /// Successes of the current epoch, the last `WINDOW`, in reply order.
+    epoch: VecDeque<Sample>,
+    /// When the epoch's first recorded success was sent.
+    epoch_first: Option<u64>,
     /// The probe wait, in multiples of `probe_after`.
     backoff: u32,
     /// The rate the last settled decrease landed on.
     last_settled: Option<f64>,
+    /// The rate held, when the floor proved it.
+    proven: Option<f64>,
+    /// The server burst assumed: `server_burst`, doubled each time a
+    /// proven rate is refused.
+    server_burst: u32,
+    /// The round trips of the last `RTTS` replies, any outcome.
+    rtts: [u64; RTTS],
+    /// Replies seen, all outcomes (the next slot in `rtts`).
+    replies: u64,
 }
 
 impl RateController {
@@ -597,6 +649,11 @@ impl RateController {
     pub fn on_reply(&self, now: u64, sent_at: u64, outcome: RateOutcome) -> Option<Quota> {
         let now = now.max(sent_at);
         let mut st = self.state.lock();
+        if outcome != RateOutcome::Ignored {
+            let slot = (st.replies % RTTS as u64) as usize;
+            st.rtts[slot] = now - sent_at;
+            st.replies += 1;
+        }
         let changed = match outcome {
             RateOutcome::Ignored => return None,
             RateOutcome::Success => {
@@ -637,17 +694,25 @@ impl RateController {
             return;
         }
         if st.epoch.len() == WINDOW {
-            st.epoch.remove(0);
+            st.epoch.pop_front();
         }
-        st.epoch.push(Sample {
+        st.epoch.push_back(Sample {
             sent: sent_at,
             recv: now,
         });
+        st.epoch_first.get_or_insert(sent_at);
         let cfg = &self.cfg;
+        let in_use = st.in_use();
         st.phase = match st.phase {
             Phase::SlowStart => {
-                st.rate += 1.0;
+                if in_use {
+                    st.rate += 1.0;
+                }
                 Phase::SlowStart
+            }
+            Phase::Climb { .. } | Phase::Probe { .. } if !in_use => {
+                // The callers do not use the rate: grow from here later.
+                st.phase.rebased(now, st.rate)
             }
             Phase::Hold {
                 until,
@@ -700,17 +765,33 @@ impl RateController {
 
     fn throttled(&self, st: &mut State, now: u64, sent_at: u64) {
         let cfg = &self.cfg;
-        let b = cfg.server_burst as f64;
         let refused = st.rate;
-        let (floor, ceiling) = bounds(&st.epoch, sent_at, now, b);
+        if matches!(st.phase, Phase::Hold { climb_to: None, .. })
+            && st.proven.is_some_and(|p| refused <= p)
+        {
+            // Refused at a rate the floor had proven: the server allows a
+            // larger burst than assumed, which inflated the floor.
+            st.server_burst = st.server_burst.saturating_mul(2).min(MAX_SERVER_BURST);
+        }
+        let b = st.server_burst as f64;
+        let idle = match (st.decreased_at, st.epoch_first) {
+            (Some(d), Some(first)) => first.saturating_sub(d),
+            _ => u64::MAX,
+        };
+        let seen = &st.rtts[..(st.replies as usize).min(RTTS)];
+        let spread = seen.iter().max().unwrap_or(&0) - seen.iter().min().unwrap_or(&0);
+        let refusal = Sample {
+            sent: sent_at,
+            recv: now,
+        };
+        let epoch = st.epoch.make_contiguous();
+        let (floor, ceiling) = bounds(epoch, refusal, b, refused, idle, spread);
         let ceiling = ceiling.min(refused);
         let settled = floor >= SETTLED * ceiling;
-        if std::env::var_os("RATE_DEBUG").is_some() {
-            eprintln!("429 at {now}: refused {refused:.2} floor {floor:.2} ceiling {ceiling:.2} settled {settled} n {}", st.epoch.len());
-        }
-        let mut rate = floor.max(cfg.decrease * ceiling);
-        rate = rate.min(refused * (1.0 - MIN_CUT));
-        rate = rate.clamp(cfg.min_rate, st.cap.min(cfg.max_rate));
+        let guess = cfg.decrease * ceiling;
+        let mut rate = floor.max(guess).min(refused * (1.0 - MIN_CUT));
+        rate = rate.clamp(cfg.min_rate, st.cap);
+        st.proven = (floor >= guess && rate <= floor).then_some(rate);
         let probe_after = saturating_nanos(cfg.probe_after);
         st.phase = if settled {
             // A probe that found the same limit again: probe less often.
@@ -730,7 +811,7 @@ impl RateController {
             }
         } else {
             // A guess: hold long enough for a too-high guess to draw its
-            // 429, then climb back towards the ceiling.
+            // 429, then climb halfway back to the ceiling.
             st.last_settled = None;
             let trial = (2.0 * b + 2.0) / rate;
             Phase::Hold {
@@ -743,6 +824,7 @@ impl RateController {
         st.decreased_at = Some(now);
         st.epoch_start = now;
         st.epoch.clear();
+        st.epoch_first = None;
     }
 
     fn server_limit(
@@ -756,6 +838,7 @@ impl RateController {
         let cfg = &self.cfg;
         let cap = clamp_rate(per_sec, cfg.max_rate).clamp(cfg.min_rate, cfg.max_rate);
         st.server = Some(numbers);
+        st.proven = None;
         st.cap = cap;
         st.rate = cap;
         st.phase = Phase::Hold {
@@ -767,11 +850,51 @@ impl RateController {
     }
 }
 
-/// The floor and the ceiling the epoch's successes prove for a request
-/// refused after being sent at `refused_sent` and answered at
-/// `refused_recv`, with a server burst `b` (see the module docs). 0 and +∞
-/// when they prove nothing.
-fn bounds(epoch: &[Sample], refused_sent: u64, refused_recv: u64, b: f64) -> (f64, f64) {
+impl State {
+    /// Whether the callers send at a good share of the rate, judged from
+    /// the last few successes (yes while there are too few to tell).
+    fn in_use(&self) -> bool {
+        let n = self.epoch.len().min(USE_WINDOW);
+        if n < USE_WINDOW / 2 {
+            return true;
+        }
+        let recent = self.epoch.range(self.epoch.len() - n..);
+        let (lo, hi) = recent.fold((u64::MAX, 0), |(lo, hi), s| (lo.min(s.sent), hi.max(s.sent)));
+        let span = (hi - lo) as f64 / NANOS_PER_SEC;
+        (n - 1) as f64 >= IN_USE * self.rate * span
+    }
+}
+
+impl Phase {
+    /// The same growth, restarted from `rate` at `now`.
+    fn rebased(self, now: u64, rate: f64) -> Phase {
+        match self {
+            Phase::Climb { limit, .. } => Phase::Climb {
+                since: now,
+                base: rate,
+                limit,
+            },
+            Phase::Probe { .. } => Phase::Probe {
+                since: now,
+                base: rate,
+            },
+            other => other,
+        }
+    }
+}
+
+/// The floor and the ceiling the epoch's successes prove about the
+/// server's rate, given the `refusal` (sent at `rate`, after `idle` ns
+/// without requests), a server burst `b`, and round trips that vary by
+/// `spread` ns (see the module docs). 0 and +∞ when they prove nothing.
+fn bounds(
+    epoch: &[Sample],
+    refusal: Sample,
+    b: f64,
+    rate: f64,
+    idle: u64,
+    spread: u64,
+) -> (f64, f64) {
     let mut arrivals: Vec<u64> = epoch.iter().map(Sample::arrival).collect();
     arrivals.sort_unstable();
     // Floor: `n` successes within `span` prove `R >= (n - b) / span`.
@@ -786,12 +909,13 @@ fn bounds(epoch: &[Sample], refused_sent: u64, refused_recv: u64, b: f64) -> (f6
         }
     }
     // Ceiling: some success `i` before the refusal has
-    // `R < (n_i + 1 - b) / (refusal - arrival_i)`.
-    let refused = Sample {
-        sent: refused_sent,
-        recv: refused_recv,
+    // `R < (n_i + 1 - b) / (refusal - arrival_i)`. It needs every success
+    // before the refusal: when round trips differ by more than a period,
+    // some may still be in flight, and the ceiling proves nothing.
+    if spread as f64 * rate >= NANOS_PER_SEC {
+        return (floor, f64::INFINITY);
     }
-    .arrival();
+    let refused = refusal.arrival();
     let before = arrivals.partition_point(|&a| a < refused);
     let mut ceiling = 0.0f64;
     for (i, &a) in arrivals[..before].iter().enumerate() {
@@ -801,7 +925,12 @@ fn bounds(epoch: &[Sample], refused_sent: u64, refused_recv: u64, b: f64) -> (f6
             ceiling = ceiling.max((n + 1.0 - b) * NANOS_PER_SEC / span as f64);
         }
     }
-    if ceiling == 0.0 {
+    // ... and a server bucket that was full when the epoch began: idle
+    // long enough to refill `b` requests (at a rate near the ceiling).
+    let refilled = ceiling * idle as f64 >= b * NANOS_PER_SEC;
+    if ceiling == 0.0 || ceiling < floor || !refilled {
+        // Nothing proven, or the model does not fit (a larger burst, or
+        // other clients on the same quota).
         ceiling = f64::INFINITY;
     }
     (floor, ceiling)
