@@ -965,3 +965,100 @@ impl fmt::Debug for RateController {
             .finish()
     }
 }
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    /// GCRA at `rate`/s with burst `b`, as a server would run it.
+    struct Server {
+        period: u64,
+        tolerance: u64,
+        tat: u64,
+    }
+
+    impl Server {
+        fn new(rate: f64, b: u64) -> Server {
+            let period = (NANOS_PER_SEC / rate).round() as u64;
+            Server {
+                period,
+                tolerance: b * period,
+                tat: 0,
+            }
+        }
+
+        fn admit(&mut self, at: u64) -> bool {
+            let ok = self.tat.saturating_sub(self.tolerance - self.period) <= at;
+            if ok {
+                self.tat = self.tat.max(at) + self.period;
+            }
+            ok
+        }
+    }
+
+    /// Sends from a full server at a random, rising pace until the first
+    /// refusal; returns the successes and the refusal.
+    fn until_refused(rng: &mut fastrand::Rng, server: &mut Server, rtt: u64) -> (Vec<Sample>, Sample) {
+        let mut t = 10_000 * MS; // long idle: the server is full
+        let mut gap = rng.u64(1..4 * server.period);
+        let mut ok = Vec::new();
+        loop {
+            let s = Sample {
+                sent: t,
+                recv: t + rtt,
+            };
+            if !server.admit(s.arrival()) {
+                return (ok, s);
+            }
+            ok.push(s);
+            t += gap;
+            gap = gap * rng.u64(90..100) / 100 + 1;
+        }
+    }
+
+    #[test]
+    fn the_bounds_hold_the_servers_rate() {
+        let mut rng = fastrand::Rng::with_seed(11);
+        for _ in 0..2_000 {
+            let rate = 0.5 + rng.f64() * 200.0;
+            let b = rng.u64(1..6);
+            let rtt = rng.u64(0..100 * MS);
+            let mut server = Server::new(rate, b);
+            let (ok, refusal) = until_refused(&mut rng, &mut server, rtt);
+            let actual = NANOS_PER_SEC / server.period as f64;
+            let (floor, ceiling) = bounds(&ok, refusal, b as f64, 1e9, u64::MAX, 0);
+            assert!(floor <= actual * 1.000_001, "floor {floor} > {actual} (b {b})");
+            assert!(ceiling > actual, "ceiling {ceiling} <= {actual} (b {b})");
+        }
+    }
+
+    #[test]
+    fn an_untrusted_ceiling_proves_nothing() {
+        let ok: Vec<Sample> = (0..10)
+            .map(|i| Sample {
+                sent: i * 100 * MS,
+                recv: i * 100 * MS + MS,
+            })
+            .collect();
+        let refusal = Sample {
+            sent: 1000 * MS,
+            recv: 1001 * MS,
+        };
+        let (_, trusted) = bounds(&ok, refusal, 2.0, 10.0, u64::MAX, 0);
+        assert!(trusted.is_finite());
+        // Round trips vary by more than a period.
+        assert_eq!(bounds(&ok, refusal, 2.0, 10.0, u64::MAX, 200 * MS).1, f64::INFINITY);
+        // Too short a pause before the epoch to refill the server.
+        assert_eq!(bounds(&ok, refusal, 2.0, 10.0, MS, 0).1, f64::INFINITY);
+    }
+
+    #[test]
+    fn quota_for_keeps_the_fraction() {
+        let q = quota_for(4.3, NonZeroU32::MIN);
+        assert_eq!(q.period().as_nanos(), 232_558_140);
+        assert_eq!(quota_for(ABS_MAX_RATE, NonZeroU32::MIN).period().as_nanos(), 1);
+        assert_eq!(quota_for(ABS_MIN_RATE, NonZeroU32::MIN).period().as_secs(), 1000);
+    }
+}
