@@ -191,7 +191,11 @@ fn simulated_servers_are_found_without_a_429_storm() {
     let cfg = AdaptiveRate::new(); // initial guess 10/s, min 0.1, max 1000
     let secs = 30;
     let runs: Vec<Run> = RATES.iter().map(|&r| adaptive(&cfg, r, secs)).collect();
-    let rows: Vec<_> = RATES.iter().zip(&runs).map(|(&r, run)| (r, secs, run)).collect();
+    let rows: Vec<_> = RATES
+        .iter()
+        .zip(&runs)
+        .map(|(&r, run)| (r, secs, run))
+        .collect();
     print_table(
         "Adaptive rate, guess 10/s: GCRA server at R/s, burst 2, Retry-After 1 s, 5 ms round trip",
         &rows,
@@ -237,6 +241,13 @@ fn issue_11_a_fixed_default_rate_storms_slow_servers_and_starves_fast_ones() {
     }
 }
 
+/// A source of round trips for one simulated run.
+type Rtt = Box<dyn FnMut() -> u64>;
+
+/// One row group of the robustness table: its name, the server's burst,
+/// the burst assumed, the round trips, and whether the goals must hold.
+type Case = (&'static str, u64, u32, fn() -> Rtt, bool);
+
 /// Latency, jitter, other server bursts, a longer run: printed for the
 /// notes, asserted loosely (no storm, bounds kept). Very large jitter
 /// against a small server burst (5–150 ms at 25/s and 60/s) caps what any
@@ -247,12 +258,12 @@ fn robustness_table() {
     let cfg = AdaptiveRate::new();
     let secs = 30;
     let rates = [2.0, 4.0, 10.0, 25.0, 60.0];
-    type Rtt = Box<dyn FnMut() -> u64>;
-    let cases: Vec<(&str, u64, fn() -> Rtt, bool)> = vec![
-        ("round trip 50 ms", 2, || Box::new(|| 50 * MS), true),
-        ("round trip 200 ms", 2, || Box::new(|| 200 * MS), true),
+    let cases: Vec<Case> = vec![
+        ("round trip 50 ms", 2, 2, || Box::new(|| 50 * MS), true),
+        ("round trip 200 ms", 2, 2, || Box::new(|| 200 * MS), true),
         (
             "round trip 5..30 ms (replies overtake)",
+            2,
             2,
             || {
                 let mut rng = fastrand::Rng::with_seed(7);
@@ -263,22 +274,60 @@ fn robustness_table() {
         (
             "round trip 5..150 ms",
             2,
+            2,
             || {
                 let mut rng = fastrand::Rng::with_seed(7);
                 Box::new(move || rng.u64(5 * MS..150 * MS))
             },
             false,
         ),
-        ("server burst 1 (assumed 2)", 1, || Box::new(|| 5 * MS), false),
-        ("server burst 4 (assumed 2)", 4, || Box::new(|| 5 * MS), false),
-        ("server burst 10 (assumed 2)", 10, || Box::new(|| 5 * MS), false),
+        (
+            "server burst 1, assumed 2",
+            1,
+            2,
+            || Box::new(|| 5 * MS),
+            false,
+        ),
+        (
+            "server burst 1, assumed 1",
+            1,
+            1,
+            || Box::new(|| 5 * MS),
+            false,
+        ),
+        (
+            "server burst 2, assumed 1",
+            2,
+            1,
+            || Box::new(|| 5 * MS),
+            false,
+        ),
+        (
+            "server burst 4, assumed 2",
+            4,
+            2,
+            || Box::new(|| 5 * MS),
+            false,
+        ),
+        (
+            "server burst 10, assumed 2",
+            10,
+            2,
+            || Box::new(|| 5 * MS),
+            false,
+        ),
     ];
-    for (name, burst, rtt, tight) in cases {
+    for (name, burst, assumed, rtt, tight) in cases {
+        let cfg = cfg.clone().server_burst(assumed);
         let runs: Vec<Run> = rates
             .iter()
             .map(|&r| simulate(Client::Adaptive(&cfg), r, burst, secs, rtt()))
             .collect();
-        let rows: Vec<_> = rates.iter().zip(&runs).map(|(&r, run)| (r, secs, run)).collect();
+        let rows: Vec<_> = rates
+            .iter()
+            .zip(&runs)
+            .map(|(&r, run)| (r, secs, run))
+            .collect();
         print_table(name, &rows);
         for (&r, run) in rates.iter().zip(&runs) {
             let why = format!("{name}, R = {r}: {run:?}");
@@ -291,10 +340,18 @@ fn robustness_table() {
         }
     }
     let mut fixed_rows = Vec::new();
-    for (r, fixed) in [(25.0, 12.0), (25.0, 15.0), (25.0, 20.0), (60.0, 20.0), (60.0, 30.0)] {
+    for (r, fixed) in [
+        (25.0, 12.0),
+        (25.0, 15.0),
+        (25.0, 20.0),
+        (60.0, 20.0),
+        (60.0, 30.0),
+    ] {
         let q = Quota::new(fixed, 1).unwrap();
         let mut rng = fastrand::Rng::with_seed(7);
-        let run = simulate(Client::Fixed(q), r, 2, secs, move || rng.u64(5 * MS..150 * MS));
+        let run = simulate(Client::Fixed(q), r, 2, secs, move || {
+            rng.u64(5 * MS..150 * MS)
+        });
         fixed_rows.push((r, fixed, run));
     }
     println!("\nFixed rates at round trip 5..150 ms, for comparison\n");
@@ -307,7 +364,11 @@ fn robustness_table() {
         );
     }
     let long: Vec<Run> = rates.iter().map(|&r| adaptive(&cfg, r, 120)).collect();
-    let rows: Vec<_> = rates.iter().zip(&long).map(|(&r, run)| (r, 120, run)).collect();
+    let rows: Vec<_> = rates
+        .iter()
+        .zip(&long)
+        .map(|(&r, run)| (r, 120, run))
+        .collect();
     print_table("120 s, 5 ms round trip", &rows);
     for (&r, run) in rates.iter().zip(&long) {
         assert!(run.share(r, 120) >= 0.9, "R = {r}: {run:?}");
@@ -356,7 +417,9 @@ fn eight_simultaneous_429s_lower_the_rate_once() {
     let sent: Vec<u64> = (0..8).map(|i| i * 10 * MS).collect();
     let mut changes = 0;
     for &s in &sent {
-        if c.on_reply(s + 200 * MS, s, RateOutcome::Throttled).is_some() {
+        if c.on_reply(s + 200 * MS, s, RateOutcome::Throttled)
+            .is_some()
+        {
             changes += 1;
         }
     }
@@ -423,14 +486,26 @@ fn bad_config_values_are_clamped_not_a_panic() {
         }
     }
     // The documented clamps.
-    let c = AdaptiveRate::new().min_rate(50.0).max_rate(5.0).controller(0);
+    let c = AdaptiveRate::new()
+        .min_rate(50.0)
+        .max_rate(5.0)
+        .controller(0);
     assert_eq!(c.rate(), 50.0); // max below min is raised to min
-    let c = AdaptiveRate::new().initial(Some(f64::INFINITY)).max_rate(40.0).controller(0);
+    let c = AdaptiveRate::new()
+        .initial(Some(f64::INFINITY))
+        .max_rate(40.0)
+        .controller(0);
     assert_eq!(c.rate(), 40.0); // +inf: unlimited until the first 429
-    let c = AdaptiveRate::new().max_rate(f64::INFINITY).initial(None).controller(0);
+    let c = AdaptiveRate::new()
+        .max_rate(f64::INFINITY)
+        .initial(None)
+        .controller(0);
     assert_eq!(c.rate(), 1e9);
     assert_eq!(c.quota().period(), Duration::from_nanos(1));
-    let c = AdaptiveRate::new().min_rate(0.0).initial(Some(0.0)).controller(0);
+    let c = AdaptiveRate::new()
+        .min_rate(0.0)
+        .initial(Some(0.0))
+        .controller(0);
     assert_eq!(c.rate(), 0.001);
     assert_eq!(c.quota().period(), Duration::from_secs(1000));
 }
@@ -493,7 +568,10 @@ fn idle_callers_do_not_inflate_the_rate() {
 fn a_decrease_keeps_a_fractional_rate() {
     // Successes at 5/s for 2 s, then a 429: the floor is fractional and
     // the quota keeps it in nanoseconds.
-    let c = AdaptiveRate::new().initial(Some(5.0)).slow_start(false).controller(0);
+    let c = AdaptiveRate::new()
+        .initial(Some(5.0))
+        .slow_start(false)
+        .controller(0);
     for i in 0..10u64 {
         let sent = i * 200 * MS;
         c.on_reply(sent + 5 * MS, sent, RateOutcome::Success);
@@ -504,4 +582,35 @@ fn a_decrease_keeps_a_fractional_rate() {
     let rate = c.rate();
     assert!(rate.fract() != 0.0, "{rate}");
     assert_eq!(q.period().as_nanos(), (1e9 / rate).ceil() as u128);
+}
+
+/// Why the caller applies the new quota before the server's hold: a quota
+/// change keeps the bucket's debt in cells, so a lower rate applied after
+/// `penalize` stretches a 1 s hold.
+#[test]
+fn apply_the_quota_before_the_hold_or_the_hold_stretches() {
+    let hold = |quota_first: bool| {
+        let clock = ManualClock::new();
+        let c = AdaptiveRate::new().initial(Some(12.0)).controller(0);
+        let bucket = TokenBucket::with_clock(c.quota(), clock.clone());
+        bucket.try_acquire(1).unwrap();
+        clock.advance(Duration::from_millis(5));
+        let q = c
+            .on_reply(clock.now_nanos(), 0, RateOutcome::Throttled)
+            .unwrap();
+        if quota_first {
+            bucket.set_quota(q);
+            bucket.penalize(Duration::from_secs(1));
+        } else {
+            bucket.penalize(Duration::from_secs(1));
+            bucket.set_quota(q);
+        }
+        bucket.try_acquire(1).unwrap_err().wait().unwrap()
+    };
+    assert_eq!(hold(true), Duration::from_secs(1));
+    assert!(
+        hold(false) > Duration::from_millis(1500),
+        "{:?}",
+        hold(false)
+    );
 }

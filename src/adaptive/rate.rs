@@ -359,10 +359,28 @@ impl AdaptiveRate {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::adaptive::AdaptiveRate;
+    /// use backpressure::adaptive::{AdaptiveRate, RateOutcome};
     /// use std::time::Duration;
-    /// let cfg = AdaptiveRate::new().probe_after(Duration::from_secs(30));
-    /// # let _ = cfg;
+    ///
+    /// const MS: u64 = 1_000_000;
+    /// let c = AdaptiveRate::new()
+    ///     .initial(Some(4.0))
+    ///     .slow_start(false)
+    ///     .probe_after(Duration::from_secs(30))
+    ///     .controller(0);
+    /// // 4/s accepted for 5 s, then a 429: the server's rate is measured.
+    /// for i in 0..20 {
+    ///     c.on_reply(i * 250 * MS + 5 * MS, i * 250 * MS, RateOutcome::Success);
+    /// }
+    /// c.on_reply(5_005 * MS, 5_000 * MS, RateOutcome::Throttled);
+    /// let settled = c.rate();
+    /// assert!(settled > 3.5 && settled < 4.0);
+    /// // It holds there: no probe for 30 s.
+    /// for i in 0..100 {
+    ///     let t = 6_000 * MS + i * 270 * MS;
+    ///     c.on_reply(t + 5 * MS, t, RateOutcome::Success);
+    /// }
+    /// assert_eq!(c.rate(), settled);
     /// ```
     #[must_use]
     pub fn probe_after(mut self, wait: Duration) -> Self {
@@ -408,15 +426,33 @@ impl AdaptiveRate {
 
     /// The burst the server is assumed to allow (default 2; 0 is taken as
     /// 1). It enters the floor and the ceiling the controller measures
-    /// (see the module docs): too low and the floor comes out high (more
-    /// 429s while it corrects), too high and the rate settles lower.
+    /// (see the module docs): too low and the floor comes out high (a 429
+    /// at a rate the floor had proven then doubles the assumption), too
+    /// high and the rate settles lower. A server that spaces requests
+    /// strictly (no burst at all) is best described with 1.
     ///
     /// # Examples
     ///
     /// ```
-    /// use backpressure::adaptive::AdaptiveRate;
-    /// let cfg = AdaptiveRate::new().server_burst(10);
-    /// # let _ = cfg;
+    /// use backpressure::adaptive::{AdaptiveRate, RateOutcome};
+    ///
+    /// const MS: u64 = 1_000_000;
+    /// // The same evidence: 20 successes at 4/s, then a 429.
+    /// let settle = |burst| {
+    ///     let c = AdaptiveRate::new()
+    ///         .initial(Some(4.0))
+    ///         .slow_start(false)
+    ///         .server_burst(burst)
+    ///         .controller(0);
+    ///     for i in 0..20 {
+    ///         c.on_reply(i * 250 * MS + 5 * MS, i * 250 * MS, RateOutcome::Success);
+    ///     }
+    ///     c.on_reply(5_005 * MS, 5_000 * MS, RateOutcome::Throttled);
+    ///     c.rate()
+    /// };
+    /// // A larger burst explains more of the successes: a lower rate.
+    /// assert!(settle(1) > settle(2));
+    /// assert!(settle(2) > settle(4));
     /// ```
     #[must_use]
     pub fn server_burst(mut self, burst: u32) -> Self {
@@ -456,7 +492,7 @@ impl AdaptiveRate {
         };
         RateController {
             state: Mutex::new(State {
-                rate,
+                target: rate,
                 applied: rate,
                 cap: cfg.max_rate,
                 server: None,
@@ -543,11 +579,7 @@ enum Phase {
     },
     /// Climb from `base` at `since` by `gain × base` per second, up to
     /// `limit`; past it, probe.
-    Climb {
-        since: u64,
-        base: f64,
-        limit: f64,
-    },
+    Climb { since: u64, base: f64, limit: f64 },
     /// Grow from `base` at `since` by `probe_gain × base` per second until
     /// a 429.
     Probe { since: u64, base: f64 },
@@ -556,7 +588,7 @@ enum Phase {
 #[derive(Debug)]
 struct State {
     /// The rate the controller wants.
-    rate: f64,
+    target: f64,
     /// The rate of the last quota handed out.
     applied: f64,
     /// No rate above this: `max_rate`, or the server's numbers.
@@ -678,7 +710,7 @@ impl RateController {
                 }
             }
         };
-        let rate = st.rate;
+        let rate = st.target;
         let moved = (rate - st.applied).abs() >= REQUOTA * st.applied;
         if rate != st.applied && (changed || moved || rate == st.cap) {
             st.applied = rate;
@@ -706,13 +738,13 @@ impl RateController {
         st.phase = match st.phase {
             Phase::SlowStart => {
                 if in_use {
-                    st.rate += 1.0;
+                    st.target += 1.0;
                 }
                 Phase::SlowStart
             }
             Phase::Climb { .. } | Phase::Probe { .. } if !in_use => {
                 // The callers do not use the rate: grow from here later.
-                st.phase.rebased(now, st.rate)
+                st.phase.rebased(now, st.target)
             }
             Phase::Hold {
                 until,
@@ -729,13 +761,13 @@ impl RateController {
                 } else if let Some(ceiling) = climb_to {
                     Phase::Climb {
                         since: now,
-                        base: st.rate,
+                        base: st.target,
                         limit: ceiling,
                     }
                 } else {
                     Phase::Probe {
                         since: now,
-                        base: st.rate,
+                        base: st.target,
                     }
                 }
             }
@@ -743,29 +775,28 @@ impl RateController {
                 let target = base * (1.0 + CLIMB_GAIN * secs_between(since, now));
                 if target >= limit {
                     // Back at the ceiling: from here on, probe.
-                    st.rate = st.rate.max(limit);
+                    st.target = st.target.max(limit);
                     Phase::Probe {
                         since: now,
-                        base: st.rate,
+                        base: st.target,
                     }
                 } else {
-                    st.rate = st.rate.max(target);
+                    st.target = st.target.max(target);
                     Phase::Climb { since, base, limit }
                 }
             }
             Phase::Probe { since, base } => {
                 let target = base * (1.0 + cfg.probe_gain * secs_between(since, now));
-                st.rate = st.rate.max(target);
+                st.target = st.target.max(target);
                 Phase::Probe { since, base }
             }
         };
-        st.rate = st.rate.clamp(cfg.min_rate, st.cap);
+        st.target = st.target.clamp(cfg.min_rate, st.cap);
     }
-
 
     fn throttled(&self, st: &mut State, now: u64, sent_at: u64) {
         let cfg = &self.cfg;
-        let refused = st.rate;
+        let refused = st.target;
         if matches!(st.phase, Phase::Hold { climb_to: None, .. })
             && st.proven.is_some_and(|p| refused <= p)
         {
@@ -820,7 +851,7 @@ impl RateController {
                 climb_to: Some((rate + ceiling) / 2.0),
             }
         };
-        st.rate = rate;
+        st.target = rate;
         st.decreased_at = Some(now);
         st.epoch_start = now;
         st.epoch.clear();
@@ -840,7 +871,7 @@ impl RateController {
         st.server = Some(numbers);
         st.proven = None;
         st.cap = cap;
-        st.rate = cap;
+        st.target = cap;
         st.phase = Phase::Hold {
             until: u64::MAX,
             successes: 0,
@@ -859,9 +890,11 @@ impl State {
             return true;
         }
         let recent = self.epoch.range(self.epoch.len() - n..);
-        let (lo, hi) = recent.fold((u64::MAX, 0), |(lo, hi), s| (lo.min(s.sent), hi.max(s.sent)));
+        let (lo, hi) = recent.fold((u64::MAX, 0), |(lo, hi), s| {
+            (lo.min(s.sent), hi.max(s.sent))
+        });
         let span = (hi - lo) as f64 / NANOS_PER_SEC;
-        (n - 1) as f64 >= IN_USE * self.rate * span
+        (n - 1) as f64 >= IN_USE * self.applied * span
     }
 }
 
@@ -1000,7 +1033,11 @@ mod tests {
 
     /// Sends from a full server at a random, rising pace until the first
     /// refusal; returns the successes and the refusal.
-    fn until_refused(rng: &mut fastrand::Rng, server: &mut Server, rtt: u64) -> (Vec<Sample>, Sample) {
+    fn until_refused(
+        rng: &mut fastrand::Rng,
+        server: &mut Server,
+        rtt: u64,
+    ) -> (Vec<Sample>, Sample) {
         let mut t = 10_000 * MS; // long idle: the server is full
         let mut gap = rng.u64(1..4 * server.period);
         let mut ok = Vec::new();
@@ -1029,7 +1066,10 @@ mod tests {
             let (ok, refusal) = until_refused(&mut rng, &mut server, rtt);
             let actual = NANOS_PER_SEC / server.period as f64;
             let (floor, ceiling) = bounds(&ok, refusal, b as f64, 1e9, u64::MAX, 0);
-            assert!(floor <= actual * 1.000_001, "floor {floor} > {actual} (b {b})");
+            assert!(
+                floor <= actual * 1.000_001,
+                "floor {floor} > {actual} (b {b})"
+            );
             assert!(ceiling > actual, "ceiling {ceiling} <= {actual} (b {b})");
         }
     }
@@ -1049,7 +1089,10 @@ mod tests {
         let (_, trusted) = bounds(&ok, refusal, 2.0, 10.0, u64::MAX, 0);
         assert!(trusted.is_finite());
         // Round trips vary by more than a period.
-        assert_eq!(bounds(&ok, refusal, 2.0, 10.0, u64::MAX, 200 * MS).1, f64::INFINITY);
+        assert_eq!(
+            bounds(&ok, refusal, 2.0, 10.0, u64::MAX, 200 * MS).1,
+            f64::INFINITY
+        );
         // Too short a pause before the epoch to refill the server.
         assert_eq!(bounds(&ok, refusal, 2.0, 10.0, MS, 0).1, f64::INFINITY);
     }
@@ -1058,7 +1101,13 @@ mod tests {
     fn quota_for_keeps_the_fraction() {
         let q = quota_for(4.3, NonZeroU32::MIN);
         assert_eq!(q.period().as_nanos(), 232_558_140);
-        assert_eq!(quota_for(ABS_MAX_RATE, NonZeroU32::MIN).period().as_nanos(), 1);
-        assert_eq!(quota_for(ABS_MIN_RATE, NonZeroU32::MIN).period().as_secs(), 1000);
+        assert_eq!(
+            quota_for(ABS_MAX_RATE, NonZeroU32::MIN).period().as_nanos(),
+            1
+        );
+        assert_eq!(
+            quota_for(ABS_MIN_RATE, NonZeroU32::MIN).period().as_secs(),
+            1000
+        );
     }
 }
