@@ -26,6 +26,8 @@ struct Server {
     period: u64,
     tolerance: u64,
     tat: u64,
+    /// Refuses everything before this (an exhausted quota, an outage).
+    closed_until: u64,
 }
 
 impl Server {
@@ -35,10 +37,14 @@ impl Server {
             period,
             tolerance: burst * period,
             tat: 0,
+            closed_until: 0,
         }
     }
 
     fn admit(&mut self, at: u64) -> bool {
+        if at < self.closed_until {
+            return false;
+        }
         if self.tat.saturating_sub(self.tolerance - self.period) <= at {
             self.tat = self.tat.max(at) + self.period;
             true
@@ -87,6 +93,16 @@ fn simulate(
     rate: f64,
     server_burst: u64,
     secs: u64,
+    rtt: impl FnMut() -> u64,
+) -> Run {
+    simulate_against(client, Server::new(rate, server_burst), secs, rtt)
+}
+
+/// As [`simulate`], against a given server.
+fn simulate_against(
+    client: Client<'_>,
+    mut server: Server,
+    secs: u64,
     mut rtt: impl FnMut() -> u64,
 ) -> Run {
     let clock = ManualClock::new();
@@ -100,7 +116,6 @@ fn simulate(
         (Client::Adaptive(_), None) => unreachable!(),
     };
     let bucket = TokenBucket::with_clock(quota, clock.clone());
-    let mut server = Server::new(rate, server_burst);
     // (reply at, sent at, accepted), earliest reply first.
     let mut in_flight: BinaryHeap<Reverse<(u64, u64, bool)>> = BinaryHeap::new();
     let end = secs * SEC;
@@ -613,4 +628,31 @@ fn apply_the_quota_before_the_hold_or_the_hold_stretches() {
         "{:?}",
         hold(false)
     );
+}
+
+/// Everything refused for 20 s (the quota is exhausted elsewhere), then
+/// 10/s: the rate falls to the minimum (one request per 10 s, which polls
+/// the server politely) and finds 10/s again within 20 s of the end.
+#[test]
+fn the_rate_recovers_after_an_outage() {
+    let mut server = Server::new(10.0, 2);
+    server.closed_until = 20 * SEC;
+    let cfg = AdaptiveRate::new();
+    let run = simulate_against(Client::Adaptive(&cfg), server, 120, || 5 * MS);
+    let after = run.successes as f64 / (10.0 * 100.0);
+    println!(
+        "outage: {} requests, {} 429s, {:.1}% of 10/s after it",
+        run.requests,
+        run.throttled,
+        100.0 * after
+    );
+    assert!(run.min_rate < 1.0, "{run:?}");
+    let back = run
+        .trace
+        .iter()
+        .find(|&&(t, r)| t > 20.0 && r >= 8.5)
+        .expect("the rate comes back");
+    assert!(back.0 <= 40.0, "{run:?}");
+    assert!(after >= 0.75, "{run:?}");
+    assert!(run.throttled <= 15, "{run:?}");
 }

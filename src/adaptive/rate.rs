@@ -115,6 +115,8 @@ const MIN_CUT: f64 = 0.02;
 const SETTLED: f64 = 0.85;
 /// The growth, per second, of the climb back after a guessed cut.
 const CLIMB_GAIN: f64 = 0.5;
+/// The longest hold, in seconds, after a guessed cut.
+const MAX_TRIAL: f64 = 5.0;
 /// A probe waits at least this many successes.
 const PROBE_MIN_SUCCESSES: u64 = 100;
 /// The probe wait grows up to this multiple of `probe_after`.
@@ -786,7 +788,7 @@ impl RateController {
                 }
             }
             Phase::Probe { since, base } => {
-                let target = base * (1.0 + cfg.probe_gain * secs_between(since, now));
+                let target = base * (1.0 + cfg.probe_gain).powf(secs_between(since, now));
                 st.target = st.target.max(target);
                 Phase::Probe { since, base }
             }
@@ -840,11 +842,18 @@ impl RateController {
                 successes: PROBE_MIN_SUCCESSES,
                 climb_to: None,
             }
+        } else if st.epoch.is_empty() {
+            // Nothing got through since the last decrease (an exhausted
+            // quota, an outage): what was learned before is stale. Start
+            // over, and climb fast from the first success.
+            st.last_settled = None;
+            Phase::SlowStart
         } else {
             // A guess: hold long enough for a too-high guess to draw its
-            // 429, then climb halfway back to the ceiling.
+            // 429 (at most `MAX_TRIAL`), then climb halfway back to the
+            // ceiling.
             st.last_settled = None;
-            let trial = (2.0 * b + 2.0) / rate;
+            let trial = ((2.0 * b + 2.0) / rate).min(MAX_TRIAL);
             Phase::Hold {
                 until: now.saturating_add((trial * NANOS_PER_SEC) as u64),
                 successes: 0,
