@@ -119,7 +119,9 @@ fn simulate_against(
     // (reply at, sent at, accepted), earliest reply first.
     let mut in_flight: BinaryHeap<Reverse<(u64, u64, bool)>> = BinaryHeap::new();
     let end = secs * SEC;
-    let initial = controller.as_ref().map_or(0.0, |c| c.rate());
+    let initial = controller
+        .as_ref()
+        .map_or(SEC as f64 / quota.period().as_nanos() as f64, |c| c.rate());
     let mut run = Run {
         min_rate: initial,
         max_rate: initial,

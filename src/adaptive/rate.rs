@@ -62,11 +62,15 @@
 //!   server's rate costs one 429; a probe that finds the same limit again
 //!   doubles that wait, up to 16×;
 //! * after a **guessed** decrease the rate holds just long enough for a
-//!   too-high guess to draw its 429, then climbs by 50% per second to
-//!   halfway between the guess and the ceiling;
+//!   too-high guess to draw its 429 (at most 5 s), then climbs by 50% per
+//!   second to halfway between the guess and the ceiling;
 //! * a **probe** then raises the rate by
-//!   [`probe_gain`](AdaptiveRate::probe_gain) × the starting rate per
-//!   second (default 5%), until the next 429.
+//!   [`probe_gain`](AdaptiveRate::probe_gain) per second (default 5%,
+//!   compounding), until the next 429;
+//! * a 429 with no success at all since the last decrease (an exhausted
+//!   quota, an outage) means what was learned is stale: the rate is cut
+//!   and slow start begins again, so it comes back within seconds of the
+//!   first success.
 //!
 //! The rate only grows while the client uses it: when requests leave at
 //! less than half the rate (the callers have nothing to send), it stays
@@ -394,9 +398,9 @@ impl AdaptiveRate {
         self
     }
 
-    /// How fast a probe climbs: this fraction of the plateau rate, added
-    /// per second. NaN or negative means never probe; above 10 is taken as
-    /// 10.
+    /// How fast a probe climbs: by this fraction of the rate per second,
+    /// compounding (default 0.05). NaN or negative means never probe;
+    /// above 10 is taken as 10.
     ///
     /// # Examples
     ///
@@ -562,14 +566,14 @@ enum Phase {
         until: u64,
         successes: u64,
         /// `None`: the floor and the ceiling agree, probe slowly next.
-        /// `Some(ceiling)`: the cut was a guess, climb back to it next.
+        /// `Some(limit)`: the cut was a guess, climb to `limit` next.
         climb_to: Option<f64>,
     },
-    /// Climb from `base` at `since` by `gain × base` per second, up to
-    /// `limit`; past it, probe.
+    /// Climb from `base` at `since` by `CLIMB_GAIN × base` per second, up
+    /// to `limit`; past it, probe.
     Climb { since: u64, base: f64, limit: f64 },
-    /// Grow from `base` at `since` by `probe_gain × base` per second until
-    /// a 429.
+    /// Grow from `base` at `since` by `probe_gain` per second,
+    /// compounding, until a 429.
     Probe { since: u64, base: f64 },
 }
 
@@ -784,7 +788,8 @@ impl RateController {
 
     fn throttled(&self, st: &mut State, now: u64, sent_at: u64) {
         let cfg = &self.cfg;
-        let refused = st.target;
+        // The rate in force when the request left (or just after).
+        let refused = st.applied;
         if matches!(st.phase, Phase::Hold { climb_to: None, .. })
             && st.proven.is_some_and(|p| refused <= p)
         {
