@@ -266,7 +266,8 @@ type Rtt = Box<dyn FnMut() -> u64>;
 type Case = (&'static str, u64, u32, fn() -> Rtt, bool);
 
 /// Latency, jitter, other server bursts, a longer run: printed for the
-/// notes, asserted loosely (no storm, bounds kept). Very large jitter
+/// notes, asserted loosely (no storm, bounds kept; with steady round trips
+/// at least 80% of `R` and at most 7% 429s). Very large jitter
 /// against a small server burst (5–150 ms at 25/s and 60/s) caps what any
 /// client can get: the arrivals bunch up and the server refuses requests
 /// sent well below its rate. The fixed-rate rows show that ceiling.
@@ -349,10 +350,10 @@ fn robustness_table() {
         for (&r, run) in rates.iter().zip(&runs) {
             let why = format!("{name}, R = {r}: {run:?}");
             assert!(run.min_rate >= 0.1 && run.max_rate <= 1000.0, "{why}");
-            assert!(run.throttled_share() <= 0.15, "{why}");
+            assert!(run.throttled_share() <= 0.2, "{why}");
             if tight {
                 assert!(run.throttled_share() <= 0.07, "{why}");
-                assert!(run.share(r, secs) >= 0.85, "{why}");
+                assert!(run.share(r, secs) >= 0.8, "{why}");
             }
         }
     }
@@ -442,8 +443,9 @@ fn eight_simultaneous_429s_lower_the_rate_once() {
     }
     assert_eq!(changes, 1);
     assert_eq!(c.rate(), 5.0);
-    // A request sent after the decrease is new evidence.
-    let t = 2 * SEC;
+    // A request sent after the decrease (and its holdoff, 2 s) is new
+    // evidence.
+    let t = 3 * SEC;
     assert!(c.on_reply(t, t - 5 * MS, RateOutcome::Throttled).is_some());
     assert!(c.rate() < 5.0);
 }
@@ -634,7 +636,8 @@ fn apply_the_quota_before_the_hold_or_the_hold_stretches() {
 
 /// Everything refused for 20 s (the quota is exhausted elsewhere), then
 /// 10/s: the rate falls to the minimum (one request per 10 s, which polls
-/// the server politely) and finds 10/s again within 20 s of the end.
+/// the server politely) and finds 10/s again within 25 s of the end (two
+/// polls: the bucket keeps the next cell where the old quota put it).
 #[test]
 fn the_rate_recovers_after_an_outage() {
     let mut server = Server::new(10.0, 2);
@@ -654,7 +657,190 @@ fn the_rate_recovers_after_an_outage() {
         .iter()
         .find(|&&(t, r)| t > 20.0 && r >= 8.5)
         .expect("the rate comes back");
-    assert!(back.0 <= 40.0, "{run:?}");
-    assert!(after >= 0.75, "{run:?}");
+    assert!(back.0 <= 45.0, "{run:?}");
+    assert!(after >= 0.7, "{run:?}");
     assert!(run.throttled <= 15, "{run:?}");
+}
+
+/// The admission layer's way: `callers` closed-loop callers, each
+/// reserving its token up to `inline` ahead and sleeping until then (a
+/// token reserved before a 429 still fires during the hold that follows),
+/// a caller told "not within `inline`" retrying after the wait it was
+/// given.
+fn simulate_callers(
+    cfg: &AdaptiveRate,
+    rate: f64,
+    callers: usize,
+    secs: u64,
+    inline: Duration,
+    wait_out_holds: bool,
+) -> (Run, u64) {
+    let rtt = 5 * MS;
+    // The last hold, and the 429s of requests admitted before a hold and
+    // sent after it began.
+    let mut hold_start = 0u64;
+    let mut hold_until = 0u64;
+    let mut in_hold = 0u64;
+    #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+    enum Ev {
+        /// A caller is free: it reserves a token.
+        Free,
+        /// A caller's token (reserved at `.0`) is ready: the request
+        /// leaves.
+        Fire(u64),
+        /// A reply, for a request sent at `.0`, accepted or not.
+        Reply(u64, bool),
+    }
+    let clock = ManualClock::new();
+    let controller = cfg.controller(clock.now_nanos());
+    let bucket = TokenBucket::with_clock(controller.quota(), clock.clone());
+    let mut server = Server::new(rate, 2);
+    let mut events: BinaryHeap<Reverse<(u64, u64, Ev)>> = BinaryHeap::new();
+    let mut seq = 0u64;
+    let mut push = |events: &mut BinaryHeap<Reverse<(u64, u64, Ev)>>, at: u64, ev: Ev| {
+        seq += 1;
+        events.push(Reverse((at, seq, ev)));
+    };
+    for _ in 0..callers {
+        push(&mut events, 0, Ev::Free);
+    }
+    let end = secs * SEC;
+    let mut run = Run {
+        min_rate: controller.rate(),
+        max_rate: controller.rate(),
+        ..Run::default()
+    };
+    while let Some(Reverse((at, _, ev))) = events.pop() {
+        if at >= end {
+            break;
+        }
+        clock.set(at);
+        match ev {
+            Ev::Free => match bucket.reserve(1, inline) {
+                Ok(r) => {
+                    let wait = r.wait().as_nanos() as u64;
+                    drop(r); // the cells stay taken
+                    push(&mut events, at + wait, Ev::Fire(at));
+                }
+                Err(e) => {
+                    let retry = match e {
+                        backpressure::ReserveError::RateLimited { retry_after } => retry_after,
+                        other => panic!("{other:?}"),
+                    };
+                    push(&mut events, at + retry.as_nanos() as u64, Ev::Free);
+                }
+            },
+            Ev::Fire(reserved_at) => {
+                let stale = reserved_at < hold_start;
+                if wait_out_holds && stale {
+                    // Admitted before the last hold began: ask again once
+                    // it is over.
+                    push(&mut events, at.max(hold_until), Ev::Free);
+                    continue;
+                }
+                let ok = server.admit(at + rtt / 2);
+                run.requests += 1;
+                if ok {
+                    run.successes += 1;
+                } else {
+                    run.throttled += 1;
+                    if stale {
+                        in_hold += 1;
+                    }
+                }
+                push(&mut events, at + rtt, Ev::Reply(at, ok));
+            }
+            Ev::Reply(sent, ok) => {
+                let outcome = if ok {
+                    RateOutcome::Success
+                } else {
+                    RateOutcome::Throttled
+                };
+                if let Some(q) = controller.on_reply(at, sent, outcome) {
+                    if wait_out_holds && !ok {
+                        // The stale calls ask again: forget the cells
+                        // they hold, or the new rate would charge them.
+                        bucket.reset();
+                    }
+                    bucket.set_quota(q);
+                    let r = controller.rate();
+                    run.min_rate = run.min_rate.min(r);
+                    run.max_rate = run.max_rate.max(r);
+                    run.trace.push((at as f64 / SEC as f64, r));
+                }
+                if !ok {
+                    bucket.penalize(Duration::from_secs(1));
+                    hold_until = hold_until.max(at + SEC);
+                    hold_start = at;
+                }
+                push(&mut events, at, Ev::Free);
+            }
+        }
+    }
+    (run, in_hold)
+}
+
+/// Closed-loop callers the admission layer's way: each reserves its token
+/// up to the inline wait (2 s) ahead and sleeps until then. A token
+/// reserved before a 429 still fires after it, at the old rate; the
+/// holdoff keeps those 429s from lowering the rate again, so the rate
+/// converges as with one caller. The 429s themselves are the admission
+/// layer's to prevent: a call whose token was reserved before the last
+/// hold began asks again once the hold is over, and the bucket forgets
+/// the cells those calls held (`reset`, then `set_quota`, then
+/// `penalize`). The last two tables show the runs with that done.
+#[test]
+fn admission_style_callers_with_reserved_tokens() {
+    let cfg = AdaptiveRate::new();
+    let secs = 30;
+    for wait_out_holds in [false, true] {
+        for callers in [4usize, 16] {
+            let runs: Vec<(Run, u64)> = RATES
+                .iter()
+                .map(|&r| {
+                    simulate_callers(
+                        &cfg,
+                        r,
+                        callers,
+                        secs,
+                        Duration::from_secs(2),
+                        wait_out_holds,
+                    )
+                })
+                .collect();
+            let rows: Vec<_> = RATES
+                .iter()
+                .zip(&runs)
+                .map(|(&r, (run, _))| (r, secs, run))
+                .collect();
+            let how = if wait_out_holds {
+                "calls admitted before a hold ask again after it"
+            } else {
+                "calls admitted before a hold send at once"
+            };
+            print_table(
+                &format!("{callers} callers, tokens reserved up to 2 s ahead, {how}"),
+                &rows,
+            );
+            for (&r, (run, in_hold)) in RATES.iter().zip(&runs) {
+                println!(
+                    "R = {r}: {in_hold} of the {} 429s were admitted before a hold and sent after it began",
+                    run.throttled
+                );
+                let why = format!("{callers} callers, R = {r}: {run:?}");
+                // The rate converges: the last quota is near the server's.
+                let last = run.trace.last().expect("the rate changed").1;
+                assert!(last >= 0.8 * r && last <= 1.2 * r, "{why}");
+                assert!(run.min_rate >= 0.1, "{why}");
+                // Without the 429s sent inside holds, the goals hold.
+                let own = (run.throttled - in_hold) as f64 / run.requests as f64;
+                assert!(own <= 0.05, "{why}");
+                if wait_out_holds {
+                    assert_eq!(*in_hold, 0);
+                    assert!(run.throttled_share() <= 0.05, "{why}");
+                    assert!(run.share(r, secs) >= 0.85, "{why}");
+                }
+            }
+        }
+    }
 }

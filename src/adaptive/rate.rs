@@ -49,7 +49,9 @@
 //! anything), and always at least 2% below the rate that was refused.
 //! 429s of requests sent before the last decrease are ignored, so a burst
 //! of them (everything that was in flight) lowers the rate once per round
-//! trip.
+//! trip; so are those sent within [`holdoff`](AdaptiveRate::holdoff)
+//! (2 s) after it, which the admission layer had admitted before the hold
+//! began.
 //!
 //! # Increases
 //!
@@ -57,7 +59,8 @@
 //!   the rate roughly doubles every second and a low initial guess costs
 //!   little;
 //! * after a **settled** decrease (the floor is within 15% of the
-//!   ceiling) the rate holds for [`probe_after`](AdaptiveRate::probe_after)
+//!   ceiling, or within 5% of the floor measured at the decrease before)
+//!   the rate holds for [`probe_after`](AdaptiveRate::probe_after)
 //!   (default 10 s, and at least 100 successes), since each probe above the
 //!   server's rate costs one 429; a probe that finds the same limit again
 //!   doubles that wait, up to 16×;
@@ -121,6 +124,8 @@ const IN_USE: f64 = 0.5;
 const MIN_CUT: f64 = 0.02;
 /// Floor / ceiling at or above this: the estimate is settled.
 const SETTLED: f64 = 0.85;
+/// Two floors this close (relative): the estimate is settled.
+const AGAIN: f64 = 0.05;
 /// The growth, per second, of the climb back after a guessed cut.
 const CLIMB_GAIN: f64 = 0.5;
 /// The longest hold, in seconds, after a guessed cut.
@@ -194,6 +199,7 @@ pub enum RateOutcome {
 /// | [`probe_gain`](AdaptiveRate::probe_gain) | 0.05 per second | NaN or < 0 → 0 (never probe); above 10 → 10 |
 /// | [`burst`](AdaptiveRate::burst) | 1 | 0 → 1 |
 /// | [`server_burst`](AdaptiveRate::server_burst) | 2 | 0 → 1 |
+/// | [`holdoff`](AdaptiveRate::holdoff) | 2 s | |
 ///
 /// No setting panics; the initial guess is clamped into
 /// `[min_rate, max_rate]` when a controller is made.
@@ -227,6 +233,7 @@ pub struct AdaptiveRate {
     probe_gain: f64,
     burst: NonZeroU32,
     server_burst: u32,
+    holdoff: Duration,
 }
 
 impl Default for AdaptiveRate {
@@ -257,6 +264,7 @@ impl AdaptiveRate {
             probe_gain: 0.05,
             burst: NonZeroU32::MIN,
             server_burst: 2,
+            holdoff: Duration::from_secs(2),
         }
     }
 
@@ -470,6 +478,36 @@ impl AdaptiveRate {
         self
     }
 
+    /// How long after a decrease 429s still count as the same event
+    /// (default 2 s). 429s of requests sent before a decrease are always
+    /// ignored (they were sent at the old rate); this also ignores those
+    /// sent shortly after it, which the admission layer had admitted
+    /// before the hold began (a token reserved up to its inline wait,
+    /// 2 s by default, ahead) and which say nothing about the new rate.
+    /// Zero keeps only the first rule.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::{AdaptiveRate, RateOutcome};
+    /// use std::time::Duration;
+    ///
+    /// const MS: u64 = 1_000_000;
+    /// let c = AdaptiveRate::new().holdoff(Duration::from_secs(2)).controller(0);
+    /// assert!(c.on_reply(5 * MS, 0, RateOutcome::Throttled).is_some());
+    /// let cut = c.rate();
+    /// // Admitted before the hold, sent during it: not a second decrease.
+    /// assert_eq!(c.on_reply(505 * MS, 500 * MS, RateOutcome::Throttled), None);
+    /// assert_eq!(c.rate(), cut);
+    /// // Sent after the holdoff: a new decrease.
+    /// assert!(c.on_reply(2_505 * MS, 2_500 * MS, RateOutcome::Throttled).is_some());
+    /// ```
+    #[must_use]
+    pub fn holdoff(mut self, holdoff: Duration) -> Self {
+        self.holdoff = holdoff;
+        self
+    }
+
     /// A controller for one credential, created at `now_nanos` (on the
     /// clock its replies will be timed with).
     ///
@@ -514,6 +552,7 @@ impl AdaptiveRate {
                 backoff: 1,
                 last_settled: None,
                 proven: None,
+                last_floor: None,
                 server_burst: cfg.server_burst,
                 rtts: [0; RTTS],
                 replies: 0,
@@ -604,6 +643,8 @@ struct State {
     last_settled: Option<f64>,
     /// The rate held, when the floor proved it.
     proven: Option<f64>,
+    /// The floor measured at the last decrease that measured one.
+    last_floor: Option<f64>,
     /// The server burst assumed: `server_burst`, doubled each time a
     /// proven rate is refused.
     server_burst: u32,
@@ -685,7 +726,11 @@ impl RateController {
                 false
             }
             RateOutcome::Throttled => {
-                if st.decreased_at.is_some_and(|d| sent_at < d) {
+                let holdoff = saturating_nanos(self.cfg.holdoff);
+                if st
+                    .decreased_at
+                    .is_some_and(|d| sent_at < d.saturating_add(holdoff))
+                {
                     return None;
                 }
                 self.throttled(&mut st, now, sent_at);
@@ -811,7 +856,15 @@ impl RateController {
         let epoch = st.epoch.make_contiguous();
         let (floor, ceiling) = bounds(epoch, refusal, b, refused, idle, spread);
         let ceiling = ceiling.min(refused);
-        let settled = floor >= SETTLED * ceiling;
+        // Settled: the bounds agree, or the floor came out the same twice
+        // (when the ceiling could not be trusted).
+        let again = st
+            .last_floor
+            .is_some_and(|f| (floor - f).abs() <= AGAIN * f);
+        let settled = floor > 0.0 && (floor >= SETTLED * ceiling || again);
+        if floor > 0.0 {
+            st.last_floor = Some(floor);
+        }
         let guess = cfg.decrease * ceiling;
         let mut rate = floor.max(guess).min(refused * (1.0 - MIN_CUT));
         rate = rate.clamp(cfg.min_rate, st.cap);
