@@ -844,3 +844,33 @@ fn admission_style_callers_with_reserved_tokens() {
         }
     }
 }
+
+#[test]
+fn controllers_are_shared_across_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<backpressure::adaptive::RateController>();
+    send_sync::<AdaptiveRate>();
+    // Eight threads feed one controller; the rate stays in bounds.
+    let c = std::sync::Arc::new(AdaptiveRate::new().controller(0));
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                for i in 0..1_000u64 {
+                    let sent = i * 10 * MS + t;
+                    let outcome = if (i + t) % 97 == 0 {
+                        RateOutcome::Throttled
+                    } else {
+                        RateOutcome::Success
+                    };
+                    c.on_reply(sent + 5 * MS, sent, outcome);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let r = c.rate();
+    assert!((0.1..=1000.0).contains(&r), "{r}");
+}

@@ -564,12 +564,39 @@ impl AdaptiveRate {
 
 /// One credential's adaptive rate. Made by [`AdaptiveRate::controller`].
 ///
+/// # How the rate is learned
+///
+/// Until the first 429 the rate climbs fast from the initial guess (+1
+/// request/s per success). On a 429 the controller bounds the server's
+/// rate from the replies since its last decrease (a server with burst `b`
+/// admits at most `b + R·w` requests in any window `w`, so `n` successes
+/// within `w` prove `R ≥ (n − b) / w`, and the refusal bounds `R` from
+/// above) and sets the rate to that floor; when the 429 came too soon to
+/// measure anything it cuts to [`decrease`](AdaptiveRate::decrease) × the
+/// ceiling instead and climbs back halfway. Once the floor and ceiling
+/// agree it holds for [`probe_after`](AdaptiveRate::probe_after) before
+/// probing higher, slowly: each probe above the server's rate costs one
+/// 429. 429s of requests sent before a decrease, or within
+/// [`holdoff`](AdaptiveRate::holdoff) after it, do not lower the rate
+/// again. [`RateOutcome::ServerLimit`] jumps to the server's own numbers
+/// and caps the probes there.
+///
+/// # Wiring
+///
 /// The caller keeps the credential's [`TokenBucket`](crate::TokenBucket)
 /// (or `Scoped` entry) and, for every reply, calls
-/// [`on_reply`](RateController::on_reply); when it returns a quota, the
-/// caller applies it with `set_quota` **before** any `penalize` for the
-/// same reply (a quota change keeps the bucket's debt in cells, so a lower
-/// rate applied after a hold would stretch the hold).
+/// [`on_reply`](RateController::on_reply) with the instant the request
+/// actually left. When it returns a quota, the caller applies it with
+/// `set_quota` **before** any `penalize` for the same reply: a quota
+/// change keeps the bucket's debt in cells, so a lower rate applied after
+/// a hold would stretch the hold.
+///
+/// Calls that reserved their token before a hold began should ask again
+/// once it is over rather than fire during it (they were admitted at the
+/// old rate and mostly draw 429s), and the cells they hold should be
+/// forgotten (`reset` before `set_quota`), or the new, lower rate charges
+/// them too. The controller itself stays correct either way: those 429s
+/// fall inside the holdoff.
 ///
 /// # Examples
 ///
