@@ -1,0 +1,1046 @@
+//! A request rate learned from 429s: [`AdaptiveRate`] (the configuration)
+//! makes one [`RateController`] per credential, which the admission layer
+//! feeds every reply and which answers with the [`Quota`] the credential's
+//! token bucket should use.
+//!
+//! # Why not plain AIMD
+//!
+//! Each 429 costs a hold of the credential (`Retry-After`, typically 1 s,
+//! 3–5% of a 30 s run), and at 4 requests/s a 5% budget of 429s is four
+//! of them. AIMD with a factor of 0.5 averages 75% of the server's rate
+//! and keeps sawing into it. This controller instead *measures* the
+//! server's rate from the replies, settles just below it after one or two
+//! 429s, and probes above it rarely.
+//!
+//! # The bounds
+//!
+//! A server that limits a credential to `R` requests per second with a
+//! burst of `b` (GCRA, or a token bucket) admits, over any window of length
+//! `w`, at most `b + R·w` requests. The controller records the successes
+//! of the current *epoch* (since its last decrease; the last 128) and turns
+//! that into two bounds when a 429 arrives:
+//!
+//! * **floor**: `n` successes that reached the server within `w` prove
+//!   `R ≥ (n − b) / w`; the floor is the best such bound over the epoch's
+//!   windows.
+//! * **ceiling**: a request refused at `t`, when the server's bucket was
+//!   full at the epoch's start, proves `R < (n_i + 1 − b) / (t − t_i)` for
+//!   some earlier success `i` (with `n_i` the successes since `i`); the
+//!   largest of those is an upper bound. The rate that was refused is one
+//!   too; the ceiling is the lower of the two.
+//!
+//! The server is assumed to see a request halfway through its round trip.
+//! The ceiling is only used when it can be trusted: when round trips vary
+//! by less than one period (so no success can still be in flight behind
+//! the refusal), when the pause before the epoch was long enough to refill
+//! `b` requests, and when it is above the floor.
+//!
+//! `b` is the [`server_burst`](AdaptiveRate::server_burst) assumption
+//! (default 2). The floor is exact when it is at least the real burst, the
+//! ceiling when it is at most. A wrong guess costs about `error / w`
+//! requests per second, so it fades as the epochs grow longer, and a 429
+//! at a rate the floor had proven doubles the assumption.
+//!
+//! # Decreases
+//!
+//! On a 429 the new rate is the floor, but never below
+//! [`decrease`](AdaptiveRate::decrease) × the ceiling (the classic
+//! multiplicative decrease, for a 429 that came too fast to measure
+//! anything), and always at least 2% below the rate that was refused.
+//! 429s of requests sent before the last decrease are ignored, so a burst
+//! of them (everything that was in flight) lowers the rate once per round
+//! trip; so are those sent within [`holdoff`](AdaptiveRate::holdoff)
+//! (2 s) after it, which the admission layer had admitted before the hold
+//! began.
+//!
+//! # Increases
+//!
+//! * **slow start**, until the first 429: +1 request/s per success, so
+//!   the rate roughly doubles every second and a low initial guess costs
+//!   little;
+//! * after a **settled** decrease (the floor is within 15% of the
+//!   ceiling, or within 5% of the floor measured at the decrease before)
+//!   the rate holds for [`probe_after`](AdaptiveRate::probe_after)
+//!   (default 10 s, and at least 100 successes), since each probe above the
+//!   server's rate costs one 429; a probe that finds the same limit again
+//!   doubles that wait, up to 16×;
+//! * after a **guessed** decrease the rate holds just long enough for a
+//!   too-high guess to draw its 429 (at most 5 s), then climbs by 50% per
+//!   second to halfway between the guess and the ceiling;
+//! * a **probe** then raises the rate by
+//!   [`probe_gain`](AdaptiveRate::probe_gain) per second (default 5%,
+//!   compounding), until the next 429;
+//! * a 429 with no success at all since the last decrease (an exhausted
+//!   quota, an outage) means what was learned is stale: the rate is cut
+//!   and slow start begins again, so it comes back within seconds of the
+//!   first success.
+//!
+//! The rate only grows while the client uses it: when requests leave at
+//! less than half the rate (the callers have nothing to send), it stays
+//! where it is, so an idle credential does not come back with a rate it
+//! never tried.
+//!
+//! A `RateLimit`/`X-RateLimit` header ([`RateOutcome::ServerLimit`]) sets
+//! the rate to the server's numbers at once and caps every later probe
+//! there.
+//!
+//! # Thread safety
+//!
+//! Every method takes `&self`; the state sits behind a small
+//! `parking_lot::Mutex`, held for a few arithmetic operations per reply
+//! (and, on a 429 that lowers the rate, a pass over at most 128 recorded
+//! successes: about 8,000 steps, once per round trip at most). This is a
+//! harness-level object fed once per reply, not a hot-path primitive: the
+//! token bucket it configures stays lock-free.
+
+use core::fmt;
+use core::num::NonZeroU32;
+use core::time::Duration;
+use std::collections::VecDeque;
+
+use parking_lot::Mutex;
+
+use crate::bucket::Quota;
+use crate::clock::saturating_nanos;
+
+mod bounds;
+
+use bounds::{bounds, Sample};
+
+const NANOS_PER_SEC: f64 = 1e9;
+/// The lowest rate any setting is clamped to: one request per 1,000 s.
+const ABS_MIN_RATE: f64 = 1e-3;
+/// The highest rate any setting is clamped to: one request per nanosecond.
+const ABS_MAX_RATE: f64 = 1e9;
+/// Successes kept for the bounds.
+const WINDOW: usize = 128;
+/// Round trips kept to judge whether replies can overtake each other.
+const RTTS: usize = 32;
+/// Successes looked at to tell whether the callers use the rate.
+const USE_WINDOW: usize = 8;
+/// Below this share of the rate in use, the rate does not grow.
+const IN_USE: f64 = 0.5;
+/// A decrease always lands at least this fraction below the refused rate.
+const MIN_CUT: f64 = 0.02;
+/// Floor / ceiling at or above this: the estimate is settled.
+const SETTLED: f64 = 0.85;
+/// Two floors this close (relative): the estimate is settled.
+const AGAIN: f64 = 0.05;
+/// The growth, per second, of the climb back after a guessed cut.
+const CLIMB_GAIN: f64 = 0.5;
+/// The longest hold, in seconds, after a guessed cut.
+const MAX_TRIAL: f64 = 5.0;
+/// A probe waits at least this many successes.
+const PROBE_MIN_SUCCESSES: u64 = 100;
+/// The probe wait grows up to this multiple of `probe_after`.
+const MAX_PROBE_BACKOFF: u32 = 16;
+/// The server burst assumption doubles up to this.
+const MAX_SERVER_BURST: u32 = 1024;
+/// A new quota is handed out when the rate moved by at least this fraction.
+const REQUOTA: f64 = 0.01;
+
+/// How the server answered one request, as far as the rate is concerned.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::adaptive::RateOutcome;
+/// use std::time::Duration;
+///
+/// fn classify(status: u16, limit: Option<(u64, Duration)>) -> RateOutcome {
+///     match (status, limit) {
+///         (429, _) => RateOutcome::Throttled,
+///         (200..=299, Some((limit, window))) => RateOutcome::ServerLimit { limit, window },
+///         (200..=299, None) => RateOutcome::Success,
+///         _ => RateOutcome::Ignored,
+///     }
+/// }
+/// assert_eq!(classify(429, None), RateOutcome::Throttled);
+/// assert_eq!(classify(500, None), RateOutcome::Ignored);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RateOutcome {
+    /// The server accepted the request.
+    Success,
+    /// The server refused it for its rate: a 429, or a 503 with
+    /// `Retry-After`.
+    Throttled,
+    /// The server accepted it and said its limit: `limit` requests per
+    /// `window` (the `RateLimit` / `X-RateLimit-*` headers). The rate jumps
+    /// to `limit / window` and never probes above it. A zero `limit` or
+    /// `window` is taken as a plain [`Success`](RateOutcome::Success).
+    ///
+    /// For a 429 that also carries these headers, feed
+    /// [`Throttled`](RateOutcome::Throttled): the rate falls below the
+    /// server's numbers for a while, and a later `ServerLimit` with the same
+    /// numbers does not undo that (new numbers do).
+    ServerLimit {
+        /// Requests allowed per window.
+        limit: u64,
+        /// The window.
+        window: Duration,
+    },
+    /// Says nothing about the rate (a timeout, a 500, a client error).
+    Ignored,
+}
+
+/// The configuration of an adaptive rate: a starting guess, bounds, and
+/// how fast to fall and climb. One value makes any number of
+/// [`RateController`]s, one per credential.
+///
+/// | setting | default | bad values |
+/// | --- | --- | --- |
+/// | [`initial`](AdaptiveRate::initial) | `Some(10.0)` requests/s | NaN → 10; ≤ 0 → `min_rate`; +∞ → `None` |
+/// | [`min_rate`](AdaptiveRate::min_rate) | 0.1/s | NaN → 0.1; clamped to [0.001, 10⁹] |
+/// | [`max_rate`](AdaptiveRate::max_rate) | 1,000/s | NaN → 1,000; clamped to [0.001, 10⁹]; below `min_rate` → `min_rate` |
+/// | [`decrease`](AdaptiveRate::decrease) | 0.5 | NaN → 0.5; clamped to [0.05, 0.95] |
+/// | [`slow_start`](AdaptiveRate::slow_start) | `true` | |
+/// | [`probe_after`](AdaptiveRate::probe_after) | 10 s | |
+/// | [`probe_gain`](AdaptiveRate::probe_gain) | 0.05 per second | NaN or < 0 → 0 (never probe); above 10 → 10 |
+/// | [`burst`](AdaptiveRate::burst) | 1 | 0 → 1 |
+/// | [`server_burst`](AdaptiveRate::server_burst) | 2 | 0 → 1 |
+/// | [`holdoff`](AdaptiveRate::holdoff) | 2 s | |
+///
+/// No setting panics; the initial guess is clamped into
+/// `[min_rate, max_rate]` when a controller is made.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::adaptive::{AdaptiveRate, RateOutcome};
+/// use backpressure::{ManualClock, TokenBucket};
+///
+/// let clock = ManualClock::new();
+/// let controller = AdaptiveRate::new().controller(0);
+/// let bucket = TokenBucket::with_clock(controller.quota(), clock.clone());
+/// assert_eq!(controller.rate(), 10.0);
+///
+/// // The server says 4 per second: the bucket follows at once.
+/// let outcome = RateOutcome::ServerLimit { limit: 4, window: std::time::Duration::from_secs(1) };
+/// if let Some(quota) = controller.on_reply(5_000_000, 0, outcome) {
+///     bucket.set_quota(quota);
+/// }
+/// assert_eq!(bucket.quota().period().as_millis(), 250);
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdaptiveRate {
+    initial: Option<f64>,
+    min_rate: f64,
+    max_rate: f64,
+    decrease: f64,
+    slow_start: bool,
+    probe_after: Duration,
+    probe_gain: f64,
+    burst: NonZeroU32,
+    server_burst: u32,
+    holdoff: Duration,
+}
+
+impl Default for AdaptiveRate {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AdaptiveRate {
+    /// The defaults (see the table on [`AdaptiveRate`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::AdaptiveRate;
+    /// let c = AdaptiveRate::new().controller(0);
+    /// assert_eq!(c.rate(), 10.0);
+    /// assert_eq!(c.quota().burst().get(), 1);
+    /// ```
+    pub fn new() -> Self {
+        AdaptiveRate {
+            initial: Some(10.0),
+            min_rate: 0.1,
+            max_rate: 1000.0,
+            decrease: 0.5,
+            slow_start: true,
+            probe_after: Duration::from_secs(10),
+            probe_gain: 0.05,
+            burst: NonZeroU32::MIN,
+            server_burst: 2,
+            holdoff: Duration::from_secs(2),
+        }
+    }
+
+    /// The starting rate in requests per second, or `None` to start at
+    /// [`max_rate`](AdaptiveRate::max_rate) ("unlimited") until the first
+    /// 429. NaN is taken as the default (10), zero or less as `min_rate`,
+    /// +∞ as `None`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::AdaptiveRate;
+    /// assert_eq!(AdaptiveRate::new().initial(Some(4.5)).controller(0).rate(), 4.5);
+    /// let unlimited = AdaptiveRate::new().initial(None).max_rate(50.0);
+    /// assert_eq!(unlimited.controller(0).rate(), 50.0);
+    /// assert_eq!(AdaptiveRate::new().initial(Some(f64::NAN)).controller(0).rate(), 10.0);
+    /// assert_eq!(AdaptiveRate::new().initial(Some(-1.0)).controller(0).rate(), 0.1);
+    /// ```
+    #[must_use]
+    pub fn initial(mut self, rate: Option<f64>) -> Self {
+        self.initial = match rate {
+            Some(r) if r.is_nan() => Some(10.0),
+            Some(r) if r == f64::INFINITY => None,
+            Some(r) if r <= 0.0 => Some(0.0), // becomes min_rate
+            other => other,
+        };
+        self
+    }
+
+    /// The lowest rate a 429 can push the controller to. NaN is taken as
+    /// the default (0.1); values are clamped to [0.001, 10⁹].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::{AdaptiveRate, RateOutcome};
+    /// let c = AdaptiveRate::new().initial(Some(1.0)).min_rate(0.8).controller(0);
+    /// c.on_reply(10, 0, RateOutcome::Throttled);
+    /// assert_eq!(c.rate(), 0.8);
+    /// ```
+    #[must_use]
+    pub fn min_rate(mut self, rate: f64) -> Self {
+        self.min_rate = clamp_rate(rate, 0.1);
+        self
+    }
+
+    /// The highest rate the controller climbs to. NaN is taken as the
+    /// default (1,000); values are clamped to [0.001, 10⁹]; a `max_rate`
+    /// below `min_rate` is raised to `min_rate`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::AdaptiveRate;
+    /// let c = AdaptiveRate::new().max_rate(5.0).controller(0);
+    /// assert_eq!(c.rate(), 5.0); // the guess of 10 is clamped
+    /// ```
+    #[must_use]
+    pub fn max_rate(mut self, rate: f64) -> Self {
+        self.max_rate = clamp_rate(rate, 1000.0);
+        self
+    }
+
+    /// The multiplicative decrease applied to the ceiling when a 429 came
+    /// too fast to measure the server's rate. NaN is taken as the default
+    /// (0.5); values are clamped to [0.05, 0.95].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::{AdaptiveRate, RateOutcome};
+    /// let c = AdaptiveRate::new().decrease(0.25).controller(0);
+    /// c.on_reply(10, 0, RateOutcome::Throttled);
+    /// assert_eq!(c.rate(), 2.5);
+    /// assert_eq!(AdaptiveRate::new().decrease(7.0), AdaptiveRate::new().decrease(0.95));
+    /// ```
+    #[must_use]
+    pub fn decrease(mut self, factor: f64) -> Self {
+        self.decrease = if factor.is_nan() {
+            0.5
+        } else {
+            factor.clamp(0.05, 0.95)
+        };
+        self
+    }
+
+    /// Whether to climb fast (+1 request/s per success) until the first
+    /// 429. Off, the rate stays at the initial guess until then.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::{AdaptiveRate, RateOutcome};
+    /// let c = AdaptiveRate::new().slow_start(false).controller(0);
+    /// assert_eq!(c.on_reply(10, 0, RateOutcome::Success), None);
+    /// let c = AdaptiveRate::new().controller(0);
+    /// assert!(c.on_reply(10, 0, RateOutcome::Success).is_some());
+    /// assert_eq!(c.rate(), 11.0);
+    /// ```
+    #[must_use]
+    pub fn slow_start(mut self, on: bool) -> Self {
+        self.slow_start = on;
+        self
+    }
+
+    /// How long the rate holds, once the server's rate is known, before it
+    /// probes above it again (also at least 100 successes). Each probe
+    /// that finds the same limit doubles this wait, up to 16×.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::{AdaptiveRate, RateOutcome};
+    /// use std::time::Duration;
+    ///
+    /// const MS: u64 = 1_000_000;
+    /// let c = AdaptiveRate::new()
+    ///     .initial(Some(4.0))
+    ///     .slow_start(false)
+    ///     .probe_after(Duration::from_secs(30))
+    ///     .controller(0);
+    /// // 4/s accepted for 5 s, then a 429: the server's rate is measured.
+    /// for i in 0..20 {
+    ///     c.on_reply(i * 250 * MS + 5 * MS, i * 250 * MS, RateOutcome::Success);
+    /// }
+    /// c.on_reply(5_005 * MS, 5_000 * MS, RateOutcome::Throttled);
+    /// let settled = c.rate();
+    /// assert!(settled > 3.5 && settled < 4.0);
+    /// // It holds there: no probe for 30 s.
+    /// for i in 0..100 {
+    ///     let t = 6_000 * MS + i * 270 * MS;
+    ///     c.on_reply(t + 5 * MS, t, RateOutcome::Success);
+    /// }
+    /// assert_eq!(c.rate(), settled);
+    /// ```
+    #[must_use]
+    pub fn probe_after(mut self, wait: Duration) -> Self {
+        self.probe_after = wait;
+        self
+    }
+
+    /// How fast a probe climbs: by this fraction of the rate per second,
+    /// compounding (default 0.05). NaN or negative means never probe;
+    /// above 10 is taken as 10.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::AdaptiveRate;
+    /// assert_eq!(AdaptiveRate::new().probe_gain(-1.0), AdaptiveRate::new().probe_gain(0.0));
+    /// ```
+    #[must_use]
+    pub fn probe_gain(mut self, fraction_per_sec: f64) -> Self {
+        self.probe_gain = if fraction_per_sec.is_nan() {
+            0.0
+        } else {
+            fraction_per_sec.clamp(0.0, 10.0)
+        };
+        self
+    }
+
+    /// The burst of the quotas handed out; keep it at or below the
+    /// server's (default 1; 0 is taken as 1).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::AdaptiveRate;
+    /// assert_eq!(AdaptiveRate::new().burst(3).controller(0).quota().burst().get(), 3);
+    /// assert_eq!(AdaptiveRate::new().burst(0).controller(0).quota().burst().get(), 1);
+    /// ```
+    #[must_use]
+    pub fn burst(mut self, burst: u32) -> Self {
+        self.burst = NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN);
+        self
+    }
+
+    /// The burst the server is assumed to allow (default 2; 0 is taken as
+    /// 1). It enters the floor and the ceiling the controller measures
+    /// (see the module docs): too low and the floor comes out high (a 429
+    /// at a rate the floor had proven then doubles the assumption), too
+    /// high and the rate settles lower. A server that spaces requests
+    /// strictly (no burst at all) is best described with 1.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::{AdaptiveRate, RateOutcome};
+    ///
+    /// const MS: u64 = 1_000_000;
+    /// // The same evidence: 20 successes at 4/s, then a 429.
+    /// let settle = |burst| {
+    ///     let c = AdaptiveRate::new()
+    ///         .initial(Some(4.0))
+    ///         .slow_start(false)
+    ///         .server_burst(burst)
+    ///         .controller(0);
+    ///     for i in 0..20 {
+    ///         c.on_reply(i * 250 * MS + 5 * MS, i * 250 * MS, RateOutcome::Success);
+    ///     }
+    ///     c.on_reply(5_005 * MS, 5_000 * MS, RateOutcome::Throttled);
+    ///     c.rate()
+    /// };
+    /// // A larger burst explains more of the successes: a lower rate.
+    /// assert!(settle(1) > settle(2));
+    /// assert!(settle(2) > settle(4));
+    /// ```
+    #[must_use]
+    pub fn server_burst(mut self, burst: u32) -> Self {
+        self.server_burst = burst.max(1);
+        self
+    }
+
+    /// How long after a decrease 429s still count as the same event
+    /// (default 2 s). 429s of requests sent before a decrease are always
+    /// ignored (they were sent at the old rate); this also ignores those
+    /// sent shortly after it, which the admission layer had admitted
+    /// before the hold began (a token reserved up to its inline wait,
+    /// 2 s by default, ahead) and which say nothing about the new rate.
+    /// Zero keeps only the first rule.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::{AdaptiveRate, RateOutcome};
+    /// use std::time::Duration;
+    ///
+    /// const MS: u64 = 1_000_000;
+    /// let c = AdaptiveRate::new().holdoff(Duration::from_secs(2)).controller(0);
+    /// assert!(c.on_reply(5 * MS, 0, RateOutcome::Throttled).is_some());
+    /// let cut = c.rate();
+    /// // Admitted before the hold, sent during it: not a second decrease.
+    /// assert_eq!(c.on_reply(505 * MS, 500 * MS, RateOutcome::Throttled), None);
+    /// assert_eq!(c.rate(), cut);
+    /// // Sent after the holdoff: a new decrease.
+    /// assert!(c.on_reply(2_505 * MS, 2_500 * MS, RateOutcome::Throttled).is_some());
+    /// ```
+    #[must_use]
+    pub fn holdoff(mut self, holdoff: Duration) -> Self {
+        self.holdoff = holdoff;
+        self
+    }
+
+    /// A controller for one credential, created at `now_nanos` (on the
+    /// clock its replies will be timed with).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::AdaptiveRate;
+    /// use backpressure::{Clock, DefaultClock, TokenBucket};
+    ///
+    /// let clock = DefaultClock::new();
+    /// let controller = AdaptiveRate::new().controller(clock.now_nanos());
+    /// let bucket = TokenBucket::new(controller.quota());
+    /// assert!(bucket.try_acquire(1).is_ok());
+    /// ```
+    pub fn controller(&self, now_nanos: u64) -> RateController {
+        let mut cfg = self.clone();
+        cfg.max_rate = cfg.max_rate.max(cfg.min_rate);
+        let rate = match cfg.initial {
+            Some(r) => r.clamp(cfg.min_rate, cfg.max_rate),
+            None => cfg.max_rate,
+        };
+        let phase = if cfg.slow_start {
+            Phase::SlowStart
+        } else {
+            Phase::Hold {
+                until: u64::MAX,
+                successes: 0,
+                climb_to: None,
+            }
+        };
+        RateController {
+            state: Mutex::new(State {
+                target: rate,
+                applied: rate,
+                cap: cfg.max_rate,
+                server: None,
+                phase,
+                decreased_at: None,
+                epoch_start: now_nanos,
+                epoch: VecDeque::with_capacity(WINDOW),
+                epoch_first: None,
+                backoff: 1,
+                last_settled: None,
+                proven: None,
+                last_floor: None,
+                server_burst: cfg.server_burst,
+                rtts: [0; RTTS],
+                replies: 0,
+            }),
+            cfg,
+        }
+    }
+}
+
+/// One credential's adaptive rate. Made by [`AdaptiveRate::controller`].
+///
+/// # How the rate is learned
+///
+/// Until the first 429 the rate climbs fast from the initial guess (+1
+/// request/s per success). On a 429 the controller bounds the server's
+/// rate from the replies since its last decrease (a server with burst `b`
+/// admits at most `b + R·w` requests in any window `w`, so `n` successes
+/// within `w` prove `R ≥ (n − b) / w`, and the refusal bounds `R` from
+/// above) and sets the rate to that floor; when the 429 came too soon to
+/// measure anything it cuts to [`decrease`](AdaptiveRate::decrease) × the
+/// ceiling instead and climbs back halfway. Once the floor and ceiling
+/// agree it holds for [`probe_after`](AdaptiveRate::probe_after) before
+/// probing higher, slowly: each probe above the server's rate costs one
+/// 429. 429s of requests sent before a decrease, or within
+/// [`holdoff`](AdaptiveRate::holdoff) after it, do not lower the rate
+/// again. [`RateOutcome::ServerLimit`] jumps to the server's own numbers
+/// and caps the probes there.
+///
+/// # Wiring
+///
+/// The caller keeps the credential's [`TokenBucket`](crate::TokenBucket)
+/// (or `Scoped` entry) and, for every reply, calls
+/// [`on_reply`](RateController::on_reply) with the instant the request
+/// actually left. When it returns a quota, the caller applies it with
+/// `set_quota` **before** any `penalize` for the same reply: a quota
+/// change keeps the bucket's debt in cells, so a lower rate applied after
+/// a hold would stretch the hold.
+///
+/// Calls that reserved their token before a hold began should ask again
+/// once it is over rather than fire during it (they were admitted at the
+/// old rate and mostly draw 429s), and the cells they hold should be
+/// forgotten (`reset` before `set_quota`), or the new, lower rate charges
+/// them too. The controller itself stays correct either way: those 429s
+/// fall inside the holdoff.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::adaptive::{AdaptiveRate, RateOutcome};
+/// use backpressure::{Clock, ManualClock, TokenBucket};
+/// use std::time::Duration;
+///
+/// let clock = ManualClock::new();
+/// let controller = AdaptiveRate::new().controller(clock.now_nanos());
+/// let bucket = TokenBucket::with_clock(controller.quota(), clock.clone());
+///
+/// // A request sent at 0 is answered 429 at 5 ms.
+/// bucket.try_acquire(1).unwrap();
+/// clock.advance(Duration::from_millis(5));
+/// if let Some(q) = controller.on_reply(clock.now_nanos(), 0, RateOutcome::Throttled) {
+///     bucket.set_quota(q); // first the new rate...
+/// }
+/// bucket.penalize(Duration::from_secs(1)); // ...then the server's hold
+/// assert!(controller.rate() < 10.0);
+/// ```
+pub struct RateController {
+    cfg: AdaptiveRate,
+    state: Mutex<State>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Phase {
+    /// +1 request/s per success until the first 429.
+    SlowStart,
+    /// Keep the rate until `until` and `successes` more successes.
+    Hold {
+        until: u64,
+        successes: u64,
+        /// `None`: the floor and the ceiling agree, probe slowly next.
+        /// `Some(limit)`: the cut was a guess, climb to `limit` next.
+        climb_to: Option<f64>,
+    },
+    /// Climb from `base` at `since` by `CLIMB_GAIN × base` per second, up
+    /// to `limit`; past it, probe.
+    Climb { since: u64, base: f64, limit: f64 },
+    /// Grow from `base` at `since` by `probe_gain` per second,
+    /// compounding, until a 429.
+    Probe { since: u64, base: f64 },
+}
+
+#[derive(Debug)]
+struct State {
+    /// The rate the controller wants.
+    target: f64,
+    /// The rate of the last quota handed out.
+    applied: f64,
+    /// No rate above this: `max_rate`, or the server's numbers.
+    cap: f64,
+    /// The server's last `ServerLimit` numbers.
+    server: Option<(u64, Duration)>,
+    phase: Phase,
+    /// When the rate was last lowered: 429s of requests sent before are
+    /// ignored.
+    decreased_at: Option<u64>,
+    /// Successes of requests sent before this (the controller's creation
+    /// or the last decrease) are not evidence for the current epoch.
+    epoch_start: u64,
+    /// Successes of the current epoch, the last `WINDOW`, in reply order.
+    epoch: VecDeque<Sample>,
+    /// When the epoch's first recorded success was sent.
+    epoch_first: Option<u64>,
+    /// The probe wait, in multiples of `probe_after`.
+    backoff: u32,
+    /// The rate the last settled decrease landed on.
+    last_settled: Option<f64>,
+    /// The rate held, when the floor proved it.
+    proven: Option<f64>,
+    /// The floor measured at the last decrease that measured one.
+    last_floor: Option<f64>,
+    /// The server burst assumed: `server_burst`, doubled each time a
+    /// proven rate is refused.
+    server_burst: u32,
+    /// The round trips of the last `RTTS` replies, any outcome.
+    rtts: [u64; RTTS],
+    /// Replies seen, all outcomes (the next slot in `rtts`).
+    replies: u64,
+}
+
+impl RateController {
+    /// The quota to start the credential's token bucket with (and, after
+    /// any change, the one in force): the current rate, with the
+    /// configured burst. Rates that do not divide a second evenly keep
+    /// their fraction: the period is in nanoseconds, rounded up.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::AdaptiveRate;
+    /// let q = AdaptiveRate::new().initial(Some(4.0)).controller(0).quota();
+    /// assert_eq!(q.period().as_millis(), 250);
+    /// let q = AdaptiveRate::new().initial(Some(3.0)).controller(0).quota();
+    /// assert_eq!(q.period().as_nanos(), 333_333_334);
+    /// ```
+    pub fn quota(&self) -> Quota {
+        let applied = self.state.lock().applied;
+        quota_for(applied, self.cfg.burst)
+    }
+
+    /// The rate in force, in requests per second (the rate of
+    /// [`quota`](RateController::quota)), for stats and logs.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::AdaptiveRate;
+    /// assert_eq!(AdaptiveRate::new().controller(0).rate(), 10.0);
+    /// ```
+    pub fn rate(&self) -> f64 {
+        self.state.lock().applied
+    }
+
+    /// Feeds one reply: `sent_at` is when its request started and `now`
+    /// when the reply came, in nanoseconds on one clock. Returns the new
+    /// quota when the bucket's should change (apply it with `set_quota`
+    /// before any `penalize` for this reply), `None` otherwise.
+    ///
+    /// A 429 lowers the rate at most once per round trip: 429s of requests
+    /// sent before the last decrease are ignored. A `now` before `sent_at`
+    /// is taken as `sent_at`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::{AdaptiveRate, RateOutcome};
+    ///
+    /// let c = AdaptiveRate::new().controller(0);
+    /// // Eight requests in flight, all refused: the rate falls once.
+    /// let first = c.on_reply(1_000_000, 0, RateOutcome::Throttled);
+    /// assert!(first.is_some());
+    /// let rate = c.rate();
+    /// for _ in 0..7 {
+    ///     assert_eq!(c.on_reply(2_000_000, 0, RateOutcome::Throttled), None);
+    /// }
+    /// assert_eq!(c.rate(), rate);
+    /// ```
+    pub fn on_reply(&self, now: u64, sent_at: u64, outcome: RateOutcome) -> Option<Quota> {
+        let now = now.max(sent_at);
+        let mut st = self.state.lock();
+        if outcome != RateOutcome::Ignored {
+            let slot = (st.replies % RTTS as u64) as usize;
+            st.rtts[slot] = now - sent_at;
+            st.replies += 1;
+        }
+        let changed = match outcome {
+            RateOutcome::Ignored => return None,
+            RateOutcome::Success => {
+                self.success(&mut st, now, sent_at);
+                false
+            }
+            RateOutcome::Throttled => {
+                let holdoff = saturating_nanos(self.cfg.holdoff);
+                if st
+                    .decreased_at
+                    .is_some_and(|d| sent_at < d.saturating_add(holdoff))
+                {
+                    return None;
+                }
+                self.throttled(&mut st, now, sent_at);
+                true
+            }
+            RateOutcome::ServerLimit { limit, window } => {
+                let per_sec = limit as f64 / window.as_secs_f64();
+                if limit == 0 || window.is_zero() || st.server == Some((limit, window)) {
+                    self.success(&mut st, now, sent_at);
+                    false
+                } else {
+                    self.server_limit(&mut st, now, sent_at, (limit, window), per_sec);
+                    true
+                }
+            }
+        };
+        let rate = st.target;
+        let moved = (rate - st.applied).abs() >= REQUOTA * st.applied;
+        if rate != st.applied && (changed || moved || rate == st.cap) {
+            st.applied = rate;
+            Some(quota_for(rate, self.cfg.burst))
+        } else {
+            None
+        }
+    }
+
+    fn success(&self, st: &mut State, now: u64, sent_at: u64) {
+        if sent_at < st.epoch_start {
+            // From before the last decrease: not this epoch's evidence.
+            return;
+        }
+        if st.epoch.len() == WINDOW {
+            st.epoch.pop_front();
+        }
+        st.epoch.push_back(Sample {
+            sent: sent_at,
+            recv: now,
+        });
+        st.epoch_first.get_or_insert(sent_at);
+        let cfg = &self.cfg;
+        let in_use = st.in_use();
+        st.phase = match st.phase {
+            Phase::SlowStart => {
+                if in_use {
+                    st.target += 1.0;
+                }
+                Phase::SlowStart
+            }
+            Phase::Climb { .. } | Phase::Probe { .. } if !in_use => {
+                // The callers do not use the rate: grow from here later.
+                st.phase.rebased(now, st.target)
+            }
+            Phase::Hold {
+                until,
+                successes,
+                climb_to,
+            } => {
+                let successes = successes.saturating_sub(1);
+                if now < until || successes > 0 {
+                    Phase::Hold {
+                        until,
+                        successes,
+                        climb_to,
+                    }
+                } else if let Some(ceiling) = climb_to {
+                    Phase::Climb {
+                        since: now,
+                        base: st.target,
+                        limit: ceiling,
+                    }
+                } else {
+                    Phase::Probe {
+                        since: now,
+                        base: st.target,
+                    }
+                }
+            }
+            Phase::Climb { since, base, limit } => {
+                let target = base * (1.0 + CLIMB_GAIN * secs_between(since, now));
+                if target >= limit {
+                    // Back at the ceiling: from here on, probe.
+                    st.target = st.target.max(limit);
+                    Phase::Probe {
+                        since: now,
+                        base: st.target,
+                    }
+                } else {
+                    st.target = st.target.max(target);
+                    Phase::Climb { since, base, limit }
+                }
+            }
+            Phase::Probe { since, base } => {
+                let target = base * (1.0 + cfg.probe_gain).powf(secs_between(since, now));
+                st.target = st.target.max(target);
+                Phase::Probe { since, base }
+            }
+        };
+        st.target = st.target.clamp(cfg.min_rate, st.cap);
+    }
+
+    fn throttled(&self, st: &mut State, now: u64, sent_at: u64) {
+        let cfg = &self.cfg;
+        // The rate in force when the request left (or just after).
+        let refused = st.applied;
+        if matches!(st.phase, Phase::Hold { climb_to: None, .. })
+            && st.proven.is_some_and(|p| refused <= p)
+        {
+            // Refused at a rate the floor had proven: the server allows a
+            // larger burst than assumed, which inflated the floor.
+            st.server_burst = st.server_burst.saturating_mul(2).min(MAX_SERVER_BURST);
+        }
+        let b = st.server_burst as f64;
+        let idle = match (st.decreased_at, st.epoch_first) {
+            (Some(d), Some(first)) => first.saturating_sub(d),
+            _ => u64::MAX,
+        };
+        let seen = &st.rtts[..(st.replies as usize).min(RTTS)];
+        let spread = seen.iter().max().unwrap_or(&0) - seen.iter().min().unwrap_or(&0);
+        let refusal = Sample {
+            sent: sent_at,
+            recv: now,
+        };
+        let epoch = st.epoch.make_contiguous();
+        let (floor, ceiling) = bounds(epoch, refusal, b, refused, idle, spread);
+        let ceiling = ceiling.min(refused);
+        // Settled: the bounds agree, or the floor came out the same twice
+        // (when the ceiling could not be trusted).
+        let again = st
+            .last_floor
+            .is_some_and(|f| (floor - f).abs() <= AGAIN * f);
+        let settled = floor > 0.0 && (floor >= SETTLED * ceiling || again);
+        if floor > 0.0 {
+            st.last_floor = Some(floor);
+        }
+        let guess = cfg.decrease * ceiling;
+        let mut rate = floor.max(guess).min(refused * (1.0 - MIN_CUT));
+        rate = rate.clamp(cfg.min_rate, st.cap);
+        st.proven = (floor >= guess && rate <= floor).then_some(rate);
+        let probe_after = saturating_nanos(cfg.probe_after);
+        st.phase = if settled {
+            // A probe that found the same limit again: probe less often.
+            if st
+                .last_settled
+                .is_some_and(|last| (rate - last).abs() <= 0.1 * last)
+            {
+                st.backoff = (st.backoff * 2).min(MAX_PROBE_BACKOFF);
+            } else {
+                st.backoff = 1;
+            }
+            st.last_settled = Some(rate);
+            Phase::Hold {
+                until: now.saturating_add(probe_after.saturating_mul(st.backoff as u64)),
+                successes: PROBE_MIN_SUCCESSES,
+                climb_to: None,
+            }
+        } else if st.epoch.is_empty() {
+            // Nothing got through since the last decrease (an exhausted
+            // quota, an outage): what was learned before is stale. Start
+            // over, and climb fast from the first success.
+            st.last_settled = None;
+            Phase::SlowStart
+        } else {
+            // A guess: hold long enough for a too-high guess to draw its
+            // 429 (at most `MAX_TRIAL`), then climb halfway back to the
+            // ceiling.
+            st.last_settled = None;
+            let trial = ((2.0 * b + 2.0) / rate).min(MAX_TRIAL);
+            Phase::Hold {
+                until: now.saturating_add((trial * NANOS_PER_SEC) as u64),
+                successes: 0,
+                climb_to: Some((rate + ceiling) / 2.0),
+            }
+        };
+        st.target = rate;
+        st.decreased_at = Some(now);
+        st.epoch_start = now;
+        st.epoch.clear();
+        st.epoch_first = None;
+    }
+
+    fn server_limit(
+        &self,
+        st: &mut State,
+        now: u64,
+        sent_at: u64,
+        numbers: (u64, Duration),
+        per_sec: f64,
+    ) {
+        let cfg = &self.cfg;
+        let cap = clamp_rate(per_sec, cfg.max_rate).clamp(cfg.min_rate, cfg.max_rate);
+        st.server = Some(numbers);
+        st.proven = None;
+        st.cap = cap;
+        st.target = cap;
+        st.phase = Phase::Hold {
+            until: u64::MAX,
+            successes: 0,
+            climb_to: None,
+        };
+        self.success(st, now, sent_at);
+    }
+}
+
+impl State {
+    /// Whether the callers send at a good share of the rate, judged from
+    /// the last few successes (yes while there are too few to tell).
+    fn in_use(&self) -> bool {
+        let n = self.epoch.len().min(USE_WINDOW);
+        if n < USE_WINDOW / 2 {
+            return true;
+        }
+        let recent = self.epoch.range(self.epoch.len() - n..);
+        let (lo, hi) = recent.fold((u64::MAX, 0), |(lo, hi), s| {
+            (lo.min(s.sent), hi.max(s.sent))
+        });
+        let span = (hi - lo) as f64 / NANOS_PER_SEC;
+        (n - 1) as f64 >= IN_USE * self.applied * span
+    }
+}
+
+impl Phase {
+    /// The same growth, restarted from `rate` at `now`.
+    fn rebased(self, now: u64, rate: f64) -> Phase {
+        match self {
+            Phase::Climb { limit, .. } => Phase::Climb {
+                since: now,
+                base: rate,
+                limit,
+            },
+            Phase::Probe { .. } => Phase::Probe {
+                since: now,
+                base: rate,
+            },
+            other => other,
+        }
+    }
+}
+
+fn secs_between(since: u64, now: u64) -> f64 {
+    now.saturating_sub(since) as f64 / NANOS_PER_SEC
+}
+
+fn quota_for(rate: f64, burst: NonZeroU32) -> Quota {
+    // `rate` is within [ABS_MIN_RATE, ABS_MAX_RATE]: the period is at
+    // least 1 ns and at most 10¹² ns.
+    let period = (NANOS_PER_SEC / rate).ceil().max(1.0) as u64;
+    Quota::with_period(Duration::from_nanos(period)).allow_burst(burst)
+}
+
+fn clamp_rate(rate: f64, default: f64) -> f64 {
+    if rate.is_nan() {
+        default
+    } else {
+        rate.clamp(ABS_MIN_RATE, ABS_MAX_RATE)
+    }
+}
+
+impl fmt::Debug for RateController {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.state.lock();
+        f.debug_struct("RateController")
+            .field("rate", &st.applied)
+            .field("phase", &st.phase)
+            .field("cap", &st.cap)
+            .finish()
+    }
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quota_for_keeps_the_fraction() {
+        let q = quota_for(4.3, NonZeroU32::MIN);
+        assert_eq!(q.period().as_nanos(), 232_558_140);
+        assert_eq!(
+            quota_for(ABS_MAX_RATE, NonZeroU32::MIN).period().as_nanos(),
+            1
+        );
+        assert_eq!(
+            quota_for(ABS_MIN_RATE, NonZeroU32::MIN).period().as_secs(),
+            1000
+        );
+    }
+}
