@@ -402,6 +402,30 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         self.custom_quotas.load(Ordering::Relaxed)
     }
 
+    /// Makes `key`'s bucket full and voids its outstanding reservations'
+    /// refunds, as [`TokenBucket::reset`](crate::TokenBucket::reset) does.
+    /// A key with no bucket is full already: nothing is created.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, Scoped};
+    /// use std::num::NonZeroU32;
+    /// let limits = Scoped::with_clock(Quota::per_second(NonZeroU32::new(2).unwrap()), ManualClock::new());
+    /// limits.try_acquire(&"k", 2).unwrap();
+    /// assert_eq!(limits.available(&"k"), 0);
+    /// limits.reset(&"k");
+    /// assert_eq!(limits.available(&"k"), 2);
+    /// ```
+    pub fn reset(&self, key: &K) {
+        let hash = self.hasher.hash_one(key);
+        let now = self.clock.now_nanos();
+        let shard = self.shard(hash).read();
+        if let Some((_, b)) = shard.buckets.find(hash, |(k, _)| k == key) {
+            b.reset(now);
+        }
+    }
+
     /// When the latest server hold on `key` ends (0: none, or its bucket
     /// was evicted, which happens only once the hold is over).
     pub(crate) fn held_until(&self, key: &K) -> u64 {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
+use crate::adaptive::AdaptiveRate;
 use crate::bucket::Quota;
 use crate::clock::{Clock, DefaultClock};
 use crate::keyed::Scoped;
@@ -16,6 +17,7 @@ use crate::sync::{AtomicBool, AtomicU32, AtomicUsize};
 
 use super::pools::{Pool, SlotPolicy};
 use super::shared::SharedLimiter;
+use super::rates::Rates;
 use super::{Admission, Inner, ToolConfig, ToolState};
 
 /// Builds an [`Admission`]; every setting has a default.
@@ -25,7 +27,7 @@ use super::{Admission, Inner, ToolConfig, ToolState};
 /// | global concurrency | 16 |
 /// | per-tool concurrency | 4 (unknown tools too) |
 /// | per-tool policy | [`SlotPolicy::Wait`] |
-/// | credential quota | 10/s, burst 10 |
+/// | credential quota | learned from the server, starting at 10/s ([`AdaptiveRate`]); 10/s, burst 10 with [`fixed_rates`](Builder::fixed_rates) |
 /// | wait-queue capacity | 256 waiting calls |
 /// | inline wait threshold | 2 s |
 /// | max honoured Retry-After | 5 min (longer: `quota_exhausted`) |
@@ -61,6 +63,9 @@ struct Settings {
     default_tool: ToolConfig,
     tools: HashMap<String, ToolConfig>,
     default_quota: Quota,
+    /// Whether `default_quota` was called (it then caps adaptive rates).
+    default_quota_set: bool,
+    adaptive: Option<AdaptiveRate>,
     quotas: Vec<(String, Quota)>,
     queue_capacity: usize,
     inline_wait: Duration,
@@ -85,6 +90,8 @@ impl Builder {
                 },
                 tools: HashMap::new(),
                 default_quota: Quota::per_second(NonZeroU32::new(10).expect("10 > 0")),
+                default_quota_set: false,
+                adaptive: Some(AdaptiveRate::new()),
                 quotas: Vec::new(),
                 queue_capacity: 256,
                 inline_wait: Duration::from_secs(2),
@@ -229,6 +236,11 @@ impl<S, C> Builder<S, C> {
 
     /// The quota of credentials not configured by name.
     ///
+    /// With adaptive rates on (the default), this is each such credential's
+    /// starting rate and its ceiling: 429s lower it, success climbs back up
+    /// to it, never past it. Without a `default_quota`, a credential starts
+    /// at [`AdaptiveRate`]'s guess (10/s) and may climb above it.
+    ///
     /// # Examples
     ///
     /// ```
@@ -241,10 +253,13 @@ impl<S, C> Builder<S, C> {
     /// ```
     pub fn default_quota(mut self, quota: Quota) -> Self {
         self.cfg.default_quota = quota;
+        self.cfg.default_quota_set = true;
         self
     }
 
-    /// The quota of one credential.
+    /// The quota of one credential. With adaptive rates on (the default)
+    /// it is the credential's starting rate and ceiling, as for
+    /// [`default_quota`](Self::default_quota).
     ///
     /// # Examples
     ///
@@ -258,6 +273,50 @@ impl<S, C> Builder<S, C> {
     /// ```
     pub fn quota(mut self, credential: impl Into<String>, quota: Quota) -> Self {
         self.cfg.quotas.push((credential.into(), quota));
+        self
+    }
+
+    /// How each credential's rate is learned from the server's answers
+    /// (the default: [`AdaptiveRate::new`]). A 429 (or a 503 with
+    /// `Retry-After`) lowers the rate at most once per round trip, sustained
+    /// success raises it, and `RateLimit-Policy` headers set it to the
+    /// server's own numbers. Credentials with a shared quota
+    /// ([`shared_quota`](Self::shared_quota)) are not adapted, and at most
+    /// 4,096 credentials are learned at once (later ones keep their
+    /// configured quota).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::AdaptiveRate;
+    /// use backpressure::Admission;
+    /// // Start every unknown key at 2 requests/s and never go above 50.
+    /// let admission = Admission::builder()
+    ///     .adaptive_rate(AdaptiveRate::new().initial(Some(2.0)).max_rate(50.0))
+    ///     .build();
+    /// # let _ = admission;
+    /// ```
+    pub fn adaptive_rate(mut self, adaptive: AdaptiveRate) -> Self {
+        self.cfg.adaptive = Some(adaptive);
+        self
+    }
+
+    /// Turns adaptive rates off: every credential keeps its configured quota
+    /// (or the default, 10/s with a burst of 10) whatever the server answers;
+    /// a 429 still holds the credential back for its `Retry-After`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, CallSpec};
+    /// # futures::executor::block_on(async {
+    /// let admission = Admission::builder().fixed_rates().build();
+    /// drop(admission.admit(&CallSpec::new("t", "key")).await.unwrap());
+    /// assert_eq!(admission.learned_rate("key"), None);
+    /// # });
+    /// ```
+    pub fn fixed_rates(mut self) -> Self {
+        self.cfg.adaptive = None;
         self
     }
 
@@ -412,6 +471,11 @@ impl<S, C> Builder<S, C> {
                 global: Pool::new(self.cfg.global, self.cfg.expected_latency),
                 waiting: AtomicUsize::new(0),
                 queue_capacity: self.cfg.queue_capacity,
+                rates: Rates::new(
+                    self.cfg.adaptive,
+                    self.cfg.default_quota_set.then_some(self.cfg.default_quota),
+                    self.cfg.quotas.iter().cloned().collect(),
+                ),
                 tools: RwLock::new(tools),
                 max_tools: self.cfg.max_tools,
                 default_tool: self.cfg.default_tool,

@@ -23,6 +23,7 @@
 
 mod builder;
 pub(crate) mod pools;
+mod rates;
 mod runner;
 mod shared;
 mod throttled;
@@ -246,6 +247,8 @@ struct Inner<S, C: Clock> {
     max_tools: usize,
     default_tool: ToolConfig,
     credentials: Scoped<String, C>,
+    /// The rates learned per credential (see `rates`).
+    rates: rates::Rates,
     server_scopes: Scoped<(String, String), C>,
     inline_wait: Duration,
     max_retry_after: Duration,
@@ -463,6 +466,11 @@ where
         let scope = tool.server_scope.read().clone();
         let scope_key = scope.as_ref().map(|s| (spec.credential.clone(), s.clone()));
         let shared = inner.shared.get(&spec.credential);
+        if shared.is_none() {
+            inner
+                .rates
+                .ensure(&spec.credential, &inner.credentials, &inner.clock);
+        }
         let mut reserved = Reserved(Vec::with_capacity(2));
         loop {
             let now = inner.clock.now_nanos();
@@ -796,7 +804,29 @@ where
         status: u16,
         hint: &ServerHint,
     ) -> Option<Duration> {
+        let now = self.inner.clock.now_nanos();
+        self.observe_sent(tool, credential, status, hint, now)
+    }
+
+    /// [`observe`](Self::observe) for a request sent at `sent_at` (on the
+    /// layer's clock): the learned rate ignores 429s of requests sent
+    /// before its last decrease.
+    pub(crate) fn observe_sent(
+        &self,
+        tool: &str,
+        credential: &str,
+        status: u16,
+        hint: &ServerHint,
+        sent_at: u64,
+    ) -> Option<Duration> {
         let inner = &*self.inner;
+        if !inner.shared.contains_key(credential) {
+            // The new rate before the hold (see `Rates::observe`).
+            let now = inner.clock.now_nanos();
+            inner
+                .rates
+                .observe(credential, status, hint, sent_at, now, &inner.credentials);
+        }
         let wait = match hint.wait() {
             Some(w) => w,
             // A 429 with no hint: hold the key back for a second rather
@@ -860,6 +890,25 @@ where
         );
         #[cfg(not(feature = "tracing"))]
         let _ = (spec, waited);
+    }
+
+    /// The rate (requests per second) the layer has learned for
+    /// `credential`, or `None` if it keeps a fixed quota (adaptive rates off
+    /// with [`Builder::fixed_rates`], a shared quota, or no call made yet).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, CallSpec};
+    /// # futures::executor::block_on(async {
+    /// let admission = Admission::builder().build();
+    /// assert_eq!(admission.learned_rate("key"), None);
+    /// drop(admission.admit(&CallSpec::new("search", "key")).await.unwrap());
+    /// assert_eq!(admission.learned_rate("key"), Some(10.0)); // the starting guess
+    /// # });
+    /// ```
+    pub fn learned_rate(&self, credential: &str) -> Option<f64> {
+        self.inner.rates.rate(credential)
     }
 
     /// The clock the layer's rate limits and deadlines run on.

@@ -71,8 +71,13 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
     /// # });
     /// ```
     pub fn observe(&self, status: u16, hint: &ServerHint) -> Option<Duration> {
-        self.admission
-            .observe(&self.tool_name, &self.credential, status, hint)
+        self.admission.observe_sent(
+            &self.tool_name,
+            &self.credential,
+            status,
+            hint,
+            self.started_at,
+        )
     }
 
     /// The tool this ticket admits.

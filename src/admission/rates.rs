@@ -1,0 +1,172 @@
+//! Learned rates: one [`RateController`] per credential, fed with the
+//! server's answers, whose proposals become the credential's quota.
+//!
+//! The controller is created on the credential's first admit, so its quota
+//! is in force before the first token is taken. What it is fed, and in what
+//! order the result is applied, is decided here (see [`Rates::observe`]).
+
+use core::time::Duration;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::adaptive::{AdaptiveRate, RateController, RateOutcome};
+use crate::bucket::Quota;
+use crate::clock::Clock;
+use crate::headers::ServerHint;
+use crate::keyed::Scoped;
+
+/// At most this many credentials learn a rate at once; later ones keep
+/// their configured quota. Learned state is never evicted: forgetting it
+/// would send the next call at the starting guess again.
+pub(crate) const MAX_LEARNED: usize = 4096;
+
+/// The learned rates of an admission layer (empty with fixed rates).
+pub(crate) struct Rates {
+    /// `None`: fixed rates.
+    adaptive: Option<AdaptiveRate>,
+    /// The starting rate and ceiling of credentials without a quota by name
+    /// (`None`: the adaptive guess, with no ceiling but its own).
+    default: Option<Quota>,
+    /// Quotas set by name: each one's starting rate and ceiling.
+    configured: HashMap<String, Quota>,
+    controllers: RwLock<HashMap<String, Arc<RateController>>>,
+}
+
+impl Rates {
+    pub(crate) fn new(
+        adaptive: Option<AdaptiveRate>,
+        default: Option<Quota>,
+        configured: HashMap<String, Quota>,
+    ) -> Self {
+        Self {
+            adaptive,
+            default,
+            configured,
+            controllers: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// Makes sure `credential` learns its rate (if adaptive and there is
+    /// room), applying the controller's starting quota to `buckets` when it
+    /// is created.
+    #[inline]
+    pub(crate) fn ensure<C: Clock>(&self, credential: &str, buckets: &Scoped<String, C>, clock: &C) {
+        if self.adaptive.is_none() || self.controllers.read().contains_key(credential) {
+            return;
+        }
+        self.create(credential, buckets, clock.now_nanos());
+    }
+
+    #[cold]
+    fn create<C: Clock>(&self, credential: &str, buckets: &Scoped<String, C>, now: u64) {
+        let Some(adaptive) = &self.adaptive else {
+            return;
+        };
+        let mut controllers = self.controllers.write();
+        if controllers.contains_key(credential) || controllers.len() >= MAX_LEARNED {
+            return;
+        }
+        let cfg = match self.configured.get(credential).or(self.default.as_ref()) {
+            Some(q) => {
+                let rate = 1e9 / (q.period().as_nanos().max(1) as f64);
+                adaptive
+                    .clone()
+                    .initial(Some(rate))
+                    .max_rate(rate)
+                    .burst(q.burst().get())
+            }
+            None => adaptive.clone(),
+        };
+        let controller = Arc::new(cfg.controller(now));
+        // Refused only past the registry's cap of custom quotas: the
+        // credential then keeps the default quota, and learns nothing.
+        if buckets
+            .set_quota(&credential.to_string(), controller.quota())
+            .is_ok()
+        {
+            controllers.insert(credential.to_string(), controller);
+        }
+    }
+
+    /// Feeds one reply on `credential` (a request sent at `sent_at`) to its
+    /// controller and applies the new quota, if any, to `buckets`.
+    ///
+    /// Called before the reply's hold is applied: a cut resets the bucket
+    /// (its reservations were taken at the old rate; their calls wake, see
+    /// the hold and queue again at the new one), then sets the quota, and
+    /// only then may the caller penalize. Penalizing first would have the
+    /// quota change convert the hold's debt at the lower rate and stretch it.
+    pub(crate) fn observe<C: Clock>(
+        &self,
+        credential: &str,
+        status: u16,
+        hint: &ServerHint,
+        sent_at: u64,
+        now: u64,
+        buckets: &Scoped<String, C>,
+    ) {
+        if self.adaptive.is_none() || hint.scope.is_some() {
+            // A scoped limit is the server's, for some tools only: it is
+            // held, not learned as the credential's rate.
+            return;
+        }
+        let Some(controller) = self.controllers.read().get(credential).cloned() else {
+            return;
+        };
+        let outcome = outcome(status, hint);
+        if let Some(quota) = controller.on_reply(now, sent_at, outcome) {
+            let key = credential.to_string();
+            if outcome == RateOutcome::Throttled {
+                buckets.reset(&key);
+            }
+            // The credential has a custom quota already (set on creation),
+            // so this replaces it and cannot be refused for room.
+            let _ = buckets.set_quota(&key, quota);
+        }
+    }
+
+    /// The rate `credential` runs at now, if it is learned.
+    pub(crate) fn rate(&self, credential: &str) -> Option<f64> {
+        self.controllers.read().get(credential).map(|c| c.rate())
+    }
+}
+
+/// What a reply says about the credential's rate.
+fn outcome(status: u16, hint: &ServerHint) -> RateOutcome {
+    if let Some((limit, window)) = server_limit(hint) {
+        return RateOutcome::ServerLimit { limit, window };
+    }
+    match status {
+        429 => RateOutcome::Throttled,
+        503 if hint.retry_after.is_some() => RateOutcome::Throttled,
+        200..=299 => RateOutcome::Success,
+        _ => RateOutcome::Ignored,
+    }
+}
+
+/// The tightest quota the server stated (`RateLimit-Policy`), as requests
+/// per window.
+fn server_limit(hint: &ServerHint) -> Option<(u64, Duration)> {
+    hint.policies
+        .iter()
+        .filter_map(|p| match (p.quota, p.window) {
+            (Some(q), Some(w)) if q > 0 && !w.is_zero() => Some((q, w)),
+            _ => None,
+        })
+        .min_by(|a, b| {
+            let ra = a.0 as f64 / a.1.as_secs_f64();
+            let rb = b.0 as f64 / b.1.as_secs_f64();
+            ra.total_cmp(&rb)
+        })
+}
+
+impl core::fmt::Debug for Rates {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Rates")
+            .field("adaptive", &self.adaptive.is_some())
+            .field("learned", &self.controllers.read().len())
+            .finish()
+    }
+}
