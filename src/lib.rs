@@ -36,6 +36,7 @@
 )]
 #![doc(test(attr(deny(warnings))))]
 
+pub mod adaptive;
 mod admission;
 mod backoff;
 mod bucket;
