@@ -1,6 +1,7 @@
 //! A latency-gradient limit in the manner of Netflix's `Gradient2Limit`,
-//! with its two known weak spots changed: the long-term RTT does not drift
-//! up with a standing queue, and drops count.
+//! with two changes: the long-term RTT falls at once and rises slowly (so
+//! it drifts up with a standing queue far more slowly), and a drop halves
+//! the limit (Netflix's ignores drops).
 
 use super::algorithm::{clamp_f64, LimitAlgorithm, Limits, Outcome, Sample};
 
@@ -9,41 +10,46 @@ const DEFAULT_INITIAL: usize = 20;
 const DEFAULT_MAX: usize = 1000;
 const DEFAULT_TOLERANCE: f64 = 1.5;
 const DEFAULT_SMOOTHING: f64 = 0.2;
-const DEFAULT_LONG_WINDOW: u32 = 100;
+const DEFAULT_LONG_WINDOW: u32 = 600;
 /// The steepest gradient: one window never asks for less than half.
 const MIN_GRADIENT: f64 = 0.5;
 
 /// Gradient2: compare the short-term RTT with a long-term one and move the
-/// limit towards `limit × gradient + headroom`, smoothed.
+/// limit towards `limit × gradient + headroom`, smoothed; halve it on a
+/// drop.
 ///
 /// Samples are grouped into **windows of one round trip**: a window closes
 /// with the first sample of a request that started after the window
 /// opened. Per window:
 ///
 /// * `short` is the window's mean RTT of successes.
-/// * `long` is an exponential average of `short`: over `long_window` round
-///   trips (default 100) while latency rises, ten times faster while it
-///   falls. So it follows the no-load latency down at once but a standing
-///   queue only slowly (Netflix's average drifts up with the queue, which
+/// * `long` falls to `short` at once when `short` is lower, and otherwise
+///   rises towards it as an exponential average over `long_window` round
+///   trips (default 600). So it tracks the no-load latency, and learns a
+///   slower downstream over minutes rather than seconds (Netflix's average
+///   follows a standing queue up within a few hundred samples, which
 ///   erodes the gradient).
 /// * `gradient = clamp(tolerance × long / short, 0.5, 1)`: 1 while the
 ///   short-term RTT is within `tolerance` (default 1.5) of the long-term
 ///   one, down to 0.5 as it grows past that.
 /// * `headroom = √limit`: how many requests may queue at the downstream
 ///   for the limit to keep probing upwards.
-/// * `target = limit × gradient + headroom`; if the window had a drop, the
-///   gradient is 0.5 and there is no headroom. A window whose requests
-///   never used half the limit (app-limited) does not grow.
-/// * `limit += smoothing × (target − limit)`, default smoothing 0.2, then
-///   clamped into `[min, max]`.
+/// * `limit += smoothing × (limit × gradient + headroom − limit)`, with
+///   smoothing 0.2 by default. A window whose requests never used half the
+///   limit (app-limited) does not grow.
+/// * A window with a drop instead **halves** the limit, unsmoothed, as TCP
+///   does: that drains the queue which caused it, so `long` can fall back
+///   to the no-load latency. Drops count once per round trip: a drop of a
+///   request that started before the last decrease is ignored.
 ///
-/// With the defaults a window moves the limit by at most −10% (a drop, or
-/// latency past twice the tolerance) and grows it by about `0.2 × √limit`
-/// per round trip. Latency alone cannot push the limit below about 4 (where
-/// half the limit plus the headroom is the limit); drops can.
-///
-/// Drops count once per round trip, like [`Aimd`](super::Aimd): a drop of a
-/// request that started before the last decrease is ignored.
+/// The result, with the defaults: the limit settles where the downstream's
+/// queue adds about half the no-load latency (an equilibrium near
+/// `1.5–1.8 ×` its capacity when the RTT grows linearly with the queue); it
+/// grows by about `0.2 × √limit` per round trip below that and falls by at
+/// most 10% per round trip above it. As `long` slowly learns the standing
+/// queue, the limit creeps up until a drop halves it. Latency alone cannot
+/// push the limit below about 4 (where half the limit plus the headroom is
+/// the limit); drops can.
 ///
 /// | setting | default | clamp |
 /// | --- | --- | --- |
@@ -52,7 +58,7 @@ const MIN_GRADIENT: f64 = 0.5;
 /// | max | 1000 | `[min, MAX_LIMIT]` |
 /// | tolerance | 1.5 | `[1, 100]`; NaN means the default |
 /// | smoothing | 0.2 | `[0.01, 1]`; NaN means the default |
-/// | long window | 100 round trips | `>= 1` |
+/// | long window | 600 round trips | `>= 1` |
 ///
 /// # Examples
 ///
@@ -177,7 +183,7 @@ impl Gradient2 {
     }
 
     /// Sets over how many round trips the long-term RTT averages a rise
-    /// (default 100; a fall over a tenth of that). At least 1.
+    /// (default 600; it follows a fall at once). At least 1.
     ///
     /// # Examples
     ///
@@ -196,36 +202,32 @@ impl Gradient2 {
         let w = core::mem::take(&mut self.window);
         self.window.start = now;
         let before = self.limit;
-        let target = if w.dropped {
-            before * MIN_GRADIENT
-        } else if w.successes == 0 {
+        if w.dropped {
+            // Unsmoothed, like TCP: it drains the queue that caused the
+            // drop, so the long-term RTT can fall back to the no-load one.
+            self.limit = self.limits.clamp(before * MIN_GRADIENT);
+            self.last_decrease = now;
             return;
+        }
+        if w.successes == 0 {
+            return;
+        }
+        let short = (w.rtt_sum / u128::from(w.successes)) as f64;
+        if self.long_rtt == 0.0 || short < self.long_rtt {
+            self.long_rtt = short;
         } else {
-            let short = (w.rtt_sum / u128::from(w.successes)) as f64;
-            if self.long_rtt == 0.0 {
-                self.long_rtt = short;
-            } else {
-                let n = f64::from(self.long_window);
-                let rate = if short > self.long_rtt {
-                    1.0 / n
-                } else {
-                    (10.0 / n).min(1.0)
-                };
-                self.long_rtt += (short - self.long_rtt) * rate;
-            }
-            let gradient = if short > 0.0 {
-                clamp_f64(self.tolerance * self.long_rtt / short, MIN_GRADIENT, 1.0, 1.0)
-            } else {
-                1.0
-            };
-            let target = before * gradient + before.sqrt();
-            let app_limited = (w.max_in_flight as f64) < before / 2.0;
-            if app_limited {
-                target.min(before)
-            } else {
-                target
-            }
+            self.long_rtt += (short - self.long_rtt) / f64::from(self.long_window);
+        }
+        let gradient = if short > 0.0 {
+            clamp_f64(self.tolerance * self.long_rtt / short, MIN_GRADIENT, 1.0, 1.0)
+        } else {
+            1.0
         };
+        let mut target = before * gradient + before.sqrt();
+        let app_limited = (w.max_in_flight as f64) < before / 2.0;
+        if app_limited {
+            target = target.min(before);
+        }
         self.limit = self
             .limits
             .clamp(before + self.smoothing * (target - before));
@@ -314,8 +316,8 @@ mod tests {
         for i in 0..8 {
             g.update(&Sample::new(t + i, 10 * MS, 100, Outcome::Dropped));
         }
-        // One window with a drop: 0.8 x + 0.2 x 0.5 x = 0.9 x.
-        assert_eq!(g.limit(), (before * 0.9) as usize);
+        // One window with a drop: halved, once.
+        assert_eq!(g.limit(), (before * 0.5) as usize);
     }
 
     #[test]
