@@ -236,7 +236,6 @@ impl Shared {
     }
 
     /// Permits out that returns still owe to a shrink.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(super) fn excess(&self) -> usize {
         // Relaxed: a reading.
         excess_of(self.state.load(Ordering::Relaxed))
