@@ -222,7 +222,9 @@ impl Sim {
     fn serve_queue(&mut self) {
         let now = self.now();
         while self.busy < self.capacity {
-            let Some(next) = self.queue.pop_front() else { break };
+            let Some(next) = self.queue.pop_front() else {
+                break;
+            };
             self.busy += 1;
             self.schedule(now + LATENCY, Event::Done(next, true));
         }
@@ -235,7 +237,8 @@ impl Sim {
                 self.serve_queue();
             }
             Event::Done(id, served) => {
-                let Caller::InFlight(permit) = std::mem::replace(&mut self.callers[id], Caller::Idle)
+                let Caller::InFlight(permit) =
+                    std::mem::replace(&mut self.callers[id], Caller::Idle)
                 else {
                     panic!("caller {id} finished without a permit");
                 };
@@ -336,7 +339,10 @@ fn scenario(sim: Sim, lo: f64, hi: f64, max_rejected: f64) {
     }
     assert!(sim.calls >= 100_000, "only {} calls\n{summary}", sim.calls);
     let rejected = sim.rejected as f64 / sim.calls as f64;
-    assert!(rejected <= max_rejected, "{rejected} of the calls rejected\n{summary}");
+    assert!(
+        rejected <= max_rejected,
+        "{rejected} of the calls rejected\n{summary}"
+    );
     for (i, &(from, c)) in PHASES.iter().enumerate() {
         let to = PHASES.get(i + 1).map_or(END, |&(t, _)| t);
         let (min, max) = sim.range(from + settle, to);

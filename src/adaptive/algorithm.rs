@@ -254,10 +254,21 @@ mod tests {
 
     #[test]
     fn limits_clamp_bad_input_instead_of_panicking() {
-        assert_eq!(Limits::new(0, 0, 0), Limits { min: 1, initial: 1, max: 1 });
+        assert_eq!(
+            Limits::new(0, 0, 0),
+            Limits {
+                min: 1,
+                initial: 1,
+                max: 1
+            }
+        );
         assert_eq!(
             Limits::new(10, 5, 3),
-            Limits { min: 10, initial: 10, max: 10 }
+            Limits {
+                min: 10,
+                initial: 10,
+                max: 10
+            }
         );
         let l = Limits::new(2, usize::MAX, usize::MAX);
         assert_eq!((l.min, l.initial, l.max), (2, MAX_LIMIT, MAX_LIMIT));

@@ -219,7 +219,12 @@ impl Gradient2 {
             self.long_rtt += (short - self.long_rtt) / f64::from(self.long_window);
         }
         let gradient = if short > 0.0 {
-            clamp_f64(self.tolerance * self.long_rtt / short, MIN_GRADIENT, 1.0, 1.0)
+            clamp_f64(
+                self.tolerance * self.long_rtt / short,
+                MIN_GRADIENT,
+                1.0,
+                1.0,
+            )
         } else {
             1.0
         };

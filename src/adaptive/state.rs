@@ -166,10 +166,8 @@ impl Pending {
                 self.drop_in_flight
                     .fetch_max(sample.in_flight(), Ordering::Relaxed);
                 // Release: pairs with the Acquire swap in `drain`.
-                self.drop_start.fetch_max(
-                    sample.start_nanos().saturating_add(1),
-                    Ordering::Release,
-                );
+                self.drop_start
+                    .fetch_max(sample.start_nanos().saturating_add(1), Ordering::Release);
             }
             Outcome::Ignored => {}
         }
@@ -179,17 +177,27 @@ impl Pending {
     /// many samples as there were, each with the mean RTT), then one drop
     /// with the latest start. Both end at `now`.
     fn drain(&self, algorithm: &mut dyn LimitAlgorithm, clock: &dyn Clock) {
-        // Acquire: pairs with the Release in `push`, so the in-flight
-        // maxima written before it are seen.
-        let ok = self.ok.swap(0, Ordering::Acquire);
-        let drop_start = self.drop_start.swap(0, Ordering::Acquire);
+        // Relaxed loads first, so that the common case (nothing merged)
+        // writes nothing. A push they miss is followed by its pusher's
+        // `fetch_or(DIRTY)`, which sends the holder round again.
+        let ok = match self.ok.load(Ordering::Relaxed) {
+            0 => 0,
+            // Acquire: pairs with the Release in `push`, so the in-flight
+            // maxima written before it are seen.
+            _ => self.ok.swap(0, Ordering::Acquire),
+        };
+        let drop_start = match self.drop_start.load(Ordering::Relaxed) {
+            0 => 0,
+            // Acquire: as above.
+            _ => self.drop_start.swap(0, Ordering::Acquire),
+        };
         if ok == 0 && drop_start == 0 {
             return;
         }
         let now = clock.now_nanos();
         let count = ok >> OK_COUNT_SHIFT;
-        if count > 0 {
-            let rtt = (ok & OK_SUM_MASK) / count * 1_000;
+        if let Some(mean_micros) = (ok & OK_SUM_MASK).checked_div(count) {
+            let rtt = mean_micros * 1_000;
             // Relaxed: ordered by the Acquire swap above.
             let in_flight = self.ok_in_flight.swap(0, Ordering::Relaxed);
             let sample = Sample::new(now.saturating_sub(rtt), rtt, in_flight, Outcome::Success);
@@ -258,7 +266,12 @@ impl Shared {
     pub(super) fn finish(&self, start: u64, in_flight: usize, outcome: Outcome) {
         if outcome != Outcome::Ignored {
             let now = self.clock.now_nanos();
-            self.record(Sample::new(start, now.saturating_sub(start), in_flight, outcome));
+            self.record(Sample::new(
+                start,
+                now.saturating_sub(start),
+                in_flight,
+                outcome,
+            ));
         }
         self.give_back();
     }
@@ -500,7 +513,10 @@ mod tests {
         assert_eq!((l.limit(), l.excess()), (1, 1));
         drop(b);
         assert_eq!(l.excess(), 0);
-        assert!(w1.as_mut().poll(cx).is_pending(), "a withheld permit leaked");
+        assert!(
+            w1.as_mut().poll(cx).is_pending(),
+            "a withheld permit leaked"
+        );
         drop(c); // released: to the oldest waiter
         let Poll::Ready(Ok(p1)) = w1.as_mut().poll(cx) else {
             panic!("w1 must be served first");
@@ -531,11 +547,36 @@ mod tests {
     }
 
     #[test]
-    fn proposals_are_clamped_to_at_least_one() {
-        let l = scripted(0, 5, 0);
+    fn proposals_are_clamped_into_one_to_max_limit() {
+        let l = scripted(0, usize::MAX, 0);
         assert_eq!(l.limit(), 1);
         l.try_acquire().unwrap().dropped();
         assert_eq!(l.limit(), 1);
+        assert_quiescent(&l);
+        l.try_acquire().unwrap().success();
+        assert_eq!(l.limit(), MAX_LIMIT);
+        assert_quiescent(&l);
+    }
+
+    /// The example, end to end: 8 requests in flight together all
+    /// get a 429. AIMD must halve once, not 8 times.
+    #[test]
+    fn eight_concurrent_429s_through_the_limiter_halve_once() {
+        let clock = ManualClock::new();
+        let aimd = Aimd::new().with_limits(1, 64, 100).with_backoff(0.5);
+        let l = AdaptiveLimiter::with_clock(aimd, clock.clone());
+        let permits: Vec<_> = (0..8).map(|_| l.try_acquire().unwrap()).collect();
+        clock.advance(core::time::Duration::from_millis(50));
+        for p in permits {
+            p.dropped();
+        }
+        assert_eq!(l.limit(), 32);
+        // A request sent after the decrease that also gets a 429: again.
+        clock.advance(core::time::Duration::from_millis(1));
+        let p = l.try_acquire().unwrap();
+        clock.advance(core::time::Duration::from_millis(50));
+        p.dropped();
+        assert_eq!(l.limit(), 16);
         assert_quiescent(&l);
     }
 
@@ -568,7 +609,8 @@ mod tests {
     /// successes at limit 10 are one round trip, +1 for AIMD.
     #[test]
     fn merged_successes_keep_their_count() {
-        let l = AdaptiveLimiter::with_clock(Aimd::new().with_limits(1, 10, 100), ManualClock::new());
+        let l =
+            AdaptiveLimiter::with_clock(Aimd::new().with_limits(1, 10, 100), ManualClock::new());
         let permits: Vec<_> = (0..10).map(|_| l.try_acquire().unwrap()).collect();
         l.shared.ctl.store(LOCKED, Ordering::Relaxed);
         for p in permits {
@@ -598,7 +640,8 @@ mod tests {
     #[test]
     fn threads_resize_and_return_without_losing_permits() {
         let iters = if cfg!(miri) { 30 } else { 3_000 };
-        let l = AdaptiveLimiter::new(Aimd::new().with_limits(1, 4, 16).with_backoff(0.5));
+        let aimd = Aimd::new().with_limits(1, 4, 16).with_backoff(0.5);
+        let l = AdaptiveLimiter::with_clock(aimd, ManualClock::new());
         std::thread::scope(|s| {
             for t in 0..4u64 {
                 let l = l.clone();
