@@ -162,7 +162,9 @@ impl Sample {
 /// [`Outcome::Ignored`], and lower the limit at most once per round trip
 /// (a burst of drops from requests that were already in flight at the last
 /// decrease is one congestion event, not many). The limiter clamps whatever
-/// it returns into `[1, MAX_LIMIT]`.
+/// it returns into `[1, MAX_LIMIT]`. If `update` panics, the panic
+/// propagates out of the permit's drop; the permit is still given back and
+/// the limiter goes on with the limit it had.
 ///
 /// # Examples
 ///

@@ -262,8 +262,12 @@ impl Shared {
     /// A permit's drop: record its sample (unless ignored), then give the
     /// permit back or withhold it. Recording first lets a drop that lowers
     /// the limit withhold its own permit.
+    ///
+    /// If the algorithm panics, the panic propagates, but the permit is
+    /// still given back and the lock released (see `UnlockOnPanic`).
     #[inline]
     pub(super) fn finish(&self, start: u64, in_flight: usize, outcome: Outcome) {
+        let _give_back = GiveBack(self);
         if outcome != Outcome::Ignored {
             let now = self.clock.now_nanos();
             self.record(Sample::new(
@@ -273,7 +277,6 @@ impl Shared {
                 outcome,
             ));
         }
-        self.give_back();
     }
 
     #[inline]
@@ -335,6 +338,7 @@ impl Shared {
     /// algorithm, applies its limit, settles the excess, and unlocks,
     /// going round again while others leave work (`DIRTY`).
     fn run_locked(&self, mut first: Option<Sample>) {
+        let unlock_on_panic = UnlockOnPanic(&self.ctl);
         loop {
             self.core.with_mut(|core| {
                 // SAFETY: this thread holds `LOCKED` (invariant 3), so no
@@ -354,7 +358,10 @@ impl Shared {
                 .ctl
                 .compare_exchange(LOCKED, 0, Ordering::Release, Ordering::Relaxed)
             {
-                Ok(_) => return,
+                Ok(_) => {
+                    core::mem::forget(unlock_on_panic);
+                    return;
+                }
                 Err(_) => {
                     // DIRTY: clear it, keep LOCKED, go again. Acquire: pairs
                     // with the Release `fetch_or` in `kick` of whoever set
@@ -422,6 +429,29 @@ impl Shared {
         if took > paid {
             self.sem.add_permits(took - paid);
         }
+    }
+}
+
+/// Gives a permit back when dropped: after its sample is recorded, or
+/// while the algorithm's panic unwinds.
+struct GiveBack<'a>(&'a Shared);
+
+impl Drop for GiveBack<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.0.give_back();
+    }
+}
+
+/// Releases `ctl` if the algorithm panics while this thread holds it, so
+/// later samples are still applied instead of piling up in `Pending`.
+/// Forgotten on the normal path, which unlocks with a CAS.
+struct UnlockOnPanic<'a>(&'a AtomicUsize);
+
+impl Drop for UnlockOnPanic<'_> {
+    fn drop(&mut self) {
+        // Release: as the normal unlock in `run_locked`.
+        self.0.store(0, Ordering::Release);
     }
 }
 
@@ -618,6 +648,34 @@ mod tests {
         }
         l.shared.run_locked(None);
         assert_eq!(l.limit(), 11);
+        assert_quiescent(&l);
+    }
+
+    /// Panics on a drop.
+    #[derive(Debug)]
+    struct Fragile(usize);
+
+    impl LimitAlgorithm for Fragile {
+        fn limit(&self) -> usize {
+            self.0
+        }
+        fn update(&mut self, sample: &Sample) -> usize {
+            assert_ne!(sample.outcome(), Outcome::Dropped, "fragile");
+            self.0 += 1;
+            self.0
+        }
+    }
+
+    #[test]
+    fn panicking_algorithm_still_returns_the_permit_and_unlocks() {
+        let l = AdaptiveLimiter::with_clock(Fragile(2), ManualClock::new());
+        let p = l.try_acquire().unwrap();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.dropped()));
+        assert!(r.is_err());
+        assert_eq!(l.shared.ctl.load(Ordering::Relaxed), 0, "lock left held");
+        assert_quiescent(&l);
+        l.try_acquire().unwrap().success();
+        assert_eq!(l.limit(), 3, "later samples are still applied");
         assert_quiescent(&l);
     }
 
