@@ -21,7 +21,7 @@
 //!
 //! 1. Conservation: `issued == limit + excess`, where `issued` is what the
 //!    semaphore accounts for (available + held + assigned to waiters),
-//!    between the steps of one operation aside.
+//!    outside the few steps of one operation.
 //! 2. Quiescent exactness: with no permit held, no operation running and
 //!    nobody waiting, `excess == 0`, so `available == limit`.
 //! 3. Only the holder of `ctl`'s `LOCKED` bit touches `core` (the
