@@ -516,6 +516,15 @@ mod tests {
     }
 
     #[test]
+    fn handles_cross_threads_and_tasks() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send>() {}
+        send_sync::<AdaptiveLimiter>();
+        send_sync::<crate::adaptive::AdaptivePermit>();
+        send::<crate::adaptive::AdaptiveAcquire>();
+    }
+
+    #[test]
     fn shrink_forgets_free_permits_first_then_withholds() {
         let l = scripted(4, 4, 1);
         let p = l.try_acquire().unwrap();
