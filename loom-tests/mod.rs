@@ -4,6 +4,7 @@
 //! Run them with `cargo test --release --features loom` (the CI does);
 //! `LOOM_MAX_PREEMPTIONS` defaults to 2 here via each model's builder.
 
+mod adaptive;
 mod admission;
 mod bucket;
 mod semaphore;

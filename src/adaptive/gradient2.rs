@@ -1,0 +1,355 @@
+//! A latency-gradient limit in the manner of Netflix's `Gradient2Limit`,
+//! with two changes: the long-term RTT falls at once and rises slowly (so
+//! it drifts up with a standing queue far more slowly), and a drop halves
+//! the limit (Netflix's ignores drops).
+
+use super::algorithm::{clamp_f64, LimitAlgorithm, Limits, Outcome, Sample};
+
+const DEFAULT_MIN: usize = 1;
+const DEFAULT_INITIAL: usize = 20;
+const DEFAULT_MAX: usize = 1000;
+const DEFAULT_TOLERANCE: f64 = 1.5;
+const DEFAULT_SMOOTHING: f64 = 0.2;
+const DEFAULT_LONG_WINDOW: u32 = 600;
+/// The steepest gradient: one window never asks for less than half.
+const MIN_GRADIENT: f64 = 0.5;
+
+/// Gradient2: compare the short-term RTT with a long-term one and move the
+/// limit towards `limit × gradient + headroom`, smoothed; halve it on a
+/// drop.
+///
+/// Samples are grouped into **windows of one round trip**: a window closes
+/// with the first sample of a request that started after the window
+/// opened. Per window:
+///
+/// * `short` is the window's mean RTT of successes.
+/// * `long` falls to `short` at once when `short` is lower, and otherwise
+///   rises towards it as an exponential average over `long_window` round
+///   trips (default 600). So it tracks the no-load latency, and learns a
+///   slower downstream over minutes rather than seconds (Netflix's average
+///   follows a standing queue up within a few hundred samples, which
+///   erodes the gradient).
+/// * `gradient = clamp(tolerance × long / short, 0.5, 1)`: 1 while the
+///   short-term RTT is within `tolerance` (default 1.5) of the long-term
+///   one, down to 0.5 as it grows past that.
+/// * `headroom = √limit`: how many requests may queue at the downstream
+///   for the limit to keep probing upwards.
+/// * `limit += smoothing × (limit × gradient + headroom − limit)`, with
+///   smoothing 0.2 by default. A window whose requests never used half the
+///   limit (app-limited) does not grow.
+/// * A window with a drop instead **halves** the limit, unsmoothed, as TCP
+///   does: that drains the queue which caused it, so `long` can fall back
+///   to the no-load latency. Drops count once per round trip: a drop of a
+///   request that started before the last decrease is ignored.
+///
+/// The result, with the defaults: the limit settles where the downstream's
+/// queue adds about half the no-load latency (an equilibrium near
+/// `1.5–1.8 ×` its capacity when the RTT grows linearly with the queue); it
+/// grows by about `0.2 × √limit` per round trip below that and falls by at
+/// most 10% per round trip above it. As `long` slowly learns the standing
+/// queue, the limit creeps up until a drop halves it. Latency alone cannot
+/// push the limit below about 4 (where half the limit plus the headroom is
+/// the limit); drops can.
+///
+/// | setting | default | clamp |
+/// | --- | --- | --- |
+/// | min | 1 | `>= 1` |
+/// | initial | 20 | into `[min, max]` |
+/// | max | 1000 | `[min, MAX_LIMIT]` |
+/// | tolerance | 1.5 | `[1, 100]`; NaN means the default |
+/// | smoothing | 0.2 | `[0.01, 1]`; NaN means the default |
+/// | long window | 600 round trips | `>= 1` |
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::adaptive::{Gradient2, LimitAlgorithm, Outcome, Sample};
+///
+/// let mut g = Gradient2::new().with_limits(1, 20, 100);
+/// // Steady 10 ms round trips with the window full: the limit grows.
+/// let mut t = 0;
+/// for _ in 0..50 {
+///     for _ in 0..20 {
+///         g.update(&Sample::new(t, 10_000_000, 20, Outcome::Success));
+///     }
+///     t += 10_000_000;
+/// }
+/// let grown = g.limit();
+/// assert!(grown > 20);
+/// // Then latency triples (a queue): the limit falls.
+/// for _ in 0..20 {
+///     for _ in 0..20 {
+///         g.update(&Sample::new(t, 30_000_000, grown, Outcome::Success));
+///     }
+///     t += 30_000_000;
+/// }
+/// assert!(g.limit() < grown);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Gradient2 {
+    limits: Limits,
+    tolerance: f64,
+    smoothing: f64,
+    long_window: u32,
+    /// Within `limits`; fractional so that small steps add up.
+    limit: f64,
+    /// Long-term RTT in nanoseconds; 0 until the first window closes.
+    long_rtt: f64,
+    /// `end_nanos` of the sample that closed the last decreasing window.
+    last_decrease: u64,
+    window: Window,
+}
+
+/// The round trip being measured.
+#[derive(Debug, Clone, Default)]
+struct Window {
+    /// When it opened: the end of the sample that closed the last one.
+    start: u64,
+    successes: u64,
+    rtt_sum: u128,
+    max_in_flight: usize,
+    /// A drop of a request that started at or after `last_decrease`.
+    dropped: bool,
+}
+
+impl Gradient2 {
+    /// Gradient2 with the defaults in the table above.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::{Gradient2, LimitAlgorithm};
+    /// assert_eq!(Gradient2::new().limit(), 20);
+    /// ```
+    pub fn new() -> Self {
+        let limits = Limits::new(DEFAULT_MIN, DEFAULT_INITIAL, DEFAULT_MAX);
+        Self {
+            limits,
+            tolerance: DEFAULT_TOLERANCE,
+            smoothing: DEFAULT_SMOOTHING,
+            long_window: DEFAULT_LONG_WINDOW,
+            limit: limits.initial as f64,
+            long_rtt: 0.0,
+            last_decrease: 0,
+            window: Window::default(),
+        }
+    }
+
+    /// Sets the bounds and the initial limit (which is also the current
+    /// one). Clamped, never a panic: `min` to at least 1, `max` into
+    /// `[min, MAX_LIMIT]`, `initial` into `[min, max]`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::{Gradient2, LimitAlgorithm};
+    /// assert_eq!(Gradient2::new().with_limits(5, 50, 40).limit(), 40);
+    /// ```
+    pub fn with_limits(mut self, min: usize, initial: usize, max: usize) -> Self {
+        self.limits = Limits::new(min, initial, max);
+        self.limit = self.limits.initial as f64;
+        self
+    }
+
+    /// Sets how much slower than the long-term RTT the short-term one may
+    /// be before the limit falls (default 1.5: 50% slower). Clamped into
+    /// `[1, 100]`; NaN means the default.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::Gradient2;
+    /// let g = Gradient2::new().with_tolerance(2.0);
+    /// # drop(g);
+    /// ```
+    pub fn with_tolerance(mut self, tolerance: f64) -> Self {
+        self.tolerance = clamp_f64(tolerance, 1.0, 100.0, DEFAULT_TOLERANCE);
+        self
+    }
+
+    /// Sets how far one round trip moves the limit towards its target
+    /// (default 0.2). Clamped into `[0.01, 1]`; NaN means the default.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::Gradient2;
+    /// let g = Gradient2::new().with_smoothing(0.5);
+    /// # drop(g);
+    /// ```
+    pub fn with_smoothing(mut self, smoothing: f64) -> Self {
+        self.smoothing = clamp_f64(smoothing, 0.01, 1.0, DEFAULT_SMOOTHING);
+        self
+    }
+
+    /// Sets over how many round trips the long-term RTT averages a rise
+    /// (default 600; it follows a fall at once). At least 1.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::Gradient2;
+    /// let g = Gradient2::new().with_long_window(600);
+    /// # drop(g);
+    /// ```
+    pub fn with_long_window(mut self, round_trips: u32) -> Self {
+        self.long_window = round_trips.max(1);
+        self
+    }
+
+    /// Closes the window at `now`: updates the RTTs and the limit.
+    fn close_window(&mut self, now: u64) {
+        let w = core::mem::take(&mut self.window);
+        self.window.start = now;
+        let before = self.limit;
+        if w.dropped {
+            // Unsmoothed, like TCP: it drains the queue that caused the
+            // drop, so the long-term RTT can fall back to the no-load one.
+            self.limit = self.limits.clamp(before * MIN_GRADIENT);
+            self.last_decrease = now;
+            return;
+        }
+        if w.successes == 0 {
+            return;
+        }
+        let short = (w.rtt_sum / u128::from(w.successes)) as f64;
+        if self.long_rtt == 0.0 || short < self.long_rtt {
+            self.long_rtt = short;
+        } else {
+            self.long_rtt += (short - self.long_rtt) / f64::from(self.long_window);
+        }
+        let gradient = if short > 0.0 {
+            clamp_f64(
+                self.tolerance * self.long_rtt / short,
+                MIN_GRADIENT,
+                1.0,
+                1.0,
+            )
+        } else {
+            1.0
+        };
+        let mut target = before * gradient + before.sqrt();
+        let app_limited = (w.max_in_flight as f64) < before / 2.0;
+        if app_limited {
+            target = target.min(before);
+        }
+        self.limit = self
+            .limits
+            .clamp(before + self.smoothing * (target - before));
+        if self.limit < before {
+            self.last_decrease = now;
+        }
+    }
+}
+
+impl Default for Gradient2 {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LimitAlgorithm for Gradient2 {
+    fn limit(&self) -> usize {
+        self.limit as usize
+    }
+
+    fn update(&mut self, sample: &Sample) -> usize {
+        let w = &mut self.window;
+        match sample.outcome() {
+            Outcome::Ignored => return self.limit(),
+            Outcome::Success => {
+                w.successes += 1;
+                w.rtt_sum += u128::from(sample.rtt_nanos());
+            }
+            Outcome::Dropped => {
+                if sample.start_nanos() >= self.last_decrease {
+                    w.dropped = true;
+                }
+            }
+        }
+        w.max_in_flight = w.max_in_flight.max(sample.in_flight());
+        if sample.start_nanos() >= w.start {
+            self.close_window(sample.end_nanos());
+        }
+        self.limit()
+    }
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    /// Feeds `rounds` round trips of `per_round` samples each, all with the
+    /// same RTT and in-flight count; returns the end time.
+    fn rounds(g: &mut Gradient2, mut t: u64, rounds: u32, rtt: u64, in_flight: usize) -> u64 {
+        for _ in 0..rounds {
+            for _ in 0..in_flight.max(1) {
+                g.update(&Sample::new(t, rtt, in_flight, Outcome::Success));
+            }
+            t += rtt;
+        }
+        t
+    }
+
+    #[test]
+    fn gradient2_grows_at_steady_latency_and_falls_when_it_rises() {
+        let mut g = Gradient2::new().with_limits(1, 20, 1000);
+        let t = rounds(&mut g, 0, 30, 10 * MS, 20);
+        let grown = g.limit();
+        assert!(grown > 22, "{grown}");
+        // Latency x4: gradient 0.5, the limit falls ~10% a round trip
+        // (minus the headroom), until latency alone cannot push it lower.
+        rounds(&mut g, t, 10, 40 * MS, grown);
+        assert!(g.limit() < grown * 3 / 4, "{} vs {grown}", g.limit());
+    }
+
+    #[test]
+    fn gradient2_does_not_grow_when_app_limited() {
+        let mut g = Gradient2::new().with_limits(1, 20, 1000);
+        rounds(&mut g, 0, 100, 10 * MS, 5);
+        assert_eq!(g.limit(), 20);
+    }
+
+    /// 8 requests that started together all fail: one decrease, not 8.
+    #[test]
+    fn gradient2_eight_concurrent_drops_decrease_once() {
+        let mut g = Gradient2::new().with_limits(1, 100, 1000);
+        let t = rounds(&mut g, 0, 3, 10 * MS, 100);
+        let before = g.limit;
+        for i in 0..8 {
+            g.update(&Sample::new(t + i, 10 * MS, 100, Outcome::Dropped));
+        }
+        // One window with a drop: halved, once.
+        assert_eq!(g.limit(), (before * 0.5) as usize);
+    }
+
+    #[test]
+    fn gradient2_stays_within_bounds() {
+        let mut g = Gradient2::new().with_limits(3, 5, 9).with_smoothing(1.0);
+        let mut t = rounds(&mut g, 0, 100, MS, 9);
+        assert_eq!(g.limit(), 9);
+        for i in 0..100 {
+            let l = g.update(&Sample::new(t, MS, 9, Outcome::Dropped));
+            assert!((3..=9).contains(&l), "{i}: {l}");
+            t += MS;
+        }
+        assert_eq!(g.limit(), 3);
+        // A zero RTT (an instant answer) neither divides by zero nor grows
+        // past max.
+        rounds(&mut g, t, 100, 0, 9);
+        assert!((3..=9).contains(&g.limit()));
+    }
+
+    #[test]
+    fn gradient2_bad_config_is_clamped() {
+        let g = Gradient2::new()
+            .with_tolerance(f64::NAN)
+            .with_smoothing(-1.0)
+            .with_long_window(0);
+        assert_eq!(g.tolerance, DEFAULT_TOLERANCE);
+        assert_eq!(g.smoothing, 0.01);
+        assert_eq!(g.long_window, 1);
+    }
+}

@@ -1,0 +1,739 @@
+//! The shared state behind an `AdaptiveLimiter` and its protocol: how
+//! samples reach the algorithm without a blocking lock, and how a new limit
+//! is applied to the semaphore without losing a permit. The module docs
+//! (`mod.rs`) explain the why; this file documents the words and the
+//! orderings.
+//!
+//! # The `state` word (`AtomicU64`)
+//!
+//! | bits   | name        | meaning                                                |
+//! |--------|-------------|--------------------------------------------------------|
+//! | 0..32  | `in_flight` | permits held by `AdaptivePermit`s                      |
+//! | 32..64 | `excess`    | permits out (held, or released but not yet forgotten) that a shrink has marked to be withheld |
+//!
+//! Both live in one word so that a returning permit's single `fetch_sub`
+//! of `in_flight` also reads `excess` afresh (see "Returning a permit").
+//! Neither can pass `MAX_LIMIT` (2³¹ − 1): `issued` never exceeds the
+//! largest limit applied, and `in_flight <= issued` (plus, for an instant,
+//! the few permits between a release and its `fetch_sub`).
+//!
+//! # Invariants
+//!
+//! 1. Conservation: `issued == limit + excess`, where `issued` is what the
+//!    semaphore accounts for (available + held + assigned to waiters),
+//!    outside the few steps of one operation.
+//! 2. Quiescent exactness: with no permit held, no operation running and
+//!    nobody waiting, `excess == 0`, so `available == limit`.
+//! 3. Only the holder of `ctl`'s `LOCKED` bit touches `core` (the
+//!    algorithm), changes `limit` and runs `settle`.
+//!
+//! # The `ctl` word: a lock that nobody waits for
+//!
+//! | bit | name     | meaning                                                 |
+//! |-----|----------|---------------------------------------------------------|
+//! | 0   | `LOCKED` | one thread is feeding the algorithm and resizing        |
+//! | 1   | `DIRTY`  | someone left work (a sample, or a settle) for the holder |
+//!
+//! A recorder takes `LOCKED` with one CAS. If that fails it adds its sample
+//! to `Pending` (atomic accumulators) and sets `LOCKED | DIRTY` with one
+//! `fetch_or`: if `LOCKED` was clear, it now holds the lock itself;
+//! otherwise the holder's unlocking CAS (`LOCKED -> 0`) fails on `DIRTY`,
+//! and the holder clears it and does another round, draining `Pending`.
+//! Nobody ever waits; work is handed to whoever holds the lock, so no
+//! sample, and no drop signal, is lost.
+//!
+//! # Returning a permit
+//!
+//! 1. If `excess > 0`, CAS `excess -= 1, in_flight -= 1` and forget the
+//!    permit: it pays one unit of a shrink. Done.
+//! 2. Else release it to the semaphore (FIFO hand-off to the oldest
+//!    waiter), then `fetch_sub` `in_flight`. If that RMW sees `excess > 0`,
+//!    a shrink landed between step 1 and the release, and the permit may
+//!    now sit free in the semaphore: `kick` the lock holder to `settle`.
+//!
+//! A shrink is `fetch_add(excess)` then `settle` (forget free permits, up to
+//! `excess`). The two RMWs on `state` are ordered: if the returner's
+//! `fetch_sub` comes first, the shrink's `fetch_add` (Acquire) synchronizes
+//! with it (Release), so `settle` sees the released permit; if the shrink
+//! comes first, the returner sees `excess > 0` and kicks. Either way a free
+//! permit cannot hide from the excess, which gives invariant 2.
+
+use core::fmt;
+use std::sync::Arc;
+
+use crate::clock::Clock;
+use crate::sync::{AtomicU64, AtomicUsize, CachePadded, Ordering, UnsafeCell};
+use crate::Semaphore;
+
+use super::algorithm::{LimitAlgorithm, Outcome, Sample, MAX_LIMIT};
+
+const IN_FLIGHT_ONE: u64 = 1;
+const EXCESS_ONE: u64 = 1 << 32;
+
+#[inline]
+fn in_flight_of(state: u64) -> usize {
+    (state & 0xFFFF_FFFF) as usize
+}
+
+#[inline]
+fn excess_of(state: u64) -> usize {
+    (state >> 32) as usize
+}
+
+const LOCKED: usize = 1;
+const DIRTY: usize = 2;
+
+/// Successes merged in `Pending::ok`: count in the top 16 bits, the sum of
+/// their RTTs in microseconds (each at most `u32::MAX`) in the low 48, so
+/// the sum cannot overflow before the count does.
+const OK_COUNT_SHIFT: u32 = 48;
+const OK_COUNT_ONE: u64 = 1 << OK_COUNT_SHIFT;
+const OK_SUM_MASK: u64 = OK_COUNT_ONE - 1;
+
+pub(super) struct Shared {
+    pub(super) sem: Arc<Semaphore>,
+    /// `in_flight | excess << 32`; see the module docs.
+    state: CachePadded<AtomicU64>,
+    /// `LOCKED | DIRTY`; see the module docs.
+    ctl: AtomicUsize,
+    /// A copy of `core.limit` for readers; written by the `ctl` holder.
+    limit: AtomicUsize,
+    /// Samples that lost the race for `ctl`.
+    pending: Pending,
+    /// Only accessed by the thread holding `LOCKED` in `ctl`.
+    core: UnsafeCell<Core>,
+    clock: Box<dyn Clock>,
+}
+
+// SAFETY: `core` (the only field that is not `Sync`: it holds a
+// `LimitAlgorithm`, which is only `Send`) is accessed by one thread at a time,
+// the holder of `ctl`'s `LOCKED` bit, which takes it with Acquire and gives it
+// up with Release (see `record`, `kick` and `run_locked`). That is a mutex,
+// so `Send` suffices, and `Core` is `Send`.
+unsafe impl Sync for Shared {}
+
+struct Core {
+    algorithm: Box<dyn LimitAlgorithm>,
+    /// The limit applied to the semaphore, in `[1, MAX_LIMIT]`.
+    limit: usize,
+}
+
+/// Lock-free accumulators for samples whose recorder found `ctl` locked.
+///
+/// Each sample writes its in-flight count first (Relaxed `fetch_max`), then
+/// its signal word with Release; the holder swaps the signal word with
+/// Acquire, then the in-flight word. A merged sample keeps everything an
+/// algorithm needs (count, mean RTT, the latest drop start) but not each
+/// sample's detail. The in-flight maxima may go to the next batch.
+struct Pending {
+    /// See `OK_COUNT_SHIFT`. Saturates: the 65,536th merged success is
+    /// dropped rather than overflow (only detail is lost; nothing waits on
+    /// it).
+    ok: AtomicU64,
+    ok_in_flight: AtomicUsize,
+    /// The latest start of a merged drop, plus one; 0 when none.
+    drop_start: AtomicU64,
+    drop_in_flight: AtomicUsize,
+}
+
+impl Pending {
+    fn new() -> Self {
+        Self {
+            ok: AtomicU64::new(0),
+            ok_in_flight: AtomicUsize::new(0),
+            drop_start: AtomicU64::new(0),
+            drop_in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    fn push(&self, sample: &Sample) {
+        match sample.outcome() {
+            Outcome::Success => {
+                // Relaxed: published by the Release below.
+                self.ok_in_flight
+                    .fetch_max(sample.in_flight(), Ordering::Relaxed);
+                let micros = (sample.rtt_nanos() / 1_000).min(u64::from(u32::MAX));
+                // Release: pairs with the Acquire swap in `drain`.
+                let _ = self
+                    .ok
+                    .fetch_update(Ordering::Release, Ordering::Relaxed, |w| {
+                        (w >> OK_COUNT_SHIFT != u64::from(u16::MAX))
+                            .then(|| w + OK_COUNT_ONE + micros)
+                    });
+            }
+            Outcome::Dropped => {
+                // Relaxed: published by the Release below.
+                self.drop_in_flight
+                    .fetch_max(sample.in_flight(), Ordering::Relaxed);
+                // Release: pairs with the Acquire swap in `drain`.
+                self.drop_start
+                    .fetch_max(sample.start_nanos().saturating_add(1), Ordering::Release);
+            }
+            Outcome::Ignored => {}
+        }
+    }
+
+    /// Feeds what accumulated to `algorithm`: the merged successes (as
+    /// many samples as there were, each with the mean RTT), then one drop
+    /// with the latest start. Both end at `now`.
+    fn drain(&self, algorithm: &mut dyn LimitAlgorithm, clock: &dyn Clock) {
+        // Relaxed loads first, so that the common case (nothing merged)
+        // writes nothing. A push they miss is followed by its pusher's
+        // `fetch_or(DIRTY)`, which sends the holder round again.
+        let ok = match self.ok.load(Ordering::Relaxed) {
+            0 => 0,
+            // Acquire: pairs with the Release in `push`, so the in-flight
+            // maxima written before it are seen.
+            _ => self.ok.swap(0, Ordering::Acquire),
+        };
+        let drop_start = match self.drop_start.load(Ordering::Relaxed) {
+            0 => 0,
+            // Acquire: as above.
+            _ => self.drop_start.swap(0, Ordering::Acquire),
+        };
+        if ok == 0 && drop_start == 0 {
+            return;
+        }
+        let now = clock.now_nanos();
+        let count = ok >> OK_COUNT_SHIFT;
+        if let Some(mean_micros) = (ok & OK_SUM_MASK).checked_div(count) {
+            let rtt = mean_micros * 1_000;
+            // Relaxed: ordered by the Acquire swap above.
+            let in_flight = self.ok_in_flight.swap(0, Ordering::Relaxed);
+            let sample = Sample::new(now.saturating_sub(rtt), rtt, in_flight, Outcome::Success);
+            for _ in 0..count {
+                algorithm.update(&sample);
+            }
+        }
+        if drop_start != 0 {
+            let start = drop_start - 1;
+            // Relaxed: ordered by the Acquire swap above.
+            let in_flight = self.drop_in_flight.swap(0, Ordering::Relaxed);
+            algorithm.update(&Sample::new(
+                start,
+                now.saturating_sub(start),
+                in_flight,
+                Outcome::Dropped,
+            ));
+        }
+    }
+}
+
+impl Shared {
+    pub(super) fn new(algorithm: Box<dyn LimitAlgorithm>, clock: Box<dyn Clock>) -> Self {
+        let limit = algorithm.limit().clamp(1, MAX_LIMIT);
+        Self {
+            sem: Arc::new(Semaphore::new(limit)),
+            state: CachePadded::new(AtomicU64::new(0)),
+            ctl: AtomicUsize::new(0),
+            limit: AtomicUsize::new(limit),
+            pending: Pending::new(),
+            core: UnsafeCell::new(Core { algorithm, limit }),
+            clock,
+        }
+    }
+
+    pub(super) fn limit(&self) -> usize {
+        // Relaxed: a reading; nothing is published with it.
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn in_flight(&self) -> usize {
+        // Relaxed: a reading.
+        in_flight_of(self.state.load(Ordering::Relaxed))
+    }
+
+    /// Permits out that returns still owe to a shrink.
+    pub(super) fn excess(&self) -> usize {
+        // Relaxed: a reading.
+        excess_of(self.state.load(Ordering::Relaxed))
+    }
+
+    /// Counts a permit just taken from the semaphore; returns its start
+    /// time and the in-flight count including it.
+    #[inline]
+    pub(super) fn on_acquired(&self) -> (u64, usize) {
+        // Relaxed: a count; the semaphore ordered the permit itself. (An RMW,
+        // so it continues the release sequences of returners' `fetch_sub`.)
+        let prev = self.state.fetch_add(IN_FLIGHT_ONE, Ordering::Relaxed);
+        (self.clock.now_nanos(), in_flight_of(prev) + 1)
+    }
+
+    /// A permit's drop: record its sample (unless ignored), then give the
+    /// permit back or withhold it. Recording first lets a drop that lowers
+    /// the limit withhold its own permit.
+    ///
+    /// If the algorithm panics, the panic propagates, but the permit is
+    /// still given back and the lock released (see `UnlockOnPanic`).
+    #[inline]
+    pub(super) fn finish(&self, start: u64, in_flight: usize, outcome: Outcome) {
+        let _give_back = GiveBack(self);
+        if outcome != Outcome::Ignored {
+            let now = self.clock.now_nanos();
+            self.record(Sample::new(
+                start,
+                now.saturating_sub(start),
+                in_flight,
+                outcome,
+            ));
+        }
+    }
+
+    #[inline]
+    fn give_back(&self) {
+        // Relaxed: the CAS re-checks; a stale 0 is caught after the release.
+        let mut state = self.state.load(Ordering::Relaxed);
+        while excess_of(state) > 0 {
+            // Relaxed: withholding touches no other memory; the CAS is
+            // ordered with the shrink's RMW by `state`'s modification order.
+            match self.state.compare_exchange_weak(
+                state,
+                state - EXCESS_ONE - IN_FLIGHT_ONE,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(actual) => state = actual,
+            }
+        }
+        self.sem.add_permits(1);
+        // Release: pairs with the Acquire of a later shrink's `fetch_add`
+        // (and `settle`'s load), so they see the permit just released.
+        let prev = self.state.fetch_sub(IN_FLIGHT_ONE, Ordering::Release);
+        if excess_of(prev) > 0 {
+            // A shrink came between the check and the release.
+            self.kick();
+        }
+    }
+
+    /// Feeds `sample` to the algorithm now, or leaves it for the thread
+    /// that is doing so.
+    fn record(&self, sample: Sample) {
+        // Acquire: pairs with the Release unlock in `run_locked`, so `core`
+        // is as the last holder left it.
+        if self
+            .ctl
+            .compare_exchange(0, LOCKED, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.run_locked(Some(sample));
+        } else {
+            self.pending.push(&sample);
+            self.kick();
+        }
+    }
+
+    /// Marks work pending; runs it if nobody holds the lock.
+    #[cold]
+    fn kick(&self) {
+        // AcqRel: Release publishes what this thread pushed or released
+        // (pairs with the holder's Acquire in `run_locked`); Acquire, when
+        // this takes the lock, pairs with the last holder's Release unlock.
+        if self.ctl.fetch_or(LOCKED | DIRTY, Ordering::AcqRel) & LOCKED == 0 {
+            self.run_locked(None);
+        }
+    }
+
+    /// With `LOCKED` held: feeds `first` and everything pending to the
+    /// algorithm, applies its limit, settles the excess, and unlocks,
+    /// going round again while others leave work (`DIRTY`).
+    fn run_locked(&self, mut first: Option<Sample>) {
+        let unlock_on_panic = UnlockOnPanic(&self.ctl);
+        loop {
+            self.core.with_mut(|core| {
+                // SAFETY: this thread holds `LOCKED` (invariant 3), so no
+                // other reference to `core` exists.
+                let core = unsafe { &mut *core };
+                if let Some(sample) = first.take() {
+                    core.algorithm.update(&sample);
+                }
+                self.pending.drain(&mut *core.algorithm, &*self.clock);
+                let target = core.algorithm.limit().clamp(1, MAX_LIMIT);
+                self.resize(core, target);
+            });
+            self.settle();
+            // Release: publishes `core` to the next holder (pairs with the
+            // Acquire in `record`/`kick`).
+            match self
+                .ctl
+                .compare_exchange(LOCKED, 0, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    core::mem::forget(unlock_on_panic);
+                    return;
+                }
+                Err(_) => {
+                    // DIRTY: clear it, keep LOCKED, go again. Acquire: pairs
+                    // with the Release `fetch_or` in `kick` of whoever set
+                    // it, so its pushes and releases are seen.
+                    self.ctl.swap(LOCKED, Ordering::Acquire);
+                }
+            }
+        }
+    }
+
+    /// Applies `target` to the semaphore (lock held).
+    fn resize(&self, core: &mut Core, target: usize) {
+        let old = core.limit;
+        if target == old {
+            return;
+        }
+        core.limit = target;
+        // Relaxed: a reading for `limit()`; the holder uses `core.limit`.
+        self.limit.store(target, Ordering::Relaxed);
+        if target > old {
+            let grow = target - old;
+            // Permits a shrink marked to withhold are still out: un-mark
+            // them before adding new ones.
+            let mut cancelled = 0;
+            // AcqRel/Acquire: like every RMW of `state` here (pairs with
+            // returners' Release `fetch_sub`); the value read is the latest
+            // in any case.
+            let _ = self
+                .state
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                    cancelled = excess_of(s).min(grow);
+                    Some(s - cancelled as u64 * EXCESS_ONE)
+                });
+            self.sem.add_permits(grow - cancelled);
+        } else {
+            // AcqRel: Acquire pairs with the Release `fetch_sub` of every
+            // returner before this in `state`'s order, so `settle` sees the
+            // permits they released.
+            self.state
+                .fetch_add((old - target) as u64 * EXCESS_ONE, Ordering::AcqRel);
+        }
+    }
+
+    /// Pays the excess from free permits (lock held): forgets up to
+    /// `excess` available ones, and gives back any it took beyond what is
+    /// still owed (returns may have paid meanwhile).
+    fn settle(&self) {
+        // Acquire: pairs with returners' Release `fetch_sub`.
+        let owed = excess_of(self.state.load(Ordering::Acquire));
+        if owed == 0 {
+            return;
+        }
+        let took = self.sem.forget_permits(owed);
+        if took == 0 {
+            return;
+        }
+        let mut paid = 0;
+        // AcqRel/Acquire: as in `resize`.
+        let _ = self
+            .state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                paid = excess_of(s).min(took);
+                Some(s - paid as u64 * EXCESS_ONE)
+            });
+        if took > paid {
+            self.sem.add_permits(took - paid);
+        }
+    }
+}
+
+/// Gives a permit back when dropped: after its sample is recorded, or
+/// while the algorithm's panic unwinds.
+struct GiveBack<'a>(&'a Shared);
+
+impl Drop for GiveBack<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.0.give_back();
+    }
+}
+
+/// Releases `ctl` if the algorithm panics while this thread holds it, so
+/// later samples are still applied instead of piling up in `Pending`.
+/// Forgotten on the normal path, which unlocks with a CAS.
+struct UnlockOnPanic<'a>(&'a AtomicUsize);
+
+impl Drop for UnlockOnPanic<'_> {
+    fn drop(&mut self) {
+        // Release: as the normal unlock in `run_locked`.
+        self.0.store(0, Ordering::Release);
+    }
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdaptiveLimiter")
+            .field("limit", &self.limit())
+            .field("in_flight", &self.in_flight())
+            .field("available", &self.sem.available_permits())
+            .field("excess", &self.excess())
+            .field("closed", &self.sem.is_closed())
+            .finish()
+    }
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use core::future::Future;
+    use core::pin::pin;
+    use core::task::{Context, Poll, Waker};
+
+    use super::*;
+    use crate::adaptive::{AdaptiveLimiter, Aimd};
+    use crate::ManualClock;
+
+    /// Jumps to `on_success` after a success and to `on_drop` after a drop.
+    #[derive(Debug)]
+    struct Script {
+        limit: usize,
+        on_success: usize,
+        on_drop: usize,
+    }
+
+    impl LimitAlgorithm for Script {
+        fn limit(&self) -> usize {
+            self.limit
+        }
+        fn update(&mut self, sample: &Sample) -> usize {
+            match sample.outcome() {
+                Outcome::Success => self.limit = self.on_success,
+                Outcome::Dropped => self.limit = self.on_drop,
+                Outcome::Ignored => {}
+            }
+            self.limit
+        }
+    }
+
+    fn scripted(limit: usize, on_success: usize, on_drop: usize) -> AdaptiveLimiter {
+        let script = Script {
+            limit,
+            on_success,
+            on_drop,
+        };
+        AdaptiveLimiter::with_clock(script, ManualClock::new())
+    }
+
+    /// `available == limit` with nothing held, and no excess left over.
+    fn assert_quiescent(l: &AdaptiveLimiter) {
+        assert_eq!(l.in_flight(), 0);
+        assert_eq!(l.excess(), 0);
+        assert_eq!(l.available(), l.limit());
+    }
+
+    #[test]
+    fn handles_cross_threads_and_tasks() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send>() {}
+        send_sync::<AdaptiveLimiter>();
+        send_sync::<crate::adaptive::AdaptivePermit>();
+        send::<crate::adaptive::AdaptiveAcquire>();
+    }
+
+    #[test]
+    fn shrink_forgets_free_permits_first_then_withholds() {
+        let l = scripted(4, 4, 1);
+        let p = l.try_acquire().unwrap();
+        let q = l.try_acquire().unwrap();
+        q.dropped();
+        // 4 -> 1: two free permits forgotten at once, q's own withheld.
+        assert_eq!((l.limit(), l.available(), l.excess()), (1, 0, 0));
+        assert_eq!(l.in_flight(), 1);
+        drop(p);
+        assert_quiescent(&l);
+    }
+
+    #[test]
+    fn resize_keeps_fifo_order_of_waiters() {
+        let l = scripted(3, 3, 1);
+        let a = l.try_acquire().unwrap();
+        let b = l.try_acquire().unwrap();
+        let c = l.try_acquire().unwrap();
+        let mut w1 = pin!(l.acquire());
+        let mut w2 = pin!(l.acquire());
+        let cx = &mut Context::from_waker(Waker::noop());
+        assert!(w1.as_mut().poll(cx).is_pending());
+        assert!(w2.as_mut().poll(cx).is_pending());
+        a.dropped(); // 3 -> 1: nothing free, so a and b are withheld
+        assert_eq!((l.limit(), l.excess()), (1, 1));
+        drop(b);
+        assert_eq!(l.excess(), 0);
+        assert!(
+            w1.as_mut().poll(cx).is_pending(),
+            "a withheld permit leaked"
+        );
+        drop(c); // released: to the oldest waiter
+        let Poll::Ready(Ok(p1)) = w1.as_mut().poll(cx) else {
+            panic!("w1 must be served first");
+        };
+        assert!(w2.as_mut().poll(cx).is_pending());
+        p1.success(); // 1 -> 3: the new permits go to w2 first
+        let Poll::Ready(Ok(p2)) = w2.as_mut().poll(cx) else {
+            panic!("w2 must be served by the growth");
+        };
+        assert_eq!((l.limit(), l.in_flight(), l.available()), (3, 1, 2));
+        drop(p2);
+        assert_quiescent(&l);
+    }
+
+    #[test]
+    fn grow_cancels_excess_before_adding_permits() {
+        let l = scripted(3, 3, 1);
+        let a = l.try_acquire().unwrap();
+        let b = l.try_acquire().unwrap();
+        let c = l.try_acquire().unwrap();
+        a.dropped(); // 3 -> 1, a withheld, one more owed
+        assert_eq!(l.excess(), 1);
+        b.success(); // 1 -> 3: the owed one is un-marked, one permit added
+        assert_eq!(l.excess(), 0);
+        assert_eq!((l.limit(), l.available()), (3, 2));
+        drop(c);
+        assert_quiescent(&l);
+    }
+
+    #[test]
+    fn proposals_are_clamped_into_one_to_max_limit() {
+        let l = scripted(0, usize::MAX, 0);
+        assert_eq!(l.limit(), 1);
+        l.try_acquire().unwrap().dropped();
+        assert_eq!(l.limit(), 1);
+        assert_quiescent(&l);
+        l.try_acquire().unwrap().success();
+        assert_eq!(l.limit(), MAX_LIMIT);
+        assert_quiescent(&l);
+    }
+
+    /// The example, end to end: 8 requests in flight together all
+    /// get a 429. AIMD must halve once, not 8 times.
+    #[test]
+    fn eight_concurrent_429s_through_the_limiter_halve_once() {
+        let clock = ManualClock::new();
+        let aimd = Aimd::new().with_limits(1, 64, 100).with_backoff(0.5);
+        let l = AdaptiveLimiter::with_clock(aimd, clock.clone());
+        let permits: Vec<_> = (0..8).map(|_| l.try_acquire().unwrap()).collect();
+        clock.advance(core::time::Duration::from_millis(50));
+        for p in permits {
+            p.dropped();
+        }
+        assert_eq!(l.limit(), 32);
+        // A request sent after the decrease that also gets a 429: again.
+        clock.advance(core::time::Duration::from_millis(1));
+        let p = l.try_acquire().unwrap();
+        clock.advance(core::time::Duration::from_millis(50));
+        p.dropped();
+        assert_eq!(l.limit(), 16);
+        assert_quiescent(&l);
+    }
+
+    /// A drop whose recorder finds the algorithm busy goes to the
+    /// accumulators and is applied by the holder before it unlocks: the
+    /// drop signal is not lost.
+    #[test]
+    fn lost_race_drop_signal_is_not_lost() {
+        let l = AdaptiveLimiter::with_clock(
+            Aimd::new().with_limits(1, 10, 100).with_backoff(0.5),
+            ManualClock::new(),
+        );
+        let shared = &l.shared;
+        // Another thread "holds" the algorithm.
+        shared.ctl.store(LOCKED, Ordering::Relaxed);
+        let p = l.try_acquire().unwrap();
+        let q = l.try_acquire().unwrap();
+        p.dropped();
+        q.dropped();
+        assert_eq!(l.limit(), 10, "applied while the lock was held");
+        assert_eq!(shared.ctl.load(Ordering::Relaxed), LOCKED | DIRTY);
+        // The holder finishes: its unlock sees DIRTY and drains.
+        shared.run_locked(None);
+        assert_eq!(shared.ctl.load(Ordering::Relaxed), 0);
+        assert_eq!(l.limit(), 5, "two drops of one round trip: one halving");
+        assert_quiescent(&l);
+    }
+
+    /// Successes merged under contention count one by one: ten merged
+    /// successes at limit 10 are one round trip, +1 for AIMD.
+    #[test]
+    fn merged_successes_keep_their_count() {
+        let l =
+            AdaptiveLimiter::with_clock(Aimd::new().with_limits(1, 10, 100), ManualClock::new());
+        let permits: Vec<_> = (0..10).map(|_| l.try_acquire().unwrap()).collect();
+        l.shared.ctl.store(LOCKED, Ordering::Relaxed);
+        for p in permits {
+            p.success();
+        }
+        l.shared.run_locked(None);
+        assert_eq!(l.limit(), 11);
+        assert_quiescent(&l);
+    }
+
+    /// Panics on a drop.
+    #[derive(Debug)]
+    struct Fragile(usize);
+
+    impl LimitAlgorithm for Fragile {
+        fn limit(&self) -> usize {
+            self.0
+        }
+        fn update(&mut self, sample: &Sample) -> usize {
+            assert_ne!(sample.outcome(), Outcome::Dropped, "fragile");
+            self.0 += 1;
+            self.0
+        }
+    }
+
+    #[test]
+    fn panicking_algorithm_still_returns_the_permit_and_unlocks() {
+        let l = AdaptiveLimiter::with_clock(Fragile(2), ManualClock::new());
+        let p = l.try_acquire().unwrap();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.dropped()));
+        assert!(r.is_err());
+        assert_eq!(l.shared.ctl.load(Ordering::Relaxed), 0, "lock left held");
+        assert_quiescent(&l);
+        l.try_acquire().unwrap().success();
+        assert_eq!(l.limit(), 3, "later samples are still applied");
+        assert_quiescent(&l);
+    }
+
+    #[test]
+    fn close_fails_waiters_but_held_permits_still_record() {
+        let l = scripted(1, 1, 1);
+        let held = l.try_acquire().unwrap();
+        let mut w = pin!(l.acquire());
+        let cx = &mut Context::from_waker(Waker::noop());
+        assert!(w.as_mut().poll(cx).is_pending());
+        l.close();
+        assert!(matches!(w.as_mut().poll(cx), Poll::Ready(Err(_))));
+        held.success();
+        assert_eq!(l.in_flight(), 0);
+    }
+
+    /// Threads acquire (waiting or trying), and end each request with a
+    /// random outcome, so the limit moves both ways while permits are out
+    /// and waiters queue. Afterwards every permit is accounted for.
+    #[test]
+    fn threads_resize_and_return_without_losing_permits() {
+        let iters = if cfg!(miri) { 30 } else { 3_000 };
+        let aimd = Aimd::new().with_limits(1, 4, 16).with_backoff(0.5);
+        let l = AdaptiveLimiter::with_clock(aimd, ManualClock::new());
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let l = l.clone();
+                s.spawn(move || {
+                    let mut rng = fastrand::Rng::with_seed(t);
+                    for _ in 0..iters {
+                        let p = if rng.bool() {
+                            futures::executor::block_on(l.acquire()).unwrap()
+                        } else {
+                            match l.try_acquire() {
+                                Ok(p) => p,
+                                Err(_) => continue,
+                            }
+                        };
+                        match rng.u8(0..10) {
+                            0 => p.dropped(),
+                            1 => drop(p),
+                            _ => p.success(),
+                        }
+                    }
+                });
+            }
+        });
+        let limit = l.limit();
+        assert!((1..=16).contains(&limit));
+        assert_quiescent(&l);
+    }
+}
