@@ -16,8 +16,8 @@ use crate::sleep::ThreadSleeper;
 use crate::sync::{AtomicBool, AtomicU32, AtomicUsize};
 
 use super::pools::{Pool, SlotPolicy};
-use super::shared::SharedLimiter;
 use super::rates::Rates;
+use super::shared::SharedLimiter;
 use super::{Admission, Inner, ToolConfig, ToolState};
 
 /// Builds an [`Admission`]; every setting has a default.

@@ -52,7 +52,12 @@ impl Rates {
     /// room), applying the controller's starting quota to `buckets` when it
     /// is created.
     #[inline]
-    pub(crate) fn ensure<C: Clock>(&self, credential: &str, buckets: &Scoped<String, C>, clock: &C) {
+    pub(crate) fn ensure<C: Clock>(
+        &self,
+        credential: &str,
+        buckets: &Scoped<String, C>,
+        clock: &C,
+    ) {
         if self.adaptive.is_none() || self.controllers.read().contains_key(credential) {
             return;
         }

@@ -1,0 +1,213 @@
+//! Issue #11 through the whole layer: `Runner` + `Admission`, told nothing
+//! about the server's limit, against a simulated GCRA server (R/s, burst 2,
+//! `429` + `Retry-After: 1`, no limit headers) on a manual clock. Eight
+//! callers run a closed loop for 30 simulated seconds, each waiting out a
+//! `Throttled`'s `retry_after_ms` as a model would.
+//!
+//! Asserted on what the server saw (counts), never on wall time:
+//! achieved >= 85% of R and <= 5% of requests answered 429, for R below
+//! and above the starting guess of 10/s; and the old fixed default storms
+//! the slow server (the regression this fixes).
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use backpressure::{
+    Admission, Call, CallResult, CallSpec, Clock, ManualClock, ManualSleeper, Reply, Runner,
+    ServerHint, Sleeper, SlotPolicy,
+};
+
+const MS: u64 = 1_000_000;
+const SECONDS: u64 = 30;
+const CALLERS: usize = 8;
+
+/// GCRA at `rate`/s with a burst of 2, on the manual clock.
+struct Server {
+    clock: ManualClock,
+    period: u64,
+    tat: Mutex<u64>,
+    requests: AtomicU64,
+    throttled: AtomicU64,
+}
+
+impl Server {
+    fn new(clock: &ManualClock, rate: f64) -> Arc<Self> {
+        Arc::new(Self {
+            clock: clock.clone(),
+            period: (1e9 / rate) as u64,
+            tat: Mutex::new(0),
+            requests: AtomicU64::new(0),
+            throttled: AtomicU64::new(0),
+        })
+    }
+
+    fn admit(&self) -> bool {
+        self.requests.fetch_add(1, Ordering::SeqCst);
+        let now = self.clock.now_nanos();
+        let mut tat = self.tat.lock().unwrap();
+        let t = (*tat).max(now);
+        if t + self.period - now <= 2 * self.period {
+            *tat = t + self.period;
+            true
+        } else {
+            self.throttled.fetch_add(1, Ordering::SeqCst);
+            false
+        }
+    }
+}
+
+struct Outcome {
+    requests: u64,
+    ok: u64,
+    throttled: u64,
+    failed: u64,
+}
+
+fn run(rate: f64, fixed: bool) -> Outcome {
+    let clock = ManualClock::new();
+    let sleeper = ManualSleeper::new(clock.clone());
+    let server = Server::new(&clock, rate);
+    let builder = Admission::builder()
+        .sleeper(sleeper.clone())
+        .clock(clock.clone())
+        .tool("fetch", CALLERS, SlotPolicy::Wait);
+    let admission = if fixed {
+        builder.fixed_rates().build()
+    } else {
+        builder.build()
+    };
+    let runner: Runner<u16, _, _> = Runner::new(admission, Duration::ZERO);
+    let end = SECONDS * 1_000 * MS;
+    let failed = AtomicU64::new(0);
+    let caller = || async {
+        while clock.now_nanos() < end {
+            let (server, nap) = (server.clone(), sleeper.clone());
+            let call = Call::new(CallSpec::new("fetch", "key"), move || {
+                let (server, sleeper) = (server.clone(), nap.clone());
+                async move {
+                    let ok = server.admit();
+                    // A 5 ms round trip.
+                    sleeper.sleep(Duration::from_millis(5)).await;
+                    if ok {
+                        Ok(Reply::new(200, 200))
+                    } else {
+                        let hint = ServerHint::from_headers(
+                            [("retry-after", "1")],
+                            std::time::SystemTime::now(),
+                        );
+                        Ok(Reply::new(429, 429).with_hint(hint))
+                    }
+                }
+            });
+            match runner.one(call).await {
+                CallResult::Done { .. } => {}
+                CallResult::Throttled(t) => {
+                    let wait = t.retry_after().unwrap_or(Duration::from_secs(1));
+                    sleeper.sleep(wait).await;
+                }
+                _ => {
+                    failed.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+    };
+    let all = futures::future::join_all((0..CALLERS).map(|_| caller()));
+    let mut all = pin!(all);
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    // 1 ms steps; the loops stop at `end`, the last calls finish after it.
+    for _ in 0..(SECONDS + 10) * 1_000 {
+        if let Poll::Ready(_) = all.as_mut().poll(&mut cx) {
+            break;
+        }
+        sleeper.advance(Duration::from_millis(1));
+    }
+    assert!(
+        all.as_mut().poll(&mut cx).is_ready(),
+        "callers did not finish"
+    );
+    let requests = server.requests.load(Ordering::SeqCst);
+    let throttled = server.throttled.load(Ordering::SeqCst);
+    Outcome {
+        requests,
+        ok: requests - throttled,
+        throttled,
+        failed: failed.load(Ordering::SeqCst),
+    }
+}
+
+fn share(o: &Outcome, rate: f64) -> f64 {
+    o.ok as f64 / (rate * SECONDS as f64)
+}
+
+fn report(label: &str, rate: f64, o: &Outcome) {
+    println!(
+        "{label:>8} R={rate:>4}: requests {:>5}, 429s {:>4} ({:>4.1}%), failed {}, achieved {:>5.1}% of R",
+        o.requests,
+        o.throttled,
+        100.0 * o.throttled as f64 / o.requests.max(1) as f64,
+        o.failed,
+        100.0 * share(o, rate)
+    );
+}
+
+#[test]
+fn told_nothing_the_layer_learns_a_slow_servers_rate_without_a_429_storm() {
+    for rate in [2.0, 4.0] {
+        let o = run(rate, false);
+        report("adaptive", rate, &o);
+        assert_eq!(o.failed, 0, "a 429 is never a failure");
+        assert!(
+            o.throttled as f64 <= 0.05 * o.requests as f64,
+            "R={rate}: {} of {} requests were 429s",
+            o.throttled,
+            o.requests
+        );
+        assert!(
+            share(&o, rate) >= 0.85,
+            "R={rate}: {:.2} of R",
+            share(&o, rate)
+        );
+    }
+}
+
+#[test]
+fn told_nothing_the_layer_uses_a_fast_servers_capacity() {
+    for rate in [25.0, 40.0] {
+        let o = run(rate, false);
+        report("adaptive", rate, &o);
+        assert_eq!(o.failed, 0);
+        assert!(
+            o.throttled as f64 <= 0.05 * o.requests as f64,
+            "R={rate}: {} of {} requests were 429s",
+            o.throttled,
+            o.requests
+        );
+        assert!(
+            share(&o, rate) >= 0.85,
+            "R={rate}: {:.2} of R",
+            share(&o, rate)
+        );
+    }
+}
+
+/// The regression: the fixed default of 10/s storms a 4/s server and
+/// leaves a 25/s server mostly idle.
+#[test]
+fn a_fixed_default_rate_storms_slow_servers_and_starves_fast_ones() {
+    let slow = run(4.0, true);
+    report("fixed", 4.0, &slow);
+    assert!(
+        slow.throttled as f64 > 0.2 * slow.requests as f64,
+        "{} of {}",
+        slow.throttled,
+        slow.requests
+    );
+    let fast = run(25.0, true);
+    report("fixed", 25.0, &fast);
+    assert!(share(&fast, 25.0) < 0.5, "{:.2}", share(&fast, 25.0));
+}
