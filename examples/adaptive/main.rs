@@ -62,7 +62,9 @@ fn args() -> Args {
                     .collect()
             }
             "--only" => a.only = Some(value),
-            other => panic!("unknown flag {other}; flags: --seconds N --rates 4,25 --only rate|concurrency"),
+            other => panic!(
+                "unknown flag {other}; flags: --seconds N --rates 4,25 --only rate|concurrency"
+            ),
         }
         i += 2;
     }
@@ -99,7 +101,9 @@ async fn rate_run(strategy: &'static str, rate: f64, seconds: u64) -> RateRow {
         tasks.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 let call = Call::new(CallSpec::new("fetch", KEY), move || async move {
-                    let r = server::get(addr, "/fetch").await.map_err(|e| e.to_string())?;
+                    let r = server::get(addr, "/fetch")
+                        .await
+                        .map_err(|e| e.to_string())?;
                     let hint = ServerHint::from_headers(
                         r.headers.iter().map(|(n, v)| (n.as_str(), v.as_slice())),
                         SystemTime::now(),

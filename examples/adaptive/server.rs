@@ -119,10 +119,6 @@ impl CapacityState {
         self.freed.notify_waiters();
     }
 
-    pub fn capacity(&self) -> usize {
-        self.capacity.load(Ordering::SeqCst)
-    }
-
     fn try_take(&self) -> bool {
         let mut busy = self.busy.lock().unwrap();
         if *busy < self.capacity.load(Ordering::SeqCst) {

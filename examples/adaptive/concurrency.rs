@@ -1,0 +1,253 @@
+//! The concurrency half of the example: a server with C workers whose
+//! capacity halves and doubles back, and four limiters in front of it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use backpressure::adaptive::{AdaptiveLimiter, Aimd, Gradient2};
+use backpressure::Semaphore;
+
+use crate::server;
+
+/// Server capacity (workers) at the start and at the end.
+const C: usize = 16;
+/// The time a worker takes per request.
+const L: Duration = Duration::from_millis(20);
+
+enum Limit {
+    Fixed(Arc<Semaphore>),
+    Adaptive(AdaptiveLimiter),
+}
+
+impl Limit {
+    fn limit(&self, fixed: usize) -> usize {
+        match self {
+            Limit::Fixed(_) => fixed,
+            Limit::Adaptive(a) => a.limit(),
+        }
+    }
+}
+
+/// One finished request: when it was sent (since the start), its round trip,
+/// and whether the server took it.
+#[derive(Clone, Copy)]
+struct Record {
+    sent: Duration,
+    rtt: Duration,
+    ok: bool,
+}
+
+struct Row {
+    strategy: &'static str,
+    requests: usize,
+    errors: usize,
+    share: f64,
+    p50: Duration,
+    p99: Duration,
+    reconverge: [Option<Duration>; 2],
+    limits: String,
+}
+
+async fn one(strategy: &'static str, fixed: usize, seconds: u64) -> Row {
+    let srv = server::capacity(C, C, L).await;
+    let limit = Arc::new(match strategy {
+        "AIMD" => Limit::Adaptive(AdaptiveLimiter::new(Aimd::new())),
+        "Gradient2" => Limit::Adaptive(AdaptiveLimiter::new(Gradient2::new())),
+        "G2 t1.2" => Limit::Adaptive(AdaptiveLimiter::new(Gradient2::new().with_tolerance(1.2))),
+        "G2 t1.1" => Limit::Adaptive(AdaptiveLimiter::new(Gradient2::new().with_tolerance(1.1))),
+        _ => Limit::Fixed(Arc::new(Semaphore::new(fixed))),
+    });
+    let total = Duration::from_secs(seconds);
+    let changes = [total / 3, total * 2 / 3];
+    let start = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let records = Arc::new(Mutex::new(Vec::<Record>::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..4 * C {
+        let (limit, stop, records) = (limit.clone(), stop.clone(), records.clone());
+        let addr = srv.addr;
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let permit = match &*limit {
+                    Limit::Fixed(s) => Ok(s.clone().acquire_owned().await.map(|p| (Some(p), None))),
+                    Limit::Adaptive(a) => Err(a.acquire().await.map(|p| (None, Some(p)))),
+                };
+                let (fixed_permit, adaptive_permit) = match permit {
+                    Ok(Ok(p)) | Err(Ok(p)) => p,
+                    _ => return,
+                };
+                let sent = start.elapsed();
+                let t = Instant::now();
+                let ok = matches!(server::get(addr, "/work").await, Ok(r) if r.status == 200);
+                let rtt = t.elapsed();
+                if let Some(p) = adaptive_permit {
+                    if ok {
+                        p.success()
+                    } else {
+                        p.dropped()
+                    }
+                }
+                drop(fixed_permit);
+                records.lock().unwrap().push(Record { sent, rtt, ok });
+            }
+        }));
+    }
+    // Change the capacity at a third and two thirds; sample the limit.
+    let mut limits = Vec::new();
+    let state = srv.state.clone();
+    let sample = |limits: &mut Vec<usize>| limits.push(limit.limit(fixed));
+    tokio::time::sleep(changes[0]).await;
+    sample(&mut limits);
+    state.set_capacity(C / 2);
+    tokio::time::sleep(changes[1] - changes[0]).await;
+    sample(&mut limits);
+    state.set_capacity(C);
+    tokio::time::sleep(total - changes[1]).await;
+    sample(&mut limits);
+    stop.store(true, Ordering::Relaxed);
+    if let Limit::Adaptive(a) = &*limit {
+        a.close();
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let records = records.lock().unwrap().clone();
+    summarize(strategy, &records, changes, total, limits)
+}
+
+fn capacity_at(t: Duration, changes: [Duration; 2]) -> usize {
+    if t >= changes[0] && t < changes[1] {
+        C / 2
+    } else {
+        C
+    }
+}
+
+fn summarize(
+    strategy: &'static str,
+    records: &[Record],
+    changes: [Duration; 2],
+    total: Duration,
+    limits: Vec<usize>,
+) -> Row {
+    let ok: Vec<&Record> = records.iter().filter(|r| r.ok).collect();
+    let errors = records.len() - ok.len();
+    // The most the server could serve: capacity / latency, over each phase.
+    let possible = [
+        (changes[0], C),
+        (changes[1] - changes[0], C / 2),
+        (total - changes[1], C),
+    ]
+    .iter()
+    .map(|(d, c)| d.as_secs_f64() * *c as f64 / L.as_secs_f64())
+    .sum::<f64>();
+    let mut rtts: Vec<Duration> = ok.iter().map(|r| r.rtt).collect();
+    rtts.sort_unstable();
+    let pct = |p: f64| {
+        rtts.get(((rtts.len() as f64 * p) as usize).min(rtts.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
+    // Reconverged: from this window on, until the next change, every 250 ms
+    // window serves >= 90% of the capacity with a median round trip <= 2L.
+    let window = Duration::from_millis(250);
+    let good = |from: Duration| {
+        let to = from + window;
+        let mut in_window: Vec<Duration> = ok
+            .iter()
+            .filter(|r| r.sent + r.rtt >= from && r.sent + r.rtt < to)
+            .map(|r| r.rtt)
+            .collect();
+        if in_window.is_empty() {
+            return false;
+        }
+        in_window.sort_unstable();
+        let served = in_window.len() as f64;
+        let cap = capacity_at(from, changes) as f64 * window.as_secs_f64() / L.as_secs_f64();
+        served >= 0.9 * cap && in_window[in_window.len() / 2] <= 2 * L
+    };
+    let mut reconverge = [None, None];
+    for (i, change) in changes.iter().enumerate() {
+        let end = if i == 0 { changes[1] } else { total } - window;
+        let mut t = *change;
+        let mut found = None;
+        while t < end {
+            let mut u = t;
+            let mut all = true;
+            while u < end {
+                if !good(u) {
+                    all = false;
+                    break;
+                }
+                u += window;
+            }
+            if all {
+                found = Some(t - *change);
+                break;
+            }
+            t += window;
+        }
+        reconverge[i] = found;
+    }
+    Row {
+        strategy,
+        requests: records.len(),
+        errors,
+        share: ok.len() as f64 / possible,
+        p50: pct(0.50),
+        p99: pct(0.99),
+        reconverge,
+        limits: limits
+            .iter()
+            .map(|l| l.to_string())
+            .collect::<Vec<_>>()
+            .join(" / "),
+    }
+}
+
+pub async fn run(seconds: u64) {
+    println!(
+        "concurrency: server of C = {C} workers, {} ms each, queue of {C} then 503; \
+         C halves at {:.1} s and doubles back at {:.1} s; {} callers, closed loop, {seconds} s per row\n",
+        L.as_millis(),
+        seconds as f64 / 3.0,
+        seconds as f64 * 2.0 / 3.0,
+        4 * C,
+    );
+    let mut rows = Vec::new();
+    for (strategy, fixed) in [
+        ("fixed C/4", C / 4),
+        ("fixed 4C", 4 * C),
+        ("AIMD", 0),
+        ("Gradient2", 0),
+        ("G2 t1.2", 0),
+        ("G2 t1.1", 0),
+    ] {
+        rows.push(one(strategy, fixed, seconds).await);
+    }
+    println!("| strategy  | requests | errors       | throughput    | p50     | p99     | reconverged (halved / doubled) | limit at 1/3, 2/3, end |");
+    println!("|-----------|----------|--------------|---------------|---------|---------|--------------------------------|------------------------|");
+    let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1e3);
+    let secs = |d: Option<Duration>| {
+        d.map_or_else(
+            || "never".to_string(),
+            |d| format!("{:.2} s", d.as_secs_f64()),
+        )
+    };
+    for r in rows {
+        println!(
+            "| {:<9} | {:>8} | {:>5} ({:>4.1}%) | {:>5.1}% of C/L | {:>7} | {:>7} | {:>14} / {:<15} | {:>22} |",
+            r.strategy,
+            r.requests,
+            r.errors,
+            100.0 * r.errors as f64 / r.requests.max(1) as f64,
+            100.0 * r.share,
+            ms(r.p50),
+            ms(r.p99),
+            secs(r.reconverge[0]),
+            secs(r.reconverge[1]),
+            r.limits,
+        );
+    }
+}
