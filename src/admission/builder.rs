@@ -6,8 +6,6 @@ use core::time::Duration;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use parking_lot::RwLock;
-
 use crate::adaptive::AdaptiveRate;
 use crate::bucket::Quota;
 use crate::clock::{Clock, DefaultClock};
@@ -15,10 +13,12 @@ use crate::keyed::Scoped;
 use crate::sleep::ThreadSleeper;
 use crate::sync::{AtomicBool, AtomicU32, AtomicUsize};
 
+use super::learned::Learned;
 use super::pools::{Pool, SlotPolicy};
-use super::rates::Rates;
+use super::rate::Resource;
 use super::shared::SharedLimiter;
-use super::{Admission, Inner, ToolConfig, ToolState};
+use super::tools::{ToolConfig, Tools};
+use super::{Admission, Inner};
 
 /// Builds an [`Admission`]; every setting has a default.
 ///
@@ -67,6 +67,8 @@ struct Settings {
     default_quota_set: bool,
     adaptive: Option<AdaptiveRate>,
     quotas: Vec<(String, Quota)>,
+    /// Weighted quotas: (name, default quota, per-credential overrides).
+    resources: Vec<(String, Quota, Vec<(String, Quota)>)>,
     queue_capacity: usize,
     inline_wait: Duration,
     max_retry_after: Duration,
@@ -93,6 +95,7 @@ impl Builder {
                 default_quota_set: false,
                 adaptive: Some(AdaptiveRate::new()),
                 quotas: Vec::new(),
+                resources: Vec::new(),
                 queue_capacity: 256,
                 inline_wait: Duration::from_secs(2),
                 max_retry_after: Duration::from_secs(300),
@@ -276,6 +279,84 @@ impl<S, C> Builder<S, C> {
         self
     }
 
+    /// A weighted quota every credential has besides its requests: tokens
+    /// per minute for an LLM API, bytes per second for a storage API. A
+    /// call says what it costs with [`CallSpec::cost`]; `admit` reserves
+    /// the request and every cost all or nothing within the call's wait
+    /// budget, and gives all back if the call is refused or dropped.
+    /// [`Ticket::settle`](super::Ticket::settle) reconciles an estimate with
+    /// the actual usage. A server policy of the same name that has nothing
+    /// remaining (`x-ratelimit-remaining-tokens: 0`, an IETF `RateLimit`
+    /// member named so) holds back this quota alone until its reset.
+    /// Setting the same name again replaces its default quota.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, CallSpec, ManualClock, Quota, Status};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// # futures::executor::block_on(async {
+    /// let tpm = Quota::per_minute(NonZeroU32::new(10_000).unwrap());
+    /// let admission = Admission::builder()
+    ///     .clock(ManualClock::new())
+    ///     .resource("tokens", tpm)
+    ///     .build();
+    /// let big = CallSpec::new("complete", "key").cost("tokens", 9_000);
+    /// let ticket = admission.admit(&big).await.unwrap();
+    /// ticket.settle("tokens", 7_000); // the reply said 7,000: 2,000 come back
+    /// drop(ticket);
+    /// let next = CallSpec::new("complete", "key").cost("tokens", 4_000);
+    /// assert!(admission.admit(&next).await.is_err()); // 3,000 left
+    /// # });
+    /// ```
+    pub fn resource(mut self, name: impl Into<String>, quota: Quota) -> Self {
+        let name = name.into();
+        match self.cfg.resources.iter_mut().find(|(n, ..)| *n == name) {
+            Some(r) => r.1 = quota,
+            None => self.cfg.resources.push((name, quota, Vec::new())),
+        }
+        self
+    }
+
+    /// The weighted quota `name` of one credential (see
+    /// [`resource`](Self::resource), which declares the quota for every
+    /// other credential; if it was not called, this declares it with no
+    /// limit for the rest).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, Quota};
+    /// use std::num::NonZeroU32;
+    /// let admission = Admission::builder()
+    ///     .resource("tokens", Quota::per_minute(NonZeroU32::new(40_000).unwrap()))
+    ///     .credential_resource("tier-4-key", "tokens", Quota::per_minute(NonZeroU32::new(400_000).unwrap()))
+    ///     .build();
+    /// # let _ = admission;
+    /// ```
+    pub fn credential_resource(
+        mut self,
+        credential: impl Into<String>,
+        name: impl Into<String>,
+        quota: Quota,
+    ) -> Self {
+        let name = name.into();
+        if !self.cfg.resources.iter().any(|(n, ..)| *n == name) {
+            self.cfg
+                .resources
+                .push((name.clone(), unlimited(), Vec::new()));
+        }
+        let entry = self
+            .cfg
+            .resources
+            .iter_mut()
+            .find(|(n, ..)| *n == name)
+            .expect("inserted above");
+        entry.2.push((credential.into(), quota));
+        self
+    }
+
     /// How each credential's rate is learned from the server's answers
     /// (the default: [`AdaptiveRate::new`]). A 429 (or a 503 with
     /// `Retry-After`) lowers the rate at most once per round trip, sustained
@@ -455,13 +536,18 @@ impl<S, C> Builder<S, C> {
         let open = Quota::with_period(Duration::from_nanos(1))
             .allow_burst(NonZeroU32::new(1 << 30).expect("non-zero"));
         let server_scopes = Scoped::with_clock(open, self.clock.clone());
-        let tools = self
+        let resources = self
             .cfg
-            .tools
+            .resources
             .into_iter()
-            .map(|(name, cfg)| {
-                let state = Arc::new(ToolState::new(&cfg, self.cfg.expected_latency, false));
-                (name, state)
+            .map(|(name, quota, overrides)| {
+                let buckets = Scoped::with_clock(quota, self.clock.clone());
+                for (cred, q) in &overrides {
+                    // Refused only past 2^20 overrides: that credential then
+                    // has the default quota.
+                    let _ = buckets.set_quota(cred, *q);
+                }
+                Resource { name, buckets }
             })
             .collect();
         Admission {
@@ -471,19 +557,22 @@ impl<S, C> Builder<S, C> {
                 global: Pool::new(self.cfg.global, self.cfg.expected_latency),
                 waiting: AtomicUsize::new(0),
                 queue_capacity: self.cfg.queue_capacity,
-                rates: Rates::new(
+                learned: Learned::new(
                     self.cfg.adaptive,
                     self.cfg.default_quota_set.then_some(self.cfg.default_quota),
                     self.cfg.quotas.iter().cloned().collect(),
                 ),
-                tools: RwLock::new(tools),
-                max_tools: self.cfg.max_tools,
-                default_tool: self.cfg.default_tool,
+                tools: Tools::new(
+                    self.cfg.tools,
+                    self.cfg.default_tool,
+                    self.cfg.max_tools,
+                    self.cfg.expected_latency,
+                ),
                 credentials,
                 server_scopes,
+                resources,
                 inline_wait: self.cfg.inline_wait,
                 max_retry_after: self.cfg.max_retry_after,
-                expected_latency: self.cfg.expected_latency,
                 run_budget: self.cfg.run_budget,
                 run_used: AtomicU32::new(0),
                 closed: AtomicBool::new(false),
@@ -504,4 +593,10 @@ impl<S: fmt::Debug, C: fmt::Debug> fmt::Debug for Builder<S, C> {
             .field("inline_wait", &self.cfg.inline_wait)
             .finish_non_exhaustive()
     }
+}
+
+/// A quota that never binds (`credential_resource` without `resource`).
+fn unlimited() -> Quota {
+    Quota::with_period(Duration::from_nanos(1))
+        .allow_burst(NonZeroU32::new(u32::MAX).expect("non-zero"))
 }

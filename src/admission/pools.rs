@@ -14,6 +14,7 @@ use core::task::Poll;
 use core::time::Duration;
 use std::sync::Arc;
 
+use super::throttled::{Status, Throttled};
 use crate::semaphore::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use crate::sync::{AtomicU64, AtomicUsize, Ordering};
 
@@ -195,4 +196,26 @@ pub(crate) async fn acquire_both<T: Future<Output = ()>>(
 pub(crate) enum Which {
     Tool,
     Global,
+}
+
+/// The refusal for a call of `tool` whose slots were not granted.
+pub(super) fn slot_refusal(tool: &str, e: SlotError, which: Which) -> Throttled {
+    let scope = match which {
+        Which::Tool => format!("tool:{tool}"),
+        Which::Global => "global".to_string(),
+    };
+    match e {
+        SlotError::Full { estimate } => Throttled::new(
+            Status::Shed,
+            scope,
+            "too many calls are waiting; retry after the drain estimate",
+        )
+        .with_retry_after(estimate),
+        SlotError::TimedOut => Throttled::new(
+            Status::TimedOut,
+            scope,
+            "no slot came free before the call's deadline",
+        ),
+        SlotError::Closed => Throttled::new(Status::Closed, scope, "the pool is closed"),
+    }
 }

@@ -10,7 +10,11 @@ use crate::headers::ServerHint;
 use crate::semaphore::OwnedSemaphorePermit;
 use crate::sleep::{Sleeper, ThreadSleeper};
 
-use super::{Admission, ToolState};
+use smallvec::SmallVec;
+
+use super::rate::Held;
+use super::tools::ToolState;
+use super::Admission;
 
 /// Permission to run one call: holds its tool slot and its global slot
 /// until dropped.
@@ -42,6 +46,8 @@ where
     pub(super) tool_name: String,
     pub(super) credential: String,
     pub(super) started_at: u64,
+    /// The cells reserved for the call, for `settle`.
+    pub(super) held: SmallVec<[Held; 4]>,
     pub(super) _slots: (OwnedSemaphorePermit, OwnedSemaphorePermit),
 }
 
@@ -78,6 +84,44 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
             hint,
             self.started_at,
         )
+    }
+
+    /// Reconciles what the call was admitted for against the quota `name`
+    /// (its [`CallSpec::cost`](super::CallSpec::cost), or 1 request) with
+    /// what it actually used, once the reply says so (an LLM's `usage`).
+    /// Returns the units charged (positive) or given back (negative).
+    ///
+    /// * Used more: the excess is charged now as debt, so later calls wait
+    ///   for it (in chunks of at most the quota's burst).
+    /// * Used less: the estimate is given back and the actual usage charged
+    ///   instead, if no other call reserved after this one on that quota
+    ///   (the bucket's refunds only undo the latest reservation); otherwise
+    ///   nothing is given back, which errs towards admitting less.
+    ///
+    /// Settle each quota once: a second call compares against the original
+    /// estimate again. A name the call was not admitted for changes
+    /// nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, CallSpec, ManualClock, Quota};
+    /// use std::num::NonZeroU32;
+    /// # futures::executor::block_on(async {
+    /// let admission = Admission::builder()
+    ///     .clock(ManualClock::new())
+    ///     .resource("tokens", Quota::per_minute(NonZeroU32::new(1_000).unwrap()))
+    ///     .build();
+    /// let ticket = admission
+    ///     .admit(&CallSpec::new("complete", "key").cost("tokens", 500))
+    ///     .await
+    ///     .unwrap();
+    /// assert_eq!(ticket.settle("tokens", 800), 300); // 300 more as debt
+    /// # });
+    /// ```
+    pub fn settle(&self, name: &str, actual: u32) -> i64 {
+        self.admission
+            .settle(&self.credential, &self.held, name, actual)
     }
 
     /// The tool this ticket admits.

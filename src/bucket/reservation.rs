@@ -130,6 +130,13 @@ impl<'a> Reservation<'a> {
     /// assert!(second.cancel());
     /// ```
     pub fn cancel(self) -> bool {
+        self.undo()
+    }
+
+    /// [`cancel`](Self::cancel) through a reference: a ticket that keeps
+    /// its reservations settles them after use. A second undo is refused
+    /// (the bucket no longer holds `after`).
+    pub(crate) fn undo(&self) -> bool {
         match &self.refund {
             Refund::Nothing => false,
             Refund::Borrowed(bucket, ticket) => bucket.cancel(*ticket),

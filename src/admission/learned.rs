@@ -3,7 +3,7 @@
 //!
 //! The controller is created on the credential's first admit, so its quota
 //! is in force before the first token is taken. What it is fed, and in what
-//! order the result is applied, is decided here (see [`Rates::observe`]).
+//! order the result is applied, is decided here (see [`Learned::observe`]).
 
 use core::time::Duration;
 use std::collections::HashMap;
@@ -23,7 +23,7 @@ use crate::keyed::Scoped;
 pub(crate) const MAX_LEARNED: usize = 4096;
 
 /// The learned rates of an admission layer (empty with fixed rates).
-pub(crate) struct Rates {
+pub(crate) struct Learned {
     /// `None`: fixed rates.
     adaptive: Option<AdaptiveRate>,
     /// The starting rate and ceiling of credentials without a quota by name
@@ -34,7 +34,7 @@ pub(crate) struct Rates {
     controllers: RwLock<HashMap<String, Arc<RateController>>>,
 }
 
-impl Rates {
+impl Learned {
     pub(crate) fn new(
         adaptive: Option<AdaptiveRate>,
         default: Option<Quota>,
@@ -151,11 +151,19 @@ fn outcome(status: u16, hint: &ServerHint) -> RateOutcome {
     }
 }
 
-/// The tightest quota the server stated (`RateLimit-Policy`), as requests
-/// per window.
+/// The tightest request quota the server stated (`RateLimit-Policy`), as
+/// requests per window. Policies that count something else (a `qu` other
+/// than requests, or a per-resource limit such as tokens) are not request
+/// rates.
 fn server_limit(hint: &ServerHint) -> Option<(u64, Duration)> {
     hint.policies
         .iter()
+        .filter(|p| p.quota_unit.as_deref().is_none_or(|u| u == "requests"))
+        .filter(|p| {
+            p.name
+                .as_deref()
+                .is_none_or(|n| !n.contains("token") && !n.contains("byte"))
+        })
         .filter_map(|p| match (p.quota, p.window) {
             (Some(q), Some(w)) if q > 0 && !w.is_zero() => Some((q, w)),
             _ => None,
@@ -167,9 +175,9 @@ fn server_limit(hint: &ServerHint) -> Option<(u64, Duration)> {
         })
 }
 
-impl core::fmt::Debug for Rates {
+impl core::fmt::Debug for Learned {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Rates")
+        f.debug_struct("Learned")
             .field("adaptive", &self.adaptive.is_some())
             .field("learned", &self.controllers.read().len())
             .finish()

@@ -1,0 +1,495 @@
+//! The rate stage, and everything the server says back about rates.
+//!
+//! A call reserves, all or nothing, one cell of its credential's request
+//! quota (or what its spec says it costs), its cost against each weighted
+//! quota of the credential (`tokens`, ...), and a cell of the server scope
+//! its tool was seen under. The wait is slept inline while it fits the
+//! inline threshold and the deadline; a longer one is returned at once as
+//! `rate_limited`, nothing consumed. A hold the server placed while the call
+//! slept towards its instant sends it back to reserve again behind the hold.
+//!
+//! A hold is stored one way: as a penalty on the bucket it applies to (the
+//! credential's, a weighted quota's, a server scope's), whose end the bucket
+//! keeps. Credentials shared across processes keep their pending penalty
+//! here until it is pushed to the shared limiter.
+
+use core::time::Duration;
+use std::borrow::Cow;
+
+use smallvec::SmallVec;
+
+use super::spec::CallSpec;
+use super::throttled::{Human, Status, Throttled};
+use super::tools::ToolState;
+use super::Admission;
+use crate::bucket::{Reservation, ReserveError};
+use crate::clock::{saturating_nanos, Clock};
+use crate::headers::ServerHint;
+use crate::keyed::Scoped;
+use crate::sleep::Sleeper;
+
+/// The scope of a credential's own request quota in a [`Throttled`].
+pub(super) const API_KEY: &str = "api_key";
+
+/// The name of the request quota in [`CallSpec::cost`].
+pub(crate) const REQUESTS: &str = "requests";
+
+/// A weighted quota every credential has (tokens per minute, ...).
+pub(super) struct Resource<C: Clock> {
+    pub(super) name: String,
+    pub(super) buckets: Scoped<String, C>,
+}
+
+/// Which bucket a reservation came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Source {
+    Requests,
+    Scope,
+    Resource(usize),
+}
+
+/// One reservation a call holds.
+pub(super) struct Held {
+    pub(super) source: Source,
+    pub(super) cells: u32,
+    pub(super) reservation: Reservation<'static>,
+}
+
+/// The reservations of one call. Until [`keep`](Reserved::keep), dropping
+/// it gives every one back (a refused or cancelled call consumes nothing
+/// the bucket can refund).
+#[derive(Default)]
+pub(super) struct Reserved(SmallVec<[Held; 4]>);
+
+impl Reserved {
+    fn cancel_all(&mut self) {
+        for h in self.0.drain(..) {
+            let _ = h.reservation.cancel();
+        }
+    }
+
+    /// The cells are used now: hand them to the ticket, which may settle
+    /// them against the actual usage.
+    pub(super) fn keep(mut self) -> SmallVec<[Held; 4]> {
+        core::mem::take(&mut self.0)
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        self.cancel_all();
+    }
+}
+
+impl<S, C> Admission<S, C>
+where
+    S: Sleeper,
+    C: Clock,
+{
+    /// Stage 4: reserves every quota the call draws on and sleeps until its
+    /// instant (within the inline wait and the deadline).
+    pub(super) async fn take_rate(
+        &self,
+        spec: &CallSpec,
+        tool: &ToolState,
+        deadline_at: u64,
+    ) -> Result<Reserved, Throttled> {
+        let inner = &*self.inner;
+        let rate_started = inner.clock.now_nanos();
+        let inline_end = rate_started.saturating_add(saturating_nanos(inner.inline_wait));
+        let scope = tool.server_scope.read().clone();
+        let scope_key = scope.as_ref().map(|s| (spec.credential.clone(), s.clone()));
+        let shared = inner.shared.get(&spec.credential);
+        let requests = spec.cost_of(REQUESTS).unwrap_or(1);
+        let mut reserved = Reserved::default();
+        loop {
+            let now = inner.clock.now_nanos();
+            let left = Duration::from_nanos(deadline_at.saturating_sub(now));
+            let max_wait = Duration::from_nanos(inline_end.min(deadline_at).saturating_sub(now));
+            let mut wait = Duration::ZERO;
+            let mut take =
+                |source: Source, buckets: &Scoped<String, C>, key: &String, cells: u32| {
+                    match buckets.reserve(key, cells, max_wait) {
+                        Ok(r) => {
+                            wait = wait.max(r.wait());
+                            reserved.0.push(Held {
+                                source,
+                                cells,
+                                reservation: r,
+                            });
+                            Ok(())
+                        }
+                        Err(e) => Err(e),
+                    }
+                };
+            // A credential shared across processes is admitted by its
+            // shared limiter below, not by a local bucket.
+            if shared.is_none() && requests > 0 {
+                if let Err(e) = take(
+                    Source::Requests,
+                    &inner.credentials,
+                    &spec.credential,
+                    requests,
+                ) {
+                    return Err(self.rate_refusal(e, Cow::Borrowed(API_KEY), left));
+                }
+            }
+            for (i, resource) in inner.resources.iter().enumerate() {
+                let cells = spec.cost_of(&resource.name).unwrap_or(0);
+                if cells == 0 {
+                    continue;
+                }
+                if let Err(e) = take(
+                    Source::Resource(i),
+                    &resource.buckets,
+                    &spec.credential,
+                    cells,
+                ) {
+                    return Err(self.rate_refusal(
+                        e,
+                        Cow::Owned(format!("quota:{}", resource.name)),
+                        left,
+                    ));
+                }
+            }
+            if let (Some(key), Some(name)) = (&scope_key, &scope) {
+                match inner.server_scopes.reserve(key, 1, max_wait) {
+                    Ok(r) => {
+                        wait = wait.max(r.wait());
+                        reserved.0.push(Held {
+                            source: Source::Scope,
+                            cells: 1,
+                            reservation: r,
+                        });
+                    }
+                    Err(e) => {
+                        return Err(self.rate_refusal(
+                            e,
+                            Cow::Owned(format!("server:{name}")),
+                            left,
+                        ));
+                    }
+                }
+            }
+            if let Some(shared) = shared {
+                // Last, so a refusal here cancels the local reservations
+                // above (a shared cell cannot be given back without a round
+                // trip).
+                self.push_penalty(&spec.credential, shared.as_ref()).await;
+                match shared.reserve_one(max_wait).await {
+                    Ok(w) => wait = wait.max(w),
+                    Err(e) => return Err(self.rate_refusal(e, Cow::Borrowed(API_KEY), left)),
+                }
+            }
+            if wait.is_zero() {
+                return Ok(reserved);
+            }
+            let ready_at = now.saturating_add(saturating_nanos(wait));
+            if !self.sleep_unless_closed(wait).await {
+                return Err(self.closed_refusal());
+            }
+            if self.held_until(&spec.credential, scope_key.as_ref()) <= ready_at {
+                return Ok(reserved);
+            }
+            // A 429 arrived while we slept and its hold covers our instant:
+            // give the reservations back (a penalty usually voids the
+            // refund, which errs towards admitting less) and queue again
+            // behind the hold, within what is left of the budgets.
+            reserved.cancel_all();
+        }
+    }
+
+    fn rate_refusal(&self, e: ReserveError, scope: Cow<'static, str>, left: Duration) -> Throttled {
+        let inner = &*self.inner;
+        if let ReserveError::Unavailable { retry_after } = e {
+            // Not a quota: the store that keeps the shared one is down (its
+            // fail policy is closed). Say so, with its configured wait.
+            return Throttled::new(
+                Status::RateLimited,
+                scope,
+                format!(
+                    "the shared quota store did not answer; retry after {}",
+                    Human(retry_after)
+                ),
+            )
+            .with_retry_after(retry_after);
+        }
+        if let ReserveError::InsufficientCapacity {
+            requested,
+            capacity,
+        } = e
+        {
+            return Throttled::new(
+                Status::QuotaExhausted,
+                scope,
+                format!(
+                    "this call costs {requested}, more than the quota ever allows at once ({capacity}); \
+                     split it or raise the quota"
+                ),
+            );
+        }
+        match e.retry_after() {
+            Some(after) if after > inner.max_retry_after => Throttled::new(
+                Status::QuotaExhausted,
+                scope,
+                format!(
+                    "the limit resets in {}, longer than any retry is worth; tell the operator",
+                    Human(after)
+                ),
+            )
+            .with_retry_after(after),
+            Some(after) if after > left => Throttled::new(
+                Status::RateLimited,
+                scope,
+                format!(
+                    "the next slot is in {}, after this call's deadline ({} left); retry later or drop the call",
+                    Human(after),
+                    Human(left)
+                ),
+            )
+            .with_retry_after(after),
+            Some(after) => Throttled::new(
+                Status::RateLimited,
+                scope,
+                format!(
+                    "the next slot is in {}, longer than the {} waited inline; retry after that",
+                    Human(after),
+                    Human(inner.inline_wait)
+                ),
+            )
+            .with_retry_after(after),
+            None => Throttled::new(
+                Status::RateLimited,
+                scope,
+                format!("cannot take a rate-limit slot: {e}"),
+            ),
+        }
+    }
+
+    /// The end of the latest server hold that covers `credential`'s calls
+    /// (its own, its weighted quotas', its shared quota's as last observed
+    /// here, and the server scope `scope` it falls under).
+    fn held_until(&self, credential: &str, scope: Option<&(String, String)>) -> u64 {
+        let inner = &*self.inner;
+        let key = credential.to_string();
+        let own = inner.credentials.held_until(&key);
+        let resources = inner
+            .resources
+            .iter()
+            .map(|r| r.buckets.held_until(&key))
+            .max()
+            .unwrap_or(0);
+        let scoped = scope.map_or(0, |k| inner.server_scopes.held_until(k));
+        let shared = inner.pending.lock().get(credential).copied().unwrap_or(0);
+        own.max(resources).max(scoped).max(shared)
+    }
+
+    /// Applies a server's answer for `credential` (and `tool`) without a
+    /// ticket, e.g. from a response of a call made outside this layer.
+    /// Returns the hold applied. See [`Ticket::observe`](super::Ticket::observe).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, ServerHint};
+    /// use std::time::{Duration, SystemTime};
+    /// let admission = Admission::builder().build();
+    /// let hint = ServerHint::from_headers([("retry-after", "3")], SystemTime::now());
+    /// assert_eq!(admission.observe("search", "key", 429, &hint), Some(Duration::from_secs(3)));
+    /// ```
+    pub fn observe(
+        &self,
+        tool: &str,
+        credential: &str,
+        status: u16,
+        hint: &ServerHint,
+    ) -> Option<Duration> {
+        let now = self.inner.clock.now_nanos();
+        self.observe_sent(tool, credential, status, hint, now)
+    }
+
+    /// [`observe`](Self::observe) for a request sent at `sent_at` (on the
+    /// layer's clock): the learned rate ignores 429s of requests sent
+    /// before its last decrease.
+    pub(crate) fn observe_sent(
+        &self,
+        tool: &str,
+        credential: &str,
+        status: u16,
+        hint: &ServerHint,
+        sent_at: u64,
+    ) -> Option<Duration> {
+        let inner = &*self.inner;
+        let key = credential.to_string();
+        if !inner.shared.contains_key(credential) {
+            // The new rate before the hold (see `Learned::observe`).
+            let now = inner.clock.now_nanos();
+            inner
+                .learned
+                .observe(credential, status, hint, sent_at, now, &inner.credentials);
+        }
+        // A weighted quota the server says is spent (a policy of the same
+        // name with nothing remaining) is held until its reset, alone.
+        for resource in inner.resources.iter() {
+            let spent = hint.policies.iter().find(|p| {
+                p.name.as_deref() == Some(resource.name.as_str()) && p.remaining == Some(0)
+            });
+            if let Some(reset) = spent.and_then(|p| p.reset_after) {
+                let _ = resource
+                    .buckets
+                    .penalize(&key, reset.min(inner.max_retry_after));
+            }
+        }
+        let wait = match request_wait(hint, &inner.resources) {
+            Some(w) => w,
+            // A 429 with no hint: hold the key back for a second rather
+            // than let the next call find out the same way.
+            None if status == 429 => Duration::from_secs(1),
+            None => return None,
+        };
+        match &hint.scope {
+            Some(scope) => {
+                // The server named the limit: hold back only the calls that
+                // fall under it (this tool's, from now on).
+                let _ = inner.server_scopes.penalize(&(key, scope.clone()), wait);
+                // A tool the registry cannot hold right now learns its
+                // scope on a later reply.
+                if let Ok(tool) = inner.tools.get(tool) {
+                    *tool.server_scope.write() = Some(scope.clone());
+                }
+            }
+            None if inner.shared.contains_key(credential) => {
+                // Reaching the shared limiter needs an await: the next admit
+                // on this credential applies it before reserving.
+                let until = inner
+                    .clock
+                    .now_nanos()
+                    .saturating_add(saturating_nanos(wait));
+                let mut pending = inner.pending.lock();
+                let slot = pending.entry(key).or_insert(0);
+                *slot = (*slot).max(until);
+            }
+            None => {
+                let _ = inner.credentials.penalize(&key, wait);
+            }
+        }
+        Some(wait)
+    }
+
+    /// See [`Ticket::settle`](super::Ticket::settle); `held` is the
+    /// ticket's reservations.
+    pub(super) fn settle(&self, credential: &str, held: &[Held], name: &str, actual: u32) -> i64 {
+        let inner = &*self.inner;
+        let Some(h) = held.iter().find(|h| match h.source {
+            Source::Requests => name == REQUESTS,
+            Source::Resource(i) => inner.resources[i].name == name,
+            Source::Scope => false,
+        }) else {
+            return 0;
+        };
+        let buckets = match h.source {
+            Source::Resource(i) => &inner.resources[i].buckets,
+            _ => &inner.credentials,
+        };
+        let key = credential.to_string();
+        let estimate = h.cells;
+        if actual > estimate {
+            charge(buckets, &key, actual - estimate);
+            return i64::from(actual - estimate);
+        }
+        if actual == estimate || !h.reservation.undo() {
+            return 0;
+        }
+        charge(buckets, &key, actual);
+        -i64::from(estimate - actual)
+    }
+
+    /// Pushes the penalties observed on credentials with a shared quota
+    /// (see [`Builder::shared_quota`](super::Builder::shared_quota)) to
+    /// their shared limiters, so other processes hold back too.
+    /// [`Ticket::observe`](super::Ticket::observe) cannot await, so it
+    /// records them; the next `admit` on the same credential pushes them,
+    /// and this pushes them all now ([`Runner`](super::Runner) calls it
+    /// after every throttled reply).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, ManualClock, Quota, ServerHint, TokenBucket};
+    /// use std::num::NonZeroU32;
+    /// use std::time::SystemTime;
+    ///
+    /// let shared = std::sync::Arc::new(TokenBucket::with_clock(
+    ///     Quota::per_second(NonZeroU32::new(5).unwrap()),
+    ///     ManualClock::new(),
+    /// ));
+    /// let admission = Admission::builder().shared_quota("org-key", shared.clone()).build();
+    /// let hint = ServerHint::from_headers([("retry-after", "30")], SystemTime::now());
+    /// admission.observe("search", "org-key", 429, &hint);
+    /// futures::executor::block_on(admission.sync_shared());
+    /// assert_eq!(shared.available(), 0); // held back for everyone
+    /// ```
+    pub async fn sync_shared(&self) {
+        let credentials: Vec<String> = self.inner.pending.lock().keys().cloned().collect();
+        for credential in credentials {
+            if let Some(shared) = self.inner.shared.get(&credential) {
+                self.push_penalty(&credential, shared.as_ref()).await;
+            }
+        }
+    }
+
+    async fn push_penalty(&self, credential: &str, shared: &dyn super::SharedLimiter) {
+        let pending = self.inner.pending.lock().remove(credential);
+        if let Some(until) = pending {
+            let now = self.inner.clock.now_nanos();
+            if until > now {
+                shared.penalize_all(Duration::from_nanos(until - now)).await;
+            }
+        }
+    }
+}
+
+/// The wait the reply puts on the credential's requests: `Retry-After`, or
+/// a spent request limit until its reset. A spent *weighted* quota (a
+/// policy named like one) holds only that quota (see `observe_sent`).
+fn request_wait<C: Clock>(hint: &ServerHint, resources: &[Resource<C>]) -> Option<Duration> {
+    if hint.retry_after.is_some() {
+        return hint.retry_after;
+    }
+    let is_resource =
+        |name: Option<&str>| name.is_some_and(|n| resources.iter().any(|r| r.name == n));
+    let top = (hint.remaining == Some(0)
+        && !hint
+            .policies
+            .iter()
+            .any(|p| is_resource(p.name.as_deref()) && p.remaining == Some(0)))
+    .then_some(hint.reset_after)
+    .flatten();
+    let policies = hint
+        .policies
+        .iter()
+        .filter(|p| p.remaining == Some(0) && !is_resource(p.name.as_deref()))
+        .filter_map(|p| p.reset_after);
+    top.into_iter().chain(policies).max()
+}
+
+/// Takes `units` from `key`'s bucket now, whatever the wait: debt that the
+/// next calls wait for. Charged in chunks of at most the burst (a single
+/// reservation cannot exceed it).
+fn charge<C: Clock>(buckets: &Scoped<String, C>, key: &String, mut units: u32) {
+    while units > 0 {
+        match buckets.reserve(key, units, Duration::MAX) {
+            Ok(_) => return,
+            Err(ReserveError::InsufficientCapacity { capacity, .. }) if capacity > 0 => {
+                let chunk = units.min(capacity);
+                if buckets.reserve(key, chunk, Duration::MAX).is_err() {
+                    return;
+                }
+                units -= chunk;
+            }
+            // Too many keys, or a debt beyond u64 nanoseconds: nothing
+            // more can be charged.
+            Err(_) => return,
+        }
+    }
+}

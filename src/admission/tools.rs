@@ -1,0 +1,139 @@
+//! The per-tool registry: each tool's pool, budget and learned server
+//! scope, created with the defaults on first use and bounded.
+
+use core::time::Duration;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use super::pools::{Pool, SlotPolicy};
+use super::throttled::{Status, Throttled};
+use crate::sync::{AtomicU32, Ordering};
+
+/// Configuration of one tool.
+#[derive(Clone, Debug)]
+pub(super) struct ToolConfig {
+    pub(super) cap: usize,
+    pub(super) policy: SlotPolicy,
+    pub(super) budget: Option<u32>,
+}
+
+pub(super) struct ToolState {
+    /// Created on first use with the defaults (not configured by name):
+    /// such a tool may be evicted once idle.
+    dynamic: bool,
+    pub(super) pool: Pool,
+    pub(super) policy: SlotPolicy,
+    /// Calls admitted in this run, against `budget`.
+    pub(super) used: AtomicU32,
+    pub(super) budget: Option<u32>,
+    /// The server scope (from limit headers) this tool was seen to fall
+    /// under, if any.
+    pub(super) server_scope: RwLock<Option<String>>,
+}
+
+impl ToolState {
+    /// Nobody but the registry holds it (no ticket, no admit in progress)
+    /// and evicting it loses no budget.
+    fn is_idle(self: &Arc<Self>) -> bool {
+        // Relaxed: read under the registry's write lock; a new holder must
+        // take the lock to get an `Arc`, so the count cannot grow meanwhile.
+        Arc::strong_count(self) == 1 && self.used.load(Ordering::Relaxed) == 0
+    }
+
+    pub(super) fn new(cfg: &ToolConfig, expected_latency: Duration, dynamic: bool) -> Self {
+        Self {
+            dynamic,
+            pool: Pool::new(cfg.cap, expected_latency),
+            policy: cfg.policy,
+            used: AtomicU32::new(0),
+            budget: cfg.budget,
+            server_scope: RwLock::new(None),
+        }
+    }
+}
+
+/// The tools of one admission layer.
+pub(super) struct Tools {
+    map: RwLock<HashMap<String, Arc<ToolState>>>,
+    /// At most this many tools created on first use.
+    max_dynamic: usize,
+    default: ToolConfig,
+    expected_latency: Duration,
+}
+
+impl Tools {
+    pub(super) fn new(
+        configured: HashMap<String, ToolConfig>,
+        default: ToolConfig,
+        max_dynamic: usize,
+        expected_latency: Duration,
+    ) -> Self {
+        let map = configured
+            .into_iter()
+            .map(|(name, cfg)| {
+                (
+                    name,
+                    Arc::new(ToolState::new(&cfg, expected_latency, false)),
+                )
+            })
+            .collect();
+        Self {
+            map: RwLock::new(map),
+            max_dynamic,
+            default,
+            expected_latency,
+        }
+    }
+
+    /// The state of `tool`, created with the defaults on first use.
+    ///
+    /// Tools not configured by name are capped at `max_dynamic`: at the cap,
+    /// the idle ones (no call admitted or waiting, no budget used this run)
+    /// are evicted first, and a new name is refused only if none is idle.
+    /// An evicted tool forgets its hold-time estimate and the server scope
+    /// it was seen under; both are learned again.
+    pub(super) fn get(&self, tool: &str) -> Result<Arc<ToolState>, Throttled> {
+        if let Some(t) = self.map.read().get(tool) {
+            return Ok(t.clone());
+        }
+        let mut tools = self.map.write();
+        if let Some(t) = tools.get(tool) {
+            return Ok(t.clone());
+        }
+        let dynamic = tools.values().filter(|t| t.dynamic).count();
+        if dynamic >= self.max_dynamic {
+            tools.retain(|_, t| !(t.dynamic && t.is_idle()));
+            let left = tools.values().filter(|t| t.dynamic).count();
+            if left >= self.max_dynamic {
+                return Err(Throttled::new(
+                    Status::Shed,
+                    format!("tool:{tool}"),
+                    format!(
+                        "{left} tools not configured by name are in use, the most this layer tracks; \
+                         retry once some finish, or configure the tool by name"
+                    ),
+                ));
+            }
+        }
+        let state = Arc::new(ToolState::new(&self.default, self.expected_latency, true));
+        tools.insert(tool.to_string(), state.clone());
+        Ok(state)
+    }
+
+    /// Closes every tool's pool (see `Admission::close`).
+    pub(super) fn close_all(&self) {
+        for tool in self.map.read().values() {
+            tool.pool.close();
+        }
+    }
+
+    /// Starts a new run: every tool's budget counts from zero.
+    pub(super) fn reset_budgets(&self) {
+        for t in self.map.read().values() {
+            // Relaxed: counters.
+            t.used.store(0, Ordering::Relaxed);
+        }
+    }
+}
