@@ -17,9 +17,9 @@ use crate::clock::Clock;
 use crate::headers::ServerHint;
 use crate::keyed::Scoped;
 
-/// At most this many credentials learn a rate at once; later ones keep
-/// their configured quota. Learned state is never evicted: forgetting it
-/// would send the next call at the starting guess again.
+/// At most this many credentials are tracked (and learn a rate); later
+/// ones keep their configured quota. Learned state is never evicted:
+/// forgetting it would send the next call at the starting guess again.
 pub(crate) const MAX_LEARNED: usize = 4096;
 
 /// The learned rates of an admission layer (empty with fixed rates).
@@ -31,7 +31,9 @@ pub(crate) struct Learned {
     default: Option<Quota>,
     /// Quotas set by name: each one's starting rate and ceiling.
     configured: HashMap<String, Quota>,
-    controllers: RwLock<HashMap<String, Arc<RateController>>>,
+    /// Every credential seen (its interned name, so a ticket names it
+    /// without allocating) and its controller (`None` with fixed rates).
+    known: RwLock<HashMap<Arc<str>, Option<Arc<RateController>>>>,
 }
 
 impl Learned {
@@ -44,55 +46,65 @@ impl Learned {
             adaptive,
             default,
             configured,
-            controllers: RwLock::new(HashMap::new()),
+            known: RwLock::new(HashMap::new()),
         }
     }
 
-    /// Makes sure `credential` learns its rate (if adaptive and there is
-    /// room), applying the controller's starting quota to `buckets` when it
-    /// is created.
+    /// The interned name of `credential`, registering it on first use: with
+    /// adaptive rates, its controller is created and its starting quota
+    /// applied to `buckets` before the first token is taken. Past
+    /// [`MAX_LEARNED`] credentials a fresh name is returned and nothing is
+    /// learned for it.
     #[inline]
     pub(crate) fn ensure<C: Clock>(
         &self,
         credential: &str,
         buckets: &Scoped<String, C>,
         clock: &C,
-    ) {
-        if self.adaptive.is_none() || self.controllers.read().contains_key(credential) {
-            return;
+    ) -> Arc<str> {
+        if let Some((name, _)) = self.known.read().get_key_value(credential) {
+            return name.clone();
         }
-        self.create(credential, buckets, clock.now_nanos());
+        self.create(credential, buckets, clock.now_nanos())
     }
 
     #[cold]
-    fn create<C: Clock>(&self, credential: &str, buckets: &Scoped<String, C>, now: u64) {
-        let Some(adaptive) = &self.adaptive else {
-            return;
-        };
-        let mut controllers = self.controllers.write();
-        if controllers.contains_key(credential) || controllers.len() >= MAX_LEARNED {
-            return;
+    fn create<C: Clock>(
+        &self,
+        credential: &str,
+        buckets: &Scoped<String, C>,
+        now: u64,
+    ) -> Arc<str> {
+        let mut known = self.known.write();
+        if let Some((name, _)) = known.get_key_value(credential) {
+            return name.clone();
         }
-        let cfg = match self.configured.get(credential).or(self.default.as_ref()) {
-            Some(q) => {
-                let rate = 1e9 / (q.period().as_nanos().max(1) as f64);
-                adaptive
-                    .clone()
-                    .initial(Some(rate))
-                    .max_rate(rate)
-                    .burst(q.burst().get())
-            }
-            None => adaptive.clone(),
-        };
-        let controller = Arc::new(cfg.controller(now));
-        // Refused only past the registry's cap of custom quotas: the
-        // credential then keeps the default quota, and learns nothing.
-        if buckets
-            .set_quota(&credential.to_string(), controller.quota())
-            .is_ok()
-        {
-            controllers.insert(credential.to_string(), controller);
+        let name: Arc<str> = Arc::from(credential);
+        if known.len() >= MAX_LEARNED {
+            return name;
         }
+        let controller = self.adaptive.as_ref().and_then(|adaptive| {
+            let cfg = match self.configured.get(credential).or(self.default.as_ref()) {
+                Some(q) => {
+                    let rate = 1e9 / (q.period().as_nanos().max(1) as f64);
+                    adaptive
+                        .clone()
+                        .initial(Some(rate))
+                        .max_rate(rate)
+                        .burst(q.burst().get())
+                }
+                None => adaptive.clone(),
+            };
+            let controller = Arc::new(cfg.controller(now));
+            // Refused only past the registry's cap of custom quotas: the
+            // credential then keeps the default quota, and learns nothing.
+            buckets
+                .set_quota(&credential.to_string(), controller.quota())
+                .is_ok()
+                .then_some(controller)
+        });
+        known.insert(name.clone(), controller);
+        name
     }
 
     /// Feeds one reply on `credential` (a request sent at `sent_at`) to its
@@ -117,7 +129,7 @@ impl Learned {
             // held, not learned as the credential's rate.
             return;
         }
-        let Some(controller) = self.controllers.read().get(credential).cloned() else {
+        let Some(Some(controller)) = self.known.read().get(credential).cloned() else {
             return;
         };
         let outcome = outcome(status, hint);
@@ -134,7 +146,11 @@ impl Learned {
 
     /// The rate `credential` runs at now, if it is learned.
     pub(crate) fn rate(&self, credential: &str) -> Option<f64> {
-        self.controllers.read().get(credential).map(|c| c.rate())
+        self.known
+            .read()
+            .get(credential)?
+            .as_ref()
+            .map(|c| c.rate())
     }
 }
 
@@ -179,7 +195,7 @@ impl core::fmt::Debug for Learned {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Learned")
             .field("adaptive", &self.adaptive.is_some())
-            .field("learned", &self.controllers.read().len())
+            .field("known", &self.known.read().len())
             .finish()
     }
 }

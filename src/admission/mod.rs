@@ -207,18 +207,15 @@ where
 
         // 4. Rate: every quota the call draws on, all or nothing, slept
         // inline within the threshold and the deadline.
-        if !inner.shared.contains_key(&spec.credential) {
-            inner
-                .learned
-                .ensure(&spec.credential, &inner.credentials, &inner.clock);
-        }
+        let credential = inner
+            .learned
+            .ensure(&spec.credential, &inner.credentials, &inner.clock);
         let reserved = self.take_rate(spec, &tool, deadline_at).await?;
 
         claim.keep();
         Ok(Ticket {
             admission: self.clone(),
-            tool_name: spec.tool.clone(),
-            credential: spec.credential.clone(),
+            credential,
             started_at: inner.clock.now_nanos(),
             held: reserved.keep(),
             tool,
@@ -368,6 +365,40 @@ where
     /// ```
     pub fn learned_rate(&self, credential: &str) -> Option<f64> {
         self.inner.learned.rate(credential)
+    }
+
+    /// How many units of the quota `name` (`"requests"`, or a weighted
+    /// quota given to [`Builder::resource`]) `credential` could take now
+    /// without waiting; `None` for a quota the layer does not have, or for
+    /// the requests of a credential whose quota is shared across processes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, CallSpec, ManualClock, Quota};
+    /// use std::num::NonZeroU32;
+    /// # futures::executor::block_on(async {
+    /// let admission = Admission::builder()
+    ///     .clock(ManualClock::new())
+    ///     .resource("tokens", Quota::per_minute(NonZeroU32::new(1_000).unwrap()))
+    ///     .build();
+    /// drop(admission.admit(&CallSpec::new("t", "key").cost("tokens", 300)).await.unwrap());
+    /// assert_eq!(admission.available("key", "tokens"), Some(700));
+    /// assert_eq!(admission.available("key", "bytes"), None);
+    /// # });
+    /// ```
+    pub fn available(&self, credential: &str, name: &str) -> Option<u32> {
+        let inner = &*self.inner;
+        let key = credential.to_string();
+        if name == rate::REQUESTS {
+            return (!inner.shared.contains_key(credential))
+                .then(|| inner.credentials.available(&key));
+        }
+        inner
+            .resources
+            .iter()
+            .find(|r| r.name == name)
+            .map(|r| r.buckets.available(&key))
     }
 
     /// The clock the layer's rate limits and deadlines run on.

@@ -43,8 +43,7 @@ where
 {
     pub(super) admission: Admission<S, C>,
     pub(super) tool: Arc<ToolState>,
-    pub(super) tool_name: String,
-    pub(super) credential: String,
+    pub(super) credential: Arc<str>,
     pub(super) started_at: u64,
     /// The cells reserved for the call, for `settle`.
     pub(super) held: SmallVec<[Held; 4]>,
@@ -78,7 +77,7 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
     /// ```
     pub fn observe(&self, status: u16, hint: &ServerHint) -> Option<Duration> {
         self.admission.observe_sent(
-            &self.tool_name,
+            &self.tool.name,
             &self.credential,
             status,
             hint,
@@ -137,7 +136,7 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
     /// # });
     /// ```
     pub fn tool(&self) -> &str {
-        &self.tool_name
+        &self.tool.name
     }
 }
 
@@ -153,7 +152,7 @@ impl<S: Sleeper, C: Clock> Drop for Ticket<S, C> {
 impl<S: Sleeper, C: Clock> fmt::Debug for Ticket<S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Ticket")
-            .field("tool", &self.tool_name)
+            .field("tool", &self.tool.name)
             .field("credential", &"<redacted>")
             .finish_non_exhaustive()
     }

@@ -20,6 +20,7 @@ pub(super) struct ToolConfig {
 }
 
 pub(super) struct ToolState {
+    pub(super) name: Arc<str>,
     /// Created on first use with the defaults (not configured by name):
     /// such a tool may be evicted once idle.
     dynamic: bool,
@@ -42,8 +43,14 @@ impl ToolState {
         Arc::strong_count(self) == 1 && self.used.load(Ordering::Relaxed) == 0
     }
 
-    pub(super) fn new(cfg: &ToolConfig, expected_latency: Duration, dynamic: bool) -> Self {
+    pub(super) fn new(
+        name: &str,
+        cfg: &ToolConfig,
+        expected_latency: Duration,
+        dynamic: bool,
+    ) -> Self {
         Self {
+            name: Arc::from(name),
             dynamic,
             pool: Pool::new(cfg.cap, expected_latency),
             policy: cfg.policy,
@@ -73,10 +80,8 @@ impl Tools {
         let map = configured
             .into_iter()
             .map(|(name, cfg)| {
-                (
-                    name,
-                    Arc::new(ToolState::new(&cfg, expected_latency, false)),
-                )
+                let state = Arc::new(ToolState::new(&name, &cfg, expected_latency, false));
+                (name, state)
             })
             .collect();
         Self {
@@ -117,7 +122,12 @@ impl Tools {
                 ));
             }
         }
-        let state = Arc::new(ToolState::new(&self.default, self.expected_latency, true));
+        let state = Arc::new(ToolState::new(
+            tool,
+            &self.default,
+            self.expected_latency,
+            true,
+        ));
         tools.insert(tool.to_string(), state.clone());
         Ok(state)
     }

@@ -1,0 +1,103 @@
+//! The success path of `admit` performs no heap allocation (issue #12
+//! item 6), once the tool and the credential have been seen: a counting
+//! global allocator, counting only on this test's thread.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+
+use backpressure::{Admission, CallSpec, ManualClock, ManualSleeper, Quota};
+
+struct Counting;
+
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+}
+
+// SAFETY: defers every operation to `System`; only counts calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.with(Cell::get) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: the caller's contract is `System::alloc`'s.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System.alloc` with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.with(Cell::get) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: as `System::realloc`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn admit_and_drop(admission: &Admission<ManualSleeper, ManualClock>, spec: &CallSpec) -> usize {
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    COUNTING.with(|c| c.set(true));
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let ticket = match pin!(admission.admit(spec)).as_mut().poll(&mut cx) {
+        Poll::Ready(Ok(t)) => t,
+        other => panic!("not admitted at once: {:?}", other.map(|r| r.map(|_| ()))),
+    };
+    drop(ticket);
+    let n = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    COUNTING.with(|c| c.set(false));
+    n
+}
+
+#[test]
+fn admit_and_drop_allocate_nothing_once_warm() {
+    let clock = ManualClock::new();
+    let per_sec = |n| Quota::per_second(NonZeroU32::new(n).unwrap());
+    for adaptive in [true, false] {
+        let builder = Admission::builder()
+            .sleeper(ManualSleeper::new(clock.clone()))
+            .clock(clock.clone())
+            .default_quota(per_sec(1_000_000))
+            .resource("tokens", per_sec(1_000_000))
+            .resource("input_tokens", per_sec(1_000_000))
+            .resource("output_tokens", per_sec(1_000_000));
+        let admission = if adaptive {
+            builder.build()
+        } else {
+            builder.fixed_rates().build()
+        };
+        let plain = CallSpec::new("search", "key");
+        let weighted = CallSpec::new("complete", "key")
+            .cost("tokens", 10)
+            .cost("input_tokens", 5)
+            .cost("output_tokens", 5);
+        // The first calls create the tool and credential entries.
+        admit_and_drop(&admission, &plain);
+        admit_and_drop(&admission, &weighted);
+        for _ in 0..100 {
+            assert_eq!(
+                admit_and_drop(&admission, &plain),
+                0,
+                "adaptive: {adaptive}"
+            );
+            assert_eq!(
+                admit_and_drop(&admission, &weighted),
+                0,
+                "adaptive: {adaptive}"
+            );
+        }
+    }
+}

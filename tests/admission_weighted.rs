@@ -1,0 +1,197 @@
+//! Weighted quotas per credential (issue #12 item 3): requests *and* tokens
+//! (and input tokens), reserved all or nothing, refunded when a call is
+//! refused or dropped, settled against the actual usage, and held back by
+//! a server hint of the same name alone. Manual clock: exact counts.
+
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::pin::pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use backpressure::{Admission, CallSpec, ManualClock, ManualSleeper, Quota, ServerHint, Status};
+
+fn per_minute(n: u32) -> Quota {
+    Quota::per_minute(NonZeroU32::new(n).unwrap())
+}
+
+fn layer() -> (ManualSleeper, Admission<ManualSleeper, ManualClock>) {
+    let clock = ManualClock::new();
+    let sleeper = ManualSleeper::new(clock.clone());
+    let admission = Admission::builder()
+        .sleeper(sleeper.clone())
+        .clock(clock)
+        .fixed_rates()
+        .default_quota(Quota::per_second(NonZeroU32::new(10).unwrap()))
+        .resource("tokens", per_minute(10_000))
+        .resource("input_tokens", per_minute(6_000))
+        .build();
+    (sleeper, admission)
+}
+
+fn left(a: &Admission<ManualSleeper, ManualClock>) -> [u32; 3] {
+    [
+        a.available("key", "requests").unwrap(),
+        a.available("key", "tokens").unwrap(),
+        a.available("key", "input_tokens").unwrap(),
+    ]
+}
+
+fn now<F: Future>(f: F) -> Poll<F::Output> {
+    let waker = futures::task::noop_waker();
+    pin!(f).as_mut().poll(&mut Context::from_waker(&waker))
+}
+
+#[test]
+fn a_three_quota_call_takes_all_or_nothing() {
+    let (_s, a) = layer();
+    let spec = CallSpec::new("complete", "key")
+        .cost("tokens", 4_000)
+        .cost("input_tokens", 3_500);
+    let Poll::Ready(Ok(t)) = now(a.admit(&spec)) else {
+        panic!("fits")
+    };
+    drop(t);
+    assert_eq!(left(&a), [9, 6_000, 2_500]);
+    // Tokens would fit (6,000 left) but input tokens would not (2,500 left,
+    // refilling at 100/s: a wait far past the inline 2 s): refused, and
+    // neither the request nor the tokens are taken.
+    let Poll::Ready(Err(t)) = now(a.admit(&spec)) else {
+        panic!("refused at once")
+    };
+    assert_eq!(t.status, Status::RateLimited);
+    assert_eq!(t.scope, "quota:input_tokens");
+    assert!(t.retry_after_ms.is_some());
+    assert_eq!(left(&a), [9, 6_000, 2_500], "nothing consumed by a refusal");
+    // More than a quota ever holds is a quota problem, not a wait.
+    let huge = CallSpec::new("complete", "key").cost("tokens", 20_000);
+    let Poll::Ready(Err(t)) = now(a.admit(&huge)) else {
+        panic!("refused")
+    };
+    assert_eq!(t.status, Status::QuotaExhausted);
+    assert_eq!(left(&a), [9, 6_000, 2_500]);
+}
+
+#[test]
+fn a_dropped_admit_gives_every_reservation_back() {
+    let (sleeper, a) = layer();
+    // Drain the requests so the next call sleeps for its request slot
+    // while holding its token reservations.
+    for _ in 0..10 {
+        let Poll::Ready(Ok(t)) = now(a.admit(&CallSpec::new("t", "key"))) else {
+            panic!()
+        };
+        drop(t);
+    }
+    let spec = CallSpec::new("complete", "key")
+        .cost("tokens", 2_000)
+        .cost("input_tokens", 1_000);
+    {
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut admit = pin!(a.admit(&spec));
+        assert!(admit.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(left(&a), [0, 8_000, 5_000], "reserved while it sleeps");
+        sleeper.advance(Duration::from_millis(50));
+        assert!(admit.as_mut().poll(&mut cx).is_pending());
+    } // dropped here, before its instant
+    assert_eq!(left(&a), [0, 10_000, 6_000], "every reservation came back");
+}
+
+#[test]
+fn settle_charges_the_excess_and_refunds_the_surplus() {
+    let (_s, a) = layer();
+    let spec = CallSpec::new("complete", "key").cost("tokens", 3_000);
+    let Poll::Ready(Ok(t)) = now(a.admit(&spec)) else {
+        panic!()
+    };
+    assert_eq!(t.settle("tokens", 1_000), -2_000);
+    assert_eq!(a.available("key", "tokens"), Some(9_000));
+    // A second settle compares against the estimate again, but the refund
+    // is spent: nothing more comes back.
+    assert_eq!(t.settle("tokens", 500), 0);
+    drop(t);
+
+    let Poll::Ready(Ok(t)) = now(a.admit(&spec)) else {
+        panic!()
+    };
+    assert_eq!(a.available("key", "tokens"), Some(6_000));
+    assert_eq!(
+        t.settle("tokens", 5_000),
+        2_000,
+        "2,000 more than estimated"
+    );
+    assert_eq!(a.available("key", "tokens"), Some(4_000));
+    // Excess beyond what is left becomes debt the next call waits for.
+    assert_eq!(t.settle("tokens", 10_000), 7_000);
+    assert_eq!(a.available("key", "tokens"), Some(0));
+    assert_eq!(t.settle("bytes", 10), 0, "not admitted for it");
+    drop(t);
+    let small = CallSpec::new("complete", "key").cost("tokens", 100);
+    let Poll::Ready(Err(refused)) = now(a.admit(&small)) else {
+        panic!("in debt")
+    };
+    assert_eq!(refused.scope, "quota:tokens");
+}
+
+#[test]
+fn a_refund_after_another_reservation_is_not_given() {
+    let (_s, a) = layer();
+    let spec = CallSpec::new("complete", "key").cost("tokens", 3_000);
+    let Poll::Ready(Ok(first)) = now(a.admit(&spec)) else {
+        panic!()
+    };
+    let Poll::Ready(Ok(second)) = now(a.admit(&spec)) else {
+        panic!()
+    };
+    // `second` is stacked on `first`: refunding `first` could free cells
+    // `second` holds, so it is refused (errs towards admitting less).
+    assert_eq!(first.settle("tokens", 0), 0);
+    assert_eq!(second.settle("tokens", 0), -3_000);
+    assert_eq!(a.available("key", "tokens"), Some(7_000));
+}
+
+#[test]
+fn a_spent_tokens_hint_holds_back_only_the_tokens_quota() {
+    let (_s, a) = layer();
+    for headers in [
+        [
+            ("x-ratelimit-remaining-tokens", "0"),
+            ("x-ratelimit-reset-tokens", "30s"),
+        ],
+        [
+            ("anthropic-ratelimit-tokens-remaining", "0"),
+            ("anthropic-ratelimit-tokens-reset", "30"),
+        ],
+    ] {
+        let (_s, a2) = layer();
+        let hint = ServerHint::from_headers(headers, SystemTime::now());
+        assert!(hint
+            .policies
+            .iter()
+            .any(|p| p.name.as_deref() == Some("tokens")));
+        assert_eq!(
+            a2.observe("complete", "key", 200, &hint),
+            None,
+            "{headers:?}"
+        );
+        // A call that needs tokens waits for the reset: refused now.
+        let Poll::Ready(Err(t)) =
+            now(a2.admit(&CallSpec::new("complete", "key").cost("tokens", 1)))
+        else {
+            panic!("{headers:?}")
+        };
+        assert_eq!(t.scope, "quota:tokens");
+        assert!(t.retry_after_ms.unwrap() >= 29_000, "{t:?}");
+        // One that needs none goes at once; so do input tokens.
+        let Poll::Ready(Ok(_)) = now(a2.admit(&CallSpec::new("list", "key"))) else {
+            panic!("{headers:?}")
+        };
+        let Poll::Ready(Ok(_)) =
+            now(a2.admit(&CallSpec::new("embed", "key").cost("input_tokens", 10)))
+        else {
+            panic!("{headers:?}")
+        };
+    }
+    drop(a);
+}
