@@ -37,7 +37,7 @@
 #![doc(test(attr(deny(warnings))))]
 
 pub mod adaptive;
-mod admission;
+pub mod admission;
 mod backoff;
 mod bucket;
 mod clock;

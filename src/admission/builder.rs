@@ -576,6 +576,7 @@ impl<S, C> Builder<S, C> {
                 run_budget: self.cfg.run_budget,
                 run_used: AtomicU32::new(0),
                 closed: AtomicBool::new(false),
+                counters: Default::default(),
                 closed_signal: crate::semaphore::Semaphore::new(0),
                 shared: self.cfg.shared,
                 pending: parking_lot::Mutex::new(HashMap::new()),

@@ -17,6 +17,8 @@ use crate::clock::Clock;
 use crate::headers::ServerHint;
 use crate::keyed::Scoped;
 
+use super::stats::Counters;
+
 /// At most this many credentials are tracked (and learn a rate); later
 /// ones keep their configured quota. Learned state is never evicted:
 /// forgetting it would send the next call at the starting guess again.
@@ -31,9 +33,9 @@ pub(crate) struct Learned {
     default: Option<Quota>,
     /// Quotas set by name: each one's starting rate and ceiling.
     configured: HashMap<String, Quota>,
-    /// Every credential seen (its interned name, so a ticket names it
-    /// without allocating) and its controller (`None` with fixed rates).
-    known: RwLock<HashMap<Arc<str>, Option<Arc<RateController>>>>,
+    /// Every credential seen: its interned name (so a ticket names it
+    /// without allocating), its controller and its counters.
+    known: RwLock<HashMap<Arc<str>, Arc<CredentialState>>>,
 }
 
 impl Learned {
@@ -61,9 +63,9 @@ impl Learned {
         credential: &str,
         buckets: &Scoped<String, C>,
         clock: &C,
-    ) -> Arc<str> {
-        if let Some((name, _)) = self.known.read().get_key_value(credential) {
-            return name.clone();
+    ) -> Arc<CredentialState> {
+        if let Some(state) = self.known.read().get(credential) {
+            return state.clone();
         }
         self.create(credential, buckets, clock.now_nanos())
     }
@@ -74,14 +76,14 @@ impl Learned {
         credential: &str,
         buckets: &Scoped<String, C>,
         now: u64,
-    ) -> Arc<str> {
+    ) -> Arc<CredentialState> {
         let mut known = self.known.write();
-        if let Some((name, _)) = known.get_key_value(credential) {
-            return name.clone();
+        if let Some(state) = known.get(credential) {
+            return state.clone();
         }
         let name: Arc<str> = Arc::from(credential);
         if known.len() >= MAX_LEARNED {
-            return name;
+            return Arc::new(CredentialState::new(name, None));
         }
         let controller = self.adaptive.as_ref().and_then(|adaptive| {
             let cfg = match self.configured.get(credential).or(self.default.as_ref()) {
@@ -103,8 +105,9 @@ impl Learned {
                 .is_ok()
                 .then_some(controller)
         });
-        known.insert(name.clone(), controller);
-        name
+        let state = Arc::new(CredentialState::new(name.clone(), controller));
+        known.insert(name, state.clone());
+        state
     }
 
     /// Feeds one reply on `credential` (a request sent at `sent_at`) to its
@@ -129,7 +132,12 @@ impl Learned {
             // held, not learned as the credential's rate.
             return;
         }
-        let Some(Some(controller)) = self.known.read().get(credential).cloned() else {
+        let Some(controller) = self
+            .known
+            .read()
+            .get(credential)
+            .and_then(|s| s.controller.clone())
+        else {
             return;
         };
         let outcome = outcome(status, hint);
@@ -146,11 +154,39 @@ impl Learned {
 
     /// The rate `credential` runs at now, if it is learned.
     pub(crate) fn rate(&self, credential: &str) -> Option<f64> {
-        self.known
-            .read()
-            .get(credential)?
-            .as_ref()
-            .map(|c| c.rate())
+        self.known.read().get(credential)?.rate()
+    }
+
+    /// The credential `name`, if it is tracked (never registers it).
+    pub(crate) fn peek(&self, name: &str) -> Option<Arc<CredentialState>> {
+        self.known.read().get(name).cloned()
+    }
+
+    /// Every credential tracked, for `Admission::stats`.
+    pub(crate) fn all(&self) -> Vec<Arc<CredentialState>> {
+        self.known.read().values().cloned().collect()
+    }
+}
+
+/// One credential the layer has seen.
+pub(crate) struct CredentialState {
+    pub(crate) name: Arc<str>,
+    controller: Option<Arc<RateController>>,
+    pub(crate) counters: Counters,
+}
+
+impl CredentialState {
+    fn new(name: Arc<str>, controller: Option<Arc<RateController>>) -> Self {
+        Self {
+            name,
+            controller,
+            counters: Counters::default(),
+        }
+    }
+
+    /// The rate it runs at now, if it is learned.
+    pub(crate) fn rate(&self) -> Option<f64> {
+        self.controller.as_ref().map(|c| c.rate())
     }
 }
 

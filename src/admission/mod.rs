@@ -29,6 +29,7 @@ mod rate;
 mod runner;
 mod shared;
 mod spec;
+mod stats;
 mod throttled;
 mod ticket;
 mod tools;
@@ -50,6 +51,7 @@ pub use pools::SlotPolicy;
 pub use runner::{AttemptFuture, Call, CallResult, Reply, Runner};
 pub use shared::{SharedFuture, SharedLimiter};
 pub use spec::{concurrency_for, CallSpec, Kind};
+pub use stats::{AdmissionStats, CredentialStats, Refusals, ToolStats};
 pub(crate) use throttled::Human;
 pub use throttled::{Status, Throttled};
 pub use ticket::Ticket;
@@ -76,6 +78,8 @@ struct Inner<S, C: Clock> {
     run_budget: Option<u32>,
     run_used: AtomicU32,
     closed: AtomicBool,
+    /// Every decision, whether or not its tool or credential was known.
+    counters: stats::Counters,
     /// Never holds a permit: `close` closes it, which wakes every call
     /// sleeping for a rate token or a retry (they race its `acquire`).
     closed_signal: Semaphore,
@@ -168,13 +172,28 @@ where
     /// ```
     pub async fn admit(&self, spec: &CallSpec) -> Result<Ticket<S, C>, Throttled> {
         let started = self.inner.clock.now_nanos();
+        let inner = &*self.inner;
         let admitted = self.stages(spec, started).await;
         match &admitted {
-            Ok(_) => self.decided_ok(
-                spec,
-                Duration::from_nanos(self.inner.clock.now_nanos().saturating_sub(started)),
-            ),
-            Err(t) => self.decided(spec, t),
+            Ok(ticket) => {
+                inner.counters.admitted();
+                ticket.tool.counters.admitted();
+                ticket.credential.counters.admitted();
+                self.decided_ok(
+                    spec,
+                    Duration::from_nanos(inner.clock.now_nanos().saturating_sub(started)),
+                );
+            }
+            Err(t) => {
+                inner.counters.refused(t.status);
+                if let Some(tool) = inner.tools.peek(&spec.tool) {
+                    tool.counters.refused(t.status);
+                }
+                if let Some(credential) = inner.learned.peek(&spec.credential) {
+                    credential.counters.refused(t.status);
+                }
+                self.decided(spec, t);
+            }
         }
         admitted
     }

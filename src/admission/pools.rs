@@ -94,6 +94,23 @@ impl Pool {
         self.sem.close();
     }
 
+    /// Calls holding a slot now.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.cap.saturating_sub(self.sem.available_permits())
+    }
+
+    /// Calls waiting for a slot now.
+    pub(crate) fn waiting(&self) -> usize {
+        // Relaxed: advisory.
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// The running mean of how long a slot is held.
+    pub(crate) fn mean_hold(&self) -> Duration {
+        // Relaxed: advisory.
+        Duration::from_nanos(self.hold_ns.load(Ordering::Relaxed))
+    }
+
     /// Folds one observed hold time into the mean (weight 1/8).
     pub(crate) fn record_hold(&self, held: Duration) {
         let sample = crate::clock::saturating_nanos(held);

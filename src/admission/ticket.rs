@@ -12,6 +12,7 @@ use crate::sleep::{Sleeper, ThreadSleeper};
 
 use smallvec::SmallVec;
 
+use super::learned::CredentialState;
 use super::rate::Held;
 use super::tools::ToolState;
 use super::Admission;
@@ -43,7 +44,7 @@ where
 {
     pub(super) admission: Admission<S, C>,
     pub(super) tool: Arc<ToolState>,
-    pub(super) credential: Arc<str>,
+    pub(super) credential: Arc<CredentialState>,
     pub(super) started_at: u64,
     /// The cells reserved for the call, for `settle`.
     pub(super) held: SmallVec<[Held; 4]>,
@@ -78,7 +79,7 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
     pub fn observe(&self, status: u16, hint: &ServerHint) -> Option<Duration> {
         self.admission.observe_sent(
             &self.tool.name,
-            &self.credential,
+            &self.credential.name,
             status,
             hint,
             self.started_at,
@@ -120,7 +121,7 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
     /// ```
     pub fn settle(&self, name: &str, actual: u32) -> i64 {
         self.admission
-            .settle(&self.credential, &self.held, name, actual)
+            .settle(&self.credential.name, &self.held, name, actual)
     }
 
     /// The tool this ticket admits.
@@ -145,6 +146,9 @@ impl<S: Sleeper, C: Clock> Drop for Ticket<S, C> {
         let now = self.admission.inner.clock.now_nanos();
         let held = Duration::from_nanos(now.saturating_sub(self.started_at));
         self.tool.pool.record_hold(held);
+        self.tool.counters.finished();
+        self.credential.counters.finished();
+        self.admission.inner.counters.finished();
         self.admission.inner.global.record_hold(held);
     }
 }

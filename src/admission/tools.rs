@@ -8,6 +8,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use super::pools::{Pool, SlotPolicy};
+use super::stats::Counters;
 use super::throttled::{Status, Throttled};
 use crate::sync::{AtomicU32, Ordering};
 
@@ -32,6 +33,7 @@ pub(super) struct ToolState {
     /// The server scope (from limit headers) this tool was seen to fall
     /// under, if any.
     pub(super) server_scope: RwLock<Option<String>>,
+    pub(super) counters: Counters,
 }
 
 impl ToolState {
@@ -57,6 +59,7 @@ impl ToolState {
             used: AtomicU32::new(0),
             budget: cfg.budget,
             server_scope: RwLock::new(None),
+            counters: Counters::default(),
         }
     }
 }
@@ -130,6 +133,16 @@ impl Tools {
         ));
         tools.insert(tool.to_string(), state.clone());
         Ok(state)
+    }
+
+    /// The tool `name`, if it is registered (never creates it).
+    pub(super) fn peek(&self, name: &str) -> Option<Arc<ToolState>> {
+        self.map.read().get(name).cloned()
+    }
+
+    /// Every registered tool.
+    pub(super) fn all(&self) -> Vec<Arc<ToolState>> {
+        self.map.read().values().cloned().collect()
     }
 
     /// Closes every tool's pool (see `Admission::close`).

@@ -1,0 +1,264 @@
+//! Numbers a harness can watch: [`Admission::stats`] returns a snapshot
+//! per tool and per credential; each counter is one relaxed atomic, bumped
+//! once per decision.
+
+use core::time::Duration;
+
+use super::throttled::Status;
+use super::Admission;
+use crate::clock::Clock;
+use crate::sleep::Sleeper;
+use crate::sync::{AtomicU64, AtomicUsize, Ordering};
+
+/// The live counters of a tool or a credential.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    admitted: AtomicU64,
+    in_flight: AtomicUsize,
+    refused: [AtomicU64; 6],
+}
+
+impl Counters {
+    /// A ticket was issued.
+    pub(crate) fn admitted(&self) {
+        // Relaxed (all counters): statistics; they order no other memory.
+        self.admitted.fetch_add(1, Ordering::Relaxed);
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A ticket was dropped.
+    pub(crate) fn finished(&self) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn refused(&self, status: Status) {
+        self.refused[index(status)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn refusals(&self) -> Refusals {
+        let n = |s| self.refused[index(s)].load(Ordering::Relaxed);
+        Refusals {
+            rate_limited: n(Status::RateLimited),
+            shed: n(Status::Shed),
+            timed_out: n(Status::TimedOut),
+            closed: n(Status::Closed),
+            budget_exhausted: n(Status::BudgetExhausted),
+            quota_exhausted: n(Status::QuotaExhausted),
+        }
+    }
+}
+
+fn index(status: Status) -> usize {
+    match status {
+        Status::RateLimited => 0,
+        Status::Shed => 1,
+        Status::TimedOut => 2,
+        Status::Closed => 3,
+        Status::BudgetExhausted => 4,
+        Status::QuotaExhausted => 5,
+    }
+}
+
+/// Refused calls, by [`Status`].
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{Admission, CallSpec, Status};
+/// # futures::executor::block_on(async {
+/// let admission = Admission::builder().run_budget(0).build();
+/// let _ = admission.admit(&CallSpec::new("search", "key")).await;
+/// let stats = admission.stats();
+/// assert_eq!(stats.refused.budget_exhausted, 1);
+/// assert_eq!(stats.refused.get(Status::BudgetExhausted), 1);
+/// assert_eq!(stats.refused.total(), 1);
+/// # });
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct Refusals {
+    /// `rate_limited`.
+    pub rate_limited: u64,
+    /// `shed`.
+    pub shed: u64,
+    /// `timed_out`.
+    pub timed_out: u64,
+    /// `closed`.
+    pub closed: u64,
+    /// `budget_exhausted`.
+    pub budget_exhausted: u64,
+    /// `quota_exhausted`.
+    pub quota_exhausted: u64,
+}
+
+impl Refusals {
+    /// The count for `status`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{admission::Refusals, Status};
+    /// assert_eq!(Refusals::default().get(Status::Shed), 0);
+    /// ```
+    pub fn get(&self, status: Status) -> u64 {
+        match status {
+            Status::RateLimited => self.rate_limited,
+            Status::Shed => self.shed,
+            Status::TimedOut => self.timed_out,
+            Status::Closed => self.closed,
+            Status::BudgetExhausted => self.budget_exhausted,
+            Status::QuotaExhausted => self.quota_exhausted,
+        }
+    }
+
+    /// All refusals.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::Refusals;
+    /// assert_eq!(Refusals::default().total(), 0);
+    /// ```
+    pub fn total(&self) -> u64 {
+        self.rate_limited
+            + self.shed
+            + self.timed_out
+            + self.closed
+            + self.budget_exhausted
+            + self.quota_exhausted
+    }
+}
+
+/// A snapshot of one tool (see [`Admission::stats`]).
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct ToolStats {
+    /// The tool's name.
+    pub name: String,
+    /// Its concurrency cap.
+    pub cap: usize,
+    /// Calls holding one of its slots now.
+    pub in_flight: usize,
+    /// Calls waiting for one of its slots now.
+    pub waiting: usize,
+    /// Calls admitted since the layer was built.
+    pub admitted: u64,
+    /// Calls refused, by status.
+    pub refused: Refusals,
+    /// The running mean of how long a call holds its slot.
+    pub mean_hold: Duration,
+    /// What a call shed now would be told to wait (Little's law over the
+    /// calls waiting and the mean hold).
+    pub drain_estimate: Duration,
+}
+
+/// A snapshot of one credential (see [`Admission::stats`]).
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct CredentialStats {
+    /// The credential, as given in `CallSpec::credential`: redact it before
+    /// it leaves the process if it is a secret.
+    pub credential: String,
+    /// Calls on it holding a ticket now.
+    pub in_flight: usize,
+    /// Calls admitted since the layer was built.
+    pub admitted: u64,
+    /// Calls refused, by status.
+    pub refused: Refusals,
+    /// The rate learned from the server (requests per second), if any.
+    pub learned_rate: Option<f64>,
+    /// Requests it could start now without waiting.
+    pub available: Option<u32>,
+}
+
+/// A snapshot of the whole layer: see [`Admission::stats`].
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct AdmissionStats {
+    /// Calls holding a global slot now.
+    pub in_flight: usize,
+    /// Calls waiting for a slot now (against the queue capacity).
+    pub waiting: usize,
+    /// Calls admitted since the layer was built.
+    pub admitted: u64,
+    /// Calls refused, by status (including those refused before their tool
+    /// or credential was known, e.g. after `close`).
+    pub refused: Refusals,
+    /// Every tool seen, by name.
+    pub tools: Vec<ToolStats>,
+    /// Every credential seen (up to the registry's cap), by name.
+    pub credentials: Vec<CredentialStats>,
+}
+
+impl<S: Sleeper, C: Clock> Admission<S, C> {
+    /// A snapshot of what the layer is doing and has done, per tool and per
+    /// credential, sorted by name. Each number is read on its own (relaxed):
+    /// a snapshot taken while calls run is not one instant.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, CallSpec, SlotPolicy, Status};
+    /// # futures::executor::block_on(async {
+    /// let admission = Admission::builder().tool("refund", 1, SlotPolicy::FailFast).build();
+    /// let running = admission.admit(&CallSpec::new("refund", "key")).await.unwrap();
+    /// let shed = admission.admit(&CallSpec::new("refund", "key")).await.unwrap_err();
+    /// assert_eq!(shed.status, Status::Shed);
+    ///
+    /// let stats = admission.stats();
+    /// let refund = stats.tools.iter().find(|t| t.name == "refund").unwrap();
+    /// assert_eq!((refund.in_flight, refund.admitted, refund.refused.shed), (1, 1, 1));
+    /// assert_eq!(stats.credentials[0].in_flight, 1);
+    /// drop(running);
+    /// assert_eq!(admission.stats().in_flight, 0);
+    /// # });
+    /// ```
+    pub fn stats(&self) -> AdmissionStats {
+        let inner = &*self.inner;
+        let mut tools: Vec<ToolStats> = inner
+            .tools
+            .all()
+            .into_iter()
+            .map(|t| {
+                let waiting = t.pool.waiting();
+                ToolStats {
+                    name: t.name.to_string(),
+                    cap: t.pool.cap,
+                    in_flight: t.pool.in_flight(),
+                    waiting,
+                    admitted: t.counters.admitted.load(Ordering::Relaxed),
+                    refused: t.counters.refusals(),
+                    mean_hold: t.pool.mean_hold(),
+                    drain_estimate: t.pool.drain_estimate(waiting),
+                }
+            })
+            .collect();
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut credentials: Vec<CredentialStats> = inner
+            .learned
+            .all()
+            .into_iter()
+            .map(|c| CredentialStats {
+                credential: c.name.to_string(),
+                in_flight: c.counters.in_flight.load(Ordering::Relaxed),
+                admitted: c.counters.admitted.load(Ordering::Relaxed),
+                refused: c.counters.refusals(),
+                learned_rate: c.rate(),
+                available: self.available(&c.name, super::rate::REQUESTS),
+            })
+            .collect();
+        credentials.sort_by(|a, b| a.credential.cmp(&b.credential));
+        AdmissionStats {
+            in_flight: inner.global.in_flight(),
+            waiting: self.waiting(),
+            admitted: inner.counters.admitted.load(Ordering::Relaxed),
+            refused: inner.counters.refusals(),
+            tools,
+            credentials,
+        }
+    }
+}

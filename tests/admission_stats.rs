@@ -1,0 +1,102 @@
+//! `Admission::stats` counts what a throttling fake saw (issue #12 item 5):
+//! every request the fake served was an admitted call, every refusal is
+//! counted under its status, per tool and per credential.
+
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::pin::pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use backpressure::{Admission, CallSpec, ManualClock, ManualSleeper, Quota, SlotPolicy, Status};
+
+fn now<F: Future>(f: F) -> Poll<F::Output> {
+    let waker = futures::task::noop_waker();
+    pin!(f).as_mut().poll(&mut Context::from_waker(&waker))
+}
+
+#[test]
+fn stats_count_admissions_and_refusals_per_tool_and_credential() {
+    let clock = ManualClock::new();
+    let admission = Admission::builder()
+        .sleeper(ManualSleeper::new(clock.clone()))
+        .clock(clock.clone())
+        .fixed_rates()
+        .default_quota(Quota::per_second(NonZeroU32::new(3).unwrap()))
+        .inline_wait(Duration::ZERO)
+        .tool("refund", 1, SlotPolicy::FailFast)
+        .build();
+    // The fake: counts the requests it serves.
+    let mut served = 0;
+    let mut held = Vec::new();
+    for i in 0..5 {
+        match now(admission.admit(&CallSpec::new("search", "a"))) {
+            Poll::Ready(Ok(t)) => {
+                served += 1;
+                held.push(t);
+            }
+            Poll::Ready(Err(t)) => assert_eq!(t.status, Status::RateLimited, "call {i}"),
+            Poll::Pending => panic!("no wait inline"),
+        }
+    }
+    let Poll::Ready(Ok(refund)) = now(admission.admit(&CallSpec::new("refund", "b"))) else {
+        panic!()
+    };
+    served += 1;
+    let Poll::Ready(Err(shed)) = now(admission.admit(&CallSpec::new("refund", "b"))) else {
+        panic!()
+    };
+    assert_eq!(shed.status, Status::Shed);
+
+    let stats = admission.stats();
+    assert_eq!(stats.admitted, served);
+    assert_eq!(stats.in_flight, 4);
+    assert_eq!(stats.refused.rate_limited, 2);
+    assert_eq!(stats.refused.shed, 1);
+    assert_eq!(stats.refused.total(), 3);
+    let names: Vec<_> = stats.tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["refund", "search"]);
+    let (refund_s, search) = (&stats.tools[0], &stats.tools[1]);
+    assert_eq!(
+        (
+            search.admitted,
+            search.in_flight,
+            search.refused.rate_limited
+        ),
+        (3, 3, 2)
+    );
+    assert_eq!(
+        (
+            refund_s.admitted,
+            refund_s.in_flight,
+            refund_s.refused.shed,
+            refund_s.cap
+        ),
+        (1, 1, 1, 1)
+    );
+    let (a, b) = (&stats.credentials[0], &stats.credentials[1]);
+    assert_eq!(
+        (
+            a.credential.as_str(),
+            a.admitted,
+            a.refused.rate_limited,
+            a.available
+        ),
+        ("a", 3, 2, Some(0))
+    );
+    assert_eq!(
+        (b.credential.as_str(), b.admitted, b.refused.shed),
+        ("b", 1, 1)
+    );
+    assert_eq!(a.learned_rate, None, "fixed rates");
+
+    drop(held);
+    drop(refund);
+    let stats = admission.stats();
+    assert_eq!(stats.in_flight, 0);
+    assert!(stats.tools.iter().all(|t| t.in_flight == 0));
+    assert!(stats.credentials.iter().all(|c| c.in_flight == 0));
+    admission.close();
+    let _ = now(admission.admit(&CallSpec::new("search", "a")));
+    assert_eq!(admission.stats().refused.closed, 1);
+}
