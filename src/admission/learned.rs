@@ -35,7 +35,7 @@ pub(crate) struct Learned {
     configured: HashMap<String, Quota>,
     /// Every credential seen: its interned name (so a ticket names it
     /// without allocating), its controller and its counters.
-    known: RwLock<HashMap<Arc<str>, Arc<CredentialState>>>,
+    known: RwLock<HashMap<Arc<str>, Arc<CredentialState>, ahash::RandomState>>,
 }
 
 impl Learned {
@@ -48,7 +48,7 @@ impl Learned {
             adaptive,
             default,
             configured,
-            known: RwLock::new(HashMap::new()),
+            known: RwLock::new(HashMap::default()),
         }
     }
 

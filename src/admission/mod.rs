@@ -44,7 +44,7 @@ use crate::clock::{saturating_nanos, Clock, DefaultClock};
 use crate::keyed::Scoped;
 use crate::semaphore::Semaphore;
 use crate::sleep::{Sleeper, ThreadSleeper};
-use crate::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 pub use builder::Builder;
 pub use pools::SlotPolicy;
@@ -78,8 +78,10 @@ struct Inner<S, C: Clock> {
     run_budget: Option<u32>,
     run_used: AtomicU32,
     closed: AtomicBool,
-    /// Every decision, whether or not its tool or credential was known.
-    counters: stats::Counters,
+    /// Calls admitted, and refusals whether or not their tool or credential
+    /// was known (in flight is the global pool's).
+    admitted: AtomicU64,
+    refused: stats::Counters,
     /// Never holds a permit: `close` closes it, which wakes every call
     /// sleeping for a rate token or a retry (they race its `acquire`).
     closed_signal: Semaphore,
@@ -176,16 +178,14 @@ where
         let admitted = self.stages(spec, started).await;
         match &admitted {
             Ok(ticket) => {
-                inner.counters.admitted();
-                ticket.tool.counters.admitted();
-                ticket.credential.counters.admitted();
-                self.decided_ok(
-                    spec,
-                    Duration::from_nanos(inner.clock.now_nanos().saturating_sub(started)),
-                );
+                // Relaxed: a statistic.
+                inner.admitted.fetch_add(1, Ordering::Relaxed);
+                ticket.tool.counters.admitted(false);
+                ticket.credential.counters.admitted(true);
+                self.decided_ok(spec, started, ticket.started_at);
             }
             Err(t) => {
-                inner.counters.refused(t.status);
+                inner.refused.refused(t.status);
                 if let Some(tool) = inner.tools.peek(&spec.tool) {
                     tool.counters.refused(t.status);
                 }
@@ -210,32 +210,39 @@ where
         // 2. Budget: the run's and the tool's, given back unless kept.
         let claim = budget::claim(&inner.run_used, inner.run_budget, &tool, &spec.tool)?;
 
-        // 3. Slots: the tool's, then the global one, until the deadline.
-        let remaining = Duration::from_nanos(deadline_at.saturating_sub(inner.clock.now_nanos()));
-        let timeout = core::pin::pin!(inner.sleeper.sleep(remaining));
-        let slots = acquire_both(
-            &tool.pool,
-            &inner.global,
-            tool.policy,
-            &inner.waiting,
-            inner.queue_capacity,
-            timeout,
-        )
-        .await
-        .map_err(|(e, which)| pools::slot_refusal(&spec.tool, e, which))?;
+        // 3. Slots: the tool's, then the global one, until the deadline
+        // (the timer is made only if a slot has to be waited for).
+        let slots = match pools::try_both(&tool.pool, &inner.global) {
+            Some(slots) => slots,
+            None => {
+                let remaining =
+                    Duration::from_nanos(deadline_at.saturating_sub(inner.clock.now_nanos()));
+                let timeout = core::pin::pin!(inner.sleeper.sleep(remaining));
+                acquire_both(
+                    &tool.pool,
+                    &inner.global,
+                    tool.policy,
+                    &inner.waiting,
+                    inner.queue_capacity,
+                    timeout,
+                )
+                .await
+                .map_err(|(e, which)| pools::slot_refusal(&spec.tool, e, which))?
+            }
+        };
 
         // 4. Rate: every quota the call draws on, all or nothing, slept
         // inline within the threshold and the deadline.
         let credential = inner
             .learned
             .ensure(&spec.credential, &inner.credentials, &inner.clock);
-        let reserved = self.take_rate(spec, &tool, deadline_at).await?;
+        let (reserved, started_at) = self.take_rate(spec, &tool, deadline_at).await?;
 
         claim.keep();
         Ok(Ticket {
             admission: self.clone(),
             credential,
-            started_at: inner.clock.now_nanos(),
+            started_at,
             held: reserved.keep(),
             tool,
             _slots: slots,
@@ -355,16 +362,16 @@ where
         let _ = (spec, t);
     }
 
-    fn decided_ok(&self, spec: &CallSpec, waited: Duration) {
+    fn decided_ok(&self, spec: &CallSpec, asked_at: u64, admitted_at: u64) {
         #[cfg(feature = "tracing")]
         tracing::event!(
             tracing::Level::DEBUG,
             tool = %spec.tool,
-            waited_ms = waited.as_millis() as u64,
+            waited_ms = (admitted_at.saturating_sub(asked_at) / 1_000_000),
             "backpressure: admitted"
         );
         #[cfg(not(feature = "tracing"))]
-        let _ = (spec, waited);
+        let _ = (spec, asked_at, admitted_at);
     }
 
     /// The rate (requests per second) the layer has learned for

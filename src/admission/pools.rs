@@ -114,13 +114,13 @@ impl Pool {
     /// Folds one observed hold time into the mean (weight 1/8).
     pub(crate) fn record_hold(&self, held: Duration) {
         let sample = crate::clock::saturating_nanos(held);
-        // Relaxed: an estimate; the RMW only keeps concurrent samples from
-        // being lost.
-        let _ = self
-            .hold_ns
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
-                Some(old - old / 8 + sample / 8)
-            });
+        // Relaxed: an estimate. A load and a store, not a read-modify-write:
+        // every ticket of the layer drops through the global pool, and a CAS
+        // loop there would make this one hot line a point of contention. A
+        // sample lost to a concurrent drop only weighs the next one more.
+        let old = self.hold_ns.load(Ordering::Relaxed);
+        self.hold_ns
+            .store(old - old / 8 + sample / 8, Ordering::Relaxed);
     }
 
     /// Little's law: with `ahead` calls in front and `cap` slots each held
@@ -180,6 +180,19 @@ impl Pool {
         })
         .await
     }
+}
+
+/// Both slots now, without waiting, or `None` (nothing kept): the fast path
+/// of [`acquire_both`], which needs no timer. Neither `try_acquire` takes a
+/// slot a queued waiter is owed, so this never overtakes one.
+#[inline]
+pub(crate) fn try_both(
+    tool: &Pool,
+    global: &Pool,
+) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
+    let tool_slot = tool.sem.clone().try_acquire_owned().ok()?;
+    let global_slot = global.sem.clone().try_acquire_owned().ok()?;
+    Some((tool_slot, global_slot))
 }
 
 /// Takes the tool's slot, then the global one (see the module docs).

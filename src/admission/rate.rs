@@ -27,6 +27,7 @@ use crate::clock::{saturating_nanos, Clock};
 use crate::headers::ServerHint;
 use crate::keyed::Scoped;
 use crate::sleep::Sleeper;
+use crate::sync::Ordering;
 
 /// The scope of a credential's own request quota in a [`Throttled`].
 pub(super) const API_KEY: &str = "api_key";
@@ -87,23 +88,29 @@ where
     C: Clock,
 {
     /// Stage 4: reserves every quota the call draws on and sleeps until its
-    /// instant (within the inline wait and the deadline).
+    /// instant (within the inline wait and the deadline). Returns the
+    /// reservations and that instant.
     pub(super) async fn take_rate(
         &self,
         spec: &CallSpec,
         tool: &ToolState,
         deadline_at: u64,
-    ) -> Result<Reserved, Throttled> {
+    ) -> Result<(Reserved, u64), Throttled> {
         let inner = &*self.inner;
-        let rate_started = inner.clock.now_nanos();
-        let inline_end = rate_started.saturating_add(saturating_nanos(inner.inline_wait));
-        let scope = tool.server_scope.read().clone();
+        let mut now = inner.clock.now_nanos();
+        let inline_end = now.saturating_add(saturating_nanos(inner.inline_wait));
+        // Acquire: pairs with the Release store in `observe_sent`, so the
+        // scope written before it is seen.
+        let scope = if tool.scoped.load(Ordering::Acquire) {
+            tool.server_scope.read().clone()
+        } else {
+            None
+        };
         let scope_key = scope.as_ref().map(|s| (spec.credential.clone(), s.clone()));
         let shared = inner.shared.get(&spec.credential);
         let requests = spec.cost_of(REQUESTS).unwrap_or(1);
         let mut reserved = Reserved::default();
         loop {
-            let now = inner.clock.now_nanos();
             let left = Duration::from_nanos(deadline_at.saturating_sub(now));
             let max_wait = Duration::from_nanos(inline_end.min(deadline_at).saturating_sub(now));
             let mut wait = Duration::ZERO;
@@ -182,14 +189,15 @@ where
                 }
             }
             if wait.is_zero() {
-                return Ok(reserved);
+                return Ok((reserved, now));
             }
             let ready_at = now.saturating_add(saturating_nanos(wait));
             if !self.sleep_unless_closed(wait).await {
                 return Err(self.closed_refusal());
             }
+            now = inner.clock.now_nanos();
             if self.held_until(&spec.credential, scope_key.as_ref()) <= ready_at {
-                return Ok(reserved);
+                return Ok((reserved, now));
             }
             // A 429 arrived while we slept and its hold covers our instant:
             // give the reservations back (a penalty usually voids the
@@ -356,6 +364,8 @@ where
                 // scope on a later reply.
                 if let Ok(tool) = inner.tools.get(tool) {
                     *tool.server_scope.write() = Some(scope.clone());
+                    // Release: see `take_rate`.
+                    tool.scoped.store(true, Ordering::Release);
                 }
             }
             None if inner.shared.contains_key(credential) => {
@@ -435,6 +445,13 @@ where
             if let Some(shared) = self.inner.shared.get(&credential) {
                 self.push_penalty(&credential, shared.as_ref()).await;
             }
+        }
+    }
+
+    /// Pushes `credential`'s pending shared hold, if any.
+    pub(super) async fn push_shared(&self, credential: &str) {
+        if let Some(shared) = self.inner.shared.get(credential) {
+            self.push_penalty(credential, shared.as_ref()).await;
         }
     }
 

@@ -19,14 +19,17 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
-    /// A ticket was issued.
-    pub(crate) fn admitted(&self) {
+    /// A ticket was issued (`holds`: and is counted in flight here; a
+    /// tool's in-flight count is its pool's).
+    pub(crate) fn admitted(&self, holds: bool) {
         // Relaxed (all counters): statistics; they order no other memory.
         self.admitted.fetch_add(1, Ordering::Relaxed);
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        if holds {
+            self.in_flight.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
-    /// A ticket was dropped.
+    /// A ticket counted in flight was dropped.
     pub(crate) fn finished(&self) {
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
@@ -255,8 +258,8 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         AdmissionStats {
             in_flight: inner.global.in_flight(),
             waiting: self.waiting(),
-            admitted: inner.counters.admitted.load(Ordering::Relaxed),
-            refused: inner.counters.refusals(),
+            admitted: inner.admitted.load(Ordering::Relaxed),
+            refused: inner.refused.refusals(),
             tools,
             credentials,
         }

@@ -86,6 +86,40 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
         )
     }
 
+    /// [`observe`](Self::observe), and for a credential whose quota is
+    /// shared across processes ([`Builder::shared_quota`](super::Builder::shared_quota)),
+    /// the hold pushed to the shared limiter before this returns, so every
+    /// process holds back at its next round trip. `observe` cannot await:
+    /// it leaves a shared hold for this layer's next `admit` on the
+    /// credential (or [`Admission::sync_shared`]) to push. Use `report`
+    /// wherever an `.await` is possible; for local credentials the two are
+    /// the same.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, CallSpec, ManualClock, Quota, ServerHint, TokenBucket};
+    /// use std::num::NonZeroU32;
+    /// use std::sync::Arc;
+    /// use std::time::{Duration, SystemTime};
+    /// # futures::executor::block_on(async {
+    /// let shared = Arc::new(TokenBucket::with_clock(
+    ///     Quota::per_second(NonZeroU32::new(5).unwrap()),
+    ///     ManualClock::new(),
+    /// ));
+    /// let admission = Admission::builder().shared_quota("org-key", shared.clone()).build();
+    /// let ticket = admission.admit(&CallSpec::new("search", "org-key")).await.unwrap();
+    /// let hint = ServerHint::from_headers([("retry-after", "30")], SystemTime::now());
+    /// assert_eq!(ticket.report(429, &hint).await, Some(Duration::from_secs(30)));
+    /// assert_eq!(shared.available(), 0); // every process holds back now
+    /// # });
+    /// ```
+    pub async fn report(&self, status: u16, hint: &ServerHint) -> Option<Duration> {
+        let held = self.observe(status, hint);
+        self.admission.push_shared(&self.credential.name).await;
+        held
+    }
+
     /// Reconciles what the call was admitted for against the quota `name`
     /// (its [`CallSpec::cost`](super::CallSpec::cost), or 1 request) with
     /// what it actually used, once the reply says so (an LLM's `usage`).
@@ -146,9 +180,7 @@ impl<S: Sleeper, C: Clock> Drop for Ticket<S, C> {
         let now = self.admission.inner.clock.now_nanos();
         let held = Duration::from_nanos(now.saturating_sub(self.started_at));
         self.tool.pool.record_hold(held);
-        self.tool.counters.finished();
         self.credential.counters.finished();
-        self.admission.inner.counters.finished();
         self.admission.inner.global.record_hold(held);
     }
 }

@@ -10,7 +10,7 @@ use parking_lot::RwLock;
 use super::pools::{Pool, SlotPolicy};
 use super::stats::Counters;
 use super::throttled::{Status, Throttled};
-use crate::sync::{AtomicU32, Ordering};
+use crate::sync::{AtomicBool, AtomicU32, Ordering};
 
 /// Configuration of one tool.
 #[derive(Clone, Debug)]
@@ -33,6 +33,9 @@ pub(super) struct ToolState {
     /// The server scope (from limit headers) this tool was seen to fall
     /// under, if any.
     pub(super) server_scope: RwLock<Option<String>>,
+    /// Whether `server_scope` was ever set: the rate stage reads the lock
+    /// only then.
+    pub(super) scoped: AtomicBool,
     pub(super) counters: Counters,
 }
 
@@ -59,6 +62,7 @@ impl ToolState {
             used: AtomicU32::new(0),
             budget: cfg.budget,
             server_scope: RwLock::new(None),
+            scoped: AtomicBool::new(false),
             counters: Counters::default(),
         }
     }
@@ -66,7 +70,7 @@ impl ToolState {
 
 /// The tools of one admission layer.
 pub(super) struct Tools {
-    map: RwLock<HashMap<String, Arc<ToolState>>>,
+    map: RwLock<HashMap<String, Arc<ToolState>, ahash::RandomState>>,
     /// At most this many tools created on first use.
     max_dynamic: usize,
     default: ToolConfig,
