@@ -66,13 +66,15 @@ fn admission(c: &mut Criterion) {
     let key = "key".to_string();
 
     let mut g = c.benchmark_group("admit + drop, 1 quota");
-    g.bench_function("admission", |b| b.iter(|| admit_once(&layer, &plain, &mut cx)));
+    g.bench_function("admission", |b| {
+        b.iter(|| admit_once(&layer, &plain, &mut cx))
+    });
     g.bench_function("sum of primitives", |b| {
         b.iter(|| {
             let t = tool.clone().try_acquire_owned().unwrap();
             let g = global.clone().try_acquire_owned().unwrap();
             let r = requests.reserve(&key, 1, Duration::ZERO).unwrap();
-            black_box((t, g, r));
+            drop(black_box((t, g, r)));
         })
     });
     g.finish();
@@ -88,7 +90,7 @@ fn admission(c: &mut Criterion) {
             let r = requests.reserve(&key, 1, Duration::ZERO).unwrap();
             let rs: [_; 3] =
                 core::array::from_fn(|i| quotas[i].reserve(&key, 10, Duration::ZERO).unwrap());
-            black_box((t, g, r, rs));
+            drop(black_box((t, g, r, rs)));
         })
     });
     g.finish();

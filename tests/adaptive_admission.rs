@@ -13,7 +13,7 @@ use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::Context;
 use std::time::Duration;
 
 use backpressure::{
@@ -121,7 +121,7 @@ fn run(rate: f64, fixed: bool) -> Outcome {
     let mut cx = Context::from_waker(&waker);
     // 1 ms steps; the loops stop at `end`, the last calls finish after it.
     for _ in 0..(SECONDS + 10) * 1_000 {
-        if let Poll::Ready(_) = all.as_mut().poll(&mut cx) {
+        if all.as_mut().poll(&mut cx).is_ready() {
             break;
         }
         sleeper.advance(Duration::from_millis(1));

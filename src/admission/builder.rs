@@ -56,6 +56,9 @@ pub struct Builder<S = ThreadSleeper, C = DefaultClock> {
     cfg: Settings,
 }
 
+/// A weighted quota: its name, its default and per-credential overrides.
+type ResourceConfig = (String, Quota, Vec<(String, Quota)>);
+
 /// Everything but the sleeper and the clock (which change the builder's
 /// type).
 struct Settings {
@@ -68,7 +71,7 @@ struct Settings {
     adaptive: Option<AdaptiveRate>,
     quotas: Vec<(String, Quota)>,
     /// Weighted quotas: (name, default quota, per-credential overrides).
-    resources: Vec<(String, Quota, Vec<(String, Quota)>)>,
+    resources: Vec<ResourceConfig>,
     queue_capacity: usize,
     inline_wait: Duration,
     max_retry_after: Duration,

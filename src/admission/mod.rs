@@ -24,6 +24,8 @@
 mod budget;
 mod builder;
 mod learned;
+#[cfg(feature = "metrics")]
+mod metrics_out;
 pub(crate) mod pools;
 mod rate;
 mod runner;
@@ -182,9 +184,13 @@ where
                 inner.admitted.fetch_add(1, Ordering::Relaxed);
                 ticket.tool.counters.admitted(false);
                 ticket.credential.counters.admitted(true);
+                #[cfg(feature = "metrics")]
+                metrics_out::admitted(&ticket.tool.name, started, ticket.started_at);
                 self.decided_ok(spec, started, ticket.started_at);
             }
             Err(t) => {
+                #[cfg(feature = "metrics")]
+                metrics_out::refused(&spec.tool, t.status);
                 inner.refused.refused(t.status);
                 if let Some(tool) = inner.tools.peek(&spec.tool) {
                     tool.counters.refused(t.status);

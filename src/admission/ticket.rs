@@ -181,6 +181,8 @@ impl<S: Sleeper, C: Clock> Drop for Ticket<S, C> {
         let held = Duration::from_nanos(now.saturating_sub(self.started_at));
         self.tool.pool.record_hold(held);
         self.credential.counters.finished();
+        #[cfg(feature = "metrics")]
+        super::metrics_out::finished(&self.tool.name);
         self.admission.inner.global.record_hold(held);
     }
 }

@@ -1,0 +1,109 @@
+//! Feature `metrics`: the counters, gauge and histogram a recorder sees
+//! match the decisions made (metrics-util's debugging recorder).
+#![cfg(feature = "metrics")]
+
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::pin::pin;
+use std::task::{Context, Poll};
+
+use backpressure::{Admission, CallSpec, ManualClock, ManualSleeper, Quota, SlotPolicy, Status};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::{CompositeKey, MetricKind};
+
+fn now<F: Future>(f: F) -> Poll<F::Output> {
+    let waker = futures::task::noop_waker();
+    pin!(f).as_mut().poll(&mut Context::from_waker(&waker))
+}
+
+type Entry = (
+    CompositeKey,
+    Option<metrics::Unit>,
+    Option<metrics::SharedString>,
+    DebugValue,
+);
+
+fn value<'a>(
+    snapshot: &'a [Entry],
+    kind: MetricKind,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> Option<&'a DebugValue> {
+    snapshot
+        .iter()
+        .find(|(k, ..)| {
+            k.kind() == kind
+                && k.key().name() == name
+                && labels
+                    .iter()
+                    .all(|(ln, lv)| k.key().labels().any(|l| l.key() == *ln && l.value() == *lv))
+        })
+        .map(|(_, _, _, v)| v)
+}
+
+#[test]
+fn metrics_report_every_decision() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let clock = ManualClock::new();
+        let admission = Admission::builder()
+            .sleeper(ManualSleeper::new(clock.clone()))
+            .clock(clock)
+            .fixed_rates()
+            .default_quota(Quota::per_second(NonZeroU32::new(100).unwrap()))
+            .tool("refund", 1, SlotPolicy::FailFast)
+            .build();
+        let Poll::Ready(Ok(a)) = now(admission.admit(&CallSpec::new("refund", "k"))) else {
+            panic!()
+        };
+        let Poll::Ready(Err(t)) = now(admission.admit(&CallSpec::new("refund", "k"))) else {
+            panic!()
+        };
+        assert_eq!(t.status, Status::Shed);
+        let Poll::Ready(Ok(b)) = now(admission.admit(&CallSpec::new("search", "k"))) else {
+            panic!()
+        };
+        drop(a);
+        let snap = snapshotter.snapshot().into_vec();
+        assert_eq!(
+            value(
+                &snap,
+                MetricKind::Counter,
+                "backpressure_admitted_total",
+                &[("tool", "refund")]
+            ),
+            Some(&DebugValue::Counter(1))
+        );
+        assert_eq!(
+            value(
+                &snap,
+                MetricKind::Counter,
+                "backpressure_refused_total",
+                &[("tool", "refund"), ("status", "shed")]
+            ),
+            Some(&DebugValue::Counter(1))
+        );
+        let in_flight = |tool| match value(
+            &snap,
+            MetricKind::Gauge,
+            "backpressure_in_flight",
+            &[("tool", tool)],
+        ) {
+            Some(DebugValue::Gauge(g)) => g.into_inner(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(in_flight("refund"), 0.0);
+        assert_eq!(in_flight("search"), 1.0);
+        match value(
+            &snap,
+            MetricKind::Histogram,
+            "backpressure_admission_wait_seconds",
+            &[("tool", "search")],
+        ) {
+            Some(DebugValue::Histogram(h)) => assert_eq!(h.len(), 1),
+            other => panic!("{other:?}"),
+        }
+        drop(b);
+    });
+}
