@@ -6,8 +6,7 @@ use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
 
 use backpressure::{
-    Backoff, Clamp, Clock, Deadline, Decision, Jitter, ManualClock, RetryPolicy, ServerHint,
-    SurfaceStatus,
+    Backoff, Clamp, Clock, Deadline, Decision, Jitter, ManualClock, RetryPolicy, ServerHint, Status,
 };
 
 const MS: Duration = Duration::from_millis(1);
@@ -151,8 +150,8 @@ fn a_retry_past_the_deadline_is_refused_not_slept() {
     };
     // 100 + 200 + 400 = 700 ms slept; 800 ms does not fit the 700 left.
     assert_eq!(slept, [100 * MS, 200 * MS, 400 * MS]);
-    assert_eq!(surfaced.status, SurfaceStatus::TimedOut);
-    assert_eq!(surfaced.retry_after, Some(800 * MS));
+    assert_eq!(surfaced.status, Status::TimedOut);
+    assert_eq!(surfaced.retry_after(), Some(800 * MS));
     assert_eq!(
         deadline.remaining(),
         700 * MS,
@@ -188,11 +187,11 @@ fn an_hour_against_thirty_seconds_is_the_server_saying_stop() {
     let Decision::Surface(s) = policy.decide(&told, &mut deadline) else {
         panic!()
     };
-    assert_eq!(s.status, SurfaceStatus::RateLimited);
-    assert_eq!(s.retry_after, Some(Duration::from_secs(3600)));
-    assert_eq!(s.scope.as_deref(), Some("org"));
+    assert_eq!(s.status, Status::RateLimited);
+    assert_eq!(s.retry_after(), Some(Duration::from_secs(3600)));
+    assert_eq!(s.scope, "server:org");
     assert!(
-        s.hint.contains("3600s") && s.hint.contains("org"),
+        s.hint.contains("1 h") && s.hint.contains("org"),
         "{}",
         s.hint
     );
@@ -208,7 +207,7 @@ fn an_hour_against_thirty_seconds_is_the_server_saying_stop() {
     let Decision::Surface(s) = policy.decide(&hint(&[("retry-after", "6")]), &mut deadline) else {
         panic!()
     };
-    assert_eq!(s.status, SurfaceStatus::RateLimited);
+    assert_eq!(s.status, Status::RateLimited);
 }
 
 #[test]
@@ -276,7 +275,7 @@ fn expired_deadline_grants_no_zero_wait_retry() {
     for _ in 0..10 {
         for h in [hint(&[("retry-after", "0")]), ServerHint::default()] {
             match policy.decide(&h, &mut deadline) {
-                Decision::Surface(s) => assert_eq!(s.status, SurfaceStatus::TimedOut),
+                Decision::Surface(s) => assert_eq!(s.status, Status::TimedOut),
                 other => panic!("a retry after the deadline: {other:?}"),
             }
         }

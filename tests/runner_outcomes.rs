@@ -14,8 +14,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use backpressure::{
-    Admission, Call, CallResult, CallSpec, ManualClock, ManualSleeper, Quota, Reply, Runner,
-    ServerHint, Sleeper, SlotPolicy, Status,
+    Admission, Call, CallFailure, CallResult, CallSpec, ManualClock, ManualSleeper, Quota, Reply,
+    Runner, ServerHint, Sleeper, SlotPolicy, Status,
 };
 
 const MS: u64 = 1_000_000;
@@ -209,8 +209,9 @@ fn a_refused_connection_is_never_rate_limited() {
     for r in &results {
         match r {
             CallResult::Failed {
-                status: 0, error, ..
-            } => assert!(error.contains("connection refused"), "{error}"),
+                error: CallFailure::Transport(e),
+                ..
+            } => assert_eq!(e.as_str(), "connection refused"),
             // A call never sent (its first admit was refused) is throttled
             // by our quota: that one is a rate limit of ours.
             CallResult::Throttled(t) => {
@@ -260,7 +261,7 @@ fn failed_reports_the_requests_it_sent() {
         matches!(
             results[0],
             CallResult::Failed {
-                status: 404,
+                error: CallFailure::Status { status: 404 },
                 attempts: 1,
                 ..
             }
@@ -274,7 +275,7 @@ fn failed_reports_the_requests_it_sent() {
         .iter()
         .map(|r| match r {
             CallResult::Failed {
-                status: 500,
+                error: CallFailure::Status { status: 500 },
                 attempts,
                 ..
             } => *attempts,
@@ -407,13 +408,26 @@ fn every_call_result_serializes_with_a_status() {
         serde_json::json!({"status": "rate_limited", "scope": "api_key", "retry_after_ms": 1500, "hint": "wait"})
     );
     let failed: CallResult<&str> = CallResult::Failed {
-        status: 0,
-        error: "connection refused".into(),
+        error: CallFailure::Transport(Arc::new("connection refused".into())),
+        not_retried: None,
         attempts: 2,
     };
     assert_eq!(
         serde_json::to_value(&failed).unwrap(),
         serde_json::json!({"status": "failed", "http_status": 0, "error": "connection refused", "attempts": 2})
+    );
+    // A status, and the refusal of its retry, as one more object.
+    let refused: CallResult<&str> = CallResult::Failed {
+        error: CallFailure::Status { status: 503 },
+        not_retried: Some(Throttled::new(Status::TimedOut, "deadline", "no time left")),
+        attempts: 1,
+    };
+    assert_eq!(
+        serde_json::to_value(&refused).unwrap(),
+        serde_json::json!({
+            "status": "failed", "http_status": 503, "error": "the server answered 503", "attempts": 1,
+            "not_retried": {"status": "timed_out", "scope": "deadline", "hint": "no time left"}
+        })
     );
     let panicked: CallResult<&str> = CallResult::Panicked {
         message: "boom".into(),

@@ -19,7 +19,7 @@ mod deadline;
 mod retry;
 
 pub use deadline::{Deadline, TimedOut};
-pub use retry::{Decision, RetryPolicy, SurfaceStatus, Surfaced};
+pub use retry::{Decision, ReplyClass, RetryPolicy};
 
 /// How a backoff delay is randomised. With `v = min(cap, base * 2^attempt)`:
 ///
