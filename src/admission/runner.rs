@@ -157,7 +157,9 @@ impl<V, E> Call<V, E> {
     ///
     /// ```
     /// use backpressure::{Call, CallSpec, Reply};
-    /// let call = Call::new(CallSpec::new("get_usage", "key"), || async { Ok(Reply::new(200, 42u64)) });
+    /// // `E`, the transport error, is `String` unless the runner or the
+    /// // closure says otherwise.
+    /// let call: Call<u64> = Call::new(CallSpec::new("get_usage", "key"), || async { Ok(Reply::new(200, 42u64)) });
     /// # let _ = call;
     /// ```
     pub fn new<F, Fut>(spec: CallSpec, make: F) -> Self
@@ -180,7 +182,7 @@ impl<V, E> Call<V, E> {
     ///
     /// ```
     /// use backpressure::{Call, CallSpec, Reply};
-    /// let call = Call::new(CallSpec::new("search", "key"), || async { Ok(Reply::new(200, ())) })
+    /// let call: Call<()> = Call::new(CallSpec::new("search", "key"), || async { Ok(Reply::new(200, ())) })
     ///     .coalesce_key("q=refund&page=1");
     /// # let _ = call;
     /// ```
