@@ -41,6 +41,7 @@ pub mod admission;
 mod backoff;
 mod bucket;
 mod clock;
+mod failure;
 #[cfg(any(fuzzing, all(test, not(feature = "loom"))))]
 #[doc(hidden)]
 pub mod fuzzing;
@@ -54,20 +55,23 @@ mod semaphore;
 mod single_flight;
 mod sleep;
 mod sync;
+mod throttled;
 mod wait_list;
 
+// `Status` and `Throttled` are defined in `throttled` (below `backoff` and
+// `admission`, which both speak them) and reach the root through
+// `admission`, their public home.
 pub use admission::{
     concurrency_for, Admission, AttemptFuture, Builder as AdmissionBuilder, Call, CallResult,
     CallSpec, Kind, Reply, Runner, SharedFuture, SharedLimiter, SlotPolicy, Status, Throttled,
     Ticket,
 };
-pub use backoff::{
-    Backoff, Deadline, Decision, Jitter, RetryPolicy, SurfaceStatus, Surfaced, TimedOut,
-};
+pub use backoff::{Backoff, Deadline, Decision, Jitter, ReplyClass, RetryPolicy, TimedOut};
 pub use bucket::{
     CheckError, Quota, QuotaError, RateLimiter, Reservation, ReserveError, TokenBucket,
 };
 pub use clock::{Clock, DefaultClock, ManualClock};
+pub use failure::CallFailure;
 pub use headers::{Advice, Clamp, Policy, ServerHint};
 pub use keyed::{Scoped, TooManyKeys};
 pub use limiter::{AsyncRateLimiter, AsyncReservation};

@@ -6,8 +6,7 @@ use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
 
 use backpressure::{
-    Backoff, Clamp, Clock, Deadline, Decision, Jitter, ManualClock, RetryPolicy, ServerHint,
-    SurfaceStatus,
+    Backoff, Clamp, Clock, Deadline, Decision, Jitter, ManualClock, RetryPolicy, ServerHint, Status,
 };
 
 const MS: Duration = Duration::from_millis(1);
@@ -151,8 +150,8 @@ fn a_retry_past_the_deadline_is_refused_not_slept() {
     };
     // 100 + 200 + 400 = 700 ms slept; 800 ms does not fit the 700 left.
     assert_eq!(slept, [100 * MS, 200 * MS, 400 * MS]);
-    assert_eq!(surfaced.status, SurfaceStatus::TimedOut);
-    assert_eq!(surfaced.retry_after, Some(800 * MS));
+    assert_eq!(surfaced.status, Status::TimedOut);
+    assert_eq!(surfaced.retry_after(), Some(800 * MS));
     assert_eq!(
         deadline.remaining(),
         700 * MS,
@@ -188,11 +187,11 @@ fn an_hour_against_thirty_seconds_is_the_server_saying_stop() {
     let Decision::Surface(s) = policy.decide(&told, &mut deadline) else {
         panic!()
     };
-    assert_eq!(s.status, SurfaceStatus::RateLimited);
-    assert_eq!(s.retry_after, Some(Duration::from_secs(3600)));
-    assert_eq!(s.scope.as_deref(), Some("org"));
+    assert_eq!(s.status, Status::RateLimited);
+    assert_eq!(s.retry_after(), Some(Duration::from_secs(3600)));
+    assert_eq!(s.scope, "server:org");
     assert!(
-        s.hint.contains("3600s") && s.hint.contains("org"),
+        s.hint.contains("1 h") && s.hint.contains("org"),
         "{}",
         s.hint
     );
@@ -208,7 +207,7 @@ fn an_hour_against_thirty_seconds_is_the_server_saying_stop() {
     let Decision::Surface(s) = policy.decide(&hint(&[("retry-after", "6")]), &mut deadline) else {
         panic!()
     };
-    assert_eq!(s.status, SurfaceStatus::RateLimited);
+    assert_eq!(s.status, Status::RateLimited);
 }
 
 #[test]
@@ -276,7 +275,7 @@ fn expired_deadline_grants_no_zero_wait_retry() {
     for _ in 0..10 {
         for h in [hint(&[("retry-after", "0")]), ServerHint::default()] {
             match policy.decide(&h, &mut deadline) {
-                Decision::Surface(s) => assert_eq!(s.status, SurfaceStatus::TimedOut),
+                Decision::Surface(s) => assert_eq!(s.status, Status::TimedOut),
                 other => panic!("a retry after the deadline: {other:?}"),
             }
         }
@@ -294,4 +293,98 @@ fn expired_deadline_grants_no_zero_wait_retry() {
     let mut deadline = Deadline::at(clock.clone(), 20);
     assert!(deadline.charge(Duration::from_nanos(9)).is_ok());
     assert!(deadline.charge(Duration::ZERO).is_err());
+}
+
+/// Issue #12: the runner classified statuses itself (`is_capacity`,
+/// `retryable`) beside the policy. The policy now owns the table.
+#[test]
+fn the_policy_classes_every_answer() {
+    use backpressure::ReplyClass::{Capacity, Final, Success, Transient};
+    let policy = RetryPolicy::default();
+    let none = ServerHint::default();
+    let told = hint(&[("retry-after", "2")]);
+    let cases = [
+        (Some(200), &none, Success),
+        (Some(204), &told, Success),
+        (Some(429), &none, Capacity),
+        (Some(429), &told, Capacity),
+        (Some(503), &told, Capacity),
+        // A bare 503 is a fault, not a rate limit.
+        (Some(503), &none, Transient),
+        (Some(500), &told, Transient),
+        (Some(408), &none, Transient),
+        (Some(599), &none, Transient),
+        // A transport error (no answer) is never capacity.
+        (None, &none, Transient),
+        (Some(400), &none, Final),
+        (Some(404), &told, Final),
+        (Some(304), &none, Final),
+    ];
+    for (status, h, want) in cases {
+        assert_eq!(policy.classify(status, h), want, "{status:?} {h:?}");
+    }
+}
+
+/// Issue #12 (with #10 item 14): a 429 that outlasted the retries was a
+/// `GiveUp` for the policy, and only the runner knew to make it a rate
+/// limit. The policy surfaces it as `rate_limited` with the server's wait.
+#[test]
+fn a_capacity_answer_outlasting_the_cap_is_rate_limited_not_give_up() {
+    let clock = ManualClock::new();
+    let mut deadline = Deadline::after(clock.clone(), Duration::from_secs(60));
+    let mut policy = RetryPolicy::new(backoff(Jitter::None, 1)).max_retries(2);
+    let told = hint(&[("retry-after", "1"), ("x-ratelimit-scope", "org")]);
+    for _ in 0..2 {
+        let Decision::Retry { after } = policy.decide_reply(Some(429), &told, &mut deadline) else {
+            panic!("1 s fits")
+        };
+        assert!(after >= Duration::from_secs(1));
+        clock.advance(after);
+    }
+    let Decision::Surface(t) = policy.decide_reply(Some(429), &told, &mut deadline) else {
+        panic!("the cap is reached")
+    };
+    assert_eq!(t.status, Status::RateLimited);
+    assert_eq!(t.scope, "server:org");
+    assert_eq!(t.retry_after(), Some(Duration::from_secs(1)));
+    assert!(t.hint.contains("after 3 requests"), "{}", t.hint);
+    // A fault at the cap is a plain give-up.
+    assert_eq!(
+        policy.decide_reply(Some(500), &ServerHint::default(), &mut deadline),
+        Decision::GiveUp
+    );
+    // Final answers and successes are never retried, and cost nothing.
+    let mut fresh = RetryPolicy::default();
+    for status in [Some(200), Some(404)] {
+        assert_eq!(
+            fresh.decide_reply(status, &told, &mut deadline),
+            Decision::Stop
+        );
+    }
+    assert_eq!(fresh.retries(), 0);
+}
+
+/// A bare 429 waits the second `Ticket::observe` holds the credential for,
+/// not the (shorter) backoff: the server's answer is read one way.
+#[test]
+fn a_bare_429_waits_the_same_second_as_the_hold() {
+    let mut deadline = Deadline::never(ManualClock::new());
+    let mut policy = RetryPolicy::new(backoff(Jitter::None, 1));
+    let Decision::Retry { after } =
+        policy.decide_reply(Some(429), &ServerHint::default(), &mut deadline)
+    else {
+        panic!()
+    };
+    assert!(after >= RetryPolicy::BARE_429_HOLD, "{after:?}");
+    assert!(after <= RetryPolicy::BARE_429_HOLD + 100 * MS, "{after:?}");
+    // A 429 past the deadline is still the server's limit: rate_limited.
+    let clock = ManualClock::new();
+    let mut gone = Deadline::after(clock.clone(), Duration::from_secs(1));
+    clock.advance(Duration::from_secs(2));
+    let Decision::Surface(t) =
+        policy.decide_reply(Some(429), &hint(&[("retry-after", "0")]), &mut gone)
+    else {
+        panic!()
+    };
+    assert_eq!(t.status, Status::RateLimited);
 }

@@ -14,8 +14,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use backpressure::{
-    Admission, Call, CallResult, CallSpec, ManualClock, ManualSleeper, Quota, Reply, Runner,
-    ServerHint, Sleeper, SlotPolicy, Status,
+    Admission, Call, CallFailure, CallResult, CallSpec, ManualClock, ManualSleeper, Quota, Reply,
+    Runner, ServerHint, Sleeper, SlotPolicy, Status,
 };
 
 const MS: u64 = 1_000_000;
@@ -209,8 +209,9 @@ fn a_refused_connection_is_never_rate_limited() {
     for r in &results {
         match r {
             CallResult::Failed {
-                status: 0, error, ..
-            } => assert!(error.contains("connection refused"), "{error}"),
+                error: CallFailure::Transport(e),
+                ..
+            } => assert_eq!(e.as_str(), "connection refused"),
             // A call never sent (its first admit was refused) is throttled
             // by our quota: that one is a rate limit of ours.
             CallResult::Throttled(t) => {
@@ -260,7 +261,7 @@ fn failed_reports_the_requests_it_sent() {
         matches!(
             results[0],
             CallResult::Failed {
-                status: 404,
+                error: CallFailure::Status { status: 404 },
                 attempts: 1,
                 ..
             }
@@ -274,7 +275,7 @@ fn failed_reports_the_requests_it_sent() {
         .iter()
         .map(|r| match r {
             CallResult::Failed {
-                status: 500,
+                error: CallFailure::Status { status: 500 },
                 attempts,
                 ..
             } => *attempts,
@@ -407,13 +408,26 @@ fn every_call_result_serializes_with_a_status() {
         serde_json::json!({"status": "rate_limited", "scope": "api_key", "retry_after_ms": 1500, "hint": "wait"})
     );
     let failed: CallResult<&str> = CallResult::Failed {
-        status: 0,
-        error: "connection refused".into(),
+        error: CallFailure::Transport(Arc::new("connection refused".into())),
+        not_retried: None,
         attempts: 2,
     };
     assert_eq!(
         serde_json::to_value(&failed).unwrap(),
         serde_json::json!({"status": "failed", "http_status": 0, "error": "connection refused", "attempts": 2})
+    );
+    // A status, and the refusal of its retry, as one more object.
+    let refused: CallResult<&str> = CallResult::Failed {
+        error: CallFailure::Status { status: 503 },
+        not_retried: Some(Throttled::new(Status::TimedOut, "deadline", "no time left")),
+        attempts: 1,
+    };
+    assert_eq!(
+        serde_json::to_value(&refused).unwrap(),
+        serde_json::json!({
+            "status": "failed", "http_status": 503, "error": "the server answered 503", "attempts": 1,
+            "not_retried": {"status": "timed_out", "scope": "deadline", "hint": "no time left"}
+        })
     );
     let panicked: CallResult<&str> = CallResult::Panicked {
         message: "boom".into(),
@@ -422,4 +436,161 @@ fn every_call_result_serializes_with_a_status() {
         serde_json::to_value(&panicked).unwrap(),
         serde_json::json!({"status": "panicked", "message": "boom"})
     );
+}
+
+/// The caller's own transport error: not `Clone`, compared by identity.
+#[derive(Debug)]
+struct Refused {
+    port: u16,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "connection refused on port {}", self.port)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// Issue #12 item 2: a transport error reached the caller as a `String`
+/// (`AttemptFuture<V>` was `Result<Reply<V>, String>`). It is now the
+/// caller's type, and coalesced followers share the leader's one value.
+#[test]
+fn a_transport_error_reaches_the_caller_typed_and_shared_by_followers() {
+    let (clock, sleeper) = manual();
+    let admission = Admission::builder()
+        .sleeper(sleeper.clone())
+        .clock(clock)
+        .build();
+    let runner: Runner<u64, _, _, Refused> = Runner::new(admission, Duration::ZERO);
+    let sent = Arc::new(AtomicUsize::new(0));
+    let read = || {
+        let (sent, sleeper) = (sent.clone(), sleeper.clone());
+        Call::new(CallSpec::new("get", "k"), move || {
+            let (sent, sleeper) = (sent.clone(), sleeper.clone());
+            async move {
+                sent.fetch_add(1, Ordering::SeqCst);
+                sleeper.sleep(Duration::from_millis(1)).await;
+                Err::<Reply<u64>, _>(Refused { port: 8080 })
+            }
+        })
+        .coalesce_key("a")
+    };
+    let results = drive(&sleeper, 60_000, runner.execute(vec![read(), read()]));
+    let (errors, attempts): (Vec<_>, Vec<_>) = results
+        .iter()
+        .map(|r| match r {
+            CallResult::Failed {
+                error: CallFailure::Transport(e),
+                not_retried: None,
+                attempts,
+            } => (e.clone(), *attempts),
+            other => panic!("{other:?}"),
+        })
+        .unzip();
+    assert_eq!(errors[0].port, 8080);
+    assert!(Arc::ptr_eq(&errors[0], &errors[1]), "one error, shared");
+    // The leader sent 1 + 3 retries; the follower joined.
+    assert_eq!(attempts, [4, 0]);
+    assert_eq!(sent.load(Ordering::SeqCst), 4);
+    let failure = results[0].failure().unwrap();
+    assert_eq!(failure.to_string(), "connection refused on port 8080");
+    assert!(std::error::Error::source(failure).is_some());
+}
+
+/// Issue #12 item 1: the retry cap lived in `Runner` and in `RetryPolicy`,
+/// and a server's wait was judged by the admission's inline wait, not by
+/// the policy's clamp. The policy given to the runner is now the one
+/// setting for both: 5 s fits its 10 s clamp, so the call sleeps it and
+/// retries (the 2 s inline wait made it `rate_limited` before), and its
+/// cap of 1 retry is the only cap.
+#[test]
+fn the_runners_policy_is_the_one_cap_and_clamp() {
+    use backpressure::{Clamp, RetryPolicy};
+    let (clock, sleeper) = manual();
+    let ra = || Ok((429, vec![("retry-after", "5")]));
+    let fake = Fake::new(&sleeper, Duration::from_millis(5), vec![ra(), ra(), ra()]);
+    let admission = Admission::builder()
+        .sleeper(sleeper.clone())
+        .clock(clock)
+        .build();
+    let policy = RetryPolicy::default()
+        .max_retries(1)
+        .clamp(Clamp::new(Duration::from_secs(10)));
+    let runner: Runner<u64, _, _> = Runner::new(admission, Duration::ZERO).retry_policy(policy);
+    let results = drive(
+        &sleeper,
+        60_000,
+        runner.execute(vec![fake.call(CallSpec::new("search", "k"))]),
+    );
+    let t = results[0]
+        .throttled()
+        .unwrap_or_else(|| panic!("{results:?}"));
+    assert_eq!(t.status, Status::RateLimited);
+    assert_eq!(t.retry_after_ms, Some(5000));
+    let starts = fake.starts();
+    assert_eq!(starts.len(), 2, "1 + the policy's 1 retry: {starts:?}");
+    assert!(starts[1] >= starts[0] + 5 + 5000, "{starts:?}");
+
+    // Beyond the clamp: surfaced at once, nothing slept.
+    let fake = Fake::new(&sleeper, Duration::from_millis(5), vec![ra()]);
+    let admission = Admission::builder()
+        .sleeper(sleeper.clone())
+        .clock(sleeper.clock().clone())
+        .build();
+    let tight = RetryPolicy::default().clamp(Clamp::new(Duration::from_secs(1)));
+    let runner: Runner<u64, _, _> = Runner::new(admission, Duration::ZERO).retry_policy(tight);
+    let results = drive(
+        &sleeper,
+        1_000,
+        runner.execute(vec![fake.call(CallSpec::new("search", "k"))]),
+    );
+    assert_eq!(results[0].throttled().unwrap().status, Status::RateLimited);
+    assert_eq!(fake.starts().len(), 1);
+}
+
+/// Issue #10 item 3, through the runner: `close()` during a retry's wait
+/// ends the call at the next poll, as a failure with `closed` as the reason
+/// after a fault, as `closed` itself after a 429.
+#[test]
+fn close_during_a_retry_wait_ends_the_call_at_once() {
+    let (clock, sleeper) = manual();
+    let fake = Fake::new(
+        &sleeper,
+        Duration::from_millis(1),
+        vec![Ok((503, vec![])), Ok((429, vec![("retry-after", "1.5")]))],
+    );
+    let admission = Admission::builder()
+        .sleeper(sleeper.clone())
+        .clock(clock)
+        .build();
+    let runner: Runner<u64, _, _> = Runner::new(admission, Duration::ZERO).retries(
+        backpressure::Backoff::new(Duration::from_secs(10), Duration::from_secs(10))
+            .jitter(backpressure::Jitter::None),
+        3,
+    );
+    // Two credentials, so neither call waits for the other's token.
+    let spec = |key: &str| CallSpec::new("get", key).deadline(Duration::from_secs(60));
+    let mut turn = pin!(runner.execute(vec![fake.call(spec("a")), fake.call(spec("b"))]));
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    for _ in 0..100 {
+        assert!(turn.as_mut().poll(&mut cx).is_pending());
+        sleeper.advance(Duration::from_millis(1));
+    }
+    assert_eq!(fake.sent.load(Ordering::SeqCst), 2, "both in their waits");
+    runner.admission().close();
+    let Poll::Ready(results) = turn.as_mut().poll(&mut cx) else {
+        panic!("close did not end the waits")
+    };
+    match &results[0] {
+        CallResult::Failed {
+            error: CallFailure::Status { status: 503 },
+            not_retried: Some(t),
+            attempts: 1,
+        } => assert_eq!(t.status, Status::Closed),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(results[1].throttled().unwrap().status, Status::Closed);
+    assert_eq!(fake.sent.load(Ordering::SeqCst), 2);
 }

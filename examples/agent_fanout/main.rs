@@ -32,10 +32,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use backpressure::{
-    Admission, Call, CallResult, CallSpec, Provenance, Quota, Reply, Runner, ServerHint, SlotPolicy,
+    Admission, Call, CallFailure, CallResult, CallSpec, DefaultClock, Provenance, Quota, Reply,
+    Runner, ServerHint, SlotPolicy, ThreadSleeper,
 };
 
 const KEY: &str = "org-key-1";
+
+/// The harness's runner: string bodies, and the HTTP client's own error
+/// (`std::io::Error`) when a request gets no answer.
+type Harness = Runner<String, ThreadSleeper, DefaultClock, std::io::Error>;
 
 #[derive(Clone, Debug)]
 struct ToolCall {
@@ -239,7 +244,7 @@ async fn with_backpressure(rate: u32, turn: &[ToolCall], seed: u64) -> Row {
         )
         .expected_latency(Duration::from_millis(150))
         .build();
-    let runner: Runner<String> = Runner::new(admission, Duration::from_secs(3)).retries(
+    let runner: Harness = Runner::new(admission, Duration::from_secs(3)).retries(
         backpressure::Backoff::new(Duration::from_millis(100), Duration::from_secs(2)).seed(seed),
         3,
     );
@@ -255,9 +260,9 @@ async fn with_backpressure(rate: u32, turn: &[ToolCall], seed: u64) -> Row {
                     move || {
                         let path = path.clone();
                         async move {
-                            let r = server::get(addr, &path, KEY, "harness")
-                                .await
-                                .map_err(|e| e.to_string())?;
+                            // A transport error stays an `io::Error`: the
+                            // runner retries it and hands it back typed.
+                            let r = server::get(addr, &path, KEY, "harness").await?;
                             let hint = ServerHint::from_headers(
                                 r.headers.iter().map(|(n, v)| (n.as_str(), v.as_slice())),
                                 SystemTime::now(),
@@ -282,6 +287,13 @@ async fn with_backpressure(rate: u32, turn: &[ToolCall], seed: u64) -> Row {
                 CallResult::Throttled(t) => {
                     row.surfaced_rate_limited += 1;
                     println!("  surfaced to the model: {}", json(t));
+                }
+                CallResult::Failed {
+                    error: CallFailure::Transport(e),
+                    ..
+                } => {
+                    println!("  {} got no answer: {e} ({:?})", call.path(), e.kind());
+                    failed.push(call.clone())
                 }
                 _ => failed.push(call.clone()),
             }

@@ -296,9 +296,8 @@ impl<S, C> Builder<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, CallSpec, ManualClock, Quota, Status};
+    /// use backpressure::{Admission, CallSpec, ManualClock, Quota};
     /// use std::num::NonZeroU32;
-    /// use std::time::Duration;
     /// # futures::executor::block_on(async {
     /// let tpm = Quota::per_minute(NonZeroU32::new(10_000).unwrap());
     /// let admission = Admission::builder()

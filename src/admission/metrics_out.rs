@@ -10,7 +10,9 @@
 //!
 //! Labels carry the tool's name (an `Arc<str>`, no copy); the credential is
 //! never a label (it may be a secret, and it is unbounded). The number
-//! waiting is in [`Admission::stats`](super::Admission::stats).
+//! waiting is in [`Admission::stats`](super::Admission::stats). The facade
+//! builds its label keys on the heap, so with this feature `admit`'s
+//! success path allocates (it does not without it).
 
 use std::sync::Arc;
 

@@ -54,7 +54,6 @@ pub use runner::{AttemptFuture, Call, CallResult, Reply, Runner};
 pub use shared::{SharedFuture, SharedLimiter};
 pub use spec::{concurrency_for, CallSpec, Kind};
 pub use stats::{AdmissionStats, CredentialStats, Refusals, ToolStats};
-pub(crate) use throttled::Human;
 pub use throttled::{Status, Throttled};
 pub use ticket::Ticket;
 

@@ -350,9 +350,10 @@ where
         }
         let wait = match request_wait(hint, &inner.resources) {
             Some(w) => w,
-            // A 429 with no hint: hold the key back for a second rather
-            // than let the next call find out the same way.
-            None if status == 429 => Duration::from_secs(1),
+            // A 429 with no hint: hold the key back (a second) rather than
+            // let the next call find out the same way; the retry policy
+            // waits the same hold.
+            None if status == 429 => crate::backoff::RetryPolicy::BARE_429_HOLD,
             None => return None,
         };
         match &hint.scope {

@@ -10,22 +10,30 @@
 //! * A panic in a call is contained in that call's result
 //!   ([`CallResult::Panicked`]); the turn's other calls complete.
 //!
-//! What the runner does with each reply (retries: 3 by default, see
-//! [`Runner::retries`]; `attempts` counts the requests the call sent):
+//! Every reply is fed back to the admission layer ([`Ticket::observe`]),
+//! and the call's [`RetryPolicy`] alone decides whether and when to retry
+//! (it classes the answer, counts the retries and clamps the server's
+//! wait); the runner sleeps what it says and admits the retry. With the
+//! default policy (3 retries, jittered backoff from 100 ms to 5 s, server
+//! waits slept up to 2 s: see [`Runner::retry_policy`]; `attempts` counts
+//! the requests the call sent):
 //!
 //! | reply | fed back | retried? | ends as |
 //! | --- | --- | --- | --- |
 //! | 2xx | `observe` (`remaining: 0` waits for the reset) | no | `Done` |
-//! | 429, or 503 with `Retry-After` | the credential (or server scope) is held for `Retry-After` (1 s if absent) | yes: re-admitted behind the hold; slept inline while it fits the inline wait and the deadline | `Throttled { rate_limited }` when the hold does not fit or the retries run out, never `Failed` |
-//! | 408, other 5xx | `observe` | yes, after jittered backoff (100 ms to 5 s) charged to the deadline | `Failed` with the last status when retries, deadline or admission run out |
-//! | transport error | nothing (not a rate limit) | yes, as 5xx | `Failed { status: 0, error }`, never `rate_limited` |
+//! | 429, or 503 with `Retry-After` | the credential (or server scope) is held for `Retry-After` (1 s if absent) | yes, after that wait, while it fits the policy's clamp and the deadline | `Throttled { rate_limited }` when the wait does not fit or the retries run out, never `Failed` |
+//! | 408, other 5xx | `observe` | yes, after jittered backoff charged to the deadline | `Failed` with [`CallFailure::Status`] when retries, deadline or admission run out |
+//! | transport error (the attempt's `Err(E)`) | nothing (not a rate limit) | yes, as 5xx | `Failed` with [`CallFailure::Transport`], never `rate_limited` |
 //! | other 4xx | `observe` | no | `Failed` |
 //! | refused by admission | | no | `Throttled` with the refusal's status |
 //! | panic | | no | `Panicked` |
 //!
-//! A retry refused by admission after a transport error or a 5xx ends as
-//! that `Failed` (the refusal is named as the reason it was not retried);
-//! after a 429 it ends as the refusal, `Throttled`.
+//! A retry refused (by the policy's deadline, by admission, or by
+//! [`Admission::close`]) after a transport error or a 5xx ends as that
+//! `Failed`, with the refusal in `not_retried`; after a 429 it ends as the
+//! refusal, `Throttled`.
+//!
+//! [`Ticket::observe`]: super::Ticket::observe
 
 use core::fmt;
 use core::future::Future;
@@ -36,294 +44,37 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 
-use crate::backoff::{Backoff, Deadline, Decision, Jitter, RetryPolicy};
+use crate::backoff::{Backoff, Deadline, Decision, Jitter, ReplyClass, RetryPolicy};
 use crate::clock::Clock;
-use crate::headers::ServerHint;
+use crate::failure::CallFailure;
+use crate::headers::{Clamp, ServerHint};
 use crate::single_flight::{FlightError, Provenance, SingleFlight};
 use crate::sleep::Sleeper;
 
-use super::{Admission, CallSpec, Human, Kind, Status, Throttled};
+use super::{Admission, Kind, Status, Throttled};
 
-/// What one attempt of a call got back from the server.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::{Reply, ServerHint};
-/// let ok = Reply::new(200, "body");
-/// assert!(ok.is_success());
-/// let throttled = Reply::new(429, ()).with_hint(ServerHint::default());
-/// assert!(!throttled.is_success());
-/// ```
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct Reply<V> {
-    /// The HTTP status (or an equivalent code).
-    pub status: u16,
-    /// What the response's headers said about limits.
-    pub hint: ServerHint,
-    /// The body or parsed value.
-    pub value: V,
-}
+mod call;
+mod result;
 
-impl<V> Reply<V> {
-    /// A reply with no limit headers.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::Reply;
-    /// assert_eq!(Reply::new(204, ()).status, 204);
-    /// ```
-    pub fn new(status: u16, value: V) -> Self {
-        Self {
-            status,
-            hint: ServerHint::default(),
-            value,
-        }
-    }
-
-    /// Attaches the limit headers.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Reply, ServerHint};
-    /// use std::time::{Duration, SystemTime};
-    /// let hint = ServerHint::from_headers([("retry-after", "2")], SystemTime::now());
-    /// let reply = Reply::new(429, ()).with_hint(hint);
-    /// assert_eq!(reply.hint.retry_after, Some(Duration::from_secs(2)));
-    /// ```
-    pub fn with_hint(mut self, hint: ServerHint) -> Self {
-        self.hint = hint;
-        self
-    }
-
-    /// 2xx.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::Reply;
-    /// assert!(Reply::new(201, ()).is_success());
-    /// assert!(!Reply::new(503, ()).is_success());
-    /// ```
-    pub fn is_success(&self) -> bool {
-        (200..300).contains(&self.status)
-    }
-}
-
-/// The boxed future of one attempt: a reply, or a transport error.
-pub type AttemptFuture<V> = Pin<Box<dyn Future<Output = Result<Reply<V>, String>> + Send>>;
-
-/// One logical call of a turn: what to admit, how to coalesce it, and how
-/// to make one attempt (called once per attempt).
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::{Call, CallSpec, Reply};
-/// let call = Call::new(CallSpec::new("search_tickets", "key"), || async {
-///     Ok(Reply::new(200, "[]".to_string()))
-/// })
-/// .coalesce_key("q=refund");
-/// # let _ = call;
-/// ```
-pub struct Call<V> {
-    spec: CallSpec,
-    key: Option<String>,
-    make: Box<dyn Fn() -> AttemptFuture<V> + Send + Sync>,
-}
-
-impl<V> Call<V> {
-    /// A call; `make` starts one attempt each time it is called.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Call, CallSpec, Reply};
-    /// let call = Call::new(CallSpec::new("get_usage", "key"), || async { Ok(Reply::new(200, 42u64)) });
-    /// # let _ = call;
-    /// ```
-    pub fn new<F, Fut>(spec: CallSpec, make: F) -> Self
-    where
-        F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Reply<V>, String>> + Send + 'static,
-    {
-        Self {
-            spec,
-            key: None,
-            make: Box::new(move || Box::pin(make())),
-        }
-    }
-
-    /// The canonical arguments of a read: reads of one tool with equal keys
-    /// share one execution and, within the TTL, one cached result. Ignored
-    /// for writes.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Call, CallSpec, Reply};
-    /// let call = Call::new(CallSpec::new("search", "key"), || async { Ok(Reply::new(200, ())) })
-    ///     .coalesce_key("q=refund&page=1");
-    /// # let _ = call;
-    /// ```
-    pub fn coalesce_key(mut self, key: impl Into<String>) -> Self {
-        self.key = Some(key.into());
-        self
-    }
-}
-
-impl<V> fmt::Debug for Call<V> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Call")
-            .field("spec", &self.spec)
-            .field("key", &self.key)
-            .finish_non_exhaustive()
-    }
-}
-
-/// The result of one logical call.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum CallResult<V> {
-    /// The server answered with success.
-    Done {
-        /// The value.
-        value: V,
-        /// Whether this call ran, joined an identical one, or was served
-        /// from the turn's cache.
-        provenance: Provenance,
-        /// Requests this call itself sent (0 when joined or cached).
-        attempts: u32,
-    },
-    /// Not now, and why: plan with it, do not retry blindly.
-    Throttled(Throttled),
-    /// The call failed for a reason that is not about capacity: a 4xx
-    /// other than 408/429, a 5xx or transport error that outlasted its
-    /// retries, or a transport error whose retry was not admitted. Never a
-    /// 429: a call whose last answer was a 429 ends as [`Throttled`].
-    Failed {
-        /// The last status (0 for a transport error).
-        status: u16,
-        /// What went wrong.
-        error: String,
-        /// Requests this call itself sent (0 when it joined an identical
-        /// call that failed).
-        attempts: u32,
-    },
-    /// The call's attempt (or the closure making it) panicked. The panic is
-    /// contained: the turn's other calls complete, and the call's slots
-    /// were released.
-    Panicked {
-        /// The panic's message, if it was a string.
-        message: String,
-    },
-}
-
-impl<V> CallResult<V> {
-    /// The value, if the call succeeded.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{CallResult, Provenance};
-    /// let r = CallResult::Done { value: 7, provenance: Provenance::Leader, attempts: 1 };
-    /// assert_eq!(r.value(), Some(&7));
-    /// ```
-    pub fn value(&self) -> Option<&V> {
-        match self {
-            CallResult::Done { value, .. } => Some(value),
-            _ => None,
-        }
-    }
-
-    /// The structured refusal, if any.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{CallResult, Status, Throttled};
-    /// let r: CallResult<()> = CallResult::Throttled(Throttled::new(Status::Shed, "queue", "busy"));
-    /// assert_eq!(r.throttled().unwrap().status, Status::Shed);
-    /// ```
-    pub fn throttled(&self) -> Option<&Throttled> {
-        match self {
-            CallResult::Throttled(t) => Some(t),
-            _ => None,
-        }
-    }
-}
-
-/// Under the `serde` feature every result serializes as one JSON object
-/// with a `status` field a model can branch on:
-///
-/// | variant | `status` | other fields |
-/// | --- | --- | --- |
-/// | `Done` | `"done"` | `value`, `provenance` (`leader`/`joined`/`cached`), `attempts` |
-/// | `Throttled` | the [`Status`] (`rate_limited`, `shed`, ...) | `scope`, `retry_after_ms`, `hint` (as [`Throttled`]) |
-/// | `Failed` | `"failed"` | `http_status` (0: transport), `error`, `attempts` |
-/// | `Panicked` | `"panicked"` | `message` |
-#[cfg(feature = "serde")]
-impl<V: serde::Serialize> serde::Serialize for CallResult<V> {
-    fn serialize<Ser: serde::Serializer>(&self, s: Ser) -> Result<Ser::Ok, Ser::Error> {
-        use serde::ser::SerializeStruct;
-        match self {
-            CallResult::Done {
-                value,
-                provenance,
-                attempts,
-            } => {
-                let mut st = s.serialize_struct("CallResult", 4)?;
-                st.serialize_field("status", "done")?;
-                st.serialize_field("value", value)?;
-                st.serialize_field("provenance", provenance)?;
-                st.serialize_field("attempts", attempts)?;
-                st.end()
-            }
-            CallResult::Throttled(t) => t.serialize(s),
-            CallResult::Failed {
-                status,
-                error,
-                attempts,
-            } => {
-                let mut st = s.serialize_struct("CallResult", 4)?;
-                st.serialize_field("status", "failed")?;
-                st.serialize_field("http_status", status)?;
-                st.serialize_field("error", error)?;
-                st.serialize_field("attempts", attempts)?;
-                st.end()
-            }
-            CallResult::Panicked { message } => {
-                let mut st = s.serialize_struct("CallResult", 2)?;
-                st.serialize_field("status", "panicked")?;
-                st.serialize_field("message", message)?;
-                st.end()
-            }
-        }
-    }
-}
+pub use call::{AttemptFuture, Call, Reply};
+pub use result::CallResult;
 
 /// Why a led execution ended without a value (shared with followers).
 #[derive(Debug)]
-enum Failure {
+enum Ended<E> {
     Throttled(Throttled),
     /// The caller's own request count is added by `to_result`.
     Failed {
-        status: u16,
-        error: String,
+        error: CallFailure<E>,
+        not_retried: Option<Throttled>,
     },
     Panicked(String),
 }
 
-/// What the previous attempt of a call got, for when its retry is refused.
-struct LastAttempt {
-    status: u16,
-    error: String,
-}
-
 /// Runs a turn's calls through an [`Admission`].
+///
+/// `E` is the error type of the calls' attempts (`String` by default; it
+/// comes last so that `Runner<V, S, C>` keeps meaning what it did).
 ///
 /// # Examples
 ///
@@ -351,23 +102,59 @@ struct LastAttempt {
 /// assert!(results.iter().all(|r| r.value().map(String::as_str) == Some("[#1]")));
 /// # });
 /// ```
-pub struct Runner<V, S = crate::sleep::ThreadSleeper, C: Clock = crate::clock::DefaultClock> {
+///
+/// With the caller's own error type:
+///
+/// ```
+/// use backpressure::{Admission, Call, CallFailure, CallResult, CallSpec, Runner, ThreadSleeper, DefaultClock};
+/// use std::time::Duration;
+///
+/// # futures::executor::block_on(async {
+/// let runner: Runner<String, ThreadSleeper, DefaultClock, std::io::Error> =
+///     Runner::new(Admission::builder().build(), Duration::ZERO)
+///         .retries(backpressure::Backoff::new(Duration::ZERO, Duration::ZERO), 0);
+/// let call = Call::new(CallSpec::new("fetch", "key"), || async {
+///     Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+/// });
+/// match runner.one(call).await {
+///     CallResult::Failed { error: CallFailure::Transport(e), attempts: 1, .. } => {
+///         assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused)
+///     }
+///     other => panic!("{other:?}"),
+/// }
+/// # });
+/// ```
+pub struct Runner<
+    V,
+    S = crate::sleep::ThreadSleeper,
+    C: Clock = crate::clock::DefaultClock,
+    E = String,
+> {
     admission: Admission<S, C>,
-    flights: SingleFlight<(String, String), V, Failure, C>,
+    flights: SingleFlight<(String, String), V, Ended<E>, C>,
+    /// The template every call forks its own policy from: the one owner of
+    /// classification, the retry cap and the clamp.
     retry: Arc<parking_lot::Mutex<RetryPolicy>>,
-    max_retries: u32,
 }
 
-impl<V, S, C> Runner<V, S, C>
+impl<V, S, C, E> Runner<V, S, C, E>
 where
     V: Clone + Send + Sync + 'static,
     S: Sleeper,
     C: Clock + Clone,
+    E: Send + Sync + 'static,
 {
+    /// The clamp of the default policy: server waits up to this are slept
+    /// before the retry, longer ones returned as `rate_limited` (the same
+    /// 2 s as [`Builder::inline_wait`](super::Builder::inline_wait)'s
+    /// default, so a call and the calls held behind its 429 sleep alike).
+    pub const DEFAULT_CLAMP: Duration = Duration::from_secs(2);
+
     /// A runner over `admission` whose read cache keeps results for
     /// `cache_ttl` (zero disables the cache; coalescing of reads in flight
-    /// stays on). Transient failures are retried up to 3 times with full
-    /// jitter from 100 ms to 5 s.
+    /// stays on). Its [`RetryPolicy`] retries up to 3 times, with full
+    /// jitter from 100 ms to 5 s, and sleeps server waits up to
+    /// [`DEFAULT_CLAMP`](Self::DEFAULT_CLAMP).
     ///
     /// # Examples
     ///
@@ -385,16 +172,18 @@ where
         }
         let backoff =
             Backoff::new(Duration::from_millis(100), Duration::from_secs(5)).jitter(Jitter::Full);
+        let policy = RetryPolicy::new(backoff)
+            .max_retries(3)
+            .clamp(Clamp::new(Self::DEFAULT_CLAMP));
         Self {
             admission,
             flights: flights.build(),
-            retry: Arc::new(parking_lot::Mutex::new(RetryPolicy::new(backoff))),
-            max_retries: 3,
+            retry: Arc::new(parking_lot::Mutex::new(policy)),
         }
     }
 
-    /// Sets the backoff of transient-failure retries (its seed makes runs
-    /// reproducible) and how many retries a call gets.
+    /// Sets the backoff of the retries (its seed makes runs reproducible)
+    /// and how many retries a call gets, keeping the policy's clamp.
     ///
     /// # Examples
     ///
@@ -406,11 +195,32 @@ where
     /// # let _ = runner;
     /// ```
     pub fn retries(self, backoff: Backoff, max_retries: u32) -> Self {
-        *self.retry.lock() = RetryPolicy::new(backoff).max_retries(max_retries);
-        Self {
-            max_retries,
-            ..self
+        {
+            let mut policy = self.retry.lock();
+            let old = core::mem::take(&mut *policy);
+            *policy = old.backoff(backoff).max_retries(max_retries);
         }
+        self
+    }
+
+    /// Sets the whole retry policy: the classification, the retry cap, the
+    /// clamp on the server's wait and the backoff all come from it. Each
+    /// call forks its own copy ([`RetryPolicy::fork`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, Clamp, RetryPolicy, Runner};
+    /// use std::time::Duration;
+    /// // Sleep through server waits up to 10 s before retrying; 2 retries.
+    /// let policy = RetryPolicy::default().max_retries(2).clamp(Clamp::new(Duration::from_secs(10)));
+    /// let runner: Runner<String> =
+    ///     Runner::new(Admission::builder().build(), Duration::ZERO).retry_policy(policy);
+    /// # let _ = runner;
+    /// ```
+    pub fn retry_policy(self, policy: RetryPolicy) -> Self {
+        *self.retry.lock() = policy;
+        self
     }
 
     /// Drops the turn's cached reads (call it at the end of a turn).
@@ -457,7 +267,7 @@ where
     /// assert_eq!(results.iter().map(|r| *r.value().unwrap()).collect::<Vec<_>>(), [0, 1, 2]);
     /// # });
     /// ```
-    pub async fn execute(&self, calls: Vec<Call<V>>) -> Vec<CallResult<V>> {
+    pub async fn execute(&self, calls: Vec<Call<V, E>>) -> Vec<CallResult<V, E>> {
         let futures: Vec<_> = calls.into_iter().map(|c| Box::pin(self.one(c))).collect();
         join_all(futures).await
     }
@@ -475,7 +285,7 @@ where
     /// assert_eq!(r.value(), Some(&"ok"));
     /// # });
     /// ```
-    pub async fn one(&self, call: Call<V>) -> CallResult<V> {
+    pub async fn one(&self, call: Call<V, E>) -> CallResult<V, E> {
         let key = match (&call.key, call.spec.kind) {
             (Some(k), Kind::Read) => Some((call.spec.tool.clone(), k.clone())),
             _ => None,
@@ -511,32 +321,34 @@ where
             Err(FlightError::Failed(f)) => f.to_result(attempts),
             // `contained` catches the closure's panics; a flight can only
             // report one if the runner itself panicked.
-            Err(e) => CallResult::Panicked {
-                message: e.to_string(),
+            Err(_) => CallResult::Panicked {
+                message: "the call's single-flight leader panicked".to_string(),
             },
         }
     }
 
     /// [`attempts`](Self::attempts), with a panic turned into
-    /// [`Failure::Panicked`]: the attempt's future (holding the ticket) is
+    /// [`Ended::Panicked`]: the attempt's future (holding the ticket) is
     /// dropped, so its slots are released, and the other calls go on.
-    async fn contained(&self, call: &Call<V>, sent: &AtomicU32) -> Result<V, Failure> {
+    async fn contained(&self, call: &Call<V, E>, sent: &AtomicU32) -> Result<V, Ended<E>> {
         let mut attempts = Box::pin(self.attempts(call, sent));
         core::future::poll_fn(|cx| {
             match std::panic::catch_unwind(AssertUnwindSafe(|| attempts.as_mut().poll(cx))) {
                 Ok(p) => p,
-                Err(payload) => Poll::Ready(Err(Failure::Panicked(panic_message(&*payload)))),
+                Err(payload) => Poll::Ready(Err(Ended::Panicked(panic_message(&*payload)))),
             }
         })
         .await
     }
 
-    /// Admits and sends one call until it succeeds, is refused, or runs out
-    /// of retries or deadline. `sent` counts the requests sent.
-    async fn attempts(&self, call: &Call<V>, sent: &AtomicU32) -> Result<V, Failure> {
+    /// Admits and sends one call until it succeeds, or the policy, the
+    /// deadline or the admission layer stops it. `sent` counts the
+    /// requests sent.
+    async fn attempts(&self, call: &Call<V, E>, sent: &AtomicU32) -> Result<V, Ended<E>> {
         let mut deadline = Deadline::after(self.admission.clock().clone(), call.spec.deadline);
         let mut policy = self.retry.lock().fork();
-        let mut last: Option<LastAttempt> = None;
+        // The previous attempt's failure, for when its retry is refused.
+        let mut last: Option<(CallFailure<E>, ReplyClass)> = None;
         loop {
             let spec = call.spec.clone().deadline(deadline.remaining());
             let ticket = match self.admission.admit(&spec).await {
@@ -545,111 +357,87 @@ where
             };
             // Relaxed: a count read by this call's own task afterwards.
             let n = sent.fetch_add(1, Relaxed) + 1;
-            let reply = (call.make)().await;
-            let (status, hint, error) = match reply {
-                Ok(r) if r.is_success() => {
-                    ticket.observe(r.status, &r.hint);
-                    return Ok(r.value);
-                }
+            let (status, hint, error) = match (call.make)().await {
                 Ok(r) => {
-                    let held = ticket.observe(r.status, &r.hint);
-                    self.admission.sync_shared().await;
-                    let capacity = is_capacity(r.status, &r.hint);
-                    if capacity && n > self.max_retries {
-                        // Out of retries, and the server's last word was
-                        // "not now": that is a rate limit, never a failure.
-                        return Err(Failure::Throttled(still_throttled(
-                            r.status, &r.hint, held, n,
-                        )));
+                    // The admission layer learns from every answer (it
+                    // holds the credential for everyone on a 429).
+                    ticket.observe(r.status, &r.hint);
+                    if r.is_success() {
+                        return Ok(r.value);
                     }
-                    (r.status, r.hint, format!("server answered {}", r.status))
+                    self.admission.sync_shared().await;
+                    let error = CallFailure::Status { status: r.status };
+                    (Some(r.status), r.hint, error)
                 }
-                Err(e) => (0, ServerHint::default(), e),
+                Err(e) => (
+                    None,
+                    ServerHint::default(),
+                    CallFailure::Transport(Arc::new(e)),
+                ),
             };
             drop(ticket);
-            if is_capacity(status, &hint) {
-                // The hold is in the credential's bucket now (observe): the
-                // next admit waits for it, or surfaces it as rate_limited.
-                last = Some(LastAttempt { status, error });
-                continue;
-            }
-            let retryable = status == 0 || status == 408 || status >= 500;
-            if !retryable || n > self.max_retries {
-                return Err(Failure::Failed { status, error });
-            }
-            match policy.decide(&hint, &mut deadline) {
+            let class = policy.classify(status, &hint);
+            match policy.decide_reply(status, &hint, &mut deadline) {
                 Decision::Retry { after } => {
                     #[cfg(feature = "tracing")]
                     tracing::event!(
                         tracing::Level::DEBUG,
                         tool = %call.spec.tool,
-                        status,
+                        status = status.unwrap_or(0),
                         attempt = n,
                         wait_ms = after.as_millis() as u64,
                         "backpressure: retried"
                     );
+                    #[cfg(not(feature = "tracing"))]
+                    let _ = n;
+                    let last_failure = (error, class);
                     if !self.admission.sleep_unless_closed(after).await {
-                        return Err(Failure::Failed {
-                            status,
-                            error: format!("{error}; not retried: the admission layer closed"),
-                        });
+                        let closed = Throttled::new(
+                            Status::Closed,
+                            "admission",
+                            "the admission layer closed before the retry",
+                        );
+                        return Err(refused_retry(closed, Some(last_failure)));
                     }
-                    last = Some(LastAttempt { status, error });
+                    last = Some(last_failure);
                 }
-                // The error was not about capacity: report it as it was,
-                // saying why it was not retried (a transport error is never
+                // The server's capacity, not a fault: a rate limit, never
+                // `Failed`.
+                Decision::Surface(t) if class == ReplyClass::Capacity => {
+                    return Err(Ended::Throttled(t))
+                }
+                // A fault the policy would not retry now: report it as it
+                // was, with the policy's reason (a transport error is never
                 // turned into a rate limit).
-                Decision::Surface(s) => {
-                    return Err(Failure::Failed {
-                        status,
-                        error: format!("{error}; not retried: {}", s.hint),
+                Decision::Surface(t) => {
+                    return Err(Ended::Failed {
+                        error,
+                        not_retried: Some(t),
                     })
                 }
-                _ => return Err(Failure::Failed { status, error }),
+                _ => {
+                    return Err(Ended::Failed {
+                        error,
+                        not_retried: None,
+                    })
+                }
             }
         }
     }
 }
 
-/// A 429, or a 503 that says when to come back: the server's capacity,
-/// not a fault.
-fn is_capacity(status: u16, hint: &ServerHint) -> bool {
-    status == 429 || (status == 503 && hint.retry_after.is_some())
-}
-
-/// The call's last answer was "not now" and its retries are spent.
-fn still_throttled(status: u16, hint: &ServerHint, held: Option<Duration>, sent: u32) -> Throttled {
-    let scope = hint
-        .scope
-        .as_ref()
-        .map_or_else(|| "api_key".to_string(), |s| format!("server:{s}"));
-    let after = held
-        .or_else(|| hint.wait())
-        .unwrap_or(Duration::from_secs(1));
-    Throttled::new(
-        Status::RateLimited,
-        scope,
-        format!(
-            "the server still answered {status} after {sent} requests; retry after {}",
-            Human(after)
-        ),
-    )
-    .with_retry_after(after)
-}
-
-/// A retry refused by admission ends the call with what it means: after a
-/// 429 the refusal is the rate limit itself; after a transport error or a
-/// 5xx it is the original failure (the server is not known to be
-/// throttling), with the refusal as the reason it was not retried.
-fn refused_retry(refused: Throttled, last: Option<LastAttempt>) -> Failure {
+/// A retry refused (by admission, or by `close` during its wait) ends the
+/// call with what it means: after a capacity answer the refusal is the rate
+/// limit itself; after a transport error or a 5xx it is the original
+/// failure (the server is not known to be throttling), with the refusal as
+/// the reason it was not retried.
+fn refused_retry<E>(refused: Throttled, last: Option<(CallFailure<E>, ReplyClass)>) -> Ended<E> {
     match last {
-        Some(l) if l.status != 429 && l.status != 503 && refused.status != Status::Closed => {
-            Failure::Failed {
-                status: l.status,
-                error: format!("{}; not retried: {}", l.error, refused.hint),
-            }
-        }
-        _ => Failure::Throttled(refused),
+        Some((error, class)) if class != ReplyClass::Capacity => Ended::Failed {
+            error,
+            not_retried: Some(refused),
+        },
+        _ => Ended::Throttled(refused),
     }
 }
 
@@ -663,38 +451,28 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-impl Failure {
+impl<E> Ended<E> {
     /// The result for a caller that sent `attempts` requests itself.
-    fn to_result<V>(&self, attempts: u32) -> CallResult<V> {
+    fn to_result<V>(&self, attempts: u32) -> CallResult<V, E> {
         match self {
-            Failure::Throttled(t) => CallResult::Throttled(t.clone()),
-            Failure::Failed { status, error, .. } => CallResult::Failed {
-                status: *status,
+            Ended::Throttled(t) => CallResult::Throttled(t.clone()),
+            Ended::Failed { error, not_retried } => CallResult::Failed {
                 error: error.clone(),
+                not_retried: not_retried.clone(),
                 attempts,
             },
-            Failure::Panicked(message) => CallResult::Panicked {
+            Ended::Panicked(message) => CallResult::Panicked {
                 message: message.clone(),
             },
         }
     }
 }
 
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Failure::Throttled(t) => t.fmt(f),
-            Failure::Failed { error, .. } => f.write_str(error),
-            Failure::Panicked(m) => write!(f, "the call panicked: {m}"),
-        }
-    }
-}
-
-impl<V, S, C: Clock> fmt::Debug for Runner<V, S, C> {
+impl<V, S, C: Clock, E> fmt::Debug for Runner<V, S, C, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Runner")
             .field("admission", &self.admission)
-            .field("max_retries", &self.max_retries)
+            .field("retry", &*self.retry.lock())
             .finish_non_exhaustive()
     }
 }

@@ -8,8 +8,11 @@
 //!   [`charge`](Deadline::charge) accepts a wait only if it fits: a retry
 //!   that would sleep past the deadline is refused with [`TimedOut`]
 //!   instead of sleeping.
-//! * [`RetryPolicy`]: the server's hint (clamped) overrides the computed
-//!   backoff; an attempt cap; the answer is a [`Decision`] value.
+//! * [`RetryPolicy`]: the one owner of retry decisions. It classes an
+//!   answer ([`ReplyClass`]: capacity, transient, final), holds the retry
+//!   cap, lets the server's wait (clamped) override the computed backoff,
+//!   and answers with a [`Decision`]; a retry it will not make now is a
+//!   [`Throttled`](crate::Throttled), the crate's one "not now".
 
 use std::time::Duration;
 
@@ -19,7 +22,7 @@ mod deadline;
 mod retry;
 
 pub use deadline::{Deadline, TimedOut};
-pub use retry::{Decision, RetryPolicy, SurfaceStatus, Surfaced};
+pub use retry::{Decision, ReplyClass, RetryPolicy};
 
 /// How a backoff delay is randomised. With `v = min(cap, base * 2^attempt)`:
 ///

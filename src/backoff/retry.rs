@@ -1,88 +1,52 @@
 //! [`RetryPolicy`]: a failed attempt and the server's hint in, a
-//! [`Decision`] out.
+//! [`Decision`] out. The one owner of retry decisions: which statuses are
+//! the server's capacity, which are worth retrying, the retry cap and how
+//! long a server's wait may be slept.
 
-use core::fmt;
 use std::time::Duration;
 
 use super::{Backoff, Deadline};
+use crate::throttled::{Human, Status, Throttled};
 use crate::{Advice, Clamp, Clock, ServerHint};
 
-/// Why a [`Decision`] surfaces the failure instead of retrying.
+/// How a [`RetryPolicy`] classes one attempt's answer (see
+/// [`RetryPolicy::classify`]).
 ///
 /// # Examples
 ///
 /// ```
-/// use backpressure::SurfaceStatus;
-/// assert_eq!(SurfaceStatus::RateLimited.as_str(), "rate_limited");
+/// use backpressure::{ReplyClass, RetryPolicy, ServerHint};
+/// let policy = RetryPolicy::default();
+/// let none = ServerHint::default();
+/// assert_eq!(policy.classify(Some(429), &none), ReplyClass::Capacity);
+/// assert_eq!(policy.classify(Some(503), &none), ReplyClass::Transient);
+/// assert_eq!(policy.classify(None, &none), ReplyClass::Transient); // transport error
+/// assert_eq!(policy.classify(Some(404), &none), ReplyClass::Final);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum SurfaceStatus {
-    /// The server's wait is longer than the clamp or the deadline: the
-    /// server is saying stop.
-    RateLimited,
-    /// Our own backoff would sleep past the deadline, or the deadline has
-    /// already passed.
-    TimedOut,
-}
-
-impl SurfaceStatus {
-    /// The status as a stable snake_case string (`rate_limited`,
-    /// `timed_out`), as the admission layer reports it.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::SurfaceStatus;
-    /// assert_eq!(SurfaceStatus::TimedOut.as_str(), "timed_out");
-    /// ```
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SurfaceStatus::RateLimited => "rate_limited",
-            SurfaceStatus::TimedOut => "timed_out",
-        }
-    }
-}
-
-impl fmt::Display for SurfaceStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What to tell the caller when a retry is not worth waiting for.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::{Decision, Deadline, ManualClock, RetryPolicy, ServerHint, SurfaceStatus};
-/// use std::time::{Duration, SystemTime};
-///
-/// let mut policy = RetryPolicy::default();
-/// let mut deadline = Deadline::after(ManualClock::new(), Duration::from_secs(30));
-/// let hint = ServerHint::from_headers(
-///     [("retry-after", "3600"), ("x-ratelimit-scope", "user")],
-///     SystemTime::now(),
-/// );
-/// let Decision::Surface(s) = policy.decide(&hint, &mut deadline) else { panic!() };
-/// assert_eq!(s.status, SurfaceStatus::RateLimited);
-/// assert_eq!(s.retry_after, Some(Duration::from_secs(3600)));
-/// assert_eq!(s.scope.as_deref(), Some("user"));
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Surfaced {
-    /// Why.
-    pub status: SurfaceStatus,
-    /// The limit's scope, as the server named it.
-    pub scope: Option<String>,
-    /// When a retry could succeed: the server's wait, or the refused backoff.
-    pub retry_after: Option<Duration>,
-    /// One line for a human or a model to plan with.
-    pub hint: String,
+pub enum ReplyClass {
+    /// 2xx.
+    Success,
+    /// The server's capacity, not a fault: a 429, or a 503 with
+    /// `Retry-After`. Retried after the server's wait; a call whose
+    /// retries run out on it is `rate_limited`, never failed.
+    Capacity,
+    /// A fault that may pass: a 408, another 5xx, or a transport error
+    /// (no answer). Retried after the backoff (or the server's wait, if it
+    /// gave one).
+    Transient,
+    /// Retrying cannot change it: any other status (other 4xx, 1xx, 3xx).
+    Final,
 }
 
 /// What to do after a failed attempt.
+///
+/// When the policy will not retry "now", it says why in the crate's one
+/// vocabulary for "not now", a [`Throttled`]: `rate_limited` (the server's
+/// wait is longer than the clamp or the deadline, or a capacity answer
+/// outlasted the retries) or `timed_out` (our own backoff would pass the
+/// deadline, or it has passed).
 ///
 /// # Examples
 ///
@@ -105,31 +69,51 @@ pub enum Decision {
         after: Duration,
     },
     /// Do not retry now: hand this to the caller.
-    Surface(Surfaced),
-    /// The attempt cap is reached.
+    Surface(Throttled),
+    /// The attempt cap is reached on a fault (a capacity answer is
+    /// [`Surface`](Self::Surface)d as `rate_limited` instead).
     GiveUp,
+    /// Nothing to retry: the answer was a success, or final
+    /// ([`ReplyClass::Final`]).
+    Stop,
 }
 
 /// Decides, after each failed attempt of one call, whether and when to
-/// retry.
+/// retry. It owns every part of that decision: how an answer is classed
+/// ([`classify`](Self::classify)), the retry cap, the clamp on the
+/// server's wait and the backoff. [`Runner`](crate::Runner) asks it after
+/// every attempt that did not succeed and does what it says.
 ///
-/// In order: past the attempt cap, [`Decision::GiveUp`]. Once the
-/// deadline has passed, [`Decision::Surface`] with
-/// [`SurfaceStatus::TimedOut`], whatever the wait (even zero). If the server
-/// gave a wait ([`ServerHint::wait`]) longer than the clamp or the
-/// remaining deadline, [`Decision::Surface`] with
-/// [`SurfaceStatus::RateLimited`]; otherwise the server's wait overrides
-/// the backoff, plus a jitter of up to `base` (dropped when only the exact
-/// wait fits) so clients told the same `Retry-After` do not come back in
+/// [`decide_reply`](Self::decide_reply) sees the whole answer (a status or
+/// a transport error, and the headers):
+///
+/// | answer | class | decision |
+/// | --- | --- | --- |
+/// | 2xx | [`Success`](ReplyClass::Success) | [`Stop`](Decision::Stop) |
+/// | 429, or 503 with `Retry-After` | [`Capacity`](ReplyClass::Capacity) | retry after the server's wait ([`BARE_429_HOLD`](Self::BARE_429_HOLD) if it gave none); `rate_limited` when the wait does not fit the clamp or the deadline, or the retries are spent |
+/// | 408, other 5xx, transport error | [`Transient`](ReplyClass::Transient) | as [`decide`](Self::decide) |
+/// | anything else | [`Final`](ReplyClass::Final) | [`Stop`](Decision::Stop) |
+///
+/// [`decide`](Self::decide) (a fault, given the server's hint), in order:
+/// past the attempt cap, [`Decision::GiveUp`]. Once the deadline has
+/// passed, `timed_out`, whatever the wait (even zero). If the server gave a
+/// wait ([`ServerHint::wait`]) longer than the clamp or the remaining
+/// deadline, `rate_limited`; otherwise the server's wait overrides the
+/// backoff, plus a jitter of up to `base` (dropped when only the exact wait
+/// fits) so clients told the same `Retry-After` do not come back in
 /// lockstep, and never earlier than asked. Without a server wait, the
-/// [`Backoff`] delay, surfaced as [`SurfaceStatus::TimedOut`] if it does
-/// not fit the deadline. A retry's wait is charged to the deadline.
+/// [`Backoff`] delay, `timed_out` if it does not fit the deadline. A
+/// retry's wait is charged to the deadline; a surfaced one costs nothing.
+///
+/// A surfaced [`Throttled`] names its scope as [`Admission`](crate::Admission)
+/// does: `server:<name>` when the server named its limit, else `api_key`
+/// (the credential's limit); `deadline` for `timed_out`.
 ///
 /// One policy per call (it counts attempts); [`fork`](Self::fork) makes
 /// another with the same settings and an independent generator.
 ///
 /// Defaults: backoff 100 ms doubling to 10 s with full jitter, at most 5
-/// retries, server waits honoured up to 60 s.
+/// retries, server waits honoured up to 60 s (the clamp).
 ///
 /// # Examples
 ///
@@ -145,7 +129,7 @@ pub enum Decision {
 ///
 /// // A 429 with Retry-After: 2 -> wait 2 s (plus at most 100 ms of jitter).
 /// let hint = ServerHint::from_headers([("retry-after", "2")], SystemTime::now());
-/// let Decision::Retry { after } = policy.decide(&hint, &mut deadline) else { panic!() };
+/// let Decision::Retry { after } = policy.decide_reply(Some(429), &hint, &mut deadline) else { panic!() };
 /// assert!(after >= Duration::from_secs(2) && after <= Duration::from_millis(2_100));
 /// ```
 #[derive(Debug)]
@@ -167,6 +151,12 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
+    /// The wait assumed for a capacity answer that gave none (a bare 429):
+    /// one second, the same hold [`Ticket::observe`](crate::Ticket::observe)
+    /// puts on the credential, so the call does not find out the same way
+    /// again at once.
+    pub const BARE_429_HOLD: Duration = Duration::from_secs(1);
+
     /// A policy with `backoff`, 5 retries and a 60 s clamp.
     ///
     /// # Examples
@@ -186,6 +176,24 @@ impl RetryPolicy {
         }
     }
 
+    /// Replaces the backoff, keeping the cap and the clamp.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Backoff, Decision, Deadline, Jitter, ManualClock, RetryPolicy, ServerHint};
+    /// use std::time::Duration;
+    /// let fixed = Backoff::new(Duration::from_millis(300), Duration::from_millis(300)).jitter(Jitter::None);
+    /// let mut p = RetryPolicy::default().backoff(fixed);
+    /// let mut d = Deadline::never(ManualClock::new());
+    /// let after = Duration::from_millis(300);
+    /// assert_eq!(p.decide(&ServerHint::default(), &mut d), Decision::Retry { after });
+    /// ```
+    pub fn backoff(mut self, backoff: Backoff) -> RetryPolicy {
+        self.backoff = backoff;
+        self
+    }
+
     /// At most `n` retries (after the first attempt).
     ///
     /// # Examples
@@ -202,17 +210,20 @@ impl RetryPolicy {
         self
     }
 
-    /// The longest server wait this policy sleeps through.
+    /// The longest server wait this policy sleeps through; a longer one is
+    /// surfaced as `rate_limited` with the server's full wait.
     ///
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Clamp, Decision, Deadline, ManualClock, RetryPolicy, ServerHint};
+    /// use backpressure::{Clamp, Decision, Deadline, ManualClock, RetryPolicy, ServerHint, Status};
     /// use std::time::{Duration, SystemTime};
     /// let mut p = RetryPolicy::default().clamp(Clamp::new(Duration::from_secs(1)));
     /// let mut d = Deadline::after(ManualClock::new(), Duration::from_secs(60));
     /// let hint = ServerHint::from_headers([("retry-after", "5")], SystemTime::now());
-    /// assert!(matches!(p.decide(&hint, &mut d), Decision::Surface(_)));
+    /// let Decision::Surface(t) = p.decide(&hint, &mut d) else { panic!() };
+    /// assert_eq!(t.status, Status::RateLimited);
+    /// assert_eq!(t.retry_after(), Some(Duration::from_secs(5)));
     /// ```
     pub fn clamp(mut self, clamp: Clamp) -> RetryPolicy {
         self.clamp = clamp;
@@ -254,21 +265,97 @@ impl RetryPolicy {
         }
     }
 
-    /// Decides what to do after a failed attempt, given what the server
-    /// said (`ServerHint::default()` if nothing), charging a retry's wait
-    /// to `deadline`.
+    /// Classes an attempt's answer: `status` is the server's status, or
+    /// `None` for a transport error (no answer). See [`ReplyClass`].
     ///
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Decision, Deadline, ManualClock, RetryPolicy, ServerHint, SurfaceStatus};
+    /// use backpressure::{ReplyClass, RetryPolicy, ServerHint};
+    /// use std::time::SystemTime;
+    /// let policy = RetryPolicy::default();
+    /// let told = ServerHint::from_headers([("retry-after", "2")], SystemTime::now());
+    /// assert_eq!(policy.classify(Some(503), &told), ReplyClass::Capacity);
+    /// assert_eq!(policy.classify(Some(408), &told), ReplyClass::Transient);
+    /// assert_eq!(policy.classify(Some(204), &told), ReplyClass::Success);
+    /// ```
+    pub fn classify(&self, status: Option<u16>, hint: &ServerHint) -> ReplyClass {
+        match status {
+            None => ReplyClass::Transient,
+            Some(200..=299) => ReplyClass::Success,
+            Some(429) => ReplyClass::Capacity,
+            Some(503) if hint.retry_after.is_some() => ReplyClass::Capacity,
+            Some(408 | 500..=599) => ReplyClass::Transient,
+            Some(_) => ReplyClass::Final,
+        }
+    }
+
+    /// Decides what to do after an attempt, seeing its whole answer:
+    /// `status` (`None` for a transport error, whose `hint` is then
+    /// `ServerHint::default()`) and the server's hint. A retry's wait is
+    /// charged to `deadline`. See the table on [`RetryPolicy`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Decision, Deadline, ManualClock, RetryPolicy, ServerHint, Status};
+    /// use std::time::{Duration, SystemTime};
+    ///
+    /// let mut p = RetryPolicy::default().max_retries(1);
+    /// let mut d = Deadline::after(ManualClock::new(), Duration::from_secs(30));
+    /// let told = ServerHint::from_headers([("retry-after", "1")], SystemTime::now());
+    /// assert!(matches!(p.decide_reply(Some(429), &told, &mut d), Decision::Retry { .. }));
+    /// // Out of retries on a 429: a rate limit, never a plain give-up.
+    /// let Decision::Surface(t) = p.decide_reply(Some(429), &told, &mut d) else { panic!() };
+    /// assert_eq!((t.status, t.scope.as_str()), (Status::RateLimited, "api_key"));
+    /// assert_eq!(t.retry_after(), Some(Duration::from_secs(1)));
+    /// // A 404 is final; nothing is counted.
+    /// assert_eq!(p.decide_reply(Some(404), &ServerHint::default(), &mut d), Decision::Stop);
+    /// ```
+    pub fn decide_reply<C: Clock>(
+        &mut self,
+        status: Option<u16>,
+        hint: &ServerHint,
+        deadline: &mut Deadline<C>,
+    ) -> Decision {
+        match self.classify(status, hint) {
+            ReplyClass::Success | ReplyClass::Final => Decision::Stop,
+            ReplyClass::Transient => self.decide(hint, deadline),
+            ReplyClass::Capacity => {
+                let wait = hint.wait().unwrap_or(Self::BARE_429_HOLD);
+                if self.retries >= self.max_retries {
+                    return Decision::Surface(still_throttled(
+                        status.unwrap_or(429),
+                        wait,
+                        hint,
+                        self.retries + 1,
+                    ));
+                }
+                self.retries += 1;
+                // Even past the deadline this is the server's limit, not
+                // ours: the clamp (at most what is left) surfaces it as
+                // `rate_limited` with the server's wait.
+                self.after_server_wait(wait, hint, deadline)
+            }
+        }
+    }
+
+    /// Decides what to do after a failed attempt that is a fault (not the
+    /// server's capacity), given what the server said
+    /// (`ServerHint::default()` if nothing), charging a retry's wait to
+    /// `deadline`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Decision, Deadline, ManualClock, RetryPolicy, ServerHint, Status};
     /// use std::time::Duration;
     ///
     /// let mut p = RetryPolicy::default();
     /// // No budget left: no retry, not even an immediate one.
     /// let mut d = Deadline::after(ManualClock::new(), Duration::ZERO);
-    /// let Decision::Surface(s) = p.decide(&ServerHint::default(), &mut d) else { panic!() };
-    /// assert_eq!(s.status, SurfaceStatus::TimedOut);
+    /// let Decision::Surface(t) = p.decide(&ServerHint::default(), &mut d) else { panic!() };
+    /// assert_eq!((t.status, t.scope.as_str()), (Status::TimedOut, "deadline"));
     /// ```
     pub fn decide<C: Clock>(&mut self, hint: &ServerHint, deadline: &mut Deadline<C>) -> Decision {
         if self.retries >= self.max_retries {
@@ -276,84 +363,115 @@ impl RetryPolicy {
         }
         let attempt = self.retries;
         self.retries += 1;
-        let scope = || hint.scope.clone();
 
         if deadline.is_expired() {
             // Checked first: with no budget left, a zero wait (`Retry-After:
             // 0`, a zero backoff) would otherwise still "fit".
             return Decision::Surface(expired(
                 hint.wait().unwrap_or_else(|| self.backoff.delay(attempt)),
-                scope(),
                 attempt,
             ));
         }
 
         if let Some(server) = hint.wait() {
-            let clamp = Clamp::new(self.clamp.max.min(deadline.remaining()));
-            return match clamp.apply(server) {
-                Advice::Wait(wait) => {
-                    let spread = self.backoff.spread(self.backoff.base);
-                    let jittered = wait.saturating_add(Duration::from_nanos(spread));
-                    let after = if deadline.charge(jittered).is_ok() {
-                        jittered
-                    } else if deadline.charge(wait).is_ok() {
-                        wait
-                    } else {
-                        // The clamp is at most `remaining()`, so this is
-                        // unreachable; stay honest rather than panic.
-                        return Decision::Surface(rate_limited(server, scope(), clamp));
-                    };
-                    Decision::Retry { after }
-                }
-                _ => Decision::Surface(rate_limited(server, scope(), clamp)),
-            };
+            return self.after_server_wait(server, hint, deadline);
         }
 
         let wait = self.backoff.delay(attempt);
         match deadline.charge(wait) {
             Ok(()) => Decision::Retry { after: wait },
-            Err(e) => Decision::Surface(Surfaced {
-                status: SurfaceStatus::TimedOut,
-                scope: scope(),
-                retry_after: Some(wait),
-                hint: format!(
-                    "retry {} would wait {} but only {} is left before the deadline",
-                    attempt + 1,
-                    crate::admission::Human(wait),
-                    crate::admission::Human(e.remaining())
-                ),
-            }),
+            Err(e) => Decision::Surface(
+                Throttled::new(
+                    Status::TimedOut,
+                    DEADLINE,
+                    format!(
+                        "retry {} would wait {} but only {} is left before the deadline",
+                        attempt + 1,
+                        Human(wait),
+                        Human(e.remaining())
+                    ),
+                )
+                .with_retry_after(wait),
+            ),
         }
+    }
+
+    /// The server's wait, jittered, if it fits the clamp and the deadline;
+    /// else `rate_limited` with the full wait.
+    fn after_server_wait<C: Clock>(
+        &mut self,
+        server: Duration,
+        hint: &ServerHint,
+        deadline: &mut Deadline<C>,
+    ) -> Decision {
+        let clamp = Clamp::new(self.clamp.max.min(deadline.remaining()));
+        if let Advice::Wait(wait) = clamp.apply(server) {
+            let spread = self.backoff.spread(self.backoff.base);
+            let jittered = wait.saturating_add(Duration::from_nanos(spread));
+            if deadline.charge(jittered).is_ok() {
+                return Decision::Retry { after: jittered };
+            }
+            if deadline.charge(wait).is_ok() {
+                return Decision::Retry { after: wait };
+            }
+            // Only an expired deadline gets here (the clamp is at most
+            // `remaining()`): surface the server's wait.
+        }
+        Decision::Surface(rate_limited(server, hint, clamp))
     }
 }
 
+/// The scope of a `timed_out` the policy surfaces: the call's own deadline.
+const DEADLINE: &str = "deadline";
+
+/// The limit the server's answer is about, named as `Admission` names it.
+fn server_scope(hint: &ServerHint) -> String {
+    hint.scope
+        .as_ref()
+        .map_or_else(|| "api_key".to_string(), |s| format!("server:{s}"))
+}
+
 #[cold]
-fn expired(wait: Duration, scope: Option<String>, attempt: u32) -> Surfaced {
-    Surfaced {
-        status: SurfaceStatus::TimedOut,
-        scope,
-        retry_after: Some(wait),
-        hint: format!(
+fn expired(wait: Duration, attempt: u32) -> Throttled {
+    Throttled::new(
+        Status::TimedOut,
+        DEADLINE,
+        format!(
             "retry {} not attempted: the deadline has already passed",
             attempt + 1
         ),
-    }
+    )
+    .with_retry_after(wait)
 }
 
 #[cold]
-fn rate_limited(server: Duration, scope: Option<String>, clamp: Clamp) -> Surfaced {
-    Surfaced {
-        status: SurfaceStatus::RateLimited,
-        hint: format!(
+fn rate_limited(server: Duration, hint: &ServerHint, clamp: Clamp) -> Throttled {
+    Throttled::new(
+        Status::RateLimited,
+        server_scope(hint),
+        format!(
             "the server asked to wait {}, more than the {} this call can wait; retry after that{}",
-            crate::admission::Human(server),
-            crate::admission::Human(clamp.max),
-            match &scope {
+            Human(server),
+            Human(clamp.max),
+            match &hint.scope {
                 Some(s) => format!(" (limit scope: {s})"),
                 None => String::new(),
             }
         ),
-        scope,
-        retry_after: Some(server),
-    }
+    )
+    .with_retry_after(server)
+}
+
+/// The call's last answer was "not now" and its retries are spent.
+#[cold]
+fn still_throttled(status: u16, wait: Duration, hint: &ServerHint, sent: u32) -> Throttled {
+    Throttled::new(
+        Status::RateLimited,
+        server_scope(hint),
+        format!(
+            "the server still answered {status} after {sent} requests; retry after {}",
+            Human(wait)
+        ),
+    )
+    .with_retry_after(wait)
 }

@@ -18,8 +18,9 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
+use crate::throttled::ceil_ms;
 use crate::{
-    Advice, Backoff, Clamp, Deadline, Decision, ManualClock, RetryPolicy, ServerHint, SurfaceStatus,
+    Advice, Backoff, Clamp, Deadline, Decision, ManualClock, RetryPolicy, ServerHint, Status,
 };
 
 const NAMES: &[&str] = &[
@@ -171,15 +172,16 @@ pub fn headers(mut data: &[u8]) {
                 clock.advance(after);
             }
             Decision::Surface(s) => {
-                let r = s.retry_after.expect("a surfaced decision says when");
+                // In whole milliseconds, rounded up: at least the wait.
+                let r = s.retry_after().expect("a surfaced decision says when");
                 match s.status {
-                    SurfaceStatus::RateLimited => {
-                        assert_eq!(Some(r), hint.wait());
+                    Status::RateLimited => {
+                        assert_eq!(s.retry_after_ms, hint.wait().map(ceil_ms));
                         assert!(r > before.min(clamp.max), "{r:?} fitted; why stop?");
                     }
                     _ if before.is_zero() => {
                         // Expired: no retry, whatever the wait.
-                        assert_eq!(s.status, SurfaceStatus::TimedOut);
+                        assert_eq!(s.status, Status::TimedOut);
                     }
                     _ => {
                         assert!(hint.wait().is_none() && r <= budget);
@@ -194,6 +196,7 @@ pub fn headers(mut data: &[u8]) {
                 break;
             }
             Decision::GiveUp => break,
+            Decision::Stop => unreachable!("`decide` is about a failed attempt"),
         }
     }
 }

@@ -1,0 +1,162 @@
+//! [`Call`]: one logical call of a turn, and [`Reply`], what one of its
+//! attempts got back.
+
+use core::fmt;
+use core::future::Future;
+use core::pin::Pin;
+
+use crate::headers::ServerHint;
+
+use super::super::CallSpec;
+#[cfg(doc)]
+use super::CallResult;
+#[cfg(doc)]
+use crate::failure::CallFailure;
+
+/// What one attempt of a call got back from the server.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{Reply, ServerHint};
+/// let ok = Reply::new(200, "body");
+/// assert!(ok.is_success());
+/// let throttled = Reply::new(429, ()).with_hint(ServerHint::default());
+/// assert!(!throttled.is_success());
+/// ```
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Reply<V> {
+    /// The HTTP status (or an equivalent code).
+    pub status: u16,
+    /// What the response's headers said about limits.
+    pub hint: ServerHint,
+    /// The body or parsed value.
+    pub value: V,
+}
+
+impl<V> Reply<V> {
+    /// A reply with no limit headers.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::Reply;
+    /// assert_eq!(Reply::new(204, ()).status, 204);
+    /// ```
+    pub fn new(status: u16, value: V) -> Self {
+        Self {
+            status,
+            hint: ServerHint::default(),
+            value,
+        }
+    }
+
+    /// Attaches the limit headers.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Reply, ServerHint};
+    /// use std::time::{Duration, SystemTime};
+    /// let hint = ServerHint::from_headers([("retry-after", "2")], SystemTime::now());
+    /// let reply = Reply::new(429, ()).with_hint(hint);
+    /// assert_eq!(reply.hint.retry_after, Some(Duration::from_secs(2)));
+    /// ```
+    pub fn with_hint(mut self, hint: ServerHint) -> Self {
+        self.hint = hint;
+        self
+    }
+
+    /// 2xx.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::Reply;
+    /// assert!(Reply::new(201, ()).is_success());
+    /// assert!(!Reply::new(503, ()).is_success());
+    /// ```
+    pub fn is_success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+}
+
+/// The boxed future of one attempt: a reply, or the caller's transport
+/// error `E`.
+pub type AttemptFuture<V, E = String> = Pin<Box<dyn Future<Output = Result<Reply<V>, E>> + Send>>;
+
+/// One logical call of a turn: what to admit, how to coalesce it, and how
+/// to make one attempt (called once per attempt).
+///
+/// An attempt returns `Ok(Reply)` whenever the server answered (whatever
+/// the status) and `Err(E)` only when it did not: `E` is the caller's own
+/// transport error (`String` by default), handed back in
+/// [`CallResult::Failed`] as [`CallFailure::Transport`].
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{Call, CallSpec, Reply};
+/// let call = Call::new(CallSpec::new("search_tickets", "key"), || async {
+///     Ok::<_, std::io::Error>(Reply::new(200, "[]".to_string()))
+/// })
+/// .coalesce_key("q=refund");
+/// # let _ = call;
+/// ```
+pub struct Call<V, E = String> {
+    pub(super) spec: CallSpec,
+    pub(super) key: Option<String>,
+    pub(super) make: Box<dyn Fn() -> AttemptFuture<V, E> + Send + Sync>,
+}
+
+impl<V, E> Call<V, E> {
+    /// A call; `make` starts one attempt each time it is called.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Call, CallSpec, Reply};
+    /// // `E`, the transport error, is `String` unless the runner or the
+    /// // closure says otherwise.
+    /// let call: Call<u64> = Call::new(CallSpec::new("get_usage", "key"), || async { Ok(Reply::new(200, 42u64)) });
+    /// # let _ = call;
+    /// ```
+    pub fn new<F, Fut>(spec: CallSpec, make: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Reply<V>, E>> + Send + 'static,
+    {
+        Self {
+            spec,
+            key: None,
+            make: Box::new(move || Box::pin(make())),
+        }
+    }
+
+    /// The canonical arguments of a read: reads of one tool with equal keys
+    /// share one execution and, within the TTL, one cached result. Ignored
+    /// for writes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Call, CallSpec, Reply};
+    /// let call: Call<()> = Call::new(CallSpec::new("search", "key"), || async { Ok(Reply::new(200, ())) })
+    ///     .coalesce_key("q=refund&page=1");
+    /// # let _ = call;
+    /// ```
+    pub fn coalesce_key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+}
+
+impl<V, E> fmt::Debug for Call<V, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Call")
+            .field("spec", &self.spec)
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
