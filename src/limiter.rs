@@ -56,6 +56,17 @@ pub trait AsyncReservation: Send {
     /// whether it did. A shared limiter that cannot be reached answers
     /// `false` (the cells stay taken: the safe side).
     fn cancel(self) -> impl Future<Output = bool> + Send;
+
+    /// Keeps the cells taken for a call that starts after the returned
+    /// wait, letting the reservation go now. For a local reservation this
+    /// is dropping it; a shared one (`RedisReservation`) dropped before its
+    /// wait would give its cells back instead.
+    fn keep(self) -> Duration
+    where
+        Self: Sized,
+    {
+        self.wait()
+    }
 }
 
 /// The [`RateLimiter`] contract, for limiters whose decisions may take a

@@ -631,7 +631,11 @@ async fn compare(server: &RedisServer, key: &str, quota: Quota, steps: &[Step]) 
             }
             Step::Cancel(_) => {}
             Step::Penalize(ms) => {
-                held.clear();
+                // Dropped as used: a local reservation's drop keeps its
+                // cells, a Redis one's before its wait would give them back.
+                for (_, r) in held.drain(..) {
+                    r.keep();
+                }
                 local.penalize(Duration::from_millis(ms));
                 remote.penalize(Duration::from_millis(ms)).await;
             }

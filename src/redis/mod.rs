@@ -15,6 +15,7 @@ mod builder;
 mod connection;
 mod lease;
 mod reservation;
+mod scoped;
 mod script;
 
 use core::fmt;
@@ -22,9 +23,12 @@ use core::time::Duration;
 
 #[cfg(doc)]
 use crate::bucket::TokenBucket;
+use std::collections::VecDeque;
+
 use crate::bucket::{CheckError, Quota, ReserveError};
 use crate::clock::{saturating_nanos, Clock};
 use crate::limiter::AsyncRateLimiter;
+use crate::sleep::Sleeper;
 use crate::sync::{Arc, ThreadMutex};
 
 use breaker::{Breaker, Policy};
@@ -32,8 +36,14 @@ pub use builder::{FailPolicy, RedisBucketBuilder, RedisBucketError};
 use connection::{Connection, Failed};
 use lease::{Lease, LeaseState};
 pub use reservation::RedisReservation;
-use reservation::Refund;
-use script::{Op, MAX_MICROS};
+use reservation::Source;
+pub use scoped::{RedisScoped, RedisScopedBuilder};
+use script::{Op, Params, Refund, MAX_MICROS};
+
+/// Refunds of dropped reservations queued per bucket, at most: a drop past
+/// it forgets the oldest (lowest) one, which could only unwind after all
+/// those above it.
+pub const MAX_QUEUED_REFUNDS: usize = 1024;
 
 /// Counters of a [`RedisBucket`]'s decisions, for measuring leasing and
 /// the failure policy.
@@ -66,6 +76,10 @@ pub struct RedisStats {
     pub out_of_budget: u64,
     /// Decisions made by the fail-open fallback bucket.
     pub fallback: u64,
+    /// Cells given back by reservations dropped before their wait had
+    /// passed (queued, then applied by Redis with a later round trip).
+    /// They are no longer counted in `admitted`.
+    pub refunded: u64,
 }
 
 impl RedisStats {
@@ -88,6 +102,60 @@ struct State {
     lease: LeaseState,
     breaker: Breaker,
     stats: RedisStats,
+    /// The quota in force (the key's stored one once a reply carried it).
+    quota: Quota,
+    params: Params,
+    /// Refunds of reservations dropped unused, for the next round trip.
+    refunds: VecDeque<Refund>,
+    /// Bumped by `reset` and `set_quota`: reservations taken before no
+    /// longer queue refunds (their `after` is gone from the key).
+    generation: u64,
+}
+
+impl State {
+    fn new(quota: Quota, params: Params, probe_interval: u64) -> Self {
+        State {
+            lease: LeaseState::default(),
+            breaker: Breaker::new(probe_interval),
+            stats: RedisStats::default(),
+            quota,
+            params,
+            refunds: VecDeque::new(),
+            generation: 0,
+        }
+    }
+
+    /// Queues the refund of a dropped reservation (bounded: the oldest
+    /// goes first).
+    fn queue_refund(&mut self, refund: Refund, generation: u64) {
+        if generation != self.generation {
+            return;
+        }
+        if self.refunds.len() >= MAX_QUEUED_REFUNDS {
+            self.refunds.pop_front();
+        }
+        self.refunds.push_back(refund);
+    }
+
+    /// The queued refunds, highest `after` first (the order that unwinds
+    /// a stack of them in one pass).
+    fn take_refunds(&mut self) -> Vec<Refund> {
+        if self.refunds.is_empty() {
+            return Vec::new();
+        }
+        let mut refunds: Vec<Refund> = self.refunds.drain(..).collect();
+        refunds.sort_unstable_by(|a, b| b.after.cmp(&a.after));
+        refunds
+    }
+
+    /// Takes the quota Redis says is in force.
+    fn adopt(&mut self, params: Params) {
+        self.params = params;
+        self.quota = Quota {
+            period: params.period_us.saturating_mul(1000),
+            burst: core::num::NonZeroU32::new(params.burst).unwrap_or(core::num::NonZeroU32::MIN),
+        };
+    }
 }
 
 /// A GCRA bucket held in Redis, shared by every process that uses the same
@@ -175,7 +243,6 @@ struct State {
 pub struct RedisBucket {
     /// The connection, the script, the key and the store timeout.
     conn: Connection,
-    quota: Quota,
     lease: Option<Lease>,
     policy: Policy,
     /// Local time: deadlines, leases, the probe interval; and the decision
@@ -212,7 +279,7 @@ impl RedisBucket {
     /// assert_eq!(RedisBucket::builder("redis://127.0.0.1/", "k", q).build().unwrap().quota(), q);
     /// ```
     pub fn quota(&self) -> Quota {
-        self.quota
+        self.state.lock().quota
     }
 
     /// Cells leased per round trip (0 without leasing).
@@ -285,6 +352,10 @@ impl RedisBucket {
             // `max_wait` 0: a grant is usable now.
             Ok(_) => Ok(()),
             Err(Denial::Wait(wait)) => Err(CheckError::NotUntil { wait }),
+            Err(Denial::Capacity(capacity)) => Err(CheckError::InsufficientCapacity {
+                requested: n,
+                capacity,
+            }),
             // Without a caller's budget, every failure is the store's.
             Err(Denial::Failed(_)) => match self.fall_back() {
                 Ok(fallback) => fallback.try_acquire(n),
@@ -331,7 +402,7 @@ impl RedisBucket {
         max_wait: Duration,
     ) -> Result<RedisReservation<'_>, ReserveError> {
         if n == 0 {
-            return Ok(RedisReservation::new(self, Duration::ZERO, Refund::Nothing));
+            return Ok(RedisReservation::new(self, Duration::ZERO, Source::Nothing));
         }
         self.check_capacity(n)
             .map_err(|capacity| ReserveError::InsufficientCapacity {
@@ -342,7 +413,7 @@ impl RedisBucket {
             return Ok(RedisReservation::new(
                 self,
                 Duration::ZERO,
-                Refund::Lease(n),
+                Source::Lease(n),
             ));
         }
         let start = self.clock.now_nanos();
@@ -358,22 +429,31 @@ impl RedisBucket {
                     // The round trip ate the budget: the wait no longer
                     // fits. Give the cells back (best effort) and refuse.
                     self.unadmit(n);
-                    self.remote_cancel(taken.before, taken.after, budget - elapsed.min(budget))
+                    let refund = Refund {
+                        before: taken.before,
+                        after: taken.after,
+                        n,
+                    };
+                    self.remote_cancel(refund, budget - elapsed.min(budget))
                         .await;
                     return Err(ReserveError::RateLimited { retry_after: wait });
                 }
-                let refund = if taken.granted > n {
-                    Refund::Lease(n)
+                let source = if taken.granted > n {
+                    Source::Lease(n)
                 } else {
-                    Refund::Remote {
+                    Source::Remote(Refund {
                         n,
                         before: taken.before,
                         after: taken.after,
-                    }
+                    })
                 };
-                Ok(RedisReservation::new(self, wait, refund))
+                Ok(RedisReservation::new(self, wait, source))
             }
             Err(Denial::Wait(retry_after)) => Err(ReserveError::RateLimited { retry_after }),
+            Err(Denial::Capacity(capacity)) => Err(ReserveError::InsufficientCapacity {
+                requested: n,
+                capacity,
+            }),
             Err(Denial::Failed(Failed::Budget)) => Err(ReserveError::RateLimited {
                 retry_after: max_wait,
             }),
@@ -385,7 +465,7 @@ impl RedisBucket {
                 let left = Duration::from_nanos(budget.saturating_sub(elapsed));
                 fallback
                     .reserve(n, left)
-                    .map(|r| RedisReservation::new(self, r.wait(), Refund::Local(r)))
+                    .map(|r| RedisReservation::new(self, r.wait(), Source::Local(r)))
             }
         }
     }
@@ -412,8 +492,8 @@ impl RedisBucket {
     /// # }
     /// ```
     pub async fn penalize(&self, retry_after: Duration) {
-        if let Policy::Open(fallback) = &self.policy {
-            fallback.penalize(retry_after);
+        if let Policy::Open { bucket, .. } = &self.policy {
+            bucket.penalize(retry_after);
         }
         let give = self.drain_lease(true);
         let retry = (saturating_nanos(retry_after) / 1000).min(MAX_MICROS);
@@ -475,11 +555,142 @@ impl RedisBucket {
         }
     }
 
+    /// Waits until `n` cells are admitted, if that takes at most
+    /// `max_wait` (the time left before the caller's deadline): one
+    /// [`reserve`](RedisBucket::reserve), then a sleep of exactly the
+    /// reserved wait on `sleeper`, holding the reservation.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future while it sleeps drops the reservation before its
+    /// wait has passed, which gives the cells back (queued for the next
+    /// round trip when they came from Redis; see [`RedisReservation`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`reserve`](RedisBucket::reserve).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use backpressure::{Quota, RedisBucket, TokioSleeper};
+    /// # use std::num::NonZeroU32;
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let bucket = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN))
+    ///     .build().unwrap();
+    /// bucket.until_ready(1, Duration::from_secs(2), &TokioSleeper::new()).await.unwrap();
+    /// // call the API
+    /// # }
+    /// ```
+    pub async fn until_ready<S: Sleeper>(
+        &self,
+        n: u32,
+        max_wait: Duration,
+        sleeper: &S,
+    ) -> Result<(), ReserveError> {
+        let reservation = self.reserve(n, max_wait).await?;
+        let wait = reservation.wait();
+        if !wait.is_zero() {
+            sleeper.sleep(wait).await;
+        }
+        reservation.keep();
+        Ok(())
+    }
+
+    /// Switches the key to `quota`, for **every** process on it: the quota
+    /// is stored with the key and wins over the one each process was built
+    /// with; each process adopts it with the reply to its next round trip
+    /// (so [`quota`](RedisBucket::quota) changes then). The contract is
+    /// [`TokenBucket::set_quota`]'s: the debt already taken is kept, in
+    /// cells (capped at the new burst), a hold past the burst (a penalty)
+    /// keeps its wait, and no burst is opened. A key with a stored quota
+    /// no longer expires. The fail-open fallback follows at its share.
+    ///
+    /// Reservations taken before no longer queue refunds when dropped.
+    ///
+    /// # Errors
+    ///
+    /// A quota whose tolerance (`burst * period`) exceeds 2^51 µs, or
+    /// Redis not answering (nothing changed, or the change was applied
+    /// without this process hearing of it: call again).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use backpressure::{Quota, RedisBucket};
+    /// # use std::num::NonZeroU32;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let bucket = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::new(10).unwrap()))
+    ///     .build().unwrap();
+    /// // The provider cut the plan: every process slows down.
+    /// bucket.set_quota(Quota::per_second(NonZeroU32::new(2).unwrap())).await.unwrap();
+    /// # }
+    /// ```
+    pub async fn set_quota(&self, quota: Quota) -> Result<(), RedisBucketError> {
+        let params = builder::params_of(quota)?;
+        match self.call(Op::SetQuota { params }, None).await {
+            Ok(_) => {
+                {
+                    let mut state = self.state.lock();
+                    if state.params == params {
+                        // Exact to the nanosecond here; others see µs.
+                        state.quota = quota;
+                    }
+                    state.generation += 1;
+                    state.refunds.clear();
+                }
+                self.adopt_fallback(quota);
+                Ok(())
+            }
+            Err(_) => Err(builder::store_error("redis did not apply the quota")),
+        }
+    }
+
+    /// Fills the key's bucket and lifts any penalty, for every process on
+    /// it (a stored quota stays), as [`TokenBucket::reset`]. This
+    /// process's leased cells are dropped (the bucket is full anyway), and
+    /// reservations taken before no longer queue refunds. The fail-open
+    /// fallback is reset too.
+    ///
+    /// # Errors
+    ///
+    /// Redis not answering.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use backpressure::{Quota, RedisBucket};
+    /// # use std::num::NonZeroU32;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let bucket = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN))
+    ///     .build().unwrap();
+    /// bucket.try_acquire(1).await.unwrap();
+    /// bucket.reset().await.unwrap();
+    /// assert!(bucket.try_acquire(1).await.is_ok());
+    /// # }
+    /// ```
+    pub async fn reset(&self) -> Result<(), RedisBucketError> {
+        let _ = self.drain_lease(true);
+        if let Policy::Open { bucket, .. } = &self.policy {
+            bucket.reset();
+        }
+        match self.call(Op::Reset, None).await {
+            Ok(_) => {
+                let mut state = self.state.lock();
+                state.generation += 1;
+                state.refunds.clear();
+                Ok(())
+            }
+            Err(_) => Err(builder::store_error("redis did not reset the key")),
+        }
+    }
+
     // -- internals ---------------------------------------------------------
 
     #[inline]
     fn check_capacity(&self, n: u32) -> Result<(), u32> {
-        let burst = self.conn.params.burst;
+        let burst = self.state.lock().params.burst;
         if n > burst {
             Err(burst)
         } else {
@@ -522,7 +733,16 @@ impl RedisBucket {
         // The script refuses only a wait longer than `max_wait` (>= 0), so
         // a refusal with no wait, or a grant short of `n`, is not its
         // answer: a store error, never a zero-wait denial to spin on.
-        if granted == 0 && wait == 0 || granted != 0 && granted < n as u64 {
+        if granted == 0 && wait == 0 {
+            // The script's answer to more than the burst in force (a
+            // quota another process just lowered).
+            let burst = self.state.lock().params.burst;
+            if n > burst {
+                return Err(Denial::Capacity(burst));
+            }
+            return Err(self.malformed());
+        }
+        if granted != 0 && granted < n as u64 {
             return Err(self.malformed());
         }
         if granted == 0 {
@@ -566,6 +786,8 @@ struct Taken {
 #[derive(Debug)]
 enum Denial {
     Wait(Duration),
+    /// More than the burst in force.
+    Capacity(u32),
     Failed(Failed),
 }
 
@@ -573,9 +795,9 @@ impl fmt::Debug for RedisBucket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBucket")
             .field("key", &self.conn.key)
-            .field("quota", &self.quota)
+            .field("quota", &self.quota())
             .field("lease", &self.lease)
-            .field("timeout", &self.conn.timeout)
+            .field("timeout", &self.conn.link.timeout)
             .field("policy", &self.policy)
             .field("stats", &self.stats())
             .finish_non_exhaustive()
