@@ -34,7 +34,11 @@ struct Fake {
 }
 
 impl Fake {
-    fn new(sleeper: &ManualSleeper, latency: Duration, script: Vec<Answer>) -> Arc<Self> {
+    fn new(
+        sleeper: &ManualSleeper,
+        latency: Duration,
+        script: Vec<Answer>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             sleeper: sleeper.clone(),
             latency,
