@@ -573,13 +573,14 @@ impl RedisBucket {
     /// # Examples
     ///
     /// ```no_run
-    /// # use backpressure::{Quota, RedisBucket, TokioSleeper};
+    /// # use backpressure::{Quota, RedisBucket, ThreadSleeper};
     /// # use std::num::NonZeroU32;
     /// # use std::time::Duration;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let bucket = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN))
     ///     .build().unwrap();
-    /// bucket.until_ready(1, Duration::from_secs(2), &TokioSleeper::new()).await.unwrap();
+    /// // Any `Sleeper`; under tokio, `TokioSleeper` (feature `tokio`).
+    /// bucket.until_ready(1, Duration::from_secs(2), &ThreadSleeper::new()).await.unwrap();
     /// // call the API
     /// # }
     /// ```
@@ -805,6 +806,36 @@ impl fmt::Debug for RedisBucket {
 }
 
 impl AsyncRateLimiter for RedisBucket {
+    type Reservation<'a> = RedisReservation<'a>;
+
+    fn try_acquire(
+        &self,
+        n: u32,
+    ) -> impl core::future::Future<Output = Result<(), CheckError>> + Send {
+        RedisBucket::try_acquire(self, n)
+    }
+
+    fn reserve(
+        &self,
+        n: u32,
+        max_wait: Duration,
+    ) -> impl core::future::Future<Output = Result<RedisReservation<'_>, ReserveError>> + Send {
+        RedisBucket::reserve(self, n, max_wait)
+    }
+
+    fn penalize(&self, retry_after: Duration) -> impl core::future::Future<Output = ()> + Send {
+        RedisBucket::penalize(self, retry_after)
+    }
+
+    fn available(&self) -> impl core::future::Future<Output = u32> + Send {
+        RedisBucket::available(self)
+    }
+}
+
+/// A key's bucket from a [`RedisScoped`] (or any shared `RedisBucket`) is
+/// a limiter too, so it can be handed to the admission layer
+/// (`Admission::builder().shared_quota(credential, scoped.bucket(&credential))`).
+impl AsyncRateLimiter for Arc<RedisBucket> {
     type Reservation<'a> = RedisReservation<'a>;
 
     fn try_acquire(
