@@ -6,7 +6,7 @@
 //! table).
 //!
 //! ```text
-//! cargo run --release --example redis_scale --features redis,tokio -- [secs] [P,P,...]
+//! cargo run --release --example redis_scale --features redis -- [secs] [P,P,...]
 //! ```
 //!
 //! It starts its own `redis-server` and cluster on loopback (see
@@ -134,7 +134,7 @@ fn main() {
     let mut violations = 0;
     let mut n = 0;
     // (keys, tasks per process, rate, burst, lease size)
-    let shapes = [(1, 4, 1000, 100, 20), (1000, 32, 2, 2, 2)];
+    let shapes = [(1, 4, 1000, 100, 20), (1000, 32, 4, 4, 2)];
     for (topology, url) in [("single", single.url()), ("cluster", cluster.urls())] {
         for &(keys, tasks, rate, burst, lease_size) in &shapes {
             for lease in [0, lease_size] {

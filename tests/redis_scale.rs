@@ -2,7 +2,7 @@
 //! connection, in this process), 2 s, on one key and on 1,000 keys, with
 //! and without leases. The GCRA bound is asserted exactly, per key. The
 //! full table (P processes, single node and cluster) comes from
-//! `cargo run --release --example redis_scale --features redis,tokio`.
+//! `cargo run --release --example redis_scale --features redis`.
 #![cfg(feature = "redis")]
 
 #[path = "support/redis_server.rs"]

@@ -167,18 +167,24 @@ impl RedisBucket {
     /// means Redis is up: a failure for this call only.
     pub(super) async fn call(&self, op: Op, bound: Option<Duration>) -> Result<Vec<i64>, Failed> {
         let now = self.clock.now_nanos();
+        // The connection and its timer need a tokio runtime; without one,
+        // this is a failure, not a panic (and queued refunds stay queued).
+        let runtime = tokio::runtime::Handle::try_current().is_ok();
         let (params, refunds) = {
             let mut state = self.state.lock();
             if state.breaker.is_open(now) {
                 state.stats.failures += 1;
                 return Err(Failed::Store);
             }
-            (state.params, state.take_refunds())
+            let refunds = if runtime {
+                state.take_refunds()
+            } else {
+                Vec::new()
+            };
+            (state.params, refunds)
         };
         let timeout = self.conn.link.timeout;
-        // The connection and its timer need a tokio runtime; without one,
-        // this is a failure, not a panic.
-        let (result, trips) = if tokio::runtime::Handle::try_current().is_err() {
+        let (result, trips) = if !runtime {
             (None, 0)
         } else {
             let (limit, caller_bound) = match bound {

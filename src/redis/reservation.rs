@@ -29,7 +29,10 @@ use crate::limiter::AsyncReservation;
 ///   forgotten first) and sent with the bucket's **next round trip**,
 ///   whatever its operation. No task is spawned and nothing needs
 ///   flushing; a bucket that makes no further call never sends it, and
-///   its cells count as used until the bucket refills. Redis applies each
+///   its cells count as used until the bucket refills. Queued refunds wait
+///   while the breaker skips Redis; if the round trip carrying them fails,
+///   they are dropped (Redis may have applied them, and applying one twice
+///   could undo another process's take). Redis applies each
 ///   refund as [`cancel`](RedisReservation::cancel) does, only if no
 ///   other take was stacked on it since, so a stack of dropped
 ///   reservations unwinds whole; counted in
