@@ -198,7 +198,9 @@ impl Common {
             for url in &self.urls {
                 Client::open(url.as_str()).map_err(invalid)?;
             }
-            Target::Cluster(cluster_client(&self.urls, self.timeout).map_err(invalid)?)
+            Target::Cluster(Box::new(
+                cluster_client(&self.urls, self.timeout).map_err(invalid)?,
+            ))
         } else {
             Target::Single(Client::open(self.urls[0].as_str()).map_err(invalid)?)
         };

@@ -23,7 +23,8 @@ use crate::sync::Arc;
 /// more of its nodes).
 pub(super) enum Target {
     Single(Client),
-    Cluster(ClusterClient),
+    /// Boxed: a cluster client is twice a single one's size.
+    Cluster(Box<ClusterClient>),
 }
 
 /// A made connection; both kinds are cheap to clone (a handle).

@@ -144,7 +144,7 @@ impl State {
             return Vec::new();
         }
         let mut refunds: Vec<Refund> = self.refunds.drain(..).collect();
-        refunds.sort_unstable_by(|a, b| b.after.cmp(&a.after));
+        refunds.sort_unstable_by_key(|r| core::cmp::Reverse(r.after));
         refunds
     }
 
