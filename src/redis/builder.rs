@@ -40,7 +40,8 @@ pub enum FailPolicy {
         /// The fraction of the shared quota this process may use alone.
         share: f64,
     },
-    /// Refuse: [`CheckError::Unavailable`] / [`ReserveError::Unavailable`]
+    /// Refuse: [`CheckError::Unavailable`](crate::CheckError::Unavailable) /
+    /// [`ReserveError::Unavailable`](crate::ReserveError::Unavailable)
     /// with this `retry_after`, consuming nothing.
     FailClosed {
         /// What to tell callers.

@@ -235,9 +235,10 @@ impl State {
 /// .build()
 /// .unwrap();
 /// match bucket.reserve(1, Duration::from_millis(200)).await {
+///     // Sleep holding `r`: dropped before its wait, it gives its cells back.
 ///     Ok(r) => tokio::time::sleep(r.wait()).await, // then call the API
 ///     Err(e) => eprintln!("{e}"),                  // surface it, don't sleep
-/// }
+/// };
 /// # }
 /// ```
 pub struct RedisBucket {
