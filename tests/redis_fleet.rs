@@ -491,3 +491,25 @@ async fn scoped_fails_closed_and_open_with_redis_killed_mid_run() {
     assert!(closed.try_acquire(&"z", 1).await.is_ok());
     assert_eq!(closed.bucket(&"z").stats().failures, before);
 }
+
+/// A reservation from before a `reset` gives nothing back, not even to the
+/// lease it came from (the reset dropped that lease): no phantom cells.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_reservation_cancelled_after_reset_adds_no_cells() {
+    if !redis_server::available("a_leased_reservation_cancelled_after_reset_adds_no_cells") {
+        return;
+    }
+    let server = RedisServer::start();
+    let clock = ManualClock::starting_at(1_000_000_000);
+    let b = RedisBucket::builder(&server.url(), "leased-reset", quota())
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(2))
+        .lease(nz(5), Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let r = b.reserve(1, Duration::ZERO).await.unwrap(); // leases 4 more
+    assert_eq!(b.available().await, 9); // 5 in Redis + 4 leased
+    b.reset().await.unwrap();
+    assert!(!r.cancel().await);
+    assert_eq!(b.available().await, 10, "a full bucket, nothing more");
+}

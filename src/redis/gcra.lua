@@ -213,8 +213,15 @@ elseif op == 'set_quota' then
   local new_period, new_burst = arg(1), arg(2)
   if not stored or new_period ~= period or new_burst ~= burst then
     local t = convert(tat, new_period, new_burst)
-    local p = pen
-    if pen > now then p = convert(pen, new_period, new_burst) end
+    -- A penalty keeps its wait (its first cell at the same instant), but
+    -- never floors refunds above the converted tat: convert is not
+    -- monotonic across the burst (a hold past it keeps its wait in time,
+    -- a debt within it in cells), and the floor must not hold back more
+    -- than the bucket itself.
+    local p = 0
+    if pen > now then
+      p = math.min(pen - (tolerance - period) + (new_period * new_burst - new_period), t)
+    end
     period, burst, tolerance = new_period, new_burst, new_period * new_burst
     stored = true
     store_quota()

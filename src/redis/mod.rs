@@ -127,10 +127,7 @@ impl State {
 
     /// Queues the refund of a dropped reservation (bounded: the oldest
     /// goes first).
-    fn queue_refund(&mut self, refund: Refund, generation: u64) {
-        if generation != self.generation {
-            return;
-        }
+    fn queue_refund(&mut self, refund: Refund) {
         if self.refunds.len() >= MAX_QUEUED_REFUNDS {
             self.refunds.pop_front();
         }
@@ -609,7 +606,10 @@ impl RedisBucket {
     /// keeps its wait, and no burst is opened. A key with a stored quota
     /// no longer expires. The fail-open fallback follows at its share.
     ///
-    /// Reservations taken before no longer queue refunds when dropped.
+    /// Reservations taken before a change no longer give their cells back
+    /// (as [`Reservation::cancel`](crate::Reservation::cancel) after
+    /// [`TokenBucket::set_quota`]); setting the quota in force changes
+    /// nothing here.
     ///
     /// # Errors
     ///
@@ -631,6 +631,7 @@ impl RedisBucket {
     /// ```
     pub async fn set_quota(&self, quota: Quota) -> Result<(), RedisBucketError> {
         let params = builder::params_of(quota)?;
+        let old = self.state.lock().params;
         match self.call(Op::SetQuota { params }, None).await {
             Ok(_) => {
                 {
@@ -639,8 +640,12 @@ impl RedisBucket {
                         // Exact to the nanosecond here; others see µs.
                         state.quota = quota;
                     }
-                    state.generation += 1;
-                    state.refunds.clear();
+                    if old != params {
+                        // The key's state was converted: as the local
+                        // bucket, no earlier reservation can give back.
+                        state.generation += 1;
+                        state.refunds.clear();
+                    }
                 }
                 self.adopt_fallback(quota);
                 Ok(())

@@ -175,6 +175,12 @@ impl<'a> RedisReservation<'a> {
     /// ```
     pub async fn cancel(mut self) -> bool {
         let bucket = self.bucket;
+        if !self.current() {
+            // Reset or given a new quota since: as the local bucket, the
+            // cells are no longer this reservation's to give back.
+            self.source = Source::Nothing;
+            return false;
+        }
         match core::mem::replace(&mut self.source, Source::Nothing) {
             Source::Nothing => false,
             Source::Lease(n) => {
@@ -193,9 +199,20 @@ impl<'a> RedisReservation<'a> {
     }
 }
 
+impl RedisReservation<'_> {
+    /// Whether the bucket was neither reset nor given a new quota since
+    /// (by this process; another process's change shows as a failed
+    /// refund in Redis instead). The fallback's own reservations check
+    /// that themselves.
+    fn current(&self) -> bool {
+        matches!(self.source, Source::Local(_))
+            || self.bucket.state.lock().generation == self.generation
+    }
+}
+
 impl Drop for RedisReservation<'_> {
     fn drop(&mut self) {
-        if matches!(self.source, Source::Nothing) {
+        if matches!(self.source, Source::Nothing) || !self.current() {
             return;
         }
         if self.bucket.clock.now_nanos() >= self.ready_at {
@@ -205,11 +222,14 @@ impl Drop for RedisReservation<'_> {
         match core::mem::replace(&mut self.source, Source::Nothing) {
             Source::Nothing => {}
             Source::Lease(n) => self.bucket.unlease(n),
-            Source::Remote(refund) => self
-                .bucket
-                .state
-                .lock()
-                .queue_refund(refund, self.generation),
+            Source::Remote(refund) => {
+                // Checked again under the lock `reset` and `set_quota`
+                // bump the generation under: never queued across one.
+                let mut state = self.bucket.state.lock();
+                if state.generation == self.generation {
+                    state.queue_refund(refund);
+                }
+            }
             Source::Local(r) => {
                 r.cancel();
             }
