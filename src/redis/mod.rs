@@ -42,7 +42,13 @@ use script::{Op, Params, Refund, MAX_MICROS};
 
 /// Refunds of dropped reservations queued per bucket, at most: a drop past
 /// it forgets the oldest (lowest) one, which could only unwind after all
-/// those above it.
+/// those above it. See *Dropping it* on [`RedisReservation`].
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(backpressure::MAX_QUEUED_REFUNDS, 1024);
+/// ```
 pub const MAX_QUEUED_REFUNDS: usize = 1024;
 
 /// Counters of a [`RedisBucket`]'s decisions, for measuring leasing and
