@@ -77,7 +77,8 @@ pub use keyed::{Scoped, TooManyKeys};
 pub use limiter::{AsyncRateLimiter, AsyncReservation};
 #[cfg(feature = "redis")]
 pub use redis::{
-    FailPolicy, RedisBucket, RedisBucketBuilder, RedisBucketError, RedisReservation, RedisStats,
+    FailPolicy, RedisBucket, RedisBucketBuilder, RedisBucketError, RedisReservation, RedisScoped,
+    RedisScopedBuilder, RedisStats, MAX_QUEUED_REFUNDS,
 };
 pub use semaphore::{
     Acquire, AcquireError, AcquireOwned, OwnedSemaphorePermit, Semaphore, SemaphorePermit,

@@ -56,6 +56,35 @@ pub trait AsyncReservation: Send {
     /// whether it did. A shared limiter that cannot be reached answers
     /// `false` (the cells stay taken: the safe side).
     fn cancel(self) -> impl Future<Output = bool> + Send;
+
+    /// Keeps the cells taken for a call that starts after the returned
+    /// wait, letting the reservation go now. For a local reservation this
+    /// is dropping it; a shared one (`RedisReservation`) dropped before its
+    /// wait would give its cells back instead.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{AsyncRateLimiter, AsyncReservation, ManualClock, Quota, TokenBucket};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    ///
+    /// let bucket = TokenBucket::with_clock(
+    ///     Quota::per_second(NonZeroU32::new(1).unwrap()),
+    ///     ManualClock::new(),
+    /// );
+    /// futures::executor::block_on(async {
+    ///     let wait = AsyncRateLimiter::reserve(&bucket, 1, Duration::ZERO).await.unwrap().keep();
+    ///     assert_eq!(wait, Duration::ZERO);
+    ///     assert!(AsyncRateLimiter::try_acquire(&bucket, 1).await.is_err()); // kept
+    /// });
+    /// ```
+    fn keep(self) -> Duration
+    where
+        Self: Sized,
+    {
+        self.wait()
+    }
 }
 
 /// The [`RateLimiter`] contract, for limiters whose decisions may take a

@@ -173,3 +173,42 @@ async fn one_impatient_call_fails_the_next_ones_on_a_shared_quota() {
         drop(ticket.expect("redis is healthy: the next calls are admitted"));
     }
 }
+
+/// Per-tenant shared quotas: every credential's bucket comes from one
+/// `RedisScoped` (one connection), and two admission layers on it keep each
+/// tenant within its own quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_from_a_redis_scoped_each_keep_their_own_quota() {
+    if !redis_server::available("credentials_from_a_redis_scoped_each_keep_their_own_quota") {
+        return;
+    }
+    let server = RedisServer::start();
+    let tenants = ["acme", "globex", "initech"];
+    let build = || {
+        let scoped = backpressure::RedisScoped::<&str>::builder(&server.url(), "tenant:", quota())
+            .timeout(Duration::from_millis(500))
+            .build()
+            .unwrap();
+        let mut b = Admission::builder()
+            .sleeper(TokioSleeper)
+            .global_concurrency(64)
+            .default_tool(64, backpressure::SlotPolicy::Wait)
+            .inline_wait(Duration::ZERO);
+        for t in tenants {
+            b = b.shared_quota(t, scoped.bucket(&t));
+        }
+        b.build()
+    };
+    let (a, b) = (build(), build());
+    // Burst 5 per tenant, shared by both layers: 5 admitted per tenant.
+    for t in tenants {
+        let mut admitted = 0;
+        for adm in [&a, &b, &a, &b, &a, &b, &a, &b] {
+            if let Ok(ticket) = adm.admit(&CallSpec::new("search", t)).await {
+                admitted += 1;
+                drop(ticket);
+            }
+        }
+        assert!((5..=6).contains(&admitted), "{t}: {admitted}");
+    }
+}

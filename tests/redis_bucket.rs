@@ -592,6 +592,20 @@ enum Step {
     Available,
     /// Advance the clock by µs.
     Advance(u64),
+    /// `set_quota(requotas()[i])` on both.
+    SetQuota(usize),
+    /// `reset` on both.
+    Reset,
+}
+
+/// The quotas `Step::SetQuota` switches between (µs-exact periods).
+fn requotas() -> [Quota; 4] {
+    [
+        shared_quota(),
+        Quota::with_period(Duration::from_millis(7)).allow_burst(nz(3)),
+        Quota::per_second(nz(1)),
+        Quota::with_period(Duration::from_micros(250)).allow_burst(nz(10)),
+    ]
 }
 
 /// Runs `steps` on a local bucket and on Redis; every answer must match.
@@ -600,6 +614,11 @@ enum Step {
 /// refund (the `p` field), the local bucket lets a cancel lower `tat` below
 /// a penalty that did not raise it. So a penalty drops the reservations
 /// held before it.
+///
+/// And one rounding: `set_quota` converts the debt with a ceiling, in
+/// nanoseconds locally and in microseconds in Redis, so after `k` quota
+/// changes a Redis wait may be up to `k` µs longer (never shorter: the
+/// safe side). Waits are compared within that slack.
 async fn compare(server: &RedisServer, key: &str, quota: Quota, steps: &[Step]) {
     let clock = ManualClock::starting_at(1_000_000_000);
     let local = TokenBucket::with_clock(quota, clock.clone());
@@ -609,19 +628,30 @@ async fn compare(server: &RedisServer, key: &str, quota: Quota, steps: &[Step]) 
         .build()
         .unwrap();
     let mut held = Vec::new();
+    let mut slack = Duration::ZERO;
+    let close = |l: Duration, r: Duration, slack: Duration, at: &str| {
+        assert!(l <= r && r <= l + slack, "{at}: local {l:?}, redis {r:?}");
+    };
     for (i, step) in steps.iter().enumerate() {
         let at = format!("{key} step {i} {step:?}");
         match *step {
-            Step::Acquire(n) => {
-                assert_eq!(local.try_acquire(n), remote.try_acquire(n).await, "{at}");
-            }
+            Step::Acquire(n) => match (local.try_acquire(n), remote.try_acquire(n).await) {
+                (Err(CheckError::NotUntil { wait: l }), Err(CheckError::NotUntil { wait: r })) => {
+                    close(l, r, slack, &at)
+                }
+                (l, r) => assert_eq!(l, r, "{at}"),
+            },
             Step::Reserve(n, ms) => {
                 let max = Duration::from_millis(ms);
                 match (local.reserve(n, max), remote.reserve(n, max).await) {
                     (Ok(l), Ok(r)) => {
-                        assert_eq!(l.wait(), r.wait(), "{at}");
+                        close(l.wait(), r.wait(), slack, &at);
                         held.push((l, r));
                     }
+                    (
+                        Err(ReserveError::RateLimited { retry_after: l }),
+                        Err(ReserveError::RateLimited { retry_after: r }),
+                    ) => close(l, r, slack, &at),
                     (l, r) => assert_eq!(l.map(|_| ()), r.map(|_| ()), "{at}"),
                 }
             }
@@ -631,7 +661,11 @@ async fn compare(server: &RedisServer, key: &str, quota: Quota, steps: &[Step]) 
             }
             Step::Cancel(_) => {}
             Step::Penalize(ms) => {
-                held.clear();
+                // Dropped as used: a local reservation's drop keeps its
+                // cells, a Redis one's before its wait would give them back.
+                for (_, r) in held.drain(..) {
+                    r.keep();
+                }
                 local.penalize(Duration::from_millis(ms));
                 remote.penalize(Duration::from_millis(ms)).await;
             }
@@ -639,6 +673,19 @@ async fn compare(server: &RedisServer, key: &str, quota: Quota, steps: &[Step]) 
                 assert_eq!(local.available(), remote.available().await, "{at}");
             }
             Step::Advance(us) => clock.advance(Duration::from_micros(us)),
+            Step::SetQuota(i) => {
+                let q = requotas()[i % 4];
+                if q != local.quota() {
+                    slack += Duration::from_micros(1);
+                }
+                local.set_quota(q);
+                remote.set_quota(q).await.unwrap();
+                assert_eq!(local.quota(), remote.quota(), "{at}");
+            }
+            Step::Reset => {
+                local.reset();
+                remote.reset().await.unwrap();
+            }
         }
     }
     assert_eq!(remote.stats().failures, 0);
@@ -706,13 +753,10 @@ async fn lua_decisions_match_the_local_bucket() {
         compare(&server, key, *quota, steps).await;
     }
 
-    // Seeded random sequences over a few quotas, with µs-exact periods.
-    let quotas = [
-        shared_quota(),
-        Quota::with_period(Duration::from_millis(7)).allow_burst(nz(3)),
-        Quota::per_second(nz(1)),
-        Quota::with_period(Duration::from_micros(250)).allow_burst(nz(10)),
-    ];
+    // Seeded random sequences over a few quotas, with µs-exact periods,
+    // switching between them (`set_quota`: debt kept in cells) and
+    // resetting now and then.
+    let quotas = requotas();
     for (q, quota) in quotas.iter().enumerate() {
         let mut rng = fastrand::Rng::with_seed(q as u64);
         let burst = quota.burst().get();
@@ -727,6 +771,8 @@ async fn lua_decisions_match_the_local_bucket() {
                 5 => Cancel(rng.usize(0..4)),
                 6 if rng.u8(0..5) == 0 => Penalize(rng.u64(0..=2 * period / 1000 + 1)),
                 7 => Available,
+                8 if rng.u8(0..3) == 0 => SetQuota(rng.usize(0..4)),
+                9 if rng.u8(0..8) == 0 => Reset,
                 _ => Advance(rng.u64(0..=2 * period)),
             })
             .collect();

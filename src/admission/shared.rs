@@ -52,7 +52,7 @@ impl<L: AsyncRateLimiter> SharedLimiter for L {
     fn reserve_one(&self, max_wait: Duration) -> SharedFuture<'_, Result<Duration, ReserveError>> {
         Box::pin(async move {
             // Keep the cells: the call is about to use them.
-            self.reserve(1, max_wait).await.map(|r| r.wait())
+            self.reserve(1, max_wait).await.map(|r| r.keep())
         })
     }
 

@@ -5,7 +5,7 @@
 use core::time::Duration;
 
 use super::RedisBucket;
-use crate::bucket::TokenBucket;
+use crate::bucket::{Quota, TokenBucket};
 use crate::clock::Clock;
 use crate::sync::Arc;
 
@@ -45,8 +45,11 @@ impl Breaker {
 /// The configured [`FailPolicy`](super::FailPolicy), ready to answer.
 #[derive(Debug)]
 pub(super) enum Policy {
-    /// Decide with this local bucket at a share of the quota.
-    Open(TokenBucket<Arc<dyn Clock>>),
+    /// Decide with this local bucket at `share` of the quota.
+    Open {
+        bucket: TokenBucket<Arc<dyn Clock>>,
+        share: f64,
+    },
     /// Refuse with this `retry_after`.
     Closed(Duration),
 }
@@ -56,13 +59,21 @@ impl Policy {
     /// `retry_after` to refuse with.
     pub(super) fn fallback(&self) -> Result<&TokenBucket<Arc<dyn Clock>>, Duration> {
         match self {
-            Policy::Open(fallback) => Ok(fallback),
+            Policy::Open { bucket, .. } => Ok(bucket),
             Policy::Closed(retry_after) => Err(*retry_after),
         }
     }
 }
 
 impl RedisBucket {
+    /// The quota in force changed: the fallback takes its share of it.
+    #[cold]
+    pub(super) fn adopt_fallback(&self, quota: Quota) {
+        if let Policy::Open { bucket, share } = &self.policy {
+            bucket.set_quota(super::builder::share_of(quota, *share));
+        }
+    }
+
     /// The failure path of every decision Redis did not make (its store
     /// failed, not the caller's budget): the fallback bucket, counted in
     /// `stats.fallback`, or the `retry_after` of an `Unavailable` refusal.

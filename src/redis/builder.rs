@@ -7,11 +7,11 @@ use core::time::Duration;
 
 use ::redis::Client;
 
-use super::breaker::{Breaker, Policy};
-use super::connection::Connection;
-use super::lease::{Lease, LeaseState};
+use super::breaker::Policy;
+use super::connection::{cluster_client, Connection, Link, Target};
+use super::lease::Lease;
 use super::script::{Params, MAX_MICROS};
-use super::{RedisBucket, RedisStats, State};
+use super::{RedisBucket, State};
 use crate::bucket::{Quota, TokenBucket};
 use crate::clock::{saturating_nanos, Clock, DefaultClock};
 use crate::sync::{Arc, ThreadMutex};
@@ -40,7 +40,8 @@ pub enum FailPolicy {
         /// The fraction of the shared quota this process may use alone.
         share: f64,
     },
-    /// Refuse: [`CheckError::Unavailable`] / [`ReserveError::Unavailable`]
+    /// Refuse: [`CheckError::Unavailable`](crate::CheckError::Unavailable) /
+    /// [`ReserveError::Unavailable`](crate::ReserveError::Unavailable)
     /// with this `retry_after`, consuming nothing.
     FailClosed {
         /// What to tell callers.
@@ -87,6 +88,23 @@ fn config_error(message: String) -> RedisBucketError {
     }
 }
 
+/// Redis did not do what was asked.
+pub(super) fn store_error(message: &str) -> RedisBucketError {
+    config_error(message.to_owned())
+}
+
+/// The quota as the script sees it, or why it cannot be shared.
+pub(super) fn params_of(quota: Quota) -> Result<Params, RedisBucketError> {
+    let period_us = quota.period.div_ceil(1000);
+    let burst = quota.burst.get();
+    if period_us.saturating_mul(burst as u64) > MAX_MICROS {
+        return Err(config_error(format!(
+            "quota too long for a shared bucket: burst {burst} times {period_us} µs exceeds 2^51 µs"
+        )));
+    }
+    Ok(Params { period_us, burst })
+}
+
 /// Configures a [`RedisBucket`]; see [`RedisBucket::builder`].
 ///
 /// # Examples
@@ -111,14 +129,141 @@ fn config_error(message: String) -> RedisBucketError {
 #[derive(Debug)]
 #[must_use = "a builder does nothing until `build()`"]
 pub struct RedisBucketBuilder {
-    url: String,
+    common: Common,
     key: String,
     quota: Quota,
-    lease: Option<(NonZeroU32, Duration)>,
-    timeout: Duration,
-    probe_interval: Duration,
-    policy: FailPolicy,
-    clock: Option<Arc<dyn Clock>>,
+}
+
+/// What a [`RedisBucketBuilder`] and a
+/// [`RedisScopedBuilder`](super::RedisScopedBuilder) share.
+#[derive(Debug)]
+pub(super) struct Common {
+    pub(super) urls: Vec<String>,
+    pub(super) cluster: bool,
+    pub(super) lease: Option<(NonZeroU32, Duration)>,
+    pub(super) timeout: Duration,
+    pub(super) probe_interval: Duration,
+    pub(super) policy: FailPolicy,
+    pub(super) clock: Option<Arc<dyn Clock>>,
+}
+
+impl Common {
+    /// `url`: one URL (a single node), or several separated by commas (the
+    /// seed nodes of a cluster).
+    pub(super) fn new(url: &str) -> Self {
+        let urls: Vec<String> = url
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect();
+        Common {
+            cluster: urls.len() > 1,
+            urls,
+            lease: None,
+            timeout: Duration::from_millis(50),
+            probe_interval: Duration::from_millis(500),
+            policy: FailPolicy::FailClosed {
+                retry_after: Duration::from_secs(1),
+            },
+            clock: None,
+        }
+    }
+
+    /// Checks everything but the quota and makes the shared connection
+    /// and clock.
+    pub(super) fn link(&self) -> Result<(Arc<Link>, Arc<dyn Clock>), RedisBucketError> {
+        let invalid = |e: ::redis::RedisError| RedisBucketError {
+            message: format!("invalid redis url: {e}"),
+            source: Some(e),
+        };
+        if self.urls.is_empty() {
+            return Err(config_error("invalid redis url: none given".to_owned()));
+        }
+        if self.timeout.is_zero() || self.timeout > RedisBucketBuilder::MAX_TIMEOUT {
+            return Err(config_error(format!(
+                "invalid timeout {:?}: it must be in (0, {:?}]",
+                self.timeout,
+                RedisBucketBuilder::MAX_TIMEOUT
+            )));
+        }
+        if let FailPolicy::FailOpen { share } = self.policy {
+            if !(share > 0.0 && share <= 1.0) {
+                return Err(config_error(format!(
+                    "invalid fail-open share {share}: it must be in (0, 1]"
+                )));
+            }
+        }
+        let target = if self.cluster {
+            // Checks each URL as the single-node client would.
+            for url in &self.urls {
+                Client::open(url.as_str()).map_err(invalid)?;
+            }
+            Target::Cluster(Box::new(
+                cluster_client(&self.urls, self.timeout).map_err(invalid)?,
+            ))
+        } else {
+            Target::Single(Client::open(self.urls[0].as_str()).map_err(invalid)?)
+        };
+        let (clock, explicit_time): (Arc<dyn Clock>, bool) = match &self.clock {
+            Some(clock) => (clock.clone(), true),
+            None => (Arc::new(DefaultClock::new()), false),
+        };
+        let link = Link::new(target, self.timeout, self.probe_interval, explicit_time);
+        Ok((Arc::new(link), clock))
+    }
+
+    /// A bucket on `key` over `link`.
+    pub(super) fn bucket(
+        &self,
+        link: Arc<Link>,
+        clock: Arc<dyn Clock>,
+        key: String,
+        quota: Quota,
+    ) -> Result<RedisBucket, RedisBucketError> {
+        let params = params_of(quota)?;
+        let policy = match self.policy {
+            FailPolicy::FailOpen { share } => Policy::Open {
+                bucket: TokenBucket::with_clock(share_of(quota, share), clock.clone()),
+                share,
+            },
+            FailPolicy::FailClosed { retry_after } => Policy::Closed(retry_after),
+        };
+        let key = if link.is_cluster() {
+            hash_tagged(key)
+        } else {
+            key
+        };
+        Ok(RedisBucket {
+            conn: Connection { link, key },
+            lease: self.lease.map(|(size, ttl)| Lease {
+                size: size.get().min(params.burst),
+                ttl: saturating_nanos(ttl),
+            }),
+            policy,
+            clock,
+            state: ThreadMutex::new(State::new(
+                quota,
+                params,
+                saturating_nanos(self.probe_interval),
+            )),
+        })
+    }
+}
+
+/// `key` as a cluster key: unchanged when it already has a hash tag (a
+/// non-empty `{...}`), else wrapped whole in one, so that everything the
+/// script touches for one quota hashes to one slot whatever the key's
+/// characters.
+pub(super) fn hash_tagged(key: String) -> String {
+    if let Some(open) = key.find('{') {
+        if let Some(close) = key[open + 1..].find('}') {
+            if close > 0 {
+                return key;
+            }
+        }
+    }
+    format!("{{{key}}}")
 }
 
 impl RedisBucketBuilder {
@@ -150,7 +295,7 @@ impl RedisBucketBuilder {
     /// assert_eq!(b.lease_size(), 10); // capped at the burst
     /// ```
     pub fn lease(mut self, size: NonZeroU32, ttl: Duration) -> Self {
-        self.lease = Some((size, ttl));
+        self.common.lease = Some((size, ttl));
         self
     }
 
@@ -178,7 +323,7 @@ impl RedisBucketBuilder {
     /// }
     /// ```
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.common.timeout = timeout;
         self
     }
 
@@ -197,7 +342,7 @@ impl RedisBucketBuilder {
     /// assert!(b.is_ok());
     /// ```
     pub fn probe_interval(mut self, interval: Duration) -> Self {
-        self.probe_interval = interval;
+        self.common.probe_interval = interval;
         self
     }
 
@@ -215,7 +360,7 @@ impl RedisBucketBuilder {
     /// assert!(b.is_err()); // a share is in (0, 1]
     /// ```
     pub fn fail_policy(mut self, policy: FailPolicy) -> Self {
-        self.policy = policy;
+        self.common.policy = policy;
         self
     }
 
@@ -238,7 +383,7 @@ impl RedisBucketBuilder {
     /// assert!(b.is_ok());
     /// ```
     pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
-        self.clock = Some(Arc::new(clock));
+        self.common.clock = Some(Arc::new(clock));
         self
     }
 
@@ -261,70 +406,36 @@ impl RedisBucketBuilder {
     ///     .is_ok());
     /// ```
     pub fn build(self) -> Result<RedisBucket, RedisBucketError> {
-        let client = Client::open(self.url.as_str()).map_err(|e| RedisBucketError {
-            message: format!("invalid redis url: {e}"),
-            source: Some(e),
-        })?;
-        if self.timeout.is_zero() || self.timeout > Self::MAX_TIMEOUT {
-            return Err(config_error(format!(
-                "invalid timeout {:?}: it must be in (0, {:?}]",
-                self.timeout,
-                Self::MAX_TIMEOUT
-            )));
-        }
-        let period_us = self.quota.period.div_ceil(1000);
-        let burst = self.quota.burst.get();
-        if period_us.saturating_mul(burst as u64) > MAX_MICROS {
-            return Err(config_error(format!(
-                "quota too long for a shared bucket: burst {burst} times {period_us} µs exceeds 2^51 µs"
-            )));
-        }
-        let (clock, explicit_time): (Arc<dyn Clock>, bool) = match self.clock {
-            Some(clock) => (clock, true),
-            None => (Arc::new(DefaultClock::new()), false),
-        };
-        let policy = match self.policy {
-            FailPolicy::FailOpen { share } => {
-                if !(share > 0.0 && share <= 1.0) {
-                    return Err(config_error(format!(
-                        "invalid fail-open share {share}: it must be in (0, 1]"
-                    )));
-                }
-                Policy::Open(TokenBucket::with_clock(
-                    share_of(self.quota, share),
-                    clock.clone(),
-                ))
-            }
-            FailPolicy::FailClosed { retry_after } => Policy::Closed(retry_after),
-        };
-        Ok(RedisBucket {
-            conn: Connection::new(
-                client,
-                self.key,
-                Params { period_us, burst },
-                self.timeout,
-                self.probe_interval,
-                explicit_time,
-            ),
-            quota: self.quota,
-            lease: self.lease.map(|(size, ttl)| Lease {
-                size: size.get().min(burst),
-                ttl: saturating_nanos(ttl),
-            }),
-            policy,
-            clock,
-            state: ThreadMutex::new(State {
-                lease: LeaseState::default(),
-                breaker: Breaker::new(saturating_nanos(self.probe_interval)),
-                stats: RedisStats::default(),
-            }),
-        })
+        let (link, clock) = self.common.link()?;
+        self.common.bucket(link, clock, self.key, self.quota)
+    }
+
+    /// Treat the URL as a seed node of a Redis Cluster even when it is the
+    /// only one given (several comma-separated URLs always mean a
+    /// cluster). On a cluster the key is hash-tagged (wrapped in `{...}`
+    /// unless it has a tag), so each quota lives in one slot.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Quota, RedisBucket};
+    /// use std::num::NonZeroU32;
+    /// let q = Quota::per_second(NonZeroU32::MIN);
+    /// let b = RedisBucket::builder("redis://127.0.0.1:7000/", "rl:a", q).cluster().build().unwrap();
+    /// assert_eq!(b.key(), "{rl:a}");
+    /// let b = RedisBucket::builder("redis://10.0.0.1:7000/,redis://10.0.0.2:7000/", "rl:{b}", q)
+    ///     .build().unwrap();
+    /// assert_eq!(b.key(), "rl:{b}");
+    /// ```
+    pub fn cluster(mut self) -> Self {
+        self.common.cluster = true;
+        self
     }
 }
 
 /// `share` of `quota`'s rate and burst: a longer period, rounded up, and
 /// at least one cell of burst.
-fn share_of(quota: Quota, share: f64) -> Quota {
+pub(super) fn share_of(quota: Quota, share: f64) -> Quota {
     let period = (quota.period as f64 / share).ceil();
     let period = if period >= u64::MAX as f64 {
         u64::MAX
@@ -340,7 +451,8 @@ fn share_of(quota: Quota, share: f64) -> Quota {
 
 impl RedisBucket {
     /// Starts configuring a bucket on `key` at `url` (`redis://host:port/db`)
-    /// with `quota`.
+    /// with `quota`. Several URLs separated by commas are the seed nodes of
+    /// a Redis Cluster (see [`cluster`](RedisBucketBuilder::cluster)).
     ///
     /// # Examples
     ///
@@ -353,16 +465,9 @@ impl RedisBucket {
     /// ```
     pub fn builder(url: &str, key: impl Into<String>, quota: Quota) -> RedisBucketBuilder {
         RedisBucketBuilder {
-            url: url.to_owned(),
+            common: Common::new(url),
             key: key.into(),
             quota,
-            lease: None,
-            timeout: Duration::from_millis(50),
-            probe_interval: Duration::from_millis(500),
-            policy: FailPolicy::FailClosed {
-                retry_after: Duration::from_secs(1),
-            },
-            clock: None,
         }
     }
 }

@@ -1,32 +1,110 @@
 //! The one way a script call reaches Redis: a lazily made connection (a
-//! `redis` crate `ConnectionManager`, which reconnects on its own), bounded
-//! by the store timeout or the caller's shorter budget, behind the
-//! breaker; and what each outcome counts as.
+//! `redis` crate `ConnectionManager` on a single node, or its async
+//! cluster connection; both reconnect on their own), bounded by the store
+//! timeout or the caller's shorter budget, behind the breaker; and what
+//! each outcome counts as.
+//!
+//! The connection ([`Link`]) is shared: every bucket of a
+//! [`RedisScoped`](super::RedisScoped) sends through one.
 
 use core::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::cluster::ClusterClient;
+use ::redis::cluster_async::ClusterConnection;
 use ::redis::{Client, ErrorKind, RedisError, RedisResult, Script};
 use tokio::sync::OnceCell;
 
-use super::script::{self, Op, Params};
+use super::script::{self, Op, Params, Refund};
 use super::RedisBucket;
+use crate::sync::Arc;
 
-/// The connection, the script and the key: everything a call sends.
-pub(super) struct Connection {
-    client: Client,
-    manager: OnceCell<ConnectionManager>,
+/// Where the connection goes: one node, or a cluster (seeded by one or
+/// more of its nodes).
+pub(super) enum Target {
+    Single(Client),
+    /// Boxed: a cluster client is twice a single one's size.
+    Cluster(Box<ClusterClient>),
+}
+
+/// A made connection; both kinds are cheap to clone (a handle).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// The connection and the script: what every bucket on it shares.
+pub(super) struct Link {
+    target: Target,
+    conn: OnceCell<Conn>,
     script: Script,
-    pub(super) key: String,
-    pub(super) params: Params,
     /// The store timeout: the longest any call may take, connecting
     /// included.
     pub(super) timeout: Duration,
-    /// Cap on the manager's reconnect backoff (the probe interval).
+    /// Cap on the reconnect backoff (the probe interval).
     reconnect_cap: Duration,
     /// Send the bucket's clock with each call instead of using Redis's
     /// `TIME`.
-    explicit_time: bool,
+    pub(super) explicit_time: bool,
+}
+
+impl Link {
+    pub(super) fn new(
+        target: Target,
+        timeout: Duration,
+        reconnect_cap: Duration,
+        explicit_time: bool,
+    ) -> Self {
+        Link {
+            target,
+            conn: OnceCell::new(),
+            script: Script::new(script::SOURCE),
+            timeout,
+            reconnect_cap,
+            explicit_time,
+        }
+    }
+
+    /// Whether this link goes to a cluster (its keys are hash-tagged).
+    pub(super) fn is_cluster(&self) -> bool {
+        matches!(self.target, Target::Cluster(_))
+    }
+
+    async fn connect(&self) -> RedisResult<Conn> {
+        match &self.target {
+            Target::Single(client) => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.timeout))
+                    .set_response_timeout(Some(self.timeout))
+                    .set_number_of_retries(2)
+                    .set_max_delay(self.reconnect_cap);
+                ConnectionManager::new_with_config(client.clone(), config)
+                    .await
+                    .map(Conn::Single)
+            }
+            Target::Cluster(client) => client.get_async_connection().await.map(Conn::Cluster),
+        }
+    }
+}
+
+/// Builds a cluster client on `nodes` with the store timeout.
+pub(super) fn cluster_client(nodes: &[String], timeout: Duration) -> RedisResult<ClusterClient> {
+    ClusterClient::builder(nodes.iter().map(String::as_str))
+        .connection_timeout(timeout)
+        .response_timeout(timeout)
+        // A moved slot is followed (MOVED/ASK) within the call's timeout.
+        .retries(3)
+        .min_retry_wait(1)
+        .max_retry_wait(20)
+        .build()
+}
+
+/// The connection, the key and the quota a bucket sends with each call.
+pub(super) struct Connection {
+    pub(super) link: Arc<Link>,
+    /// The Redis key (hash-tagged on a cluster).
+    pub(super) key: String,
 }
 
 /// Why a script call produced no decision.
@@ -43,53 +121,28 @@ pub(super) enum Failed {
 }
 
 impl Connection {
-    pub(super) fn new(
-        client: Client,
-        key: String,
-        params: Params,
-        timeout: Duration,
-        reconnect_cap: Duration,
-        explicit_time: bool,
-    ) -> Self {
-        Connection {
-            client,
-            manager: OnceCell::new(),
-            script: Script::new(script::SOURCE),
-            key,
-            params,
-            timeout,
-            reconnect_cap,
-            explicit_time,
-        }
-    }
-
     /// Runs `op` (decided at `now`, in nanoseconds, when the time is
     /// explicit) within `limit`. Returns the reply, or `None` if `limit`
     /// passed first, and the round trips that completed.
-    async fn run(&self, op: Op, now: u64, limit: Duration) -> (Option<RedisResult<Vec<i64>>>, u64) {
-        let now_us = self.explicit_time.then_some(now / 1000);
+    async fn run(
+        &self,
+        call: script::Call<'_>,
+        now: u64,
+        limit: Duration,
+    ) -> (Option<RedisResult<Vec<i64>>>, u64) {
+        let link = &*self.link;
+        let now_us = link.explicit_time.then_some(now / 1000);
         let mut trips = 0;
         let result = tokio::time::timeout(limit, async {
-            let conn = self
-                .manager
-                .get_or_try_init(|| {
-                    let config = ConnectionManagerConfig::new()
-                        .set_connection_timeout(Some(self.timeout))
-                        .set_response_timeout(Some(self.timeout))
-                        .set_number_of_retries(2)
-                        .set_max_delay(self.reconnect_cap);
-                    ConnectionManager::new_with_config(self.client.clone(), config)
-                })
-                .await?;
-            let (reply, n) = script::run(
-                &mut conn.clone(),
-                &self.script,
-                &self.key,
-                self.params,
-                now_us,
-                op,
-            )
-            .await;
+            let conn = link.conn.get_or_try_init(|| link.connect()).await?;
+            let (reply, n) = match conn.clone() {
+                Conn::Single(mut c) => {
+                    script::run(&mut c, &link.script, &self.key, now_us, call).await
+                }
+                Conn::Cluster(mut c) => {
+                    script::run(&mut c, &link.script, &self.key, now_us, call).await
+                }
+            };
             trips = n;
             reply
         })
@@ -103,6 +156,11 @@ impl RedisBucket {
     /// caller's budget) when that is shorter, unless the breaker says not
     /// to try yet. Counts round trips, failures and calls out of budget.
     ///
+    /// Every call also carries the refunds of reservations dropped unused
+    /// since the last one (see [`RedisReservation`](super::RedisReservation)),
+    /// and every reply carries the quota stored with the key, which
+    /// replaces this process's when an operator changed it.
+    ///
     /// Only a connection error or the store timeout trips the breaker.
     /// Running out of a shorter `bound` is [`Failed::Budget`]: a caller
     /// that could not wait for the round trip learns nothing about Redis's
@@ -110,25 +168,38 @@ impl RedisBucket {
     /// means Redis is up: a failure for this call only.
     pub(super) async fn call(&self, op: Op, bound: Option<Duration>) -> Result<Vec<i64>, Failed> {
         let now = self.clock.now_nanos();
-        {
+        // The connection and its timer need a tokio runtime; without one,
+        // this is a failure, not a panic (and queued refunds stay queued).
+        let runtime = tokio::runtime::Handle::try_current().is_ok();
+        let (params, refunds) = {
             let mut state = self.state.lock();
             if state.breaker.is_open(now) {
                 state.stats.failures += 1;
                 return Err(Failed::Store);
             }
-        }
-        // The connection and its timer need a tokio runtime; without one,
-        // this is a failure, not a panic.
-        let (result, trips) = if tokio::runtime::Handle::try_current().is_err() {
+            let refunds = if runtime {
+                state.take_refunds()
+            } else {
+                Vec::new()
+            };
+            (state.params, refunds)
+        };
+        let timeout = self.conn.link.timeout;
+        let (result, trips) = if !runtime {
             (None, 0)
         } else {
             let (limit, caller_bound) = match bound {
                 // On an explicit (manual) clock a budget is not real time:
                 // a real timer on it would refuse at random under load.
-                Some(b) if b < self.conn.timeout && !self.conn.explicit_time => (b, true),
-                _ => (self.conn.timeout, false),
+                Some(b) if b < timeout && !self.conn.link.explicit_time => (b, true),
+                _ => (timeout, false),
             };
-            match self.conn.run(op, now, limit).await {
+            let call = script::Call {
+                params,
+                refunds: &refunds,
+                op,
+            };
+            match self.conn.run(call, now, limit).await {
                 (None, trips) if caller_bound => {
                     let mut state = self.state.lock();
                     state.stats.round_trips += trips;
@@ -138,11 +209,32 @@ impl RedisBucket {
                 answer => answer,
             }
         };
+        // On any failure the refunds are dropped: they may have been
+        // applied, and applying one twice could pop another take.
         let done = self.clock.now_nanos();
         let mut state = self.state.lock();
         state.stats.round_trips += trips;
         match result {
-            Some(Ok(reply)) => return Ok(reply),
+            Some(Ok(reply)) => match reply[..] {
+                [refunded, period_us, burst, ..]
+                    if refunded >= 0 && period_us > 0 && burst > 0 && burst <= u32::MAX as i64 =>
+                {
+                    state.stats.refunded += refunded as u64;
+                    state.stats.admitted = state.stats.admitted.saturating_sub(refunded as u64);
+                    let remote = Params {
+                        period_us: period_us as u64,
+                        burst: burst as u32,
+                    };
+                    if remote != state.params {
+                        state.adopt(remote);
+                        let quota = state.quota;
+                        drop(state);
+                        self.adopt_fallback(quota);
+                    }
+                    return Ok(reply[3..].to_vec());
+                }
+                _ => {}
+            },
             Some(Err(e)) if is_reply(&e) => {}
             // A connection error or the store timeout.
             _ => state.breaker.trip(done),
@@ -152,13 +244,13 @@ impl RedisBucket {
     }
 
     /// Undoes a remote take, best effort, within `budget` nanoseconds.
-    pub(crate) async fn remote_cancel(&self, before: u64, after: u64, budget: u64) -> bool {
+    pub(super) async fn remote_cancel(&self, refund: Refund, budget: u64) -> bool {
         if budget == 0 {
             return false;
         }
         let bound = Some(Duration::from_nanos(budget));
         matches!(
-            self.call(Op::Cancel { before, after }, bound).await,
+            self.call(Op::Cancel { refund }, bound).await,
             Ok(reply) if reply.first() == Some(&1)
         )
     }

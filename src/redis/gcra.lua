@@ -1,17 +1,28 @@
 -- GCRA for backpressure's RedisBucket; see src/redis/script.rs for the
--- arithmetic and the reply shapes. One key, a hash {t = tat, p = penalty}.
+-- arithmetic and the reply shapes. One key, a hash {t = tat, p = penalty}
+-- plus, once a quota was set at run time, {qt = period_us, qb = burst}.
 --
--- ARGV: op, period_us, burst, now_us ('' = use TIME), then op arguments:
---   take     n, max_wait_us, extra, give_back  -> {granted, wait_us, before, after}
---   cancel   before, after                     -> {1 | 0}
---   penalize retry_us, give_back               -> {1}
---   give     give_back                         -> {1}
+-- ARGV: op, period_us, burst, now_us ('' = use TIME), nref, then nref
+-- refund triples (before, after, n; highest `after` first), then the op
+-- arguments:
+--   take      n, max_wait_us, extra, give_back -> {granted, wait_us, before, after}
+--   cancel    before, after                    -> {1 | 0}
+--   penalize  retry_us, give_back              -> {1}
+--   give      give_back                        -> {1}
 --   available                                  -> {cells}
+--   set_quota period_us, burst                 -> {1}
+--   reset                                      -> {1}
+-- Every reply is prefixed with {refunded cells, period_us, burst in force}.
 local key = KEYS[1]
 local op = ARGV[1]
 local period = tonumber(ARGV[2])
 local burst = tonumber(ARGV[3])
 local now = tonumber(ARGV[4])
+local nref = tonumber(ARGV[5])
+local base_arg = 5 + 3 * nref
+local function arg(i)
+  return tonumber(ARGV[base_arg + i])
+end
 local expire = true
 if now == nil then
   local time = redis.call('TIME')
@@ -21,18 +32,11 @@ else
   -- drop state the explicit clock still needs.
   expire = false
 end
-local tolerance = period * burst
 
 -- Integers below 2^53 are exact in Lua numbers; '%.0f' writes them
 -- without the 14-digit rounding of tostring.
-local function save(t, p)
-  redis.call('HSET', key, 't', string.format('%.0f', t), 'p', string.format('%.0f', p))
-  if expire then
-    -- Gone once full again (a key at or before `now` is a full bucket).
-    redis.call('PEXPIRE', key, math.max(1, math.ceil((t - now) / 1000)))
-  else
-    redis.call('PERSIST', key)
-  end
+local function int(v)
+  return string.format('%.0f', v)
 end
 
 -- What this script writes: integers in [0, now + 2^52] (a tat is at most
@@ -45,7 +49,8 @@ local function valid(v)
 end
 
 local tat, pen, corrupt = 0, 0, false
-local state = redis.pcall('HMGET', key, 't', 'p')
+local stored = false
+local state = redis.pcall('HMGET', key, 't', 'p', 'qt', 'qb')
 if state.err then
   -- Not a hash (WRONGTYPE).
   corrupt = true
@@ -59,7 +64,32 @@ else
     local p = tonumber(state[2])
     if valid(p) then pen = p else corrupt = true end
   end
+  if state[3] or state[4] then
+    local qt, qb = tonumber(state[3]), tonumber(state[4])
+    if qt and qb and qt >= 1 and qb >= 1 and qb <= 4294967295
+        and qt == math.floor(qt) and qb == math.floor(qb) and qt * qb <= 2^51 then
+      period, burst, stored = qt, qb, true
+    else
+      corrupt = true
+    end
+  end
 end
+local tolerance = period * burst
+
+local function save(t, p)
+  redis.call('HSET', key, 't', int(t), 'p', int(p))
+  if expire and not stored then
+    -- Gone once full again (a key at or before `now` is a full bucket).
+    redis.call('PEXPIRE', key, math.max(1, math.ceil((t - now) / 1000)))
+  else
+    redis.call('PERSIST', key)
+  end
+end
+
+local function store_quota()
+  redis.call('HSET', key, 'qt', int(period), 'qb', int(burst))
+end
+
 if corrupt then
   -- Repair on the safe side: an empty bucket refilling from now (as if a
   -- whole burst had just been taken), keeping whatever was still valid.
@@ -67,7 +97,31 @@ if corrupt then
     ' held values this script did not write; reset to an empty bucket')
   tat = math.max(tat, pen, now + tolerance)
   redis.call('DEL', key)
+  if stored then store_quota() end
   save(tat, pen)
+end
+
+-- Refunds of reservations dropped unused: each one still on top goes.
+local refunded = 0
+if nref > 0 then
+  local before_refunds = tat
+  for i = 0, nref - 1 do
+    local before = tonumber(ARGV[6 + 3 * i])
+    local after = tonumber(ARGV[7 + 3 * i])
+    if tat == after and tat > now then
+      tat = math.max(before, pen)
+      refunded = refunded + tonumber(ARGV[8 + 3 * i])
+    end
+  end
+  if tat ~= before_refunds then
+    save(tat, pen)
+  end
+end
+
+local function reply(r)
+  local out = {refunded, period, burst}
+  for _, v in ipairs(r) do out[#out + 1] = v end
+  return out
 end
 
 -- Unused leased cells back: never below now (the bucket is full there)
@@ -79,20 +133,50 @@ local function give(m)
   return tat
 end
 
+-- A tat (or penalty target) under the quota in force, converted to
+-- (new_period, new_burst): the debt in cells kept, capped at the new
+-- burst; a hold past the burst keeps its wait (bucket/gcra.rs convert).
+local function convert(t, new_period, new_burst)
+  local debt = t - now
+  if debt <= 0 then
+    return t
+  end
+  local new_tol = new_period * new_burst
+  local kept
+  if debt > tolerance then
+    kept = (new_tol - new_period) + (debt - (tolerance - period))
+  else
+    local q = math.floor(debt / period)
+    local r = debt - q * period
+    local part = r * new_period
+    local frac = math.ceil(part / period)
+    if part > 2^53 then
+      frac = frac + 1
+    end
+    kept = math.min(q * new_period + frac, new_tol)
+  end
+  return now + kept
+end
+
 if op == 'take' then
-  local n = tonumber(ARGV[5])
-  local max_wait = tonumber(ARGV[6])
-  local extra = tonumber(ARGV[7])
-  local given = give(tonumber(ARGV[8]))
+  local n = arg(1)
+  local max_wait = arg(2)
+  local extra = arg(3)
+  local given = give(arg(4))
   local changed = given ~= tat
   tat = given
+  if n > burst then
+    -- More than the burst in force: never fits. {0, 0} says so.
+    if changed then save(tat, pen) end
+    return reply({0, 0, 0, 0})
+  end
   local ready = math.max(tat - (tolerance - n * period), now)
   local wait = ready - now
   if wait > max_wait then
     if changed then
       save(tat, pen)
     end
-    return {0, wait, 0, 0}
+    return reply({0, wait, 0, 0})
   end
   local granted = n
   local base = math.max(tat, now)
@@ -102,28 +186,50 @@ if op == 'take' then
   end
   local after = base + granted * period
   save(after, pen)
-  return {granted, wait, tat, after}
+  return reply({granted, wait, tat, after})
 elseif op == 'cancel' then
-  local before = tonumber(ARGV[5])
-  local after = tonumber(ARGV[6])
+  local before = arg(1)
+  local after = arg(2)
   if tat == after then
     save(math.max(before, pen), pen)
-    return {1}
+    return reply({1})
   end
-  return {0}
+  return reply({0})
 elseif op == 'penalize' then
-  tat = give(tonumber(ARGV[6]))
-  local target = now + tonumber(ARGV[5]) + tolerance - period
+  tat = give(arg(2))
+  local target = now + arg(1) + tolerance - period
   save(math.max(tat, target), math.max(pen, target))
-  return {1}
+  return reply({1})
 elseif op == 'give' then
-  local given = give(tonumber(ARGV[5]))
+  local given = give(arg(1))
   if given ~= tat then
     save(given, pen)
   end
-  return {1}
+  return reply({1})
 elseif op == 'available' then
   local debt = math.max(tat, now) - now
-  return {math.floor(math.max(tolerance - debt, 0) / period)}
+  return reply({math.floor(math.max(tolerance - debt, 0) / period)})
+elseif op == 'set_quota' then
+  local new_period, new_burst = arg(1), arg(2)
+  if not stored or new_period ~= period or new_burst ~= burst then
+    local t = convert(tat, new_period, new_burst)
+    -- A penalty keeps its wait (its first cell at the same instant), but
+    -- never floors refunds above the converted tat: convert is not
+    -- monotonic across the burst (a hold past it keeps its wait in time,
+    -- a debt within it in cells), and the floor must not hold back more
+    -- than the bucket itself.
+    local p = 0
+    if pen > now then
+      p = math.min(pen - (tolerance - period) + (new_period * new_burst - new_period), t)
+    end
+    period, burst, tolerance = new_period, new_burst, new_period * new_burst
+    stored = true
+    store_quota()
+    save(t, p)
+  end
+  return reply({1})
+elseif op == 'reset' then
+  redis.call('HDEL', key, 't', 'p')
+  return reply({1})
 end
 return redis.error_reply('backpressure gcra: unknown op ' .. tostring(op))

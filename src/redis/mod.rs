@@ -10,11 +10,13 @@
 //! The public documentation (API shape, leasing, failure policy,
 //! runtime) is on [`RedisBucket`].
 
+mod admin;
 mod breaker;
 mod builder;
 mod connection;
 mod lease;
 mod reservation;
+mod scoped;
 mod script;
 
 use core::fmt;
@@ -22,6 +24,8 @@ use core::time::Duration;
 
 #[cfg(doc)]
 use crate::bucket::TokenBucket;
+use std::collections::VecDeque;
+
 use crate::bucket::{CheckError, Quota, ReserveError};
 use crate::clock::{saturating_nanos, Clock};
 use crate::limiter::AsyncRateLimiter;
@@ -32,8 +36,20 @@ pub use builder::{FailPolicy, RedisBucketBuilder, RedisBucketError};
 use connection::{Connection, Failed};
 use lease::{Lease, LeaseState};
 pub use reservation::RedisReservation;
-use reservation::Refund;
-use script::{Op, MAX_MICROS};
+use reservation::Source;
+pub use scoped::{RedisScoped, RedisScopedBuilder};
+use script::{Op, Params, Refund, MAX_MICROS};
+
+/// Refunds of dropped reservations queued per bucket, at most: a drop past
+/// it forgets the oldest (lowest) one, which could only unwind after all
+/// those above it. See *Dropping it* on [`RedisReservation`].
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(backpressure::MAX_QUEUED_REFUNDS, 1024);
+/// ```
+pub const MAX_QUEUED_REFUNDS: usize = 1024;
 
 /// Counters of a [`RedisBucket`]'s decisions, for measuring leasing and
 /// the failure policy.
@@ -66,6 +82,10 @@ pub struct RedisStats {
     pub out_of_budget: u64,
     /// Decisions made by the fail-open fallback bucket.
     pub fallback: u64,
+    /// Cells given back by reservations dropped before their wait had
+    /// passed (queued, then applied by Redis with a later round trip).
+    /// They are no longer counted in `admitted`.
+    pub refunded: u64,
 }
 
 impl RedisStats {
@@ -88,6 +108,57 @@ struct State {
     lease: LeaseState,
     breaker: Breaker,
     stats: RedisStats,
+    /// The quota in force (the key's stored one once a reply carried it).
+    quota: Quota,
+    params: Params,
+    /// Refunds of reservations dropped unused, for the next round trip.
+    refunds: VecDeque<Refund>,
+    /// Bumped by `reset` and `set_quota`: reservations taken before no
+    /// longer queue refunds (their `after` is gone from the key).
+    generation: u64,
+}
+
+impl State {
+    fn new(quota: Quota, params: Params, probe_interval: u64) -> Self {
+        State {
+            lease: LeaseState::default(),
+            breaker: Breaker::new(probe_interval),
+            stats: RedisStats::default(),
+            quota,
+            params,
+            refunds: VecDeque::new(),
+            generation: 0,
+        }
+    }
+
+    /// Queues the refund of a dropped reservation (bounded: the oldest
+    /// goes first).
+    fn queue_refund(&mut self, refund: Refund) {
+        if self.refunds.len() >= MAX_QUEUED_REFUNDS {
+            self.refunds.pop_front();
+        }
+        self.refunds.push_back(refund);
+    }
+
+    /// The queued refunds, highest `after` first (the order that unwinds
+    /// a stack of them in one pass).
+    fn take_refunds(&mut self) -> Vec<Refund> {
+        if self.refunds.is_empty() {
+            return Vec::new();
+        }
+        let mut refunds: Vec<Refund> = self.refunds.drain(..).collect();
+        refunds.sort_unstable_by_key(|r| core::cmp::Reverse(r.after));
+        refunds
+    }
+
+    /// Takes the quota Redis says is in force.
+    fn adopt(&mut self, params: Params) {
+        self.params = params;
+        self.quota = Quota {
+            period: params.period_us.saturating_mul(1000),
+            burst: core::num::NonZeroU32::new(params.burst).unwrap_or(core::num::NonZeroU32::MIN),
+        };
+    }
 }
 
 /// A GCRA bucket held in Redis, shared by every process that uses the same
@@ -167,15 +238,15 @@ struct State {
 /// .build()
 /// .unwrap();
 /// match bucket.reserve(1, Duration::from_millis(200)).await {
+///     // Sleep holding `r`: dropped before its wait, it gives its cells back.
 ///     Ok(r) => tokio::time::sleep(r.wait()).await, // then call the API
 ///     Err(e) => eprintln!("{e}"),                  // surface it, don't sleep
-/// }
+/// };
 /// # }
 /// ```
 pub struct RedisBucket {
     /// The connection, the script, the key and the store timeout.
     conn: Connection,
-    quota: Quota,
     lease: Option<Lease>,
     policy: Policy,
     /// Local time: deadlines, leases, the probe interval; and the decision
@@ -212,7 +283,7 @@ impl RedisBucket {
     /// assert_eq!(RedisBucket::builder("redis://127.0.0.1/", "k", q).build().unwrap().quota(), q);
     /// ```
     pub fn quota(&self) -> Quota {
-        self.quota
+        self.state.lock().quota
     }
 
     /// Cells leased per round trip (0 without leasing).
@@ -285,6 +356,10 @@ impl RedisBucket {
             // `max_wait` 0: a grant is usable now.
             Ok(_) => Ok(()),
             Err(Denial::Wait(wait)) => Err(CheckError::NotUntil { wait }),
+            Err(Denial::Capacity(capacity)) => Err(CheckError::InsufficientCapacity {
+                requested: n,
+                capacity,
+            }),
             // Without a caller's budget, every failure is the store's.
             Err(Denial::Failed(_)) => match self.fall_back() {
                 Ok(fallback) => fallback.try_acquire(n),
@@ -331,7 +406,7 @@ impl RedisBucket {
         max_wait: Duration,
     ) -> Result<RedisReservation<'_>, ReserveError> {
         if n == 0 {
-            return Ok(RedisReservation::new(self, Duration::ZERO, Refund::Nothing));
+            return Ok(RedisReservation::new(self, Duration::ZERO, Source::Nothing));
         }
         self.check_capacity(n)
             .map_err(|capacity| ReserveError::InsufficientCapacity {
@@ -342,7 +417,7 @@ impl RedisBucket {
             return Ok(RedisReservation::new(
                 self,
                 Duration::ZERO,
-                Refund::Lease(n),
+                Source::Lease(n),
             ));
         }
         let start = self.clock.now_nanos();
@@ -358,22 +433,31 @@ impl RedisBucket {
                     // The round trip ate the budget: the wait no longer
                     // fits. Give the cells back (best effort) and refuse.
                     self.unadmit(n);
-                    self.remote_cancel(taken.before, taken.after, budget - elapsed.min(budget))
+                    let refund = Refund {
+                        before: taken.before,
+                        after: taken.after,
+                        n,
+                    };
+                    self.remote_cancel(refund, budget - elapsed.min(budget))
                         .await;
                     return Err(ReserveError::RateLimited { retry_after: wait });
                 }
-                let refund = if taken.granted > n {
-                    Refund::Lease(n)
+                let source = if taken.granted > n {
+                    Source::Lease(n)
                 } else {
-                    Refund::Remote {
+                    Source::Remote(Refund {
                         n,
                         before: taken.before,
                         after: taken.after,
-                    }
+                    })
                 };
-                Ok(RedisReservation::new(self, wait, refund))
+                Ok(RedisReservation::new(self, wait, source))
             }
             Err(Denial::Wait(retry_after)) => Err(ReserveError::RateLimited { retry_after }),
+            Err(Denial::Capacity(capacity)) => Err(ReserveError::InsufficientCapacity {
+                requested: n,
+                capacity,
+            }),
             Err(Denial::Failed(Failed::Budget)) => Err(ReserveError::RateLimited {
                 retry_after: max_wait,
             }),
@@ -385,7 +469,7 @@ impl RedisBucket {
                 let left = Duration::from_nanos(budget.saturating_sub(elapsed));
                 fallback
                     .reserve(n, left)
-                    .map(|r| RedisReservation::new(self, r.wait(), Refund::Local(r)))
+                    .map(|r| RedisReservation::new(self, r.wait(), Source::Local(r)))
             }
         }
     }
@@ -412,8 +496,8 @@ impl RedisBucket {
     /// # }
     /// ```
     pub async fn penalize(&self, retry_after: Duration) {
-        if let Policy::Open(fallback) = &self.policy {
-            fallback.penalize(retry_after);
+        if let Policy::Open { bucket, .. } = &self.policy {
+            bucket.penalize(retry_after);
         }
         let give = self.drain_lease(true);
         let retry = (saturating_nanos(retry_after) / 1000).min(MAX_MICROS);
@@ -479,7 +563,7 @@ impl RedisBucket {
 
     #[inline]
     fn check_capacity(&self, n: u32) -> Result<(), u32> {
-        let burst = self.conn.params.burst;
+        let burst = self.state.lock().params.burst;
         if n > burst {
             Err(burst)
         } else {
@@ -522,7 +606,16 @@ impl RedisBucket {
         // The script refuses only a wait longer than `max_wait` (>= 0), so
         // a refusal with no wait, or a grant short of `n`, is not its
         // answer: a store error, never a zero-wait denial to spin on.
-        if granted == 0 && wait == 0 || granted != 0 && granted < n as u64 {
+        if granted == 0 && wait == 0 {
+            // The script's answer to more than the burst in force (a
+            // quota another process just lowered).
+            let burst = self.state.lock().params.burst;
+            if n > burst {
+                return Err(Denial::Capacity(burst));
+            }
+            return Err(self.malformed());
+        }
+        if granted != 0 && granted < n as u64 {
             return Err(self.malformed());
         }
         if granted == 0 {
@@ -566,6 +659,8 @@ struct Taken {
 #[derive(Debug)]
 enum Denial {
     Wait(Duration),
+    /// More than the burst in force.
+    Capacity(u32),
     Failed(Failed),
 }
 
@@ -573,9 +668,9 @@ impl fmt::Debug for RedisBucket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBucket")
             .field("key", &self.conn.key)
-            .field("quota", &self.quota)
+            .field("quota", &self.quota())
             .field("lease", &self.lease)
-            .field("timeout", &self.conn.timeout)
+            .field("timeout", &self.conn.link.timeout)
             .field("policy", &self.policy)
             .field("stats", &self.stats())
             .finish_non_exhaustive()
@@ -583,6 +678,36 @@ impl fmt::Debug for RedisBucket {
 }
 
 impl AsyncRateLimiter for RedisBucket {
+    type Reservation<'a> = RedisReservation<'a>;
+
+    fn try_acquire(
+        &self,
+        n: u32,
+    ) -> impl core::future::Future<Output = Result<(), CheckError>> + Send {
+        RedisBucket::try_acquire(self, n)
+    }
+
+    fn reserve(
+        &self,
+        n: u32,
+        max_wait: Duration,
+    ) -> impl core::future::Future<Output = Result<RedisReservation<'_>, ReserveError>> + Send {
+        RedisBucket::reserve(self, n, max_wait)
+    }
+
+    fn penalize(&self, retry_after: Duration) -> impl core::future::Future<Output = ()> + Send {
+        RedisBucket::penalize(self, retry_after)
+    }
+
+    fn available(&self) -> impl core::future::Future<Output = u32> + Send {
+        RedisBucket::available(self)
+    }
+}
+
+/// A key's bucket from a [`RedisScoped`] (or any shared `RedisBucket`) is
+/// a limiter too, so it can be handed to the admission layer
+/// (`Admission::builder().shared_quota(credential, scoped.bucket(&credential))`).
+impl AsyncRateLimiter for Arc<RedisBucket> {
     type Reservation<'a> = RedisReservation<'a>;
 
     fn try_acquire(

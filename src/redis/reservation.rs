@@ -4,17 +4,45 @@ use core::fmt;
 use core::future::Future;
 use core::time::Duration;
 
+use super::script::Refund;
 use super::RedisBucket;
 use crate::bucket::Reservation;
+use crate::clock::saturating_nanos;
 use crate::limiter::AsyncReservation;
 
 /// Cells taken from a [`RedisBucket`], usable after
 /// [`wait`](RedisReservation::wait).
 ///
-/// As with the local [`Reservation`], dropping it keeps the cells taken.
-/// [`cancel`](RedisReservation::cancel) gives them back: to the lease they
-/// came from (no round trip), to Redis (one round trip, and only if no
-/// other process took cells since), or to the fail-open fallback.
+/// # Dropping it
+///
+/// A reservation dropped **after** its wait has passed keeps its cells:
+/// the call ran (or is running). One dropped **before** its wait has
+/// passed was abandoned (its caller gave up, or the future sleeping the
+/// wait was cancelled; nothing may use the cells before the wait), so it
+/// gives them back, at most once:
+///
+/// * cells from this process's lease or from the fail-open fallback go
+///   back at once, in `Drop`;
+/// * cells taken in Redis cannot (a round trip cannot run in `Drop`): the
+///   refund is queued in the bucket (at most
+///   [`MAX_QUEUED_REFUNDS`](super::MAX_QUEUED_REFUNDS), the oldest
+///   forgotten first) and sent with the bucket's **next round trip**,
+///   whatever its operation. No task is spawned and nothing needs
+///   flushing; a bucket that makes no further call never sends it, and
+///   its cells count as used until the bucket refills. Queued refunds wait
+///   while the breaker skips Redis; if the round trip carrying them fails,
+///   they are dropped (Redis may have applied them, and applying one twice
+///   could undo another process's take). Redis applies each
+///   refund as [`cancel`](RedisReservation::cancel) does, only if no
+///   other take was stacked on it since, so a stack of dropped
+///   reservations unwinds whole; counted in
+///   [`RedisStats::refunded`](super::RedisStats::refunded).
+///
+/// A caller that takes the wait and lets the reservation go before using
+/// the cells (say, to sleep elsewhere) calls
+/// [`keep`](RedisReservation::keep), which keeps the cells taken.
+/// [`cancel`](RedisReservation::cancel) gives them back now and says
+/// whether it could.
 ///
 /// # Examples
 ///
@@ -31,32 +59,38 @@ use crate::limiter::AsyncReservation;
 /// r.cancel().await;
 /// # }
 /// ```
-#[must_use = "dropping a RedisReservation keeps its cells taken; sleep `wait()` or `cancel()` it"]
+#[must_use = "a RedisReservation dropped before its wait gives its cells back; sleep `wait()` holding it, or `keep()` it"]
 pub struct RedisReservation<'a> {
     bucket: &'a RedisBucket,
     wait: Duration,
-    refund: Refund<'a>,
+    /// When the cells become usable, on the bucket's clock.
+    ready_at: u64,
+    /// The bucket's generation when taken (see `State::generation`).
+    generation: u64,
+    source: Source<'a>,
 }
 
 /// Where the cells came from.
-pub(super) enum Refund<'a> {
-    /// Zero cells.
+pub(super) enum Source<'a> {
+    /// Zero cells, or cells already given back or kept.
     Nothing,
     /// `n` cells from this process's lease.
     Lease(u32),
-    /// `n` cells taken in Redis: the `tat` the take found and the one it
-    /// wrote (µs).
-    Remote { n: u32, before: u64, after: u64 },
+    /// Cells taken in Redis.
+    Remote(Refund),
     /// The fail-open fallback bucket.
     Local(Reservation<'a>),
 }
 
 impl<'a> RedisReservation<'a> {
-    pub(super) fn new(bucket: &'a RedisBucket, wait: Duration, refund: Refund<'a>) -> Self {
+    pub(super) fn new(bucket: &'a RedisBucket, wait: Duration, source: Source<'a>) -> Self {
+        let now = bucket.clock.now_nanos();
         RedisReservation {
             bucket,
             wait,
-            refund,
+            ready_at: now.saturating_add(saturating_nanos(wait)),
+            generation: bucket.state.lock().generation,
+            source,
         }
     }
 
@@ -96,7 +130,28 @@ impl<'a> RedisReservation<'a> {
     /// # }
     /// ```
     pub fn is_fallback(&self) -> bool {
-        matches!(self.refund, Refund::Local(_))
+        matches!(self.source, Source::Local(_))
+    }
+
+    /// Keeps the cells taken (the call will run after the wait) and
+    /// returns the wait: dropping the reservation early would give them
+    /// back.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use backpressure::{Quota, RedisBucket};
+    /// # use std::num::NonZeroU32;
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # let bucket = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN)).build().unwrap();
+    /// let wait = bucket.reserve(1, Duration::from_secs(1)).await.unwrap().keep();
+    /// tokio::time::sleep(wait).await; // then call the API
+    /// # }
+    /// ```
+    pub fn keep(mut self) -> Duration {
+        self.source = Source::Nothing;
+        self.wait
     }
 
     /// Gives the cells back if that cannot let the bucket exceed its burst
@@ -118,21 +173,66 @@ impl<'a> RedisReservation<'a> {
     /// assert!(second.cancel().await);
     /// # }
     /// ```
-    pub async fn cancel(self) -> bool {
-        match self.refund {
-            Refund::Nothing => false,
-            Refund::Lease(n) => {
-                self.bucket.unlease(n);
+    pub async fn cancel(mut self) -> bool {
+        let bucket = self.bucket;
+        if !self.current() {
+            // Reset or given a new quota since: as the local bucket, the
+            // cells are no longer this reservation's to give back.
+            self.source = Source::Nothing;
+            return false;
+        }
+        match core::mem::replace(&mut self.source, Source::Nothing) {
+            Source::Nothing => false,
+            Source::Lease(n) => {
+                bucket.unlease(n);
                 true
             }
-            Refund::Remote { n, before, after } => {
-                let refunded = self.bucket.remote_cancel(before, after, u64::MAX).await;
+            Source::Remote(refund) => {
+                let refunded = bucket.remote_cancel(refund, u64::MAX).await;
                 if refunded {
-                    self.bucket.unadmit(n);
+                    bucket.unadmit(refund.n);
                 }
                 refunded
             }
-            Refund::Local(r) => r.cancel(),
+            Source::Local(r) => r.cancel(),
+        }
+    }
+}
+
+impl RedisReservation<'_> {
+    /// Whether the bucket was neither reset nor given a new quota since
+    /// (by this process; another process's change shows as a failed
+    /// refund in Redis instead). The fallback's own reservations check
+    /// that themselves.
+    fn current(&self) -> bool {
+        matches!(self.source, Source::Local(_))
+            || self.bucket.state.lock().generation == self.generation
+    }
+}
+
+impl Drop for RedisReservation<'_> {
+    fn drop(&mut self) {
+        if matches!(self.source, Source::Nothing) || !self.current() {
+            return;
+        }
+        if self.bucket.clock.now_nanos() >= self.ready_at {
+            // Used (or usable): keep the cells.
+            return;
+        }
+        match core::mem::replace(&mut self.source, Source::Nothing) {
+            Source::Nothing => {}
+            Source::Lease(n) => self.bucket.unlease(n),
+            Source::Remote(refund) => {
+                // Checked again under the lock `reset` and `set_quota`
+                // bump the generation under: never queued across one.
+                let mut state = self.bucket.state.lock();
+                if state.generation == self.generation {
+                    state.queue_refund(refund);
+                }
+            }
+            Source::Local(r) => {
+                r.cancel();
+            }
         }
     }
 }
@@ -145,15 +245,19 @@ impl AsyncReservation for RedisReservation<'_> {
     fn cancel(self) -> impl Future<Output = bool> + Send {
         RedisReservation::cancel(self)
     }
+
+    fn keep(self) -> Duration {
+        RedisReservation::keep(self)
+    }
 }
 
 impl fmt::Debug for RedisReservation<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let from = match &self.refund {
-            Refund::Nothing => "nothing",
-            Refund::Lease(_) => "lease",
-            Refund::Remote { .. } => "redis",
-            Refund::Local(_) => "fallback",
+        let from = match &self.source {
+            Source::Nothing => "nothing",
+            Source::Lease(_) => "lease",
+            Source::Remote(_) => "redis",
+            Source::Local(_) => "fallback",
         };
         f.debug_struct("RedisReservation")
             .field("wait", &self.wait)

@@ -30,6 +30,28 @@
 //! key `PEXPIRE`s when the bucket is full again (`tat - now`, at least
 //! 1 ms): idle keys cost nothing.
 //!
+//! A quota set at run time (`set_quota`) is stored in the same hash, as
+//! `qt` (period, µs) and `qb` (burst), and wins over the quota each
+//! process sends; every reply starts with the quota in force, so every
+//! process adopts it at its next round trip. A key with a stored quota
+//! does not expire (its quota would go with it). The conversion keeps the
+//! debt in cells, as `bucket/gcra.rs` `convert` does: `ceil(debt * T' /
+//! T)` capped at the new tolerance, and a hold past the burst (a penalty)
+//! keeps its wait. In doubles, `debt * T'` may pass 2^53 for very long
+//! periods; the script then rounds the kept debt up by one more
+//! microsecond (more debt is the safe side).
+//!
+//! # Refunds of dropped reservations
+//!
+//! Each call carries the refunds queued by reservations dropped before
+//! their wait had passed: `(before, after, n)` triples, sorted by `after`,
+//! highest first. Each is applied as a `cancel` is (`tat = max(before, p)`
+//! when `tat == after`, that is, when nothing is stacked on it) in that
+//! order, so a stack of dropped reservations unwinds in one call
+//! whichever order they were dropped in; one with a take of another
+//! process on top stays taken (the safe side). The reply's first field is
+//! the number of cells given back.
+//!
 //! The script owns the key. A value it could not have written (not a
 //! hash, a field that is not an integer in `[0, now + 2^52]`: `1e300`,
 //! `abc`, `-1`, `inf`) is repaired on the safe side, to an empty bucket
@@ -37,7 +59,7 @@
 //! field), with a warning in the Redis log. The caller then sees an
 //! ordinary denial with a real wait, never a zero-wait one.
 
-use ::redis::aio::ConnectionManager;
+use ::redis::aio::ConnectionLike;
 use ::redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind};
 
 /// The script's source.
@@ -59,69 +81,101 @@ pub(super) enum Op {
         give: u32,
     },
     /// Undo a take whose `tat` is still on top.
-    Cancel { before: u64, after: u64 },
+    Cancel { refund: Refund },
     /// Admit nothing before `now + retry` µs; first give back `give`.
     Penalize { retry: u64, give: u32 },
     /// Give back `give` unused leased cells.
     Give { give: u32 },
     /// How many cells fit now.
     Available,
+    /// Store `params` with the key, converting its state (debt kept in
+    /// cells, no burst opened).
+    SetQuota { params: Params },
+    /// A full bucket, no penalty; a stored quota stays.
+    Reset,
+}
+
+/// A take to undo if it is still on top of the key (`tat == after`): the
+/// `tat` it found, the one it wrote (µs), and its cells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Refund {
+    pub(super) before: u64,
+    pub(super) after: u64,
+    pub(super) n: u32,
 }
 
 /// The quota as the script sees it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Params {
     pub(super) period_us: u64,
     pub(super) burst: u32,
 }
 
+/// Everything one script call sends.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Call<'a> {
+    /// This process's quota (the key's stored one wins).
+    pub(super) params: Params,
+    /// Refunds of reservations dropped unused, highest `after` first.
+    pub(super) refunds: &'a [Refund],
+    pub(super) op: Op,
+}
+
 /// Builds the arguments after `KEYS`.
-fn args(cmd: &mut Cmd, params: Params, now_us: Option<u64>, op: Op) {
-    let name = match op {
+fn args(cmd: &mut Cmd, now_us: Option<u64>, call: Call<'_>) {
+    let name = match call.op {
         Op::Take { .. } => "take",
         Op::Cancel { .. } => "cancel",
         Op::Penalize { .. } => "penalize",
         Op::Give { .. } => "give",
         Op::Available => "available",
+        Op::SetQuota { .. } => "set_quota",
+        Op::Reset => "reset",
     };
-    cmd.arg(name).arg(params.period_us).arg(params.burst);
+    cmd.arg(name)
+        .arg(call.params.period_us)
+        .arg(call.params.burst);
     match now_us {
         Some(now) => cmd.arg(now),
         None => cmd.arg(""),
     };
-    match op {
+    cmd.arg(call.refunds.len());
+    for r in call.refunds {
+        cmd.arg(r.before).arg(r.after).arg(r.n);
+    }
+    match call.op {
         Op::Take {
             n,
             max_wait,
             extra,
             give,
         } => cmd.arg(n).arg(max_wait).arg(extra).arg(give),
-        Op::Cancel { before, after } => cmd.arg(before).arg(after),
+        Op::Cancel { refund } => cmd.arg(refund.before).arg(refund.after),
         Op::Penalize { retry, give } => cmd.arg(retry).arg(give),
         Op::Give { give } => cmd.arg(give),
-        Op::Available => cmd,
+        Op::SetQuota { params } => cmd.arg(params.period_us).arg(params.burst),
+        Op::Available | Op::Reset => cmd,
     };
 }
 
-/// Runs `op` on `key`: `EVALSHA`, then `EVAL` (which also caches the
+/// Runs `call` on `key`: `EVALSHA`, then `EVAL` (which also caches the
 /// script again) if the server does not know the hash. Returns the reply
 /// and how many round trips it took.
-pub(super) async fn run(
-    conn: &mut ConnectionManager,
+pub(super) async fn run<C: ConnectionLike + Send>(
+    conn: &mut C,
     script: &Script,
     key: &str,
-    params: Params,
     now_us: Option<u64>,
-    op: Op,
+    call: Call<'_>,
 ) -> (RedisResult<Vec<i64>>, u64) {
     let mut cmd = ::redis::cmd("EVALSHA");
     cmd.arg(script.get_hash()).arg(1).arg(key);
-    args(&mut cmd, params, now_us, op);
+    args(&mut cmd, now_us, call);
     match cmd.query_async::<Vec<i64>>(conn).await {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             let mut cmd = ::redis::cmd("EVAL");
             cmd.arg(SOURCE).arg(1).arg(key);
-            args(&mut cmd, params, now_us, op);
+            args(&mut cmd, now_us, call);
             (cmd.query_async::<Vec<i64>>(conn).await, 2)
         }
         reply => (reply, 1),

@@ -1,0 +1,158 @@
+//! The rest of the bucket API on Redis: `until_ready` (one reserve, then
+//! a sleep holding the reservation), and the operations that change the
+//! key for every process: `set_quota` (stored with the key) and `reset`.
+
+use core::time::Duration;
+
+use super::breaker::Policy;
+use super::builder::{self, RedisBucketError};
+use super::script::Op;
+use super::RedisBucket;
+#[cfg(doc)]
+use super::RedisReservation;
+#[cfg(doc)]
+use crate::bucket::TokenBucket;
+use crate::bucket::{Quota, ReserveError};
+use crate::sleep::Sleeper;
+
+impl RedisBucket {
+    /// Waits until `n` cells are admitted, if that takes at most
+    /// `max_wait` (the time left before the caller's deadline): one
+    /// [`reserve`](RedisBucket::reserve), then a sleep of exactly the
+    /// reserved wait on `sleeper`, holding the reservation.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future while it sleeps drops the reservation before its
+    /// wait has passed, which gives the cells back (queued for the next
+    /// round trip when they came from Redis; see [`RedisReservation`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`reserve`](RedisBucket::reserve).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use backpressure::{Quota, RedisBucket, ThreadSleeper};
+    /// # use std::num::NonZeroU32;
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let bucket = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN))
+    ///     .build().unwrap();
+    /// // Any `Sleeper`; under tokio, `TokioSleeper` (feature `tokio`).
+    /// bucket.until_ready(1, Duration::from_secs(2), &ThreadSleeper::new()).await.unwrap();
+    /// // call the API
+    /// # }
+    /// ```
+    pub async fn until_ready<S: Sleeper>(
+        &self,
+        n: u32,
+        max_wait: Duration,
+        sleeper: &S,
+    ) -> Result<(), ReserveError> {
+        let reservation = self.reserve(n, max_wait).await?;
+        let wait = reservation.wait();
+        if !wait.is_zero() {
+            sleeper.sleep(wait).await;
+        }
+        reservation.keep();
+        Ok(())
+    }
+
+    /// Switches the key to `quota`, for **every** process on it: the quota
+    /// is stored with the key and wins over the one each process was built
+    /// with; each process adopts it with the reply to its next round trip
+    /// (so [`quota`](RedisBucket::quota) changes then). The contract is
+    /// [`TokenBucket::set_quota`]'s: the debt already taken is kept, in
+    /// cells (capped at the new burst), a hold past the burst (a penalty)
+    /// keeps its wait, and no burst is opened. A key with a stored quota
+    /// no longer expires. The fail-open fallback follows at its share.
+    ///
+    /// Reservations taken before a change no longer give their cells back
+    /// (as [`Reservation::cancel`](crate::Reservation::cancel) after
+    /// [`TokenBucket::set_quota`]); setting the quota in force changes
+    /// nothing here.
+    ///
+    /// # Errors
+    ///
+    /// A quota whose tolerance (`burst * period`) exceeds 2^51 µs, or
+    /// Redis not answering (nothing changed, or the change was applied
+    /// without this process hearing of it: call again).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use backpressure::{Quota, RedisBucket};
+    /// # use std::num::NonZeroU32;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let bucket = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::new(10).unwrap()))
+    ///     .build().unwrap();
+    /// // The provider cut the plan: every process slows down.
+    /// bucket.set_quota(Quota::per_second(NonZeroU32::new(2).unwrap())).await.unwrap();
+    /// # }
+    /// ```
+    pub async fn set_quota(&self, quota: Quota) -> Result<(), RedisBucketError> {
+        let params = builder::params_of(quota)?;
+        let old = self.state.lock().params;
+        match self.call(Op::SetQuota { params }, None).await {
+            Ok(_) => {
+                {
+                    let mut state = self.state.lock();
+                    if state.params == params {
+                        // Exact to the nanosecond here; others see µs.
+                        state.quota = quota;
+                    }
+                    if old != params {
+                        // The key's state was converted: as the local
+                        // bucket, no earlier reservation can give back.
+                        state.generation += 1;
+                        state.refunds.clear();
+                    }
+                }
+                self.adopt_fallback(quota);
+                Ok(())
+            }
+            Err(_) => Err(builder::store_error("redis did not apply the quota")),
+        }
+    }
+
+    /// Fills the key's bucket and lifts any penalty, for every process on
+    /// it (a stored quota stays), as [`TokenBucket::reset`]. This
+    /// process's leased cells are dropped (the bucket is full anyway), and
+    /// reservations taken before no longer queue refunds. The fail-open
+    /// fallback is reset too.
+    ///
+    /// # Errors
+    ///
+    /// Redis not answering.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use backpressure::{Quota, RedisBucket};
+    /// # use std::num::NonZeroU32;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let bucket = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN))
+    ///     .build().unwrap();
+    /// bucket.try_acquire(1).await.unwrap();
+    /// bucket.reset().await.unwrap();
+    /// assert!(bucket.try_acquire(1).await.is_ok());
+    /// # }
+    /// ```
+    pub async fn reset(&self) -> Result<(), RedisBucketError> {
+        let _ = self.drain_lease(true);
+        if let Policy::Open { bucket, .. } = &self.policy {
+            bucket.reset();
+        }
+        match self.call(Op::Reset, None).await {
+            Ok(_) => {
+                let mut state = self.state.lock();
+                state.generation += 1;
+                state.refunds.clear();
+                Ok(())
+            }
+            Err(_) => Err(builder::store_error("redis did not reset the key")),
+        }
+    }
+}
