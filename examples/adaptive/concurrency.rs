@@ -50,7 +50,7 @@ struct Row {
 }
 
 async fn one(strategy: &'static str, fixed: usize, seconds: u64) -> Row {
-    let srv = server::capacity(C, C, L).await;
+    let srv = server::capacity(C, L).await;
     let limit = Arc::new(match strategy {
         "AIMD" => Limit::Adaptive(AdaptiveLimiter::new(Aimd::new())),
         "Gradient2" => Limit::Adaptive(AdaptiveLimiter::new(Gradient2::new())),
@@ -113,7 +113,44 @@ async fn one(strategy: &'static str, fixed: usize, seconds: u64) -> Row {
         let _ = t.await;
     }
     let records = records.lock().unwrap().clone();
+    if std::env::var_os("ADAPTIVE_TRACE").is_some() {
+        trace(strategy, &records, changes, total);
+    }
     summarize(strategy, &records, changes, total, limits)
+}
+
+/// Per 250 ms window: served share of capacity, errors, p50, p99.
+fn trace(strategy: &str, records: &[Record], changes: [Duration; 2], total: Duration) {
+    let w = Duration::from_millis(250);
+    let mut t = Duration::ZERO;
+    eprintln!("{strategy}");
+    while t + w <= total {
+        let inw: Vec<&Record> = records
+            .iter()
+            .filter(|r| r.sent + r.rtt >= t && r.sent + r.rtt < t + w)
+            .collect();
+        let mut rtts: Vec<f64> = inw
+            .iter()
+            .filter(|r| r.ok)
+            .map(|r| r.rtt.as_secs_f64() * 1e3)
+            .collect();
+        rtts.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let cap = capacity_at(t, changes) as f64 * w.as_secs_f64() / L.as_secs_f64();
+        let p = |q: f64| {
+            rtts.get(((rtts.len() as f64 * q) as usize).min(rtts.len().saturating_sub(1)))
+                .copied()
+                .unwrap_or(0.0)
+        };
+        eprintln!(
+            "  t={:>5.2} served {:>5.1}% err {:>3} p50 {:>5.1} p99 {:>5.1}",
+            t.as_secs_f64(),
+            100.0 * rtts.len() as f64 / cap,
+            inw.len() - rtts.len(),
+            p(0.5),
+            p(0.99)
+        );
+        t += w;
+    }
 }
 
 fn capacity_at(t: Duration, changes: [Duration; 2]) -> usize {
