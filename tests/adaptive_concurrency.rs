@@ -90,7 +90,8 @@ enum Caller {
         acquire: Pin<Box<AdaptiveAcquire>>,
         ticket: u64,
     },
-    InFlight(AdaptivePermit),
+    /// Sent at the given time.
+    InFlight(AdaptivePermit, u64),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -121,6 +122,8 @@ struct Sim {
     rejected: u64,
     /// `(time, limit)` at every change.
     trace: Vec<(u64, usize)>,
+    /// `(end, round trip)` of every served call.
+    served: Vec<(u64, u64)>,
 }
 
 impl Sim {
@@ -156,6 +159,7 @@ impl Sim {
             calls: 0,
             rejected: 0,
             trace,
+            served: Vec::new(),
         };
         for &(at, capacity) in &PHASES[1..] {
             sim.schedule(at, Event::Capacity(capacity));
@@ -199,7 +203,7 @@ impl Sim {
                     assert!(ticket > last, "wait list reordered: {ticket} after {last}");
                 }
                 self.last_served_ticket = Some(ticket);
-                self.callers[id] = Caller::InFlight(permit);
+                self.callers[id] = Caller::InFlight(permit, self.now());
                 self.send(id);
             }
         }
@@ -237,13 +241,14 @@ impl Sim {
                 self.serve_queue();
             }
             Event::Done(id, served) => {
-                let Caller::InFlight(permit) =
+                let Caller::InFlight(permit, sent) =
                     std::mem::replace(&mut self.callers[id], Caller::Idle)
                 else {
                     panic!("caller {id} finished without a permit");
                 };
                 self.calls += 1;
                 if served {
+                    self.served.push((self.now(), self.now() - sent));
                     self.busy -= 1;
                     self.serve_queue();
                     permit.success();
@@ -312,6 +317,33 @@ impl Sim {
         (*all.iter().min().unwrap(), *all.iter().max().unwrap())
     }
 
+    /// How long in `[from, to)` the limit was below `level`.
+    fn time_below(&self, from: u64, to: u64, level: usize) -> u64 {
+        let mut below = 0;
+        for (i, &(t, l)) in self.trace.iter().enumerate() {
+            let next = self.trace.get(i + 1).map_or(u64::MAX, |&(t, _)| t);
+            let (a, b) = (t.max(from), next.min(to));
+            if l < level && a < b {
+                below += b - a;
+            }
+        }
+        below
+    }
+
+    /// Calls served in `[from, to)` and their mean round trip. (Not a
+    /// percentile: in this model a round trip is `LATENCY` or `2 LATENCY`,
+    /// as the server's batches finish together.)
+    fn served(&self, from: u64, to: u64) -> (u64, u64) {
+        let rtts: Vec<u64> = self
+            .served
+            .iter()
+            .filter(|&&(end, _)| end >= from && end < to)
+            .map(|&(_, rtt)| rtt)
+            .collect();
+        let n = rtts.len() as u64;
+        (n, rtts.iter().sum::<u64>() / n.max(1))
+    }
+
     fn summary(&self) -> String {
         let mut out = format!("calls {} rejected {}\n", self.calls, self.rejected);
         let mut t = 0;
@@ -327,11 +359,26 @@ impl Sim {
 /// Round trips at no load after a capacity change before the bounds hold.
 const SETTLE: u64 = 100 * LATENCY;
 
-/// Runs the scenario; asserts convergence to `[lo × C, hi × C]` within
-/// `SETTLE` of each capacity change, at most `max_rejected` of the calls
-/// rejected, and permit conservation at the end.
-fn scenario(sim: Sim, lo: f64, hi: f64, max_rejected: f64) {
-    let settle = SETTLE;
+/// What one algorithm must do in every phase, from `SETTLE` after the
+/// capacity changed until the next change.
+struct Bounds {
+    /// The limit never goes above `max_limit × C`...
+    max_limit: f64,
+    /// ...and spends at most `below_share` of the time below
+    /// `min_limit × C` (Gradient2's probes dip for a few round trips).
+    min_limit: f64,
+    below_share: f64,
+    /// The mean round trip of served calls, in `LATENCY`s.
+    max_mean_rtt: f64,
+    /// Over the whole run.
+    max_rejected: f64,
+}
+
+/// Runs the scenario and asserts, in each phase after `SETTLE`: the
+/// `bounds`, and at least 90% of the capacity served (`C / LATENCY`); over
+/// the run, at most `max_rejected` of the calls rejected, and permit
+/// conservation at the end.
+fn scenario(sim: Sim, bounds: Bounds) {
     let sim = sim.run();
     let summary = sim.summary();
     if std::env::var_os("ADAPTIVE_SIM_TRACE").is_some() {
@@ -340,17 +387,43 @@ fn scenario(sim: Sim, lo: f64, hi: f64, max_rejected: f64) {
     assert!(sim.calls >= 100_000, "only {} calls\n{summary}", sim.calls);
     let rejected = sim.rejected as f64 / sim.calls as f64;
     assert!(
-        rejected <= max_rejected,
+        rejected <= bounds.max_rejected,
         "{rejected} of the calls rejected\n{summary}"
     );
     for (i, &(from, c)) in PHASES.iter().enumerate() {
         let to = PHASES.get(i + 1).map_or(END, |&(t, _)| t);
-        let (min, max) = sim.range(from + settle, to);
-        let (want_lo, want_hi) = ((lo * c as f64) as usize, (hi * c as f64) as usize);
+        let from = from + SETTLE;
+        let (_, max) = sim.range(from, to);
+        let want_max = (bounds.max_limit * c as f64) as usize;
         assert!(
-            want_lo <= min && max <= want_hi,
-            "phase {i} (C = {c}): limit in [{min}, {max}], want [{want_lo}, {want_hi}]\n{summary}"
+            max <= want_max,
+            "phase {i} (C = {c}): limit up to {max}, want <= {want_max}\n{summary}"
         );
+        let low = (bounds.min_limit * c as f64) as usize;
+        let below = sim.time_below(from, to, low) as f64 / (to - from) as f64;
+        assert!(
+            below <= bounds.below_share,
+            "phase {i} (C = {c}): limit below {low} for {below} of the time\n{summary}"
+        );
+        let (served, mean) = sim.served(from, to);
+        let capacity = (c as u64 * (to - from) / LATENCY) as f64;
+        assert!(
+            served as f64 >= 0.9 * capacity,
+            "phase {i} (C = {c}): served {served} of {capacity}\n{summary}"
+        );
+        let mean = mean as f64 / LATENCY as f64;
+        assert!(
+            mean <= bounds.max_mean_rtt,
+            "phase {i} (C = {c}): mean round trip {mean} x LATENCY, want <= {}\n{summary}",
+            bounds.max_mean_rtt
+        );
+        if std::env::var_os("ADAPTIVE_SIM_TRACE").is_some() {
+            eprintln!(
+                "phase {i}: limit max {max}, below {low} {below:.4} of the time, \
+                 served {:.3} of capacity, mean round trip {mean:.2} x LATENCY",
+                served as f64 / capacity
+            );
+        }
     }
     // No permit lost or invented: everything is back.
     let l = &sim.limiter;
@@ -361,11 +434,29 @@ fn scenario(sim: Sim, lo: f64, hi: f64, max_rejected: f64) {
 #[test]
 fn aimd_converges_after_capacity_changes_and_conserves_permits() {
     let sim = Sim::new(Aimd::new().with_limits(1, 10, 500), 1, 500);
-    scenario(sim, 0.75, 2.1, 0.01);
+    scenario(
+        sim,
+        Bounds {
+            max_limit: 2.1,
+            min_limit: 0.75,
+            below_share: 0.0,
+            max_mean_rtt: 2.0,
+            max_rejected: 0.01,
+        },
+    );
 }
 
 #[test]
 fn gradient2_converges_after_capacity_changes_and_conserves_permits() {
     let sim = Sim::new(Gradient2::new().with_limits(1, 10, 500), 1, 500);
-    scenario(sim, 0.75, 2.1, 0.002);
+    scenario(
+        sim,
+        Bounds {
+            max_limit: 1.3,
+            min_limit: 1.0,
+            below_share: 0.01,
+            max_mean_rtt: 1.3,
+            max_rejected: 0.001,
+        },
+    );
 }

@@ -183,7 +183,8 @@ pub async fn capacity(capacity: usize, latency: Duration) -> Server<CapacityStat
         let st = st.clone();
         async move {
             st.counts.requests.fetch_add(1, Ordering::SeqCst);
-            let Some(due) = st.admit(Instant::now()) else {
+            let arrived = Instant::now();
+            let Some(due) = st.admit(arrived) else {
                 st.counts.rejected.fetch_add(1, Ordering::SeqCst);
                 return "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\
                         Connection: close\r\n\r\n"
@@ -191,7 +192,15 @@ pub async fn capacity(capacity: usize, latency: Duration) -> Server<CapacityStat
             };
             tokio::time::sleep_until(due.into()).await;
             st.counts.ok.fetch_add(1, Ordering::SeqCst);
-            ok()
+            // The server's own share of the round trip (queue + latency),
+            // so the caller can tell it from the harness's.
+            let body = "{\"ok\":true}";
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                 Server-Timing: app;dur={:.3}\r\nConnection: close\r\n\r\n{body}",
+                body.len(),
+                (due - arrived).as_secs_f64() * 1e3,
+            )
         }
     })
     .await;

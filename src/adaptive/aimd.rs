@@ -6,7 +6,7 @@ use super::algorithm::{clamp_f64, LimitAlgorithm, Limits, Outcome, Sample};
 const DEFAULT_MIN: usize = 1;
 const DEFAULT_INITIAL: usize = 20;
 const DEFAULT_MAX: usize = 1000;
-const DEFAULT_BACKOFF: f64 = 0.9;
+const DEFAULT_BACKOFF: f64 = 0.75;
 
 /// AIMD: grow the limit by one per round trip while the window is used,
 /// multiply it by `backoff` on a drop.

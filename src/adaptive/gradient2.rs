@@ -8,9 +8,15 @@ use super::algorithm::{clamp_f64, LimitAlgorithm, Limits, Outcome, Sample};
 const DEFAULT_MIN: usize = 1;
 const DEFAULT_INITIAL: usize = 20;
 const DEFAULT_MAX: usize = 1000;
-const DEFAULT_TOLERANCE: f64 = 1.5;
+const DEFAULT_TOLERANCE: f64 = 1.0;
 const DEFAULT_SMOOTHING: f64 = 0.2;
 const DEFAULT_LONG_WINDOW: u32 = 600;
+/// The queue the limit settles on, in `√limit`s.
+const HEADROOM: f64 = 0.5;
+/// Round trips before the first probe: the first measurement was taken
+/// with the initial limit in flight at once, often more than the
+/// downstream serves without a queue, on cold connections.
+const FIRST_PROBE: u32 = 8;
 /// The steepest gradient: one window never asks for less than half.
 const MIN_GRADIENT: f64 = 0.5;
 
@@ -93,11 +99,35 @@ pub struct Gradient2 {
     long_window: u32,
     /// Within `limits`; fractional so that small steps add up.
     limit: f64,
-    /// Long-term RTT in nanoseconds; 0 until the first window closes.
+    /// The no-load RTT in nanoseconds; 0 until the first window closes.
     long_rtt: f64,
+    /// Windows closed since `long_rtt` was last measured (lowered by a
+    /// window or re-measured by a probe).
+    stale: u32,
     /// `end_nanos` of the sample that closed the last decreasing window.
     last_decrease: u64,
     window: Window,
+    /// A probe of the no-load RTT under way.
+    probe: Option<Probe>,
+    /// Whether a probe has ended yet (the first one comes early).
+    probed: bool,
+}
+
+/// A probe: the limit is halved until one round trip of requests that
+/// started after the halving has come back; their mean RTT is the new
+/// no-load RTT.
+#[derive(Debug, Clone)]
+struct Probe {
+    /// The limit to go back to.
+    resume: f64,
+    /// When it started: requests that started at or after it are clean
+    /// (they found at most the halved limit in flight).
+    start: u64,
+    /// `end_nanos` of the first clean sample: the probe ends with the first
+    /// clean sample of a request that started at or after it.
+    first_end: Option<u64>,
+    successes: u64,
+    rtt_sum: u128,
 }
 
 /// The round trip being measured.
@@ -130,8 +160,11 @@ impl Gradient2 {
             long_window: DEFAULT_LONG_WINDOW,
             limit: limits.initial as f64,
             long_rtt: 0.0,
+            stale: 0,
             last_decrease: 0,
             window: Window::default(),
+            probe: None,
+            probed: false,
         }
     }
 
@@ -213,10 +246,11 @@ impl Gradient2 {
             return;
         }
         let short = (w.rtt_sum / u128::from(w.successes)) as f64;
-        if self.long_rtt == 0.0 || short < self.long_rtt {
+        if self.long_rtt == 0.0 || short <= self.long_rtt {
             self.long_rtt = short;
+            self.stale = 0;
         } else {
-            self.long_rtt += (short - self.long_rtt) / f64::from(self.long_window);
+            self.stale = self.stale.saturating_add(1);
         }
         let gradient = if short > 0.0 {
             clamp_f64(
@@ -228,16 +262,87 @@ impl Gradient2 {
         } else {
             1.0
         };
-        let mut target = before * gradient + before.sqrt();
+        let headroom = HEADROOM * before.sqrt();
         let app_limited = (w.max_in_flight as f64) < before / 2.0;
-        if app_limited {
-            target = target.min(before);
-        }
-        self.limit = self
-            .limits
-            .clamp(before + self.smoothing * (target - before));
+        let next = if app_limited && gradient >= 1.0 {
+            before
+        } else if gradient >= 1.0 {
+            // No queue seen: take the whole headroom at once.
+            before + headroom
+        } else {
+            let mut target = before * gradient + headroom;
+            if app_limited {
+                target = target.min(before);
+            }
+            before + self.smoothing * (target - before)
+        };
+        self.limit = self.limits.clamp(next);
         if self.limit < before {
             self.last_decrease = now;
+        }
+        let due = if self.probed {
+            self.long_window
+        } else {
+            FIRST_PROBE.min(self.long_window)
+        };
+        if self.stale >= due {
+            self.start_probe(now);
+        }
+    }
+
+    /// Halves the limit until a round trip of requests that started after
+    /// `now` has measured the no-load RTT again.
+    fn start_probe(&mut self, now: u64) {
+        self.probe = Some(Probe {
+            resume: self.limit,
+            start: now,
+            first_end: None,
+            successes: 0,
+            rtt_sum: 0,
+        });
+        self.limit = self.limits.clamp(self.limit * MIN_GRADIENT);
+        // Drops of requests sent before the probe come from the queue it
+        // drains: already answered.
+        self.last_decrease = now;
+    }
+
+    /// A sample while probing.
+    fn probe_update(&mut self, sample: &Sample) {
+        let Some(p) = &mut self.probe else { return };
+        if sample.start_nanos() < p.start {
+            // Sent before the probe: it measured the queue being drained.
+            return;
+        }
+        let now = sample.end_nanos();
+        if sample.outcome() == Outcome::Dropped {
+            // Congestion even at the halved limit: stay there, as a drop
+            // window would have halved it anyway.
+            self.probe = None;
+            self.stale = 0;
+            self.probed = true;
+            self.last_decrease = now;
+            self.window = Window {
+                start: now,
+                ..Window::default()
+            };
+            return;
+        }
+        let done = p.first_end.is_some_and(|end| sample.start_nanos() >= end);
+        p.successes += 1;
+        p.rtt_sum += u128::from(sample.rtt_nanos());
+        p.first_end.get_or_insert(now);
+        if done {
+            // A measurement, not a minimum: the downstream may have become
+            // slower, and then the no-load RTT goes up.
+            self.long_rtt = (p.rtt_sum / u128::from(p.successes)) as f64;
+            self.limit = p.resume;
+            self.stale = 0;
+            self.probed = true;
+            self.probe = None;
+            self.window = Window {
+                start: now,
+                ..Window::default()
+            };
         }
     }
 }
@@ -254,6 +359,13 @@ impl LimitAlgorithm for Gradient2 {
     }
 
     fn update(&mut self, sample: &Sample) -> usize {
+        if sample.outcome() == Outcome::Ignored {
+            return self.limit();
+        }
+        if self.probe.is_some() {
+            self.probe_update(sample);
+            return self.limit();
+        }
         let w = &mut self.window;
         match sample.outcome() {
             Outcome::Ignored => return self.limit(),
