@@ -327,7 +327,7 @@ fn reconverged(
 
 pub async fn run(seconds: u64) {
     println!(
-        "concurrency: server of C = {C} workers, {} ms each, queue of {C} then 503; \
+        "concurrency: server of C = {C} workers, {} ms each, C more queued (the queue follows C), then 503; \
          C halves at {:.1} s and doubles back at {:.1} s; {} callers, closed loop, {seconds} s per row\n",
         L.as_millis(),
         seconds as f64 / 3.0,
