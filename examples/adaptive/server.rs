@@ -6,11 +6,13 @@
 //!   nginx `limit_req`: beyond it, `429` with `Retry-After: 1` and no
 //!   `RateLimit` headers.
 //! * [`capacity`]: C workers, each request holding one for the base latency;
-//!   beyond C, requests queue (latency grows); beyond the queue limit, `503`.
-//!   C can be changed while it runs.
+//!   beyond C, up to C more requests wait in a FIFO queue (latency grows);
+//!   beyond that, `503`. C can be changed while it runs.
 
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -101,47 +103,78 @@ pub async fn rate(rate: f64) -> Server<RateState> {
 // ---------------------------------------------------------------------------
 // Capacity-limited server
 
-/// `capacity` workers; a request waits for one (at most `queue` waiting),
-/// then holds it for `latency`.
+/// `capacity` workers; a request takes the worker that frees up first and
+/// holds it for `latency`. If it has to wait, it joins a FIFO queue of at
+/// most `capacity` requests (the queue follows the capacity: "C workers, C
+/// more queued"); beyond that, `503` at once.
+///
+/// The schedule is exact, on a timeline of its own: each worker keeps the
+/// instant it frees up, and a request's answer is due at
+/// `max(arrival, first free worker) + latency`. Timer lateness (tokio's
+/// timer has a 1 ms tick) delays an answer's delivery but never a worker,
+/// so the server serves exactly `capacity / latency` requests a second,
+/// in arrival order, and the round trips the callers measure are its
+/// queueing plus its latency, not polling ticks of the harness.
+///
+/// When the capacity falls, the workers that free up last leave (after
+/// finishing what they were given); when it rises, new workers are free at
+/// once.
 pub struct CapacityState {
-    capacity: AtomicUsize,
-    busy: Mutex<usize>,
-    freed: tokio::sync::Notify,
-    waiting: AtomicUsize,
-    queue: usize,
+    inner: Mutex<Workers>,
     latency: Duration,
     pub counts: Counts,
 }
 
+struct Workers {
+    capacity: usize,
+    /// When each worker frees up (the earliest on top).
+    free_at: BinaryHeap<Reverse<Instant>>,
+    /// When each waiting request starts, oldest first (non-decreasing).
+    starts: VecDeque<Instant>,
+}
+
 impl CapacityState {
     pub fn set_capacity(&self, c: usize) {
-        self.capacity.store(c.max(1), Ordering::SeqCst);
-        self.freed.notify_waiters();
+        let now = Instant::now();
+        let c = c.max(1);
+        let mut w = self.inner.lock().unwrap();
+        w.capacity = c;
+        let mut free: Vec<Instant> = w.free_at.drain().map(|Reverse(t)| t).collect();
+        free.sort_unstable();
+        free.truncate(c);
+        free.resize(c, now);
+        w.free_at = free.into_iter().map(Reverse).collect();
     }
 
-    fn try_take(&self) -> bool {
-        let mut busy = self.busy.lock().unwrap();
-        if *busy < self.capacity.load(Ordering::SeqCst) {
-            *busy += 1;
-            true
-        } else {
-            false
+    /// When the request's answer is due, or `None` if it is rejected.
+    fn admit(&self, now: Instant) -> Option<Instant> {
+        let mut w = self.inner.lock().unwrap();
+        while w.starts.front().is_some_and(|&s| s <= now) {
+            w.starts.pop_front();
         }
-    }
-
-    fn give_back(&self) {
-        *self.busy.lock().unwrap() -= 1;
-        self.freed.notify_one();
+        let Reverse(free) = *w.free_at.peek().expect("capacity >= 1");
+        let start = free.max(now);
+        if start > now {
+            if w.starts.len() >= w.capacity {
+                return None;
+            }
+            w.starts.push_back(start);
+        }
+        w.free_at.pop();
+        w.free_at.push(Reverse(start + self.latency));
+        Some(start + self.latency)
     }
 }
 
-pub async fn capacity(capacity: usize, queue: usize, latency: Duration) -> Server<CapacityState> {
+pub async fn capacity(capacity: usize, latency: Duration) -> Server<CapacityState> {
+    let now = Instant::now();
+    let capacity = capacity.max(1);
     let state = Arc::new(CapacityState {
-        capacity: AtomicUsize::new(capacity),
-        busy: Mutex::new(0),
-        freed: tokio::sync::Notify::new(),
-        waiting: AtomicUsize::new(0),
-        queue,
+        inner: Mutex::new(Workers {
+            capacity,
+            free_at: (0..capacity).map(|_| Reverse(now)).collect(),
+            starts: VecDeque::new(),
+        }),
         latency,
         counts: Counts::default(),
     });
@@ -150,29 +183,24 @@ pub async fn capacity(capacity: usize, queue: usize, latency: Duration) -> Serve
         let st = st.clone();
         async move {
             st.counts.requests.fetch_add(1, Ordering::SeqCst);
-            if !st.try_take() {
-                if st.waiting.fetch_add(1, Ordering::SeqCst) >= st.queue {
-                    st.waiting.fetch_sub(1, Ordering::SeqCst);
-                    st.counts.rejected.fetch_add(1, Ordering::SeqCst);
-                    return "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\
-                            Connection: close\r\n\r\n"
-                        .to_string();
-                }
-                loop {
-                    let freed = st.freed.notified();
-                    if st.try_take() {
-                        break;
-                    }
-                    // A periodic re-check covers a capacity raise that
-                    // notified nobody in particular.
-                    let _ = tokio::time::timeout(Duration::from_millis(5), freed).await;
-                }
-                st.waiting.fetch_sub(1, Ordering::SeqCst);
-            }
-            tokio::time::sleep(st.latency).await;
-            st.give_back();
+            let arrived = Instant::now();
+            let Some(due) = st.admit(arrived) else {
+                st.counts.rejected.fetch_add(1, Ordering::SeqCst);
+                return "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\
+                        Connection: close\r\n\r\n"
+                    .to_string();
+            };
+            tokio::time::sleep_until(due.into()).await;
             st.counts.ok.fetch_add(1, Ordering::SeqCst);
-            ok()
+            // The server's own share of the round trip (queue + latency),
+            // so the caller can tell it from the harness's.
+            let body = "{\"ok\":true}";
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                 Server-Timing: app;dur={:.3}\r\nConnection: close\r\n\r\n{body}",
+                body.len(),
+                (due - arrived).as_secs_f64() * 1e3,
+            )
         }
     })
     .await;

@@ -6,7 +6,7 @@ use super::algorithm::{clamp_f64, LimitAlgorithm, Limits, Outcome, Sample};
 const DEFAULT_MIN: usize = 1;
 const DEFAULT_INITIAL: usize = 20;
 const DEFAULT_MAX: usize = 1000;
-const DEFAULT_BACKOFF: f64 = 0.9;
+const DEFAULT_BACKOFF: f64 = 0.75;
 
 /// AIMD: grow the limit by one per round trip while the window is used,
 /// multiply it by `backoff` on a drop.
@@ -22,6 +22,13 @@ const DEFAULT_BACKOFF: f64 = 0.9;
 ///   started before the last decrease is ignored, because that decrease
 ///   already answered the congestion it reports. Eight requests that get a
 ///   429 together lower the limit once, not eight times.
+/// * **The backoff** (default 0.75) sets the saw-tooth: every cycle from
+///   `backoff × peak` back to the peak ends with about one drop, so a
+///   deeper backoff means longer cycles and fewer drops. Netflix's 0.9 made
+///   cycles of 3 round trips and 1.4% of requests dropped in front of a
+///   server of 16 workers (`examples/adaptive`); 0.75 drops about 0.6%,
+///   and keeps such a server busy as long as its queue holds at least a
+///   third of its capacity.
 /// * [`Ignored`](Outcome::Ignored) samples change nothing. Latency is not
 ///   looked at (see [`Gradient2`](super::Gradient2) for that).
 ///
@@ -30,7 +37,7 @@ const DEFAULT_BACKOFF: f64 = 0.9;
 /// | min | 1 | `>= 1` |
 /// | initial | 20 | into `[min, max]` |
 /// | max | 1000 | `[min, MAX_LIMIT]` |
-/// | backoff | 0.9 | `[0.1, 0.99]`; NaN means the default |
+/// | backoff | 0.75 | `[0.1, 0.99]`; NaN means the default |
 ///
 /// # Examples
 ///
@@ -100,8 +107,8 @@ impl Aimd {
         self
     }
 
-    /// Sets the factor a drop multiplies the limit by (default 0.9;
-    /// TCP uses 0.5). Clamped into `[0.1, 0.99]`; NaN means the default.
+    /// Sets the factor a drop multiplies the limit by (default 0.75;
+    /// TCP uses 0.5, Netflix's `AIMDLimit` 0.9). Clamped into `[0.1, 0.99]`; NaN means the default.
     ///
     /// # Examples
     ///

@@ -1,20 +1,31 @@
 //! A latency-gradient limit in the manner of Netflix's `Gradient2Limit`,
-//! with two changes: the long-term RTT falls at once and rises slowly (so
-//! it drifts up with a standing queue far more slowly), and a drop halves
-//! the limit (Netflix's ignores drops).
+//! with three changes: the long-term RTT is the no-load RTT, which only
+//! falls and is re-measured by probes (BBR's ProbeRTT) instead of an
+//! average that follows a standing queue up; the default tolerance is 1 and
+//! the headroom half a square root, so the standing queue is small; and a
+//! drop halves the limit (Netflix's ignores drops).
 
 use super::algorithm::{clamp_f64, LimitAlgorithm, Limits, Outcome, Sample};
 
 const DEFAULT_MIN: usize = 1;
 const DEFAULT_INITIAL: usize = 20;
 const DEFAULT_MAX: usize = 1000;
-const DEFAULT_TOLERANCE: f64 = 1.5;
+const DEFAULT_TOLERANCE: f64 = 1.0;
 const DEFAULT_SMOOTHING: f64 = 0.2;
 const DEFAULT_LONG_WINDOW: u32 = 600;
+/// The queue the limit settles on, in `√limit`s.
+const HEADROOM: f64 = 0.5;
+/// Round trips before the first probe: the first measurement was taken
+/// with the initial limit in flight at once, often more than the
+/// downstream serves without a queue, on cold connections.
+const FIRST_PROBE: u32 = 8;
+/// A probe that measures less than this share of the no-load RTT it
+/// replaces is followed by another after `FIRST_PROBE` round trips.
+const REPROBE_BELOW: f64 = 0.9;
 /// The steepest gradient: one window never asks for less than half.
 const MIN_GRADIENT: f64 = 0.5;
 
-/// Gradient2: compare the short-term RTT with a long-term one and move the
+/// Gradient2: compare the short-term RTT with the no-load one and move the
 /// limit towards `limit × gradient + headroom`, smoothed; halve it on a
 /// drop.
 ///
@@ -23,42 +34,56 @@ const MIN_GRADIENT: f64 = 0.5;
 /// opened. Per window:
 ///
 /// * `short` is the window's mean RTT of successes.
-/// * `long` falls to `short` at once when `short` is lower, and otherwise
-///   rises towards it as an exponential average over `long_window` round
-///   trips (default 600). So it tracks the no-load latency, and learns a
-///   slower downstream over minutes rather than seconds (Netflix's average
-///   follows a standing queue up within a few hundred samples, which
-///   erodes the gradient).
+/// * `long`, the no-load RTT, falls to `short` when `short` is lower and
+///   otherwise holds still: a standing queue cannot drag it up (an average
+///   would follow the queue, and the limit would creep up with it).
+/// * **Probes** keep `long` true when the downstream becomes slower, or
+///   when the first measurement was taken with a queue (the initial limit
+///   above what the downstream serves at once): after 8 round trips, and
+///   then after `long_window` round trips (default 600) in which `long`
+///   did not fall, the limit is **halved until one round trip of requests
+///   sent after the halving has come back**; their mean RTT becomes `long`
+///   (higher or lower), and the limit goes back to where it was. A probe
+///   that finds `long` 10% lower than before is followed by another after
+///   8 round trips (it was measured with a queue), until it holds still.
+///   Like BBR's ProbeRTT, this costs about two round trips at half the
+///   limit every `long_window`.
 /// * `gradient = clamp(tolerance × long / short, 0.5, 1)`: 1 while the
-///   short-term RTT is within `tolerance` (default 1.5) of the long-term
-///   one, down to 0.5 as it grows past that.
-/// * `headroom = √limit`: how many requests may queue at the downstream
-///   for the limit to keep probing upwards.
+///   short-term RTT is within `tolerance` (default 1: no slower at all) of
+///   the no-load one, down to 0.5 as it grows past that.
+/// * `headroom = √limit / 2`: how many requests may queue at the
+///   downstream for the limit to keep probing upwards.
 /// * `limit += smoothing × (limit × gradient + headroom − limit)`, with
-///   smoothing 0.2 by default. A window whose requests never used half the
-///   limit (app-limited) does not grow.
+///   smoothing 0.2 by default; a window with gradient 1 (no queue seen)
+///   takes its whole headroom at once. A window whose requests never used
+///   half the limit (app-limited) does not grow.
 /// * A window with a drop instead **halves** the limit, unsmoothed, as TCP
-///   does: that drains the queue which caused it, so `long` can fall back
-///   to the no-load latency. Drops count once per round trip: a drop of a
-///   request that started before the last decrease is ignored.
+///   does: that drains the queue which caused it. Drops count once per
+///   round trip: a drop of a request that started before the last decrease
+///   (or probe) is ignored.
 ///
-/// The result, with the defaults: the limit settles where the downstream's
-/// queue adds about half the no-load latency (an equilibrium near
-/// `1.5–1.8 ×` its capacity when the RTT grows linearly with the queue); it
-/// grows by about `0.2 × √limit` per round trip below that and falls by at
-/// most 10% per round trip above it. As `long` slowly learns the standing
-/// queue, the limit creeps up until a drop halves it. Latency alone cannot
-/// push the limit below about 4 (where half the limit plus the headroom is
-/// the limit); drops can.
+/// The result, with the defaults, in front of a downstream whose RTT grows
+/// linearly with its queue: the limit settles where the queue is about the
+/// headroom, at `tolerance × capacity + √limit / 2` (C = 16: about 18, a
+/// round trip 20% over the no-load one; C = 40: about 43), and stays there
+/// between probes. It grows by `√limit / 2` per round trip while no queue
+/// is seen, and falls by at most 10% per round trip above the equilibrium.
+/// Latency alone cannot push the limit below about 1 (where half the limit
+/// plus the headroom is the limit); drops can.
+///
+/// A tolerance of 1 compares like with like (a window's mean RTT with a
+/// window's mean RTT); for a downstream whose RTT is noisy at no load, a
+/// tolerance above 1 (Netflix uses 1.5) keeps the noise from holding the
+/// limit down, at the price of a longer standing queue.
 ///
 /// | setting | default | clamp |
 /// | --- | --- | --- |
 /// | min | 1 | `>= 1` |
 /// | initial | 20 | into `[min, max]` |
 /// | max | 1000 | `[min, MAX_LIMIT]` |
-/// | tolerance | 1.5 | `[1, 100]`; NaN means the default |
+/// | tolerance | 1.0 | `[1, 100]`; NaN means the default |
 /// | smoothing | 0.2 | `[0.01, 1]`; NaN means the default |
-/// | long window | 600 round trips | `>= 1` |
+/// | long window (probe interval) | 600 round trips | `>= 1` |
 ///
 /// # Examples
 ///
@@ -76,8 +101,10 @@ const MIN_GRADIENT: f64 = 0.5;
 /// }
 /// let grown = g.limit();
 /// assert!(grown > 20);
-/// // Then latency triples (a queue): the limit falls.
-/// for _ in 0..20 {
+/// // Then latency triples (a queue): the limit falls. (Were it to stay
+/// // tripled with the limit halved, a probe would take it for the new
+/// // no-load latency, 8 round trips in.)
+/// for _ in 0..5 {
 ///     for _ in 0..20 {
 ///         g.update(&Sample::new(t, 30_000_000, grown, Outcome::Success));
 ///     }
@@ -93,11 +120,35 @@ pub struct Gradient2 {
     long_window: u32,
     /// Within `limits`; fractional so that small steps add up.
     limit: f64,
-    /// Long-term RTT in nanoseconds; 0 until the first window closes.
+    /// The no-load RTT in nanoseconds; 0 until the first window closes.
     long_rtt: f64,
+    /// Windows closed since `long_rtt` was last measured (lowered by a
+    /// window or re-measured by a probe).
+    stale: u32,
     /// `end_nanos` of the sample that closed the last decreasing window.
     last_decrease: u64,
     window: Window,
+    /// A probe of the no-load RTT under way.
+    probe: Option<Probe>,
+    /// Whether a probe has ended yet (the first one comes early).
+    probed: bool,
+}
+
+/// A probe: the limit is halved until one round trip of requests that
+/// started after the halving has come back; their mean RTT is the new
+/// no-load RTT.
+#[derive(Debug, Clone)]
+struct Probe {
+    /// The limit to go back to.
+    resume: f64,
+    /// When it started: requests that started at or after it are clean
+    /// (they found at most the halved limit in flight).
+    start: u64,
+    /// `end_nanos` of the first clean sample: the probe ends with the first
+    /// clean sample of a request that started at or after it.
+    first_end: Option<u64>,
+    successes: u64,
+    rtt_sum: u128,
 }
 
 /// The round trip being measured.
@@ -130,8 +181,11 @@ impl Gradient2 {
             long_window: DEFAULT_LONG_WINDOW,
             limit: limits.initial as f64,
             long_rtt: 0.0,
+            stale: 0,
             last_decrease: 0,
             window: Window::default(),
+            probe: None,
+            probed: false,
         }
     }
 
@@ -151,9 +205,9 @@ impl Gradient2 {
         self
     }
 
-    /// Sets how much slower than the long-term RTT the short-term one may
-    /// be before the limit falls (default 1.5: 50% slower). Clamped into
-    /// `[1, 100]`; NaN means the default.
+    /// Sets how much slower than the no-load RTT the short-term one may be
+    /// before the limit falls (default 1.0: not at all; 1.5 lets a queue
+    /// add 50%). Clamped into `[1, 100]`; NaN means the default.
     ///
     /// # Examples
     ///
@@ -182,8 +236,9 @@ impl Gradient2 {
         self
     }
 
-    /// Sets over how many round trips the long-term RTT averages a rise
-    /// (default 600; it follows a fall at once). At least 1.
+    /// Sets after how many round trips without a lower RTT the no-load RTT
+    /// is re-measured by a probe (default 600; see the type's docs). At
+    /// least 1.
     ///
     /// # Examples
     ///
@@ -213,10 +268,11 @@ impl Gradient2 {
             return;
         }
         let short = (w.rtt_sum / u128::from(w.successes)) as f64;
-        if self.long_rtt == 0.0 || short < self.long_rtt {
+        if self.long_rtt == 0.0 || short <= self.long_rtt {
             self.long_rtt = short;
+            self.stale = 0;
         } else {
-            self.long_rtt += (short - self.long_rtt) / f64::from(self.long_window);
+            self.stale = self.stale.saturating_add(1);
         }
         let gradient = if short > 0.0 {
             clamp_f64(
@@ -228,16 +284,91 @@ impl Gradient2 {
         } else {
             1.0
         };
-        let mut target = before * gradient + before.sqrt();
+        let headroom = HEADROOM * before.sqrt();
         let app_limited = (w.max_in_flight as f64) < before / 2.0;
-        if app_limited {
-            target = target.min(before);
-        }
-        self.limit = self
-            .limits
-            .clamp(before + self.smoothing * (target - before));
+        let next = if app_limited && gradient >= 1.0 {
+            before
+        } else if gradient >= 1.0 {
+            // No queue seen: take the whole headroom at once.
+            before + headroom
+        } else {
+            let mut target = before * gradient + headroom;
+            if app_limited {
+                target = target.min(before);
+            }
+            before + self.smoothing * (target - before)
+        };
+        self.limit = self.limits.clamp(next);
         if self.limit < before {
             self.last_decrease = now;
+        }
+        let due = if self.probed {
+            self.long_window
+        } else {
+            FIRST_PROBE.min(self.long_window)
+        };
+        if self.stale >= due {
+            self.start_probe(now);
+        }
+    }
+
+    /// Halves the limit until a round trip of requests that started after
+    /// `now` has measured the no-load RTT again.
+    fn start_probe(&mut self, now: u64) {
+        self.probe = Some(Probe {
+            resume: self.limit,
+            start: now,
+            first_end: None,
+            successes: 0,
+            rtt_sum: 0,
+        });
+        self.limit = self.limits.clamp(self.limit * MIN_GRADIENT);
+        // Drops of requests sent before the probe come from the queue it
+        // drains: already answered.
+        self.last_decrease = now;
+    }
+
+    /// A sample while probing.
+    fn probe_update(&mut self, sample: &Sample) {
+        let Some(p) = &mut self.probe else { return };
+        if sample.start_nanos() < p.start {
+            // Sent before the probe: it measured the queue being drained.
+            return;
+        }
+        let now = sample.end_nanos();
+        if sample.outcome() == Outcome::Dropped {
+            // Congestion even at the halved limit: stay there, as a drop
+            // window would have halved it anyway.
+            self.probe = None;
+            self.stale = 0;
+            self.probed = true;
+            self.last_decrease = now;
+            self.window = Window {
+                start: now,
+                ..Window::default()
+            };
+            return;
+        }
+        let done = p.first_end.is_some_and(|end| sample.start_nanos() >= end);
+        p.successes += 1;
+        p.rtt_sum += u128::from(sample.rtt_nanos());
+        p.first_end.get_or_insert(now);
+        if done {
+            // A measurement, not a minimum: the downstream may have become
+            // slower, and then the no-load RTT goes up.
+            let measured = (p.rtt_sum / u128::from(p.successes)) as f64;
+            // Much lower than what it replaces: that was measured with a
+            // queue (the halved limit may still have queued), so probe
+            // again soon, until the measurement holds still.
+            self.probed = measured >= REPROBE_BELOW * self.long_rtt;
+            self.long_rtt = measured;
+            self.limit = p.resume;
+            self.stale = 0;
+            self.probe = None;
+            self.window = Window {
+                start: now,
+                ..Window::default()
+            };
         }
     }
 }
@@ -254,6 +385,13 @@ impl LimitAlgorithm for Gradient2 {
     }
 
     fn update(&mut self, sample: &Sample) -> usize {
+        if sample.outcome() == Outcome::Ignored {
+            return self.limit();
+        }
+        if self.probe.is_some() {
+            self.probe_update(sample);
+            return self.limit();
+        }
         let w = &mut self.window;
         match sample.outcome() {
             Outcome::Ignored => return self.limit(),
@@ -340,6 +478,65 @@ mod tests {
         // past max.
         rounds(&mut g, t, 100, 0, 9);
         assert!((3..=9).contains(&g.limit()));
+    }
+
+    /// A closed loop in front of a server of `capacity` workers with
+    /// no-load latency `base`: every round trip, `limit` requests go out
+    /// together and take `base × max(1, limit / capacity)` (the queue).
+    /// Returns the end time.
+    fn closed_loop(g: &mut Gradient2, mut t: u64, rounds: u32, base: u64, capacity: usize) -> u64 {
+        for _ in 0..rounds {
+            let l = g.limit();
+            let rtt = base * l.max(capacity) as u64 / capacity as u64;
+            for _ in 0..l {
+                g.update(&Sample::new(t, rtt, l, Outcome::Success));
+            }
+            t += rtt;
+        }
+        t
+    }
+
+    /// The bug: the long-term RTT was an average that rose with a standing
+    /// queue, so the limit settled at 1.5-2x the capacity and crept up from
+    /// there. Now it settles just above the capacity and stays, across
+    /// several probes (one every 600 round trips).
+    #[test]
+    fn gradient2_settles_near_capacity_without_drifting_up() {
+        let mut g = Gradient2::new().with_limits(1, 10, 1000);
+        let mut t = closed_loop(&mut g, 0, 200, 10 * MS, 40);
+        for _ in 0..30 {
+            t = closed_loop(&mut g, t, 100, 10 * MS, 40);
+            let l = g.limit();
+            // 40 + 0.5 √44 ≈ 43; a probe halves it for two round trips.
+            assert!((40..=46).contains(&l) || g.probe.is_some(), "{l}");
+        }
+    }
+
+    /// The bug: with the initial limit above the capacity, the first round
+    /// trips are already queued, and their RTT was taken for the no-load
+    /// one. The first probe, 8 round trips in, measures it.
+    #[test]
+    fn gradient2_learns_the_no_load_rtt_when_the_initial_limit_is_above_capacity() {
+        let mut g = Gradient2::new().with_limits(1, 40, 1000);
+        closed_loop(&mut g, 0, 300, 10 * MS, 10);
+        assert!((10..=13).contains(&g.limit()), "{}", g.limit());
+        assert_eq!(g.long_rtt, (10 * MS) as f64);
+    }
+
+    /// A downstream that became slower for good (no queue): the probe
+    /// re-measures its no-load RTT, and the limit comes back.
+    #[test]
+    fn gradient2_probe_relearns_a_slower_downstream() {
+        let mut g = Gradient2::new().with_limits(1, 10, 1000);
+        let t = closed_loop(&mut g, 0, 200, 10 * MS, 40);
+        assert!(g.limit() >= 40);
+        // Twice as slow: the gradient halves the limit...
+        let t = closed_loop(&mut g, t, 50, 20 * MS, 40);
+        assert!(g.limit() < 30, "{}", g.limit());
+        // ...until the next probe finds the new no-load RTT.
+        closed_loop(&mut g, t, 700, 20 * MS, 40);
+        assert!(g.limit() >= 40, "{}", g.limit());
+        assert_eq!(g.long_rtt, (20 * MS) as f64);
     }
 
     #[test]

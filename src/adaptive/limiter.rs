@@ -358,7 +358,7 @@ impl AdaptivePermit {
     /// use backpressure::adaptive::{AdaptiveLimiter, Aimd};
     /// let limiter = AdaptiveLimiter::new(Aimd::new().with_limits(1, 10, 10));
     /// limiter.try_acquire().unwrap().dropped();
-    /// assert_eq!(limiter.limit(), 9);
+    /// assert_eq!(limiter.limit(), 7); // backoff 0.75
     /// ```
     #[inline]
     pub fn dropped(mut self) {
