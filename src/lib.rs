@@ -45,6 +45,7 @@ mod clock;
 #[doc(hidden)]
 pub mod fuzzing;
 mod headers;
+mod integrations;
 mod keyed;
 mod limiter;
 mod park;
@@ -68,7 +69,12 @@ pub use bucket::{
     CheckError, Quota, QuotaError, RateLimiter, Reservation, ReserveError, TokenBucket,
 };
 pub use clock::{Clock, DefaultClock, ManualClock};
-pub use headers::{Advice, Clamp, Policy, ServerHint};
+pub use headers::{retry_after_secs, Advice, Clamp, Policy, RateLimitHeaders, ServerHint};
+#[cfg(feature = "testing")]
+pub use integrations::testing;
+#[cfg(feature = "tower")]
+pub use integrations::tower;
+pub use integrations::PollSemaphore;
 pub use keyed::{Scoped, TooManyKeys};
 pub use limiter::{AsyncRateLimiter, AsyncReservation};
 #[cfg(feature = "redis")]
