@@ -80,7 +80,7 @@ pin_project_lite::pin_project! {
         },
         // Refused; the error is handed out at the first poll.
         Refused {
-            error: Option<Throttled>,
+            error: Option<BoxError>,
         },
     }
 }
@@ -93,8 +93,14 @@ impl<F> LimitFuture<F> {
     }
 
     pub(crate) fn refused(t: Throttled) -> Self {
+        Self::refused_boxed(Box::new(t))
+    }
+
+    /// A refusal already boxed: the future stays two words wide, so a
+    /// `Throttled` (three strings) is not moved with every response.
+    pub(crate) fn refused_boxed(error: BoxError) -> Self {
         LimitFuture {
-            state: State::Refused { error: Some(t) },
+            state: State::Refused { error: Some(error) },
         }
     }
 }
@@ -110,12 +116,9 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
             StateProj::Inner { future } => future.poll(cx).map_err(Into::into),
-            StateProj::Refused { error } => Poll::Ready(Err(error
-                .take()
-                .unwrap_or_else(|| {
-                    Throttled::new(Status::RateLimited, "rate", "polled after completion")
-                })
-                .into())),
+            StateProj::Refused { error } => Poll::Ready(Err(error.take().unwrap_or_else(|| {
+                Throttled::new(Status::RateLimited, "rate", "polled after completion").into()
+            }))),
         }
     }
 }

@@ -14,12 +14,12 @@ use super::{rate_limited_check, rate_limited_reserve, BoxError, LimitFuture};
 use crate::bucket::TokenBucket;
 use crate::clock::{Clock, DefaultClock};
 use crate::sleep::{Sleeper, ThreadSleeper};
-use crate::Throttled;
 
 /// Admits each request through one shared [`TokenBucket`] (GCRA: a rate
-/// and a burst, no fixed window), taken in `poll_ready`.
+/// and a burst, no fixed window).
 ///
-/// Over the limit, by default the request is refused at once with a
+/// By default the cell is taken in `call`, and over the limit the request
+/// is refused at once with a
 /// [`Throttled`] of status [`Status::RateLimited`](crate::Status::RateLimited)
 /// and the exact wait in `retry_after`. With
 /// [`wait_up_to`](Self::wait_up_to), `poll_ready` instead reserves the
@@ -207,7 +207,7 @@ enum State<F> {
     /// A cell is taken for the next `call`.
     Ready,
     /// Over the limit: the next `call` answers this.
-    Refused(Throttled),
+    Refused(BoxError),
 }
 
 impl<S, C: Clock, Sl: Sleeper> RateLimit<S, C, Sl> {
@@ -228,29 +228,35 @@ impl<S, C: Clock, Sl: Sleeper> RateLimit<S, C, Sl> {
         &self.inner
     }
 
-    /// Takes (or starts waiting for) one cell.
-    #[inline]
-    fn take_cell(&mut self) {
-        if self.budget.is_zero() {
-            self.state = match self.bucket.try_acquire(1) {
-                Ok(()) => State::Ready,
-                Err(e) => State::Refused(rate_limited_check(e, "rate")),
-            };
-            return;
-        }
-        self.state = match self.bucket.reserve(1, self.budget) {
-            Ok(r) => {
-                let wait = r.wait();
-                // The cell is ours; dropping the reservation keeps it.
-                drop(r);
-                if wait.is_zero() {
-                    State::Ready
-                } else {
-                    State::Sleeping(Box::pin(self.sleeper.sleep(wait)))
+    /// Wait mode: takes one cell, sleeping for it when it comes within
+    /// the budget. `Ready` once a cell is held or the refusal is decided
+    /// (then `call` answers it without the inner service).
+    fn poll_cell(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            match &mut self.state {
+                State::Empty => {
+                    self.state = match self.bucket.reserve(1, self.budget) {
+                        Ok(r) => {
+                            let wait = r.wait();
+                            // The cell is ours; dropping the reservation
+                            // keeps it.
+                            drop(r);
+                            if wait.is_zero() {
+                                State::Ready
+                            } else {
+                                State::Sleeping(Box::pin(self.sleeper.sleep(wait)))
+                            }
+                        }
+                        Err(e) => State::Refused(Box::new(rate_limited_reserve(e, "rate"))),
+                    }
                 }
+                State::Sleeping(sleep) => {
+                    core::task::ready!(sleep.as_mut().poll(cx));
+                    self.state = State::Ready;
+                }
+                State::Ready | State::Refused(_) => return Poll::Ready(()),
             }
-            Err(e) => State::Refused(rate_limited_reserve(e, "rate")),
-        };
+        }
     }
 }
 
@@ -267,26 +273,24 @@ where
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        loop {
-            match &mut self.state {
-                State::Empty => self.take_cell(),
-                State::Sleeping(sleep) => {
-                    core::task::ready!(sleep.as_mut().poll(cx));
-                    self.state = State::Ready;
-                }
-                State::Ready => break,
-                // `call` answers with the refusal, without the inner service.
-                State::Refused(_) => return Poll::Ready(Ok(())),
-            }
+        // Reject mode takes its cell in `call`: nothing to wait for here.
+        if !self.budget.is_zero() {
+            core::task::ready!(self.poll_cell(cx));
         }
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
+        if self.budget.is_zero() {
+            return match self.bucket.try_acquire(1) {
+                Ok(()) => LimitFuture::inner(self.inner.call(req)),
+                Err(e) => LimitFuture::refused(rate_limited_check(e, "rate")),
+            };
+        }
         match core::mem::replace(&mut self.state, State::Empty) {
             State::Ready => LimitFuture::inner(self.inner.call(req)),
-            State::Refused(t) => LimitFuture::refused(t),
+            State::Refused(e) => LimitFuture::refused_boxed(e),
             // `call` without a ready `poll_ready`: the cell is checked now,
             // never waited for; the inner service's readiness is the
             // caller's contract.
