@@ -27,7 +27,7 @@ const SF_MAX: u64 = 999_999_999_999_999;
 /// assert_eq!(retry_after_secs(Duration::ZERO), 0);
 /// ```
 pub fn retry_after_secs(d: Duration) -> u64 {
-    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    let secs = d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0));
     secs.min(SF_MAX)
 }
 
@@ -292,5 +292,85 @@ impl<C: Clock> TokenBucket<C> {
             remaining,
             Duration::from_nanos(reset),
         )
+    }
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::*;
+    use crate::{ManualClock, Quota, ServerHint};
+    use std::num::NonZeroU32;
+    use std::time::SystemTime;
+
+    /// The round trip: what a server writes from a bucket (and a refusal's
+    /// `Retry-After`) is read back by `ServerHint::from_headers` as the
+    /// same wait (whole seconds, rounded up) and the same remaining.
+    #[test]
+    fn written_headers_round_trip_through_server_hint() {
+        let quotas = [
+            Quota::per_second(NonZeroU32::new(1).unwrap()),
+            Quota::per_second(NonZeroU32::new(3).unwrap()),
+            Quota::per_minute(NonZeroU32::new(10).unwrap()),
+            Quota::with_period(Duration::from_millis(1_500))
+                .allow_burst(NonZeroU32::new(4).unwrap()),
+            Quota::per_second(NonZeroU32::new(1000).unwrap()),
+        ];
+        for quota in quotas {
+            let clock = ManualClock::new();
+            let bucket = TokenBucket::with_clock(quota, clock.clone());
+            for step in 0..50u64 {
+                // Take cells, sometimes a penalty, and let time pass.
+                let refused = bucket.try_acquire(1).err();
+                if step % 17 == 16 {
+                    bucket.penalize(Duration::from_millis(2_345));
+                }
+                let written = match refused.and_then(|e| e.wait()) {
+                    Some(wait) => bucket.rate_limit_headers("api").with_retry_after(wait),
+                    None => bucket.rate_limit_headers("api"),
+                };
+                let hint = ServerHint::from_headers(written.to_pairs(), SystemTime::now());
+                assert_eq!(
+                    hint.remaining,
+                    Some(written.remaining),
+                    "{quota:?} step {step}"
+                );
+                assert_eq!(hint.remaining, Some(u64::from(bucket.available())));
+                assert_eq!(hint.limit, Some(u64::from(quota.burst().get())));
+                let expected = match written.retry_after {
+                    Some(d) => Some(Duration::from_secs(retry_after_secs(d))),
+                    None if written.remaining == 0 => {
+                        Some(Duration::from_secs(retry_after_secs(written.reset_after)))
+                    }
+                    None => None,
+                };
+                assert_eq!(hint.wait(), expected, "{quota:?} step {step}");
+                if written.remaining == 0 {
+                    // `t` is when the next cell fits: exactly the refusal's wait.
+                    let wait = bucket.try_acquire(1).unwrap_err().wait().unwrap();
+                    assert_eq!(written.reset_after, wait, "{quota:?} step {step}");
+                }
+                clock.advance(Duration::from_millis(137 * (step % 5)));
+            }
+        }
+    }
+
+    #[test]
+    fn names_and_numbers_are_clamped_to_valid_structured_fields() {
+        let h = RateLimitHeaders::new(
+            "tab\there",
+            u64::MAX,
+            Duration::MAX,
+            u64::MAX,
+            Duration::MAX,
+        );
+        assert_eq!(
+            h.policy(),
+            r#""tab?here";q=999999999999999;w=999999999999999"#
+        );
+        assert_eq!(
+            h.rate_limit(),
+            r#""tab?here";r=999999999999999;t=999999999999999"#
+        );
+        assert_eq!(retry_after_secs(Duration::from_nanos(1)), 1);
     }
 }
