@@ -397,6 +397,7 @@ async fn keyed_rate_limit_dropped_while_waiting_gives_the_cell_back() {
 
 /// A server: answers `429` with `retry_after` seconds for the first
 /// `fails` requests, then `200`.
+#[allow(clippy::type_complexity)] // an `impl Service` with its associated types spelt out
 fn flaky_server(
     fails: usize,
     retry_after: &'static str,

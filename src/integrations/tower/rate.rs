@@ -20,7 +20,7 @@ use crate::sleep::{Sleeper, ThreadSleeper};
 ///
 /// By default the cell is taken in `call`, and over the limit the request
 /// is refused at once with a
-/// [`Throttled`] of status [`Status::RateLimited`](crate::Status::RateLimited)
+/// [`Throttled`](crate::Throttled) of status [`Status::RateLimited`](crate::Status::RateLimited)
 /// and the exact wait in `retry_after`. With
 /// [`wait_up_to`](Self::wait_up_to), `poll_ready` instead reserves the
 /// cell and sleeps the wait (through the given [`Sleeper`]) when it is at
