@@ -70,6 +70,8 @@ pub use bucket::{
 };
 pub use clock::{Clock, DefaultClock, ManualClock};
 pub use headers::{retry_after_secs, Advice, Clamp, Policy, RateLimitHeaders, ServerHint};
+#[cfg(feature = "reqwest")]
+pub use integrations::reqwest;
 #[cfg(feature = "testing")]
 pub use integrations::testing;
 #[cfg(feature = "tower")]

@@ -10,8 +10,8 @@ use parking_lot::Mutex;
 
 use crate::clock::{Clock, DefaultClock};
 use crate::sleep::{Sleeper, ThreadSleeper};
-use crate::{Deadline, Decision, RetryPolicy, SurfaceStatus, Surfaced};
-use crate::{ServerHint, Status, Throttled};
+use crate::{Deadline, Decision, RetryPolicy};
+use crate::{ServerHint, Throttled};
 
 /// A [`tower::retry::Policy`](::tower::retry::Policy) that decides through
 /// the crate's [`RetryPolicy`] and charges every wait to a [`Deadline`].
@@ -225,7 +225,7 @@ where
         match policy.decide(&hint, &mut self.deadline) {
             Decision::Retry { after } => Some(self.sleeper.sleep(after)),
             Decision::Surface(s) => {
-                *result = Err(E::from(throttled(s)));
+                *result = Err(E::from(crate::integrations::surfaced(s)));
                 None
             }
             // The cap: the last answer stands.
@@ -235,23 +235,5 @@ where
 
     fn clone_request(&mut self, req: &Req) -> Option<Req> {
         Some(req.clone())
-    }
-}
-
-/// A surfaced decision as the caller's `Throttled`.
-#[cold]
-fn throttled(s: Surfaced) -> Throttled {
-    let status = match s.status {
-        SurfaceStatus::TimedOut => Status::TimedOut,
-        _ => Status::RateLimited,
-    };
-    let scope = match &s.scope {
-        Some(scope) => format!("server:{scope}"),
-        None => "server".to_string(),
-    };
-    let t = Throttled::new(status, scope, s.hint);
-    match s.retry_after {
-        Some(d) => t.with_retry_after(d),
-        None => t,
     }
 }
