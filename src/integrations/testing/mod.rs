@@ -149,24 +149,58 @@ struct Config {
 impl Builder {
     /// Limits each key with `limit`; a refused request gets `429` with
     /// `Retry-After` (the exact wait, rounded up to whole seconds).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::testing::{Limit, ThrottlingServer};
+    /// use std::time::Duration;
+    /// let b = ThrottlingServer::builder().limit(Limit::Window { requests: 5, window: Duration::from_secs(1) });
+    /// # drop(b);
+    /// ```
     pub fn limit(mut self, limit: Limit) -> Self {
         self.config.limit = Some(limit);
         self
     }
 
     /// Which limit headers to send.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::testing::{LimitHeaders, ThrottlingServer};
+    /// let b = ThrottlingServer::builder().headers(LimitHeaders::XRateLimit);
+    /// # drop(b);
+    /// ```
     pub fn headers(mut self, headers: LimitHeaders) -> Self {
         self.config.headers = headers;
         self
     }
 
     /// The request header whose value is the key (case-insensitive).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::testing::ThrottlingServer;
+    /// let b = ThrottlingServer::builder().key_header("X-Api-Key");
+    /// # drop(b);
+    /// ```
     pub fn key_header(mut self, name: impl Into<String>) -> Self {
         self.config.key_header = name.into().to_ascii_lowercase();
         self
     }
 
     /// How long an admitted request takes to serve.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::testing::ThrottlingServer;
+    /// use std::time::Duration;
+    /// let b = ThrottlingServer::builder().latency(Duration::from_millis(20));
+    /// # drop(b);
+    /// ```
     pub fn latency(mut self, latency: Duration) -> Self {
         self.config.latency = latency;
         self
@@ -175,6 +209,15 @@ impl Builder {
     /// The first `k` requests (across keys) get `429` with
     /// `Retry-After: retry_after`, whatever the limit: a server that
     /// throttles before it has told anyone its quota.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::testing::ThrottlingServer;
+    /// use std::time::Duration;
+    /// let b = ThrottlingServer::builder().fail_first(3, Duration::from_secs(1));
+    /// # drop(b);
+    /// ```
     pub fn fail_first(mut self, k: usize, retry_after: Duration) -> Self {
         self.config.fail_first = Some((k, retry_after));
         self
@@ -182,6 +225,16 @@ impl Builder {
 
     /// At most `capacity` requests served at once (across keys); beyond
     /// it, `overload` says what happens.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::testing::{Overload, ThrottlingServer};
+    /// use std::time::Duration;
+    /// let b = ThrottlingServer::builder()
+    ///     .capacity(4, Overload::Latency { per_request: Duration::from_millis(10) });
+    /// # drop(b);
+    /// ```
     pub fn capacity(mut self, capacity: usize, overload: Overload) -> Self {
         self.config.capacity = Some((capacity, overload));
         self
@@ -194,6 +247,15 @@ impl Builder {
     /// # Errors
     ///
     /// The bind's I/O error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
+    /// assert!(server.addr().ip().is_loopback());
+    /// # });
+    /// ```
     pub async fn start(self) -> io::Result<ThrottlingServer> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
@@ -234,6 +296,13 @@ pub struct ThrottlingServer {
 
 impl ThrottlingServer {
     /// A builder with the defaults.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let b = backpressure::testing::ThrottlingServer::builder();
+    /// # drop(b);
+    /// ```
     pub fn builder() -> Builder {
         Builder {
             config: Config {
@@ -248,37 +317,100 @@ impl ThrottlingServer {
     }
 
     /// The address it listens on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
+    /// assert_ne!(server.addr().port(), 0);
+    /// # });
+    /// ```
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 
     /// `http://127.0.0.1:<port>`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
+    /// assert_eq!(server.url(), format!("http://{}", server.addr()));
+    /// # });
+    /// ```
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
     /// Requests seen with `key` (admitted or not).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
+    /// assert_eq!(server.count("never-seen"), 0);
+    /// # });
+    /// ```
     pub fn count(&self, key: &str) -> usize {
         self.with_key(key, |k| k.starts.len())
     }
 
     /// Requests with `key` answered 429 or 503.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
+    /// assert_eq!(server.throttled("never-seen"), 0);
+    /// # });
+    /// ```
     pub fn throttled(&self, key: &str) -> usize {
         self.with_key(key, |k| k.throttled)
     }
 
     /// When each request with `key` started (its headers were read), in
     /// arrival order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
+    /// assert!(server.request_starts("never-seen").is_empty());
+    /// # });
+    /// ```
     pub fn request_starts(&self, key: &str) -> Vec<Instant> {
         self.with_key(key, |k| k.starts.clone())
     }
 
     /// The most admitted requests with `key` being served at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
+    /// assert_eq!(server.max_in_flight("never-seen"), 0);
+    /// # });
+    /// ```
     pub fn max_in_flight(&self, key: &str) -> usize {
         self.with_key(key, |k| k.max_in_flight)
     }
 
     /// Requests seen, across keys.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
+    /// assert_eq!(server.total_count(), 0);
+    /// # });
+    /// ```
     pub fn total_count(&self) -> usize {
         self.shared
             .stats
@@ -290,11 +422,29 @@ impl ThrottlingServer {
     }
 
     /// The most admitted requests served at once, across keys.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
+    /// assert_eq!(server.max_in_flight_total(), 0);
+    /// # });
+    /// ```
     pub fn max_in_flight_total(&self) -> usize {
         self.shared.stats.lock().max_in_flight
     }
 
     /// Every key seen, sorted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
+    /// assert!(server.keys().is_empty());
+    /// # });
+    /// ```
     pub fn keys(&self) -> Vec<String> {
         let mut keys: Vec<String> = self.shared.stats.lock().keys.keys().cloned().collect();
         keys.sort();
