@@ -80,7 +80,7 @@ pin_project_lite::pin_project! {
         },
         // Refused; the error is handed out at the first poll.
         Refused {
-            error: Option<BoxError>,
+            error: Option<Box<Throttled>>,
         },
     }
 }
@@ -96,9 +96,10 @@ impl<F> LimitFuture<F> {
         Self::refused_boxed(Box::new(t))
     }
 
-    /// A refusal already boxed: the future stays two words wide, so a
-    /// `Throttled` (three strings) is not moved with every response.
-    pub(crate) fn refused_boxed(error: BoxError) -> Self {
+    /// A refusal already boxed: a thin pointer, so the future is no wider
+    /// than the inner one's and a `Throttled` (three strings) is not moved
+    /// with every response.
+    pub(crate) fn refused_boxed(error: Box<Throttled>) -> Self {
         LimitFuture {
             state: State::Refused { error: Some(error) },
         }
@@ -116,9 +117,16 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
             StateProj::Inner { future } => future.poll(cx).map_err(Into::into),
-            StateProj::Refused { error } => Poll::Ready(Err(error.take().unwrap_or_else(|| {
-                Throttled::new(Status::RateLimited, "rate", "polled after completion").into()
-            }))),
+            StateProj::Refused { error } => {
+                let error = error.take().unwrap_or_else(|| {
+                    Box::new(Throttled::new(
+                        Status::RateLimited,
+                        "rate",
+                        "polled after completion",
+                    ))
+                });
+                Poll::Ready(Err(error))
+            }
         }
     }
 }

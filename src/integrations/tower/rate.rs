@@ -207,7 +207,7 @@ enum State<F> {
     /// A cell is taken for the next `call`.
     Ready,
     /// Over the limit: the next `call` answers this.
-    Refused(BoxError),
+    Refused(Box<crate::Throttled>),
 }
 
 impl<S, C: Clock, Sl: Sleeper> RateLimit<S, C, Sl> {
@@ -231,6 +231,7 @@ impl<S, C: Clock, Sl: Sleeper> RateLimit<S, C, Sl> {
     /// Wait mode: takes one cell, sleeping for it when it comes within
     /// the budget. `Ready` once a cell is held or the refusal is decided
     /// (then `call` answers it without the inner service).
+    #[inline(never)]
     fn poll_cell(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         loop {
             match &mut self.state {
@@ -288,6 +289,17 @@ where
                 Err(e) => LimitFuture::refused(rate_limited_check(e, "rate")),
             };
         }
+        self.call_waited(req)
+    }
+}
+
+impl<S, C: Clock, Sl: Sleeper> RateLimit<S, C, Sl> {
+    /// Wait mode's `call`: out of line, so reject mode's stays small.
+    #[inline(never)]
+    fn call_waited<Req>(&mut self, req: Req) -> LimitFuture<S::Future>
+    where
+        S: Service<Req>,
+    {
         match core::mem::replace(&mut self.state, State::Empty) {
             State::Ready => LimitFuture::inner(self.inner.call(req)),
             State::Refused(e) => LimitFuture::refused_boxed(e),
