@@ -44,6 +44,9 @@ fn ready_call<S: Service<u64>>(svc: &mut S, req: u64) -> bool {
     svc.call(req).now_or_never().unwrap().is_ok()
 }
 
+/// One case: a name and one request through it.
+type Case = (&'static str, Box<dyn FnMut(u64) -> bool>);
+
 const PER_ROUND: u64 = 100_000;
 const ROUNDS: usize = 60;
 
@@ -64,7 +67,7 @@ fn main() {
     let sem = Arc::new(Semaphore::new(64));
     let tokio_sem = Arc::new(tokio::sync::Semaphore::new(64));
 
-    let mut cases: Vec<(&str, Box<dyn FnMut(u64) -> bool>)> = vec![
+    let mut cases: Vec<Case> = vec![
         (
             "concurrency ready-call: backpressure",
             Box::new(move |i| ready_call(&mut conc, i)),
