@@ -9,6 +9,7 @@ use sfv::{KeyRef, ListSerializer, StringRef};
 
 use crate::bucket::TokenBucket;
 use crate::clock::Clock;
+use crate::{Status, Throttled};
 
 /// The largest Integer a structured field can carry (RFC 9651 §3.3.1).
 const SF_MAX: u64 = 999_999_999_999_999;
@@ -292,6 +293,53 @@ impl<C: Clock> TokenBucket<C> {
             remaining,
             Duration::from_nanos(reset),
         )
+    }
+}
+
+/// Writing a refusal as an HTTP response, for servers built with the crate.
+impl Throttled {
+    /// The HTTP status a server answers this refusal with: 429 for
+    /// `rate_limited` and `quota_exhausted`, 503 for `shed` and `closed`,
+    /// 504 for `timed_out`, 429 for `budget_exhausted` (and any later
+    /// status).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Status, Throttled};
+    /// assert_eq!(Throttled::new(Status::RateLimited, "api_key", "").http_status(), 429);
+    /// assert_eq!(Throttled::new(Status::Shed, "queue", "").http_status(), 503);
+    /// ```
+    pub fn http_status(&self) -> u16 {
+        match self.status {
+            Status::Shed | Status::Closed => 503,
+            Status::TimedOut => 504,
+            _ => 429,
+        }
+    }
+
+    /// The response headers for this refusal: `Retry-After` in delta
+    /// seconds, rounded up (never early), when the retry time is known.
+    /// Add the quota's `RateLimit` fields with
+    /// [`TokenBucket::rate_limit_headers`](crate::TokenBucket::rate_limit_headers).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ServerHint, Status, Throttled};
+    /// use std::time::{Duration, SystemTime};
+    ///
+    /// let t = Throttled::new(Status::RateLimited, "api_key", "slow down")
+    ///     .with_retry_after(Duration::from_millis(1200));
+    /// assert_eq!(t.to_headers(), vec![("retry-after", "2".to_string())]);
+    /// let hint = ServerHint::from_headers(t.to_headers(), SystemTime::now());
+    /// assert_eq!(hint.wait(), Some(Duration::from_secs(2)));
+    /// ```
+    pub fn to_headers(&self) -> Vec<(&'static str, String)> {
+        match self.retry_after() {
+            Some(d) => vec![("retry-after", retry_after_secs(d).to_string())],
+            None => Vec::new(),
+        }
     }
 }
 
