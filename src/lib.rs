@@ -46,6 +46,7 @@ mod failure;
 #[doc(hidden)]
 pub mod fuzzing;
 mod headers;
+mod integrations;
 mod keyed;
 mod limiter;
 mod park;
@@ -72,7 +73,14 @@ pub use bucket::{
 };
 pub use clock::{Clock, DefaultClock, ManualClock};
 pub use failure::CallFailure;
-pub use headers::{Advice, Clamp, Policy, ServerHint};
+pub use headers::{retry_after_secs, Advice, Clamp, Policy, RateLimitHeaders, ServerHint};
+#[cfg(feature = "reqwest")]
+pub use integrations::reqwest;
+#[cfg(feature = "testing")]
+pub use integrations::testing;
+#[cfg(feature = "tower")]
+pub use integrations::tower;
+pub use integrations::PollSemaphore;
 pub use keyed::{Scoped, TooManyKeys};
 pub use limiter::{AsyncRateLimiter, AsyncReservation};
 #[cfg(feature = "redis")]

@@ -529,6 +529,18 @@ impl Gcra {
         fit.min(room) as u32
     }
 
+    /// The debt at `now` (how long until the bucket is full again, in
+    /// nanoseconds; 0 when full) and the quota it is measured in, from one
+    /// consistent view. For writing `RateLimit` response headers.
+    pub(crate) fn debt(&self, now: u64) -> (u64, Quota) {
+        let view = self.view();
+        let quota = Quota {
+            period: view.period,
+            burst: core::num::NonZeroU32::new(view.burst).expect("a bucket's burst is never 0"),
+        };
+        (view.tat.saturating_sub(now), quota)
+    }
+
     /// The current quota.
     pub(crate) fn quota(&self) -> Quota {
         let view = self.view();

@@ -432,6 +432,12 @@ impl<C: Clock> TokenBucket<C> {
         Ok(())
     }
 
+    /// The debt now (nanoseconds until full) and the quota, read together;
+    /// see `headers::write`.
+    pub(crate) fn debt(&self) -> (u64, Quota) {
+        self.gcra.debt(self.clock.now_nanos())
+    }
+
     /// The raw algorithm, for `Scoped` and the fuzz model.
     #[cfg(any(fuzzing, test))]
     pub(crate) fn raw(&self) -> &Gcra {

@@ -8,6 +8,9 @@
 
 mod parse;
 mod value;
+mod write;
+
+pub use write::{retry_after_secs, RateLimitHeaders};
 
 use std::time::{Duration, SystemTime};
 

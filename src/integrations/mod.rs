@@ -1,0 +1,15 @@
+//! Integrations with what users already run: tower layers (feature
+//! `tower`), a reqwest middleware (feature `reqwest`), a throttling fake
+//! server for tests (feature `testing`), and [`PollSemaphore`] for
+//! hand-written `poll_*` code.
+
+mod poll_semaphore;
+#[cfg(feature = "reqwest")]
+pub mod reqwest;
+#[cfg(feature = "testing")]
+pub mod testing;
+#[cfg(feature = "tower")]
+pub mod tower;
+
+pub use poll_semaphore::PollSemaphore;
+

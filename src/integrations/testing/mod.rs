@@ -1,0 +1,504 @@
+//! A throttling fake downstream for your own tests (feature `testing`).
+//!
+//! The only witness a backpressure bug cannot fool is a server that
+//! throttles like a real one and records when each request started.
+//! [`ThrottlingServer`] is that server: real HTTP/1.1 on a free loopback
+//! port (tokio TCP, one request per connection), limited per key, with
+//! the headers real APIs send, and a record of every request.
+//!
+//! Assert on what the server saw (counts, start times, peak concurrency),
+//! not on what the client says happened.
+//!
+//! # Examples
+//!
+//! ```
+//! use backpressure::testing::{Limit, ThrottlingServer};
+//! use std::time::Duration;
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let server = ThrottlingServer::builder()
+//!     .limit(Limit::Window { requests: 2, window: Duration::from_secs(60) })
+//!     .start()
+//!     .await
+//!     .unwrap();
+//!
+//! // Three requests with one API key: the third is a 429.
+//! let mut statuses = Vec::new();
+//! for _ in 0..3 {
+//!     let mut s = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+//!     s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-a\r\n\r\n").await.unwrap();
+//!     let mut response = String::new();
+//!     s.read_to_string(&mut response).await.unwrap();
+//!     statuses.push(response[9..12].to_string());
+//! }
+//! assert_eq!(statuses, ["200", "200", "429"]);
+//! assert_eq!(server.count("key-a"), 3);
+//! assert_eq!(server.throttled("key-a"), 1);
+//! assert_eq!(server.request_starts("key-a").len(), 3);
+//! # });
+//! ```
+
+mod limit;
+mod serve;
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+pub use limit::Limit;
+
+/// What the server does with requests beyond its capacity (requests being
+/// served at once, across keys).
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::testing::Overload;
+/// use std::time::Duration;
+/// let slow = Overload::Latency { per_request: Duration::from_millis(5) };
+/// let refuse = Overload::Unavailable { retry_after: Duration::from_secs(1) };
+/// assert_ne!(slow, refuse);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Overload {
+    /// Latency grows by `per_request` for each request in flight beyond
+    /// the capacity (a queue building up).
+    Latency {
+        /// Added latency per excess request.
+        per_request: Duration,
+    },
+    /// `503 Service Unavailable` with `Retry-After`.
+    Unavailable {
+        /// The `Retry-After` sent (rounded up to whole seconds).
+        retry_after: Duration,
+    },
+}
+
+/// Which rate-limit headers the server sends (beside `Retry-After`, which
+/// every 429 and 503 carries).
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::testing::LimitHeaders;
+/// assert_eq!(LimitHeaders::default(), LimitHeaders::RetryAfterOnly);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LimitHeaders {
+    /// Only `Retry-After` on 429/503, like nginx `limit_req`.
+    #[default]
+    RetryAfterOnly,
+    /// The IETF `RateLimit-Policy` and `RateLimit` fields (draft-10) on
+    /// every response.
+    Ietf,
+    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` (delta seconds) on
+    /// every response, as GitHub-style APIs do.
+    XRateLimit,
+    /// Both.
+    Both,
+}
+
+/// Configures and starts a [`ThrottlingServer`].
+///
+/// Defaults: no limit, no latency, no capacity, key header
+/// `authorization` (a `Bearer ` prefix is dropped; a request without the
+/// header has the key `""`).
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::testing::{Limit, LimitHeaders, Overload, ThrottlingServer};
+/// use std::time::Duration;
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let server = ThrottlingServer::builder()
+///     .limit(Limit::Gcra { period: Duration::from_millis(100), burst: 2 })
+///     .headers(LimitHeaders::Ietf)
+///     .key_header("x-api-key")
+///     .latency(Duration::from_millis(1))
+///     .fail_first(1, Duration::from_secs(1))
+///     .capacity(8, Overload::Unavailable { retry_after: Duration::from_secs(1) })
+///     .start()
+///     .await
+///     .unwrap();
+/// assert!(server.url().starts_with("http://127.0.0.1:"));
+/// # });
+/// ```
+#[derive(Clone, Debug)]
+pub struct Builder {
+    config: Config,
+}
+
+#[derive(Clone, Debug)]
+struct Config {
+    limit: Option<Limit>,
+    headers: LimitHeaders,
+    key_header: String,
+    latency: Duration,
+    fail_first: Option<(usize, Duration)>,
+    capacity: Option<(usize, Overload)>,
+}
+
+impl Builder {
+    /// Limits each key with `limit`; a refused request gets `429` with
+    /// `Retry-After` (the exact wait, rounded up to whole seconds).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::testing::{Limit, ThrottlingServer};
+    /// use std::time::Duration;
+    /// let b = ThrottlingServer::builder().limit(Limit::Window { requests: 5, window: Duration::from_secs(1) });
+    /// # drop(b);
+    /// ```
+    pub fn limit(mut self, limit: Limit) -> Self {
+        self.config.limit = Some(limit);
+        self
+    }
+
+    /// Which limit headers to send.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::testing::{LimitHeaders, ThrottlingServer};
+    /// let b = ThrottlingServer::builder().headers(LimitHeaders::XRateLimit);
+    /// # drop(b);
+    /// ```
+    pub fn headers(mut self, headers: LimitHeaders) -> Self {
+        self.config.headers = headers;
+        self
+    }
+
+    /// The request header whose value is the key (case-insensitive).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::testing::ThrottlingServer;
+    /// let b = ThrottlingServer::builder().key_header("X-Api-Key");
+    /// # drop(b);
+    /// ```
+    pub fn key_header(mut self, name: impl Into<String>) -> Self {
+        self.config.key_header = name.into().to_ascii_lowercase();
+        self
+    }
+
+    /// How long an admitted request takes to serve.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::testing::ThrottlingServer;
+    /// use std::time::Duration;
+    /// let b = ThrottlingServer::builder().latency(Duration::from_millis(20));
+    /// # drop(b);
+    /// ```
+    pub fn latency(mut self, latency: Duration) -> Self {
+        self.config.latency = latency;
+        self
+    }
+
+    /// The first `k` requests (across keys) get `429` with
+    /// `Retry-After: retry_after`, whatever the limit: a server that
+    /// throttles before it has told anyone its quota.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::testing::ThrottlingServer;
+    /// use std::time::Duration;
+    /// let b = ThrottlingServer::builder().fail_first(3, Duration::from_secs(1));
+    /// # drop(b);
+    /// ```
+    pub fn fail_first(mut self, k: usize, retry_after: Duration) -> Self {
+        self.config.fail_first = Some((k, retry_after));
+        self
+    }
+
+    /// At most `capacity` requests served at once (across keys); beyond
+    /// it, `overload` says what happens.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::testing::{Overload, ThrottlingServer};
+    /// use std::time::Duration;
+    /// let b = ThrottlingServer::builder()
+    ///     .capacity(4, Overload::Latency { per_request: Duration::from_millis(10) });
+    /// # drop(b);
+    /// ```
+    pub fn capacity(mut self, capacity: usize, overload: Overload) -> Self {
+        self.config.capacity = Some((capacity, overload));
+        self
+    }
+
+    /// Binds a free loopback port and starts serving on the current tokio
+    /// runtime (needs the `net` and `time` drivers: a runtime built with
+    /// `enable_all`, or `#[tokio::test]`).
+    ///
+    /// # Errors
+    ///
+    /// The bind's I/O error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
+    /// assert!(server.addr().ip().is_loopback());
+    /// # });
+    /// ```
+    pub async fn start(self) -> io::Result<ThrottlingServer> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared::new(self.config));
+        let accept = tokio::spawn(serve::accept(listener, shared.clone()));
+        Ok(ThrottlingServer {
+            addr,
+            shared,
+            accept,
+        })
+    }
+}
+
+/// A throttling HTTP/1.1 fake on a free loopback port: see the
+/// [module docs](self). Stops (closes its port) when dropped; requests
+/// already accepted finish.
+///
+/// Per key it records every request's start time, how many were refused
+/// (429 or 503), and the peak number of admitted requests in flight at
+/// once.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::testing::ThrottlingServer;
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let server = ThrottlingServer::builder().start().await.unwrap();
+/// assert_eq!(server.total_count(), 0);
+/// assert!(server.keys().is_empty());
+/// # });
+/// ```
+#[derive(Debug)]
+pub struct ThrottlingServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl ThrottlingServer {
+    /// A builder with the defaults.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let b = backpressure::testing::ThrottlingServer::builder();
+    /// # drop(b);
+    /// ```
+    pub fn builder() -> Builder {
+        Builder {
+            config: Config {
+                limit: None,
+                headers: LimitHeaders::default(),
+                key_header: "authorization".to_string(),
+                latency: Duration::ZERO,
+                fail_first: None,
+                capacity: None,
+            },
+        }
+    }
+
+    /// The address it listens on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
+    /// assert_ne!(server.addr().port(), 0);
+    /// # });
+    /// ```
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
+    /// assert_eq!(server.url(), format!("http://{}", server.addr()));
+    /// # });
+    /// ```
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Requests seen with `key` (admitted or not).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
+    /// assert_eq!(server.count("never-seen"), 0);
+    /// # });
+    /// ```
+    pub fn count(&self, key: &str) -> usize {
+        self.with_key(key, |k| k.starts.len())
+    }
+
+    /// Requests with `key` answered 429 or 503.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
+    /// assert_eq!(server.throttled("never-seen"), 0);
+    /// # });
+    /// ```
+    pub fn throttled(&self, key: &str) -> usize {
+        self.with_key(key, |k| k.throttled)
+    }
+
+    /// When each request with `key` started (its headers were read), in
+    /// arrival order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
+    /// assert!(server.request_starts("never-seen").is_empty());
+    /// # });
+    /// ```
+    pub fn request_starts(&self, key: &str) -> Vec<Instant> {
+        self.with_key(key, |k| k.starts.clone())
+    }
+
+    /// The most admitted requests with `key` being served at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
+    /// assert_eq!(server.max_in_flight("never-seen"), 0);
+    /// # });
+    /// ```
+    pub fn max_in_flight(&self, key: &str) -> usize {
+        self.with_key(key, |k| k.max_in_flight)
+    }
+
+    /// Requests seen, across keys.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
+    /// assert_eq!(server.total_count(), 0);
+    /// # });
+    /// ```
+    pub fn total_count(&self) -> usize {
+        self.shared
+            .stats
+            .lock()
+            .keys
+            .values()
+            .map(|k| k.starts.len())
+            .sum()
+    }
+
+    /// The most admitted requests served at once, across keys.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
+    /// assert_eq!(server.max_in_flight_total(), 0);
+    /// # });
+    /// ```
+    pub fn max_in_flight_total(&self) -> usize {
+        self.shared.stats.lock().max_in_flight
+    }
+
+    /// Every key seen, sorted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
+    /// assert!(server.keys().is_empty());
+    /// # });
+    /// ```
+    pub fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.shared.stats.lock().keys.keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+
+    fn with_key<R: Default>(&self, key: &str, f: impl FnOnce(&KeyStats) -> R) -> R {
+        self.shared
+            .stats
+            .lock()
+            .keys
+            .get(key)
+            .map(f)
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for ThrottlingServer {
+    fn drop(&mut self) {
+        // The accept loop owns the listener: aborting it closes the port.
+        self.accept.abort();
+    }
+}
+
+/// State shared by the accept loop, the connections and the handle.
+#[derive(Debug)]
+struct Shared {
+    config: Config,
+    limiter: Mutex<Option<limit::Limiter>>,
+    stats: Mutex<Stats>,
+}
+
+impl Shared {
+    fn new(config: Config) -> Self {
+        Shared {
+            limiter: Mutex::new(config.limit.map(limit::Limiter::new)),
+            config,
+            stats: Mutex::new(Stats::default()),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Stats {
+    seen: usize,
+    in_flight: usize,
+    max_in_flight: usize,
+    keys: HashMap<String, KeyStats>,
+}
+
+#[derive(Debug, Default)]
+struct KeyStats {
+    starts: Vec<Instant>,
+    throttled: usize,
+    in_flight: usize,
+    max_in_flight: usize,
+}

@@ -1,0 +1,423 @@
+//! [`KeyedRateLimitLayer`]: one GCRA bucket per key (a header, a peer
+//! address, a route), from a [`Scoped`] registry and a key closure.
+
+use core::fmt;
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+use core::time::Duration;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use ::tower::{Layer, Service};
+
+use super::{rate_limited_check, rate_limited_reserve, BoxError, LimitFuture};
+use crate::bucket::Reservation;
+use crate::clock::{Clock, DefaultClock};
+use crate::keyed::Scoped;
+use crate::sleep::{Sleeper, ThreadSleeper};
+
+/// Admits each request through the bucket of its key in a shared
+/// [`Scoped`] registry; the key comes from the request through `key`.
+///
+/// The key is only known in `call`, so the check is made there:
+/// `poll_ready` is the inner service's. Over the limit, by default the
+/// request is refused at once with a [`Throttled`](crate::Throttled) of
+/// status `rate_limited` (scope `"rate:key"`). With
+/// [`wait_up_to`](Self::wait_up_to), a wait within the budget is slept in
+/// the response future before the inner service is called (the ready
+/// inner service travels with it, so its services must be `Clone`);
+/// dropping that future cancels the reservation.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::tower::KeyedRateLimitLayer;
+/// use backpressure::{ManualClock, Quota, Scoped};
+/// use std::num::NonZeroU32;
+/// use std::sync::Arc;
+/// use tower::{service_fn, Layer, ServiceExt};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// // 1 request per second per user.
+/// let limits = Arc::new(Scoped::with_clock(
+///     Quota::per_second(NonZeroU32::new(1).unwrap()),
+///     ManualClock::new(),
+/// ));
+/// let layer = KeyedRateLimitLayer::new(limits, |req: &(&'static str, u32)| req.0);
+/// let svc = layer.layer(service_fn(|req: (&str, u32)| async move { Ok::<_, std::io::Error>(req.1) }));
+/// assert_eq!(svc.clone().oneshot(("alice", 1)).await.unwrap(), 1);
+/// assert!(svc.clone().oneshot(("alice", 2)).await.is_err()); // alice is spent
+/// assert_eq!(svc.clone().oneshot(("bob", 3)).await.unwrap(), 3); // bob is not
+/// # });
+/// ```
+pub struct KeyedRateLimitLayer<K, F, C: Clock = DefaultClock, Sl = ThreadSleeper> {
+    limits: Arc<Scoped<K, C>>,
+    key: F,
+    budget: Duration,
+    sleeper: Sl,
+}
+
+impl<K, F, C: Clock> KeyedRateLimitLayer<K, F, C, ThreadSleeper> {
+    /// Rejects a request whose key has no cell; `key` maps a request to
+    /// its key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{tower::KeyedRateLimitLayer, Quota, Scoped};
+    /// use std::num::NonZeroU32;
+    /// use std::sync::Arc;
+    /// let limits = Arc::new(Scoped::<String>::new(Quota::per_second(NonZeroU32::new(5).unwrap())));
+    /// let layer = KeyedRateLimitLayer::new(limits.clone(), |req: &String| req.clone());
+    /// assert!(Arc::ptr_eq(layer.limits(), &limits));
+    /// ```
+    pub fn new(limits: Arc<Scoped<K, C>>, key: F) -> Self {
+        KeyedRateLimitLayer {
+            limits,
+            key,
+            budget: Duration::ZERO,
+            sleeper: ThreadSleeper::new(),
+        }
+    }
+}
+
+impl<K, F, C: Clock, Sl> KeyedRateLimitLayer<K, F, C, Sl> {
+    /// Waits, in the response future, for a cell that comes within
+    /// `budget`, sleeping on `sleeper`; a longer wait is refused at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{tower::KeyedRateLimitLayer, Quota, Scoped, ThreadSleeper};
+    /// use std::num::NonZeroU32;
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use tower::{service_fn, Layer, ServiceExt};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let limits = Arc::new(Scoped::new(Quota::per_second(NonZeroU32::new(1000).unwrap())));
+    /// let layer = KeyedRateLimitLayer::new(limits, |k: &u8| *k)
+    ///     .wait_up_to(Duration::from_millis(100), ThreadSleeper::new());
+    /// let svc = layer.layer(service_fn(|k: u8| async move { Ok::<_, std::io::Error>(k) }));
+    /// for _ in 0..1_005 {
+    ///     svc.clone().oneshot(1).await.unwrap();
+    /// }
+    /// # });
+    /// ```
+    pub fn wait_up_to<S2: Sleeper>(
+        self,
+        budget: Duration,
+        sleeper: S2,
+    ) -> KeyedRateLimitLayer<K, F, C, S2> {
+        KeyedRateLimitLayer {
+            limits: self.limits,
+            key: self.key,
+            budget,
+            sleeper,
+        }
+    }
+
+    /// The shared registry.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{tower::KeyedRateLimitLayer, Quota, Scoped};
+    /// use std::num::NonZeroU32;
+    /// use std::sync::Arc;
+    /// let layer = KeyedRateLimitLayer::new(
+    ///     Arc::new(Scoped::<u8>::new(Quota::per_second(NonZeroU32::new(5).unwrap()))),
+    ///     |k: &u8| *k,
+    /// );
+    /// assert!(layer.limits().is_empty());
+    /// ```
+    pub fn limits(&self) -> &Arc<Scoped<K, C>> {
+        &self.limits
+    }
+}
+
+impl<K, F: Clone, C: Clock, Sl: Clone> Clone for KeyedRateLimitLayer<K, F, C, Sl> {
+    fn clone(&self) -> Self {
+        KeyedRateLimitLayer {
+            limits: self.limits.clone(),
+            key: self.key.clone(),
+            budget: self.budget,
+            sleeper: self.sleeper.clone(),
+        }
+    }
+}
+
+impl<K, F, C: Clock, Sl: fmt::Debug> fmt::Debug for KeyedRateLimitLayer<K, F, C, Sl> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedRateLimitLayer")
+            .field("limits", &self.limits)
+            .field("budget", &self.budget)
+            .field("sleeper", &self.sleeper)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, F: Clone, C: Clock, Sl: Clone> Layer<S> for KeyedRateLimitLayer<K, F, C, Sl> {
+    type Service = KeyedRateLimit<S, K, F, C, Sl>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        KeyedRateLimit {
+            inner,
+            limits: self.limits.clone(),
+            key: self.key.clone(),
+            budget: self.budget,
+            sleeper: self.sleeper.clone(),
+        }
+    }
+}
+
+/// The service of [`KeyedRateLimitLayer`].
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::{tower::KeyedRateLimitLayer, Quota, Scoped};
+/// use std::num::NonZeroU32;
+/// use std::sync::Arc;
+/// use tower::{service_fn, Layer, ServiceExt};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let limits = Arc::new(Scoped::new(Quota::per_second(NonZeroU32::new(5).unwrap())));
+/// let svc = KeyedRateLimitLayer::new(limits.clone(), |k: &u8| *k)
+///     .layer(service_fn(|k: u8| async move { Ok::<_, std::io::Error>(k) }));
+/// svc.oneshot(9).await.unwrap();
+/// assert_eq!(limits.available(&9), 4);
+/// # });
+/// ```
+pub struct KeyedRateLimit<S, K, F, C: Clock = DefaultClock, Sl = ThreadSleeper> {
+    inner: S,
+    limits: Arc<Scoped<K, C>>,
+    key: F,
+    budget: Duration,
+    sleeper: Sl,
+}
+
+impl<S, K, F, C: Clock, Sl> KeyedRateLimit<S, K, F, C, Sl> {
+    /// The wrapped service.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{tower::KeyedRateLimitLayer, Quota, Scoped};
+    /// use std::num::NonZeroU32;
+    /// use std::sync::Arc;
+    /// use tower::Layer;
+    /// let limits = Arc::new(Scoped::<u8>::new(Quota::per_second(NonZeroU32::new(5).unwrap())));
+    /// let svc = KeyedRateLimitLayer::new(limits, |k: &u8| *k).layer(3u8);
+    /// assert_eq!(*svc.get_ref(), 3);
+    /// ```
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S, K, F, C, Sl, Req> Service<Req> for KeyedRateLimit<S, K, F, C, Sl>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<BoxError>,
+    K: Hash + Eq + Clone,
+    F: Fn(&Req) -> K,
+    C: Clock,
+    Sl: Sleeper,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = KeyedFuture<S, Req, Sl::Sleep>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    #[inline]
+    fn call(&mut self, req: Req) -> Self::Future {
+        let key = (self.key)(&req);
+        if self.budget.is_zero() {
+            return match self.limits.try_acquire(&key, 1) {
+                Ok(()) => KeyedFuture::now(self.inner.call(req)),
+                Err(e) => KeyedFuture::refused(rate_limited_check(e, "rate:key")),
+            };
+        }
+        match self.limits.reserve(&key, 1, self.budget) {
+            Ok(r) if r.wait().is_zero() => {
+                // The cell is ours; dropping the reservation keeps it.
+                drop(r);
+                KeyedFuture::now(self.inner.call(req))
+            }
+            Ok(r) => {
+                let sleep = self.sleeper.sleep(r.wait());
+                // The ready service goes with the request; this one keeps
+                // a fresh clone that must be polled ready again.
+                let fresh = self.inner.clone();
+                let ready = core::mem::replace(&mut self.inner, fresh);
+                KeyedFuture::sleeping(sleep, r, ready, req)
+            }
+            Err(e) => KeyedFuture::refused(rate_limited_reserve(e, "rate:key")),
+        }
+    }
+}
+
+impl<S: Clone, K, F: Clone, C: Clock, Sl: Clone> Clone for KeyedRateLimit<S, K, F, C, Sl> {
+    fn clone(&self) -> Self {
+        KeyedRateLimit {
+            inner: self.inner.clone(),
+            limits: self.limits.clone(),
+            key: self.key.clone(),
+            budget: self.budget,
+            sleeper: self.sleeper.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, K, F, C: Clock, Sl> fmt::Debug for KeyedRateLimit<S, K, F, C, Sl> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedRateLimit")
+            .field("inner", &self.inner)
+            .field("limits", &self.limits)
+            .field("budget", &self.budget)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Cancels a reservation whose wait was abandoned (the future dropped
+/// while it slept), so the key's cell goes back.
+struct CancelGuard(Option<Reservation<'static>>);
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if let Some(r) = self.0.take() {
+            r.cancel();
+        }
+    }
+}
+
+impl CancelGuard {
+    /// The wait is over: keep the cell.
+    fn disarm(&mut self) {
+        drop(self.0.take());
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The response future of [`KeyedRateLimit`]: a sleep for the key's
+    /// cell (wait mode), then the inner call; or a refusal.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped while it sleeps, it cancels the key's reservation.
+    #[must_use = "futures do nothing unless you `.await` or poll them"]
+    pub struct KeyedFuture<S, Req, Sl>
+    where
+        S: Service<Req>,
+    {
+        #[pin]
+        state: KeyedState<S, Req, Sl>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = KeyedProj]
+    enum KeyedState<S, Req, Sl>
+    where
+        S: Service<Req>,
+    {
+        // Waiting for the reserved cell.
+        Sleeping {
+            #[pin]
+            sleep: Sl,
+            guard: CancelGuard,
+            service: Option<S>,
+            req: Option<Req>,
+        },
+        // Calling the inner service (or refused).
+        Calling {
+            #[pin]
+            future: LimitFuture<S::Future>,
+        },
+    }
+}
+
+impl<S: Service<Req>, Req, Sl> KeyedFuture<S, Req, Sl> {
+    fn now(future: S::Future) -> Self {
+        KeyedFuture {
+            state: KeyedState::Calling {
+                future: LimitFuture::inner(future),
+            },
+        }
+    }
+
+    fn refused(t: crate::Throttled) -> Self {
+        KeyedFuture {
+            state: KeyedState::Calling {
+                future: LimitFuture::refused(t),
+            },
+        }
+    }
+
+    fn sleeping(sleep: Sl, reservation: Reservation<'static>, service: S, req: Req) -> Self {
+        KeyedFuture {
+            state: KeyedState::Sleeping {
+                sleep,
+                guard: CancelGuard(Some(reservation)),
+                service: Some(service),
+                req: Some(req),
+            },
+        }
+    }
+}
+
+impl<S, Req, Sl> Future for KeyedFuture<S, Req, Sl>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    Sl: Future<Output = ()>,
+{
+    type Output = Result<S::Response, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                KeyedProj::Sleeping {
+                    sleep,
+                    guard,
+                    service,
+                    req,
+                } => {
+                    core::task::ready!(sleep.poll(cx));
+                    guard.disarm();
+                    let future = match (service.take(), req.take()) {
+                        (Some(mut svc), Some(req)) => LimitFuture::inner(svc.call(req)),
+                        // Unreachable: both are taken only here, just
+                        // before leaving this state.
+                        _ => LimitFuture::refused(crate::Throttled::new(
+                            crate::Status::RateLimited,
+                            "rate:key",
+                            "polled after completion",
+                        )),
+                    };
+                    state.set(KeyedState::Calling { future });
+                }
+                KeyedProj::Calling { future } => return future.poll(cx),
+            }
+        }
+    }
+}
+
+impl<S: Service<Req>, Req, Sl> fmt::Debug for KeyedFuture<S, Req, Sl> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            KeyedState::Sleeping { .. } => "sleeping",
+            KeyedState::Calling { .. } => "calling",
+        };
+        f.debug_struct("KeyedFuture")
+            .field("state", &state)
+            .finish()
+    }
+}

@@ -1,0 +1,163 @@
+//! Tower layers over the crate's primitives (feature `tower`).
+//!
+//! | layer | primitive | over the limit |
+//! | --- | --- | --- |
+//! | [`ConcurrencyLimitLayer`] | one shared [`Semaphore`](crate::Semaphore) | queue (FIFO) in `poll_ready`, or shed |
+//! | [`RateLimitLayer`] | one shared [`TokenBucket`](crate::TokenBucket) | wait up to a budget in `poll_ready`, or reject |
+//! | [`KeyedRateLimitLayer`] | a [`Scoped`](crate::Scoped) registry and a key closure | wait up to a budget in the response future, or reject |
+//! | [`HintRetry`] (a `tower::retry::Policy`) | [`RetryPolicy`](crate::RetryPolicy) and [`Deadline`](crate::Deadline) | honours `Retry-After`; gives up with a [`Throttled`] instead of sleeping past the deadline |
+//!
+//! Every layer's services are `Clone` and share their limiter, so a stack
+//! can be cloned per connection or per task and still count as one.
+//! A refusal is a [`Throttled`] inside the [`BoxError`]; downcast it to
+//! read the status and the retry time (or to hand it, serialized, to a
+//! model).
+//!
+//! [`PollSemaphore`](crate::PollSemaphore) is the helper
+//! [`ConcurrencyLimit`] acquires with; hand-written services can use it too.
+//!
+//! # Examples
+//!
+//! ```
+//! use backpressure::tower::{ConcurrencyLimitLayer, RateLimitLayer};
+//! use backpressure::{Quota, TokenBucket};
+//! use std::num::NonZeroU32;
+//! use std::sync::Arc;
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let bucket = Arc::new(TokenBucket::new(Quota::per_second(NonZeroU32::new(100).unwrap())));
+//! let svc = ServiceBuilder::new()
+//!     .layer(RateLimitLayer::new(bucket))
+//!     .layer(ConcurrencyLimitLayer::new(4))
+//!     .service(service_fn(|x: u32| async move { Ok::<_, std::io::Error>(x + 1) }));
+//! assert_eq!(svc.oneshot(1).await.unwrap(), 2);
+//! # });
+//! ```
+
+mod concurrency;
+mod keyed;
+mod rate;
+mod retry;
+
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+
+pub use concurrency::{
+    ConcurrencyLimit, ConcurrencyLimitLayer, ResponseFuture as ConcurrencyFuture,
+};
+pub use keyed::{KeyedFuture, KeyedRateLimit, KeyedRateLimitLayer};
+pub use rate::{RateLimit, RateLimitLayer};
+pub use retry::HintRetry;
+
+use crate::bucket::{CheckError, ReserveError};
+use crate::{Status, Throttled};
+
+/// The error type of the layers: the inner service's error or a
+/// [`Throttled`], boxed (tower's convention at the edges).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+pin_project_lite::pin_project! {
+    /// The response future of [`RateLimit`]: the inner service's future,
+    /// or a refusal answered without calling it.
+    #[must_use = "futures do nothing unless you `.await` or poll them"]
+    #[derive(Debug)]
+    pub struct LimitFuture<F> {
+        #[pin]
+        state: State<F>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = StateProj]
+    #[derive(Debug)]
+    enum State<F> {
+        // The inner service was called.
+        Inner {
+            #[pin]
+            future: F,
+        },
+        // Refused; the error is handed out at the first poll.
+        Refused {
+            error: Option<Box<Throttled>>,
+        },
+    }
+}
+
+impl<F> LimitFuture<F> {
+    pub(crate) fn inner(future: F) -> Self {
+        LimitFuture {
+            state: State::Inner { future },
+        }
+    }
+
+    pub(crate) fn refused(t: Throttled) -> Self {
+        Self::refused_boxed(Box::new(t))
+    }
+
+    /// A refusal already boxed: a thin pointer, so the future is no wider
+    /// than the inner one's and a `Throttled` (three strings) is not moved
+    /// with every response.
+    pub(crate) fn refused_boxed(error: Box<Throttled>) -> Self {
+        LimitFuture {
+            state: State::Refused { error: Some(error) },
+        }
+    }
+}
+
+impl<F, T, E> Future for LimitFuture<F>
+where
+    F: Future<Output = Result<T, E>>,
+    E: Into<BoxError>,
+{
+    type Output = Result<T, BoxError>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            StateProj::Inner { future } => future.poll(cx).map_err(Into::into),
+            StateProj::Refused { error } => {
+                let error = error.take().unwrap_or_else(|| {
+                    Box::new(Throttled::new(
+                        Status::RateLimited,
+                        "rate",
+                        "polled after completion",
+                    ))
+                });
+                Poll::Ready(Err(error))
+            }
+        }
+    }
+}
+
+/// A refusal of our own rate limit, from a check.
+#[cold]
+pub(crate) fn rate_limited_check(e: CheckError, scope: &str) -> Throttled {
+    let t = Throttled::new(
+        Status::RateLimited,
+        scope,
+        match e {
+            CheckError::TooManyKeys { .. } => "the rate limiter tracks too many keys; retry later",
+            _ => "over the rate limit; retry after the wait",
+        },
+    );
+    match e.wait() {
+        Some(w) => t.with_retry_after(w),
+        None => t,
+    }
+}
+
+/// A refusal of our own rate limit, from a reservation over the budget.
+#[cold]
+pub(crate) fn rate_limited_reserve(e: ReserveError, scope: &str) -> Throttled {
+    let t = Throttled::new(
+        Status::RateLimited,
+        scope,
+        "over the rate limit for longer than this call may wait; retry after the wait",
+    );
+    match e.retry_after() {
+        Some(w) => t.with_retry_after(w),
+        None => t,
+    }
+}

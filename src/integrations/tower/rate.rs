@@ -1,0 +1,345 @@
+//! [`RateLimitLayer`]: a shared GCRA [`TokenBucket`] in front of a
+//! service; over the limit, wait up to a budget or reject.
+
+use core::fmt;
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+use core::time::Duration;
+use std::sync::Arc;
+
+use ::tower::{Layer, Service};
+
+use super::{rate_limited_check, rate_limited_reserve, BoxError, LimitFuture};
+use crate::bucket::TokenBucket;
+use crate::clock::{Clock, DefaultClock};
+use crate::sleep::{Sleeper, ThreadSleeper};
+
+/// Admits each request through one shared [`TokenBucket`] (GCRA: a rate
+/// and a burst, no fixed window).
+///
+/// By default the cell is taken in `call`, and over the limit the request
+/// is refused at once with a
+/// [`Throttled`](crate::Throttled) of status [`Status::RateLimited`](crate::Status::RateLimited)
+/// and the exact wait in `retry_after`. With
+/// [`wait_up_to`](Self::wait_up_to), `poll_ready` instead reserves the
+/// cell and sleeps the wait (through the given [`Sleeper`]) when it is at
+/// most the budget; longer waits are still refused at once, without
+/// consuming anything.
+///
+/// Unlike tower's `RateLimit`, the services are `Clone` and every clone
+/// draws from the same bucket.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::tower::RateLimitLayer;
+/// use backpressure::{ManualClock, Quota, Status, Throttled, TokenBucket};
+/// use std::num::NonZeroU32;
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use tower::{service_fn, Layer, ServiceExt};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let clock = ManualClock::new();
+/// let bucket = Arc::new(TokenBucket::with_clock(
+///     Quota::per_second(NonZeroU32::new(2).unwrap()),
+///     clock.clone(),
+/// ));
+/// let svc = RateLimitLayer::new(bucket).layer(service_fn(|()| async { Ok::<_, std::io::Error>(()) }));
+/// svc.clone().oneshot(()).await.unwrap();
+/// svc.clone().oneshot(()).await.unwrap();
+/// let err = svc.clone().oneshot(()).await.unwrap_err();
+/// let t = err.downcast_ref::<Throttled>().unwrap();
+/// assert_eq!(t.status, Status::RateLimited);
+/// assert_eq!(t.retry_after(), Some(Duration::from_millis(500)));
+/// clock.advance(Duration::from_millis(500));
+/// svc.oneshot(()).await.unwrap();
+/// # });
+/// ```
+pub struct RateLimitLayer<C: Clock = DefaultClock, Sl = ThreadSleeper> {
+    bucket: Arc<TokenBucket<C>>,
+    budget: Duration,
+    sleeper: Sl,
+}
+
+impl<C: Clock> RateLimitLayer<C, ThreadSleeper> {
+    /// Rejects every request that finds no cell in `bucket`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{tower::RateLimitLayer, Quota, TokenBucket};
+    /// use std::num::NonZeroU32;
+    /// use std::sync::Arc;
+    /// let bucket = Arc::new(TokenBucket::new(Quota::per_second(NonZeroU32::new(5).unwrap())));
+    /// let layer = RateLimitLayer::new(bucket.clone());
+    /// assert!(Arc::ptr_eq(layer.bucket(), &bucket));
+    /// ```
+    pub fn new(bucket: Arc<TokenBucket<C>>) -> Self {
+        RateLimitLayer {
+            bucket,
+            budget: Duration::ZERO,
+            sleeper: ThreadSleeper::new(),
+        }
+    }
+}
+
+impl<C: Clock, Sl> RateLimitLayer<C, Sl> {
+    /// Waits in `poll_ready` for a cell that comes within `budget`,
+    /// sleeping on `sleeper` (`TokioSleeper` under tokio, a
+    /// `ManualSleeper` in tests); a longer wait is refused at once.
+    ///
+    /// A service dropped while it sleeps keeps its cell taken (it was
+    /// reserved; a conservative loss of one cell).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::tower::RateLimitLayer;
+    /// use backpressure::{Quota, ThreadSleeper, TokenBucket};
+    /// use std::num::NonZeroU32;
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use tower::{service_fn, Layer, ServiceExt};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let bucket = Arc::new(TokenBucket::new(Quota::per_second(NonZeroU32::new(1000).unwrap())));
+    /// let layer = RateLimitLayer::new(bucket)
+    ///     .wait_up_to(Duration::from_millis(100), ThreadSleeper::new());
+    /// let svc = layer.layer(service_fn(|()| async { Ok::<_, std::io::Error>(()) }));
+    /// for _ in 0..1_005 {
+    ///     svc.clone().oneshot(()).await.unwrap(); // the last ones wait ~1 ms each
+    /// }
+    /// # });
+    /// ```
+    pub fn wait_up_to<S2: Sleeper>(self, budget: Duration, sleeper: S2) -> RateLimitLayer<C, S2> {
+        RateLimitLayer {
+            bucket: self.bucket,
+            budget,
+            sleeper,
+        }
+    }
+
+    /// The shared bucket.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{tower::RateLimitLayer, Quota, TokenBucket};
+    /// use std::num::NonZeroU32;
+    /// use std::sync::Arc;
+    /// let layer = RateLimitLayer::new(Arc::new(TokenBucket::new(Quota::per_second(NonZeroU32::new(5).unwrap()))));
+    /// assert_eq!(layer.bucket().available(), 5);
+    /// ```
+    pub fn bucket(&self) -> &Arc<TokenBucket<C>> {
+        &self.bucket
+    }
+}
+
+impl<C: Clock, Sl: Clone> Clone for RateLimitLayer<C, Sl> {
+    fn clone(&self) -> Self {
+        RateLimitLayer {
+            bucket: self.bucket.clone(),
+            budget: self.budget,
+            sleeper: self.sleeper.clone(),
+        }
+    }
+}
+
+impl<C: Clock, Sl: fmt::Debug> fmt::Debug for RateLimitLayer<C, Sl> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("bucket", &self.bucket)
+            .field("budget", &self.budget)
+            .field("sleeper", &self.sleeper)
+            .finish()
+    }
+}
+
+impl<S, C: Clock, Sl: Sleeper + Clone> Layer<S> for RateLimitLayer<C, Sl> {
+    type Service = RateLimit<S, C, Sl>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit {
+            inner,
+            bucket: self.bucket.clone(),
+            budget: self.budget,
+            sleeper: self.sleeper.clone(),
+            state: State::Empty,
+        }
+    }
+}
+
+/// The service of [`RateLimitLayer`].
+///
+/// Cloning it gives a service on the same bucket, holding no cell.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::tower::RateLimitLayer;
+/// use backpressure::{Quota, TokenBucket};
+/// use std::num::NonZeroU32;
+/// use std::sync::Arc;
+/// use tower::{service_fn, Layer, ServiceExt};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let bucket = Arc::new(TokenBucket::new(Quota::per_second(NonZeroU32::new(10).unwrap())));
+/// let svc = RateLimitLayer::new(bucket.clone()).layer(service_fn(|x: u8| async move { Ok::<_, std::io::Error>(x) }));
+/// assert_eq!(svc.clone().oneshot(3).await.unwrap(), 3);
+/// assert_eq!(bucket.available(), 9);
+/// # });
+/// ```
+pub struct RateLimit<S, C: Clock = DefaultClock, Sl: Sleeper = ThreadSleeper> {
+    inner: S,
+    bucket: Arc<TokenBucket<C>>,
+    budget: Duration,
+    sleeper: Sl,
+    state: State<Sl::Sleep>,
+}
+
+enum State<F> {
+    /// No cell taken.
+    Empty,
+    /// A cell is reserved; sleeping until it is usable.
+    Sleeping(Pin<Box<F>>),
+    /// A cell is taken for the next `call`.
+    Ready,
+    /// Over the limit: the next `call` answers this.
+    Refused(Box<crate::Throttled>),
+}
+
+impl<S, C: Clock, Sl: Sleeper> RateLimit<S, C, Sl> {
+    /// The wrapped service.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{tower::RateLimitLayer, Quota, TokenBucket};
+    /// use std::num::NonZeroU32;
+    /// use std::sync::Arc;
+    /// use tower::Layer;
+    /// let bucket = Arc::new(TokenBucket::new(Quota::per_second(NonZeroU32::new(5).unwrap())));
+    /// let svc = RateLimitLayer::new(bucket).layer(7u8);
+    /// assert_eq!(*svc.get_ref(), 7);
+    /// ```
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// Wait mode: takes one cell, sleeping for it when it comes within
+    /// the budget. `Ready` once a cell is held or the refusal is decided
+    /// (then `call` answers it without the inner service).
+    #[inline(never)]
+    fn poll_cell(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            match &mut self.state {
+                State::Empty => {
+                    self.state = match self.bucket.reserve(1, self.budget) {
+                        Ok(r) => {
+                            let wait = r.wait();
+                            // The cell is ours; dropping the reservation
+                            // keeps it.
+                            drop(r);
+                            if wait.is_zero() {
+                                State::Ready
+                            } else {
+                                State::Sleeping(Box::pin(self.sleeper.sleep(wait)))
+                            }
+                        }
+                        Err(e) => State::Refused(Box::new(rate_limited_reserve(e, "rate"))),
+                    }
+                }
+                State::Sleeping(sleep) => {
+                    core::task::ready!(sleep.as_mut().poll(cx));
+                    self.state = State::Ready;
+                }
+                State::Ready | State::Refused(_) => return Poll::Ready(()),
+            }
+        }
+    }
+}
+
+impl<S, C, Sl, Req> Service<Req> for RateLimit<S, C, Sl>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    C: Clock,
+    Sl: Sleeper,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = LimitFuture<S::Future>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        // Reject mode takes its cell in `call`: nothing to wait for here.
+        if !self.budget.is_zero() {
+            core::task::ready!(self.poll_cell(cx));
+        }
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    #[inline]
+    fn call(&mut self, req: Req) -> Self::Future {
+        if self.budget.is_zero() {
+            return match self.bucket.try_acquire(1) {
+                Ok(()) => LimitFuture::inner(self.inner.call(req)),
+                Err(e) => LimitFuture::refused(rate_limited_check(e, "rate")),
+            };
+        }
+        self.call_waited(req)
+    }
+}
+
+impl<S, C: Clock, Sl: Sleeper> RateLimit<S, C, Sl> {
+    /// Wait mode's `call`: out of line, so reject mode's stays small.
+    #[inline(never)]
+    fn call_waited<Req>(&mut self, req: Req) -> LimitFuture<S::Future>
+    where
+        S: Service<Req>,
+    {
+        match core::mem::replace(&mut self.state, State::Empty) {
+            State::Ready => LimitFuture::inner(self.inner.call(req)),
+            State::Refused(e) => LimitFuture::refused_boxed(e),
+            // `call` without a ready `poll_ready`: the cell is checked now,
+            // never waited for; the inner service's readiness is the
+            // caller's contract.
+            State::Empty | State::Sleeping(_) => match self.bucket.try_acquire(1) {
+                Ok(()) => LimitFuture::inner(self.inner.call(req)),
+                Err(e) => LimitFuture::refused(rate_limited_check(e, "rate")),
+            },
+        }
+    }
+}
+
+impl<S: Clone, C: Clock, Sl: Sleeper + Clone> Clone for RateLimit<S, C, Sl> {
+    /// The same bucket, holding no cell.
+    fn clone(&self) -> Self {
+        RateLimit {
+            inner: self.inner.clone(),
+            bucket: self.bucket.clone(),
+            budget: self.budget,
+            sleeper: self.sleeper.clone(),
+            state: State::Empty,
+        }
+    }
+}
+
+impl<S: fmt::Debug, C: Clock, Sl: Sleeper> fmt::Debug for RateLimit<S, C, Sl> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Empty => "empty",
+            State::Sleeping(_) => "sleeping",
+            State::Ready => "ready",
+            State::Refused(_) => "refused",
+        };
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("bucket", &self.bucket)
+            .field("budget", &self.budget)
+            .field("state", &state)
+            .finish()
+    }
+}

@@ -1,0 +1,239 @@
+//! [`HintRetry`]: a `tower::retry::Policy` that listens to the server
+//! (`Retry-After`, `RateLimit` resets) and to the call's deadline.
+
+use core::fmt;
+use core::time::Duration;
+use std::sync::Arc;
+
+use ::tower::retry::Policy;
+use parking_lot::Mutex;
+
+use crate::clock::{Clock, DefaultClock};
+use crate::sleep::{Sleeper, ThreadSleeper};
+use crate::{Deadline, Decision, RetryPolicy};
+use crate::{ServerHint, Throttled};
+
+/// A [`tower::retry::Policy`](::tower::retry::Policy) that decides through
+/// the crate's [`RetryPolicy`] and charges every wait to a [`Deadline`].
+///
+/// `classify` looks at each result: `None` means done (a success, or a
+/// failure not worth retrying); `Some(hint)` means retry, with what the
+/// server said ([`ServerHint::from_headers`] of a 429/503, or
+/// `ServerHint::default()` for a transport error). Then, as
+/// [`RetryPolicy::decide`] says:
+///
+/// * a retry sleeps the server's wait (plus jitter), or the backoff, on the
+///   [`Sleeper`];
+/// * a wait longer than the clamp or than what is left of the deadline is
+///   not slept: the result becomes `Err(Throttled)` with status
+///   `rate_limited` (the server's wait) or `timed_out` (our backoff), scope
+///   `server` or `server:<scope>`, and the wait in `retry_after`;
+/// * past the retry cap, the last result is returned as it is.
+///
+/// # Per call
+///
+/// Tower clones the policy for every request (`Retry::call`); each clone
+/// starts a fresh deadline of `budget` on the clock and forks a fresh
+/// [`RetryPolicy`] (its own attempt count and jitter) from the template.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::tower::HintRetry;
+/// use backpressure::{ManualClock, ManualSleeper, RetryPolicy, ServerHint, Status, Throttled};
+/// use std::sync::atomic::{AtomicU32, Ordering};
+/// use std::sync::Arc;
+/// use std::time::{Duration, SystemTime};
+/// use tower::retry::RetryLayer;
+/// use tower::{service_fn, BoxError, Layer, ServiceExt};
+///
+/// # futures::executor::block_on(async {
+/// // A server that always answers "429, Retry-After: 120".
+/// let calls = Arc::new(AtomicU32::new(0));
+/// let c = calls.clone();
+/// let server = service_fn(move |()| {
+///     c.fetch_add(1, Ordering::Relaxed);
+///     async { Ok::<u16, BoxError>(429) }
+/// });
+/// let clock = ManualClock::new();
+/// let policy = HintRetry::new(RetryPolicy::default(), Duration::from_secs(30), |r: &Result<u16, BoxError>| {
+///     matches!(r, Ok(429)).then(|| ServerHint::from_headers([("retry-after", "120")], SystemTime::now()))
+/// })
+/// .with_clock(clock.clone())
+/// .with_sleeper(ManualSleeper::new(clock));
+/// let err = RetryLayer::new(policy).layer(server).oneshot(()).await.unwrap_err();
+/// // Two minutes do not fit a 30 s budget: no sleep, no second request.
+/// let t = err.downcast_ref::<Throttled>().unwrap();
+/// assert_eq!(t.status, Status::RateLimited);
+/// assert_eq!(t.retry_after(), Some(Duration::from_secs(120)));
+/// assert_eq!(calls.load(Ordering::Relaxed), 1);
+/// # });
+/// ```
+pub struct HintRetry<F, C: Clock = DefaultClock, Sl = ThreadSleeper> {
+    template: Arc<Mutex<RetryPolicy>>,
+    /// This call's policy, forked from the template at the first failure.
+    policy: Option<RetryPolicy>,
+    budget: Duration,
+    deadline: Deadline<C>,
+    classify: F,
+    sleeper: Sl,
+}
+
+impl<F> HintRetry<F, DefaultClock, ThreadSleeper> {
+    /// Retries as `policy` says within `budget` per call, with what
+    /// `classify` reads from each result.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{tower::HintRetry, RetryPolicy, ServerHint};
+    /// use std::time::Duration;
+    /// let policy = HintRetry::new(RetryPolicy::default(), Duration::from_secs(10), |r: &Result<(), std::io::Error>| {
+    ///     r.is_err().then(ServerHint::default)
+    /// });
+    /// assert_eq!(policy.budget(), Duration::from_secs(10));
+    /// ```
+    pub fn new(policy: RetryPolicy, budget: Duration, classify: F) -> Self {
+        let clock = DefaultClock::new();
+        HintRetry {
+            template: Arc::new(Mutex::new(policy)),
+            policy: None,
+            budget,
+            deadline: Deadline::after(clock, budget),
+            classify,
+            sleeper: ThreadSleeper::new(),
+        }
+    }
+}
+
+impl<F, C: Clock, Sl> HintRetry<F, C, Sl> {
+    /// Measures deadlines on `clock` (a `ManualClock` in tests).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{tower::HintRetry, ManualClock, RetryPolicy, ServerHint};
+    /// use std::time::Duration;
+    /// let policy = HintRetry::new(RetryPolicy::default(), Duration::from_secs(1), |_: &Result<(), ()>| None::<ServerHint>)
+    ///     .with_clock(ManualClock::new());
+    /// # let _ = policy;
+    /// ```
+    pub fn with_clock<C2: Clock>(self, clock: C2) -> HintRetry<F, C2, Sl> {
+        HintRetry {
+            template: self.template,
+            policy: None,
+            budget: self.budget,
+            deadline: Deadline::after(clock, self.budget),
+            classify: self.classify,
+            sleeper: self.sleeper,
+        }
+    }
+
+    /// Sleeps between attempts on `sleeper` (`TokioSleeper` under tokio).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{tower::HintRetry, ManualClock, ManualSleeper, RetryPolicy, ServerHint};
+    /// use std::time::Duration;
+    /// let clock = ManualClock::new();
+    /// let policy = HintRetry::new(RetryPolicy::default(), Duration::from_secs(1), |_: &Result<(), ()>| None::<ServerHint>)
+    ///     .with_clock(clock.clone())
+    ///     .with_sleeper(ManualSleeper::new(clock));
+    /// # let _ = policy;
+    /// ```
+    pub fn with_sleeper<S2: Sleeper>(self, sleeper: S2) -> HintRetry<F, C, S2> {
+        HintRetry {
+            template: self.template,
+            policy: self.policy,
+            budget: self.budget,
+            deadline: self.deadline,
+            classify: self.classify,
+            sleeper,
+        }
+    }
+
+    /// The per-call budget.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{tower::HintRetry, RetryPolicy, ServerHint};
+    /// use std::time::Duration;
+    /// let p = HintRetry::new(RetryPolicy::default(), Duration::from_secs(3), |_: &Result<(), ()>| None::<ServerHint>);
+    /// assert_eq!(p.budget(), Duration::from_secs(3));
+    /// ```
+    pub fn budget(&self) -> Duration {
+        self.budget
+    }
+
+    /// What is left of this call's deadline.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{tower::HintRetry, ManualClock, RetryPolicy, ServerHint};
+    /// use std::time::Duration;
+    /// let p = HintRetry::new(RetryPolicy::default(), Duration::from_secs(3), |_: &Result<(), ()>| None::<ServerHint>)
+    ///     .with_clock(ManualClock::new());
+    /// assert_eq!(p.remaining(), Duration::from_secs(3));
+    /// ```
+    pub fn remaining(&self) -> Duration {
+        self.deadline.remaining()
+    }
+}
+
+impl<F: Clone, C: Clock + Clone, Sl: Clone> Clone for HintRetry<F, C, Sl> {
+    /// A policy for a new call: a fresh deadline from now, no attempts yet.
+    fn clone(&self) -> Self {
+        HintRetry {
+            template: self.template.clone(),
+            policy: None,
+            budget: self.budget,
+            deadline: Deadline::after(self.deadline.clock().clone(), self.budget),
+            classify: self.classify.clone(),
+            sleeper: self.sleeper.clone(),
+        }
+    }
+}
+
+impl<F, C: Clock, Sl: fmt::Debug> fmt::Debug for HintRetry<F, C, Sl> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HintRetry")
+            .field("policy", &self.policy)
+            .field("budget", &self.budget)
+            .field("deadline", &self.deadline)
+            .field("sleeper", &self.sleeper)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<Req, Res, E, F, C, Sl> Policy<Req, Res, E> for HintRetry<F, C, Sl>
+where
+    Req: Clone,
+    E: From<Throttled>,
+    F: FnMut(&Result<Res, E>) -> Option<ServerHint>,
+    C: Clock,
+    Sl: Sleeper,
+{
+    type Future = Sl::Sleep;
+
+    fn retry(&mut self, _req: &mut Req, result: &mut Result<Res, E>) -> Option<Sl::Sleep> {
+        let hint = (self.classify)(result)?;
+        let template = &self.template;
+        let policy = self.policy.get_or_insert_with(|| template.lock().fork());
+        match policy.decide(&hint, &mut self.deadline) {
+            Decision::Retry { after } => Some(self.sleeper.sleep(after)),
+            Decision::Surface(s) => {
+                *result = Err(E::from(s));
+                None
+            }
+            // The cap: the last answer stands.
+            _ => None,
+        }
+    }
+
+    fn clone_request(&mut self, req: &Req) -> Option<Req> {
+        Some(req.clone())
+    }
+}

@@ -1,0 +1,521 @@
+//! The tower layers (feature `tower`) against real services: counts and a
+//! `ManualClock` where time matters, never wall-clock assertions.
+
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use backpressure::tower::{ConcurrencyLimitLayer, HintRetry, KeyedRateLimitLayer, RateLimitLayer};
+use backpressure::{
+    Backoff, Jitter, ManualClock, ManualSleeper, PollSemaphore, Quota, RetryPolicy, Scoped,
+    Semaphore, ServerHint, Status, Throttled, TokenBucket,
+};
+use futures::FutureExt;
+use tower::retry::RetryLayer;
+use tower::{service_fn, BoxError, Layer, Service, ServiceExt};
+
+type BoxFut<T> = Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send>>;
+
+/// A service that counts calls and in-flight requests; each request
+/// finishes when its `tokio::sync::oneshot` sender fires (or is dropped).
+#[derive(Clone, Default)]
+struct Probe {
+    calls: Arc<AtomicUsize>,
+    in_flight: Arc<AtomicUsize>,
+    max_in_flight: Arc<AtomicUsize>,
+}
+
+impl Probe {
+    /// A service answering after `work` completes.
+    fn service<W, F>(
+        &self,
+        work: W,
+    ) -> impl Service<u32, Response = u32, Error = BoxError, Future = BoxFut<u32>> + Clone
+    where
+        W: Fn(u32) -> F + Clone + Send + 'static,
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let probe = self.clone();
+        service_fn(move |x: u32| {
+            let probe = probe.clone();
+            let work = work(x);
+            probe.calls.fetch_add(1, Ordering::SeqCst);
+            let now = probe.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            probe.max_in_flight.fetch_max(now, Ordering::SeqCst);
+            Box::pin(async move {
+                struct Leave(Arc<AtomicUsize>);
+                impl Drop for Leave {
+                    fn drop(&mut self) {
+                        self.0.fetch_sub(1, Ordering::SeqCst);
+                    }
+                }
+                let _leave = Leave(probe.in_flight.clone());
+                work.await;
+                Ok(x)
+            }) as BoxFut<u32>
+        })
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+fn throttled(e: &BoxError) -> &Throttled {
+    e.downcast_ref::<Throttled>()
+        .unwrap_or_else(|| panic!("not a Throttled: {e}"))
+}
+
+// ---------------------------------------------------------------------------
+// ConcurrencyLimitLayer
+
+#[tokio::test]
+async fn concurrency_limit_queues_the_fourth_request_until_a_permit_returns() {
+    let probe = Probe::default();
+    let layer = ConcurrencyLimitLayer::new(3);
+    let sem = layer.semaphore().clone();
+    let gates: Arc<parking_lot::Mutex<Vec<tokio::sync::oneshot::Sender<()>>>> = Arc::default();
+    let g = gates.clone();
+    let svc = layer.layer(probe.service(move |_| {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        g.lock().push(tx);
+        async move {
+            let _ = rx.await;
+        }
+    }));
+
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let mut s = svc.clone();
+        held.push(s.ready().await.unwrap().call(i));
+    }
+    assert_eq!(sem.available_permits(), 0);
+    let mut fourth = Box::pin(svc.clone().oneshot(3));
+    assert!(
+        fourth.as_mut().now_or_never().is_none(),
+        "queued, not called"
+    );
+    assert_eq!(probe.calls(), 3);
+
+    // Finish one: its permit goes to the queued request.
+    let tx = gates.lock().remove(0);
+    tx.send(()).unwrap();
+    let first = held.remove(0);
+    assert_eq!(first.await.unwrap(), 0);
+    let gate = loop {
+        // The fourth gets the permit and calls the inner service.
+        assert!(fourth.as_mut().now_or_never().is_none());
+        if let Some(tx) = gates.lock().pop() {
+            break tx;
+        }
+        tokio::task::yield_now().await;
+    };
+    assert_eq!(probe.calls(), 4);
+    gate.send(()).unwrap();
+    assert_eq!(fourth.await.unwrap(), 3);
+    for tx in gates.lock().drain(..) {
+        tx.send(()).unwrap();
+    }
+    for f in held {
+        f.await.unwrap();
+    }
+    assert_eq!(sem.available_permits(), 3);
+    assert_eq!(probe.max_in_flight.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_limit_holds_across_clones_on_many_tasks() {
+    let probe = Probe::default();
+    let layer = ConcurrencyLimitLayer::new(4);
+    let sem = layer.semaphore().clone();
+    let svc = layer.layer(probe.service(|_| async {
+        for _ in 0..3 {
+            tokio::task::yield_now().await;
+        }
+    }));
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let svc = svc.clone();
+            tokio::spawn(async move { svc.oneshot(i).await.unwrap() })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(probe.calls(), 200);
+    assert!(probe.max_in_flight.load(Ordering::SeqCst) <= 4);
+    assert_eq!(sem.available_permits(), 4);
+}
+
+#[tokio::test]
+async fn concurrency_limit_rejects_with_shed_and_the_drain_estimate() {
+    let probe = Probe::default();
+    let layer = ConcurrencyLimitLayer::new(1).reject(Duration::from_millis(250));
+    let svc = layer.layer(probe.service(|_| std::future::pending::<()>()));
+    let mut a = svc.clone();
+    let held = a.ready().await.unwrap().call(1);
+    let err = svc.clone().oneshot(2).await.unwrap_err();
+    let t = throttled(&err);
+    assert_eq!(t.status, Status::Shed);
+    assert_eq!(t.scope, "concurrency");
+    assert_eq!(t.retry_after_ms, Some(250));
+    assert_eq!(probe.calls(), 1, "a shed request never reaches the service");
+    drop(held);
+    assert_eq!(layer.semaphore().available_permits(), 1);
+    assert!(svc.oneshot(3).now_or_never().is_none(), "admitted again");
+}
+
+/// The cancellation test: response futures (and requests queued in
+/// `poll_ready`) are dropped mid-flight by `tokio::time::timeout`, again
+/// and again; every permit must come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_response_futures_return_their_permits() {
+    let probe = Probe::default();
+    let layer = ConcurrencyLimitLayer::new(3);
+    let sem = layer.semaphore().clone();
+    // Half the requests never finish, the rest take a few yields.
+    let svc = layer.layer(probe.service(|x| async move {
+        if x % 2 == 0 {
+            std::future::pending::<()>().await;
+        }
+        for _ in 0..(x % 5) {
+            tokio::task::yield_now().await;
+        }
+    }));
+    let timed_out = Arc::new(AtomicUsize::new(0));
+    for round in 0..30u32 {
+        let tasks: Vec<_> = (0..8u32)
+            .map(|i| {
+                let svc = svc.clone();
+                let timed_out = timed_out.clone();
+                tokio::spawn(async move {
+                    let call = svc.oneshot(round * 8 + i);
+                    if tokio::time::timeout(Duration::from_millis(1), call)
+                        .await
+                        .is_err()
+                    {
+                        timed_out.fetch_add(1, Ordering::SeqCst);
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(sem.available_permits(), 3, "round {round}");
+        assert_eq!(probe.in_flight.load(Ordering::SeqCst), 0, "round {round}");
+    }
+    assert!(timed_out.load(Ordering::SeqCst) >= 30 * 4);
+    assert!(probe.max_in_flight.load(Ordering::SeqCst) <= 3);
+    // Still usable.
+    let ok = ConcurrencyLimitLayer::with_semaphore(sem.clone())
+        .layer(probe.service(|_| async {}))
+        .oneshot(1)
+        .await
+        .unwrap();
+    assert_eq!(ok, 1);
+}
+
+#[test]
+fn poll_semaphore_dropped_while_queued_gives_back_its_assigned_permit() {
+    let sem = Arc::new(Semaphore::new(1));
+    let waker = futures::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut a = PollSemaphore::new(sem.clone());
+    let mut b = a.clone();
+    let mut c = a.clone();
+    let std::task::Poll::Ready(Some(permit)) = a.poll_acquire(&mut cx) else {
+        panic!("free permit")
+    };
+    assert!(b.poll_acquire(&mut cx).is_pending());
+    assert!(c.poll_acquire(&mut cx).is_pending());
+    assert!(b.is_waiting());
+    drop(permit); // assigned to `b`, the oldest waiter
+    drop(b); // ... which is cancelled: the permit moves on to `c`
+    assert!(matches!(
+        c.poll_acquire(&mut cx),
+        std::task::Poll::Ready(Some(_))
+    ));
+    assert_eq!(sem.available_permits(), 1);
+    // The box is reused for the next wait.
+    let std::task::Poll::Ready(Some(p)) = a.poll_acquire(&mut cx) else {
+        panic!()
+    };
+    assert!(c.poll_acquire(&mut cx).is_pending());
+    drop(p);
+    assert!(matches!(
+        c.poll_acquire(&mut cx),
+        std::task::Poll::Ready(Some(_))
+    ));
+    sem.close();
+    assert!(matches!(
+        c.poll_acquire(&mut cx),
+        std::task::Poll::Ready(None)
+    ));
+}
+
+// ---------------------------------------------------------------------------
+// RateLimitLayer
+
+fn bucket(rate: u32, clock: &ManualClock) -> Arc<TokenBucket<ManualClock>> {
+    Arc::new(TokenBucket::with_clock(
+        Quota::per_second(NonZeroU32::new(rate).unwrap()),
+        clock.clone(),
+    ))
+}
+
+#[tokio::test]
+async fn rate_limit_clones_share_one_bucket_and_reject_with_the_exact_wait() {
+    let clock = ManualClock::new();
+    let probe = Probe::default();
+    let svc = RateLimitLayer::new(bucket(4, &clock)).layer(probe.service(|_| async {}));
+    let mut admitted = 0;
+    let mut refused = Vec::new();
+    for i in 0..10 {
+        // A fresh clone per request: tower's own RateLimit would give each
+        // clone its own window.
+        match svc.clone().oneshot(i).await {
+            Ok(_) => admitted += 1,
+            Err(e) => refused.push(throttled(&e).clone()),
+        }
+    }
+    assert_eq!(admitted, 4);
+    assert_eq!(probe.calls(), 4);
+    assert_eq!(refused.len(), 6);
+    for t in &refused {
+        assert_eq!(t.status, Status::RateLimited);
+        assert_eq!(t.retry_after(), Some(Duration::from_millis(250)));
+    }
+    clock.advance(Duration::from_millis(250));
+    svc.clone().oneshot(99).await.unwrap();
+    assert!(svc.oneshot(100).await.is_err());
+    assert_eq!(probe.calls(), 5);
+}
+
+#[tokio::test]
+async fn rate_limit_waits_within_the_budget_and_refuses_beyond_it() {
+    let clock = ManualClock::new();
+    let sleeper = ManualSleeper::new(clock.clone());
+    let probe = Probe::default();
+    let bucket = bucket(1, &clock);
+    let svc = RateLimitLayer::new(bucket.clone())
+        .wait_up_to(Duration::from_secs(2), sleeper.clone())
+        .layer(probe.service(|_| async {}));
+
+    svc.clone().oneshot(1).await.unwrap();
+    // The second cell is 1 s away: within the budget, so it waits.
+    let mut second = Box::pin(svc.clone().oneshot(2));
+    assert!(second.as_mut().now_or_never().is_none());
+    // The third would be 2 s away: still within. The fourth, 3 s: refused
+    // at once, consuming nothing.
+    let mut third = Box::pin(svc.clone().oneshot(3));
+    assert!(third.as_mut().now_or_never().is_none());
+    let err = svc.clone().oneshot(4).await.unwrap_err();
+    assert_eq!(throttled(&err).retry_after(), Some(Duration::from_secs(3)));
+    assert_eq!(probe.calls(), 1);
+
+    sleeper.advance(Duration::from_secs(1));
+    assert_eq!(second.await.unwrap(), 2);
+    assert!(third.as_mut().now_or_never().is_none());
+    sleeper.advance(Duration::from_secs(1));
+    assert_eq!(third.await.unwrap(), 3);
+    assert_eq!(probe.calls(), 3);
+    // The refused request took nothing: the next cell is 1 s away.
+    assert_eq!(
+        bucket.try_acquire(1).unwrap_err().wait(),
+        Some(Duration::from_secs(1))
+    );
+}
+
+// ---------------------------------------------------------------------------
+// KeyedRateLimitLayer
+
+#[tokio::test]
+async fn keyed_rate_limit_limits_each_key_on_its_own() {
+    let clock = ManualClock::new();
+    let limits = Arc::new(Scoped::with_clock(
+        Quota::per_second(NonZeroU32::new(2).unwrap()),
+        clock.clone(),
+    ));
+    let probe = Probe::default();
+    // Key: the request's tens digit.
+    let svc = KeyedRateLimitLayer::new(limits.clone(), |x: &u32| x / 10)
+        .layer(probe.service(|_| async {}));
+    let mut ok = [0usize; 3];
+    for key in 0..3u32 {
+        for i in 0..5 {
+            if svc.clone().oneshot(key * 10 + i).await.is_ok() {
+                ok[key as usize] += 1;
+            }
+        }
+    }
+    assert_eq!(ok, [2, 2, 2]);
+    assert_eq!(probe.calls(), 6);
+    let err = svc.clone().oneshot(5).await.unwrap_err();
+    assert_eq!(throttled(&err).scope, "rate:key");
+    assert_eq!(
+        throttled(&err).retry_after(),
+        Some(Duration::from_millis(500))
+    );
+}
+
+#[tokio::test]
+async fn keyed_rate_limit_dropped_while_waiting_gives_the_cell_back() {
+    let clock = ManualClock::new();
+    let sleeper = ManualSleeper::new(clock.clone());
+    let limits = Arc::new(Scoped::with_clock(
+        Quota::per_second(NonZeroU32::new(1).unwrap()),
+        clock.clone(),
+    ));
+    let probe = Probe::default();
+    let svc = KeyedRateLimitLayer::new(limits.clone(), |_: &u32| "k")
+        .wait_up_to(Duration::from_secs(5), sleeper.clone())
+        .layer(probe.service(|_| async {}));
+    svc.clone().oneshot(1).await.unwrap();
+    for _ in 0..10 {
+        let mut waiting = Box::pin(svc.clone().oneshot(2));
+        assert!(waiting.as_mut().now_or_never().is_none());
+        drop(waiting); // cancelled: the reservation is cancelled too
+    }
+    // No debt was left behind by the ten abandoned waits.
+    assert_eq!(
+        limits.try_acquire(&"k", 1).unwrap_err().wait(),
+        Some(Duration::from_secs(1))
+    );
+    let mut waiting = Box::pin(svc.clone().oneshot(3));
+    assert!(waiting.as_mut().now_or_never().is_none());
+    sleeper.advance(Duration::from_secs(1));
+    assert_eq!(waiting.await.unwrap(), 3);
+    assert_eq!(probe.calls(), 2);
+}
+
+// ---------------------------------------------------------------------------
+// HintRetry
+
+/// A server: answers `429` with `retry_after` seconds for the first
+/// `fails` requests, then `200`.
+#[allow(clippy::type_complexity)] // an `impl Service` with its associated types spelt out
+fn flaky_server(
+    fails: usize,
+    retry_after: &'static str,
+) -> (
+    Arc<AtomicUsize>,
+    impl Service<
+            (),
+            Response = (u16, ServerHint),
+            Error = BoxError,
+            Future = BoxFut<(u16, ServerHint)>,
+        > + Clone,
+) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let svc = service_fn(move |()| {
+        let n = c.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            if n < fails {
+                let hint =
+                    ServerHint::from_headers([("retry-after", retry_after)], SystemTime::now());
+                Ok((429u16, hint))
+            } else {
+                Ok((200u16, ServerHint::default()))
+            }
+        }) as BoxFut<(u16, ServerHint)>
+    });
+    (calls, svc)
+}
+
+fn classify(r: &Result<(u16, ServerHint), BoxError>) -> Option<ServerHint> {
+    match r {
+        Ok((429 | 503, hint)) => Some(hint.clone()),
+        Ok(_) => None,
+        Err(_) => Some(ServerHint::default()),
+    }
+}
+
+fn policy() -> RetryPolicy {
+    RetryPolicy::new(
+        Backoff::new(Duration::from_millis(10), Duration::from_millis(100))
+            .jitter(Jitter::None)
+            .seed(7),
+    )
+}
+
+#[tokio::test]
+async fn hint_retry_sleeps_the_servers_retry_after_then_succeeds() {
+    let clock = ManualClock::new();
+    let sleeper = ManualSleeper::new(clock.clone());
+    let (calls, server) = flaky_server(2, "2");
+    let retry = HintRetry::new(policy(), Duration::from_secs(30), classify)
+        .with_clock(clock.clone())
+        .with_sleeper(sleeper.clone());
+    let mut call = Box::pin(RetryLayer::new(retry).layer(server).oneshot(()));
+    assert!(call.as_mut().now_or_never().is_none());
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // Retry-After: 2 -> no second request before 2 s.
+    sleeper.advance(Duration::from_millis(1_999));
+    assert!(call.as_mut().now_or_never().is_none());
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    sleeper.advance(Duration::from_millis(20)); // 2 s plus the jitter (at most 10 ms)
+    assert!(call.as_mut().now_or_never().is_none());
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    sleeper.advance(Duration::from_millis(2_020));
+    let (status, _) = call.await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn hint_retry_gives_up_with_throttled_instead_of_sleeping_past_the_deadline() {
+    let clock = ManualClock::new();
+    let sleeper = ManualSleeper::new(clock.clone());
+    let (calls, server) = flaky_server(usize::MAX, "3");
+    // 5 s of budget: one 3 s wait fits, a second does not.
+    let retry = HintRetry::new(policy(), Duration::from_secs(5), classify)
+        .with_clock(clock.clone())
+        .with_sleeper(sleeper.clone());
+    let svc = RetryLayer::new(retry).layer(server);
+    let mut call = Box::pin(svc.clone().oneshot(()));
+    assert!(call.as_mut().now_or_never().is_none());
+    sleeper.advance(Duration::from_millis(3_010));
+    let err = call.await.unwrap_err();
+    let t = throttled(&err);
+    assert_eq!(t.status, Status::RateLimited);
+    assert_eq!(t.scope, "server");
+    assert_eq!(t.retry_after(), Some(Duration::from_secs(3)));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    // Each call gets its own deadline: a new call starts with 5 s again.
+    let mut call = Box::pin(svc.oneshot(()));
+    assert!(call.as_mut().now_or_never().is_none(), "sleeps 3 s again");
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn hint_retry_retries_transport_errors_with_backoff_up_to_the_cap() {
+    let clock = ManualClock::new();
+    let sleeper = ManualSleeper::new(clock.clone());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let server = service_fn(move |()| {
+        c.fetch_add(1, Ordering::SeqCst);
+        async { Err::<(u16, ServerHint), BoxError>("connection reset".into()) }
+    });
+    let retry = HintRetry::new(policy().max_retries(2), Duration::from_secs(30), classify)
+        .with_clock(clock.clone())
+        .with_sleeper(sleeper.clone());
+    let mut call = Box::pin(RetryLayer::new(retry).layer(server).oneshot(()));
+    for _ in 0..10 {
+        if let Some(out) = call.as_mut().now_or_never() {
+            // The cap: the last error stands, not a Throttled.
+            let err = out.unwrap_err();
+            assert_eq!(err.to_string(), "connection reset");
+            assert_eq!(calls.load(Ordering::SeqCst), 3);
+            return;
+        }
+        sleeper.advance(Duration::from_millis(100));
+    }
+    panic!("never finished");
+}
