@@ -212,3 +212,47 @@ async fn credentials_from_a_redis_scoped_each_keep_their_own_quota() {
         assert!((5..=6).contains(&admitted), "{t}: {admitted}");
     }
 }
+
+/// Issue #15 item 2: every credential of a fleet admitted through Redis with
+/// no builder call per key (`Builder::shared_quotas` over a `RedisScoped`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_scoped_resolves_every_tenant_without_a_builder_call_per_key() {
+    if !redis_server::available(
+        "a_redis_scoped_resolves_every_tenant_without_a_builder_call_per_key",
+    ) {
+        return;
+    }
+    let server = RedisServer::start();
+    let build = || {
+        let scoped =
+            backpressure::RedisScoped::<String>::builder(&server.url(), "tenant:", quota())
+                .timeout(Duration::from_millis(500))
+                .build()
+                .unwrap();
+        Admission::builder()
+            .sleeper(TokioSleeper)
+            .global_concurrency(64)
+            .default_tool(64, backpressure::SlotPolicy::Wait)
+            .inline_wait(Duration::ZERO)
+            .shared_quotas(move |credential| {
+                let bucket: std::sync::Arc<dyn backpressure::SharedLimiter> =
+                    std::sync::Arc::new(scoped.bucket(&credential.to_string()));
+                Some(bucket)
+            })
+            .build()
+    };
+    let (a, b) = (build(), build());
+    // Tenants never named to either builder; burst 5 each, shared by both.
+    for t in ["t1", "t2", "t3", "t4"] {
+        let mut admitted = 0;
+        for adm in [&a, &b, &a, &b, &a, &b, &a, &b] {
+            if let Ok(ticket) = adm.admit(&CallSpec::new("search", t)).await {
+                admitted += 1;
+                drop(ticket);
+            }
+        }
+        assert!((5..=6).contains(&admitted), "{t}: {admitted}");
+        // Shared: no local request bucket for it.
+        assert_eq!(a.available(t, "requests"), None);
+    }
+}

@@ -16,7 +16,7 @@ use crate::sync::{AtomicBool, AtomicU32, AtomicUsize};
 use super::learned::Learned;
 use super::pools::{Pool, SlotPolicy};
 use super::rate::Resource;
-use super::shared::SharedLimiter;
+use super::shared::{Shared, SharedLimiter, SharedResolver};
 use super::tools::{ToolConfig, Tools};
 use super::{Admission, Inner};
 
@@ -78,7 +78,7 @@ struct Settings {
     expected_latency: Duration,
     run_budget: Option<u32>,
     max_tools: usize,
-    shared: HashMap<String, Arc<dyn SharedLimiter>>,
+    shared: Shared,
 }
 
 impl Builder {
@@ -105,7 +105,7 @@ impl Builder {
                 expected_latency: Duration::from_secs(1),
                 run_budget: None,
                 max_tools: 1024,
-                shared: HashMap::new(),
+                shared: Shared::default(),
             },
         }
     }
@@ -509,7 +509,51 @@ impl<S, C> Builder<S, C> {
         credential: impl Into<String>,
         limiter: impl SharedLimiter + 'static,
     ) -> Self {
-        self.cfg.shared.insert(credential.into(), Arc::new(limiter));
+        self.cfg
+            .shared
+            .by_name
+            .insert(credential.into(), Arc::new(limiter));
+        self
+    }
+
+    /// Admits every credential not named in [`shared_quota`](Self::shared_quota)
+    /// through the limiter `resolve` returns for it, if any (`None`: a local
+    /// bucket, as without this). A fleet's per-tenant quotas need no builder
+    /// call per key: with the `redis` feature, `resolve` is a `RedisScoped`'s
+    /// `bucket(key)`. It is called on every admit and observe of such a
+    /// credential, so it should be a lookup, not a connection.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Admission, CallSpec, ManualClock, Quota, SharedLimiter, Status, TokenBucket};
+    /// use std::collections::HashMap;
+    /// use std::num::NonZeroU32;
+    /// use std::sync::Arc;
+    ///
+    /// // One shared quota per tenant; across processes these would be the
+    /// // buckets of a `RedisScoped`.
+    /// let one_per_second = || -> Arc<dyn SharedLimiter> {
+    ///     Arc::new(TokenBucket::with_clock(Quota::per_second(NonZeroU32::new(1).unwrap()), ManualClock::new()))
+    /// };
+    /// let tenants: HashMap<String, Arc<dyn SharedLimiter>> =
+    ///     ["acme", "globex"].iter().map(|t| (t.to_string(), one_per_second())).collect();
+    /// let admission = Admission::builder()
+    ///     .shared_quotas(move |credential| tenants.get(credential).cloned())
+    ///     .inline_wait(std::time::Duration::ZERO)
+    ///     .build();
+    /// # futures::executor::block_on(async {
+    /// drop(admission.admit(&CallSpec::new("t", "acme")).await.unwrap());
+    /// assert_eq!(admission.admit(&CallSpec::new("t", "acme")).await.unwrap_err().status, Status::RateLimited);
+    /// assert!(admission.admit(&CallSpec::new("t", "globex")).await.is_ok()); // its own quota
+    /// assert!(admission.admit(&CallSpec::new("t", "local")).await.is_ok()); // a local bucket
+    /// # });
+    /// ```
+    pub fn shared_quotas(
+        mut self,
+        resolve: impl Fn(&str) -> Option<Arc<dyn SharedLimiter>> + Send + Sync + 'static,
+    ) -> Self {
+        self.cfg.shared.resolver = Some(Box::new(resolve) as Box<SharedResolver>);
         self
     }
 

@@ -51,7 +51,7 @@ use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 pub use builder::Builder;
 pub use pools::SlotPolicy;
 pub use runner::{AttemptFuture, Call, CallResult, Reply, Runner};
-pub use shared::{SharedFuture, SharedLimiter};
+pub use shared::{SharedFuture, SharedLimiter, SharedResolver};
 pub use spec::{concurrency_for, CallSpec, Kind};
 pub use stats::{AdmissionStats, CredentialStats, Refusals, ToolStats};
 pub use throttled::{Status, Throttled};
@@ -87,7 +87,7 @@ struct Inner<S, C: Clock> {
     /// sleeping for a rate token or a retry (they race its `acquire`).
     closed_signal: Semaphore,
     /// Credentials whose quota is shared with other processes.
-    shared: HashMap<String, Arc<dyn SharedLimiter>>,
+    shared: shared::Shared,
     /// Penalties observed for shared credentials, applied (as "until" on
     /// our clock) by the next admit on that credential.
     pending: parking_lot::Mutex<HashMap<String, u64>>,
@@ -422,8 +422,7 @@ where
         let inner = &*self.inner;
         let key = credential.to_string();
         if name == rate::REQUESTS {
-            return (!inner.shared.contains_key(credential))
-                .then(|| inner.credentials.available(&key));
+            return (!inner.shared.contains(credential)).then(|| inner.credentials.available(&key));
         }
         inner
             .resources

@@ -178,7 +178,7 @@ where
                     }
                 }
             }
-            if let Some(shared) = shared {
+            if let Some(shared) = &shared {
                 // Last, so a refusal here cancels the local reservations
                 // above (a shared cell cannot be given back without a round
                 // trip).
@@ -329,7 +329,7 @@ where
     ) -> Option<Duration> {
         let inner = &*self.inner;
         let key = credential.to_string();
-        if !inner.shared.contains_key(credential) {
+        if !inner.shared.contains(credential) {
             // The new rate before the hold (see `Learned::observe`).
             let now = inner.clock.now_nanos();
             inner
@@ -369,7 +369,7 @@ where
                     tool.scoped.store(true, Ordering::Release);
                 }
             }
-            None if inner.shared.contains_key(credential) => {
+            None if inner.shared.contains(credential) => {
                 // Reaching the shared limiter needs an await: the next admit
                 // on this credential applies it before reserving.
                 let until = inner

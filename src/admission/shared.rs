@@ -6,6 +6,9 @@ use core::future::Future;
 use core::pin::Pin;
 use core::time::Duration;
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use crate::bucket::ReserveError;
 use crate::limiter::{AsyncRateLimiter, AsyncReservation};
 
@@ -58,5 +61,34 @@ impl<L: AsyncRateLimiter> SharedLimiter for L {
 
     fn penalize_all(&self, retry_after: Duration) -> SharedFuture<'_, ()> {
         Box::pin(self.penalize(retry_after))
+    }
+}
+
+/// Finds the shared limiter of a credential not registered by name (see
+/// [`Builder::shared_quotas`](super::Builder::shared_quotas)).
+pub type SharedResolver = dyn Fn(&str) -> Option<Arc<dyn SharedLimiter>> + Send + Sync;
+
+/// The credentials admitted through a shared limiter: by name, then through
+/// the resolver.
+#[derive(Default)]
+pub(super) struct Shared {
+    pub(super) by_name: HashMap<String, Arc<dyn SharedLimiter>>,
+    pub(super) resolver: Option<Box<SharedResolver>>,
+}
+
+impl Shared {
+    /// `credential`'s shared limiter, if it has one.
+    #[inline]
+    pub(super) fn get(&self, credential: &str) -> Option<Arc<dyn SharedLimiter>> {
+        if let Some(l) = self.by_name.get(credential) {
+            return Some(l.clone());
+        }
+        self.resolver.as_ref().and_then(|r| r(credential))
+    }
+
+    /// Whether `credential` is admitted through a shared limiter.
+    #[inline]
+    pub(super) fn contains(&self, credential: &str) -> bool {
+        self.by_name.contains_key(credential) || self.get(credential).is_some()
     }
 }

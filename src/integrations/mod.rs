@@ -12,4 +12,3 @@ pub mod testing;
 pub mod tower;
 
 pub use poll_semaphore::PollSemaphore;
-

@@ -292,9 +292,7 @@ where
                     tokio::time::sleep(after).await;
                     req = copy;
                 }
-                Decision::Surface(s) => {
-                    return Err(Error::middleware(s))
-                }
+                Decision::Surface(s) => return Err(Error::middleware(s)),
                 // The cap: the last answer stands.
                 _ => return result,
             }
