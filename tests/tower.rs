@@ -483,7 +483,7 @@ async fn hint_retry_gives_up_with_throttled_instead_of_sleeping_past_the_deadlin
     let err = call.await.unwrap_err();
     let t = throttled(&err);
     assert_eq!(t.status, Status::RateLimited);
-    assert_eq!(t.scope, "server");
+    assert_eq!(t.scope, "api_key"); // no scope named: the credential's limit
     assert_eq!(t.retry_after(), Some(Duration::from_secs(3)));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 
