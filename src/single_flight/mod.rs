@@ -25,8 +25,15 @@
 //!   removed, the followers are woken with `LeaderPanicked`, and the panic
 //!   resumes in the leader's task.
 //!
-//! No lock is held while user code runs, except `K::eq` during a lookup:
-//! `K::hash`, the work, `V::clone`, wakers and every `Drop` run unlocked.
+//! No lock is held while user code runs, except `K::eq` during a lookup
+//! and `V::clone` on a cache hit: `K::hash`, the work, every other
+//! `V::clone`, wakers and every `Drop` run unlocked. A hit clones the
+//! cached value under the shard's lock instead of taking a reference to
+//! its flight (an `Arc` increment and decrement, two contended atomic
+//! writes, on the hottest path), so `V::clone` must be cheap (it should be
+//! anyway: every caller gets a clone) and must not call into the same
+//! map, like `K::eq`. A panicking `V::clone` leaves the shard unchanged:
+//! the hit only reads it.
 
 mod builder;
 mod flight;

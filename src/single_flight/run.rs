@@ -122,19 +122,10 @@ where
         let mut guard = map.lock(hash);
         let (found, key) = guard.lookup(hash, key, now);
         match found {
-            Lookup::Cached(flight) => {
+            Lookup::Cached(value) => {
                 drop(guard);
                 self.phase = Phase::Done;
                 drop(key);
-                // Unreachable by construction, not by luck: `lookup` returns
-                // `Cached` only for a flight it saw in state `OK` under the
-                // lock, a flight leaves `RUNNING` once and never changes
-                // again, and `OK` means the cell holds an `Ok` (`complete`
-                // derives the state from the outcome it writes).
-                let value = match flight.read_outcome() {
-                    Some(Ok(v)) => v,
-                    _ => unreachable!("`lookup` only serves flights in state `OK`"),
-                };
                 Some(Ok((value, Provenance::Cached)))
             }
             Lookup::InFlight(flight) => {

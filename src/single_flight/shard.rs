@@ -101,8 +101,9 @@ struct Record {
 
 /// What a lookup by key found.
 pub(super) enum Lookup<V, E> {
-    /// A live cached value.
-    Cached(Arc<Flight<V, E>>),
+    /// A live cached value, cloned under the lock (see the module docs of
+    /// `single_flight`): a hit takes no reference to the flight.
+    Cached(V),
     /// A flight to join.
     InFlight(Arc<Flight<V, E>>),
     /// Nothing: a new flight was inserted for the caller to lead (an
@@ -134,6 +135,7 @@ impl<K, V, E> Shard<K, V, E> {
     ) -> (Lookup<V, E>, Option<K>)
     where
         K: Eq,
+        V: Clone,
     {
         match self.table.entry(hash, |e| e.key == key, |e| e.hash) {
             TableEntry::Occupied(mut occ) => {
@@ -151,7 +153,13 @@ impl<K, V, E> Shard<K, V, E> {
                     Slot::Cached {
                         flight, expires_at, ..
                     } if now.is_some_and(|now| now < *expires_at) && flight.state() == OK => {
-                        (Lookup::Cached(Arc::clone(flight)), Some(key))
+                        // `read_outcome` is `Some(Ok)` in state `OK`: the
+                        // state was observed with Acquire and the cell is
+                        // written once before `OK` is published.
+                        match flight.read_outcome() {
+                            Some(Ok(value)) => (Lookup::Cached(value), Some(key)),
+                            _ => unreachable!("a flight in state `OK` holds `Ok`"),
+                        }
                     }
                     Slot::Cached { .. } => {
                         // Expired: lead a new flight in its place. Its record

@@ -104,3 +104,40 @@ fn record_bound_overflow_with_unbounded_cache_neither_panics_nor_compacts_every_
         assert_eq!(m.len(), 11);
     }
 }
+
+/// Issue #13, item 3: a cache hit now clones the value under the shard's
+/// lock (instead of an `Arc` increment and decrement of the flight). A
+/// `V::clone` that panics there must leave the shard as it was: the entry
+/// stays cached, the lock is released, and later calls are served.
+#[test]
+fn a_panicking_clone_on_a_cache_hit_leaves_the_shard_usable() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static PANIC: AtomicBool = AtomicBool::new(false);
+    #[derive(Debug)]
+    struct Touchy(u32);
+    impl Clone for Touchy {
+        fn clone(&self) -> Self {
+            if PANIC.load(Ordering::Relaxed) {
+                panic!("clone failed");
+            }
+            Touchy(self.0)
+        }
+    }
+    let m: SingleFlight<u32, Touchy, std::convert::Infallible, ManualClock> =
+        SingleFlight::builder()
+            .shards(1)
+            .cache(Duration::from_secs(60), 4)
+            .clock(ManualClock::new())
+            .build();
+    crate::park::block_on(m.run(1, || async { Touchy(7) })).unwrap();
+    PANIC.store(true, Ordering::Relaxed);
+    let hit = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        crate::park::block_on(m.run(1, || async { Touchy(0) }))
+    }));
+    assert!(hit.is_err());
+    PANIC.store(false, Ordering::Relaxed);
+    assert_eq!(m.len(), 1);
+    let (v, how) = crate::park::block_on(m.run(1, || async { Touchy(0) })).unwrap();
+    assert_eq!(v.0, 7);
+    assert_eq!(how, crate::Provenance::Cached);
+}
