@@ -273,7 +273,11 @@ fn hot_keys_of_a_fast_refill_quota_are_not_evicted() {
             assert_eq!(s.try_acquire(&key, 1), Ok(()));
         }
     }
-    assert_eq!(allocs() - before, 0, "hot keys were evicted and re-inserted");
+    assert_eq!(
+        allocs() - before,
+        0,
+        "hot keys were evicted and re-inserted"
+    );
     assert_eq!(s.len(), 1000);
     // Idle keys still go: one grace period to clear, one to drop.
     clock.advance(Duration::from_secs(1));

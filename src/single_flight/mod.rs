@@ -422,17 +422,14 @@ impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
             // errors are parts per million). 0 (never live by the coarse
             // check) if the clock has no coarse time or the TTL is too
             // short for it.
-            let fresh_until = self
-                .clock
-                .coarse_bounds()
-                .map_or(0, |(earliest, latest)| {
-                    let lag = latest.saturating_sub(earliest);
-                    if cache.ttl > lag.saturating_mul(4) {
-                        earliest.saturating_add(cache.ttl - cache.ttl / 1024)
-                    } else {
-                        0
-                    }
-                });
+            let fresh_until = self.clock.coarse_bounds().map_or(0, |(earliest, latest)| {
+                let lag = latest.saturating_sub(earliest);
+                if cache.ttl > lag.saturating_mul(4) {
+                    earliest.saturating_add(cache.ttl - cache.ttl / 1024)
+                } else {
+                    0
+                }
+            });
             let copy = value.clone();
             // SAFETY: this leader is the only writer and the state is
             // `RUNNING`, so nobody reads the cell yet.
@@ -443,8 +440,7 @@ impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
                 hash,
                 flight,
                 now,
-                now.saturating_add(cache.ttl),
-                fresh_until,
+                (now.saturating_add(cache.ttl), fresh_until),
                 cache.per_shard,
                 &mut trash,
             );

@@ -148,12 +148,7 @@ impl<K, V, E> Shard<K, V, E> {
 
     /// Finds `key`: a live cached value, an in-flight flight, or (after
     /// inserting a new flight) nothing.
-    pub(super) fn lookup(
-        &mut self,
-        hash: u64,
-        key: K,
-        expiry: Expiry,
-    ) -> (Lookup<V, E>, Option<K>)
+    pub(super) fn lookup(&mut self, hash: u64, key: K, expiry: Expiry) -> (Lookup<V, E>, Option<K>)
     where
         K: Eq,
         V: Clone,
@@ -240,7 +235,7 @@ impl<K, V, E> Shard<K, V, E> {
 
     /// Turns the entry of `flight`, if it is still in flight here and was
     /// not invalidated meanwhile, into a cached entry that expires at
-    /// `expires_at`, keeping at most `capacity` cached entries. An
+    /// `expires_at` (`fresh_until` on the clock's coarse time), keeping at most `capacity` cached entries. An
     /// invalidated entry is removed instead. Entries reclaimed, evicted or
     /// removed are pushed to `trash`. Returns whether the value was cached.
     ///
@@ -251,8 +246,7 @@ impl<K, V, E> Shard<K, V, E> {
         hash: u64,
         flight: &Arc<Flight<V, E>>,
         now: u64,
-        expires_at: u64,
-        fresh_until: u64,
+        (expires_at, fresh_until): (u64, u64),
         capacity: usize,
         trash: &mut Vec<Entry<K, V, E>>,
     ) -> bool {
