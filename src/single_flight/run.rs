@@ -121,10 +121,12 @@ where
         // A hit reads the clock's coarse time if it has one (a few ns
         // cheaper than `now_nanos`); a value it cannot call live is looked
         // up again on the precise time.
-        let expiry = match (map.cache, map.clock.coarse_bounds()) {
-            (None, _) => Expiry::Off,
-            (Some(_), Some((_, latest))) => Expiry::Coarse(latest),
-            (Some(_), None) => Expiry::Precise(map.clock.now_nanos()),
+        let expiry = match map.cache {
+            None => Expiry::Off,
+            Some(_) => match map.clock.coarse_bounds() {
+                Some((_, latest)) => Expiry::Coarse(latest),
+                None => Expiry::Precise(map.clock.now_nanos()),
+            },
         };
         let mut guard = map.lock(hash);
         let (mut found, mut key) = guard.lookup(hash, key, expiry);
