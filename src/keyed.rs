@@ -68,6 +68,11 @@ const DEFAULT_MAX_KEYS: usize = 1 << 20;
 /// How long a full bucket must stay idle before it may be dropped.
 const DEFAULT_IDLE_GRACE: u64 = 1_000_000_000;
 
+/// An insert sweeps its shard for time's sake at most this often (100 ms),
+/// whatever the grace period: a sweep costs the whole shard, so a tiny
+/// grace must not make every insert pay one.
+const MIN_SWEEP_INTERVAL: u64 = 100_000_000;
+
 /// A sharded registry of token buckets, one per key, created on first use
 /// with the key's quota (or the default), and dropped automatically once
 /// idle and full again.
@@ -233,7 +238,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// being dropped and re-inserted over and over. An idle key goes
     /// between one and two grace periods after its last call (see
     /// [`sweep`](Scoped::sweep)), so memory for one-off keys is bounded by
-    /// about two grace periods of new keys.
+    /// about two grace periods of new keys. Inserts sweep a shard for
+    /// time's sake at most every 100 ms, whatever the grace period.
     ///
     /// # Examples
     ///
@@ -633,7 +639,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         let len = guard.buckets.len();
         if len >= guard.sweep_at
             || len >= self.shard_cap
-            || (len >= MIN_SWEEP && now.saturating_sub(guard.swept_at) >= self.idle_grace)
+            || (len >= MIN_SWEEP
+                && now.saturating_sub(guard.swept_at) >= self.idle_grace.max(MIN_SWEEP_INTERVAL))
         {
             guard.sweep(now, self.idle_grace, &self.hasher);
             guard.sweep_at = (guard.buckets.len() * 2).max(MIN_SWEEP);
