@@ -22,14 +22,23 @@ fn admitting() -> (Quota, GQuota) {
     )
 }
 
-/// Keyed: every key admits for the whole run and never becomes idle (so
-/// neither side evicts): one cell per hour, a burst of 2^32 - 1.
-fn keyed_quota() -> (Quota, GQuota) {
+/// Keyed, fast refill (governor's own benchmark setup): 10^9 cells per
+/// second, a burst of 10^9. Every key is full again between two of its
+/// calls, so a registry that drops full buckets at once would drop every
+/// hot key.
+fn keyed_fast_refill() -> (Quota, GQuota) {
+    let n = NonZeroU32::new(1_000_000_000).unwrap();
+    (Quota::per_second(n), GQuota::per_second(n))
+}
+
+/// Keyed, in debt: one cell per second, a burst of 10^9. Every key admits
+/// for the whole run and is never full again.
+fn keyed_in_debt() -> (Quota, GQuota) {
+    let one = NonZeroU32::new(1).unwrap();
+    let burst = NonZeroU32::new(1_000_000_000).unwrap();
     (
-        Quota::with_period(Duration::from_secs(3600)).allow_burst(NonZeroU32::MAX),
-        GQuota::with_period(Duration::from_secs(3600))
-            .unwrap()
-            .allow_burst(NonZeroU32::MAX),
+        Quota::per_second(one).allow_burst(burst),
+        GQuota::per_second(one).allow_burst(burst),
     )
 }
 
@@ -113,30 +122,63 @@ fn check_two_threads(c: &mut Criterion) {
     g.finish();
 }
 
-fn keyed(c: &mut Criterion, keys: u64) {
-    let mut g = c.benchmark_group(format!("keyed check, {keys} keys"));
-    let (ours, theirs) = keyed_quota();
+/// How a keyed case walks its keys: a sequence of key indices, walked
+/// cyclically by both sides.
+fn round_robin(keys: u64) -> Vec<u64> {
+    // A fixed pseudo-random walk over the keys, so neither side gets a
+    // cache-friendly sequential order; every key once per `keys` calls.
+    let stride = 0x9E37_79B9_7F4A_7C15u64 | 1;
+    (0..keys).map(|i| i.wrapping_mul(stride) % keys).collect()
+}
+
+/// Zipf-like (s = 1) draws over `keys` keys: key `k` (from 1) is drawn
+/// with probability proportional to `1 / k`, shuffled across the key
+/// space so hot keys do not share shards by index.
+fn zipf(keys: u64, draws: usize) -> Vec<u64> {
+    let mut cdf = Vec::with_capacity(keys as usize);
+    let mut sum = 0.0f64;
+    for k in 1..=keys {
+        sum += 1.0 / k as f64;
+        cdf.push(sum);
+    }
+    let mut rng = fastrand::Rng::with_seed(13);
+    (0..draws)
+        .map(|_| {
+            let u = rng.f64() * sum;
+            let rank = cdf.partition_point(|&c| c < u) as u64;
+            rank.wrapping_mul(0x9E37_79B9_7F4A_7C15) % keys
+        })
+        .collect()
+}
+
+fn keyed(c: &mut Criterion, name: &str, keys: u64, quotas: (Quota, GQuota), walk: Vec<u64>) {
+    let mut g = c.benchmark_group(format!("keyed check, {name}"));
+    let (ours, theirs) = quotas;
     let scoped: Scoped<u64> = Scoped::new(ours).with_max_keys(2 * keys as usize);
     let gov = RateLimiter::keyed(theirs);
     for k in 0..keys {
         scoped.try_acquire(&k, 1).unwrap();
         gov.check_key(&k).unwrap();
     }
-    // A fixed pseudo-random walk over the keys, so neither side gets a
-    // cache-friendly sequential order.
-    let stride = 0x9E37_79B9_7F4A_7C15u64 | 1;
-    let mut i = 0u64;
+    let mask = walk.len();
+    let mut i = 0usize;
     g.bench_function("backpressure", |b| {
         b.iter(|| {
-            i = i.wrapping_add(stride);
-            black_box(scoped.try_acquire(&(i % keys), 1)).is_ok()
+            i += 1;
+            if i == mask {
+                i = 0;
+            }
+            black_box(scoped.try_acquire(&walk[i], 1)).is_ok()
         })
     });
-    let mut i = 0u64;
+    let mut i = 0usize;
     g.bench_function("governor", |b| {
         b.iter(|| {
-            i = i.wrapping_add(stride);
-            black_box(gov.check_key(&(i % keys))).is_ok()
+            i += 1;
+            if i == mask {
+                i = 0;
+            }
+            black_box(gov.check_key(&walk[i])).is_ok()
         })
     });
     println!(
@@ -148,11 +190,40 @@ fn keyed(c: &mut Criterion, keys: u64) {
 }
 
 fn keyed_1k(c: &mut Criterion) {
-    keyed(c, 1_000);
+    keyed(
+        c,
+        "1000 keys, fast refill",
+        1_000,
+        keyed_fast_refill(),
+        round_robin(1_000),
+    );
+    keyed(
+        c,
+        "1000 keys, in debt",
+        1_000,
+        keyed_in_debt(),
+        round_robin(1_000),
+    );
+}
+
+fn keyed_zipf(c: &mut Criterion) {
+    keyed(
+        c,
+        "100000 keys zipf, fast refill",
+        100_000,
+        keyed_fast_refill(),
+        zipf(100_000, 1 << 20),
+    );
 }
 
 fn keyed_1m(c: &mut Criterion) {
-    keyed(c, 1_000_000);
+    keyed(
+        c,
+        "1000000 keys, in debt",
+        1_000_000,
+        keyed_in_debt(),
+        round_robin(1_000_000),
+    );
 }
 
 criterion_group!(
@@ -162,6 +233,7 @@ criterion_group!(
     check_denying,
     check_two_threads,
     keyed_1k,
+    keyed_zipf,
     keyed_1m
 );
 criterion_main!(benches);

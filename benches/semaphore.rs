@@ -1,4 +1,5 @@
-//! Semaphore benches: ours beside tokio's and async-lock's in the same
+//! Semaphore benches: ours beside tokio's and async-lock's (and, for 64
+//! tasks on 4 permits, futures-intrusive's fair semaphore) in the same
 //! groups, so the report reads as ratios from one run. The `floor` rows are
 //! the atomic operations alone (what no semaphore can beat).
 //!
@@ -157,6 +158,33 @@ fn contended(c: &mut Criterion) {
     tasks!("backpressure", backpressure::Semaphore::new(4));
     tasks!("tokio", tokio::sync::Semaphore::new(4));
     tasks!("async-lock", async_lock::Semaphore::new(4));
+    // futures-intrusive's `acquire(n)` returns a releaser that gives the
+    // permits back on drop, like the others' permits.
+    g.bench_function("futures-intrusive", |b| {
+        let sem = Arc::new(futures_intrusive::sync::Semaphore::new(true, 4));
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            rt.block_on(async {
+                let handles: Vec<_> = (0..64)
+                    .map(|_| {
+                        let sem = sem.clone();
+                        tokio::spawn(async move {
+                            for _ in 0..iters.div_ceil(64) {
+                                let _p = sem.acquire(1).await;
+                                tokio::task::yield_now().await;
+                            }
+                        })
+                    })
+                    .collect();
+                for h in handles {
+                    h.await.unwrap();
+                }
+            });
+            start
+                .elapsed()
+                .mul_f64(iters as f64 / (iters.div_ceil(64) * 64) as f64)
+        })
+    });
     g.finish();
 }
 

@@ -36,6 +36,32 @@ use crate::sync::{self, AtomicU64, Ordering};
 pub trait Clock: Send + Sync + fmt::Debug {
     /// Nanoseconds since this clock's origin.
     fn now_nanos(&self) -> u64;
+
+    /// A cheaper, coarser reading for expiry checks, on a time base of the
+    /// clock's own (not `now_nanos`'s, and not comparable with it):
+    /// `(earliest, latest)` in nanoseconds, the true time on that base
+    /// lying between the two. Successive `earliest`s never go backwards.
+    ///
+    /// `None` (the default) if the clock has none; callers then use
+    /// [`now_nanos`](Clock::now_nanos). [`DefaultClock`] has one on Linux
+    /// (`CLOCK_MONOTONIC_COARSE`, a few nanoseconds to read, one kernel
+    /// tick of resolution); [`SingleFlight`](crate::SingleFlight) uses it
+    /// to tell a cached value far from its expiry without reading the
+    /// precise time.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Clock, DefaultClock, ManualClock};
+    /// assert_eq!(ManualClock::new().coarse_bounds(), None);
+    /// if let Some((earliest, latest)) = DefaultClock::new().coarse_bounds() {
+    ///     assert!(earliest <= latest);
+    /// }
+    /// ```
+    #[inline]
+    fn coarse_bounds(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 impl<C: Clock + ?Sized> Clock for Arc<C> {
@@ -43,12 +69,20 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
     fn now_nanos(&self) -> u64 {
         (**self).now_nanos()
     }
+    #[inline]
+    fn coarse_bounds(&self) -> Option<(u64, u64)> {
+        (**self).coarse_bounds()
+    }
 }
 
 impl<C: Clock + ?Sized> Clock for &C {
     #[inline]
     fn now_nanos(&self) -> u64 {
         (**self).now_nanos()
+    }
+    #[inline]
+    fn coarse_bounds(&self) -> Option<(u64, u64)> {
+        (**self).coarse_bounds()
     }
 }
 
@@ -69,6 +103,9 @@ pub struct DefaultClock {
     /// The origin as a raw (unscaled) reading: a read scales only the
     /// delta, and never goes through `Duration`.
     origin: u64,
+    /// How far the coarse clock may lag the true time (0: no coarse
+    /// clock).
+    coarse_lag: u64,
 }
 
 impl DefaultClock {
@@ -76,7 +113,56 @@ impl DefaultClock {
     pub fn new() -> Self {
         let clock = quanta::Clock::new();
         let origin = clock.raw();
-        Self { clock, origin }
+        Self {
+            clock,
+            origin,
+            coarse_lag: coarse::lag(),
+        }
+    }
+}
+
+/// `CLOCK_MONOTONIC_COARSE`: the kernel's monotonic time as of its last
+/// tick, read from the vDSO without a syscall or a TSC read.
+#[cfg(all(target_os = "linux", not(miri)))]
+mod coarse {
+    /// Twice the clock's resolution (one tick): the time it reads is that
+    /// of the last tick, so the true time is at most one tick later; the
+    /// second tick is margin for a tick handled late. 0 (no coarse clock)
+    /// if the resolution is unknown or above 10 ms.
+    pub(super) fn lag() -> u64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable `timespec`.
+        let ok = unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } == 0;
+        match (ok, ts.tv_sec, ts.tv_nsec) {
+            (true, 0, res @ 1..=10_000_000) => 2 * res as u64,
+            _ => 0,
+        }
+    }
+
+    #[inline]
+    pub(super) fn now() -> Option<u64> {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable `timespec`.
+        let ok = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } == 0;
+        ok.then(|| (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64)
+    }
+}
+
+#[cfg(not(all(target_os = "linux", not(miri))))]
+mod coarse {
+    pub(super) fn lag() -> u64 {
+        0
+    }
+
+    #[inline]
+    pub(super) fn now() -> Option<u64> {
+        None
     }
 }
 
@@ -91,6 +177,15 @@ impl Clock for DefaultClock {
     fn now_nanos(&self) -> u64 {
         // 0 if the raw counter reads at or before the origin.
         self.clock.delta_as_nanos(self.origin, self.clock.raw())
+    }
+
+    #[inline]
+    fn coarse_bounds(&self) -> Option<(u64, u64)> {
+        if self.coarse_lag == 0 {
+            return None;
+        }
+        let earliest = coarse::now()?;
+        Some((earliest, earliest.saturating_add(self.coarse_lag)))
     }
 }
 

@@ -15,12 +15,29 @@
 //! A bucket that is full again (its `tat` is not after `now`) is
 //! indistinguishable from a fresh one, so dropping it changes no decision:
 //! the next call for that key starts a full bucket, exactly what it would
-//! have found. Such idle entries are swept from a shard when an insert
-//! finds the shard has doubled since its last sweep (amortized O(1) per
-//! insert, no background thread) and whenever the shard is at its cap. A
-//! key that cannot be inserted because its shard is at its cap with no
-//! idle entry is refused (`TooManyKeys`), never admitted unmetered and
-//! never by evicting a bucket that still holds debt.
+//! have found. Dropping it too early costs time, though: with a fast-refill
+//! quota every hot key is full again between two of its calls, and a sweep
+//! that dropped it would make its next call re-insert it (write lock, an
+//! allocation, a table insert). So a bucket is dropped only once it is
+//! full *and* has been idle for a grace period (1 s by default, see
+//! [`Scoped::with_idle_grace`]), tracked with a second-chance bit:
+//!
+//! * every call sets its entry's `touched` bit, with a relaxed load and a
+//!   store only when the bit is clear, so a hot key does not write a shared
+//!   line on every call;
+//! * a shard's sweep runs at most once per grace period: it drops the full
+//!   entries whose bit is still clear (untouched since the previous sweep,
+//!   so idle for at least one grace period) and clears the bit of the rest.
+//!
+//! An idle key therefore goes between one and two grace periods after its
+//! last call, at the first sweep then. A shard is swept when an insert
+//! finds it has doubled since its last sweep, or a grace period has passed
+//! since it (amortized O(1) per insert, no background thread), and
+//! whenever the shard is at its cap; a sweep that drops most of a shard
+//! also gives the table's memory back. A key that cannot be inserted
+//! because its shard is at its cap with no idle entry is refused
+//! (`TooManyKeys`), never admitted unmetered and never by evicting a
+//! bucket that still holds debt.
 //!
 //! Per-key quotas are kept apart from the buckets, so evicting a bucket
 //! never forgets its quota. They are configuration, not state: evicting
@@ -40,13 +57,21 @@ use crate::bucket::gcra::Gcra;
 use crate::bucket::{CheckError, Quota, Reservation, ReserveError};
 use crate::clock::{saturating_nanos, Clock, DefaultClock};
 use crate::sleep::Sleeper;
-use crate::sync::{Arc, AtomicUsize, CachePadded, Ordering, RwLock};
+use crate::sync::{Arc, AtomicBool, AtomicUsize, CachePadded, Ordering, RwLock};
 
 /// A shard is swept at the latest when it has this many entries.
 const MIN_SWEEP: usize = 64;
 
 /// The default key limit.
 const DEFAULT_MAX_KEYS: usize = 1 << 20;
+
+/// How long a full bucket must stay idle before it may be dropped.
+const DEFAULT_IDLE_GRACE: u64 = 1_000_000_000;
+
+/// An insert sweeps its shard for time's sake at most this often (100 ms),
+/// whatever the grace period: a sweep costs the whole shard, so a tiny
+/// grace must not make every insert pay one.
+const MIN_SWEEP_INTERVAL: u64 = 100_000_000;
 
 /// A sharded registry of token buckets, one per key, created on first use
 /// with the key's quota (or the default), and dropped automatically once
@@ -78,14 +103,42 @@ pub struct Scoped<K, C: Clock = DefaultClock> {
     shard_cap: usize,
     /// Keys with a quota of their own, across shards: at most `max_keys`.
     custom_quotas: AtomicUsize,
+    /// Nanoseconds a full bucket stays before it may be dropped.
+    idle_grace: u64,
     clock: C,
 }
 
 struct Shard<K> {
-    buckets: HashTable<(K, Arc<Gcra>)>,
+    buckets: HashTable<Entry<K>>,
     quotas: HashTable<(K, Quota)>,
     /// Sweep on the insert that finds this many entries.
     sweep_at: usize,
+    /// When the last sweep cleared the `touched` bits: an entry whose bit
+    /// is still clear has been idle since then at least.
+    swept_at: u64,
+}
+
+struct Entry<K> {
+    key: K,
+    bucket: Arc<Gcra>,
+    /// Set by every call on the key, cleared by the sweep (the
+    /// second-chance bit; see the module docs).
+    touched: AtomicBool,
+}
+
+impl<K> Entry<K> {
+    /// Marks the entry used; writes only if the bit is clear.
+    #[inline]
+    fn touch(&self) {
+        // Relaxed (both): the bit orders no other memory. The sweep that
+        // reads and clears it holds the shard's write lock, which orders it
+        // after every call made under the read lock; a touch it misses
+        // could only make an idle key go one sweep earlier, and dropping a
+        // full bucket never changes a decision.
+        if !self.touched.load(Ordering::Relaxed) {
+            self.touched.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 /// The key could not be tracked: the registry is at its key limit and none
@@ -164,6 +217,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
                         buckets: HashTable::new(),
                         quotas: HashTable::new(),
                         sweep_at: MIN_SWEEP,
+                        swept_at: 0,
                     }))
                 })
                 .collect(),
@@ -173,8 +227,39 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
             max_keys: DEFAULT_MAX_KEYS,
             shard_cap: DEFAULT_MAX_KEYS.div_ceil(shards),
             custom_quotas: AtomicUsize::new(0),
+            idle_grace: DEFAULT_IDLE_GRACE,
             clock,
         }
+    }
+
+    /// Sets how long a full bucket must stay idle before it may be dropped
+    /// (1 s by default). Dropping a full bucket never changes a decision;
+    /// the grace period only keeps hot keys of a fast-refill quota from
+    /// being dropped and re-inserted over and over. An idle key goes
+    /// between one and two grace periods after its last call (see
+    /// [`sweep`](Scoped::sweep)), so memory for one-off keys is bounded by
+    /// about two grace periods of new keys. Inserts sweep a shard for
+    /// time's sake at most every 100 ms, whatever the grace period.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, Scoped};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// let clock = ManualClock::new();
+    /// let limits = Scoped::with_clock(Quota::per_second(NonZeroU32::new(1).unwrap()), clock.clone())
+    ///     .with_idle_grace(Duration::from_secs(10));
+    /// limits.try_acquire(&"k", 1).unwrap();
+    /// clock.advance(Duration::from_secs(10));
+    /// assert_eq!(limits.sweep(), 0); // used in this grace period: kept
+    /// clock.advance(Duration::from_secs(10));
+    /// assert_eq!(limits.sweep(), 1); // idle for a whole one: dropped
+    /// ```
+    #[must_use]
+    pub fn with_idle_grace(mut self, grace: Duration) -> Self {
+        self.idle_grace = saturating_nanos(grace);
+        self
     }
 
     /// Limits the number of keys tracked at once to about `max_keys` (the
@@ -376,8 +461,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
                     .insert_unique(hash, (key.clone(), quota), |(k, _)| self.hasher.hash_one(k));
             }
         }
-        if let Some((_, b)) = shard.buckets.find(hash, |(k, _)| k == key) {
-            b.set_quota(quota, now);
+        if let Some(e) = shard.buckets.find(hash, |e| e.key == *key) {
+            e.bucket.set_quota(quota, now);
         }
         Ok(())
     }
@@ -421,8 +506,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         let hash = self.hasher.hash_one(key);
         let now = self.clock.now_nanos();
         let shard = self.shard(hash).read();
-        if let Some((_, b)) = shard.buckets.find(hash, |(k, _)| k == key) {
-            b.reset(now);
+        if let Some(e) = shard.buckets.find(hash, |e| e.key == *key) {
+            e.bucket.reset(now);
         }
     }
 
@@ -433,8 +518,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         let shard = self.shard(hash).read();
         shard
             .buckets
-            .find(hash, |(k, _)| k == key)
-            .map_or(0, |(_, b)| b.held_until())
+            .find(hash, |e| e.key == *key)
+            .map_or(0, |e| e.bucket.held_until())
     }
 
     /// How many cells `try_acquire` would admit for `key` now, without
@@ -454,8 +539,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         let hash = self.hasher.hash_one(key);
         let now = self.clock.now_nanos();
         let shard = self.shard(hash).read();
-        if let Some((_, b)) = shard.buckets.find(hash, |(k, _)| k == key) {
-            return b.available(now);
+        if let Some(e) = shard.buckets.find(hash, |e| e.key == *key) {
+            return e.bucket.available(now);
         }
         shard
             .quotas
@@ -499,10 +584,15 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         Ok(())
     }
 
-    /// Removes every idle (full again) bucket now; returns how many.
+    /// Removes the buckets that are full again and have been idle for a
+    /// grace period; returns how many.
     ///
-    /// Not needed for bounded memory (inserts sweep as they go); useful
-    /// before measuring or after a burst of one-off keys.
+    /// A shard is swept at most once per [grace
+    /// period](Scoped::with_idle_grace): its sweep drops the full buckets
+    /// untouched since the previous sweep and marks the rest untouched, so
+    /// a key goes at the first sweep one to two grace periods after its
+    /// last call. Not needed for bounded memory (inserts sweep as they
+    /// go); useful after a burst of one-off keys.
     ///
     /// # Examples
     ///
@@ -515,11 +605,17 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// limits.try_acquire(&"k", 1).unwrap();
     /// assert_eq!(limits.sweep(), 0);
     /// clock.advance(Duration::from_secs(1));
+    /// assert_eq!(limits.sweep(), 0); // full, but used since the last sweep
+    /// clock.advance(Duration::from_secs(1));
     /// assert_eq!(limits.sweep(), 1);
+    /// assert!(limits.is_empty());
     /// ```
     pub fn sweep(&self) -> usize {
         let now = self.clock.now_nanos();
-        self.shards.iter().map(|s| s.write().sweep(now)).sum()
+        self.shards
+            .iter()
+            .map(|s| s.write().sweep(now, self.idle_grace, &self.hasher))
+            .sum()
     }
 
     #[inline]
@@ -539,8 +635,9 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         let now = self.clock.now_nanos();
         {
             let guard = shard.read();
-            if let Some((_, b)) = guard.buckets.find(hash, |(k, _)| k == key) {
-                return Ok(f(b, now));
+            if let Some(e) = guard.buckets.find(hash, |e| e.key == *key) {
+                e.touch();
+                return Ok(f(&e.bucket, now));
             }
         }
         self.insert(shard, hash, key, now, f)
@@ -559,12 +656,17 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         f: impl FnOnce(&Arc<Gcra>, u64) -> R,
     ) -> Result<R, TooManyKeys> {
         let mut guard = shard.write();
-        if let Some((_, b)) = guard.buckets.find(hash, |(k, _)| k == key) {
-            return Ok(f(b, now));
+        if let Some(e) = guard.buckets.find(hash, |e| e.key == *key) {
+            e.touch();
+            return Ok(f(&e.bucket, now));
         }
         let len = guard.buckets.len();
-        if len >= guard.sweep_at || len >= self.shard_cap {
-            guard.sweep(now);
+        if len >= guard.sweep_at
+            || len >= self.shard_cap
+            || (len >= MIN_SWEEP
+                && now.saturating_sub(guard.swept_at) >= self.idle_grace.max(MIN_SWEEP_INTERVAL))
+        {
+            guard.sweep(now, self.idle_grace, &self.hasher);
             guard.sweep_at = (guard.buckets.len() * 2).max(MIN_SWEEP);
         }
         if guard.buckets.len() >= self.shard_cap {
@@ -578,21 +680,41 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
             .map_or(self.default_quota, |(_, q)| *q);
         let bucket = Arc::new(Gcra::new(quota));
         let out = f(&bucket, now);
+        let entry = Entry {
+            key: key.clone(),
+            bucket,
+            touched: AtomicBool::new(true),
+        };
         guard
             .buckets
-            .insert_unique(hash, (key.clone(), bucket), |(k, _)| {
-                self.hasher.hash_one(k)
-            });
+            .insert_unique(hash, entry, |e| self.hasher.hash_one(&e.key));
         Ok(out)
     }
 }
 
 impl<K> Shard<K> {
-    /// Drops the buckets that are full again; returns how many.
-    fn sweep(&mut self, now: u64) -> usize {
+    /// Drops the full buckets untouched since the previous sweep and
+    /// clears the other bits, if a grace period has passed since that
+    /// sweep (else does nothing); returns how many it dropped.
+    fn sweep(&mut self, now: u64, grace: u64, hasher: &ahash::RandomState) -> usize
+    where
+        K: Hash,
+    {
+        if now.saturating_sub(self.swept_at) < grace {
+            return 0;
+        }
+        self.swept_at = now;
         let before = self.buckets.len();
-        self.buckets.retain(|(_, b)| !b.is_full(now));
-        before - self.buckets.len()
+        self.buckets.retain(|e| {
+            // Relaxed: we hold the write lock (see `Entry::touch`).
+            e.touched.swap(false, Ordering::Relaxed) || !e.bucket.is_full(now)
+        });
+        let len = self.buckets.len();
+        // Give the memory back once the table is mostly empty.
+        if self.buckets.capacity() > 4 * len.max(MIN_SWEEP) {
+            self.buckets.shrink_to(2 * len, |e| hasher.hash_one(&e.key));
+        }
+        before - len
     }
 }
 

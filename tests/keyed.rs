@@ -2,26 +2,41 @@
 //! cap, and the memory an idle key costs.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
 use backpressure::{CheckError, ManualClock, Quota, ReserveError, Scoped};
 
-/// Counts live heap bytes, to measure what a key costs.
+/// Counts live heap bytes and allocations, per thread (tests run in
+/// parallel), to measure what a key costs.
 struct Counting;
 
-static LIVE: AtomicIsize = AtomicIsize::new(0);
+thread_local! {
+    static LIVE: Cell<isize> = const { Cell::new(0) };
+    static ALLOCS: Cell<usize> = const { Cell::new(0) };
+}
 
-// SAFETY: forwards to the system allocator unchanged; only counts.
+fn live() -> isize {
+    LIVE.with(Cell::get)
+}
+
+fn allocs() -> usize {
+    ALLOCS.with(Cell::get)
+}
+
+// SAFETY: forwards to the system allocator unchanged; only counts (in
+// const-initialized thread locals without destructors, which never
+// allocate).
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        let _ = LIVE.try_with(|l| l.set(l.get() + layout.size() as isize));
+        let _ = ALLOCS.try_with(|a| a.set(a.get() + 1));
         // SAFETY: the caller upholds `alloc`'s contract.
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        let _ = LIVE.try_with(|l| l.set(l.get() - layout.size() as isize));
         // SAFETY: the caller upholds `dealloc`'s contract.
         unsafe { System.dealloc(ptr, layout) }
     }
@@ -90,14 +105,19 @@ fn idle_full_keys_are_evicted_and_keep_their_quota() {
     }
     s.try_acquire(&(7, 7), 5).unwrap();
     assert_eq!(s.len(), 1001);
-    // Not full yet: nothing may go.
+    // Not full yet, and used within the grace period: nothing may go.
     assert_eq!(s.sweep(), 0);
-    clock.advance(Duration::from_millis(100));
-    // Full again (one cell per 100 ms): all default keys go, (7, 7) stays.
+    clock.advance(Duration::from_secs(1));
+    // Full again, but used since the last sweep: the sweep only clears
+    // their second-chance bits.
+    assert_eq!(s.sweep(), 0);
+    clock.advance(Duration::from_secs(1));
+    // Idle for a whole grace period: all default keys go, (7, 7) (still in
+    // debt) stays.
     assert_eq!(s.sweep(), 1000);
     assert_eq!(s.len(), 1);
-    assert_eq!(s.available(&(7, 7)), 0);
-    clock.advance(Duration::from_secs(5));
+    assert_eq!(s.available(&(7, 7)), 2);
+    clock.advance(Duration::from_secs(3));
     assert_eq!(s.sweep(), 1);
     // Its quota outlives its bucket.
     assert_eq!(s.available(&(7, 7)), 5);
@@ -149,8 +169,12 @@ fn the_key_cap_refuses_new_keys_but_never_evicts_debt() {
         Err(ReserveError::TooManyKeys { limit: 1 })
     ));
     assert!(s.penalize(&(refused, 0), Duration::from_secs(1)).is_err());
-    // Once the holders are full again, the new key gets in.
-    clock.advance(Duration::from_millis(200));
+    // The holders are full again after 200 ms, but were used within the
+    // grace period (1 s): the first sweep past it only clears their bits.
+    clock.advance(Duration::from_secs(1));
+    assert!(s.try_acquire(&(refused, 0), 1).is_err());
+    // Idle for a whole grace period: the new key gets in.
+    clock.advance(Duration::from_secs(1));
     assert!(s.try_acquire(&(refused, 0), 1).is_ok());
 }
 
@@ -174,11 +198,11 @@ fn bytes_per_idle_key() {
     let s = s.with_max_keys(usize::MAX);
     let keys = 100_000u32;
     s.try_acquire(&(u32::MAX, 0), 1).unwrap();
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = live();
     for key in 0..keys {
         s.try_acquire(&(key, 1), 1).unwrap();
     }
-    let bytes = (LIVE.load(Ordering::Relaxed) - before) as f64 / keys as f64;
+    let bytes = (live() - before) as f64 / keys as f64;
     println!("bytes per idle key ((u32, u32) key): {bytes:.1}");
     // key 8 + Arc pointer 8 + control byte + table slack, plus the Arc
     // allocation (16 + 24).
@@ -222,4 +246,77 @@ fn scoped_set_quota_respects_max_keys() {
     s.try_acquire(&700_000, 1).unwrap();
     assert!(s.set_quota(&700_000, own).is_err());
     assert_eq!(s.available(&700_000), 1);
+}
+
+/// Issue #13, item 1 (the keyed eviction cliff): a sweep dropped every
+/// bucket that was full again, so with a fast-refill quota each sweep
+/// evicted every hot key and its next call re-inserted it (write lock, an
+/// allocation, a table insert). Buckets now go only after a grace period
+/// without a call: keys used in every grace period are never re-inserted,
+/// which the allocation count shows (the old code allocated one bucket per
+/// key per sweep here).
+#[test]
+fn hot_keys_of_a_fast_refill_quota_are_not_evicted() {
+    let clock = ManualClock::new();
+    // Full again 1 ms after a call.
+    let q = Quota::per_second(nz(1000)).allow_burst(nz(1));
+    let s: Scoped<u32, _> = Scoped::with_clock(q, clock.clone());
+    for key in 0..1000 {
+        s.try_acquire(&key, 1).unwrap();
+    }
+    let before = allocs();
+    for _ in 0..30 {
+        // Every key is full again, and a sweep runs.
+        clock.advance(Duration::from_millis(400));
+        assert_eq!(s.sweep(), 0);
+        for key in 0..1000 {
+            assert_eq!(s.try_acquire(&key, 1), Ok(()));
+        }
+    }
+    assert_eq!(
+        allocs() - before,
+        0,
+        "hot keys were evicted and re-inserted"
+    );
+    assert_eq!(s.len(), 1000);
+    // Idle keys still go: one grace period to clear, one to drop.
+    clock.advance(Duration::from_secs(1));
+    s.sweep();
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(s.sweep(), 1000);
+}
+
+/// Issue #13, item 1 (memory): a million keys touched once and then idle
+/// give their entries and their tables' memory back once they have been
+/// idle for the grace period, with no explicit sweep: the inserts of new
+/// keys sweep each shard at most once per grace period.
+#[test]
+fn a_million_idle_keys_give_their_memory_back() {
+    let clock = ManualClock::new();
+    let q = Quota::per_second(nz(10)).allow_burst(nz(2));
+    let s: Scoped<u64, _> = Scoped::with_clock(q, clock.clone()).with_max_keys(4 << 20);
+    s.try_acquire(&u64::MAX, 1).unwrap();
+    let before = live();
+    for key in 0..1_000_000u64 {
+        s.try_acquire(&key, 1).unwrap();
+    }
+    let peak = live() - before;
+    assert_eq!(s.len(), 1_000_001);
+    assert!(peak > 40_000_000, "{peak} bytes for a million keys");
+    // A few new keys a grace period later: each shard's sweep clears the
+    // second-chance bits. Nothing goes yet.
+    clock.advance(Duration::from_secs(1));
+    for key in 0..1_000u64 {
+        s.try_acquire(&(1 << 40 | key), 1).unwrap();
+    }
+    assert!(s.len() > 1_000_000);
+    // Another grace period: the idle keys go, and the tables shrink.
+    clock.advance(Duration::from_secs(1));
+    for key in 0..1_000u64 {
+        s.try_acquire(&(2 << 40 | key), 1).unwrap();
+    }
+    assert!(s.len() <= 2_001, "{} entries left", s.len());
+    let after = live() - before;
+    println!("a million idle keys: {peak} bytes at the peak, {after} after");
+    assert!(after < 1_000_000, "{after} bytes left of {peak}");
 }

@@ -278,36 +278,70 @@ impl Gcra {
         self.word.store(word, Ordering::Release);
     }
 
-    /// Applies `new_tat` if `stamp` still holds `view.stamp`.
+    /// Applies `new_tat` if `stamp` still holds `view.stamp`; otherwise
+    /// returns the view to retry with (see [`Gcra::refresh`]).
     #[inline]
-    fn apply(&self, view: &View, new_tat: u64) -> bool {
-        // Release: `stamp` is seqlock data (see `view`). Relaxed on
-        // failure: the caller re-reads through `view`.
-        self.stamp
-            .compare_exchange_weak(
-                view.stamp,
-                new_tat.wrapping_add(view.skew),
-                Ordering::Release,
-                Ordering::Relaxed,
-            )
-            .is_ok()
+    fn apply(&self, view: &View, new_tat: u64) -> Result<(), View> {
+        // Release: `stamp` is seqlock data (see `view`). Acquire on
+        // failure: pairs with the Release write that stored the value we
+        // found, for `refresh`.
+        match self.stamp.compare_exchange_weak(
+            view.stamp,
+            new_tat.wrapping_add(view.skew),
+            Ordering::Release,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => Ok(()),
+            Err(actual) => Err(self.refresh(view, actual)),
+        }
+    }
+
+    /// The view after a failed compare-and-swap found `stamp == actual`:
+    /// the old quota and skew with the new stamp if no admin operation ran
+    /// since `view` was read (its word is unchanged), else a fresh
+    /// [`view`](Gcra::view). Saves re-reading the seqlock on the contended
+    /// path, where another admission (not an admin operation) is the usual
+    /// reason for the failure.
+    ///
+    /// Sound because every write of `stamp` that comes with a new skew or
+    /// quota (`set_quota`, `reset`) is made under `LOCKED`, taken before
+    /// it: the failed CAS read `actual` with Acquire, so if an admin
+    /// operation wrote it, the `word` load below sees `LOCKED` or the
+    /// bumped epoch that operation unlocks with, never `view.word` again.
+    /// Admin writes that keep the word (`cancel`, a `reset` of a full
+    /// bucket) change neither skew nor quota.
+    #[inline]
+    fn refresh(&self, view: &View, actual: u64) -> View {
+        // Relaxed: ordered after the Acquire failure load in `apply` (see
+        // above); a stale value can only be `LOCKED` or newer, both unequal.
+        if self.word.load(Ordering::Relaxed) == view.word {
+            View {
+                stamp: actual,
+                tat: actual.wrapping_sub(view.skew),
+                ..*view
+            }
+        } else {
+            self.view()
+        }
     }
 
     /// Admits `n` cells now, or says how long until they would fit.
     #[inline]
     pub(crate) fn try_acquire(&self, n: u32, now: u64) -> Result<(), CheckError> {
+        if n == 0 {
+            return Ok(());
+        }
         let backoff = Backoff::new();
+        let mut retried = false;
+        let mut view = self.view();
         loop {
-            let view = self.view();
-            if n == 0 {
-                return Ok(());
-            }
             match view.rule(n, now) {
                 Rule::Fits { new_tat, ready_at } if ready_at <= now => {
-                    if self.apply(&view, new_tat) {
-                        return Ok(());
+                    match self.apply(&view, new_tat) {
+                        Ok(()) => return Ok(()),
+                        Err(fresh) => view = fresh,
                     }
-                    backoff.spin();
+                    contended(&backoff, &mut retried);
                 }
                 Rule::Fits { ready_at, .. } => {
                     return Err(CheckError::NotUntil {
@@ -338,28 +372,32 @@ impl Gcra {
         max_wait: u64,
         now: u64,
     ) -> Result<Reserved, ReserveError> {
+        if n == 0 {
+            return Ok(Reserved {
+                ready_at: now,
+                ticket: None,
+            });
+        }
         let backoff = Backoff::new();
+        let mut retried = false;
+        let mut view = self.view();
         loop {
-            let view = self.view();
-            if n == 0 {
-                return Ok(Reserved {
-                    ready_at: now,
-                    ticket: None,
-                });
-            }
             match view.rule(n, now) {
                 Rule::Fits { new_tat, ready_at } if ready_at - now <= max_wait => {
-                    if self.apply(&view, new_tat) {
-                        return Ok(Reserved {
-                            ready_at,
-                            ticket: Some(Ticket {
-                                before: view.stamp,
-                                after: new_tat.wrapping_add(view.skew),
-                                epoch: view.epoch(),
-                            }),
-                        });
+                    match self.apply(&view, new_tat) {
+                        Ok(()) => {
+                            return Ok(Reserved {
+                                ready_at,
+                                ticket: Some(Ticket {
+                                    before: view.stamp,
+                                    after: new_tat.wrapping_add(view.skew),
+                                    epoch: view.epoch(),
+                                }),
+                            })
+                        }
+                        Err(fresh) => view = fresh,
                     }
-                    backoff.spin();
+                    contended(&backoff, &mut retried);
                 }
                 Rule::Fits { ready_at, .. } => {
                     return Err(ReserveError::RateLimited {
@@ -422,7 +460,7 @@ impl Gcra {
                 .saturating_add(retry_after)
                 .saturating_add(view.tolerance() - view.period);
             if view.tat < target {
-                if self.apply(&view, target) {
+                if self.apply(&view, target).is_ok() {
                     return;
                 }
                 backoff.spin();
@@ -612,6 +650,16 @@ fn nanos(n: u64) -> core::time::Duration {
     core::time::Duration::from_nanos(n)
 }
 
+/// After a failed compare-and-swap: retry at once the first time (the
+/// admission that beat us is done, and a `pause` costs more than the
+/// retry on most x86 parts), back off from the second.
+#[inline]
+fn contended(backoff: &Backoff, retried: &mut bool) {
+    if core::mem::replace(retried, true) {
+        backoff.spin();
+    }
+}
+
 /// Waits for an admin operation (a few instructions) to finish.
 #[cold]
 fn wait_unlocked() {
@@ -712,5 +760,35 @@ mod tests {
         assert_eq!(g.view().stamp, before.wrapping_add(2));
         assert_eq!(g.tat(), FULL);
         assert_eq!(g.available(1_000), 10);
+    }
+
+    /// Issue #13, item 2: a failed compare-and-swap re-read the whole
+    /// seqlock and paused before retrying; it now retries with the value
+    /// it found, keeping the quota and skew only if no admin operation ran
+    /// in between. After another admission: the found stamp, same quota.
+    #[test]
+    fn a_failed_cas_after_an_admission_retries_with_the_stamp_it_found() {
+        let g = Gcra::new(q(100, 10));
+        let stale = g.view();
+        g.try_acquire(3, 1_000).unwrap();
+        let fresh = g.apply(&stale, 1_100).unwrap_err();
+        assert_eq!(fresh.stamp, g.view().stamp);
+        assert_eq!(fresh.tat, 1_300);
+        assert_eq!((fresh.word, fresh.period), (stale.word, stale.period));
+    }
+
+    /// The same after a quota change (which moves the stamp by one and the
+    /// skew): the retry must see the new quota and skew, not pair the new
+    /// stamp with the old skew.
+    #[test]
+    fn a_failed_cas_after_a_quota_change_rereads_the_quota() {
+        let g = Gcra::new(q(100, 10));
+        g.try_acquire(10, 1_000).unwrap();
+        let stale = g.view();
+        g.set_quota(q(10, 10), 1_000);
+        let fresh = g.apply(&stale, 5_000).unwrap_err();
+        assert_eq!(fresh.period, 10);
+        assert_eq!(fresh.tat, 1_100);
+        assert_ne!(fresh.word, stale.word);
     }
 }

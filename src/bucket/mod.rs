@@ -11,6 +11,7 @@ use core::time::Duration;
 
 use crate::clock::{saturating_nanos, Clock, DefaultClock};
 use crate::sleep::Sleeper;
+use crate::sync::CachePadded;
 
 pub use error::{CheckError, ReserveError};
 pub use quota::{Quota, QuotaError};
@@ -111,7 +112,11 @@ pub trait RateLimiter: Send + Sync {
 /// assert!(bucket.try_acquire(1).is_ok());
 /// ```
 pub struct TokenBucket<C: Clock = DefaultClock> {
-    gcra: Gcra,
+    /// Alone on its cache line(s): the clock (read on every call) must
+    /// not share a line with `stamp`, which every admission writes, or
+    /// each call on one thread would miss on the clock after each call on
+    /// another (false sharing).
+    gcra: CachePadded<Gcra>,
     clock: C,
 }
 
@@ -147,7 +152,7 @@ impl<C: Clock> TokenBucket<C> {
     /// ```
     pub fn with_clock(quota: Quota, clock: C) -> Self {
         TokenBucket {
-            gcra: Gcra::new(quota),
+            gcra: CachePadded::new(Gcra::new(quota)),
             clock,
         }
     }

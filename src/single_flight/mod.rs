@@ -25,8 +25,15 @@
 //!   removed, the followers are woken with `LeaderPanicked`, and the panic
 //!   resumes in the leader's task.
 //!
-//! No lock is held while user code runs, except `K::eq` during a lookup:
-//! `K::hash`, the work, `V::clone`, wakers and every `Drop` run unlocked.
+//! No lock is held while user code runs, except `K::eq` during a lookup
+//! and `V::clone` on a cache hit: `K::hash`, the work, every other
+//! `V::clone`, wakers and every `Drop` run unlocked. A hit clones the
+//! cached value under the shard's lock instead of taking a reference to
+//! its flight (an `Arc` increment and decrement, two contended atomic
+//! writes, on the hottest path), so `V::clone` must be cheap (it should be
+//! anyway: every caller gets a clone) and must not call into the same
+//! map, like `K::eq`. A panicking `V::clone` leaves the shard unchanged:
+//! the hit only reads it.
 
 mod builder;
 mod flight;
@@ -409,6 +416,20 @@ impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
             // value would leak and a cached entry would point at a flight
             // that is not `OK`.
             let now = self.clock.now_nanos();
+            // The coarse expiry counts from the earliest the caching can
+            // be, so it never outlasts the TTL, less 1/1024 of it: margin
+            // for the two time bases' rates differing (clock calibration
+            // errors are parts per million). 0 (never live by the coarse
+            // check) if the clock has no coarse time or the TTL is too
+            // short for it.
+            let fresh_until = self.clock.coarse_bounds().map_or(0, |(earliest, latest)| {
+                let lag = latest.saturating_sub(earliest);
+                if cache.ttl > lag.saturating_mul(4) {
+                    earliest.saturating_add(cache.ttl - cache.ttl / 1024)
+                } else {
+                    0
+                }
+            });
             let copy = value.clone();
             // SAFETY: this leader is the only writer and the state is
             // `RUNNING`, so nobody reads the cell yet.
@@ -419,7 +440,7 @@ impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
                 hash,
                 flight,
                 now,
-                now.saturating_add(cache.ttl),
+                (now.saturating_add(cache.ttl), fresh_until),
                 cache.per_shard,
                 &mut trash,
             );

@@ -18,7 +18,7 @@ use core::task::{Context, Poll};
 use std::panic::{self, AssertUnwindSafe};
 
 use super::flight::{Flight, Node, DONE, LINKED, PROMOTED};
-use super::shard::Lookup;
+use super::shard::{Expiry, Lookup};
 use super::{FlightError, Provenance, SingleFlight};
 use crate::clock::Clock;
 use crate::sync::Arc;
@@ -118,23 +118,33 @@ where
         // The key's `Hash` and the clock run before the lock.
         let hash = map.hasher.hash_one(&key);
         self.hash = hash;
-        let now = map.cache.map(|_| map.clock.now_nanos());
+        // A hit reads the clock's coarse time if it has one (a few ns
+        // cheaper than `now_nanos`); a value it cannot call live is looked
+        // up again on the precise time.
+        let expiry = match map.cache {
+            None => Expiry::Off,
+            Some(_) => match map.clock.coarse_bounds() {
+                Some((_, latest)) => Expiry::Coarse(latest),
+                None => Expiry::Precise(map.clock.now_nanos()),
+            },
+        };
         let mut guard = map.lock(hash);
-        let (found, key) = guard.lookup(hash, key, now);
+        let (mut found, mut key) = guard.lookup(hash, key, expiry);
+        if let Lookup::Recheck = found {
+            drop(guard);
+            let now = map.clock.now_nanos();
+            guard = map.lock(hash);
+            (found, key) = guard.lookup(
+                hash,
+                key.expect("`Recheck` gives the key back"),
+                Expiry::Precise(now),
+            );
+        }
         match found {
-            Lookup::Cached(flight) => {
+            Lookup::Cached(value) => {
                 drop(guard);
                 self.phase = Phase::Done;
                 drop(key);
-                // Unreachable by construction, not by luck: `lookup` returns
-                // `Cached` only for a flight it saw in state `OK` under the
-                // lock, a flight leaves `RUNNING` once and never changes
-                // again, and `OK` means the cell holds an `Ok` (`complete`
-                // derives the state from the outcome it writes).
-                let value = match flight.read_outcome() {
-                    Some(Ok(v)) => v,
-                    _ => unreachable!("`lookup` only serves flights in state `OK`"),
-                };
                 Some(Ok((value, Provenance::Cached)))
             }
             Lookup::InFlight(flight) => {
@@ -150,6 +160,7 @@ where
                 drop(key);
                 None
             }
+            Lookup::Recheck => unreachable!("a precise lookup always decides"),
             Lookup::Inserted(flight, replaced) => {
                 drop(guard);
                 self.flight = Some(flight);

@@ -1,7 +1,7 @@
 //! One shard: a hash table from key to in-flight or cached flight, and the
 //! bookkeeping of the TTL cache. Everything here runs with the shard's lock
-//! held, so nothing here calls user code except `K::eq` (the lookup by key),
-//! and nothing is dropped here: removed entries are handed back to the
+//! held, so nothing here calls user code except `K::eq` (the lookup by key)
+//! and `V::clone` (a cache hit), and nothing is dropped here: removed entries are handed back to the
 //! caller, which drops them after unlocking.
 //!
 //! # Identity
@@ -88,6 +88,10 @@ pub(super) enum Slot<V, E> {
     Cached {
         flight: Arc<Flight<V, E>>,
         expires_at: u64,
+        /// The same expiry on the clock's coarse time base
+        /// ([`Clock::coarse_bounds`](crate::Clock::coarse_bounds)), measured
+        /// from the earliest the value can have been cached (0: none).
+        fresh_until: u64,
         stamp: u64,
     },
 }
@@ -99,12 +103,30 @@ struct Record {
     expires_at: u64,
 }
 
+/// How a lookup tells a live cached value from an expired one.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Expiry {
+    /// No cache.
+    Off,
+    /// The latest the time can be now on the clock's coarse base: a value
+    /// is live if its `fresh_until` is after it. One that is not (near its
+    /// expiry, or cached without a coarse time) is checked again precisely
+    /// ([`Lookup::Recheck`]).
+    Coarse(u64),
+    /// `now_nanos`: a value is live if its `expires_at` is after it.
+    Precise(u64),
+}
+
 /// What a lookup by key found.
 pub(super) enum Lookup<V, E> {
-    /// A live cached value.
-    Cached(Arc<Flight<V, E>>),
+    /// A live cached value, cloned under the lock (see the module docs of
+    /// `single_flight`): a hit takes no reference to the flight.
+    Cached(V),
     /// A flight to join.
     InFlight(Arc<Flight<V, E>>),
+    /// A cached value the coarse check could not call live: look again
+    /// with [`Expiry::Precise`]. Nothing was changed.
+    Recheck,
     /// Nothing: a new flight was inserted for the caller to lead (an
     /// expired cached entry it replaced is returned for dropping).
     Inserted(Arc<Flight<V, E>>, Option<Slot<V, E>>),
@@ -125,15 +147,11 @@ impl<K, V, E> Shard<K, V, E> {
     }
 
     /// Finds `key`: a live cached value, an in-flight flight, or (after
-    /// inserting a new flight) nothing. `now` is `Some` iff caching is on.
-    pub(super) fn lookup(
-        &mut self,
-        hash: u64,
-        key: K,
-        now: Option<u64>,
-    ) -> (Lookup<V, E>, Option<K>)
+    /// inserting a new flight) nothing.
+    pub(super) fn lookup(&mut self, hash: u64, key: K, expiry: Expiry) -> (Lookup<V, E>, Option<K>)
     where
         K: Eq,
+        V: Clone,
     {
         match self.table.entry(hash, |e| e.key == key, |e| e.hash) {
             TableEntry::Occupied(mut occ) => {
@@ -149,9 +167,26 @@ impl<K, V, E> Shard<K, V, E> {
                     // unreachable: a slot that breaks the rule is served
                     // like an expired one.
                     Slot::Cached {
-                        flight, expires_at, ..
-                    } if now.is_some_and(|now| now < *expires_at) && flight.state() == OK => {
-                        (Lookup::Cached(Arc::clone(flight)), Some(key))
+                        flight,
+                        expires_at,
+                        fresh_until,
+                        ..
+                    } if match expiry {
+                        Expiry::Off => false,
+                        Expiry::Coarse(latest) => latest < *fresh_until,
+                        Expiry::Precise(now) => now < *expires_at,
+                    } && flight.state() == OK =>
+                    {
+                        // `read_outcome` is `Some(Ok)` in state `OK`: the
+                        // state was observed with Acquire and the cell is
+                        // written once before `OK` is published.
+                        match flight.read_outcome() {
+                            Some(Ok(value)) => (Lookup::Cached(value), Some(key)),
+                            _ => unreachable!("a flight in state `OK` holds `Ok`"),
+                        }
+                    }
+                    Slot::Cached { .. } if matches!(expiry, Expiry::Coarse(_)) => {
+                        (Lookup::Recheck, Some(key))
                     }
                     Slot::Cached { .. } => {
                         // Expired: lead a new flight in its place. Its record
@@ -200,7 +235,7 @@ impl<K, V, E> Shard<K, V, E> {
 
     /// Turns the entry of `flight`, if it is still in flight here and was
     /// not invalidated meanwhile, into a cached entry that expires at
-    /// `expires_at`, keeping at most `capacity` cached entries. An
+    /// `expires_at` (`fresh_until` on the clock's coarse time), keeping at most `capacity` cached entries. An
     /// invalidated entry is removed instead. Entries reclaimed, evicted or
     /// removed are pushed to `trash`. Returns whether the value was cached.
     ///
@@ -211,7 +246,7 @@ impl<K, V, E> Shard<K, V, E> {
         hash: u64,
         flight: &Arc<Flight<V, E>>,
         now: u64,
-        expires_at: u64,
+        (expires_at, fresh_until): (u64, u64),
         capacity: usize,
         trash: &mut Vec<Entry<K, V, E>>,
     ) -> bool {
@@ -237,6 +272,7 @@ impl<K, V, E> Shard<K, V, E> {
             Slot::Cached {
                 flight: Arc::clone(flight),
                 expires_at,
+                fresh_until,
                 stamp,
             },
         );

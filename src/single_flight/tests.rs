@@ -104,3 +104,98 @@ fn record_bound_overflow_with_unbounded_cache_neither_panics_nor_compacts_every_
         assert_eq!(m.len(), 11);
     }
 }
+
+/// Issue #13, item 3: a cache hit now clones the value under the shard's
+/// lock (instead of an `Arc` increment and decrement of the flight). A
+/// `V::clone` that panics there must leave the shard as it was: the entry
+/// stays cached, the lock is released, and later calls are served.
+#[test]
+fn a_panicking_clone_on_a_cache_hit_leaves_the_shard_usable() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static PANIC: AtomicBool = AtomicBool::new(false);
+    #[derive(Debug)]
+    struct Touchy(u32);
+    impl Clone for Touchy {
+        fn clone(&self) -> Self {
+            if PANIC.load(Ordering::Relaxed) {
+                panic!("clone failed");
+            }
+            Touchy(self.0)
+        }
+    }
+    let m: SingleFlight<u32, Touchy, std::convert::Infallible, ManualClock> =
+        SingleFlight::builder()
+            .shards(1)
+            .cache(Duration::from_secs(60), 4)
+            .clock(ManualClock::new())
+            .build();
+    crate::park::block_on(m.run(1, || async { Touchy(7) })).unwrap();
+    PANIC.store(true, Ordering::Relaxed);
+    let hit = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        crate::park::block_on(m.run(1, || async { Touchy(0) }))
+    }));
+    assert!(hit.is_err());
+    PANIC.store(false, Ordering::Relaxed);
+    assert_eq!(m.len(), 1);
+    let (v, how) = crate::park::block_on(m.run(1, || async { Touchy(0) })).unwrap();
+    assert_eq!(v.0, 7);
+    assert_eq!(how, crate::Provenance::Cached);
+}
+
+/// A clock with a coarse time of its own, both moved by hand.
+#[derive(Debug, Clone)]
+struct TwoClocks {
+    precise: ManualClock,
+    coarse: ManualClock,
+    lag: u64,
+}
+
+impl crate::Clock for TwoClocks {
+    fn now_nanos(&self) -> u64 {
+        self.precise.now_nanos()
+    }
+    fn coarse_bounds(&self) -> Option<(u64, u64)> {
+        let t = self.coarse.now_nanos();
+        Some((t, t + self.lag))
+    }
+}
+
+/// Issue #13, item 3: a cache hit read the precise clock (quanta, ~10 ns of
+/// a ~40 ns hit). With a clock that has a coarse time, a hit far from its
+/// expiry is served on the coarse time alone; one the coarse time cannot
+/// call live (near its expiry, within the coarse clock's lag) is checked
+/// on the precise time. Either way a value is never served past its TTL.
+#[test]
+fn a_cache_hit_uses_the_coarse_time_and_never_outlives_the_ttl() {
+    use crate::Clock as _;
+    let clocks = TwoClocks {
+        precise: ManualClock::new(),
+        coarse: ManualClock::new(),
+        lag: 10,
+    };
+    let m: SingleFlight<u32, u32, std::convert::Infallible, TwoClocks> = SingleFlight::builder()
+        .shards(1)
+        .cache(Duration::from_nanos(1_024_000), 4)
+        .clock(clocks.clone())
+        .build();
+    let get = |v| crate::park::block_on(m.run(1, move || async move { v })).unwrap();
+    assert_eq!(get(1).0, 1);
+    // The precise time runs ahead: a hit served on the coarse time alone
+    // (the precise one says expired) shows the coarse path decides.
+    clocks.precise.set(2_000_000);
+    clocks.coarse.set(500_000);
+    assert_eq!(get(2), (1, crate::Provenance::Cached));
+    // Near the coarse expiry (1,024,000 - 1,000, less the lag): rechecked
+    // on the precise time, which says expired: a new flight runs.
+    clocks.coarse.set(1_022_995);
+    assert_eq!(get(3), (3, crate::Provenance::Leader));
+    // Cached again at precise 2,000,000 and coarse 1,022,995. Near its
+    // coarse expiry but precisely still live: served after the recheck.
+    clocks.coarse.set(1_022_995 + 1_022_995);
+    clocks.precise.set(2_000_000 + 1_000_000);
+    assert_eq!(get(4), (3, crate::Provenance::Cached));
+    // Past both: never served.
+    clocks.precise.set(2_000_000 + 1_024_000);
+    assert_eq!(get(5), (5, crate::Provenance::Leader));
+    assert!(clocks.precise.now_nanos() > 0);
+}
