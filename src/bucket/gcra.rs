@@ -90,7 +90,11 @@ use core::fmt;
 
 use super::error::{CheckError, ReserveError};
 use super::quota::Quota;
+
+mod convert;
+
 use crate::sync::{AtomicU64, Backoff, Ordering};
+pub(crate) use convert::convert;
 
 const LOCKED: u64 = 1;
 const EPOCH_ONE: u64 = 1 << 1;
@@ -601,46 +605,6 @@ impl Gcra {
     }
 }
 
-/// Converts a `tat` from quota `old` to quota `new` at `now`, by the
-/// debt `D = tat - now` the bucket holds:
-///
-/// * `D == 0` (full): `tat` is returned as it is. A full bucket stays
-///   full, whatever the change.
-/// * `0 < D <= τ_old` (some of the burst is used): the debt is `D / T_old`
-///   cells, and stays that many cells at the new period, `D * T_new /
-///   T_old`, rounded up to a whole nanosecond. It is clamped to the new
-///   burst (`τ_new`): cells beyond it are forgiven, so a lowered burst
-///   leaves the bucket drained, not locked out past it. Lowering the rate
-///   makes the same cells last longer; raising the burst opens the
-///   difference at once (those cells were never taken).
-/// * `D > τ_old` (held back past a whole burst: a penalty, or reservations
-///   queued beyond the burst): the wait until the next single cell,
-///   `D - (τ_old - T_old)`, is kept exactly, and the new bucket is drained
-///   behind it. So a server's `Retry-After` survives any quota change.
-///
-/// No term adds periods, so converting back and forth never builds debt:
-/// flipping between two quotas leaves a held bucket's wait as it was, and
-/// the cells of any other at most its debt rounded up to a whole cell.
-/// Never lowers a debt below what the cells admitted (or the penalty)
-/// cost under the new quota, apart from the documented clamp; never
-/// overflows (u128 inside, capped at `u64::MAX`).
-pub(crate) fn convert(tat: u64, now: u64, old: Quota, new: Quota) -> u64 {
-    let debt = tat.saturating_sub(now) as u128;
-    if debt == 0 {
-        return tat;
-    }
-    let (t_old, tau_old) = (old.period as u128, old.tolerance() as u128);
-    let (t_new, tau_new) = (new.period as u128, new.tolerance() as u128);
-    let kept = if debt > tau_old {
-        // `tau >= period` (burst >= 1), so neither subtraction wraps.
-        let wait = debt - (tau_old - t_old);
-        (tau_new - t_new) + wait
-    } else {
-        (debt * t_new).div_ceil(t_old).min(tau_new)
-    };
-    (now as u128 + kept).min(u64::MAX as u128) as u64
-}
-
 fn bump_epoch(word: u64) -> u64 {
     (word & !EPOCH_MASK) | (word.wrapping_add(EPOCH_ONE) & EPOCH_MASK)
 }
@@ -680,115 +644,4 @@ impl fmt::Debug for Gcra {
 }
 
 #[cfg(all(test, not(feature = "loom")))]
-mod tests {
-    use super::*;
-    use core::num::NonZeroU32;
-
-    fn q(period: u64, burst: u32) -> Quota {
-        Quota {
-            period,
-            burst: NonZeroU32::new(burst).unwrap(),
-        }
-    }
-
-    #[test]
-    fn epoch_wraps_inside_its_bits() {
-        let word = (7u64 << BURST_SHIFT) | EPOCH_MASK;
-        let bumped = bump_epoch(word);
-        assert_eq!(bumped >> BURST_SHIFT, 7);
-        assert_eq!(bumped & EPOCH_MASK, 0);
-        assert_eq!(bump_epoch(bumped) & EPOCH_MASK, EPOCH_ONE);
-    }
-
-    #[test]
-    fn convert_keeps_debt_in_cells_when_the_rate_falls() {
-        // 1000/s, burst 1000, drained at 0: tat = 1s. Now 1/s, burst 1000.
-        let t = convert(1_000_000_000, 0, q(1_000_000, 1000), q(1_000_000_000, 1000));
-        assert_eq!(t, 1_000 * 1_000_000_000);
-        // And the other way: 1000 cells at 1/s are 1000 cells at 1000/s.
-        let t = convert(t, 0, q(1_000_000_000, 1000), q(1_000_000, 1000));
-        assert_eq!(t, 1_000_000_000);
-    }
-
-    #[test]
-    fn convert_keeps_a_hold_past_the_burst() {
-        // 1/s burst 1, penalized 10 s at 0 (tat = 10 s). Now 100/s burst 100.
-        let old = q(1_000_000_000, 1);
-        let new = q(10_000_000, 100);
-        let t = convert(10_000_000_000, 0, old, new);
-        // The first cell under the new quota fits at t - (τ - T) = 10 s.
-        assert_eq!(t - (new.tolerance() - new.period), 10_000_000_000);
-    }
-
-    #[test]
-    fn convert_keeps_full_full_and_clamps_to_the_burst() {
-        assert_eq!(convert(5, 100, q(10, 1), q(10, 2)), 5);
-        assert_eq!(convert(100, 100, q(10, 1), q(1, 2)), 100);
-        // 5 cells of debt, burst 100 -> 3: drained, not past it.
-        assert_eq!(convert(150, 100, q(10, 100), q(10, 3)), 130);
-        // Rounded up to a whole nanosecond.
-        assert_eq!(convert(101, 100, q(3, 100), q(2, 100)), 101);
-        assert_eq!(
-            convert(u64::MAX, 0, q(1, 1), q(u64::MAX, u32::MAX)),
-            u64::MAX
-        );
-        assert_eq!(convert(u64::MAX, 0, q(u64::MAX, 1), q(1, 1)), 1);
-    }
-
-    #[test]
-    fn flipping_quotas_builds_no_debt() {
-        let (a, b) = (q(100, 10), q(100, 9));
-        for debt in [0, 1, 450, 900, 1_000, 1_001, 5_000] {
-            let mut t = 1_000 + debt;
-            for _ in 0..100 {
-                t = convert(convert(t, 1_000, a, b), 1_000, b, a);
-            }
-            assert!(t <= 1_000 + debt, "debt {debt} grew to {}", t - 1_000);
-        }
-    }
-
-    #[test]
-    fn a_quota_change_moves_the_stamp_by_one() {
-        let g = Gcra::new(q(100, 10));
-        g.try_acquire(10, 1_000).unwrap();
-        let before = g.view().stamp;
-        // A faster rate lowers `tat`, but never the stamp.
-        g.set_quota(q(10, 10), 1_000);
-        assert_eq!(g.view().stamp, before.wrapping_add(1));
-        assert_eq!(g.tat(), 1_100);
-        g.reset(1_000);
-        assert_eq!(g.view().stamp, before.wrapping_add(2));
-        assert_eq!(g.tat(), FULL);
-        assert_eq!(g.available(1_000), 10);
-    }
-
-    /// Issue #13, item 2: a failed compare-and-swap re-read the whole
-    /// seqlock and paused before retrying; it now retries with the value
-    /// it found, keeping the quota and skew only if no admin operation ran
-    /// in between. After another admission: the found stamp, same quota.
-    #[test]
-    fn a_failed_cas_after_an_admission_retries_with_the_stamp_it_found() {
-        let g = Gcra::new(q(100, 10));
-        let stale = g.view();
-        g.try_acquire(3, 1_000).unwrap();
-        let fresh = g.apply(&stale, 1_100).unwrap_err();
-        assert_eq!(fresh.stamp, g.view().stamp);
-        assert_eq!(fresh.tat, 1_300);
-        assert_eq!((fresh.word, fresh.period), (stale.word, stale.period));
-    }
-
-    /// The same after a quota change (which moves the stamp by one and the
-    /// skew): the retry must see the new quota and skew, not pair the new
-    /// stamp with the old skew.
-    #[test]
-    fn a_failed_cas_after_a_quota_change_rereads_the_quota() {
-        let g = Gcra::new(q(100, 10));
-        g.try_acquire(10, 1_000).unwrap();
-        let stale = g.view();
-        g.set_quota(q(10, 10), 1_000);
-        let fresh = g.apply(&stale, 5_000).unwrap_err();
-        assert_eq!(fresh.period, 10);
-        assert_eq!(fresh.tat, 1_100);
-        assert_ne!(fresh.word, stale.word);
-    }
-}
+mod tests;
