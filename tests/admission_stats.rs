@@ -100,3 +100,51 @@ fn stats_count_admissions_and_refusals_per_tool_and_credential() {
     let _ = now(admission.admit(&CallSpec::new("search", "a")));
     assert_eq!(admission.stats().refused.closed, 1);
 }
+
+/// Issue #10 item 11: every distinct tool name grew the registry for good
+/// (200,000 names: +52 MB). Now it stays at the cap, evicting idle tools,
+/// and refuses a new name only while every tracked tool is busy.
+#[test]
+fn a_flood_of_tool_names_keeps_the_registry_bounded() {
+    let clock = ManualClock::new();
+    let admission = Admission::builder()
+        .sleeper(ManualSleeper::new(clock.clone()))
+        .clock(clock)
+        .fixed_rates()
+        .default_quota(Quota::per_second(NonZeroU32::new(1_000_000).unwrap()))
+        .tool("configured", 1, SlotPolicy::Wait)
+        .max_tools(16)
+        .build();
+    for i in 0..20_000 {
+        let Poll::Ready(Ok(t)) = now(admission.admit(&CallSpec::new(format!("tool-{i}"), "k")))
+        else {
+            panic!("call {i}")
+        };
+        drop(t);
+    }
+    let tools = admission.stats().tools;
+    assert!(tools.len() <= 16 + 1, "{} tools tracked", tools.len());
+    assert!(
+        tools.iter().any(|t| t.name == "configured"),
+        "configured tools stay"
+    );
+    // 16 busy tools: a 17th name is refused, not tracked.
+    let busy: Vec<_> = (0..16)
+        .map(
+            |i| match now(admission.admit(&CallSpec::new(format!("busy-{i}"), "k"))) {
+                Poll::Ready(Ok(t)) => t,
+                _ => panic!("busy {i}"),
+            },
+        )
+        .collect();
+    let Poll::Ready(Err(t)) = now(admission.admit(&CallSpec::new("one-too-many", "k"))) else {
+        panic!("refused")
+    };
+    assert_eq!(t.status, Status::Shed);
+    assert_eq!(t.scope, "tool:one-too-many");
+    drop(busy);
+    assert!(matches!(
+        now(admission.admit(&CallSpec::new("one-too-many", "k"))),
+        Poll::Ready(Ok(_))
+    ));
+}
