@@ -284,7 +284,7 @@ impl<S, C> Builder<S, C> {
 
     /// A weighted quota every credential has besides its requests: tokens
     /// per minute for an LLM API, bytes per second for a storage API. A
-    /// call says what it costs with [`CallSpec::cost`]; `admit` reserves
+    /// call says what it costs with [`CallSpec::cost`](super::CallSpec::cost); `admit` reserves
     /// the request and every cost all or nothing within the call's wait
     /// budget, and gives all back if the call is refused or dropped.
     /// [`Ticket::settle`](super::Ticket::settle) reconciles an estimate with

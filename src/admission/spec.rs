@@ -62,10 +62,10 @@ pub struct CallSpec {
     /// ([`Builder::resource`](super::Builder::resource)) is not limited.
     pub costs: Vec<(Cow<'static, str>, u32)>,
     /// How long the call may wait to be admitted, from the `admit` call
-    /// (through [`Runner`], from the call's start: every retry and its
+    /// (through [`Runner`](super::Runner), from the call's start: every retry and its
     /// backoff is charged to it). A slot is waited for up to the deadline;
     /// a rate-limit wait is slept only while it fits both the deadline and
-    /// the layer's inline wait ([`Builder::inline_wait`], 2 s by default):
+    /// the layer's inline wait ([`Builder::inline_wait`](super::Builder::inline_wait), 2 s by default):
     /// a longer one is returned at once as `rate_limited` with
     /// `retry_after_ms`, so a long deadline never means a long sleep.
     pub deadline: Duration,

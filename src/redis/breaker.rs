@@ -45,9 +45,10 @@ impl Breaker {
 /// The configured [`FailPolicy`](super::FailPolicy), ready to answer.
 #[derive(Debug)]
 pub(super) enum Policy {
-    /// Decide with this local bucket at `share` of the quota.
+    /// Decide with this local bucket at `share` of the quota (boxed: a
+    /// `TokenBucket` is cache-line padded, and most buckets fail closed).
     Open {
-        bucket: TokenBucket<Arc<dyn Clock>>,
+        bucket: Box<TokenBucket<Arc<dyn Clock>>>,
         share: f64,
     },
     /// Refuse with this `retry_after`.

@@ -224,7 +224,10 @@ impl Common {
         let params = params_of(quota)?;
         let policy = match self.policy {
             FailPolicy::FailOpen { share } => Policy::Open {
-                bucket: TokenBucket::with_clock(share_of(quota, share), clock.clone()),
+                bucket: Box::new(TokenBucket::with_clock(
+                    share_of(quota, share),
+                    clock.clone(),
+                )),
                 share,
             },
             FailPolicy::FailClosed { retry_after } => Policy::Closed(retry_after),
