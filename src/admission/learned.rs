@@ -9,7 +9,8 @@ use core::time::Duration;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
 
 use crate::adaptive::{AdaptiveRate, RateController, RateOutcome};
 use crate::bucket::Quota;
@@ -25,6 +26,8 @@ use super::stats::Counters;
 pub(crate) const MAX_LEARNED: usize = 4096;
 
 /// The learned rates of an admission layer (empty with fixed rates).
+type KnownMap = HashMap<Arc<str>, Arc<CredentialState>, ahash::RandomState>;
+
 pub(crate) struct Learned {
     /// `None`: fixed rates.
     adaptive: Option<AdaptiveRate>,
@@ -34,8 +37,10 @@ pub(crate) struct Learned {
     /// Quotas set by name: each one's starting rate and ceiling.
     configured: HashMap<String, Quota>,
     /// Every credential seen: its interned name (so a ticket names it
-    /// without allocating), its controller and its counters.
-    known: RwLock<HashMap<Arc<str>, Arc<CredentialState>, ahash::RandomState>>,
+    /// without allocating), its controller and its counters. Read without a
+    /// lock (a snapshot); replaced whole by a writer holding `write`.
+    known: ArcSwap<KnownMap>,
+    write: Mutex<()>,
 }
 
 impl Learned {
@@ -48,7 +53,8 @@ impl Learned {
             adaptive,
             default,
             configured,
-            known: RwLock::new(HashMap::default()),
+            known: ArcSwap::from_pointee(KnownMap::default()),
+            write: Mutex::new(()),
         }
     }
 
@@ -64,7 +70,7 @@ impl Learned {
         buckets: &Scoped<String, C>,
         clock: &C,
     ) -> Arc<CredentialState> {
-        if let Some(state) = self.known.read().get(credential) {
+        if let Some(state) = self.known.load().get(credential) {
             return state.clone();
         }
         self.create(credential, buckets, clock.now_nanos())
@@ -77,10 +83,12 @@ impl Learned {
         buckets: &Scoped<String, C>,
         now: u64,
     ) -> Arc<CredentialState> {
-        let mut known = self.known.write();
-        if let Some(state) = known.get(credential) {
+        let _writer = self.write.lock();
+        let current = self.known.load_full();
+        if let Some(state) = current.get(credential) {
             return state.clone();
         }
+        let mut known: KnownMap = (*current).clone();
         let name: Arc<str> = Arc::from(credential);
         if known.len() >= MAX_LEARNED {
             return Arc::new(CredentialState::new(name, None));
@@ -107,6 +115,7 @@ impl Learned {
         });
         let state = Arc::new(CredentialState::new(name.clone(), controller));
         known.insert(name, state.clone());
+        self.known.store(Arc::new(known));
         state
     }
 
@@ -134,7 +143,7 @@ impl Learned {
         }
         let Some(controller) = self
             .known
-            .read()
+            .load()
             .get(credential)
             .and_then(|s| s.controller.clone())
         else {
@@ -154,17 +163,17 @@ impl Learned {
 
     /// The rate `credential` runs at now, if it is learned.
     pub(crate) fn rate(&self, credential: &str) -> Option<f64> {
-        self.known.read().get(credential)?.rate()
+        self.known.load().get(credential)?.rate()
     }
 
     /// The credential `name`, if it is tracked (never registers it).
     pub(crate) fn peek(&self, name: &str) -> Option<Arc<CredentialState>> {
-        self.known.read().get(name).cloned()
+        self.known.load().get(name).cloned()
     }
 
     /// Every credential tracked, for `Admission::stats`.
     pub(crate) fn all(&self) -> Vec<Arc<CredentialState>> {
-        self.known.read().values().cloned().collect()
+        self.known.load().values().cloned().collect()
     }
 }
 
@@ -231,7 +240,7 @@ impl core::fmt::Debug for Learned {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Learned")
             .field("adaptive", &self.adaptive.is_some())
-            .field("known", &self.known.read().len())
+            .field("known", &self.known.load().len())
             .finish()
     }
 }

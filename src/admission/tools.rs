@@ -5,7 +5,8 @@ use core::time::Duration;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use arc_swap::ArcSwap;
+use parking_lot::{Mutex, RwLock};
 
 use super::pools::{Pool, SlotPolicy};
 use super::stats::Counters;
@@ -40,12 +41,16 @@ pub(super) struct ToolState {
 }
 
 impl ToolState {
-    /// Nobody but the registry holds it (no ticket, no admit in progress)
-    /// and evicting it loses no budget.
-    fn is_idle(self: &Arc<Self>) -> bool {
-        // Relaxed: read under the registry's write lock; a new holder must
-        // take the lock to get an `Arc`, so the count cannot grow meanwhile.
-        Arc::strong_count(self) == 1 && self.used.load(Ordering::Relaxed) == 0
+    /// Nobody but the registry's `maps` holds it (no ticket, no admit in
+    /// progress) and evicting it loses no budget. Called by the registry's
+    /// writer while the installed map and its copy both hold it (`maps` is
+    /// 2). A reader may clone it from the installed map meanwhile: then the
+    /// count is above `maps` (or the clone comes after the check, and that
+    /// call runs on a tool no longer tracked, which is harmless: its slots
+    /// are its own and it is dropped with its last ticket).
+    fn is_idle(self: &Arc<Self>, maps: usize) -> bool {
+        // Relaxed: a counter, read by the registry's single writer.
+        Arc::strong_count(self) == maps && self.used.load(Ordering::Relaxed) == 0
     }
 
     pub(super) fn new(
@@ -70,12 +75,18 @@ impl ToolState {
 
 /// The tools of one admission layer.
 pub(super) struct Tools {
-    map: RwLock<HashMap<String, Arc<ToolState>, ahash::RandomState>>,
+    /// Read without a lock (a snapshot); replaced whole by a writer holding
+    /// `write`, so a lookup on the admit path costs no atomic read-modify-write.
+    map: ArcSwap<ToolMap>,
+    /// Serializes writers (new tools, evictions) and `close_all`.
+    write: Mutex<()>,
     /// At most this many tools created on first use.
     max_dynamic: usize,
     default: ToolConfig,
     expected_latency: Duration,
 }
+
+type ToolMap = HashMap<String, Arc<ToolState>, ahash::RandomState>;
 
 impl Tools {
     pub(super) fn new(
@@ -84,7 +95,7 @@ impl Tools {
         max_dynamic: usize,
         expected_latency: Duration,
     ) -> Self {
-        let map = configured
+        let map: ToolMap = configured
             .into_iter()
             .map(|(name, cfg)| {
                 let state = Arc::new(ToolState::new(&name, &cfg, expected_latency, false));
@@ -92,7 +103,8 @@ impl Tools {
             })
             .collect();
         Self {
-            map: RwLock::new(map),
+            map: ArcSwap::from_pointee(map),
+            write: Mutex::new(()),
             max_dynamic,
             default,
             expected_latency,
@@ -106,17 +118,26 @@ impl Tools {
     /// are evicted first, and a new name is refused only if none is idle.
     /// An evicted tool forgets its hold-time estimate and the server scope
     /// it was seen under; both are learned again.
+    #[inline]
     pub(super) fn get(&self, tool: &str) -> Result<Arc<ToolState>, Throttled> {
-        if let Some(t) = self.map.read().get(tool) {
+        if let Some(t) = self.map.load().get(tool) {
             return Ok(t.clone());
         }
-        let mut tools = self.map.write();
-        if let Some(t) = tools.get(tool) {
+        self.insert(tool)
+    }
+
+    #[cold]
+    fn insert(&self, tool: &str) -> Result<Arc<ToolState>, Throttled> {
+        let _writer = self.write.lock();
+        let current = self.map.load_full();
+        if let Some(t) = current.get(tool) {
             return Ok(t.clone());
         }
+        let mut tools: ToolMap = (*current).clone();
         let dynamic = tools.values().filter(|t| t.dynamic).count();
         if dynamic >= self.max_dynamic {
-            tools.retain(|_, t| !(t.dynamic && t.is_idle()));
+            // Held by `current`, its copy `tools`, and nothing else: idle.
+            tools.retain(|_, t| !(t.dynamic && t.is_idle(2)));
             let left = tools.values().filter(|t| t.dynamic).count();
             if left >= self.max_dynamic {
                 return Err(Throttled::new(
@@ -136,29 +157,34 @@ impl Tools {
             true,
         ));
         tools.insert(tool.to_string(), state.clone());
+        self.map.store(Arc::new(tools));
         Ok(state)
     }
 
     /// The tool `name`, if it is registered (never creates it).
     pub(super) fn peek(&self, name: &str) -> Option<Arc<ToolState>> {
-        self.map.read().get(name).cloned()
+        self.map.load().get(name).cloned()
     }
 
     /// Every registered tool.
     pub(super) fn all(&self) -> Vec<Arc<ToolState>> {
-        self.map.read().values().cloned().collect()
+        self.map.load().values().cloned().collect()
     }
 
-    /// Closes every tool's pool (see `Admission::close`).
+    /// Closes every tool's pool (see `Admission::close`). Under the writer
+    /// lock: a tool created concurrently is either in the map walked here
+    /// or created after it, by a writer that then sees the closed flag
+    /// (stored before this call) when `admit` checks it again.
     pub(super) fn close_all(&self) {
-        for tool in self.map.read().values() {
+        let _writer = self.write.lock();
+        for tool in self.map.load().values() {
             tool.pool.close();
         }
     }
 
     /// Starts a new run: every tool's budget counts from zero.
     pub(super) fn reset_budgets(&self) {
-        for t in self.map.read().values() {
+        for t in self.map.load().values() {
             // Relaxed: counters.
             t.used.store(0, Ordering::Relaxed);
         }
