@@ -375,6 +375,26 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         .unwrap_or_else(|e| Err(ReserveError::TooManyKeys { limit: e.limit }))
     }
 
+    /// [`reserve`](Self::reserve) at `now`, a time the caller has just read
+    /// from this registry's clock (an earlier `now` only errs towards a
+    /// longer wait): the admission layer reads the clock once for all its
+    /// quotas.
+    #[inline]
+    pub(crate) fn reserve_at(
+        &self,
+        key: &K,
+        n: u32,
+        max_wait: Duration,
+        now: u64,
+    ) -> Result<Reservation<'static>, ReserveError> {
+        let max_wait = saturating_nanos(max_wait);
+        self.with_bucket_at(key, now, |b, now| {
+            b.reserve(n, max_wait, now)
+                .map(|r| Reservation::shared(b.clone(), r, now))
+        })
+        .unwrap_or_else(|e| Err(ReserveError::TooManyKeys { limit: e.limit }))
+    }
+
     /// Admits nothing for `key` before `now + retry_after` (a 429 on that
     /// credential). See [`TokenBucket::penalize`](crate::TokenBucket::penalize).
     ///
@@ -630,9 +650,18 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         key: &K,
         f: impl FnOnce(&Arc<Gcra>, u64) -> R,
     ) -> Result<R, TooManyKeys> {
+        self.with_bucket_at(key, self.clock.now_nanos(), f)
+    }
+
+    #[inline]
+    fn with_bucket_at<R>(
+        &self,
+        key: &K,
+        now: u64,
+        f: impl FnOnce(&Arc<Gcra>, u64) -> R,
+    ) -> Result<R, TooManyKeys> {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
-        let now = self.clock.now_nanos();
         {
             let guard = shard.read();
             if let Some(e) = guard.buckets.find(hash, |e| e.key == *key) {

@@ -116,7 +116,7 @@ where
             let mut wait = Duration::ZERO;
             let mut take =
                 |source: Source, buckets: &Scoped<String, C>, key: &String, cells: u32| {
-                    match buckets.reserve(key, cells, max_wait) {
+                    match buckets.reserve_at(key, cells, max_wait, now) {
                         Ok(r) => {
                             wait = wait.max(r.wait());
                             reserved.0.push(Held {
@@ -160,7 +160,7 @@ where
                 }
             }
             if let (Some(key), Some(name)) = (&scope_key, &scope) {
-                match inner.server_scopes.reserve(key, 1, max_wait) {
+                match inner.server_scopes.reserve_at(key, 1, max_wait, now) {
                     Ok(r) => {
                         wait = wait.max(r.wait());
                         reserved.0.push(Held {
