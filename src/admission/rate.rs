@@ -88,16 +88,18 @@ where
     C: Clock,
 {
     /// Stage 4: reserves every quota the call draws on and sleeps until its
-    /// instant (within the inline wait and the deadline). Returns the
+    /// instant (within the inline wait and the deadline), starting from
+    /// `now` if the caller has just read the clock. Returns the
     /// reservations and that instant.
     pub(super) async fn take_rate(
         &self,
         spec: &CallSpec,
         tool: &ToolState,
         deadline_at: u64,
+        now: Option<u64>,
     ) -> Result<(Reserved, u64), Throttled> {
         let inner = &*self.inner;
-        let mut now = inner.clock.now_nanos();
+        let mut now = now.unwrap_or_else(|| inner.clock.now_nanos());
         let inline_end = now.saturating_add(saturating_nanos(inner.inline_wait));
         // Acquire: pairs with the Release store in `observe_sent`, so the
         // scope written before it is seen.
