@@ -707,6 +707,11 @@ impl AsyncRateLimiter for RedisBucket {
 /// A key's bucket from a [`RedisScoped`] (or any shared `RedisBucket`) is
 /// a limiter too, so it can be handed to the admission layer
 /// (`Admission::builder().shared_quota(credential, scoped.bucket(&credential))`).
+///
+/// This repeats the impl above on purpose: a blanket
+/// `impl<L: AsyncRateLimiter> AsyncRateLimiter for Arc<L>` would overlap the
+/// blanket impl over every `RateLimiter` (which already covers
+/// `Arc<TokenBucket>`), so coherence forbids it.
 impl AsyncRateLimiter for Arc<RedisBucket> {
     type Reservation<'a> = RedisReservation<'a>;
 
