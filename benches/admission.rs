@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use backpressure::{Admission, CallSpec, Quota, Scoped, Semaphore, SlotPolicy};
+use backpressure::admission::{Admission, CallSpec, SlotPolicy};
+use backpressure::{Quota, Scoped, Semaphore};
 use criterion::{criterion_group, criterion_main, Criterion};
 
 /// Never binds: one cell per nanosecond, a burst of 2^32 - 1.

@@ -5,7 +5,9 @@
 use std::hint::black_box;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use backpressure::{Backoff, Deadline, Jitter, ManualClock, RetryPolicy, ServerHint};
+use backpressure::headers::ServerHint;
+use backpressure::retry::{Backoff, Deadline, Jitter, RetryPolicy};
+use backpressure::ManualClock;
 use criterion::{criterion_group, criterion_main, Criterion};
 
 const GITHUB: &[(&str, &str)] = &[

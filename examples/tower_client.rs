@@ -11,11 +11,11 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use backpressure::headers::ServerHint;
+use backpressure::retry::{Backoff, RetryPolicy};
 use backpressure::testing::{Limit, LimitHeaders, ThrottlingServer};
 use backpressure::tower::{ConcurrencyLimitLayer, HintRetry, RateLimitLayer};
-use backpressure::{
-    Backoff, Quota, RetryPolicy, ServerHint, ThreadSleeper, Throttled, TokenBucket,
-};
+use backpressure::{Quota, ThreadSleeper, Throttled, TokenBucket};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::retry::RetryLayer;
 use tower::{service_fn, BoxError, ServiceBuilder, ServiceExt};

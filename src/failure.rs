@@ -18,7 +18,7 @@ use std::sync::Arc;
 /// # Examples
 ///
 /// ```
-/// use backpressure::CallFailure;
+/// use backpressure::admission::CallFailure;
 /// use std::sync::Arc;
 ///
 /// let refused: CallFailure<std::io::Error> =
@@ -49,7 +49,7 @@ impl<E> CallFailure<E> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::CallFailure;
+    /// use backpressure::admission::CallFailure;
     /// use std::sync::Arc;
     /// assert_eq!(CallFailure::<String>::Status { status: 503 }.http_status(), 503);
     /// assert_eq!(CallFailure::Transport(Arc::new("reset".to_string())).http_status(), 0);
@@ -66,7 +66,7 @@ impl<E> CallFailure<E> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::CallFailure;
+    /// use backpressure::admission::CallFailure;
     /// assert!(!CallFailure::<String>::Status { status: 500 }.is_transport());
     /// ```
     pub fn is_transport(&self) -> bool {
@@ -78,7 +78,7 @@ impl<E> CallFailure<E> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::CallFailure;
+    /// use backpressure::admission::CallFailure;
     /// use std::sync::Arc;
     /// let f = CallFailure::Transport(Arc::new("connection refused"));
     /// assert_eq!(f.transport(), Some(&"connection refused"));

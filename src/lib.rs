@@ -45,7 +45,7 @@ mod failure;
 #[cfg(any(fuzzing, all(test, not(feature = "loom"))))]
 #[doc(hidden)]
 pub mod fuzzing;
-mod headers;
+pub mod headers;
 mod integrations;
 mod keyed;
 mod limiter;
@@ -53,27 +53,40 @@ mod park;
 #[cfg(feature = "redis")]
 mod redis;
 mod semaphore;
-mod single_flight;
+pub mod single_flight;
 mod sleep;
 mod sync;
-mod throttled;
+pub mod throttled;
 mod wait_list;
 
 // `Status` and `Throttled` are defined in `throttled` (below `backoff` and
 // `admission`, which both speak them) and reach the root through
 // `admission`, their public home.
-pub use admission::{
-    concurrency_for, Admission, AttemptFuture, Builder as AdmissionBuilder, Call, CallResult,
-    CallSpec, Kind, Reply, Runner, SharedFuture, SharedLimiter, SlotPolicy, Status, Throttled,
-    Ticket,
-};
-pub use backoff::{Backoff, Deadline, Decision, Jitter, ReplyClass, RetryPolicy, TimedOut};
+pub mod retry {
+    //! Retries charged to a deadline: [`Backoff`] (jittered exponential),
+    //! [`Deadline`] (the remaining budget of a call) and [`RetryPolicy`],
+    //! which turns a reply and the server's [hint](crate::headers::ServerHint)
+    //! into a [`Decision`]: retry after a wait that fits the deadline, or
+    //! stop with a [`Throttled`](crate::Throttled) or a failure.
+    //!
+    //! ```
+    //! use backpressure::retry::{Backoff, Jitter};
+    //! use std::time::Duration;
+    //!
+    //! let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5))
+    //!     .jitter(Jitter::None);
+    //! assert_eq!(backoff.delay(3), Duration::from_millis(800));
+    //! assert_eq!(backoff.delay(60), Duration::from_secs(5));
+    //! ```
+    pub use crate::backoff::{
+        Backoff, Deadline, Decision, Jitter, ReplyClass, RetryPolicy, TimedOut,
+    };
+}
+
 pub use bucket::{
     CheckError, Quota, QuotaError, RateLimiter, Reservation, ReserveError, TokenBucket,
 };
 pub use clock::{Clock, DefaultClock, ManualClock};
-pub use failure::CallFailure;
-pub use headers::{retry_after_secs, Advice, Clamp, Policy, RateLimitHeaders, ServerHint};
 #[cfg(feature = "reqwest")]
 pub use integrations::reqwest;
 #[cfg(feature = "testing")]
@@ -97,12 +110,13 @@ pub use sleep::TokioSleeper;
 #[cfg(feature = "async-io")]
 pub use sleep::{AsyncIoSleep, AsyncIoSleeper};
 pub use sleep::{ManualSleep, ManualSleeper, Sleeper, ThreadSleep, ThreadSleeper};
+pub use throttled::Throttled;
 
 /// The README's Rust examples run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
-pub use single_flight::{FlightError, Provenance, Run, SingleFlight, SingleFlightBuilder};
+pub use single_flight::{FlightError, SingleFlight, SingleFlightBuilder};
 
 #[cfg(all(test, feature = "loom"))]
 #[path = "../loom-tests/mod.rs"]

@@ -6,9 +6,9 @@
 //! `backoff` and `admission` (it depends on nothing in the crate), so both
 //! can use it.
 //!
-//! [`Admission::admit`]: crate::Admission::admit
-//! [`RetryPolicy`]: crate::RetryPolicy
-//! [`Runner`]: crate::Runner
+//! [`Admission::admit`]: crate::admission::Admission::admit
+//! [`RetryPolicy`]: crate::retry::RetryPolicy
+//! [`Runner`]: crate::admission::Runner
 
 use core::fmt;
 use core::time::Duration;
@@ -20,7 +20,7 @@ use core::time::Duration;
 /// # Examples
 ///
 /// ```
-/// use backpressure::Status;
+/// use backpressure::throttled::Status;
 /// assert_eq!(Status::RateLimited.as_str(), "rate_limited");
 /// assert!(Status::RateLimited.is_retryable());
 /// assert!(!Status::QuotaExhausted.is_retryable());
@@ -53,7 +53,7 @@ impl Status {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Status;
+    /// use backpressure::throttled::Status;
     /// assert_eq!(Status::BudgetExhausted.as_str(), "budget_exhausted");
     /// ```
     pub fn as_str(self) -> &'static str {
@@ -72,7 +72,7 @@ impl Status {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Status;
+    /// use backpressure::throttled::Status;
     /// assert!(Status::Shed.is_retryable());
     /// assert!(!Status::BudgetExhausted.is_retryable());
     /// ```
@@ -97,7 +97,8 @@ impl fmt::Display for Status {
 /// # Examples
 ///
 /// ```
-/// use backpressure::{Status, Throttled};
+/// use backpressure::throttled::Status;
+/// use backpressure::Throttled;
 /// use std::time::Duration;
 ///
 /// let t = Throttled::new(Status::RateLimited, "api_key", "wait for the key's quota")
@@ -133,7 +134,8 @@ impl Throttled {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Status, Throttled};
+    /// use backpressure::throttled::Status;
+    /// use backpressure::Throttled;
     /// let t = Throttled::new(Status::Closed, "admission", "shutting down");
     /// assert_eq!(t.retry_after_ms, None);
     /// ```
@@ -151,7 +153,8 @@ impl Throttled {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Status, Throttled};
+    /// use backpressure::throttled::Status;
+    /// use backpressure::Throttled;
     /// use std::time::Duration;
     /// let t = Throttled::new(Status::Shed, "queue", "busy")
     ///     .with_retry_after(Duration::from_micros(1500));
@@ -167,7 +170,8 @@ impl Throttled {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Status, Throttled};
+    /// use backpressure::throttled::Status;
+    /// use backpressure::Throttled;
     /// use std::time::Duration;
     /// let t = Throttled::new(Status::Shed, "queue", "busy").with_retry_after(Duration::from_secs(2));
     /// assert_eq!(t.retry_after(), Some(Duration::from_secs(2)));

@@ -16,10 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::task::Context;
 use std::time::Duration;
 
-use backpressure::{
-    Admission, Call, CallResult, CallSpec, Clock, ManualClock, ManualSleeper, Reply, Runner,
-    ServerHint, Sleeper, SlotPolicy,
-};
+use backpressure::admission::{Admission, Call, CallResult, CallSpec, Reply, Runner, SlotPolicy};
+use backpressure::headers::ServerHint;
+use backpressure::{Clock, ManualClock, ManualSleeper, Sleeper};
 
 const MS: u64 = 1_000_000;
 const SECONDS: u64 = 30;

@@ -7,7 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use backpressure::{Admission, CallSpec, Quota, ServerHint, SlotPolicy, Status};
+use backpressure::admission::{Admission, CallSpec, SlotPolicy};
+use backpressure::headers::ServerHint;
+use backpressure::throttled::Status;
+use backpressure::Quota;
 
 /// Lets `allowed` requests per key through per fixed window, then answers
 /// 429 with `Retry-After` until the window ends. Every 2xx carries
@@ -354,15 +357,15 @@ fn two_local_admissions_on_one_key_exceed_its_rate() {
 #[test]
 fn little_law_helper() {
     assert_eq!(
-        backpressure::concurrency_for(10.0, Duration::from_millis(400)),
+        backpressure::admission::concurrency_for(10.0, Duration::from_millis(400)),
         4
     );
     assert_eq!(
-        backpressure::concurrency_for(0.5, Duration::from_millis(100)),
+        backpressure::admission::concurrency_for(0.5, Duration::from_millis(100)),
         1
     );
     assert_eq!(
-        backpressure::concurrency_for(-3.0, Duration::from_secs(1)),
+        backpressure::admission::concurrency_for(-3.0, Duration::from_secs(1)),
         1
     );
 }

@@ -12,7 +12,8 @@ use std::pin::pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
-use backpressure::{Admission, CallSpec, ManualClock, ManualSleeper, Quota};
+use backpressure::admission::{Admission, CallSpec};
+use backpressure::{ManualClock, ManualSleeper, Quota};
 
 struct Counting;
 

@@ -7,7 +7,9 @@ use std::num::NonZeroU32;
 use std::pin::pin;
 use std::task::{Context, Poll};
 
-use backpressure::{Admission, CallSpec, ManualClock, ManualSleeper, Quota, SlotPolicy, Status};
+use backpressure::admission::{Admission, CallSpec, SlotPolicy};
+use backpressure::throttled::Status;
+use backpressure::{ManualClock, ManualSleeper, Quota};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::{CompositeKey, MetricKind};
 

@@ -10,9 +10,10 @@ mod redis_server;
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant, SystemTime};
 
-use backpressure::{
-    Admission, CallSpec, FailPolicy, Quota, RedisBucket, ServerHint, Status, TokioSleeper,
-};
+use backpressure::admission::{Admission, CallSpec};
+use backpressure::headers::ServerHint;
+use backpressure::throttled::Status;
+use backpressure::{FailPolicy, Quota, RedisBucket, TokioSleeper};
 use redis_server::RedisServer;
 
 fn quota() -> Quota {
@@ -27,7 +28,7 @@ fn admission(server: &RedisServer) -> Admission<TokioSleeper> {
     Admission::builder()
         .sleeper(TokioSleeper)
         .global_concurrency(64)
-        .default_tool(64, backpressure::SlotPolicy::Wait)
+        .default_tool(64, backpressure::admission::SlotPolicy::Wait)
         .shared_quota("org-key", bucket)
         .inline_wait(Duration::ZERO)
         .build()
@@ -192,7 +193,7 @@ async fn credentials_from_a_redis_scoped_each_keep_their_own_quota() {
         let mut b = Admission::builder()
             .sleeper(TokioSleeper)
             .global_concurrency(64)
-            .default_tool(64, backpressure::SlotPolicy::Wait)
+            .default_tool(64, backpressure::admission::SlotPolicy::Wait)
             .inline_wait(Duration::ZERO);
         for t in tenants {
             b = b.shared_quota(t, scoped.bucket(&t));
@@ -232,10 +233,10 @@ async fn a_redis_scoped_resolves_every_tenant_without_a_builder_call_per_key() {
         Admission::builder()
             .sleeper(TokioSleeper)
             .global_concurrency(64)
-            .default_tool(64, backpressure::SlotPolicy::Wait)
+            .default_tool(64, backpressure::admission::SlotPolicy::Wait)
             .inline_wait(Duration::ZERO)
             .shared_quotas(move |credential| {
-                let bucket: std::sync::Arc<dyn backpressure::SharedLimiter> =
+                let bucket: std::sync::Arc<dyn backpressure::admission::SharedLimiter> =
                     std::sync::Arc::new(scoped.bucket(&credential.to_string()));
                 Some(bucket)
             })

@@ -8,7 +8,9 @@ use std::pin::pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use backpressure::{Admission, CallSpec, ManualClock, ManualSleeper, Quota, SlotPolicy, Status};
+use backpressure::admission::{Admission, CallSpec, SlotPolicy};
+use backpressure::throttled::Status;
+use backpressure::{ManualClock, ManualSleeper, Quota};
 
 fn now<F: Future>(f: F) -> Poll<F::Output> {
     let waker = futures::task::noop_waker();

@@ -9,7 +9,10 @@ use std::pin::pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
-use backpressure::{Admission, CallSpec, ManualClock, ManualSleeper, Quota, ServerHint, Status};
+use backpressure::admission::{Admission, CallSpec};
+use backpressure::headers::ServerHint;
+use backpressure::throttled::Status;
+use backpressure::{ManualClock, ManualSleeper, Quota};
 
 fn per_minute(n: u32) -> Quota {
     Quota::per_minute(NonZeroU32::new(n).unwrap())

@@ -5,9 +5,10 @@
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
 
-use backpressure::{
-    Backoff, Clamp, Clock, Deadline, Decision, Jitter, ManualClock, RetryPolicy, ServerHint, Status,
-};
+use backpressure::headers::{Clamp, ServerHint};
+use backpressure::retry::{Backoff, Deadline, Decision, Jitter, RetryPolicy};
+use backpressure::throttled::Status;
+use backpressure::{Clock, ManualClock};
 
 const MS: Duration = Duration::from_millis(1);
 const DRAWS: u32 = 10_000;
@@ -299,7 +300,7 @@ fn expired_deadline_grants_no_zero_wait_retry() {
 /// `retryable`) beside the policy. The policy now owns the table.
 #[test]
 fn the_policy_classes_every_answer() {
-    use backpressure::ReplyClass::{Capacity, Final, Success, Transient};
+    use backpressure::retry::ReplyClass::{Capacity, Final, Success, Transient};
     let policy = RetryPolicy::default();
     let none = ServerHint::default();
     let told = hint(&[("retry-after", "2")]);

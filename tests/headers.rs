@@ -5,7 +5,7 @@
 use std::fmt::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use backpressure::{Advice, Clamp, ServerHint};
+use backpressure::headers::{Advice, Clamp, ServerHint};
 
 /// Unix 1700000000 = Tue, 14 Nov 2023 22:13:20 GMT.
 const T0: u64 = 1_700_000_000;

@@ -4,9 +4,11 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
+use backpressure::admission::Admission;
 use backpressure::reqwest::{AdmissionMiddleware, RequestDeadline};
 use backpressure::testing::{Limit, LimitHeaders, ThrottlingServer};
-use backpressure::{Admission, Quota, Status, Throttled};
+use backpressure::throttled::Status;
+use backpressure::{Quota, Throttled};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 
 fn client(admission: Admission) -> ClientWithMiddleware {

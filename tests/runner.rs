@@ -5,10 +5,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use backpressure::{
-    Admission, Backoff, Call, CallFailure, CallResult, CallSpec, Kind, Provenance, Reply, Runner,
-    ServerHint, Status,
+use backpressure::admission::{
+    Admission, Call, CallFailure, CallResult, CallSpec, Kind, Reply, Runner,
 };
+use backpressure::headers::ServerHint;
+use backpressure::retry::Backoff;
+use backpressure::single_flight::Provenance;
+use backpressure::throttled::Status;
 
 /// A scripted answer: status and headers.
 type Answer = (u16, Vec<(&'static str, String)>);
@@ -148,7 +151,7 @@ fn transient_failures_retry_within_the_deadline_then_fail() {
     let script = Script::new(vec![(503, vec![]), (503, vec![]), (503, vec![])]);
     let runner: Runner<String> = Runner::new(Admission::builder().build(), Duration::ZERO).retries(
         Backoff::new(Duration::from_millis(300), Duration::from_millis(300))
-            .jitter(backpressure::Jitter::None),
+            .jitter(backpressure::retry::Jitter::None),
         5,
     );
     let spec = CallSpec::new("search", "k").deadline(Duration::from_millis(500));
@@ -192,7 +195,7 @@ fn five_calls_three_allowed_through_the_runner() {
         (200, reset()),
     ]);
     let admission = Admission::builder()
-        .tool("search", 1, backpressure::SlotPolicy::Wait)
+        .tool("search", 1, backpressure::admission::SlotPolicy::Wait)
         .build();
     let runner: Runner<String> = Runner::new(admission, Duration::ZERO);
     let calls = (0..5)

@@ -13,10 +13,12 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use backpressure::{
-    Admission, Call, CallFailure, CallResult, CallSpec, ManualClock, ManualSleeper, Quota, Reply,
-    Runner, ServerHint, Sleeper, SlotPolicy, Status,
+use backpressure::admission::{
+    Admission, Call, CallFailure, CallResult, CallSpec, Reply, Runner, SlotPolicy,
 };
+use backpressure::headers::ServerHint;
+use backpressure::throttled::Status;
+use backpressure::{ManualClock, ManualSleeper, Quota, Sleeper};
 
 const MS: u64 = 1_000_000;
 
@@ -252,7 +254,7 @@ fn failed_reports_the_requests_it_sent() {
         .clock(clock)
         .build();
     let runner: Runner<u64, _, _> = Runner::new(admission, Duration::ZERO).retries(
-        backpressure::Backoff::new(Duration::from_millis(10), Duration::from_millis(10)),
+        backpressure::retry::Backoff::new(Duration::from_millis(10), Duration::from_millis(10)),
         1,
     );
     let read = |k: &str| fake.call(CallSpec::new("get", "k")).coalesce_key(k);
@@ -389,7 +391,8 @@ fn close_wakes_every_waiting_admit_and_keeps_tickets_valid() {
 #[cfg(feature = "serde")]
 #[test]
 fn every_call_result_serializes_with_a_status() {
-    use backpressure::{Provenance, Throttled};
+    use backpressure::single_flight::Provenance;
+    use backpressure::Throttled;
     let done: CallResult<&str> = CallResult::Done {
         value: "[#1]",
         provenance: Provenance::Joined,
@@ -506,7 +509,8 @@ fn a_transport_error_reaches_the_caller_typed_and_shared_by_followers() {
 /// cap of 1 retry is the only cap.
 #[test]
 fn the_runners_policy_is_the_one_cap_and_clamp() {
-    use backpressure::{Clamp, RetryPolicy};
+    use backpressure::headers::Clamp;
+    use backpressure::retry::RetryPolicy;
     let (clock, sleeper) = manual();
     let ra = || Ok((429, vec![("retry-after", "5")]));
     let fake = Fake::new(&sleeper, Duration::from_millis(5), vec![ra(), ra(), ra()]);
@@ -565,8 +569,8 @@ fn close_during_a_retry_wait_ends_the_call_at_once() {
         .clock(clock)
         .build();
     let runner: Runner<u64, _, _> = Runner::new(admission, Duration::ZERO).retries(
-        backpressure::Backoff::new(Duration::from_secs(10), Duration::from_secs(10))
-            .jitter(backpressure::Jitter::None),
+        backpressure::retry::Backoff::new(Duration::from_secs(10), Duration::from_secs(10))
+            .jitter(backpressure::retry::Jitter::None),
         3,
     );
     // Two credentials, so neither call waits for the other's token.

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use backpressure::{FlightError, ManualClock, Provenance, SingleFlight};
+use backpressure::single_flight::Provenance;
+use backpressure::{FlightError, ManualClock, SingleFlight};
 use futures::channel::oneshot;
 
 /// Counts wake-ups, so a test can assert who was woken.

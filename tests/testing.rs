@@ -4,8 +4,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
+use backpressure::headers::ServerHint;
 use backpressure::testing::{Limit, LimitHeaders, Overload, ThrottlingServer};
-use backpressure::ServerHint;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -8,10 +8,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use backpressure::headers::ServerHint;
+use backpressure::retry::{Backoff, Jitter, RetryPolicy};
+use backpressure::throttled::Status;
 use backpressure::tower::{ConcurrencyLimitLayer, HintRetry, KeyedRateLimitLayer, RateLimitLayer};
 use backpressure::{
-    Backoff, Jitter, ManualClock, ManualSleeper, PollSemaphore, Quota, RetryPolicy, Scoped,
-    Semaphore, ServerHint, Status, Throttled, TokenBucket,
+    ManualClock, ManualSleeper, PollSemaphore, Quota, Scoped, Semaphore, Throttled, TokenBucket,
 };
 use futures::FutureExt;
 use tower::retry::RetryLayer;

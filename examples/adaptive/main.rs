@@ -32,7 +32,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use backpressure::adaptive::AdaptiveRate;
-use backpressure::{Admission, Call, CallResult, CallSpec, Reply, Runner, ServerHint};
+use backpressure::admission::{Admission, Call, CallResult, CallSpec, Reply, Runner};
+use backpressure::headers::ServerHint;
 
 const KEY: &str = "org-key-1";
 const CALLERS: usize = 8;
@@ -85,7 +86,8 @@ struct RateRow {
 
 async fn rate_run(strategy: &'static str, rate: f64, seconds: u64) -> RateRow {
     let server = server::rate(rate).await;
-    let builder = Admission::builder().tool("fetch", CALLERS, backpressure::SlotPolicy::Wait);
+    let builder =
+        Admission::builder().tool("fetch", CALLERS, backpressure::admission::SlotPolicy::Wait);
     let admission = match strategy {
         "fixed 10/s" => builder.fixed_rates().build(),
         _ => builder.adaptive_rate(AdaptiveRate::new()).build(),

@@ -31,10 +31,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use backpressure::{
-    Admission, Call, CallFailure, CallResult, CallSpec, DefaultClock, Provenance, Quota, Reply,
-    Runner, ServerHint, SlotPolicy, ThreadSleeper,
+use backpressure::admission::{
+    Admission, Call, CallFailure, CallResult, CallSpec, Reply, Runner, SlotPolicy,
 };
+use backpressure::headers::ServerHint;
+use backpressure::single_flight::Provenance;
+use backpressure::{DefaultClock, Quota, ThreadSleeper};
 
 const KEY: &str = "org-key-1";
 
@@ -234,7 +236,8 @@ async fn with_backpressure(rate: u32, turn: &[ToolCall], seed: u64) -> Row {
 
     // The harness knows the API's published rate and the latency it sees;
     // Little's law gives the concurrency that rate can keep busy.
-    let cap = backpressure::concurrency_for(rate as f64, Duration::from_millis(150)) as usize;
+    let cap =
+        backpressure::admission::concurrency_for(rate as f64, Duration::from_millis(150)) as usize;
     let admission = Admission::builder()
         .global_concurrency(cap.max(2))
         .default_tool(cap.max(1), SlotPolicy::Wait)
@@ -245,7 +248,8 @@ async fn with_backpressure(rate: u32, turn: &[ToolCall], seed: u64) -> Row {
         .expected_latency(Duration::from_millis(150))
         .build();
     let runner: Harness = Runner::new(admission, Duration::from_secs(3)).retries(
-        backpressure::Backoff::new(Duration::from_millis(100), Duration::from_secs(2)).seed(seed),
+        backpressure::retry::Backoff::new(Duration::from_millis(100), Duration::from_secs(2))
+            .seed(seed),
         3,
     );
     let mut row = Row::default();

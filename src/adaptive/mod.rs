@@ -4,8 +4,8 @@
 //!   credential, learned from 429s (and from `RateLimit` headers when the
 //!   server sends them), handed to the credential's
 //!   [`TokenBucket`](crate::TokenBucket) as a [`Quota`](crate::Quota).
-//!   [`Admission`](crate::Admission) does this for every credential unless
-//!   told [`fixed_rates`](crate::AdmissionBuilder::fixed_rates).
+//!   [`Admission`](crate::admission::Admission) does this for every credential unless
+//!   told [`fixed_rates`](crate::admission::Builder::fixed_rates).
 //! * **Concurrency**: a limit that follows what the downstream can take.
 //!
 //! A [`LimitAlgorithm`] is fed one [`Sample`] per finished request (start,

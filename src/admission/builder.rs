@@ -38,7 +38,8 @@ use super::{Admission, Inner};
 /// # Examples
 ///
 /// ```
-/// use backpressure::{Admission, Quota, SlotPolicy};
+/// use backpressure::admission::{Admission, SlotPolicy};
+/// use backpressure::Quota;
 /// use std::num::NonZeroU32;
 ///
 /// let admission = Admission::builder()
@@ -118,7 +119,8 @@ impl<S, C> Builder<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, ThreadSleeper};
+    /// use backpressure::admission::Admission;
+    /// use backpressure::ThreadSleeper;
     /// let admission = Admission::builder().sleeper(ThreadSleeper::new()).build();
     /// # let _ = admission;
     /// ```
@@ -135,7 +137,8 @@ impl<S, C> Builder<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, ManualClock};
+    /// use backpressure::admission::Admission;
+    /// use backpressure::ManualClock;
     /// let admission = Admission::builder().clock(ManualClock::new()).build();
     /// # let _ = admission;
     /// ```
@@ -152,7 +155,7 @@ impl<S, C> Builder<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Admission;
+    /// use backpressure::admission::Admission;
     /// let admission = Admission::builder().global_concurrency(32).build();
     /// # let _ = admission;
     /// ```
@@ -166,7 +169,7 @@ impl<S, C> Builder<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, SlotPolicy};
+    /// use backpressure::admission::{Admission, SlotPolicy};
     /// let admission = Admission::builder().default_tool(2, SlotPolicy::Queue(8)).build();
     /// # let _ = admission;
     /// ```
@@ -181,7 +184,7 @@ impl<S, C> Builder<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, SlotPolicy};
+    /// use backpressure::admission::{Admission, SlotPolicy};
     /// let admission = Admission::builder().tool("create_refund", 1, SlotPolicy::FailFast).build();
     /// # let _ = admission;
     /// ```
@@ -203,7 +206,8 @@ impl<S, C> Builder<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, CallSpec, Status};
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::throttled::Status;
     /// # futures::executor::block_on(async {
     /// let admission = Admission::builder().max_tools(1).build();
     /// let busy = admission.admit(&CallSpec::new("a", "k")).await.unwrap();
@@ -223,7 +227,8 @@ impl<S, C> Builder<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, CallSpec, Status};
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::throttled::Status;
     /// # futures::executor::block_on(async {
     /// let admission = Admission::builder().tool_budget("search", 1).build();
     /// drop(admission.admit(&CallSpec::new("search", "k")).await.unwrap());
@@ -250,7 +255,8 @@ impl<S, C> Builder<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, Quota};
+    /// use backpressure::admission::Admission;
+    /// use backpressure::Quota;
     /// use std::num::NonZeroU32;
     /// let admission = Admission::builder()
     ///     .default_quota(Quota::per_minute(NonZeroU32::new(600).unwrap()))
@@ -270,7 +276,8 @@ impl<S, C> Builder<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, Quota};
+    /// use backpressure::admission::Admission;
+    /// use backpressure::Quota;
     /// use std::num::NonZeroU32;
     /// let admission = Admission::builder()
     ///     .quota("enterprise-key", Quota::per_second(NonZeroU32::new(100).unwrap()))
@@ -296,7 +303,8 @@ impl<S, C> Builder<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, CallSpec, ManualClock, Quota};
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::{ManualClock, Quota};
     /// use std::num::NonZeroU32;
     /// # futures::executor::block_on(async {
     /// let tpm = Quota::per_minute(NonZeroU32::new(10_000).unwrap());
@@ -329,7 +337,8 @@ impl<S, C> Builder<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, Quota};
+    /// use backpressure::admission::Admission;
+    /// use backpressure::Quota;
     /// use std::num::NonZeroU32;
     /// let admission = Admission::builder()
     ///     .resource("tokens", Quota::per_minute(NonZeroU32::new(40_000).unwrap()))
@@ -372,7 +381,7 @@ impl<S, C> Builder<S, C> {
     ///
     /// ```
     /// use backpressure::adaptive::AdaptiveRate;
-    /// use backpressure::Admission;
+    /// use backpressure::admission::Admission;
     /// // Start every unknown key at 2 requests/s and never go above 50.
     /// let admission = Admission::builder()
     ///     .adaptive_rate(AdaptiveRate::new().initial(Some(2.0)).max_rate(50.0))
@@ -391,7 +400,7 @@ impl<S, C> Builder<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, CallSpec};
+    /// use backpressure::admission::{Admission, CallSpec};
     /// # futures::executor::block_on(async {
     /// let admission = Admission::builder().fixed_rates().build();
     /// drop(admission.admit(&CallSpec::new("t", "key")).await.unwrap());
@@ -409,7 +418,7 @@ impl<S, C> Builder<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Admission;
+    /// use backpressure::admission::Admission;
     /// let admission = Admission::builder().queue_capacity(64).build();
     /// # let _ = admission;
     /// ```
@@ -424,7 +433,7 @@ impl<S, C> Builder<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Admission;
+    /// use backpressure::admission::Admission;
     /// use std::time::Duration;
     /// let admission = Admission::builder().inline_wait(Duration::from_millis(500)).build();
     /// # let _ = admission;
@@ -440,7 +449,7 @@ impl<S, C> Builder<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Admission;
+    /// use backpressure::admission::Admission;
     /// use std::time::Duration;
     /// let admission = Admission::builder().max_retry_after(Duration::from_secs(60)).build();
     /// # let _ = admission;
@@ -455,7 +464,7 @@ impl<S, C> Builder<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Admission;
+    /// use backpressure::admission::Admission;
     /// use std::time::Duration;
     /// let admission = Admission::builder().expected_latency(Duration::from_millis(400)).build();
     /// # let _ = admission;
@@ -470,7 +479,7 @@ impl<S, C> Builder<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Admission;
+    /// use backpressure::admission::Admission;
     /// let admission = Admission::builder().run_budget(40).build();
     /// # let _ = admission;
     /// ```
@@ -486,7 +495,9 @@ impl<S, C> Builder<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, CallSpec, ManualClock, Quota, Status, TokenBucket};
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::throttled::Status;
+    /// use backpressure::{ManualClock, Quota, TokenBucket};
     /// use std::num::NonZeroU32;
     ///
     /// // Any limiter works; across processes it would be a `RedisBucket`.
@@ -526,7 +537,9 @@ impl<S, C> Builder<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, CallSpec, ManualClock, Quota, SharedLimiter, Status, TokenBucket};
+    /// use backpressure::admission::{Admission, CallSpec, SharedLimiter};
+    /// use backpressure::throttled::Status;
+    /// use backpressure::{ManualClock, Quota, TokenBucket};
     /// use std::collections::HashMap;
     /// use std::num::NonZeroU32;
     /// use std::sync::Arc;
@@ -562,7 +575,7 @@ impl<S, C> Builder<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Admission;
+    /// use backpressure::admission::Admission;
     /// let admission = Admission::builder().build();
     /// assert_eq!(admission.waiting(), 0);
     /// ```

@@ -48,6 +48,7 @@ use crate::semaphore::Semaphore;
 use crate::sleep::{Sleeper, ThreadSleeper};
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
+pub use crate::failure::CallFailure;
 pub use builder::Builder;
 pub use pools::SlotPolicy;
 pub use runner::{AttemptFuture, Call, CallResult, Reply, Runner};
@@ -100,7 +101,8 @@ struct Inner<S, C: Clock> {
 /// # Examples
 ///
 /// ```
-/// use backpressure::{Admission, CallSpec, Status};
+/// use backpressure::admission::{Admission, CallSpec};
+/// use backpressure::throttled::Status;
 ///
 /// # futures::executor::block_on(async {
 /// let admission = Admission::builder().run_budget(1).build();
@@ -129,7 +131,7 @@ impl Admission {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Admission;
+    /// use backpressure::admission::Admission;
     /// let admission = Admission::builder().global_concurrency(4).build();
     /// # let _ = admission;
     /// ```
@@ -162,7 +164,8 @@ where
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, CallSpec, SlotPolicy, Status};
+    /// use backpressure::admission::{Admission, CallSpec, SlotPolicy};
+    /// use backpressure::throttled::Status;
     ///
     /// # futures::executor::block_on(async {
     /// let admission = Admission::builder().tool("refund", 1, SlotPolicy::FailFast).build();
@@ -282,7 +285,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, CallSpec};
+    /// use backpressure::admission::{Admission, CallSpec};
     /// # futures::executor::block_on(async {
     /// let admission = Admission::builder().run_budget(1).build();
     /// drop(admission.admit(&CallSpec::new("t", "k")).await.unwrap());
@@ -302,7 +305,8 @@ where
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, CallSpec, Status};
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::throttled::Status;
     /// # futures::executor::block_on(async {
     /// let admission = Admission::builder().build();
     /// admission.close();
@@ -326,7 +330,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Admission;
+    /// use backpressure::admission::Admission;
     /// let admission = Admission::builder().build();
     /// assert!(!admission.is_closed());
     /// admission.close();
@@ -390,7 +394,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, CallSpec};
+    /// use backpressure::admission::{Admission, CallSpec};
     /// # futures::executor::block_on(async {
     /// let admission = Admission::builder().build();
     /// assert_eq!(admission.learned_rate("key"), None);
@@ -410,7 +414,8 @@ where
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, CallSpec, ManualClock, Quota};
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::{ManualClock, Quota};
     /// use std::num::NonZeroU32;
     /// # futures::executor::block_on(async {
     /// let admission = Admission::builder()
@@ -445,7 +450,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Admission;
+    /// use backpressure::admission::Admission;
     /// assert_eq!(Admission::builder().build().waiting(), 0);
     /// ```
     pub fn waiting(&self) -> usize {

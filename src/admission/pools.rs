@@ -23,7 +23,7 @@ use crate::sync::{AtomicU64, AtomicUsize, Ordering};
 /// # Examples
 ///
 /// ```
-/// use backpressure::SlotPolicy;
+/// use backpressure::admission::SlotPolicy;
 /// let reads = SlotPolicy::Wait;              // short idempotent reads
 /// let writes = SlotPolicy::FailFast;         // approvals that may expire
 /// let background = SlotPolicy::Queue(16);    // low-priority work

@@ -301,7 +301,8 @@ where
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, ServerHint};
+    /// use backpressure::admission::Admission;
+    /// use backpressure::headers::ServerHint;
     /// use std::time::{Duration, SystemTime};
     /// let admission = Admission::builder().build();
     /// let hint = ServerHint::from_headers([("retry-after", "3")], SystemTime::now());
@@ -428,7 +429,9 @@ where
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, ManualClock, Quota, ServerHint, TokenBucket};
+    /// use backpressure::admission::Admission;
+    /// use backpressure::headers::ServerHint;
+    /// use backpressure::{ManualClock, Quota, TokenBucket};
     /// use std::num::NonZeroU32;
     /// use std::time::SystemTime;
     ///

@@ -79,7 +79,7 @@ enum Ended<E> {
 /// # Examples
 ///
 /// ```
-/// use backpressure::{Admission, Call, CallSpec, Reply, Runner};
+/// use backpressure::admission::{Admission, Call, CallSpec, Reply, Runner};
 /// use std::sync::atomic::{AtomicUsize, Ordering};
 /// use std::sync::Arc;
 /// use std::time::Duration;
@@ -106,13 +106,14 @@ enum Ended<E> {
 /// With the caller's own error type:
 ///
 /// ```
-/// use backpressure::{Admission, Call, CallFailure, CallResult, CallSpec, Runner, ThreadSleeper, DefaultClock};
+/// use backpressure::admission::{Admission, Call, CallFailure, CallResult, CallSpec, Runner};
+/// use backpressure::{DefaultClock, ThreadSleeper};
 /// use std::time::Duration;
 ///
 /// # futures::executor::block_on(async {
 /// let runner: Runner<String, ThreadSleeper, DefaultClock, std::io::Error> =
 ///     Runner::new(Admission::builder().build(), Duration::ZERO)
-///         .retries(backpressure::Backoff::new(Duration::ZERO, Duration::ZERO), 0);
+///         .retries(backpressure::retry::Backoff::new(Duration::ZERO, Duration::ZERO), 0);
 /// let call = Call::new(CallSpec::new("fetch", "key"), || async {
 ///     Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
 /// });
@@ -159,7 +160,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, Runner};
+    /// use backpressure::admission::{Admission, Runner};
     /// use std::time::Duration;
     /// let runner: Runner<String> = Runner::new(Admission::builder().build(), Duration::from_secs(3));
     /// # let _ = runner;
@@ -188,7 +189,8 @@ where
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, Backoff, Runner};
+    /// use backpressure::admission::{Admission, Runner};
+    /// use backpressure::retry::Backoff;
     /// use std::time::Duration;
     /// let runner: Runner<String> = Runner::new(Admission::builder().build(), Duration::ZERO)
     ///     .retries(Backoff::new(Duration::from_millis(50), Duration::from_secs(1)).seed(7), 2);
@@ -210,7 +212,9 @@ where
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, Clamp, RetryPolicy, Runner};
+    /// use backpressure::admission::{Admission, Runner};
+    /// use backpressure::headers::Clamp;
+    /// use backpressure::retry::RetryPolicy;
     /// use std::time::Duration;
     /// // Sleep through server waits up to 10 s before retrying; 2 retries.
     /// let policy = RetryPolicy::default().max_retries(2).clamp(Clamp::new(Duration::from_secs(10)));
@@ -228,7 +232,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, Runner};
+    /// use backpressure::admission::{Admission, Runner};
     /// use std::time::Duration;
     /// let runner: Runner<String> = Runner::new(Admission::builder().build(), Duration::from_secs(3));
     /// runner.clear_cache(); // end of the turn
@@ -242,7 +246,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, Runner};
+    /// use backpressure::admission::{Admission, Runner};
     /// use std::time::Duration;
     /// let runner: Runner<String> = Runner::new(Admission::builder().build(), Duration::ZERO);
     /// assert_eq!(runner.admission().waiting(), 0);
@@ -256,7 +260,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, Call, CallSpec, Reply, Runner};
+    /// use backpressure::admission::{Admission, Call, CallSpec, Reply, Runner};
     /// use std::time::Duration;
     /// # futures::executor::block_on(async {
     /// let runner: Runner<u32> = Runner::new(Admission::builder().build(), Duration::ZERO);
@@ -277,7 +281,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, Call, CallSpec, Reply, Runner};
+    /// use backpressure::admission::{Admission, Call, CallSpec, Reply, Runner};
     /// use std::time::Duration;
     /// # futures::executor::block_on(async {
     /// let runner: Runner<&str> = Runner::new(Admission::builder().build(), Duration::ZERO);

@@ -24,12 +24,13 @@ pub type SharedFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// reserved wait, the cell is not given back (a shared refund needs a round
 /// trip a dropped future cannot make): that errs towards admitting less.
 ///
-/// [`Admission`]: crate::Admission
+/// [`Admission`]: crate::admission::Admission
 ///
 /// # Examples
 ///
 /// ```
-/// use backpressure::{ManualClock, Quota, SharedLimiter, TokenBucket};
+/// use backpressure::admission::SharedLimiter;
+/// use backpressure::{ManualClock, Quota, TokenBucket};
 /// use std::num::NonZeroU32;
 /// use std::time::Duration;
 ///

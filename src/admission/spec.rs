@@ -9,7 +9,7 @@ use std::borrow::Cow;
 /// # Examples
 ///
 /// ```
-/// use backpressure::Kind;
+/// use backpressure::admission::Kind;
 /// assert!(Kind::Read.is_read());
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -26,7 +26,7 @@ impl Kind {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Kind;
+    /// use backpressure::admission::Kind;
     /// assert!(!Kind::Write.is_read());
     /// ```
     pub fn is_read(self) -> bool {
@@ -39,7 +39,7 @@ impl Kind {
 /// # Examples
 ///
 /// ```
-/// use backpressure::{CallSpec, Kind};
+/// use backpressure::admission::{CallSpec, Kind};
 /// use std::time::Duration;
 ///
 /// let spec = CallSpec::new("search_tickets", "org-key")
@@ -77,7 +77,7 @@ impl CallSpec {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{CallSpec, Kind};
+    /// use backpressure::admission::{CallSpec, Kind};
     /// let spec = CallSpec::new("get_usage", "key");
     /// assert_eq!(spec.kind, Kind::Read);
     /// ```
@@ -96,7 +96,7 @@ impl CallSpec {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{CallSpec, Kind};
+    /// use backpressure::admission::{CallSpec, Kind};
     /// assert_eq!(CallSpec::new("refund", "k").kind(Kind::Write).kind, Kind::Write);
     /// ```
     pub fn kind(mut self, kind: Kind) -> Self {
@@ -112,7 +112,7 @@ impl CallSpec {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::CallSpec;
+    /// use backpressure::admission::CallSpec;
     /// let spec = CallSpec::new("complete", "key").cost("tokens", 1_800);
     /// assert_eq!(spec.cost_of("tokens"), Some(1_800));
     /// assert_eq!(spec.cost_of("requests"), None); // 1 by default
@@ -131,7 +131,7 @@ impl CallSpec {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::CallSpec;
+    /// use backpressure::admission::CallSpec;
     /// assert_eq!(CallSpec::new("t", "k").cost("requests", 2).cost_of("requests"), Some(2));
     /// ```
     pub fn cost_of(&self, name: &str) -> Option<u32> {
@@ -145,7 +145,7 @@ impl CallSpec {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::CallSpec;
+    /// use backpressure::admission::CallSpec;
     /// use std::time::Duration;
     /// let spec = CallSpec::new("t", "k").deadline(Duration::from_secs(5));
     /// assert_eq!(spec.deadline, Duration::from_secs(5));
@@ -162,7 +162,7 @@ impl CallSpec {
 /// # Examples
 ///
 /// ```
-/// use backpressure::concurrency_for;
+/// use backpressure::admission::concurrency_for;
 /// use std::time::Duration;
 /// // 10 requests/s at 400 ms each keep 4 in flight.
 /// assert_eq!(concurrency_for(10.0, Duration::from_millis(400)), 4);

@@ -67,7 +67,8 @@ fn index(status: Status) -> usize {
 /// # Examples
 ///
 /// ```
-/// use backpressure::{Admission, CallSpec, Status};
+/// use backpressure::admission::{Admission, CallSpec};
+/// use backpressure::throttled::Status;
 /// # futures::executor::block_on(async {
 /// let admission = Admission::builder().run_budget(0).build();
 /// let _ = admission.admit(&CallSpec::new("search", "key")).await;
@@ -101,7 +102,8 @@ impl Refusals {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{admission::Refusals, Status};
+    /// use backpressure::admission::Refusals;
+    /// use backpressure::throttled::Status;
     /// assert_eq!(Refusals::default().get(Status::Shed), 0);
     /// ```
     pub fn get(&self, status: Status) -> u64 {
@@ -205,7 +207,8 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, CallSpec, SlotPolicy, Status};
+    /// use backpressure::admission::{Admission, CallSpec, SlotPolicy};
+    /// use backpressure::throttled::Status;
     /// # futures::executor::block_on(async {
     /// let admission = Admission::builder().tool("refund", 1, SlotPolicy::FailFast).build();
     /// let running = admission.admit(&CallSpec::new("refund", "key")).await.unwrap();

@@ -23,7 +23,8 @@ use super::Admission;
 /// # Examples
 ///
 /// ```
-/// use backpressure::{Admission, CallSpec, ServerHint};
+/// use backpressure::admission::{Admission, CallSpec};
+/// use backpressure::headers::ServerHint;
 /// use std::time::SystemTime;
 /// # futures::executor::block_on(async {
 /// let admission = Admission::builder().build();
@@ -64,7 +65,8 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, CallSpec, ServerHint};
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::headers::ServerHint;
     /// use std::time::{Duration, SystemTime};
     /// # futures::executor::block_on(async {
     /// let admission = Admission::builder().build();
@@ -98,7 +100,9 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, CallSpec, ManualClock, Quota, ServerHint, TokenBucket};
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::headers::ServerHint;
+    /// use backpressure::{ManualClock, Quota, TokenBucket};
     /// use std::num::NonZeroU32;
     /// use std::sync::Arc;
     /// use std::time::{Duration, SystemTime};
@@ -139,7 +143,8 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, CallSpec, ManualClock, Quota};
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::{ManualClock, Quota};
     /// use std::num::NonZeroU32;
     /// # futures::executor::block_on(async {
     /// let admission = Admission::builder()
@@ -163,7 +168,7 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Admission, CallSpec};
+    /// use backpressure::admission::{Admission, CallSpec};
     /// # futures::executor::block_on(async {
     /// let admission = Admission::builder().build();
     /// let ticket = admission.admit(&CallSpec::new("search", "k")).await.unwrap();

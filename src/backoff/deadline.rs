@@ -15,7 +15,8 @@ use crate::Clock;
 /// # Examples
 ///
 /// ```
-/// use backpressure::{Deadline, ManualClock};
+/// use backpressure::retry::Deadline;
+/// use backpressure::ManualClock;
 /// use std::time::Duration;
 ///
 /// let clock = ManualClock::new();
@@ -42,7 +43,8 @@ impl<C: Clock> Deadline<C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Deadline, ManualClock};
+    /// use backpressure::retry::Deadline;
+    /// use backpressure::ManualClock;
     /// use std::time::Duration;
     /// let d = Deadline::after(ManualClock::starting_at(5), Duration::from_nanos(10));
     /// assert_eq!(d.at_nanos(), 15);
@@ -58,7 +60,8 @@ impl<C: Clock> Deadline<C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Deadline, ManualClock};
+    /// use backpressure::retry::Deadline;
+    /// use backpressure::ManualClock;
     /// use std::time::Duration;
     /// let d = Deadline::at(ManualClock::new(), 1_000);
     /// assert_eq!(d.remaining(), Duration::from_nanos(1_000));
@@ -76,7 +79,8 @@ impl<C: Clock> Deadline<C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Deadline, ManualClock};
+    /// use backpressure::retry::Deadline;
+    /// use backpressure::ManualClock;
     /// use std::time::Duration;
     /// let mut d = Deadline::never(ManualClock::new());
     /// assert!(d.charge(Duration::from_secs(86_400 * 365)).is_ok());
@@ -90,7 +94,8 @@ impl<C: Clock> Deadline<C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Deadline, ManualClock};
+    /// use backpressure::retry::Deadline;
+    /// use backpressure::ManualClock;
     /// assert_eq!(Deadline::at(ManualClock::new(), 9).at_nanos(), 9);
     /// ```
     pub fn at_nanos(&self) -> u64 {
@@ -102,7 +107,8 @@ impl<C: Clock> Deadline<C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Clock, Deadline, ManualClock};
+    /// use backpressure::retry::Deadline;
+    /// use backpressure::{Clock, ManualClock};
     /// let d = Deadline::at(ManualClock::starting_at(4), 9);
     /// assert_eq!(d.clock().now_nanos(), 4);
     /// ```
@@ -122,7 +128,8 @@ impl<C: Clock> Deadline<C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Deadline, ManualClock};
+    /// use backpressure::retry::Deadline;
+    /// use backpressure::ManualClock;
     /// use std::time::Duration;
     /// let clock = ManualClock::new();
     /// let d = Deadline::after(clock.clone(), Duration::from_secs(1));
@@ -138,7 +145,8 @@ impl<C: Clock> Deadline<C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Deadline, ManualClock};
+    /// use backpressure::retry::Deadline;
+    /// use backpressure::ManualClock;
     /// assert!(Deadline::at(ManualClock::starting_at(3), 3).is_expired());
     /// ```
     pub fn is_expired(&self) -> bool {
@@ -161,7 +169,8 @@ impl<C: Clock> Deadline<C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Deadline, ManualClock};
+    /// use backpressure::retry::Deadline;
+    /// use backpressure::ManualClock;
     /// use std::time::Duration;
     /// let mut d = Deadline::after(ManualClock::new(), Duration::from_secs(5));
     /// assert!(d.charge(Duration::from_secs(3)).is_ok());
@@ -192,7 +201,8 @@ impl<C: Clock> Deadline<C> {
 /// # Examples
 ///
 /// ```
-/// use backpressure::{Deadline, ManualClock};
+/// use backpressure::retry::Deadline;
+/// use backpressure::ManualClock;
 /// use std::time::Duration;
 /// let mut d = Deadline::after(ManualClock::new(), Duration::from_secs(1));
 /// let err = d.charge(Duration::from_secs(2)).unwrap_err();
@@ -211,7 +221,8 @@ impl TimedOut {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Deadline, ManualClock};
+    /// use backpressure::retry::Deadline;
+    /// use backpressure::ManualClock;
     /// use std::time::Duration;
     /// let mut d = Deadline::after(ManualClock::new(), Duration::ZERO);
     /// assert_eq!(d.charge(Duration::from_secs(1)).unwrap_err().wait(), Duration::from_secs(1));
@@ -225,7 +236,8 @@ impl TimedOut {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Deadline, ManualClock};
+    /// use backpressure::retry::Deadline;
+    /// use backpressure::ManualClock;
     /// use std::time::Duration;
     /// let mut d = Deadline::after(ManualClock::new(), Duration::from_secs(1));
     /// let err = d.charge(Duration::from_secs(3)).unwrap_err();

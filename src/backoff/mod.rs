@@ -29,7 +29,7 @@ pub use retry::{Decision, ReplyClass, RetryPolicy};
 /// # Examples
 ///
 /// ```
-/// use backpressure::{Backoff, Jitter};
+/// use backpressure::retry::{Backoff, Jitter};
 /// use std::time::Duration;
 ///
 /// let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(10))
@@ -64,7 +64,7 @@ pub enum Jitter {
 /// # Examples
 ///
 /// ```
-/// use backpressure::Backoff;
+/// use backpressure::retry::Backoff;
 /// use std::time::Duration;
 ///
 /// let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(5)).seed(1);
@@ -91,7 +91,7 @@ impl Backoff {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Backoff;
+    /// use backpressure::retry::Backoff;
     /// use std::time::Duration;
     /// let b = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
     /// assert_eq!(b.ceiling(10), Duration::from_secs(1));
@@ -112,7 +112,7 @@ impl Backoff {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Backoff, Jitter};
+    /// use backpressure::retry::{Backoff, Jitter};
     /// use std::time::Duration;
     /// let mut b = Backoff::new(Duration::from_secs(1), Duration::from_secs(60)).jitter(Jitter::None);
     /// assert_eq!(b.delay(3), Duration::from_secs(8));
@@ -127,7 +127,7 @@ impl Backoff {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Backoff;
+    /// use backpressure::retry::Backoff;
     /// use std::time::Duration;
     /// let make = || Backoff::new(Duration::from_millis(10), Duration::from_secs(1)).seed(42);
     /// let (mut a, mut b) = (make(), make());
@@ -145,7 +145,7 @@ impl Backoff {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Backoff;
+    /// use backpressure::retry::Backoff;
     /// use std::time::Duration;
     /// let mut parent = Backoff::new(Duration::from_millis(10), Duration::from_secs(1)).seed(3);
     /// let mut a = parent.fork();
@@ -167,7 +167,7 @@ impl Backoff {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Backoff;
+    /// use backpressure::retry::Backoff;
     /// use std::time::Duration;
     /// let b = Backoff::new(Duration::from_nanos(3), Duration::MAX);
     /// assert_eq!(b.ceiling(u32::MAX), Duration::from_nanos(u64::MAX));
@@ -196,7 +196,7 @@ impl Backoff {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Backoff, Jitter};
+    /// use backpressure::retry::{Backoff, Jitter};
     /// use std::time::Duration;
     /// let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(2))
     ///     .jitter(Jitter::Decorrelated)

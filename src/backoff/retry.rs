@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::{Backoff, Deadline};
 use crate::throttled::{Human, Status, Throttled};
-use crate::{Advice, Clamp, Clock, ServerHint};
+use crate::{headers::Advice, headers::Clamp, headers::ServerHint, Clock};
 
 /// How a [`RetryPolicy`] classes one attempt's answer (see
 /// [`RetryPolicy::classify`]).
@@ -15,7 +15,8 @@ use crate::{Advice, Clamp, Clock, ServerHint};
 /// # Examples
 ///
 /// ```
-/// use backpressure::{ReplyClass, RetryPolicy, ServerHint};
+/// use backpressure::headers::ServerHint;
+/// use backpressure::retry::{ReplyClass, RetryPolicy};
 /// let policy = RetryPolicy::default();
 /// let none = ServerHint::default();
 /// assert_eq!(policy.classify(Some(429), &none), ReplyClass::Capacity);
@@ -51,7 +52,9 @@ pub enum ReplyClass {
 /// # Examples
 ///
 /// ```
-/// use backpressure::{Decision, Deadline, ManualClock, RetryPolicy, ServerHint};
+/// use backpressure::headers::ServerHint;
+/// use backpressure::retry::{Deadline, Decision, RetryPolicy};
+/// use backpressure::ManualClock;
 /// use std::time::Duration;
 ///
 /// let mut policy = RetryPolicy::default().max_retries(1);
@@ -81,7 +84,7 @@ pub enum Decision {
 /// Decides, after each failed attempt of one call, whether and when to
 /// retry. It owns every part of that decision: how an answer is classed
 /// ([`classify`](Self::classify)), the retry cap, the clamp on the
-/// server's wait and the backoff. [`Runner`](crate::Runner) asks it after
+/// server's wait and the backoff. [`Runner`](crate::admission::Runner) asks it after
 /// every attempt that did not succeed and does what it says.
 ///
 /// [`decide_reply`](Self::decide_reply) sees the whole answer (a status or
@@ -105,7 +108,7 @@ pub enum Decision {
 /// [`Backoff`] delay, `timed_out` if it does not fit the deadline. A
 /// retry's wait is charged to the deadline; a surfaced one costs nothing.
 ///
-/// A surfaced [`Throttled`] names its scope as [`Admission`](crate::Admission)
+/// A surfaced [`Throttled`] names its scope as [`Admission`](crate::admission::Admission)
 /// does: `server:<name>` when the server named its limit, else `api_key`
 /// (the credential's limit); `deadline` for `timed_out`.
 ///
@@ -118,7 +121,9 @@ pub enum Decision {
 /// # Examples
 ///
 /// ```
-/// use backpressure::{Backoff, Clamp, Decision, Deadline, ManualClock, RetryPolicy, ServerHint};
+/// use backpressure::headers::{Clamp, ServerHint};
+/// use backpressure::retry::{Backoff, Deadline, Decision, RetryPolicy};
+/// use backpressure::ManualClock;
 /// use std::time::{Duration, SystemTime};
 ///
 /// let clock = ManualClock::new();
@@ -152,7 +157,7 @@ impl Default for RetryPolicy {
 
 impl RetryPolicy {
     /// The wait assumed for a capacity answer that gave none (a bare 429):
-    /// one second, the same hold [`Ticket::observe`](crate::Ticket::observe)
+    /// one second, the same hold [`Ticket::observe`](crate::admission::Ticket::observe)
     /// puts on the credential, so the call does not find out the same way
     /// again at once.
     pub const BARE_429_HOLD: Duration = Duration::from_secs(1);
@@ -162,7 +167,7 @@ impl RetryPolicy {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Backoff, RetryPolicy};
+    /// use backpressure::retry::{Backoff, RetryPolicy};
     /// use std::time::Duration;
     /// let policy = RetryPolicy::new(Backoff::new(Duration::from_millis(50), Duration::from_secs(2)));
     /// assert_eq!(policy.retries(), 0);
@@ -181,7 +186,9 @@ impl RetryPolicy {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Backoff, Decision, Deadline, Jitter, ManualClock, RetryPolicy, ServerHint};
+    /// use backpressure::headers::ServerHint;
+    /// use backpressure::retry::{Backoff, Deadline, Decision, Jitter, RetryPolicy};
+    /// use backpressure::ManualClock;
     /// use std::time::Duration;
     /// let fixed = Backoff::new(Duration::from_millis(300), Duration::from_millis(300)).jitter(Jitter::None);
     /// let mut p = RetryPolicy::default().backoff(fixed);
@@ -199,7 +206,9 @@ impl RetryPolicy {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Decision, Deadline, ManualClock, RetryPolicy, ServerHint};
+    /// use backpressure::headers::ServerHint;
+    /// use backpressure::retry::{Deadline, Decision, RetryPolicy};
+    /// use backpressure::ManualClock;
     /// use std::time::Duration;
     /// let mut p = RetryPolicy::default().max_retries(0);
     /// let mut d = Deadline::after(ManualClock::new(), Duration::from_secs(1));
@@ -216,7 +225,10 @@ impl RetryPolicy {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Clamp, Decision, Deadline, ManualClock, RetryPolicy, ServerHint, Status};
+    /// use backpressure::headers::{Clamp, ServerHint};
+    /// use backpressure::retry::{Deadline, Decision, RetryPolicy};
+    /// use backpressure::throttled::Status;
+    /// use backpressure::ManualClock;
     /// use std::time::{Duration, SystemTime};
     /// let mut p = RetryPolicy::default().clamp(Clamp::new(Duration::from_secs(1)));
     /// let mut d = Deadline::after(ManualClock::new(), Duration::from_secs(60));
@@ -235,7 +247,9 @@ impl RetryPolicy {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Deadline, ManualClock, RetryPolicy, ServerHint};
+    /// use backpressure::headers::ServerHint;
+    /// use backpressure::retry::{Deadline, RetryPolicy};
+    /// use backpressure::ManualClock;
     /// let mut p = RetryPolicy::default();
     /// let mut d = Deadline::never(ManualClock::new());
     /// let _ = p.decide(&ServerHint::default(), &mut d);
@@ -251,7 +265,7 @@ impl RetryPolicy {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::RetryPolicy;
+    /// use backpressure::retry::RetryPolicy;
     /// let mut template = RetryPolicy::default();
     /// let per_call = template.fork();
     /// assert_eq!(per_call.retries(), 0);
@@ -271,7 +285,8 @@ impl RetryPolicy {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{ReplyClass, RetryPolicy, ServerHint};
+    /// use backpressure::headers::ServerHint;
+    /// use backpressure::retry::{ReplyClass, RetryPolicy};
     /// use std::time::SystemTime;
     /// let policy = RetryPolicy::default();
     /// let told = ServerHint::from_headers([("retry-after", "2")], SystemTime::now());
@@ -298,7 +313,10 @@ impl RetryPolicy {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Decision, Deadline, ManualClock, RetryPolicy, ServerHint, Status};
+    /// use backpressure::headers::ServerHint;
+    /// use backpressure::retry::{Deadline, Decision, RetryPolicy};
+    /// use backpressure::throttled::Status;
+    /// use backpressure::ManualClock;
     /// use std::time::{Duration, SystemTime};
     ///
     /// let mut p = RetryPolicy::default().max_retries(1);
@@ -348,7 +366,10 @@ impl RetryPolicy {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Decision, Deadline, ManualClock, RetryPolicy, ServerHint, Status};
+    /// use backpressure::headers::ServerHint;
+    /// use backpressure::retry::{Deadline, Decision, RetryPolicy};
+    /// use backpressure::throttled::Status;
+    /// use backpressure::ManualClock;
     /// use std::time::Duration;
     ///
     /// let mut p = RetryPolicy::default();

@@ -20,7 +20,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use crate::throttled::ceil_ms;
 use crate::{
-    Advice, Backoff, Clamp, Deadline, Decision, ManualClock, RetryPolicy, ServerHint, Status,
+    headers::Advice, headers::Clamp, headers::ServerHint, retry::Backoff, retry::Deadline,
+    retry::Decision, retry::RetryPolicy, throttled::Status, ManualClock,
 };
 
 const NAMES: &[&str] = &[

@@ -80,7 +80,7 @@ use serde::{Deserialize, Serialize};
 /// # Examples
 ///
 /// ```
-/// use backpressure::ServerHint;
+/// use backpressure::headers::ServerHint;
 /// use std::time::{Duration, SystemTime};
 ///
 /// let hint = ServerHint::from_headers(
@@ -133,7 +133,7 @@ pub struct ServerHint {
 /// # Examples
 ///
 /// ```
-/// use backpressure::ServerHint;
+/// use backpressure::headers::ServerHint;
 /// use std::time::{Duration, SystemTime};
 ///
 /// let hint = ServerHint::from_headers(
@@ -185,7 +185,7 @@ impl ServerHint {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::ServerHint;
+    /// use backpressure::headers::ServerHint;
     /// use std::time::SystemTime;
     ///
     /// let hint = ServerHint::from_headers([("retry-after", "99999999999999999999")], SystemTime::now());
@@ -201,7 +201,7 @@ impl ServerHint {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::ServerHint;
+    /// use backpressure::headers::ServerHint;
     /// use std::time::{Duration, UNIX_EPOCH};
     ///
     /// let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
@@ -229,7 +229,7 @@ impl ServerHint {
     /// clock is 20 minutes fast here; the server's rules):
     ///
     /// ```
-    /// use backpressure::ServerHint;
+    /// use backpressure::headers::ServerHint;
     /// use std::time::{Duration, UNIX_EPOCH};
     ///
     /// let headers: Vec<(&str, &[u8])> = vec![
@@ -280,7 +280,7 @@ impl ServerHint {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::ServerHint;
+    /// use backpressure::headers::ServerHint;
     /// use http::HeaderMap;
     /// use std::time::{Duration, SystemTime};
     ///
@@ -302,7 +302,7 @@ impl ServerHint {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::ServerHint;
+    /// use backpressure::headers::ServerHint;
     /// use std::time::{Duration, SystemTime};
     ///
     /// let now = SystemTime::now();
@@ -336,7 +336,7 @@ impl ServerHint {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Advice, Clamp, ServerHint};
+    /// use backpressure::headers::{Advice, Clamp, ServerHint};
     /// use std::time::{Duration, SystemTime};
     ///
     /// let hint = ServerHint::from_headers([("retry-after", "3600")], SystemTime::now());
@@ -357,7 +357,7 @@ impl ServerHint {
 /// # Examples
 ///
 /// ```
-/// use backpressure::{Advice, Clamp};
+/// use backpressure::headers::{Advice, Clamp};
 /// use std::time::Duration;
 ///
 /// let clamp = Clamp { max: Duration::from_secs(30) };
@@ -376,7 +376,7 @@ impl Clamp {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Clamp;
+    /// use backpressure::headers::Clamp;
     /// use std::time::Duration;
     /// assert_eq!(Clamp::new(Duration::from_secs(1)).max, Duration::from_secs(1));
     /// ```
@@ -390,7 +390,7 @@ impl Clamp {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Advice, Clamp};
+    /// use backpressure::headers::{Advice, Clamp};
     /// use std::time::Duration;
     ///
     /// let clamp = Clamp::new(Duration::from_secs(10));
@@ -414,7 +414,7 @@ impl Clamp {
 /// # Examples
 ///
 /// ```
-/// use backpressure::{Advice, Clamp, ServerHint};
+/// use backpressure::headers::{Advice, Clamp, ServerHint};
 /// use std::time::{Duration, SystemTime};
 ///
 /// let clamp = Clamp::new(Duration::from_secs(30));
@@ -447,7 +447,7 @@ impl Advice {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Advice;
+    /// use backpressure::headers::Advice;
     /// assert!(!Advice::Proceed.is_stop());
     /// ```
     pub fn is_stop(&self) -> bool {

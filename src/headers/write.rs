@@ -1,7 +1,7 @@
 //! Writing the headers, for servers built with the crate: `Retry-After`
 //! and the IETF `RateLimit-Policy` / `RateLimit` structured fields
 //! (draft-ietf-httpapi-ratelimit-headers-10), read back by
-//! [`ServerHint::from_headers`](crate::ServerHint::from_headers).
+//! [`ServerHint::from_headers`](crate::headers::ServerHint::from_headers).
 
 use std::time::Duration;
 
@@ -9,7 +9,7 @@ use sfv::{KeyRef, ListSerializer, StringRef};
 
 use crate::bucket::TokenBucket;
 use crate::clock::Clock;
-use crate::{Status, Throttled};
+use crate::{throttled::Status, Throttled};
 
 /// The largest Integer a structured field can carry (RFC 9651 §3.3.1).
 const SF_MAX: u64 = 999_999_999_999_999;
@@ -21,7 +21,7 @@ const SF_MAX: u64 = 999_999_999_999_999;
 /// # Examples
 ///
 /// ```
-/// use backpressure::retry_after_secs;
+/// use backpressure::headers::retry_after_secs;
 /// use std::time::Duration;
 /// assert_eq!(retry_after_secs(Duration::from_millis(300)), 1);
 /// assert_eq!(retry_after_secs(Duration::from_secs(2)), 2);
@@ -48,7 +48,7 @@ pub fn retry_after_secs(d: Duration) -> u64 {
 /// # Examples
 ///
 /// ```
-/// use backpressure::{RateLimitHeaders, ServerHint};
+/// use backpressure::headers::{RateLimitHeaders, ServerHint};
 /// use std::time::{Duration, SystemTime};
 ///
 /// let h = RateLimitHeaders::new("api", 100, Duration::from_secs(60), 0, Duration::from_millis(1500))
@@ -91,7 +91,7 @@ impl RateLimitHeaders {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::RateLimitHeaders;
+    /// use backpressure::headers::RateLimitHeaders;
     /// use std::time::Duration;
     /// let h = RateLimitHeaders::new("default", 10, Duration::from_secs(1), 7, Duration::from_millis(300));
     /// assert_eq!(h.rate_limit(), r#""default";r=7;t=1"#);
@@ -119,7 +119,7 @@ impl RateLimitHeaders {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::RateLimitHeaders;
+    /// use backpressure::headers::RateLimitHeaders;
     /// use std::time::Duration;
     /// let h = RateLimitHeaders::new("default", 1, Duration::from_secs(1), 0, Duration::from_secs(1))
     ///     .with_retry_after(Duration::from_millis(10));
@@ -135,7 +135,7 @@ impl RateLimitHeaders {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::RateLimitHeaders;
+    /// use backpressure::headers::RateLimitHeaders;
     /// use std::time::Duration;
     /// let h = RateLimitHeaders::new("a\"b", 5, Duration::from_millis(2500), 5, Duration::ZERO);
     /// assert_eq!(h.policy(), r#""a\"b";q=5;w=3"#);
@@ -152,7 +152,7 @@ impl RateLimitHeaders {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::RateLimitHeaders;
+    /// use backpressure::headers::RateLimitHeaders;
     /// use std::time::Duration;
     /// let h = RateLimitHeaders::new("x", 5, Duration::from_secs(1), 3, Duration::from_millis(1));
     /// assert_eq!(h.rate_limit(), r#""x";r=3;t=1"#);
@@ -169,7 +169,7 @@ impl RateLimitHeaders {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::RateLimitHeaders;
+    /// use backpressure::headers::RateLimitHeaders;
     /// use std::time::Duration;
     /// let h = RateLimitHeaders::new("x", 5, Duration::from_secs(1), 3, Duration::ZERO);
     /// assert_eq!(h.retry_after_value(), None);
@@ -184,7 +184,7 @@ impl RateLimitHeaders {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::RateLimitHeaders;
+    /// use backpressure::headers::RateLimitHeaders;
     /// use std::time::Duration;
     /// let h = RateLimitHeaders::new("x", 5, Duration::from_secs(1), 3, Duration::ZERO);
     /// let names: Vec<_> = h.to_pairs().into_iter().map(|(n, _)| n).collect();
@@ -206,7 +206,7 @@ impl RateLimitHeaders {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::RateLimitHeaders;
+    /// use backpressure::headers::RateLimitHeaders;
     /// use std::time::Duration;
     /// let mut map = http::HeaderMap::new();
     /// RateLimitHeaders::new("x", 5, Duration::from_secs(1), 0, Duration::from_secs(1))
@@ -259,7 +259,8 @@ impl<C: Clock> TokenBucket<C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{ManualClock, Quota, ServerHint, TokenBucket};
+    /// use backpressure::headers::ServerHint;
+    /// use backpressure::{ManualClock, Quota, TokenBucket};
     /// use std::num::NonZeroU32;
     /// use std::time::{Duration, SystemTime};
     ///
@@ -306,7 +307,8 @@ impl Throttled {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Status, Throttled};
+    /// use backpressure::throttled::Status;
+    /// use backpressure::Throttled;
     /// assert_eq!(Throttled::new(Status::RateLimited, "api_key", "").http_status(), 429);
     /// assert_eq!(Throttled::new(Status::Shed, "queue", "").http_status(), 503);
     /// ```
@@ -326,7 +328,9 @@ impl Throttled {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{ServerHint, Status, Throttled};
+    /// use backpressure::headers::ServerHint;
+    /// use backpressure::throttled::Status;
+    /// use backpressure::Throttled;
     /// use std::time::{Duration, SystemTime};
     ///
     /// let t = Throttled::new(Status::RateLimited, "api_key", "slow down")
@@ -346,7 +350,7 @@ impl Throttled {
 #[cfg(all(test, not(feature = "loom")))]
 mod tests {
     use super::*;
-    use crate::{ManualClock, Quota, ServerHint};
+    use crate::{headers::ServerHint, ManualClock, Quota};
     use std::num::NonZeroU32;
     use std::time::SystemTime;
 

@@ -13,7 +13,10 @@ use parking_lot::Mutex;
 
 use crate::clock::{Clock, DefaultClock};
 use crate::sleep::{Sleeper, ThreadSleeper};
-use crate::{Admission, CallSpec, Deadline, Decision, RetryPolicy, ServerHint};
+use crate::{
+    admission::Admission, admission::CallSpec, headers::ServerHint, retry::Deadline,
+    retry::Decision, retry::RetryPolicy,
+};
 
 type Derive = Arc<dyn Fn(&Request) -> String + Send + Sync>;
 
@@ -57,7 +60,8 @@ pub struct RequestDeadline(pub Duration);
 ///
 /// ```
 /// use backpressure::reqwest::AdmissionMiddleware;
-/// use backpressure::{Admission, Quota};
+/// use backpressure::admission::Admission;
+/// use backpressure::Quota;
 /// use std::num::NonZeroU32;
 ///
 /// let admission = Admission::builder()
@@ -83,7 +87,8 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{reqwest::AdmissionMiddleware, Admission};
+    /// use backpressure::admission::Admission;
+    /// use backpressure::reqwest::AdmissionMiddleware;
     /// let m = AdmissionMiddleware::new(Admission::builder().build());
     /// assert_eq!(m.default_deadline().as_secs(), 30);
     /// ```
@@ -102,7 +107,8 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{reqwest::AdmissionMiddleware, Admission};
+    /// use backpressure::admission::Admission;
+    /// use backpressure::reqwest::AdmissionMiddleware;
     /// let m = AdmissionMiddleware::new(Admission::builder().build())
     ///     .tool_from(|req| req.url().path().to_string());
     /// # drop(m);
@@ -118,7 +124,8 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{reqwest::AdmissionMiddleware, Admission};
+    /// use backpressure::admission::Admission;
+    /// use backpressure::reqwest::AdmissionMiddleware;
     /// let m = AdmissionMiddleware::new(Admission::builder().build())
     ///     .credential_from(|_| "tenant-7".to_string());
     /// # drop(m);
@@ -138,7 +145,8 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{reqwest::AdmissionMiddleware, Admission};
+    /// use backpressure::admission::Admission;
+    /// use backpressure::reqwest::AdmissionMiddleware;
     /// let m = AdmissionMiddleware::new(Admission::builder().build()).credential_header("x-api-key");
     /// # drop(m);
     /// ```
@@ -152,7 +160,8 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{reqwest::AdmissionMiddleware, Admission};
+    /// use backpressure::admission::Admission;
+    /// use backpressure::reqwest::AdmissionMiddleware;
     /// use std::time::Duration;
     /// let m = AdmissionMiddleware::new(Admission::builder().build()).deadline(Duration::from_secs(5));
     /// assert_eq!(m.default_deadline(), Duration::from_secs(5));
@@ -167,7 +176,9 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{reqwest::AdmissionMiddleware, Admission, RetryPolicy};
+    /// use backpressure::admission::Admission;
+    /// use backpressure::retry::RetryPolicy;
+    /// use backpressure::reqwest::AdmissionMiddleware;
     /// let m = AdmissionMiddleware::new(Admission::builder().build())
     ///     .retry_policy(RetryPolicy::default().max_retries(2));
     /// # drop(m);
@@ -182,7 +193,8 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{reqwest::AdmissionMiddleware, Admission};
+    /// use backpressure::admission::Admission;
+    /// use backpressure::reqwest::AdmissionMiddleware;
     /// assert_eq!(AdmissionMiddleware::new(Admission::builder().build()).default_deadline().as_secs(), 30);
     /// ```
     pub fn default_deadline(&self) -> Duration {

@@ -78,7 +78,8 @@ impl<K, V, E, C: Clock> SingleFlightBuilder<K, V, E, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Provenance, SingleFlight};
+    /// use backpressure::single_flight::Provenance;
+    /// use backpressure::SingleFlight;
     /// use std::time::Duration;
     ///
     /// # futures::executor::block_on(async {

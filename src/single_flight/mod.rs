@@ -96,7 +96,8 @@ type WakeList = SmallVec<[core::task::Waker; WAKE_BATCH]>;
 /// # Examples
 ///
 /// ```
-/// use backpressure::{Provenance, SingleFlight};
+/// use backpressure::single_flight::Provenance;
+/// use backpressure::SingleFlight;
 /// use std::sync::atomic::{AtomicUsize, Ordering};
 ///
 /// # futures::executor::block_on(async {
@@ -198,7 +199,8 @@ where
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Provenance, SingleFlight};
+    /// use backpressure::single_flight::Provenance;
+    /// use backpressure::SingleFlight;
     ///
     /// # futures::executor::block_on(async {
     /// let flights = SingleFlight::<String, String>::new();
@@ -295,7 +297,8 @@ where
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Provenance, SingleFlight};
+    /// use backpressure::single_flight::Provenance;
+    /// use backpressure::SingleFlight;
     /// use std::time::Duration;
     ///
     /// # futures::executor::block_on(async {

@@ -9,7 +9,8 @@ use std::sync::Arc;
 /// # Examples
 ///
 /// ```
-/// use backpressure::{Provenance, SingleFlight};
+/// use backpressure::single_flight::Provenance;
+/// use backpressure::SingleFlight;
 ///
 /// # futures::executor::block_on(async {
 /// let flights = SingleFlight::<u8, u8>::new();
@@ -37,7 +38,7 @@ impl Provenance {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Provenance;
+    /// use backpressure::single_flight::Provenance;
     /// assert!(Provenance::Joined.is_shared());
     /// assert!(Provenance::Cached.is_shared());
     /// assert!(!Provenance::Leader.is_shared());

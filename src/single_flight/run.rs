@@ -38,7 +38,8 @@ use crate::sync::Arc;
 /// # Examples
 ///
 /// ```
-/// use backpressure::{Run, SingleFlight};
+/// use backpressure::single_flight::Run;
+/// use backpressure::SingleFlight;
 /// use std::future::Ready;
 ///
 /// type Lookup<'a> = Run<'a, u32, u32, std::convert::Infallible, backpressure::DefaultClock,

@@ -139,7 +139,7 @@ fn a_panicking_clone_on_a_cache_hit_leaves_the_shard_usable() {
     assert_eq!(m.len(), 1);
     let (v, how) = crate::park::block_on(m.run(1, || async { Touchy(0) })).unwrap();
     assert_eq!(v.0, 7);
-    assert_eq!(how, crate::Provenance::Cached);
+    assert_eq!(how, crate::single_flight::Provenance::Cached);
 }
 
 /// A clock with a coarse time of its own, both moved by hand.
@@ -184,18 +184,18 @@ fn a_cache_hit_uses_the_coarse_time_and_never_outlives_the_ttl() {
     // (the precise one says expired) shows the coarse path decides.
     clocks.precise.set(2_000_000);
     clocks.coarse.set(500_000);
-    assert_eq!(get(2), (1, crate::Provenance::Cached));
+    assert_eq!(get(2), (1, crate::single_flight::Provenance::Cached));
     // Near the coarse expiry (1,024,000 - 1,000, less the lag): rechecked
     // on the precise time, which says expired: a new flight runs.
     clocks.coarse.set(1_022_995);
-    assert_eq!(get(3), (3, crate::Provenance::Leader));
+    assert_eq!(get(3), (3, crate::single_flight::Provenance::Leader));
     // Cached again at precise 2,000,000 and coarse 1,022,995. Near its
     // coarse expiry but precisely still live: served after the recheck.
     clocks.coarse.set(1_022_995 + 1_022_995);
     clocks.precise.set(2_000_000 + 1_000_000);
-    assert_eq!(get(4), (3, crate::Provenance::Cached));
+    assert_eq!(get(4), (3, crate::single_flight::Provenance::Cached));
     // Past both: never served.
     clocks.precise.set(2_000_000 + 1_024_000);
-    assert_eq!(get(5), (5, crate::Provenance::Leader));
+    assert_eq!(get(5), (5, crate::single_flight::Provenance::Leader));
     assert!(clocks.precise.now_nanos() > 0);
 }

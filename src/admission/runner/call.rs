@@ -18,7 +18,8 @@ use crate::failure::CallFailure;
 /// # Examples
 ///
 /// ```
-/// use backpressure::{Reply, ServerHint};
+/// use backpressure::admission::Reply;
+/// use backpressure::headers::ServerHint;
 /// let ok = Reply::new(200, "body");
 /// assert!(ok.is_success());
 /// let throttled = Reply::new(429, ()).with_hint(ServerHint::default());
@@ -41,7 +42,7 @@ impl<V> Reply<V> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Reply;
+    /// use backpressure::admission::Reply;
     /// assert_eq!(Reply::new(204, ()).status, 204);
     /// ```
     pub fn new(status: u16, value: V) -> Self {
@@ -57,7 +58,8 @@ impl<V> Reply<V> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Reply, ServerHint};
+    /// use backpressure::admission::Reply;
+    /// use backpressure::headers::ServerHint;
     /// use std::time::{Duration, SystemTime};
     /// let hint = ServerHint::from_headers([("retry-after", "2")], SystemTime::now());
     /// let reply = Reply::new(429, ()).with_hint(hint);
@@ -73,7 +75,7 @@ impl<V> Reply<V> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Reply;
+    /// use backpressure::admission::Reply;
     /// assert!(Reply::new(201, ()).is_success());
     /// assert!(!Reply::new(503, ()).is_success());
     /// ```
@@ -97,7 +99,7 @@ pub type AttemptFuture<V, E = String> = Pin<Box<dyn Future<Output = Result<Reply
 /// # Examples
 ///
 /// ```
-/// use backpressure::{Call, CallSpec, Reply};
+/// use backpressure::admission::{Call, CallSpec, Reply};
 /// let call = Call::new(CallSpec::new("search_tickets", "key"), || async {
 ///     Ok::<_, std::io::Error>(Reply::new(200, "[]".to_string()))
 /// })
@@ -116,7 +118,7 @@ impl<V, E> Call<V, E> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Call, CallSpec, Reply};
+    /// use backpressure::admission::{Call, CallSpec, Reply};
     /// // `E`, the transport error, is `String` unless the runner or the
     /// // closure says otherwise.
     /// let call: Call<u64> = Call::new(CallSpec::new("get_usage", "key"), || async { Ok(Reply::new(200, 42u64)) });
@@ -141,7 +143,7 @@ impl<V, E> Call<V, E> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Call, CallSpec, Reply};
+    /// use backpressure::admission::{Call, CallSpec, Reply};
     /// let call: Call<()> = Call::new(CallSpec::new("search", "key"), || async { Ok(Reply::new(200, ())) })
     ///     .coalesce_key("q=refund&page=1");
     /// # let _ = call;

@@ -95,7 +95,8 @@ impl<V, E> CallResult<V, E> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{CallResult, Provenance};
+    /// use backpressure::admission::CallResult;
+    /// use backpressure::single_flight::Provenance;
     /// let r: CallResult<i32> = CallResult::Done { value: 7, provenance: Provenance::Leader, attempts: 1 };
     /// assert_eq!(r.value(), Some(&7));
     /// ```
@@ -111,7 +112,9 @@ impl<V, E> CallResult<V, E> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{CallResult, Status, Throttled};
+    /// use backpressure::admission::CallResult;
+    /// use backpressure::throttled::Status;
+    /// use backpressure::Throttled;
     /// let r: CallResult<()> = CallResult::Throttled(Throttled::new(Status::Shed, "queue", "busy"));
     /// assert_eq!(r.throttled().unwrap().status, Status::Shed);
     /// ```
@@ -127,7 +130,7 @@ impl<V, E> CallResult<V, E> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{CallFailure, CallResult};
+    /// use backpressure::admission::{CallFailure, CallResult};
     /// use std::sync::Arc;
     /// let r: CallResult<(), std::io::Error> = CallResult::Failed {
     ///     error: CallFailure::Transport(Arc::new(std::io::ErrorKind::ConnectionReset.into())),

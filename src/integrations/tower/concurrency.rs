@@ -13,7 +13,7 @@ use ::tower::{Layer, Service};
 use super::{BoxError, LimitFuture};
 use crate::integrations::PollSemaphore;
 use crate::semaphore::{OwnedSemaphorePermit, Semaphore};
-use crate::{Status, Throttled};
+use crate::{throttled::Status, Throttled};
 
 /// Limits the requests in flight through every service it wraps to the
 /// permits of one shared [`Semaphore`].
@@ -94,7 +94,8 @@ impl ConcurrencyLimitLayer {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{tower::ConcurrencyLimitLayer, Status, Throttled};
+    /// use backpressure::throttled::Status;
+    /// use backpressure::{Throttled, tower::ConcurrencyLimitLayer};
     /// use std::time::Duration;
     /// use tower::{service_fn, Layer, Service, ServiceExt};
     ///

@@ -397,7 +397,7 @@ where
                         // Unreachable: both are taken only here, just
                         // before leaving this state.
                         _ => LimitFuture::refused(crate::Throttled::new(
-                            crate::Status::RateLimited,
+                            crate::throttled::Status::RateLimited,
                             "rate:key",
                             "polled after completion",
                         )),

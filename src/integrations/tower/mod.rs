@@ -5,7 +5,7 @@
 //! | [`ConcurrencyLimitLayer`] | one shared [`Semaphore`](crate::Semaphore) | queue (FIFO) in `poll_ready`, or shed |
 //! | [`RateLimitLayer`] | one shared [`TokenBucket`](crate::TokenBucket) | wait up to a budget in `poll_ready`, or reject |
 //! | [`KeyedRateLimitLayer`] | a [`Scoped`](crate::Scoped) registry and a key closure | wait up to a budget in the response future, or reject |
-//! | [`HintRetry`] (a `tower::retry::Policy`) | [`RetryPolicy`](crate::RetryPolicy) and [`Deadline`](crate::Deadline) | honours `Retry-After`; gives up with a [`Throttled`] instead of sleeping past the deadline |
+//! | [`HintRetry`] (a `tower::retry::Policy`) | [`RetryPolicy`](crate::retry::RetryPolicy) and [`Deadline`](crate::retry::Deadline) | honours `Retry-After`; gives up with a [`Throttled`] instead of sleeping past the deadline |
 //!
 //! Every layer's services are `Clone` and share their limiter, so a stack
 //! can be cloned per connection or per task and still count as one.
@@ -52,7 +52,7 @@ pub use rate::{RateLimit, RateLimitLayer};
 pub use retry::HintRetry;
 
 use crate::bucket::{CheckError, ReserveError};
-use crate::{Status, Throttled};
+use crate::{throttled::Status, Throttled};
 
 /// The error type of the layers: the inner service's error or a
 /// [`Throttled`], boxed (tower's convention at the edges).

@@ -20,7 +20,7 @@ use crate::sleep::{Sleeper, ThreadSleeper};
 ///
 /// By default the cell is taken in `call`, and over the limit the request
 /// is refused at once with a
-/// [`Throttled`](crate::Throttled) of status [`Status::RateLimited`](crate::Status::RateLimited)
+/// [`Throttled`](crate::Throttled) of status [`Status::RateLimited`](crate::throttled::Status::RateLimited)
 /// and the exact wait in `retry_after`. With
 /// [`wait_up_to`](Self::wait_up_to), `poll_ready` instead reserves the
 /// cell and sleeps the wait (through the given [`Sleeper`]) when it is at
@@ -34,7 +34,8 @@ use crate::sleep::{Sleeper, ThreadSleeper};
 ///
 /// ```
 /// use backpressure::tower::RateLimitLayer;
-/// use backpressure::{ManualClock, Quota, Status, Throttled, TokenBucket};
+/// use backpressure::throttled::Status;
+/// use backpressure::{ManualClock, Quota, Throttled, TokenBucket};
 /// use std::num::NonZeroU32;
 /// use std::sync::Arc;
 /// use std::time::Duration;

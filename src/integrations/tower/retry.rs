@@ -10,8 +10,8 @@ use parking_lot::Mutex;
 
 use crate::clock::{Clock, DefaultClock};
 use crate::sleep::{Sleeper, ThreadSleeper};
-use crate::{Deadline, Decision, RetryPolicy};
-use crate::{ServerHint, Throttled};
+use crate::{headers::ServerHint, Throttled};
+use crate::{retry::Deadline, retry::Decision, retry::RetryPolicy};
 
 /// A [`tower::retry::Policy`](::tower::retry::Policy) that decides through
 /// the crate's [`RetryPolicy`] and charges every wait to a [`Deadline`].
@@ -40,7 +40,10 @@ use crate::{ServerHint, Throttled};
 ///
 /// ```
 /// use backpressure::tower::HintRetry;
-/// use backpressure::{ManualClock, ManualSleeper, RetryPolicy, ServerHint, Status, Throttled};
+/// use backpressure::headers::ServerHint;
+/// use backpressure::retry::RetryPolicy;
+/// use backpressure::throttled::Status;
+/// use backpressure::{ManualClock, ManualSleeper, Throttled};
 /// use std::sync::atomic::{AtomicU32, Ordering};
 /// use std::sync::Arc;
 /// use std::time::{Duration, SystemTime};
@@ -86,7 +89,9 @@ impl<F> HintRetry<F, DefaultClock, ThreadSleeper> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{tower::HintRetry, RetryPolicy, ServerHint};
+    /// use backpressure::headers::ServerHint;
+    /// use backpressure::retry::RetryPolicy;
+    /// use backpressure::tower::HintRetry;
     /// use std::time::Duration;
     /// let policy = HintRetry::new(RetryPolicy::default(), Duration::from_secs(10), |r: &Result<(), std::io::Error>| {
     ///     r.is_err().then(ServerHint::default)
@@ -112,7 +117,9 @@ impl<F, C: Clock, Sl> HintRetry<F, C, Sl> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{tower::HintRetry, ManualClock, RetryPolicy, ServerHint};
+    /// use backpressure::headers::ServerHint;
+    /// use backpressure::retry::RetryPolicy;
+    /// use backpressure::{ManualClock, tower::HintRetry};
     /// use std::time::Duration;
     /// let policy = HintRetry::new(RetryPolicy::default(), Duration::from_secs(1), |_: &Result<(), ()>| None::<ServerHint>)
     ///     .with_clock(ManualClock::new());
@@ -134,7 +141,9 @@ impl<F, C: Clock, Sl> HintRetry<F, C, Sl> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{tower::HintRetry, ManualClock, ManualSleeper, RetryPolicy, ServerHint};
+    /// use backpressure::headers::ServerHint;
+    /// use backpressure::retry::RetryPolicy;
+    /// use backpressure::{ManualClock, ManualSleeper, tower::HintRetry};
     /// use std::time::Duration;
     /// let clock = ManualClock::new();
     /// let policy = HintRetry::new(RetryPolicy::default(), Duration::from_secs(1), |_: &Result<(), ()>| None::<ServerHint>)
@@ -158,7 +167,9 @@ impl<F, C: Clock, Sl> HintRetry<F, C, Sl> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{tower::HintRetry, RetryPolicy, ServerHint};
+    /// use backpressure::headers::ServerHint;
+    /// use backpressure::retry::RetryPolicy;
+    /// use backpressure::tower::HintRetry;
     /// use std::time::Duration;
     /// let p = HintRetry::new(RetryPolicy::default(), Duration::from_secs(3), |_: &Result<(), ()>| None::<ServerHint>);
     /// assert_eq!(p.budget(), Duration::from_secs(3));
@@ -172,7 +183,9 @@ impl<F, C: Clock, Sl> HintRetry<F, C, Sl> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{tower::HintRetry, ManualClock, RetryPolicy, ServerHint};
+    /// use backpressure::headers::ServerHint;
+    /// use backpressure::retry::RetryPolicy;
+    /// use backpressure::{ManualClock, tower::HintRetry};
     /// use std::time::Duration;
     /// let p = HintRetry::new(RetryPolicy::default(), Duration::from_secs(3), |_: &Result<(), ()>| None::<ServerHint>)
     ///     .with_clock(ManualClock::new());
