@@ -198,3 +198,58 @@ fn a_spent_tokens_hint_holds_back_only_the_tokens_quota() {
     }
     drop(a);
 }
+
+/// Through `Runner`, the reply's `used` entries settle every attempt: an
+/// over-use is charged as debt, an under-use refunded, and a failed
+/// attempt's usage is charged too (the server counted it).
+#[test]
+fn the_runner_settles_what_each_reply_says_it_used() {
+    use backpressure::admission::{Call, CallResult, Reply, Runner};
+    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+    use std::sync::Arc;
+
+    let (_sleeper, admission) = layer();
+    let runner: Runner<u32, _, _> = Runner::new(admission.clone(), Duration::from_secs(30))
+        .retries(
+            backpressure::retry::Backoff::new(Duration::ZERO, Duration::ZERO),
+            1,
+        );
+    let attempts = Arc::new(AtomicU32::new(0));
+    let spec = |cost| CallSpec::new("complete", "key").cost("tokens", cost);
+
+    // Estimated 1,000, used 3,000: 2,000 more as debt.
+    let over = Call::new(spec(1_000), || async {
+        Ok(Reply::new(200, 1).used("tokens", 3_000))
+    });
+    // Estimated 2,000, used 500: 1,500 back.
+    let under = Call::new(spec(2_000), || async {
+        Ok(Reply::new(200, 2).used("tokens", 500))
+    });
+    let results = futures::executor::block_on(runner.execute(vec![over]));
+    assert!(matches!(results[0], CallResult::Done { .. }));
+    assert_eq!(left(&admission)[1], 10_000 - 3_000);
+    futures::executor::block_on(runner.execute(vec![under]));
+    assert_eq!(left(&admission)[1], 10_000 - 3_000 - 500);
+
+    // A 503 that used 700 of its 800, then a success that used 100: both
+    // attempts are charged what the server counted.
+    let n = attempts.clone();
+    let retried = Call::new(spec(800), move || {
+        let first = n.fetch_add(1, SeqCst) == 0;
+        async move {
+            Ok(if first {
+                Reply::new(503, 0).used("tokens", 700)
+            } else {
+                Reply::new(200, 3).used("tokens", 100)
+            })
+        }
+    });
+    let results = futures::executor::block_on(runner.execute(vec![retried]));
+    assert!(
+        matches!(results[0], CallResult::Done { .. }),
+        "{:?}",
+        results[0]
+    );
+    assert_eq!(attempts.load(SeqCst), 2);
+    assert_eq!(left(&admission)[1], 10_000 - 3_000 - 500 - 700 - 100);
+}

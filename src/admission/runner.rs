@@ -366,6 +366,10 @@ where
                     // The admission layer learns from every answer (it
                     // holds the credential for everyone on a 429).
                     ticket.observe(r.status, &r.hint);
+                    // What the server counted, whatever the status.
+                    for (name, used) in &r.usage {
+                        ticket.settle(name, *used);
+                    }
                     if r.is_success() {
                         return Ok(r.value);
                     }

@@ -4,6 +4,7 @@
 use core::fmt;
 use core::future::Future;
 use core::pin::Pin;
+use std::borrow::Cow;
 
 use crate::headers::ServerHint;
 
@@ -34,6 +35,13 @@ pub struct Reply<V> {
     pub hint: ServerHint,
     /// The body or parsed value.
     pub value: V,
+    /// What the call actually used of each weighted quota, as the reply
+    /// reported it (`usage.total_tokens`, ...). [`Runner`](super::Runner)
+    /// settles each entry against the call's estimate
+    /// ([`Ticket::settle`](crate::admission::Ticket::settle)) whatever the
+    /// status, so the quota is charged what the server counted, not what
+    /// was guessed.
+    pub usage: Vec<(Cow<'static, str>, u32)>,
 }
 
 impl<V> Reply<V> {
@@ -50,7 +58,44 @@ impl<V> Reply<V> {
             status,
             hint: ServerHint::default(),
             value,
+            usage: Vec::new(),
         }
+    }
+
+    /// Records what the call used of the weighted quota `name`; a second
+    /// entry for the same name replaces the first.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, Call, CallSpec, Reply, Runner};
+    /// use backpressure::{ManualClock, ManualSleeper, Quota};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    ///
+    /// # futures::executor::block_on(async {
+    /// let clock = ManualClock::new();
+    /// let admission = Admission::builder()
+    ///     .clock(clock.clone())
+    ///     .sleeper(ManualSleeper::new(clock.clone()))
+    ///     .resource("tokens", Quota::per_minute(NonZeroU32::new(10_000).unwrap()))
+    ///     .build();
+    /// let runner: Runner<&str, _, _> = Runner::new(admission.clone(), Duration::from_secs(5));
+    /// // Estimated 4,000 tokens; the reply says 1,000 were used.
+    /// let call = Call::new(CallSpec::new("complete", "key").cost("tokens", 4_000), || async {
+    ///     Ok(Reply::new(200, "done").used("tokens", 1_000))
+    /// });
+    /// runner.execute(vec![call]).await;
+    /// assert_eq!(admission.available("key", "tokens"), Some(9_000));
+    /// # });
+    /// ```
+    pub fn used(mut self, name: impl Into<Cow<'static, str>>, units: u32) -> Self {
+        let name = name.into();
+        match self.usage.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => slot.1 = units,
+            None => self.usage.push((name, units)),
+        }
+        self
     }
 
     /// Attaches the limit headers.
