@@ -253,3 +253,42 @@ fn the_runner_settles_what_each_reply_says_it_used() {
     assert_eq!(attempts.load(SeqCst), 2);
     assert_eq!(left(&admission)[1], 10_000 - 3_000 - 500 - 700 - 100);
 }
+
+/// A server that reports fewer tokens left than this process believes
+/// (someone else spends the key) lowers the local quota to what it said;
+/// one that reports more changes nothing (this process's own calls in
+/// flight may not have reached it yet).
+#[test]
+fn a_smaller_remaining_from_the_server_lowers_the_local_quota() {
+    let (_s, a) = layer();
+    let hint = |left: &str| {
+        ServerHint::from_headers(
+            [
+                ("x-ratelimit-limit-tokens", "10000"),
+                ("x-ratelimit-remaining-tokens", left),
+                ("x-ratelimit-reset-tokens", "6s"),
+            ],
+            SystemTime::now(),
+        )
+    };
+    let Poll::Ready(Ok(t)) = now(a.admit(&CallSpec::new("complete", "key").cost("tokens", 1_000)))
+    else {
+        panic!("admitted")
+    };
+    assert_eq!(left(&a)[1], 9_000);
+    // More than we believe: kept as is.
+    assert_eq!(t.observe(200, &hint("9500")), None);
+    assert_eq!(left(&a)[1], 9_000);
+    // Less: lowered to the server's count, and only the tokens quota.
+    assert_eq!(t.observe(200, &hint("2500")), None);
+    assert_eq!(left(&a), [9, 2_500, 6_000]);
+    // A call costing more than is left now waits (refused at once here,
+    // with the wait for 500 tokens at 10,000/min: 3 s).
+    let Poll::Ready(Err(refused)) =
+        now(a.admit(&CallSpec::new("complete", "key").cost("tokens", 3_000)))
+    else {
+        panic!("refused")
+    };
+    assert_eq!(refused.status, Status::RateLimited);
+    assert_eq!(refused.retry_after_ms, Some(3_000));
+}

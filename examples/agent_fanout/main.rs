@@ -1,8 +1,9 @@
 //! The incident this crate exists for, reproduced on loopback.
 //!
-//! A real HTTP API (see `server.rs`) allows `--rate` requests per second
-//! per API key over a rolling one-second window and answers 429 +
-//! Retry-After beyond that. A "production sync job" uses the same key at
+//! A real HTTP API (see `server.rs`) allows `--rate` requests and
+//! `--tokens` tokens per second per API key, each over a rolling one-second
+//! window (an LLM API's RPM and TPM), and answers 429 + Retry-After beyond
+//! either. Every answer says how many tokens the request used. A "production sync job" uses the same key at
 //! 40 % of the rate. An agent harness runs one model turn of `--turn` tool
 //! calls (by default 8: 4 `search_tickets`, 3 `get_usage`, 1
 //! `list_customers`, with the duplicates a model really emits), plus the
@@ -14,12 +15,14 @@
 //!   unjittered 200 ms (three times); report failures as a generic error,
 //!   which makes the model call again;
 //! * **backpressure**: the same calls through `Runner` + `Admission`:
-//!   identical reads coalesced, per-tool concurrency, the key's quota, the
-//!   server's limit headers obeyed, waits up to 2 s kept invisible, longer
+//!   identical reads coalesced, per-tool concurrency, the key's request
+//!   quota and its tokens quota (each call reserves its tool's estimate and
+//!   is settled with what the server reports it used), the server's limit
+//!   headers obeyed, waits up to 2 s kept invisible, longer
 //!   ones returned as a structured `rate_limited` the model plans with.
 //!
 //! ```sh
-//! cargo run --release --example agent_fanout -- --rate 10 --turn 8 --seed 7
+//! cargo run --release --example agent_fanout -- --rate 10 --tokens 4000 --turn 8 --seed 7
 //! ```
 
 mod server;
@@ -53,6 +56,16 @@ struct ToolCall {
 impl ToolCall {
     fn path(&self) -> String {
         format!("/{}?{}", self.tool, self.args)
+    }
+
+    /// What the harness reserves before the call: a per-tool estimate on
+    /// the high side (the server's real use is settled after the reply).
+    fn token_estimate(&self) -> u32 {
+        match self.tool {
+            "search_tickets" => 1_100,
+            "get_usage" => 350,
+            _ => 750,
+        }
     }
 }
 
@@ -101,6 +114,8 @@ fn follow_ups(failed: &[ToolCall]) -> Vec<ToolCall> {
 struct Row {
     requests: usize,
     throttled: usize,
+    throttled_tokens: usize,
+    tokens: usize,
     surfaced_rate_limited: usize,
     generic_failures: usize,
     coalesced: usize,
@@ -111,9 +126,11 @@ struct Row {
 }
 
 impl Row {
-    const LABELS: [&'static str; 8] = [
+    const LABELS: [&'static str; 10] = [
         "HTTP requests sent (harness)",
         "429s received (harness)",
+        "  of which for the tokens limit",
+        "tokens used at the API (harness)",
         "calls surfaced as rate_limited",
         "calls reported as generic failures",
         "duplicate reads coalesced",
@@ -122,10 +139,12 @@ impl Row {
         "wall time of the turn",
     ];
 
-    fn cells(&self) -> [String; 8] {
+    fn cells(&self) -> [String; 10] {
         [
             self.requests.to_string(),
             self.throttled.to_string(),
+            self.throttled_tokens.to_string(),
+            self.tokens.to_string(),
             self.surfaced_rate_limited.to_string(),
             self.generic_failures.to_string(),
             self.coalesced.to_string(),
@@ -145,9 +164,10 @@ struct Stage {
 }
 
 impl Stage {
-    async fn start(rate: u32) -> Stage {
+    async fn start(rate: u32, tokens: u32) -> Stage {
         let srv = server::start(
             rate as usize,
+            tokens as usize,
             Duration::from_secs(1),
             Duration::from_millis(150),
         )
@@ -192,8 +212,8 @@ fn start_prod_job(
     })
 }
 
-async fn naive(rate: u32, turn: &[ToolCall]) -> Row {
-    let stage = Stage::start(rate).await;
+async fn naive(rate: u32, tokens: u32, turn: &[ToolCall]) -> Row {
+    let stage = Stage::start(rate, tokens).await;
     let addr = stage.srv.addr;
     let mut row = Row::default();
     let mut round = turn.to_vec();
@@ -231,8 +251,8 @@ async fn naive(rate: u32, turn: &[ToolCall]) -> Row {
     row
 }
 
-async fn with_backpressure(rate: u32, turn: &[ToolCall], seed: u64) -> Row {
-    let stage = Stage::start(rate).await;
+async fn with_backpressure(rate: u32, tokens: u32, turn: &[ToolCall], seed: u64) -> Row {
+    let stage = Stage::start(rate, tokens).await;
 
     // The harness knows the API's published rate and the latency it sees;
     // Little's law gives the concurrency that rate can keep busy.
@@ -244,6 +264,16 @@ async fn with_backpressure(rate: u32, turn: &[ToolCall], seed: u64) -> Row {
         .default_quota(
             Quota::per_second(NonZeroU32::new(rate).unwrap())
                 .allow_burst(NonZeroU32::new((rate / 2).max(1)).unwrap()),
+        )
+        // The key's tokens per second, as the API publishes them: every
+        // call reserves its estimate, all or nothing with its request. A
+        // rolling window of T per second allows at most T in any second,
+        // while a GCRA admits `burst + rate x t`: half as burst, half as
+        // rate keeps every second within T.
+        .resource(
+            "tokens",
+            Quota::per_second(NonZeroU32::new((tokens / 2).max(1)).unwrap())
+                .allow_burst(NonZeroU32::new((tokens / 2).max(1)).unwrap()),
         )
         .expected_latency(Duration::from_millis(150))
         .build();
@@ -260,7 +290,9 @@ async fn with_backpressure(rate: u32, turn: &[ToolCall], seed: u64) -> Row {
             .map(|c| {
                 let (addr, path) = (stage.srv.addr, c.path());
                 Call::new(
-                    CallSpec::new(c.tool, KEY).deadline(Duration::from_secs(20)),
+                    CallSpec::new(c.tool, KEY)
+                        .cost("tokens", c.token_estimate())
+                        .deadline(Duration::from_secs(20)),
                     move || {
                         let path = path.clone();
                         async move {
@@ -271,7 +303,11 @@ async fn with_backpressure(rate: u32, turn: &[ToolCall], seed: u64) -> Row {
                                 r.headers.iter().map(|(n, v)| (n.as_str(), v.as_slice())),
                                 SystemTime::now(),
                             );
-                            Ok(Reply::new(r.status, r.body).with_hint(hint))
+                            // What the server counted replaces the estimate.
+                            let used = header(&r, "x-usage-tokens").unwrap_or(0);
+                            Ok(Reply::new(r.status, r.body)
+                                .with_hint(hint)
+                                .used("tokens", used))
                         }
                     },
                 )
@@ -323,11 +359,21 @@ fn json(t: &backpressure::Throttled) -> String {
     )
 }
 
+fn header(r: &server::Response, name: &str) -> Option<u32> {
+    let (_, v) = r
+        .headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))?;
+    std::str::from_utf8(v).ok()?.parse().ok()
+}
+
 fn fill_server_stats(row: &mut Row, srv: &server::Server) {
     let h = srv.stats.client("harness");
     let p = srv.stats.client("prod");
     row.requests = h.requests;
     row.throttled = h.throttled;
+    row.throttled_tokens = h.throttled_tokens;
+    row.tokens = h.tokens;
     row.prod_requests = p.requests;
     row.prod_failures = p.throttled;
     row.max_in_flight = srv.stats.max_in_flight.load(Ordering::SeqCst);
@@ -352,20 +398,22 @@ fn main() {
                 args.insert(k.trim_start_matches("--").to_string(), v.clone());
             }
             _ => {
-                eprintln!("usage: agent_fanout [--rate N] [--turn N] [--seed N]");
+                eprintln!("usage: agent_fanout [--rate N] [--tokens N] [--turn N] [--seed N]");
                 std::process::exit(2);
             }
         }
     }
     let rate: u32 = arg(&args, "rate", 10u32).max(1);
+    let tokens: u32 = arg(&args, "tokens", 4_000u32).max(1);
     let turn_size: usize = arg(&args, "turn", 8usize).max(1);
     let seed: u64 = arg(&args, "seed", 7u64);
 
     let mut rng = fastrand::Rng::with_seed(seed);
     let turn = model_turn(turn_size, &mut rng);
     println!(
-        "API: {rate} req/s per key (rolling 1 s window), 150 ms per request; production job on the same key at {:.1} req/s",
-        rate as f64 * 0.4
+        "API: {rate} req/s and {tokens} tokens/s per key (rolling 1 s windows), 150 ms per request; production job on the same key at {:.1} req/s, {} tokens each",
+        rate as f64 * 0.4,
+        server::tokens_for("/sync?cursor=next"),
     );
     println!(
         "model turn ({} calls): {}",
@@ -378,9 +426,9 @@ fn main() {
         .build()
         .expect("tokio runtime");
     println!("\nnaive run ...");
-    let naive = rt.block_on(naive(rate, &turn));
+    let naive = rt.block_on(naive(rate, tokens, &turn));
     println!("backpressure run ...");
-    let bp = rt.block_on(with_backpressure(rate, &turn, seed));
+    let bp = rt.block_on(with_backpressure(rate, tokens, &turn, seed));
 
     println!();
     println!("| {:<38} | {:>8} | {:>12} |", "", "naive", "backpressure");

@@ -339,16 +339,36 @@ where
                 .learned
                 .observe(credential, status, hint, sent_at, now, &inner.credentials);
         }
-        // A weighted quota the server says is spent (a policy of the same
-        // name with nothing remaining) is held until its reset, alone.
+        // A weighted quota the server reports on (a policy of the same
+        // name): spent, it is held until its reset, alone; with less left
+        // than this process believes (another process, or a job, spends
+        // the same key), the difference is charged here, so the next calls
+        // wait for what the server will really allow. The server's count
+        // can only be stale by requests it has not seen yet, which the
+        // local bucket already holds: taking the smaller never admits more
+        // than the server has left.
         for resource in inner.resources.iter() {
-            let spent = hint.policies.iter().find(|p| {
-                p.name.as_deref() == Some(resource.name.as_str()) && p.remaining == Some(0)
-            });
-            if let Some(reset) = spent.and_then(|p| p.reset_after) {
-                let _ = resource
-                    .buckets
-                    .penalize(&key, reset.min(inner.max_retry_after));
+            let Some(policy) = hint
+                .policies
+                .iter()
+                .find(|p| p.name.as_deref() == Some(resource.name.as_str()))
+            else {
+                continue;
+            };
+            match (policy.remaining, policy.reset_after) {
+                (Some(0), Some(reset)) => {
+                    let _ = resource
+                        .buckets
+                        .penalize(&key, reset.min(inner.max_retry_after));
+                }
+                (Some(left), _) => {
+                    let believed = resource.buckets.available(&key);
+                    let left = u32::try_from(left).unwrap_or(u32::MAX);
+                    if left < believed {
+                        charge(&resource.buckets, &key, believed - left);
+                    }
+                }
+                _ => {}
             }
         }
         let wait = match request_wait(hint, &inner.resources) {
