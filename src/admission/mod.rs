@@ -178,14 +178,32 @@ where
     /// ```
     pub async fn admit(&self, spec: &CallSpec) -> Result<Ticket<S, C>, Throttled> {
         let started = self.inner.clock.now_nanos();
+        // Something to wait for (a slot, a rate token, a shared quota's
+        // round trip) sends the call down the staged path, boxed: the
+        // future of a call admitted at once stays a few words, and moving
+        // a large future would cost more than the admission. (A `let`, so
+        // the fast path's result is not kept across the `await`.)
+        let waiting = match self.admit_now(spec, started) {
+            Some(decided) => {
+                self.record(spec, started, &decided);
+                return decided;
+            }
+            None => Box::pin(self.stages(spec, started)),
+        };
+        let admitted = waiting.await;
+        self.record(spec, started, &admitted);
+        admitted
+    }
+
+    /// Counts the decision (and traces it).
+    fn record(&self, spec: &CallSpec, started: u64, admitted: &Result<Ticket<S, C>, Throttled>) {
         let inner = &*self.inner;
-        let admitted = self.stages(spec, started).await;
-        match &admitted {
+        match admitted {
             Ok(ticket) => {
                 // Relaxed: a statistic.
                 inner.admitted.fetch_add(1, Ordering::Relaxed);
-                ticket.tool.counters.admitted(false);
-                ticket.credential.counters.admitted(true);
+                ticket.tool.counters.admitted();
+                ticket.credential.counters.admitted();
                 #[cfg(feature = "metrics")]
                 metrics_out::admitted(&ticket.tool.name, started, ticket.started_at);
                 self.decided_ok(spec, started, ticket.started_at);
@@ -203,7 +221,6 @@ where
                 self.decided(spec, t);
             }
         }
-        admitted
     }
 
     /// The stages in order: open, budget, slots, rate; each gives back what
@@ -251,14 +268,65 @@ where
         let (reserved, started_at) = self.take_rate(spec, &tool, deadline_at, rate_from).await?;
 
         claim.keep();
+        // From here on the ticket holds the slots (its `Drop` releases them).
+        let (tool_slot, global_slot) = slots;
+        tool_slot.forget();
+        global_slot.forget();
         Ok(Ticket {
             admission: self.clone(),
             credential,
             started_at,
             held: reserved.keep(),
             tool,
-            _slots: slots,
         })
+    }
+
+    /// The stages without a wait: `None` when one would have to wait (a
+    /// slot, a rate token), or when the call needs what only the staged
+    /// path does (a shared quota, a server scope); everything taken is
+    /// given back first. Refusals that need no wait are final here.
+    #[inline]
+    fn admit_now(&self, spec: &CallSpec, started: u64) -> Option<Result<Ticket<S, C>, Throttled>> {
+        let inner = &*self.inner;
+        let tool = match self.open_tool(spec) {
+            Ok(tool) => tool,
+            Err(refused) => return Some(Err(refused)),
+        };
+        let claim = match budget::claim(&inner.run_used, inner.run_budget, &tool, &spec.tool) {
+            Ok(claim) => claim,
+            Err(refused) => return Some(Err(refused)),
+        };
+        let tool_slot = tool.pool.sem.try_acquire().ok()?;
+        let global_slot = inner.global.sem.try_acquire().ok()?;
+        // Relaxed: only decides which path runs; the staged path loads it
+        // again with Acquire before reading the scope.
+        if tool.scoped.load(Ordering::Relaxed) || inner.shared.contains(&spec.credential) {
+            return None;
+        }
+        let credential = inner
+            .learned
+            .ensure(&spec.credential, &inner.credentials, &inner.clock);
+        // No wait allowed: a quota that would make the call wait refuses
+        // with nothing consumed, and the staged path takes it from there.
+        let at = rate::Instant {
+            now: started,
+            max_wait: Duration::ZERO,
+            left: Duration::MAX,
+        };
+        let mut reserved = rate::Reserved::default();
+        self.reserve_local(spec, true, None, at, &mut reserved)
+            .ok()?;
+        claim.keep();
+        // From here on the ticket holds the slots (its `Drop` releases them).
+        tool_slot.forget();
+        global_slot.forget();
+        Some(Ok(Ticket {
+            admission: self.clone(),
+            credential,
+            started_at: started,
+            held: reserved.keep(),
+            tool,
+        }))
     }
 
     /// Stage 1: refuses at once when closed; the tool's state (created on

@@ -22,11 +22,13 @@ use super::spec::CallSpec;
 use super::throttled::{Human, Status, Throttled};
 use super::tools::ToolState;
 use super::Admission;
+use crate::bucket::gcra::{Gcra, Ticket as Stamps};
 use crate::bucket::{Reservation, ReserveError};
 use crate::clock::{saturating_nanos, Clock};
 use crate::headers::ServerHint;
 use crate::keyed::Scoped;
 use crate::sleep::Sleeper;
+use crate::sync::Arc;
 use crate::sync::Ordering;
 
 /// The scope of a credential's own request quota in a [`Throttled`].
@@ -41,37 +43,82 @@ pub(super) struct Resource<C: Clock> {
     pub(super) buckets: Scoped<String, C>,
 }
 
-/// Which bucket a reservation came from.
+/// Which bucket a reservation came from: the credential's request quota,
+/// its server scope, or the index of a weighted quota. Four bytes, so a
+/// ticket's reservations stay small.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Source {
-    Requests,
-    Scope,
-    Resource(usize),
+pub(super) struct Source(u32);
+
+impl Source {
+    pub(super) const REQUESTS: Source = Source(u32::MAX);
+    pub(super) const SCOPE: Source = Source(u32::MAX - 1);
+
+    /// The weighted quota at `index` (a layer has a handful; an index
+    /// that does not fit is never matched by `resource`).
+    fn resource(index: usize) -> Source {
+        Source(u32::try_from(index).map_or(u32::MAX - 2, |i| i.min(u32::MAX - 2)))
+    }
+
+    /// The weighted quota's index, if this is one.
+    fn resource_index(self) -> Option<usize> {
+        (self.0 < u32::MAX - 2).then_some(self.0 as usize)
+    }
 }
 
-/// One reservation a call holds.
-pub(super) struct Held {
+/// One reservation a call holds, and a ticket keeps: enough to give it
+/// back or settle it (40 bytes, against a `Reservation`'s 56: a ticket is
+/// moved a few times per call).
+pub(super) struct Kept {
     pub(super) source: Source,
     pub(super) cells: u32,
-    pub(super) reservation: Reservation<'static>,
+    /// The bucket and the stamps to give the cells back; `None`: nothing
+    /// to give back.
+    refund: Option<(Arc<Gcra>, Stamps)>,
+}
+
+impl Kept {
+    fn new(source: Source, cells: u32, reservation: Reservation<'static>) -> Kept {
+        Kept {
+            source,
+            cells,
+            refund: reservation.into_shared_refund(),
+        }
+    }
+
+    /// Gives the cells back if nothing was reserved on the bucket since
+    /// (see `Reservation::cancel`).
+    fn undo(&self) -> bool {
+        self.refund
+            .as_ref()
+            .is_some_and(|(bucket, stamps)| bucket.cancel(*stamps))
+    }
+}
+
+/// When a call reserves: `now`, the longest wait it accepts, and what is
+/// left of its deadline (to word a refusal).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Instant {
+    pub(super) now: u64,
+    pub(super) max_wait: Duration,
+    pub(super) left: Duration,
 }
 
 /// The reservations of one call. Until [`keep`](Reserved::keep), dropping
 /// it gives every one back (a refused or cancelled call consumes nothing
 /// the bucket can refund).
 #[derive(Default)]
-pub(super) struct Reserved(SmallVec<[Held; 4]>);
+pub(super) struct Reserved(SmallVec<[Kept; 4]>);
 
 impl Reserved {
     fn cancel_all(&mut self) {
         for h in self.0.drain(..) {
-            let _ = h.reservation.cancel();
+            let _ = h.undo();
         }
     }
 
     /// The cells are used now: hand them to the ticket, which may settle
     /// them against the actual usage.
-    pub(super) fn keep(mut self) -> SmallVec<[Held; 4]> {
+    pub(super) fn keep(mut self) -> SmallVec<[Kept; 4]> {
         core::mem::take(&mut self.0)
     }
 }
@@ -110,76 +157,19 @@ where
         };
         let scope_key = scope.as_ref().map(|s| (spec.credential.clone(), s.clone()));
         let shared = inner.shared.get(&spec.credential);
-        let requests = spec.cost_of(REQUESTS).unwrap_or(1);
         let mut reserved = Reserved::default();
         loop {
             let left = Duration::from_nanos(deadline_at.saturating_sub(now));
             let max_wait = Duration::from_nanos(inline_end.min(deadline_at).saturating_sub(now));
-            let mut wait = Duration::ZERO;
-            let mut take =
-                |source: Source, buckets: &Scoped<String, C>, key: &String, cells: u32| {
-                    match buckets.reserve_at(key, cells, max_wait, now) {
-                        Ok(r) => {
-                            wait = wait.max(r.wait());
-                            reserved.0.push(Held {
-                                source,
-                                cells,
-                                reservation: r,
-                            });
-                            Ok(())
-                        }
-                        Err(e) => Err(e),
-                    }
-                };
+            let scoped = scope_key.as_ref().zip(scope.as_ref());
             // A credential shared across processes is admitted by its
             // shared limiter below, not by a local bucket.
-            if shared.is_none() && requests > 0 {
-                if let Err(e) = take(
-                    Source::Requests,
-                    &inner.credentials,
-                    &spec.credential,
-                    requests,
-                ) {
-                    return Err(self.rate_refusal(e, Cow::Borrowed(API_KEY), left));
-                }
-            }
-            for (i, resource) in inner.resources.iter().enumerate() {
-                let cells = spec.cost_of(&resource.name).unwrap_or(0);
-                if cells == 0 {
-                    continue;
-                }
-                if let Err(e) = take(
-                    Source::Resource(i),
-                    &resource.buckets,
-                    &spec.credential,
-                    cells,
-                ) {
-                    return Err(self.rate_refusal(
-                        e,
-                        Cow::Owned(format!("quota:{}", resource.name)),
-                        left,
-                    ));
-                }
-            }
-            if let (Some(key), Some(name)) = (&scope_key, &scope) {
-                match inner.server_scopes.reserve_at(key, 1, max_wait, now) {
-                    Ok(r) => {
-                        wait = wait.max(r.wait());
-                        reserved.0.push(Held {
-                            source: Source::Scope,
-                            cells: 1,
-                            reservation: r,
-                        });
-                    }
-                    Err(e) => {
-                        return Err(self.rate_refusal(
-                            e,
-                            Cow::Owned(format!("server:{name}")),
-                            left,
-                        ));
-                    }
-                }
-            }
+            let at = Instant {
+                now,
+                max_wait,
+                left,
+            };
+            let mut wait = self.reserve_local(spec, shared.is_none(), scoped, at, &mut reserved)?;
             if let Some(shared) = &shared {
                 // Last, so a refusal here cancels the local reservations
                 // above (a shared cell cannot be given back without a round
@@ -207,6 +197,65 @@ where
             // behind the hold, within what is left of the budgets.
             reserved.cancel_all();
         }
+    }
+
+    /// Reserves, all or nothing at `now`, every local quota the call draws
+    /// on: its credential's request quota (unless `requests` is false: a
+    /// shared credential's requests go through its shared limiter), its
+    /// cost on each weighted quota, and a cell of the server scope `scope`
+    /// (key and name), at `at.now`. Each wait must fit `at.max_wait`;
+    /// `at.left` words the refusal. Pushes the reservations to `reserved` (which gives them
+    /// back if dropped before `keep`) and returns the longest wait.
+    pub(super) fn reserve_local(
+        &self,
+        spec: &CallSpec,
+        requests: bool,
+        scope: Option<(&(String, String), &String)>,
+        at: Instant,
+        reserved: &mut Reserved,
+    ) -> Result<Duration, Throttled> {
+        let Instant {
+            now,
+            max_wait,
+            left,
+        } = at;
+        let inner = &*self.inner;
+        let mut wait = Duration::ZERO;
+        let mut take = |source: Source, buckets: &Scoped<String, C>, cells: u32| {
+            let r = buckets.reserve_at(&spec.credential, cells, max_wait, now)?;
+            wait = wait.max(r.wait());
+            reserved.0.push(Kept::new(source, cells, r));
+            Ok::<(), ReserveError>(())
+        };
+        let request_cells = spec.cost_of(REQUESTS).unwrap_or(1);
+        if requests && request_cells > 0 {
+            if let Err(e) = take(Source::REQUESTS, &inner.credentials, request_cells) {
+                return Err(self.rate_refusal(e, Cow::Borrowed(API_KEY), left));
+            }
+        }
+        for (i, resource) in inner.resources.iter().enumerate() {
+            let cells = spec.cost_of(&resource.name).unwrap_or(0);
+            if cells == 0 {
+                continue;
+            }
+            if let Err(e) = take(Source::resource(i), &resource.buckets, cells) {
+                let scope = Cow::Owned(format!("quota:{}", resource.name));
+                return Err(self.rate_refusal(e, scope, left));
+            }
+        }
+        if let Some((key, name)) = scope {
+            match inner.server_scopes.reserve_at(key, 1, max_wait, now) {
+                Ok(r) => {
+                    wait = wait.max(r.wait());
+                    reserved.0.push(Kept::new(Source::SCOPE, 1, r));
+                }
+                Err(e) => {
+                    let scope = Cow::Owned(format!("server:{name}"));
+                    return Err(self.rate_refusal(e, scope, left));
+                }
+            }
+        }
+        Ok(wait)
     }
 
     fn rate_refusal(&self, e: ReserveError, scope: Cow<'static, str>, left: Duration) -> Throttled {
@@ -412,18 +461,17 @@ where
 
     /// See [`Ticket::settle`](super::Ticket::settle); `held` is the
     /// ticket's reservations.
-    pub(super) fn settle(&self, credential: &str, held: &[Held], name: &str, actual: u32) -> i64 {
+    pub(super) fn settle(&self, credential: &str, held: &[Kept], name: &str, actual: u32) -> i64 {
         let inner = &*self.inner;
-        let Some(h) = held.iter().find(|h| match h.source {
-            Source::Requests => name == REQUESTS,
-            Source::Resource(i) => inner.resources[i].name == name,
-            Source::Scope => false,
+        let Some(h) = held.iter().find(|h| match h.source.resource_index() {
+            Some(i) => inner.resources[i].name == name,
+            None => h.source == Source::REQUESTS && name == REQUESTS,
         }) else {
             return 0;
         };
-        let buckets = match h.source {
-            Source::Resource(i) => &inner.resources[i].buckets,
-            _ => &inner.credentials,
+        let buckets = match h.source.resource_index() {
+            Some(i) => &inner.resources[i].buckets,
+            None => &inner.credentials,
         };
         let key = credential.to_string();
         let estimate = h.cells;
@@ -431,7 +479,7 @@ where
             charge(buckets, &key, actual - estimate);
             return i64::from(actual - estimate);
         }
-        if actual == estimate || !h.reservation.undo() {
+        if actual == estimate || !h.undo() {
             return 0;
         }
         charge(buckets, &key, actual);

@@ -8,30 +8,38 @@ use super::throttled::Status;
 use super::Admission;
 use crate::clock::Clock;
 use crate::sleep::Sleeper;
-use crate::sync::{AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicU64, Ordering};
 
 /// The live counters of a tool or a credential.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     admitted: AtomicU64,
-    in_flight: AtomicUsize,
+    /// Tickets dropped (a credential's: in flight is `admitted -
+    /// finished`, one add per edge instead of two).
+    finished: AtomicU64,
     refused: [AtomicU64; 6],
 }
 
 impl Counters {
-    /// A ticket was issued (`holds`: and is counted in flight here; a
-    /// tool's in-flight count is its pool's).
-    pub(crate) fn admitted(&self, holds: bool) {
+    /// A ticket was issued.
+    pub(crate) fn admitted(&self) {
         // Relaxed (all counters): statistics; they order no other memory.
         self.admitted.fetch_add(1, Ordering::Relaxed);
-        if holds {
-            self.in_flight.fetch_add(1, Ordering::Relaxed);
-        }
     }
 
-    /// A ticket counted in flight was dropped.
+    /// A ticket was dropped (counted only where in flight is read from
+    /// these counters: a tool's in-flight count is its pool's).
     pub(crate) fn finished(&self) {
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.finished.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Tickets issued and not yet dropped. Two relaxed loads: a ticket
+    /// dropped between them can make the difference negative for an
+    /// instant, which saturates at zero.
+    fn in_flight(&self) -> usize {
+        let finished = self.finished.load(Ordering::Relaxed);
+        let admitted = self.admitted.load(Ordering::Relaxed);
+        usize::try_from(admitted.saturating_sub(finished)).unwrap_or(usize::MAX)
     }
 
     pub(crate) fn refused(&self, status: Status) {
@@ -250,7 +258,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
             .into_iter()
             .map(|c| CredentialStats {
                 credential: c.name.to_string(),
-                in_flight: c.counters.in_flight.load(Ordering::Relaxed),
+                in_flight: c.counters.in_flight(),
                 admitted: c.counters.admitted.load(Ordering::Relaxed),
                 refused: c.counters.refusals(),
                 learned_rate: c.rate(),

@@ -7,13 +7,12 @@ use std::sync::Arc;
 
 use crate::clock::{Clock, DefaultClock};
 use crate::headers::ServerHint;
-use crate::semaphore::OwnedSemaphorePermit;
 use crate::sleep::{Sleeper, ThreadSleeper};
 
 use smallvec::SmallVec;
 
 use super::learned::CredentialState;
-use super::rate::Held;
+use super::rate::Kept;
 use super::tools::ToolState;
 use super::Admission;
 
@@ -48,8 +47,11 @@ where
     pub(super) credential: Arc<CredentialState>,
     pub(super) started_at: u64,
     /// The cells reserved for the call, for `settle`.
-    pub(super) held: SmallVec<[Held; 4]>,
-    pub(super) _slots: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    pub(super) held: SmallVec<[Kept; 4]>,
+    // The call's tool slot and global slot are held by the ticket itself
+    // (taken and forgotten by `admit`): `Drop` releases them to
+    // `tool.pool` and the layer's global pool, which saves the two `Arc`s
+    // an owned permit would carry.
 }
 
 impl<S: Sleeper, C: Clock> Ticket<S, C> {
@@ -189,6 +191,9 @@ impl<S: Sleeper, C: Clock> Drop for Ticket<S, C> {
         #[cfg(feature = "metrics")]
         super::metrics_out::finished(&self.tool.name);
         self.admission.inner.global.record_hold(held);
+        // The slots `admit` took and forgot (see the `held` field).
+        self.tool.pool.sem.release(1);
+        self.admission.inner.global.sem.release(1);
     }
 }
 

@@ -137,7 +137,23 @@ impl<'a> Reservation<'a> {
     /// its reservations settles them after use. A second undo is refused
     /// (the bucket no longer holds `after`).
     pub(crate) fn undo(&self) -> bool {
-        match &self.refund {
+        self.refund.undo()
+    }
+
+    /// Only the means to give the cells of a `Scoped` reservation back,
+    /// for a holder past its instant (an admission ticket): `None` when
+    /// there is nothing to give back, or the bucket is borrowed.
+    pub(crate) fn into_shared_refund(self) -> Option<(Arc<Gcra>, Ticket)> {
+        match self.refund {
+            Refund::Shared(bucket, ticket) => Some((bucket, ticket)),
+            Refund::Nothing | Refund::Borrowed(..) => None,
+        }
+    }
+}
+
+impl Refund<'_> {
+    fn undo(&self) -> bool {
+        match self {
             Refund::Nothing => false,
             Refund::Borrowed(bucket, ticket) => bucket.cancel(*ticket),
             Refund::Shared(bucket, ticket) => bucket.cancel(*ticket),

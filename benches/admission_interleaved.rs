@@ -1,0 +1,109 @@
+//! `admit` + drop beside the sum of its primitives (issue #12 item 6),
+//! measured the way a noisy shared machine allows: each case runs 100,000
+//! calls per round, the cases interleaved round after round, and the best
+//! round of each is kept (the one least disturbed by other processes).
+//! Ratios from one run; `benches/admission.rs` is the criterion version.
+//!
+//! Run: `cargo bench --bench admission_interleaved`
+
+use std::future::Future;
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use backpressure::admission::{Admission, CallSpec, SlotPolicy};
+use backpressure::{Quota, Scoped, Semaphore};
+
+/// Never binds: one cell per nanosecond, a burst of 2^32 - 1.
+fn open() -> Quota {
+    Quota::with_period(Duration::from_nanos(1)).allow_burst(NonZeroU32::MAX)
+}
+
+/// One case: a name and one call through it.
+type Case = (&'static str, Box<dyn FnMut()>);
+
+const RESOURCES: [&str; 3] = ["tokens", "input_tokens", "output_tokens"];
+const PER_ROUND: u32 = 100_000;
+const ROUNDS: usize = 40;
+
+fn admit_once(admission: &Admission, spec: &CallSpec, cx: &mut Context<'_>) {
+    match pin!(admission.admit(spec)).as_mut().poll(cx) {
+        Poll::Ready(Ok(ticket)) => drop(black_box(ticket)),
+        _ => panic!("an uncontended call is admitted at once"),
+    }
+}
+
+fn main() {
+    let waker = futures::task::noop_waker();
+    let mut builder = Admission::builder()
+        .fixed_rates()
+        .default_quota(open())
+        .tool("search", 64, SlotPolicy::Wait)
+        .global_concurrency(64);
+    for r in RESOURCES {
+        builder = builder.resource(r, open());
+    }
+    let layer = builder.build();
+    let plain = CallSpec::new("search", "key");
+    let weighted = RESOURCES
+        .iter()
+        .fold(CallSpec::new("search", "key"), |s, r| s.cost(*r, 10));
+    let tool = Arc::new(Semaphore::new(64));
+    let global = Arc::new(Semaphore::new(64));
+    let requests = Arc::new(Scoped::new(open()));
+    let quotas: Vec<Scoped<String>> = RESOURCES.iter().map(|_| Scoped::new(open())).collect();
+    let key = "key".to_string();
+
+    let mut cases: Vec<Case> = vec![
+        ("admission, 1 quota", {
+            let (layer, plain, waker) = (layer.clone(), plain.clone(), waker.clone());
+            Box::new(move || admit_once(&layer, &plain, &mut Context::from_waker(&waker)))
+        }),
+        ("primitives, 1 quota", {
+            let (tool, global, requests, key) =
+                (tool.clone(), global.clone(), requests.clone(), key.clone());
+            Box::new(move || {
+                let t = tool.clone().try_acquire_owned().unwrap();
+                let g = global.clone().try_acquire_owned().unwrap();
+                let r = requests.reserve(&key, 1, Duration::ZERO).unwrap();
+                drop(black_box((t, g, r)));
+            })
+        }),
+        ("admission, 4 quotas", {
+            let (layer, weighted, waker) = (layer.clone(), weighted.clone(), waker.clone());
+            Box::new(move || admit_once(&layer, &weighted, &mut Context::from_waker(&waker)))
+        }),
+        ("primitives, 4 quotas", {
+            Box::new(move || {
+                let t = tool.clone().try_acquire_owned().unwrap();
+                let g = global.clone().try_acquire_owned().unwrap();
+                let r = requests.reserve(&key, 1, Duration::ZERO).unwrap();
+                let rs: [_; 3] =
+                    core::array::from_fn(|i| quotas[i].reserve(&key, 10, Duration::ZERO).unwrap());
+                drop(black_box((t, g, r, rs)));
+            })
+        }),
+    ];
+    let mut best = vec![f64::MAX; cases.len()];
+    for _ in 0..ROUNDS {
+        for (i, (_, case)) in cases.iter_mut().enumerate() {
+            let start = Instant::now();
+            for _ in 0..PER_ROUND {
+                case();
+            }
+            let ns = start.elapsed().as_nanos() as f64 / f64::from(PER_ROUND);
+            best[i] = best[i].min(ns);
+        }
+    }
+    for (i, (name, _)) in cases.iter().enumerate() {
+        println!("{name:<24} {:>8.1} ns", best[i]);
+    }
+    println!(
+        "ratio, 1 quota: {:.2}x; 4 quotas: {:.2}x (goal <= 2x)",
+        best[0] / best[1],
+        best[2] / best[3]
+    );
+}
