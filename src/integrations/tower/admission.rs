@@ -29,9 +29,10 @@ pub use hooks::{MakeSpec, Observe, ObserveOk};
 /// * **Spec.** A closure (any [`MakeSpec`]) maps each request to its
 ///   [`CallSpec`](crate::CallSpec): tool, credential, kind, costs.
 /// * **Deadline** (how long `admit` may wait for a slot or a rate cell):
-///   a request's own [`RequestDeadline`](crate::tower::RequestDeadline)
-///   when the layer is built with [`http`](Self::http), else the layer's
-///   [`deadline`](Self::deadline) if set, else the spec's own
+///   a request's own `RequestDeadline` (in an `http::Request`'s
+///   extensions) when the layer is built with `AdmissionLayer::http`
+///   (feature `http`), else the layer's [`deadline`](Self::deadline) if
+///   set, else the spec's own
 ///   (`CallSpec::new`: 30 s). A rate wait is still only slept up to the
 ///   admission's inline wait; a longer one is refused at once.
 /// * **Readiness.** The spec is only known in `call`, so `poll_ready` is
@@ -43,9 +44,9 @@ pub use hooks::{MakeSpec, Observe, ObserveOk};
 ///   buffer slot) is held while the call waits for admission.
 /// * **Observe.** When the inner future is ready, the result goes through
 ///   an [`Observe`]: [`ObserveOk`] by default (success is a 200),
-///   [`ObserveHttp`] with [`http`](Self::http) (status and limit headers:
-///   a 429 with `Retry-After` holds back the credential), or a closure of
-///   yours ([`observe_with`](Self::observe_with)). Then the ticket is
+///   `ObserveHttp` with `AdmissionLayer::http` (status and limit
+///   headers: a 429 with `Retry-After` holds back the credential), or a
+///   closure of yours ([`observe_with`](Self::observe_with)). Then the ticket is
 ///   dropped. For a streamed body, the ticket covers the call until the
 ///   response head, not the body. A shared credential's hold is pushed to
 ///   the shared limiter by its next `admit` (see

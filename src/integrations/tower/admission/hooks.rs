@@ -12,9 +12,8 @@ use crate::{CallSpec, ServerHint};
 /// Maps a request to the [`CallSpec`] it is admitted as.
 ///
 /// Implemented for every closure `Fn(&Req) -> CallSpec`, and (feature
-/// `http`) for [`HttpSpec`], which also reads a
-/// [`RequestDeadline`](crate::tower::RequestDeadline) from the request's
-/// extensions.
+/// `http`) for `HttpSpec`, which also reads a `RequestDeadline` from the
+/// request's extensions.
 ///
 /// # Examples
 ///
@@ -52,7 +51,7 @@ where
 /// [`Ticket::observe`](crate::Ticket::observe), or `None` to feed nothing.
 ///
 /// The inner service's error arrives already converted to a [`BoxError`].
-/// Implemented for [`ObserveOk`] (the default), [`ObserveHttp`] (feature
+/// Implemented for [`ObserveOk`] (the default), `ObserveHttp` (feature
 /// `http`) and every closure
 /// `Fn(&Result<Resp, BoxError>) -> Option<(u16, ServerHint)>`.
 ///
