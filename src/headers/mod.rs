@@ -2,7 +2,7 @@
 //!
 //! [`ServerHint::from_headers`] takes any iterator of `(name, value)` pairs
 //! (names case-insensitive, values as bytes), so it works with every HTTP
-//! library; the `http` feature adds [`ServerHint::from_header_map`].
+//! library; the `http` feature adds `ServerHint::from_header_map`.
 //!
 //! The formats, time rules and precedence are documented on [`ServerHint`].
 

@@ -4,6 +4,8 @@
 //! hand-written `poll_*` code.
 
 mod poll_semaphore;
+#[cfg(any(feature = "reqwest", all(feature = "tower", feature = "http")))]
+mod request_deadline;
 #[cfg(feature = "reqwest")]
 pub mod reqwest;
 #[cfg(feature = "testing")]
@@ -12,3 +14,5 @@ pub mod testing;
 pub mod tower;
 
 pub use poll_semaphore::PollSemaphore;
+#[cfg(any(feature = "reqwest", all(feature = "tower", feature = "http")))]
+pub use request_deadline::RequestDeadline;

@@ -20,20 +20,8 @@ use crate::{
 
 type Derive = Arc<dyn Fn(&Request) -> String + Send + Sync>;
 
-/// A request's own deadline: put it in the request's extensions
-/// (`RequestBuilder::with_extension`) to override the middleware's
-/// default.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::reqwest::RequestDeadline;
-/// use std::time::Duration;
-/// let d = RequestDeadline(Duration::from_secs(5));
-/// assert_eq!(d.0.as_secs(), 5);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RequestDeadline(pub Duration);
+/// A request's own deadline (shared with the tower `AdmissionLayer`).
+pub use super::RequestDeadline;
 
 /// Admits every request through an [`Admission`] before it is sent,
 /// observes the response (status and headers: a 429 holds back the

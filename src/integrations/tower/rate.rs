@@ -285,12 +285,24 @@ where
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         if self.budget.is_zero() {
-            return match self.bucket.try_acquire(1) {
-                Ok(()) => LimitFuture::inner(self.inner.call(req)),
-                Err(e) => LimitFuture::refused(rate_limited_check(e, "rate")),
+            return match take_cell(&self.bucket) {
+                None => LimitFuture::inner(self.inner.call(req)),
+                Some(refused) => LimitFuture::refused_boxed(refused),
             };
         }
         self.call_waited(req)
+    }
+}
+
+/// Reject mode's check, out of line and answering in one register (a
+/// null or a boxed refusal): `call` stays small enough to be inlined into
+/// the caller's state machine (`Oneshot::poll`), which then keeps the
+/// response future in registers instead of copying it through memory.
+#[inline(never)]
+fn take_cell<C: Clock>(bucket: &TokenBucket<C>) -> Option<Box<crate::Throttled>> {
+    match bucket.try_acquire(1) {
+        Ok(()) => None,
+        Err(e) => Some(Box::new(rate_limited_check(e, "rate"))),
     }
 }
 

@@ -1,0 +1,350 @@
+//! [`AdmissionLayer`]: every request admitted through a shared
+//! [`Admission`], its [`Ticket`](crate::admission::Ticket) held for the life of the
+//! response future, and the response observed.
+
+mod future;
+mod hooks;
+
+use core::fmt;
+use core::task::{Context, Poll};
+use core::time::Duration;
+
+use ::tower::{Layer, Service};
+
+use super::BoxError;
+use crate::admission::Admission;
+use crate::clock::{Clock, DefaultClock};
+use crate::sleep::{Sleeper, ThreadSleeper};
+
+pub use future::AdmissionFuture;
+#[cfg(feature = "http")]
+pub use hooks::{HttpSpec, ObserveHttp};
+pub use hooks::{MakeSpec, Observe, ObserveOk};
+
+/// Admits each request through one shared [`Admission`] (its concurrency
+/// pools, rate limits per credential, budgets and the holds servers
+/// asked for), holds the [`Ticket`](crate::admission::Ticket) while the inner call
+/// runs, and feeds the response back to it.
+///
+/// * **Spec.** A closure (any [`MakeSpec`]) maps each request to its
+///   [`CallSpec`](crate::admission::CallSpec): tool, credential, kind, costs.
+/// * **Deadline** (how long `admit` may wait for a slot or a rate cell):
+///   a request's own `RequestDeadline` (in an `http::Request`'s
+///   extensions) when the layer is built with `AdmissionLayer::http`
+///   (feature `http`), else the layer's [`deadline`](Self::deadline) if
+///   set, else the spec's own
+///   (`CallSpec::new`: 30 s). A rate wait is still only slept up to the
+///   admission's inline wait; a longer one is refused at once.
+/// * **Readiness.** The spec is only known in `call`, so `poll_ready` is
+///   the inner service's. `call` moves that ready service into the
+///   response future (leaving a fresh clone behind, so the services must
+///   be `Clone`), which admits and then calls it the instant the ticket
+///   is granted: the request goes out when its rate cell was reserved
+///   for, not after another wait. The inner readiness (a connection, a
+///   buffer slot) is held while the call waits for admission.
+/// * **Observe.** When the inner future is ready, the result goes through
+///   an [`Observe`]: [`ObserveOk`] by default (success is a 200),
+///   `ObserveHttp` with `AdmissionLayer::http` (status and limit
+///   headers: a 429 with `Retry-After` holds back the credential), or a
+///   closure of yours ([`observe_with`](Self::observe_with)). Then the ticket is
+///   dropped. For a streamed body, the ticket covers the call until the
+///   response head, not the body. A shared credential's hold is pushed to
+///   the shared limiter by its next `admit` (see
+///   [`Ticket::report`](crate::admission::Ticket::report)).
+/// * **Refusal.** A [`Throttled`](crate::Throttled) inside the
+///   [`BoxError`]; the inner service is not called.
+/// * **Cancellation.** Dropping the response future gives back what
+///   `admit` took so far, or the ticket.
+///
+/// Each request allocates its spec and one boxed `admit` future.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::tower::AdmissionLayer;
+/// use backpressure::admission::{Admission, CallSpec, SlotPolicy};
+/// use backpressure::throttled::Status;
+/// use backpressure::Throttled;
+/// use tower::{service_fn, Layer, ServiceExt};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let admission = Admission::builder().tool("refund", 1, SlotPolicy::FailFast).build();
+/// let layer = AdmissionLayer::new(admission.clone(), |req: &(&str, u32)| CallSpec::new(req.0, "key"));
+/// let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+/// let rx = std::sync::Arc::new(tokio::sync::Mutex::new(Some(rx)));
+/// let svc = layer.layer(service_fn(move |req: (&str, u32)| {
+///     let rx = rx.clone();
+///     async move {
+///         if let Some(rx) = rx.lock().await.take() {
+///             let _ = rx.await; // the first refund runs until told to stop
+///         }
+///         Ok::<_, std::io::Error>(req.1)
+///     }
+/// }));
+/// let first = tokio::spawn(svc.clone().oneshot(("refund", 1)));
+/// while admission.stats().in_flight == 0 {
+///     tokio::task::yield_now().await;
+/// }
+/// // The refund tool runs one call at a time and fails fast.
+/// let err = svc.clone().oneshot(("refund", 2)).await.unwrap_err();
+/// assert_eq!(err.downcast_ref::<Throttled>().unwrap().status, Status::Shed);
+/// tx.send(()).unwrap();
+/// assert_eq!(first.await.unwrap().unwrap(), 1);
+/// assert_eq!(admission.stats().in_flight, 0); // the ticket came back
+/// # });
+/// ```
+pub struct AdmissionLayer<M, O = ObserveOk, Sl = ThreadSleeper, C: Clock = DefaultClock> {
+    admission: Admission<Sl, C>,
+    spec: M,
+    observe: O,
+    deadline: Option<Duration>,
+}
+
+impl<M, Sl, C: Clock> AdmissionLayer<M, ObserveOk, Sl, C> {
+    /// Admits each request as `spec(&req)`; a response reports success.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::tower::AdmissionLayer;
+    /// let layer = AdmissionLayer::new(Admission::builder().build(), |tool: &String| {
+    ///     CallSpec::new(tool.as_str(), "key")
+    /// });
+    /// assert_eq!(layer.default_deadline(), None);
+    /// ```
+    pub fn new(admission: Admission<Sl, C>, spec: M) -> Self {
+        AdmissionLayer {
+            admission,
+            spec,
+            observe: ObserveOk,
+            deadline: None,
+        }
+    }
+}
+
+#[cfg(feature = "http")]
+impl<F, Sl, C: Clock> AdmissionLayer<HttpSpec<F>, ObserveHttp, Sl, C> {
+    /// For `http::Request`s: admits each request as `spec(&req)` (a
+    /// [`RequestDeadline`](crate::tower::RequestDeadline) in its
+    /// extensions overrides the deadline), and observes the
+    /// `http::Response`'s status and limit headers.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::tower::AdmissionLayer;
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use std::time::Duration;
+    /// let layer = AdmissionLayer::http(Admission::builder().build(), |req: &http::Request<String>| {
+    ///     CallSpec::new(req.uri().path(), "key")
+    /// })
+    /// .deadline(Duration::from_secs(5));
+    /// assert_eq!(layer.default_deadline(), Some(Duration::from_secs(5)));
+    /// ```
+    pub fn http(admission: Admission<Sl, C>, spec: F) -> Self {
+        AdmissionLayer {
+            admission,
+            spec: HttpSpec(spec),
+            observe: ObserveHttp,
+            deadline: None,
+        }
+    }
+}
+
+impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C> {
+    /// The deadline of every request, replacing the one its spec has
+    /// (a request's own `RequestDeadline` still beats it).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::tower::AdmissionLayer;
+    /// use std::time::Duration;
+    /// let layer = AdmissionLayer::new(Admission::builder().build(), |_: &()| CallSpec::new("t", "k"))
+    ///     .deadline(Duration::from_millis(250));
+    /// assert_eq!(layer.default_deadline(), Some(Duration::from_millis(250)));
+    /// ```
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// Observes responses with `observe` (a closure
+    /// `Fn(&Result<Resp, BoxError>) -> Option<(u16, ServerHint)>`, or any
+    /// [`Observe`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::tower::{AdmissionLayer, BoxError};
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::headers::ServerHint;
+    /// // The inner service answers with a status code.
+    /// let layer = AdmissionLayer::new(Admission::builder().build(), |_: &()| CallSpec::new("t", "k"))
+    ///     .observe_with(|r: &Result<u16, BoxError>| r.as_ref().ok().map(|s| (*s, ServerHint::default())));
+    /// # drop(layer);
+    /// ```
+    pub fn observe_with<O2>(self, observe: O2) -> AdmissionLayer<M, O2, Sl, C> {
+        AdmissionLayer {
+            admission: self.admission,
+            spec: self.spec,
+            observe,
+            deadline: self.deadline,
+        }
+    }
+
+    /// The layer's deadline, if [`deadline`](Self::deadline) set one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::tower::AdmissionLayer;
+    /// let layer = AdmissionLayer::new(Admission::builder().build(), |_: &()| CallSpec::new("t", "k"));
+    /// assert_eq!(layer.default_deadline(), None);
+    /// ```
+    pub fn default_deadline(&self) -> Option<Duration> {
+        self.deadline
+    }
+
+    /// The shared admission (for its [`stats`](Admission::stats)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::tower::AdmissionLayer;
+    /// let layer = AdmissionLayer::new(Admission::builder().build(), |_: &()| CallSpec::new("t", "k"));
+    /// assert_eq!(layer.admission().stats().in_flight, 0);
+    /// ```
+    pub fn admission(&self) -> &Admission<Sl, C> {
+        &self.admission
+    }
+}
+
+impl<M: Clone, O: Clone, Sl, C: Clock> Clone for AdmissionLayer<M, O, Sl, C> {
+    fn clone(&self) -> Self {
+        AdmissionLayer {
+            admission: self.admission.clone(),
+            spec: self.spec.clone(),
+            observe: self.observe.clone(),
+            deadline: self.deadline,
+        }
+    }
+}
+
+impl<M, O, Sl, C: Clock> fmt::Debug for AdmissionLayer<M, O, Sl, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdmissionLayer")
+            .field("admission", &self.admission)
+            .field("deadline", &self.deadline)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, M: Clone, O: Clone, Sl, C: Clock> Layer<S> for AdmissionLayer<M, O, Sl, C> {
+    type Service = AdmissionService<S, M, O, Sl, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        AdmissionService {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service of [`AdmissionLayer`]. Clones share the admission.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::tower::AdmissionLayer;
+/// use backpressure::admission::{Admission, CallSpec};
+/// use tower::{service_fn, Layer, ServiceExt};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let admission = Admission::builder().run_budget(10).build();
+/// let svc = AdmissionLayer::new(admission.clone(), |_: &String| CallSpec::new("search", "key"))
+///     .layer(service_fn(|q: String| async move { Ok::<_, std::io::Error>(q.len()) }));
+/// assert_eq!(svc.clone().oneshot("rust".to_string()).await.unwrap(), 4);
+/// assert_eq!(admission.stats().admitted, 1);
+/// # });
+/// ```
+pub struct AdmissionService<S, M, O = ObserveOk, Sl = ThreadSleeper, C: Clock = DefaultClock> {
+    inner: S,
+    layer: AdmissionLayer<M, O, Sl, C>,
+}
+
+impl<S, M, O, Sl, C: Clock> AdmissionService<S, M, O, Sl, C> {
+    /// The wrapped service.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::tower::AdmissionLayer;
+    /// use tower::Layer;
+    /// let svc = AdmissionLayer::new(Admission::builder().build(), |_: &()| CallSpec::new("t", "k")).layer(7u8);
+    /// assert_eq!(*svc.get_ref(), 7);
+    /// ```
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S, M, O, Sl, C, Req> Service<Req> for AdmissionService<S, M, O, Sl, C>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<BoxError>,
+    M: MakeSpec<Req>,
+    O: Observe<S::Response> + Clone,
+    Sl: Sleeper + Send + Sync + 'static,
+    Sl::Sleep: Send,
+    C: Clock + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = AdmissionFuture<S, Req, O, Sl, C>;
+
+    /// The inner service's readiness: the admission needs the request.
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let layer = &self.layer;
+        let mut spec = layer.spec.make_spec(&req);
+        if let Some(deadline) = layer.spec.request_deadline(&req).or(layer.deadline) {
+            spec.deadline = deadline;
+        }
+        let admission = layer.admission.clone();
+        let admit: future::Admit<Sl, C> = Box::pin(async move { admission.admit(&spec).await });
+        // The ready service goes with the request (tower's contract: `call`
+        // on the service that said ready); this one keeps a fresh clone
+        // that must be polled ready again.
+        let fresh = self.inner.clone();
+        let ready = core::mem::replace(&mut self.inner, fresh);
+        AdmissionFuture::new(admit, ready, req, layer.observe.clone())
+    }
+}
+
+impl<S: Clone, M: Clone, O: Clone, Sl, C: Clock> Clone for AdmissionService<S, M, O, Sl, C> {
+    fn clone(&self) -> Self {
+        AdmissionService {
+            inner: self.inner.clone(),
+            layer: self.layer.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, M, O, Sl, C: Clock> fmt::Debug for AdmissionService<S, M, O, Sl, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdmissionService")
+            .field("inner", &self.inner)
+            .field("layer", &self.layer)
+            .finish()
+    }
+}

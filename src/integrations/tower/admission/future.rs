@@ -1,0 +1,164 @@
+//! [`AdmissionFuture`]: admit, then call the ready service, holding the
+//! ticket until the response is ready.
+
+use core::fmt;
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{ready, Context, Poll};
+
+use ::tower::Service;
+
+use super::super::BoxError;
+use super::Observe;
+use crate::clock::Clock;
+use crate::sleep::Sleeper;
+use crate::{admission::Ticket, Throttled};
+
+/// The boxed `Admission::admit` of one request (an `async fn`, so its
+/// future has no name).
+pub(super) type Admit<Sl, C> =
+    Pin<Box<dyn Future<Output = Result<Ticket<Sl, C>, Throttled>> + Send>>;
+
+pin_project_lite::pin_project! {
+    /// The response future of [`AdmissionService`](super::AdmissionService):
+    /// admits the request, then calls the inner service (made ready before
+    /// `call`) at once, and holds the [`Ticket`] until the response is
+    /// ready; the response is then observed and the ticket dropped.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped while admitting, it gives back whatever `admit` took (slots,
+    /// reserved cells, budget); dropped while the inner call runs, it drops
+    /// the ticket (its slots return) with the inner future, unobserved.
+    #[must_use = "futures do nothing unless you `.await` or poll them"]
+    pub struct AdmissionFuture<S, Req, O, Sl, C>
+    where
+        S: Service<Req>,
+        Sl: Sleeper,
+        C: Clock,
+    {
+        #[pin]
+        state: State<S, Req, Sl, C>,
+        observe: O,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = StateProj]
+    enum State<S, Req, Sl, C>
+    where
+        S: Service<Req>,
+        Sl: Sleeper,
+        C: Clock,
+    {
+        // Waiting for the ticket; the ready service and the request wait
+        // with it.
+        Admitting {
+            admit: Admit<Sl, C>,
+            service: Option<S>,
+            req: Option<Req>,
+        },
+        // The inner call runs under the ticket.
+        Calling {
+            #[pin]
+            future: S::Future,
+            ticket: Option<Ticket<Sl, C>>,
+        },
+        Done,
+    }
+}
+
+impl<S, Req, O, Sl, C> AdmissionFuture<S, Req, O, Sl, C>
+where
+    S: Service<Req>,
+    Sl: Sleeper,
+    C: Clock,
+{
+    pub(super) fn new(admit: Admit<Sl, C>, service: S, req: Req, observe: O) -> Self {
+        AdmissionFuture {
+            state: State::Admitting {
+                admit,
+                service: Some(service),
+                req: Some(req),
+            },
+            observe,
+        }
+    }
+}
+
+impl<S, Req, O, Sl, C> Future for AdmissionFuture<S, Req, O, Sl, C>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    O: Observe<S::Response>,
+    Sl: Sleeper,
+    C: Clock,
+{
+    type Output = Result<S::Response, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Admitting {
+                    admit,
+                    service,
+                    req,
+                } => {
+                    let admitted = ready!(admit.as_mut().poll(cx));
+                    let (ticket, mut service, req) = match (admitted, service.take(), req.take()) {
+                        (Ok(ticket), Some(service), Some(req)) => (ticket, service, req),
+                        (Err(refused), _, _) => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(Err(Box::new(refused)));
+                        }
+                        // Unreachable: both are taken only here, just
+                        // before leaving this state.
+                        _ => return Poll::Ready(Err(polled_after_completion())),
+                    };
+                    // Sent the instant it is admitted: the rate cell was
+                    // reserved for now, and the service is already ready.
+                    let future = service.call(req);
+                    this.state.set(State::Calling {
+                        future,
+                        ticket: Some(ticket),
+                    });
+                }
+                StateProj::Calling { future, ticket } => {
+                    let result = ready!(future.poll(cx)).map_err(Into::into);
+                    if let Some(ticket) = ticket.take() {
+                        if let Some((status, hint)) = this.observe.observe(&result) {
+                            let _ = ticket.observe(status, &hint);
+                        }
+                    }
+                    this.state.set(State::Done);
+                    return Poll::Ready(result);
+                }
+                StateProj::Done => return Poll::Ready(Err(polled_after_completion())),
+            }
+        }
+    }
+}
+
+#[cold]
+fn polled_after_completion() -> BoxError {
+    "AdmissionFuture polled after completion".into()
+}
+
+impl<S, Req, O, Sl, C> fmt::Debug for AdmissionFuture<S, Req, O, Sl, C>
+where
+    S: Service<Req>,
+    Sl: Sleeper,
+    C: Clock,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Admitting { .. } => "admitting",
+            State::Calling { .. } => "calling",
+            State::Done => "done",
+        };
+        f.debug_struct("AdmissionFuture")
+            .field("state", &state)
+            .finish_non_exhaustive()
+    }
+}

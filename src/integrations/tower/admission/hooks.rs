@@ -1,0 +1,179 @@
+//! How [`AdmissionLayer`](super::AdmissionLayer) turns a request into a
+//! [`CallSpec`] ([`MakeSpec`]) and a response into what its
+//! [`Ticket`](crate::admission::Ticket) observes ([`Observe`]).
+
+#[cfg(feature = "http")]
+use core::fmt;
+use core::time::Duration;
+
+use super::super::BoxError;
+use crate::{admission::CallSpec, headers::ServerHint};
+
+/// Maps a request to the [`CallSpec`] it is admitted as.
+///
+/// Implemented for every closure `Fn(&Req) -> CallSpec`, and (feature
+/// `http`) for `HttpSpec`, which also reads a `RequestDeadline` from the
+/// request's extensions.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::tower::MakeSpec;
+/// use backpressure::admission::CallSpec;
+/// let spec = |req: &(&str, &str)| CallSpec::new(req.0, req.1);
+/// assert_eq!(spec.make_spec(&("search", "key")).tool, "search");
+/// assert_eq!(spec.request_deadline(&("search", "key")), None);
+/// ```
+pub trait MakeSpec<Req> {
+    /// The call `req` is admitted as.
+    fn make_spec(&self, req: &Req) -> CallSpec;
+
+    /// A deadline the request carries itself, which beats the layer's
+    /// default and the spec's own. `None` unless overridden.
+    fn request_deadline(&self, req: &Req) -> Option<Duration> {
+        let _ = req;
+        None
+    }
+}
+
+impl<F, Req> MakeSpec<Req> for F
+where
+    F: Fn(&Req) -> CallSpec,
+{
+    #[inline]
+    fn make_spec(&self, req: &Req) -> CallSpec {
+        self(req)
+    }
+}
+
+/// Reports the outcome of an admitted call to its ticket: the HTTP-like
+/// status and the server's hint to feed
+/// [`Ticket::observe`](crate::admission::Ticket::observe), or `None` to feed nothing.
+///
+/// The inner service's error arrives already converted to a [`BoxError`].
+/// Implemented for [`ObserveOk`] (the default), `ObserveHttp` (feature
+/// `http`) and every closure
+/// `Fn(&Result<Resp, BoxError>) -> Option<(u16, ServerHint)>`.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::tower::{BoxError, Observe};
+/// use backpressure::headers::ServerHint;
+/// // A response that is its own status code.
+/// let classify = |r: &Result<u16, BoxError>| r.as_ref().ok().map(|s| (*s, ServerHint::default()));
+/// assert_eq!(classify.observe(&Ok(429)).unwrap().0, 429);
+/// assert!(classify.observe(&Err("reset".into())).is_none());
+/// ```
+pub trait Observe<Resp> {
+    /// What to feed the ticket for `result`.
+    fn observe(&self, result: &Result<Resp, BoxError>) -> Option<(u16, ServerHint)>;
+}
+
+impl<F, Resp> Observe<Resp> for F
+where
+    F: Fn(&Result<Resp, BoxError>) -> Option<(u16, ServerHint)>,
+{
+    #[inline]
+    fn observe(&self, result: &Result<Resp, BoxError>) -> Option<(u16, ServerHint)> {
+        self(result)
+    }
+}
+
+/// The default observer: a response reports success (status 200, no
+/// hint: it feeds the learned rate's successes); an error reports nothing
+/// (a transport error says nothing about the server's limits).
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::tower::{BoxError, Observe, ObserveOk};
+/// assert_eq!(Observe::<u8>::observe(&ObserveOk, &Ok(1)).unwrap().0, 200);
+/// assert!(Observe::<u8>::observe(&ObserveOk, &Err::<u8, BoxError>("down".into())).is_none());
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ObserveOk;
+
+impl<Resp> Observe<Resp> for ObserveOk {
+    #[inline]
+    fn observe(&self, result: &Result<Resp, BoxError>) -> Option<(u16, ServerHint)> {
+        result.as_ref().ok().map(|_| (200, ServerHint::default()))
+    }
+}
+
+/// Observes an `http::Response`: its status, and the hint its headers
+/// carry (`Retry-After`, `RateLimit`, `X-RateLimit-*`), so a 429 holds
+/// back the credential. An error reports nothing.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::tower::{BoxError, Observe, ObserveHttp};
+/// use std::time::Duration;
+/// let response = http::Response::builder()
+///     .status(429)
+///     .header("retry-after", "3")
+///     .body(())
+///     .unwrap();
+/// let (status, hint) = ObserveHttp.observe(&Ok::<_, BoxError>(response)).unwrap();
+/// assert_eq!(status, 429);
+/// assert_eq!(hint.retry_after, Some(Duration::from_secs(3)));
+/// ```
+#[cfg(feature = "http")]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ObserveHttp;
+
+#[cfg(feature = "http")]
+impl<B> Observe<http::Response<B>> for ObserveHttp {
+    fn observe(&self, result: &Result<http::Response<B>, BoxError>) -> Option<(u16, ServerHint)> {
+        let response = result.as_ref().ok()?;
+        let hint = ServerHint::from_header_map(response.headers(), std::time::SystemTime::now());
+        Some((response.status().as_u16(), hint))
+    }
+}
+
+/// A spec closure over `http::Request`s that also honours a
+/// [`RequestDeadline`](crate::tower::RequestDeadline) in the request's
+/// extensions ([`AdmissionLayer::http`](super::AdmissionLayer::http)
+/// wraps its closure in one).
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::tower::{HttpSpec, MakeSpec, RequestDeadline};
+/// use backpressure::admission::CallSpec;
+/// use std::time::Duration;
+/// let spec = HttpSpec(|req: &http::Request<()>| CallSpec::new(req.uri().path(), "key"));
+/// let mut req = http::Request::new(());
+/// assert_eq!(spec.request_deadline(&req), None);
+/// req.extensions_mut().insert(RequestDeadline(Duration::from_millis(50)));
+/// assert_eq!(spec.request_deadline(&req), Some(Duration::from_millis(50)));
+/// ```
+#[cfg(feature = "http")]
+#[derive(Clone, Copy)]
+pub struct HttpSpec<F>(pub F);
+
+#[cfg(feature = "http")]
+impl<F, B> MakeSpec<http::Request<B>> for HttpSpec<F>
+where
+    F: Fn(&http::Request<B>) -> CallSpec,
+{
+    #[inline]
+    fn make_spec(&self, req: &http::Request<B>) -> CallSpec {
+        (self.0)(req)
+    }
+
+    #[inline]
+    fn request_deadline(&self, req: &http::Request<B>) -> Option<Duration> {
+        req.extensions()
+            .get::<crate::integrations::RequestDeadline>()
+            .map(|d| d.0)
+    }
+}
+
+#[cfg(feature = "http")]
+impl<F> fmt::Debug for HttpSpec<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpSpec").finish_non_exhaustive()
+    }
+}
