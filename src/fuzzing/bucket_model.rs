@@ -144,7 +144,8 @@ impl Model {
     /// the code: a full bucket stays full; a bucket within its burst keeps
     /// its cells of debt (rounded up to a nanosecond, at most the new
     /// burst); a bucket held past its burst keeps the wait for its next
-    /// cell. Any change voids refunds.
+    /// cell, and never ends with less debt than a bucket exactly at its
+    /// burst would. Any change voids refunds.
     fn set_quota(&mut self, period: u128, burst: u128) {
         if (period, burst) == (self.period, self.burst) {
             return;
@@ -160,9 +161,12 @@ impl Model {
         let (new_t, new_tau) = (period, self.tolerance());
         let debt = if debt > old_tau {
             let wait = debt - (old_tau - old_t);
-            let debt = new_tau - new_t + wait;
-            // The next single cell fits exactly when it did.
-            assert_eq!(debt - (new_tau - new_t), wait);
+            // No less than a bucket exactly at its burst converts to (the
+            // result is monotonic in the debt).
+            let drained = (old_tau * new_t).div_ceil(old_t).min(new_tau);
+            let debt = (new_tau - new_t + wait).max(drained);
+            // The next single cell fits no sooner than it did.
+            assert!(debt - (new_tau - new_t) >= wait);
             debt
         } else {
             // `c` cells of debt stay `c` cells (never more, never fewer

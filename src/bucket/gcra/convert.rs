@@ -16,8 +16,14 @@ use crate::bucket::quota::Quota;
 ///   difference at once (those cells were never taken).
 /// * `D > τ_old` (held back past a whole burst: a penalty, or reservations
 ///   queued beyond the burst): the wait until the next single cell,
-///   `D - (τ_old - T_old)`, is kept exactly, and the new bucket is drained
-///   behind it. So a server's `Retry-After` survives any quota change.
+///   `D - (τ_old - T_old)`, is kept, and the new bucket is drained behind
+///   it. So a server's `Retry-After` survives any quota change. The
+///   result is never less than what the whole burst converts to as cells
+///   (the case above at `D = τ_old`): without that floor, a bucket one
+///   nanosecond past its burst could come out with less debt than a
+///   bucket exactly at it (when the rate falls, the drained burst's next
+///   cell is a new period away, while the kept wait is an old one). The
+///   floor only ever lengthens the wait, to the new quota's own refill.
 ///
 /// No term adds periods, so converting back and forth never builds debt:
 /// flipping between two quotas leaves a held bucket's wait as it was, and
@@ -32,12 +38,13 @@ pub(crate) fn convert(tat: u64, now: u64, old: Quota, new: Quota) -> u64 {
     }
     let (t_old, tau_old) = (old.period as u128, old.tolerance() as u128);
     let (t_new, tau_new) = (new.period as u128, new.tolerance() as u128);
+    let cells = |debt: u128| (debt * t_new).div_ceil(t_old).min(tau_new);
     let kept = if debt > tau_old {
         // `tau >= period` (burst >= 1), so neither subtraction wraps.
         let wait = debt - (tau_old - t_old);
-        (tau_new - t_new) + wait
+        ((tau_new - t_new) + wait).max(cells(tau_old))
     } else {
-        (debt * t_new).div_ceil(t_old).min(tau_new)
+        cells(debt)
     };
     (now as u128 + kept).min(u64::MAX as u128) as u64
 }

@@ -54,6 +54,39 @@ fn convert_keeps_full_full_and_clamps_to_the_burst() {
 }
 
 #[test]
+fn convert_is_monotonic_in_the_debt_and_never_shortens_a_hold() {
+    let quotas = [
+        q(10, 1),
+        q(10, 10),
+        q(20, 10),
+        q(7, 3),
+        q(100, 9),
+        q(1_000, 2),
+        q(3, 100),
+    ];
+    let now = 1_000_000;
+    for old in quotas {
+        for new in quotas {
+            let mut last = 0;
+            for debt in 0..=(3 * old.tolerance() + 2 * old.period) {
+                let t = convert(now + debt, now, old, new) - now;
+                assert!(
+                    t >= last,
+                    "{old:?} -> {new:?}: debt {debt} gave {t}, debt {} gave {last}",
+                    debt - 1
+                );
+                last = t;
+                // Past the burst, the next cell comes no sooner than before.
+                if debt > old.tolerance() {
+                    let wait = debt - (old.tolerance() - old.period);
+                    assert!(t - (new.tolerance() - new.period) >= wait);
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn flipping_quotas_builds_no_debt() {
     let (a, b) = (q(100, 10), q(100, 9));
     for debt in [0, 1, 450, 900, 1_000, 1_001, 5_000] {
