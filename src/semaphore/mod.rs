@@ -491,6 +491,7 @@ impl Semaphore {
     /// assert!(semaphore.clone().try_acquire_owned().is_err());
     /// # drop(permit);
     /// ```
+    #[inline]
     pub fn try_acquire_owned(self: Arc<Self>) -> Result<OwnedSemaphorePermit, TryAcquireError> {
         self.raw.try_acquire(1)?;
         Ok(OwnedSemaphorePermit::new(self, 1))
@@ -512,6 +513,7 @@ impl Semaphore {
     /// assert_eq!(semaphore.available_permits(), 0);
     /// # drop(permit);
     /// ```
+    #[inline]
     pub fn try_acquire_many_owned(
         self: Arc<Self>,
         n: u32,
@@ -609,6 +611,14 @@ impl Semaphore {
         n: u32,
     ) -> Result<OwnedSemaphorePermit, AcquireError> {
         crate::park::block_on(self.acquire_many_owned(n))
+    }
+
+    /// Takes `n` permits now or fails, with no permit object: for a caller
+    /// that tracks them itself and gives them back with
+    /// [`release`](Self::release) (the tower layer's one-pointer permit).
+    #[inline]
+    pub(crate) fn try_take(&self, n: usize) -> Result<(), TryAcquireError> {
+        self.raw.try_acquire(n)
     }
 
     /// Returns `n` permits (used by permit drops).

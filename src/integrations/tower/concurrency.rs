@@ -15,6 +15,49 @@ use crate::integrations::PollSemaphore;
 use crate::semaphore::{OwnedSemaphorePermit, Semaphore};
 use crate::{throttled::Status, Throttled};
 
+/// One permit of a semaphore, held as the `Arc` alone (the count is always
+/// one): a single pointer, so `Option<Permit>` fits one register and the
+/// response future is no wider than the inner future plus a pointer. It
+/// gives the permit back when dropped, like an [`OwnedSemaphorePermit`].
+struct Permit(Arc<Semaphore>);
+
+impl Permit {
+    /// One free permit of `semaphore`, taken with one compare-and-swap
+    /// (never overtaking a queued waiter), or `None`.
+    #[inline]
+    fn try_take(semaphore: &Arc<Semaphore>) -> Option<Self> {
+        match semaphore.try_take(1) {
+            Ok(()) => Some(Permit(semaphore.clone())),
+            Err(_) => None,
+        }
+    }
+
+    /// The one permit `PollSemaphore::poll_acquire` answered with.
+    fn from_owned(permit: OwnedSemaphorePermit) -> Self {
+        debug_assert_eq!(permit.num_permits(), 1);
+        let semaphore = permit.semaphore().clone();
+        // Now owned by the new `Permit`, which releases it on drop.
+        permit.forget();
+        Permit(semaphore)
+    }
+}
+
+impl Drop for Permit {
+    #[inline]
+    fn drop(&mut self) {
+        self.0.release(1);
+    }
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("sem", &self.0)
+            .field("permits", &1)
+            .finish()
+    }
+}
+
 /// Limits the requests in flight through every service it wraps to the
 /// permits of one shared [`Semaphore`].
 ///
@@ -166,7 +209,7 @@ pub struct ConcurrencyLimit<S> {
     inner: S,
     semaphore: PollSemaphore,
     /// The permit `poll_ready` took, for the next `call`.
-    permit: Option<OwnedSemaphorePermit>,
+    permit: Option<Permit>,
     reject: Option<Duration>,
 }
 
@@ -213,6 +256,44 @@ impl<S> ConcurrencyLimit<S> {
         &self.inner
     }
 
+    /// `poll_ready` without a free permit (or with a wait in progress):
+    /// out of line, so the inlined fast path stays a few instructions.
+    /// `None` when a permit was taken and the inner service is next;
+    /// otherwise what `poll_ready` answers.
+    #[inline(never)]
+    fn poll_acquire_slow(&mut self, cx: &mut Context<'_>) -> Option<Poll<Result<(), BoxError>>> {
+        if self.reject.is_some() {
+            // No permit: `call` answers with the refusal, without waiting
+            // for the inner service.
+            return match Permit::try_take(self.semaphore.semaphore()) {
+                Some(permit) => {
+                    self.permit = Some(permit);
+                    None
+                }
+                None => Some(Poll::Ready(Ok(()))),
+            };
+        }
+        match self.semaphore.poll_acquire(cx) {
+            Poll::Ready(Some(permit)) => {
+                self.permit = Some(Permit::from_owned(permit));
+                None
+            }
+            Poll::Ready(None) => Some(Poll::Ready(Err(closed().into()))),
+            Poll::Pending => Some(Poll::Pending),
+        }
+    }
+
+    /// `call` without a permit (a refusal in `poll_ready`, or `call`
+    /// without `poll_ready`): one last try, then the refusal. Out of line
+    /// and answering in two registers, so `call` is small enough to be
+    /// inlined into the caller's state machine (`Oneshot::poll`), which
+    /// then keeps the response future in registers.
+    #[inline(never)]
+    fn last_try(&self) -> Result<Permit, Box<Throttled>> {
+        Permit::try_take(self.semaphore.semaphore()).ok_or_else(|| Box::new(self.shed()))
+    }
+
+    #[cold]
     fn shed(&self) -> Throttled {
         let t = Throttled::new(
             Status::Shed,
@@ -238,18 +319,18 @@ where
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         if self.permit.is_none() {
-            if self.reject.is_some() {
-                match self.semaphore.semaphore().clone().try_acquire_owned() {
-                    Ok(permit) => self.permit = Some(permit),
-                    // No permit: `call` answers with the refusal, without
-                    // waiting for the inner service.
-                    Err(_) => return Poll::Ready(Ok(())),
-                }
-            } else {
-                match self.semaphore.poll_acquire(cx) {
-                    Poll::Ready(Some(permit)) => self.permit = Some(permit),
-                    Poll::Ready(None) => return Poll::Ready(Err(closed().into())),
-                    Poll::Pending => return Poll::Pending,
+            // Fast path: a free permit, unless this service already waits
+            // in the queue (its place there holds what it is owed).
+            let free = match self.semaphore.is_waiting() {
+                false => Permit::try_take(self.semaphore.semaphore()),
+                true => None,
+            };
+            match free {
+                Some(permit) => self.permit = Some(permit),
+                None => {
+                    if let Some(answer) = self.poll_acquire_slow(cx) {
+                        return answer;
+                    }
                 }
             }
         }
@@ -258,13 +339,12 @@ where
 
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
-        // Without a permit (a refusal in `poll_ready`, or `call` without
-        // `poll_ready`): one last try, then the refusal. Never a panic.
+        // Without a permit: one last try, then the refusal. Never a panic.
         let permit = match self.permit.take() {
             Some(p) => p,
-            None => match self.semaphore.semaphore().clone().try_acquire_owned() {
+            None => match self.last_try() {
                 Ok(p) => p,
-                Err(_) => return ResponseFuture::rejected(self.shed()),
+                Err(refused) => return ResponseFuture::rejected(refused),
             },
         };
         ResponseFuture::new(self.inner.call(req), permit)
@@ -311,21 +391,22 @@ pin_project_lite::pin_project! {
     pub struct ResponseFuture<F> {
         #[pin]
         inner: LimitFuture<F>,
-        permit: Option<OwnedSemaphorePermit>,
+        permit: Option<Permit>,
     }
 }
 
 impl<F> ResponseFuture<F> {
-    fn new(inner: F, permit: OwnedSemaphorePermit) -> Self {
+    #[inline]
+    fn new(inner: F, permit: Permit) -> Self {
         ResponseFuture {
             inner: LimitFuture::inner(inner),
             permit: Some(permit),
         }
     }
 
-    fn rejected(t: Throttled) -> Self {
+    fn rejected(t: Box<Throttled>) -> Self {
         ResponseFuture {
-            inner: LimitFuture::refused(t),
+            inner: LimitFuture::refused_boxed(t),
             permit: None,
         }
     }

@@ -127,17 +127,22 @@ where
         match self.project().state.project() {
             StateProj::Inner { future } => future.poll(cx).map_err(Into::into),
             StateProj::Refused { error } => {
-                let error = error.take().unwrap_or_else(|| {
-                    Box::new(Throttled::new(
-                        Status::RateLimited,
-                        "rate",
-                        "polled after completion",
-                    ))
-                });
-                Poll::Ready(Err(error))
+                Poll::Ready(Err(error.take().unwrap_or_else(polled_after_refusal)))
             }
         }
     }
+}
+
+/// A refused `LimitFuture` polled again: an error rather than a panic.
+/// Out of line, so the future's `poll` stays small enough to inline.
+#[cold]
+#[inline(never)]
+fn polled_after_refusal() -> Box<Throttled> {
+    Box::new(Throttled::new(
+        Status::RateLimited,
+        "rate",
+        "polled after completion",
+    ))
 }
 
 /// A refusal of our own rate limit, from a check.
