@@ -135,7 +135,8 @@ end
 
 -- A tat (or penalty target) under the quota in force, converted to
 -- (new_period, new_burst): the debt in cells kept, capped at the new
--- burst; a hold past the burst keeps its wait (bucket/gcra.rs convert).
+-- burst; a hold past the burst keeps its wait, floored at the drained
+-- burst's cells (bucket/gcra.rs convert).
 local function convert(t, new_period, new_burst)
   local debt = t - now
   if debt <= 0 then
@@ -144,7 +145,10 @@ local function convert(t, new_period, new_burst)
   local new_tol = new_period * new_burst
   local kept
   if debt > tolerance then
-    kept = (new_tol - new_period) + (debt - (tolerance - period))
+    -- The wait kept, but never less than the whole burst converted in
+    -- cells: monotonic in the debt (bucket/gcra.rs convert).
+    local drained = math.min(math.floor(tolerance / period) * new_period, new_tol)
+    kept = math.max((new_tol - new_period) + (debt - (tolerance - period)), drained)
   else
     local q = math.floor(debt / period)
     local r = debt - q * period

@@ -37,7 +37,8 @@
 //! does not expire (its quota would go with it). The conversion keeps the
 //! debt in cells, as `bucket/gcra.rs` `convert` does: `ceil(debt * T' /
 //! T)` capped at the new tolerance, and a hold past the burst (a penalty)
-//! keeps its wait. In doubles, `debt * T'` may pass 2^53 for very long
+//! keeps its wait, floored at the whole burst's cells (so more debt never
+//! converts to less). In doubles, `debt * T'` may pass 2^53 for very long
 //! periods; the script then rounds the kept debt up by one more
 //! microsecond (more debt is the safe side).
 //!
