@@ -19,6 +19,8 @@
 //! between two of ours, so a counter that is not the TSC, the OS monotonic
 //! clock, is never mixed with it), every read goes through quanta.
 
+use std::sync::OnceLock;
+
 /// How a `DefaultClock` reads and scales its counter; decided once.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Tsc {
@@ -30,15 +32,25 @@ pub(super) struct Tsc {
 const PROBE_TICKS: u64 = 1 << 48;
 
 impl Tsc {
-    /// Decides for `clock` (see the module docs).
+    /// Decides for `clock` (see the module docs), once per process: every
+    /// `quanta::Clock::new()` picks the same counter (quanta's test is a
+    /// fixed property of the CPU) and shares one global calibration, and
+    /// `DefaultClock::new` runs on per-request paths (a `Deadline`), where
+    /// three CPUIDs (each a VM exit under a hypervisor) would cost more
+    /// than the reads they speed up.
     pub(super) fn detect(clock: &quanta::Clock) -> Self {
+        static SCALE: OnceLock<u64> = OnceLock::new();
+        let scale = *SCALE.get_or_init(|| Self::probe(clock));
+        Self { scale }
+    }
+
+    fn probe(clock: &quanta::Clock) -> u64 {
         let probe = clock.delta_as_nanos(0, PROBE_TICKS);
-        let scale = if imp::same_counter(clock) && probe > 0 && probe < PROBE_TICKS {
+        if imp::same_counter(clock) && probe > 0 && probe < PROBE_TICKS {
             probe << 16
         } else {
             0
-        };
-        Self { scale }
+        }
     }
 
     /// The counter's raw reading, as quanta reads it.
