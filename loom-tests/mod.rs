@@ -7,5 +7,6 @@
 mod adaptive;
 mod admission;
 mod bucket;
+mod keyed;
 mod semaphore;
 mod single_flight;

@@ -106,17 +106,23 @@ pub struct DefaultClock {
     /// How far the coarse clock may lag the true time (0: no coarse
     /// clock).
     coarse_lag: u64,
+    /// How the counter is read and scaled (see `tsc.rs`).
+    tsc: tsc::Tsc,
 }
+
+mod tsc;
 
 impl DefaultClock {
     /// A clock whose origin is now.
     pub fn new() -> Self {
         let clock = quanta::Clock::new();
-        let origin = clock.raw();
+        let tsc = tsc::Tsc::detect(&clock);
+        let origin = tsc.raw(&clock);
         Self {
             clock,
             origin,
             coarse_lag: coarse::lag(),
+            tsc,
         }
     }
 }
@@ -176,7 +182,7 @@ impl Clock for DefaultClock {
     #[inline]
     fn now_nanos(&self) -> u64 {
         // 0 if the raw counter reads at or before the origin.
-        self.clock.delta_as_nanos(self.origin, self.clock.raw())
+        self.tsc.nanos_since(&self.clock, self.origin)
     }
 
     #[inline]

@@ -4,11 +4,19 @@
 //! # Layout
 //!
 //! A power-of-two number of shards, each a `CachePadded` reader-writer
-//! lock over a `hashbrown` table of `key -> Arc<Gcra>`. The key is hashed
+//! lock over a `hashbrown` table of `key -> bucket`. The key is hashed
 //! once (ahash); bits 32.. pick the shard and the full hash is reused by the
 //! table, so a lookup hashes once. An existing key takes only the read
 //! lock; the bucket's own atomics do the rest, so threads on different keys
 //! of one shard do not exclude each other.
+//!
+//! A bucket lives in its table slot (one 64-byte line with its key), so a
+//! check on a key that is not in cache costs the slot's miss and no more.
+//! Only a key that is `reserve`d moves its bucket behind an `Arc`, once,
+//! under the write lock: a [`Reservation`] outlives the call and must reach
+//! the same bucket to refund, even after the table has resized or evicted
+//! the entry. The move copies the bucket's words while no operation can be
+//! in flight (every operation holds the read lock), so it loses nothing.
 //!
 //! # Bounded memory
 //!
@@ -118,12 +126,55 @@ struct Shard<K> {
     swept_at: u64,
 }
 
+/// One key's slot: one cache line, so the key and its bucket's words
+/// arrive together.
+#[repr(align(64))]
 struct Entry<K> {
     key: K,
-    bucket: Arc<Gcra>,
+    bucket: Slot,
     /// Set by every call on the key, cleared by the sweep (the
     /// second-chance bit; see the module docs).
     touched: AtomicBool,
+}
+
+/// Where a key's bucket lives (see the module docs).
+enum Slot {
+    /// In the table slot: no reservation has been taken on the key.
+    Inline(Gcra),
+    /// Behind an `Arc` that reservations share.
+    Shared(Arc<Gcra>),
+}
+
+impl Slot {
+    #[inline]
+    fn gcra(&self) -> &Gcra {
+        match self {
+            Slot::Inline(g) => g,
+            Slot::Shared(g) => g,
+        }
+    }
+
+    /// The shared bucket; `None` while it is inline.
+    #[inline]
+    fn shared(&self) -> Option<&Arc<Gcra>> {
+        match self {
+            Slot::Inline(_) => None,
+            Slot::Shared(g) => Some(g),
+        }
+    }
+
+    /// Moves an inline bucket behind an `Arc`. `&mut self`: the shard's
+    /// write lock is held, so no operation is in flight on the bucket and
+    /// its copy is exact.
+    fn share(&mut self) -> &Arc<Gcra> {
+        if let Slot::Inline(g) = self {
+            *self = Slot::Shared(Arc::new(g.duplicate()));
+        }
+        match self {
+            Slot::Shared(g) => g,
+            Slot::Inline(_) => unreachable!("just shared"),
+        }
+    }
 }
 
 impl<K> Entry<K> {
@@ -335,7 +386,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// ```
     #[inline]
     pub fn try_acquire(&self, key: &K, n: u32) -> Result<(), CheckError> {
-        self.with_bucket(key, |b, now| b.try_acquire(n, now))
+        self.with_bucket(key, |b, now| b.gcra().try_acquire(n, now))
             .unwrap_or_else(|e| Err(CheckError::TooManyKeys { limit: e.limit }))
     }
 
@@ -367,12 +418,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         n: u32,
         max_wait: Duration,
     ) -> Result<Reservation<'static>, ReserveError> {
-        let max_wait = saturating_nanos(max_wait);
-        self.with_bucket(key, |b, now| {
-            b.reserve(n, max_wait, now)
-                .map(|r| Reservation::shared(b.clone(), r, now))
-        })
-        .unwrap_or_else(|e| Err(ReserveError::TooManyKeys { limit: e.limit }))
+        self.reserve_at(key, n, max_wait, self.clock.now_nanos())
     }
 
     /// [`reserve`](Self::reserve) at `now`, a time the caller has just read
@@ -388,7 +434,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         now: u64,
     ) -> Result<Reservation<'static>, ReserveError> {
         let max_wait = saturating_nanos(max_wait);
-        self.with_bucket_at(key, now, |b, now| {
+        self.with_bucket_at(key, now, true, |b, now| {
+            let b = b.shared().expect("a reservation's bucket is shared");
             b.reserve(n, max_wait, now)
                 .map(|r| Reservation::shared(b.clone(), r, now))
         })
@@ -415,7 +462,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// ```
     pub fn penalize(&self, key: &K, retry_after: Duration) -> Result<(), TooManyKeys> {
         let d = saturating_nanos(retry_after);
-        self.with_bucket(key, |b, now| b.penalize(d, now))
+        self.with_bucket(key, |b, now| b.gcra().penalize(d, now))
     }
 
     /// Sets `key`'s quota, now and for every bucket the key gets later
@@ -482,7 +529,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
             }
         }
         if let Some(e) = shard.buckets.find(hash, |e| e.key == *key) {
-            e.bucket.set_quota(quota, now);
+            e.bucket.gcra().set_quota(quota, now);
         }
         Ok(())
     }
@@ -527,7 +574,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         let now = self.clock.now_nanos();
         let shard = self.shard(hash).read();
         if let Some(e) = shard.buckets.find(hash, |e| e.key == *key) {
-            e.bucket.reset(now);
+            e.bucket.gcra().reset(now);
         }
     }
 
@@ -539,7 +586,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         shard
             .buckets
             .find(hash, |e| e.key == *key)
-            .map_or(0, |e| e.bucket.held_until())
+            .map_or(0, |e| e.bucket.gcra().held_until())
     }
 
     /// How many cells `try_acquire` would admit for `key` now, without
@@ -560,7 +607,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         let now = self.clock.now_nanos();
         let shard = self.shard(hash).read();
         if let Some(e) = shard.buckets.find(hash, |e| e.key == *key) {
-            return e.bucket.available(now);
+            return e.bucket.gcra().available(now);
         }
         shard
             .quotas
@@ -645,36 +692,37 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
 
     /// Runs `f` on `key`'s bucket, creating it if needed.
     #[inline]
-    fn with_bucket<R>(
-        &self,
-        key: &K,
-        f: impl FnOnce(&Arc<Gcra>, u64) -> R,
-    ) -> Result<R, TooManyKeys> {
-        self.with_bucket_at(key, self.clock.now_nanos(), f)
+    fn with_bucket<R>(&self, key: &K, f: impl FnOnce(&Slot, u64) -> R) -> Result<R, TooManyKeys> {
+        self.with_bucket_at(key, self.clock.now_nanos(), false, f)
     }
 
+    /// As `with_bucket`, at `now`; with `shared`, the bucket is behind an
+    /// `Arc` when `f` runs (moved there first if need be).
     #[inline]
     fn with_bucket_at<R>(
         &self,
         key: &K,
         now: u64,
-        f: impl FnOnce(&Arc<Gcra>, u64) -> R,
+        shared: bool,
+        f: impl FnOnce(&Slot, u64) -> R,
     ) -> Result<R, TooManyKeys> {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
         {
             let guard = shard.read();
             if let Some(e) = guard.buckets.find(hash, |e| e.key == *key) {
-                e.touch();
-                return Ok(f(&e.bucket, now));
+                if !shared || e.bucket.shared().is_some() {
+                    e.touch();
+                    return Ok(f(&e.bucket, now));
+                }
             }
         }
-        self.insert(shard, hash, key, now, f)
+        self.insert(shard, hash, key, now, shared, f)
     }
 
-    /// The slow path of `with_bucket`: a new key. `f` runs under the write
-    /// lock, so a sweep cannot evict the new (full) bucket before `f` has
-    /// charged it.
+    /// The slow path of `with_bucket`: a new key, or a key whose bucket
+    /// must move behind an `Arc`. `f` runs under the write lock, so a sweep
+    /// cannot evict a new (full) bucket before `f` has charged it.
     #[cold]
     fn insert<R>(
         &self,
@@ -682,11 +730,15 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         hash: u64,
         key: &K,
         now: u64,
-        f: impl FnOnce(&Arc<Gcra>, u64) -> R,
+        shared: bool,
+        f: impl FnOnce(&Slot, u64) -> R,
     ) -> Result<R, TooManyKeys> {
         let mut guard = shard.write();
-        if let Some(e) = guard.buckets.find(hash, |e| e.key == *key) {
+        if let Some(e) = guard.buckets.find_mut(hash, |e| e.key == *key) {
             e.touch();
+            if shared {
+                e.bucket.share();
+            }
             return Ok(f(&e.bucket, now));
         }
         let len = guard.buckets.len();
@@ -707,7 +759,11 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
             .quotas
             .find(hash, |(k, _)| k == key)
             .map_or(self.default_quota, |(_, q)| *q);
-        let bucket = Arc::new(Gcra::new(quota));
+        let bucket = if shared {
+            Slot::Shared(Arc::new(Gcra::new(quota)))
+        } else {
+            Slot::Inline(Gcra::new(quota))
+        };
         let out = f(&bucket, now);
         let entry = Entry {
             key: key.clone(),
@@ -736,7 +792,7 @@ impl<K> Shard<K> {
         let before = self.buckets.len();
         self.buckets.retain(|e| {
             // Relaxed: we hold the write lock (see `Entry::touch`).
-            e.touched.swap(false, Ordering::Relaxed) || !e.bucket.is_full(now)
+            e.touched.swap(false, Ordering::Relaxed) || !e.bucket.gcra().is_full(now)
         });
         let len = self.buckets.len();
         // Give the memory back once the table is mostly empty.

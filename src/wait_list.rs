@@ -229,6 +229,11 @@ impl fmt::Debug for WaitNode {
 }
 
 /// An intrusive FIFO of nodes (oldest at the front).
+///
+/// Links: every linked node but the head has `prev` pointing at its
+/// predecessor; the head's `prev` is unspecified (`pop_front` does not
+/// clear it, to stay off the next waiter's cache line) and never read. A
+/// node in no list has both links `None`.
 pub(crate) struct WaitList<T: Link + ?Sized> {
     head: Option<NonNull<T>>,
     tail: Option<NonNull<T>>,
@@ -284,15 +289,18 @@ impl<T: Link + ?Sized> WaitList<T> {
     }
 
     /// Unlinks and returns the oldest node.
+    ///
+    /// Touches only the node it returns: the new head's `prev` is left
+    /// stale (see the invariant on [`WaitList`]), so a pop does not pull a
+    /// second waiter's cache line into the lock holder's critical section.
     pub(crate) fn pop_front(&mut self) -> Option<NonNull<T>> {
         let head = self.head?;
         // SAFETY: every linked node is live (contract of `push_back`), and
         // `&mut self` means the caller holds the lock.
         unsafe {
             self.head = next(head);
-            match self.head {
-                Some(new_head) => set_prev(new_head, None),
-                None => self.tail = None,
+            if self.head.is_none() {
+                self.tail = None;
             }
             set_prev(head, None);
             set_next(head, None);
@@ -308,23 +316,25 @@ impl<T: Link + ?Sized> WaitList<T> {
     /// held.
     pub(crate) unsafe fn remove(&mut self, node: NonNull<T>) -> bool {
         // SAFETY: `node` is live (caller), its neighbours are linked and so
-        // live (contract of `push_back`), and the lock is held.
+        // live (contract of `push_back`), and the lock is held. The head's
+        // `prev` is stale, so it is never read: the head is checked first.
         unsafe {
-            let prev = prev(node);
             let next = next(node);
-            match prev {
-                Some(prev) => set_next(prev, next),
-                None => {
-                    if self.head != Some(node) {
-                        // Neither a predecessor nor the head: not linked.
-                        return false;
-                    }
-                    self.head = next;
+            if self.head == Some(node) {
+                self.head = next;
+                if next.is_none() {
+                    self.tail = None;
                 }
-            }
-            match next {
-                Some(next) => set_prev(next, prev),
-                None => self.tail = prev,
+            } else {
+                // Not the head: linked exactly when `prev` is set.
+                let Some(prev) = prev(node) else {
+                    return false;
+                };
+                set_next(prev, next);
+                match next {
+                    Some(next) => set_prev(next, Some(prev)),
+                    None => self.tail = Some(prev),
+                }
             }
             set_prev(node, None);
             set_next(node, None);

@@ -191,6 +191,36 @@ fn keyed_reservation_cancels() {
     );
 }
 
+/// A key's bucket lives in its table slot until the key is first
+/// reserved, then moves behind an `Arc` (a reservation must reach it after
+/// the table has moved on). The move keeps everything: the debt, a penalty,
+/// a per-key quota; checks after it see what the reservation took; and
+/// the refund goes to the bucket the key still uses.
+#[test]
+fn a_bucket_moved_by_its_first_reservation_keeps_its_state() {
+    let (s, clock) = registry();
+    let k = (7, 7);
+    s.set_quota(&k, Quota::per_second(nz(1)).allow_burst(nz(3)))
+        .unwrap();
+    s.try_acquire(&k, 2).unwrap();
+    s.penalize(&k, Duration::from_millis(1500)).unwrap();
+    // In the slot until now; the reservation moves it, and waits out the
+    // penalty.
+    let r = s.reserve(&k, 1, Duration::from_secs(5)).unwrap();
+    assert_eq!(r.wait(), Duration::from_millis(1500));
+    assert_eq!(s.available(&k), 0);
+    // The checks go to the moved bucket: the reserved cell is taken there.
+    clock.advance(Duration::from_millis(1500));
+    assert_eq!(
+        s.try_acquire(&k, 1).unwrap_err().wait(),
+        Some(Duration::from_secs(1))
+    );
+    // And the refund reaches it.
+    assert!(r.cancel());
+    assert!(s.try_acquire(&k, 1).is_ok());
+    assert!(s.try_acquire(&k, 1).is_err());
+}
+
 #[test]
 fn bytes_per_idle_key() {
     // Measured, printed, and bounded so a regression shows.

@@ -205,6 +205,20 @@ impl Gcra {
         }
     }
 
+    /// A copy of this bucket, words and all, for a caller that has it to
+    /// itself (no operation in flight: `Scoped` holds its shard's write
+    /// lock). Relaxed loads: that lock's acquisition orders them after
+    /// every write made under the read locks before it.
+    pub(crate) fn duplicate(&self) -> Gcra {
+        Gcra {
+            stamp: AtomicU64::new(self.stamp.load(Ordering::Relaxed)),
+            word: AtomicU64::new(self.word.load(Ordering::Relaxed)),
+            period: AtomicU64::new(self.period.load(Ordering::Relaxed)),
+            skew: AtomicU64::new(self.skew.load(Ordering::Relaxed)),
+            held_until: AtomicU64::new(self.held_until.load(Ordering::Relaxed)),
+        }
+    }
+
     /// The end of the latest server hold (0: none yet).
     pub(crate) fn held_until(&self) -> u64 {
         // Relaxed: a lone value that orders no other memory; a reader that

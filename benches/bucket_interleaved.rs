@@ -1,0 +1,134 @@
+//! `TokenBucket::try_acquire` beside governor's `check` on one thread,
+//! measured the way a noisy shared machine allows: each case runs 200,000
+//! calls per round, the cases interleaved round after round. Prints each
+//! case's best round and the median over rounds of the per-round ratio to
+//! its governor twin (neighbouring rounds see the same load).
+//!
+//! Both sides read the quanta clock on every call; the `clock read` pair
+//! is the floor both sit on (on this kind of machine `rdtsc` alone takes
+//! about as long as the whole check, so these pairs come out even). The
+//! `manual clock` pairs take the clock out: each side with its own
+//! test clock (an atomic load), the same arithmetic and CAS, so they show
+//! the algorithms' own cost.
+//!
+//! Run: `cargo bench --bench bucket_interleaved`
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+use backpressure::{Clock, DefaultClock, ManualClock, Quota, TokenBucket};
+use governor::clock::Clock as _;
+use governor::{Quota as GQuota, RateLimiter};
+
+const PER_ROUND: u32 = 200_000;
+const ROUNDS: usize = 60;
+
+type Case = (&'static str, Box<dyn Fn() -> bool>);
+
+fn main() {
+    let ours_clock = DefaultClock::new();
+    let gov_clock = governor::clock::QuantaClock::default();
+    let admitting = Quota::with_period(Duration::from_nanos(1)).allow_burst(NonZeroU32::MAX);
+    let g_admitting = GQuota::with_period(Duration::from_nanos(1))
+        .unwrap()
+        .allow_burst(NonZeroU32::MAX);
+    let admit = TokenBucket::new(admitting);
+    let g_admit = RateLimiter::direct(g_admitting);
+    let deny = TokenBucket::new(Quota::with_period(Duration::from_secs(3600)));
+    deny.try_acquire(1).unwrap();
+    let g_deny = RateLimiter::direct(GQuota::with_period(Duration::from_secs(3600)).unwrap());
+    g_deny.check().unwrap();
+    let m_admit = TokenBucket::with_clock(admitting, ManualClock::new());
+    let g_m_admit =
+        RateLimiter::direct_with_clock(g_admitting, governor::clock::FakeRelativeClock::default());
+    let hour = Duration::from_secs(3600);
+    let m_deny = TokenBucket::with_clock(Quota::with_period(hour), ManualClock::new());
+    m_deny.try_acquire(1).unwrap();
+    let g_m_deny = RateLimiter::direct_with_clock(
+        GQuota::with_period(hour).unwrap(),
+        governor::clock::FakeRelativeClock::default(),
+    );
+    g_m_deny.check().unwrap();
+    let cases: Vec<Case> = vec![
+        (
+            "clock read: backpressure",
+            Box::new(move || {
+                black_box(ours_clock.now_nanos());
+                true
+            }),
+        ),
+        (
+            "clock read: governor",
+            Box::new(move || {
+                black_box(gov_clock.now());
+                true
+            }),
+        ),
+        (
+            "check admitting: backpressure",
+            Box::new(move || black_box(admit.try_acquire(1)).is_ok()),
+        ),
+        (
+            "check admitting: governor",
+            Box::new(move || black_box(g_admit.check()).is_ok()),
+        ),
+        (
+            "check denying: backpressure",
+            Box::new(move || black_box(deny.try_acquire(1)).is_err()),
+        ),
+        (
+            "check denying: governor",
+            Box::new(move || black_box(g_deny.check()).is_err()),
+        ),
+        (
+            "manual clock, admitting: backpressure",
+            Box::new(move || black_box(m_admit.try_acquire(1)).is_ok()),
+        ),
+        (
+            "manual clock, admitting: governor",
+            Box::new(move || black_box(g_m_admit.check()).is_ok()),
+        ),
+        (
+            "manual clock, denying: backpressure",
+            Box::new(move || black_box(m_deny.try_acquire(1)).is_err()),
+        ),
+        (
+            "manual clock, denying: governor",
+            Box::new(move || black_box(g_m_deny.check()).is_err()),
+        ),
+    ];
+    let mut times = vec![Vec::with_capacity(ROUNDS); cases.len()];
+    for round in 0..=ROUNDS {
+        for (k, (_, case)) in cases.iter().enumerate() {
+            let start = Instant::now();
+            for _ in 0..PER_ROUND {
+                black_box(case());
+            }
+            let ns = start.elapsed().as_nanos() as f64 / PER_ROUND as f64;
+            // Round 0 is a warm-up.
+            if round > 0 {
+                times[k].push(ns);
+            }
+        }
+    }
+    println!("one thread, ns per call, {ROUNDS} interleaved rounds of {PER_ROUND}");
+    for pair in (0..cases.len()).step_by(2) {
+        let best = |k: usize| times[k].iter().copied().fold(f64::MAX, f64::min);
+        let mut ratios: Vec<f64> = times[pair]
+            .iter()
+            .zip(&times[pair + 1])
+            .map(|(a, b)| a / b)
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        println!(
+            "{:40} best {:6.2}  {:34} best {:6.2}  ratio: median of rounds {:5.3}x, best/best {:5.3}x",
+            cases[pair].0,
+            best(pair),
+            cases[pair + 1].0,
+            best(pair + 1),
+            ratios[ratios.len() / 2],
+            best(pair) / best(pair + 1),
+        );
+    }
+}

@@ -1,0 +1,138 @@
+//! `Scoped` beside governor's keyed limiter, measured like
+//! `bucket_interleaved` (its own binary, so neither file's code changes how
+//! the other's peers are compiled): each case runs 200,000 calls per
+//! round, the cases interleaved round after round; prints each case's
+//! best round and the median over rounds of the per-round ratio to its
+//! governor twin.
+//!
+//! 100,000 keys drawn Zipf-like (s = 1) and 1,000 keys round-robin, at
+//! governor's benchmark quota (10^9/s, burst 10^9), as in `benches/bucket.rs`;
+//! both sides read the quanta clock on every call.
+//!
+//! Run: `cargo bench --bench keyed_interleaved`
+
+use std::cell::Cell;
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::time::Instant;
+
+use backpressure::{Quota, Scoped};
+use governor::{Quota as GQuota, RateLimiter};
+
+const PER_ROUND: u32 = 200_000;
+const ROUNDS: usize = 40;
+
+type Case = (&'static str, Box<dyn Fn() -> bool>);
+
+/// Zipf-like (s = 1) draws over `keys` keys, shuffled across the key space
+/// (the same walk as `benches/bucket.rs`).
+fn zipf(keys: u64, draws: usize) -> Vec<u64> {
+    let mut cdf = Vec::with_capacity(keys as usize);
+    let mut sum = 0.0f64;
+    for k in 1..=keys {
+        sum += 1.0 / k as f64;
+        cdf.push(sum);
+    }
+    let mut rng = fastrand::Rng::with_seed(13);
+    (0..draws)
+        .map(|_| {
+            let u = rng.f64() * sum;
+            let rank = cdf.partition_point(|&c| c < u) as u64;
+            rank.wrapping_mul(0x9E37_79B9_7F4A_7C15) % keys
+        })
+        .collect()
+}
+
+/// A fixed pseudo-random walk over `keys` keys, each once per round.
+fn round_robin(keys: u64) -> Vec<u64> {
+    let stride = 0x9E37_79B9_7F4A_7C15u64 | 1;
+    (0..keys).map(|i| i.wrapping_mul(stride) % keys).collect()
+}
+
+/// One keyed pair: ours and governor's, each walking `walk` cyclically.
+fn keyed(names: [&'static str; 2], keys: u64, walk: Vec<u64>) -> [Case; 2] {
+    let n = NonZeroU32::new(1_000_000_000).unwrap();
+    let scoped: Scoped<u64> = Scoped::new(Quota::per_second(n)).with_max_keys(2 * keys as usize);
+    let gov = RateLimiter::keyed(GQuota::per_second(n));
+    for k in 0..keys {
+        scoped.try_acquire(&k, 1).unwrap();
+        gov.check_key(&k).unwrap();
+    }
+    let walk = std::rc::Rc::new(walk);
+    let (w1, w2) = (walk.clone(), walk);
+    let (i1, i2) = (Cell::new(0usize), Cell::new(0usize));
+    let step = |i: &Cell<usize>, len: usize| {
+        let next = if i.get() + 1 == len { 0 } else { i.get() + 1 };
+        i.set(next);
+        next
+    };
+    [
+        (
+            names[0],
+            Box::new(move || {
+                let k = w1[step(&i1, w1.len())];
+                black_box(scoped.try_acquire(&k, 1)).is_ok()
+            }),
+        ),
+        (
+            names[1],
+            Box::new(move || {
+                let k = w2[step(&i2, w2.len())];
+                black_box(gov.check_key(&k)).is_ok()
+            }),
+        ),
+    ]
+}
+
+fn main() {
+    let mut cases: Vec<Case> = Vec::new();
+    cases.extend(keyed(
+        [
+            "keyed 100,000 zipf: backpressure",
+            "keyed 100,000 zipf: governor",
+        ],
+        100_000,
+        zipf(100_000, 1 << 20),
+    ));
+    cases.extend(keyed(
+        [
+            "keyed 1,000 round-robin: backpressure",
+            "keyed 1,000 round-robin: governor",
+        ],
+        1_000,
+        round_robin(1_000),
+    ));
+    let mut times = vec![Vec::with_capacity(ROUNDS); cases.len()];
+    for round in 0..=ROUNDS {
+        for (k, (_, case)) in cases.iter().enumerate() {
+            let start = Instant::now();
+            for _ in 0..PER_ROUND {
+                black_box(case());
+            }
+            let ns = start.elapsed().as_nanos() as f64 / PER_ROUND as f64;
+            // Round 0 is a warm-up.
+            if round > 0 {
+                times[k].push(ns);
+            }
+        }
+    }
+    println!("one thread, ns per call, {ROUNDS} interleaved rounds of {PER_ROUND}");
+    for pair in (0..cases.len()).step_by(2) {
+        let best = |k: usize| times[k].iter().copied().fold(f64::MAX, f64::min);
+        let mut ratios: Vec<f64> = times[pair]
+            .iter()
+            .zip(&times[pair + 1])
+            .map(|(a, b)| a / b)
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        println!(
+            "{:40} best {:6.2}  {:36} best {:6.2}  ratio: median of rounds {:5.3}x, best/best {:5.3}x",
+            cases[pair].0,
+            best(pair),
+            cases[pair + 1].0,
+            best(pair + 1),
+            ratios[ratios.len() / 2],
+            best(pair) / best(pair + 1),
+        );
+    }
+}

@@ -1,0 +1,155 @@
+//! 64 tasks on 4 permits on a 2-worker tokio runtime, measured the way a
+//! noisy shared machine allows: each case runs one round of acquisitions,
+//! the cases interleaved round after round, and each round's time per
+//! acquisition recorded. Prints each case's best and median round, and the
+//! median over rounds of the per-round ratio to futures-intrusive (rounds
+//! next to each other in time see the same load, so this ratio is steadier
+//! than a ratio of two separately timed medians).
+//!
+//! The `floor` case runs the same tasks with no semaphore: each iteration
+//! yields twice, the two task polls that any FIFO semaphore needs per
+//! acquisition here (the poll that queues, and the poll after the wake; the
+//! bench's own yield is the second). What is left above it is the
+//! semaphore's own cost.
+//!
+//! Run: `cargo bench --bench semaphore_interleaved`
+//! (`SEM_BENCH_ONLY=<substring>` keeps the matching cases, for a profiler.)
+
+use std::sync::Arc;
+use std::time::Instant;
+
+const TASKS: u64 = 64;
+const PER_TASK: u64 = 2_000;
+const ROUNDS: usize = 40;
+
+type Case = (&'static str, Box<dyn Fn(&tokio::runtime::Runtime) -> f64>);
+
+/// Spawns 64 tasks each running `body` `PER_TASK` times; ns per iteration.
+fn run<F, Fut>(rt: &tokio::runtime::Runtime, body: F) -> f64
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let start = Instant::now();
+    rt.block_on(async {
+        let handles: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let body = body.clone();
+                tokio::spawn(async move {
+                    for _ in 0..PER_TASK {
+                        body().await;
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.await.unwrap();
+        }
+    });
+    start.elapsed().as_nanos() as f64 / (TASKS * PER_TASK) as f64
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let ours = Arc::new(backpressure::Semaphore::new(4));
+    let tokio_sem = Arc::new(tokio::sync::Semaphore::new(4));
+    let al = Arc::new(async_lock::Semaphore::new(4));
+    let fi = Arc::new(futures_intrusive::sync::Semaphore::new(true, 4));
+    let mut cases: Vec<Case> = vec![
+        (
+            "backpressure",
+            Box::new(move |rt| {
+                let s = ours.clone();
+                run(rt, move || {
+                    let s = s.clone();
+                    async move {
+                        let _p = s.acquire().await;
+                        tokio::task::yield_now().await;
+                    }
+                })
+            }),
+        ),
+        (
+            "futures-intrusive",
+            Box::new(move |rt| {
+                let s = fi.clone();
+                run(rt, move || {
+                    let s = s.clone();
+                    async move {
+                        let _p = s.acquire(1).await;
+                        tokio::task::yield_now().await;
+                    }
+                })
+            }),
+        ),
+        (
+            "tokio",
+            Box::new(move |rt| {
+                let s = tokio_sem.clone();
+                run(rt, move || {
+                    let s = s.clone();
+                    async move {
+                        let _p = s.acquire().await;
+                        tokio::task::yield_now().await;
+                    }
+                })
+            }),
+        ),
+        (
+            "async-lock",
+            Box::new(move |rt| {
+                let s = al.clone();
+                run(rt, move || {
+                    let s = s.clone();
+                    async move {
+                        let _p = s.acquire().await;
+                        tokio::task::yield_now().await;
+                    }
+                })
+            }),
+        ),
+        (
+            "floor (two yields, no semaphore)",
+            Box::new(|rt| {
+                run(rt, || async {
+                    tokio::task::yield_now().await;
+                    tokio::task::yield_now().await;
+                })
+            }),
+        ),
+    ];
+    if let Ok(only) = std::env::var("SEM_BENCH_ONLY") {
+        cases.retain(|(name, _)| name.contains(only.as_str()));
+    }
+    // Warm-up round, not recorded.
+    for (_, case) in &cases {
+        case(&rt);
+    }
+    let mut times = vec![Vec::with_capacity(ROUNDS); cases.len()];
+    for _ in 0..ROUNDS {
+        for (k, (_, case)) in cases.iter().enumerate() {
+            times[k].push(case(&rt));
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let peer = cases.iter().position(|(n, _)| *n == "futures-intrusive");
+    println!("64 tasks / 4 permits / 2 workers, ns per acquisition, {ROUNDS} interleaved rounds");
+    for (k, (name, _)) in cases.iter().enumerate() {
+        let mut ratios: Vec<f64> = match peer {
+            Some(p) => times[k].iter().zip(&times[p]).map(|(a, b)| a / b).collect(),
+            None => vec![f64::NAN],
+        };
+        let best = times[k].iter().copied().fold(f64::MAX, f64::min);
+        let med = median(&mut times[k].clone());
+        println!(
+            "{name:34} best {best:6.1}  median {med:6.1}  ratio to futures-intrusive (median of rounds) {:5.2}x",
+            median(&mut ratios)
+        );
+    }
+}
