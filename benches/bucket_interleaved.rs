@@ -15,7 +15,7 @@
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use backpressure::{Clock, DefaultClock, ManualClock, Quota, TokenBucket};
 use governor::clock::Clock as _;
@@ -24,7 +24,9 @@ use governor::{Quota as GQuota, RateLimiter};
 const PER_ROUND: u32 = 200_000;
 const ROUNDS: usize = 60;
 
-type Case = (&'static str, Box<dyn Fn() -> bool>);
+#[path = "support/interleaved.rs"]
+mod interleaved;
+use interleaved::Case;
 
 fn main() {
     let ours_clock = DefaultClock::new();
@@ -98,37 +100,7 @@ fn main() {
             Box::new(move || black_box(g_m_deny.check()).is_err()),
         ),
     ];
-    let mut times = vec![Vec::with_capacity(ROUNDS); cases.len()];
-    for round in 0..=ROUNDS {
-        for (k, (_, case)) in cases.iter().enumerate() {
-            let start = Instant::now();
-            for _ in 0..PER_ROUND {
-                black_box(case());
-            }
-            let ns = start.elapsed().as_nanos() as f64 / PER_ROUND as f64;
-            // Round 0 is a warm-up.
-            if round > 0 {
-                times[k].push(ns);
-            }
-        }
-    }
+    let times = interleaved::rounds(&cases, ROUNDS, PER_ROUND);
     println!("one thread, ns per call, {ROUNDS} interleaved rounds of {PER_ROUND}");
-    for pair in (0..cases.len()).step_by(2) {
-        let best = |k: usize| times[k].iter().copied().fold(f64::MAX, f64::min);
-        let mut ratios: Vec<f64> = times[pair]
-            .iter()
-            .zip(&times[pair + 1])
-            .map(|(a, b)| a / b)
-            .collect();
-        ratios.sort_by(f64::total_cmp);
-        println!(
-            "{:40} best {:6.2}  {:34} best {:6.2}  ratio: median of rounds {:5.3}x, best/best {:5.3}x",
-            cases[pair].0,
-            best(pair),
-            cases[pair + 1].0,
-            best(pair + 1),
-            ratios[ratios.len() / 2],
-            best(pair) / best(pair + 1),
-        );
-    }
+    interleaved::print_pairs(&cases, &times);
 }

@@ -14,7 +14,6 @@
 use std::cell::Cell;
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::time::Instant;
 
 use backpressure::{Quota, Scoped};
 use governor::{Quota as GQuota, RateLimiter};
@@ -22,7 +21,9 @@ use governor::{Quota as GQuota, RateLimiter};
 const PER_ROUND: u32 = 200_000;
 const ROUNDS: usize = 40;
 
-type Case = (&'static str, Box<dyn Fn() -> bool>);
+#[path = "support/interleaved.rs"]
+mod interleaved;
+use interleaved::Case;
 
 /// Zipf-like (s = 1) draws over `keys` keys, shuffled across the key space
 /// (the same walk as `benches/bucket.rs`).
@@ -102,37 +103,7 @@ fn main() {
         1_000,
         round_robin(1_000),
     ));
-    let mut times = vec![Vec::with_capacity(ROUNDS); cases.len()];
-    for round in 0..=ROUNDS {
-        for (k, (_, case)) in cases.iter().enumerate() {
-            let start = Instant::now();
-            for _ in 0..PER_ROUND {
-                black_box(case());
-            }
-            let ns = start.elapsed().as_nanos() as f64 / PER_ROUND as f64;
-            // Round 0 is a warm-up.
-            if round > 0 {
-                times[k].push(ns);
-            }
-        }
-    }
+    let times = interleaved::rounds(&cases, ROUNDS, PER_ROUND);
     println!("one thread, ns per call, {ROUNDS} interleaved rounds of {PER_ROUND}");
-    for pair in (0..cases.len()).step_by(2) {
-        let best = |k: usize| times[k].iter().copied().fold(f64::MAX, f64::min);
-        let mut ratios: Vec<f64> = times[pair]
-            .iter()
-            .zip(&times[pair + 1])
-            .map(|(a, b)| a / b)
-            .collect();
-        ratios.sort_by(f64::total_cmp);
-        println!(
-            "{:40} best {:6.2}  {:36} best {:6.2}  ratio: median of rounds {:5.3}x, best/best {:5.3}x",
-            cases[pair].0,
-            best(pair),
-            cases[pair + 1].0,
-            best(pair + 1),
-            ratios[ratios.len() / 2],
-            best(pair) / best(pair + 1),
-        );
-    }
+    interleaved::print_pairs(&cases, &times);
 }
