@@ -61,6 +61,8 @@ use core::time::Duration;
 
 use hashbrown::HashTable;
 
+mod stamps;
+
 use crate::bucket::gcra::Gcra;
 use crate::bucket::{CheckError, Quota, Reservation, ReserveError};
 use crate::clock::{saturating_nanos, Clock, DefaultClock};
@@ -124,6 +126,10 @@ struct Shard<K> {
     /// When the last sweep cleared the `touched` bits: an entry whose bit
     /// is still clear has been idle since then at least.
     swept_at: u64,
+    /// Past the epoch of every bucket this shard has dropped (mod 2³¹): a
+    /// key's next bucket starts here, so a refund kept from its dropped
+    /// one (see [`Scoped::cancel_stamps`]) never matches.
+    epoch_floor: u32,
 }
 
 /// One key's slot: one cache line, so the key and its bucket's words
@@ -269,6 +275,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
                         quotas: HashTable::new(),
                         sweep_at: MIN_SWEEP,
                         swept_at: 0,
+                        epoch_floor: 0,
                     }))
                 })
                 .collect(),
@@ -759,10 +766,11 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
             .quotas
             .find(hash, |(k, _)| k == key)
             .map_or(self.default_quota, |(_, q)| *q);
+        let gcra = Gcra::with_epoch(quota, guard.epoch_floor);
         let bucket = if shared {
-            Slot::Shared(Arc::new(Gcra::new(quota)))
+            Slot::Shared(Arc::new(gcra))
         } else {
-            Slot::Inline(Gcra::new(quota))
+            Slot::Inline(gcra)
         };
         let out = f(&bucket, now);
         let entry = Entry {
@@ -790,9 +798,14 @@ impl<K> Shard<K> {
         }
         self.swept_at = now;
         let before = self.buckets.len();
+        let floor = &mut self.epoch_floor;
         self.buckets.retain(|e| {
             // Relaxed: we hold the write lock (see `Entry::touch`).
-            e.touched.swap(false, Ordering::Relaxed) || !e.bucket.gcra().is_full(now)
+            let keep = e.touched.swap(false, Ordering::Relaxed) || !e.bucket.gcra().is_full(now);
+            if !keep {
+                stamps::raise_floor(floor, e.bucket.gcra());
+            }
+            keep
         });
         let len = self.buckets.len();
         // Give the memory back once the table is mostly empty.

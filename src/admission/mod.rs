@@ -23,6 +23,8 @@
 
 mod budget;
 mod builder;
+mod cache;
+mod held;
 mod learned;
 #[cfg(feature = "metrics")]
 mod metrics_out;
@@ -265,7 +267,7 @@ where
         let credential = inner
             .learned
             .ensure(&spec.credential, &inner.credentials, &inner.clock);
-        let (reserved, started_at) = self.take_rate(spec, &tool, deadline_at, rate_from).await?;
+        let (held, started_at) = self.take_rate(spec, &tool, deadline_at, rate_from).await?;
 
         claim.keep();
         // From here on the ticket holds the slots (its `Drop` releases them).
@@ -276,7 +278,7 @@ where
             admission: self.clone(),
             credential,
             started_at,
-            held: reserved.keep(),
+            held,
             tool,
         })
     }
@@ -313,7 +315,7 @@ where
             max_wait: Duration::ZERO,
             left: Duration::MAX,
         };
-        let mut reserved = rate::Reserved::default();
+        let mut reserved = held::Reserved::new(self, &spec.credential, None);
         self.reserve_local(spec, true, None, at, &mut reserved)
             .ok()?;
         claim.keep();
