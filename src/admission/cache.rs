@@ -98,7 +98,7 @@ impl<T> Cache<T> {
         self.entries
             .iter()
             .flatten()
-            .find(|e| e.generation == generation && *e.name == *name)
+            .find(|e| e.generation == generation && same(&e.name, name))
             .and_then(|e| e.state.upgrade())
     }
 
@@ -120,6 +120,20 @@ impl<T> Cache<T> {
             });
         self.entries[way] = Some(entry);
     }
+}
+
+/// `a == b`, inline for the short names tools and credentials have (a
+/// `memcmp` call costs more than the compare).
+#[inline]
+fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    if a.len() > 16 {
+        return a == b;
+    }
+    a.iter().zip(b).all(|(x, y)| x == y)
 }
 
 thread_local! {

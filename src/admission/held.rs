@@ -11,8 +11,6 @@
 
 use core::num::NonZeroU32;
 
-use smallvec::SmallVec;
-
 use super::Admission;
 use crate::bucket::gcra::Ticket as Stamps;
 use crate::clock::Clock;
@@ -81,25 +79,49 @@ pub(super) enum Held {
 const _: () = assert!(core::mem::size_of::<Held>() == 4 * core::mem::size_of::<Kept>());
 
 impl Held {
-    /// The reservation at `place`, if the call made one.
-    pub(super) fn get(&self, place: usize) -> Option<&Kept> {
-        let all: &[Kept] = match self {
+    const EMPTY: Held = Held::Inline([Kept::EMPTY; 4]);
+
+    fn all(&self) -> &[Kept] {
+        match self {
             Held::Inline(k) => k,
             Held::Spilled(k) => k,
-        };
-        all.get(place).filter(|k| k.cells > 0)
+        }
     }
 
-    fn place(source: Source) -> Option<usize> {
-        match source {
-            Source::Requests => Some(0),
-            Source::Resource(i) => i.checked_add(1),
-            Source::Scope => None,
+    fn all_mut(&mut self) -> &mut [Kept] {
+        match self {
+            Held::Inline(k) => k,
+            Held::Spilled(k) => k,
+        }
+    }
+
+    /// The reservation at `place`, if the call made one.
+    pub(super) fn get(&self, place: usize) -> Option<&Kept> {
+        self.all().get(place).filter(|k| k.cells > 0)
+    }
+
+    /// Puts `kept` at `place`, spilling to the heap past the fourth.
+    #[inline]
+    fn set(&mut self, place: usize, kept: Kept) {
+        if place >= self.all().len() {
+            let mut more = vec![Kept::EMPTY; place + 1];
+            more[..self.all().len()].copy_from_slice(self.all());
+            *self = Held::Spilled(more.into_boxed_slice());
+        }
+        self.all_mut()[place] = kept;
+    }
+
+    /// The quota kept at `place`.
+    fn source(place: usize) -> Source {
+        match place {
+            0 => Source::Requests,
+            i => Source::Resource(i - 1),
         }
     }
 }
 
-/// The reservations of a call being admitted. Until [`keep`](Self::keep),
+/// The reservations of a call being admitted, by place as in [`Held`]
+/// (so keeping them moves them once). Until [`keep`](Self::keep),
 /// dropping it gives every one back (a refused or cancelled call consumes
 /// nothing the buckets can refund).
 pub(super) struct Reserved<'a, S: Sleeper, C: Clock> {
@@ -107,7 +129,10 @@ pub(super) struct Reserved<'a, S: Sleeper, C: Clock> {
     credential: &'a str,
     /// The server scope's key, for a call that reserves a cell of it.
     pub(super) scope: Option<&'a (String, String)>,
-    list: SmallVec<[(Source, Kept); 4]>,
+    held: Held,
+    /// The server scope's cell: given back if the call is not admitted,
+    /// never settled.
+    scoped: Option<Kept>,
 }
 
 impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
@@ -120,52 +145,54 @@ impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
             admission,
             credential,
             scope,
-            list: SmallVec::new(),
+            held: Held::EMPTY,
+            scoped: None,
         }
     }
 
     pub(super) fn push(&mut self, source: Source, stamps: Option<Stamps>, cells: u32) {
         // `None`: zero cells, nothing to give back.
-        if let Some(stamps) = stamps {
-            self.list.push((source, Kept::new(stamps, cells)));
+        let Some(stamps) = stamps else { return };
+        let kept = Kept::new(stamps, cells);
+        match source {
+            Source::Requests => self.held.set(0, kept),
+            Source::Resource(i) => self.held.set(i.saturating_add(1), kept),
+            Source::Scope => self.scoped = Some(kept),
         }
     }
 
+    #[inline]
     pub(super) fn cancel_all(&mut self) {
-        for (source, kept) in self.list.drain(..) {
-            let _ = self
-                .admission
-                .undo(self.credential, self.scope, source, &kept);
+        if self.scoped.is_none() && self.held.all().iter().all(|k| k.cells == 0) {
+            return;
+        }
+        self.cancel_some();
+    }
+
+    #[cold]
+    fn cancel_some(&mut self) {
+        let (admission, credential, scope) = (self.admission, self.credential, self.scope);
+        for (place, kept) in self.held.all_mut().iter_mut().enumerate() {
+            if kept.cells > 0 {
+                let _ = admission.undo(credential, scope, Held::source(place), kept);
+                *kept = Kept::EMPTY;
+            }
+        }
+        if let Some(kept) = self.scoped.take() {
+            let _ = admission.undo(credential, scope, Source::Scope, &kept);
         }
     }
 
     /// The cells are used now: hand them to the ticket, which may settle
     /// them against the actual usage.
     pub(super) fn keep(&mut self) -> Held {
-        // By reference, then cleared (so `Drop` gives nothing back): the
-        // list is not moved.
-        let places = self.list.iter().filter_map(|(s, _)| Held::place(*s));
-        let len = places.max().map_or(0, |p| p + 1);
-        let mut held = if len <= 4 {
-            Held::Inline([Kept::EMPTY; 4])
-        } else {
-            Held::Spilled(vec![Kept::EMPTY; len].into_boxed_slice())
-        };
-        let all: &mut [Kept] = match &mut held {
-            Held::Inline(k) => k,
-            Held::Spilled(k) => k,
-        };
-        for (source, kept) in &self.list {
-            if let Some(place) = Held::place(*source) {
-                all[place] = *kept;
-            }
-        }
-        self.list.clear();
-        held
+        self.scoped = None;
+        core::mem::replace(&mut self.held, Held::EMPTY)
     }
 }
 
 impl<S: Sleeper, C: Clock> Drop for Reserved<'_, S, C> {
+    #[inline]
     fn drop(&mut self) {
         self.cancel_all();
     }

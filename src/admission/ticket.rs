@@ -183,7 +183,7 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
 impl<S: Sleeper, C: Clock> Drop for Ticket<S, C> {
     fn drop(&mut self) {
         let now = self.admission.inner.clock.now_nanos();
-        let held = Duration::from_nanos(now.saturating_sub(self.started_at));
+        let held = now.saturating_sub(self.started_at);
         self.tool.pool.record_hold(held);
         self.credential.counters.finished();
         #[cfg(feature = "metrics")]
