@@ -198,6 +198,7 @@ where
     }
 
     /// Counts the decision (and traces it).
+    #[inline]
     fn record(&self, spec: &CallSpec, started: u64, admitted: &Result<Ticket<S, C>, Throttled>) {
         let inner = &*self.inner;
         match admitted {
@@ -333,6 +334,7 @@ where
 
     /// Stage 1: refuses at once when closed; the tool's state (created on
     /// first use).
+    #[inline]
     fn open_tool(&self, spec: &CallSpec) -> Result<Arc<ToolState>, Throttled> {
         let inner = &*self.inner;
         // Relaxed: a flag; a call racing `close` may still be admitted.
