@@ -17,6 +17,9 @@
 //! the same bucket to refund, even after the table has resized or evicted
 //! the entry. The move copies the bucket's words while no operation can be
 //! in flight (every operation holds the read lock), so it loses nothing.
+//! (The admission layer's tickets keep only a reservation's stamps and
+//! find the bucket again by key, so their keys stay inline; see
+//! `keyed/stamps.rs`.)
 //!
 //! # Bounded memory
 //!
