@@ -191,6 +191,27 @@ impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
     }
 }
 
+impl<S: Sleeper, C: Clock> Admission<S, C> {
+    /// Gives `kept` back to the bucket of `source` for `credential` (the
+    /// server scope `scope`), if that bucket has taken nothing since (see
+    /// `Scoped::cancel_stamps`).
+    pub(super) fn undo(
+        &self,
+        credential: &str,
+        scope: Option<&(String, String)>,
+        source: Source,
+        kept: &Kept,
+    ) -> bool {
+        let inner = &*self.inner;
+        let stamps = kept.stamps();
+        match source {
+            Source::Requests => inner.credentials.cancel_stamps(credential, stamps),
+            Source::Resource(i) => inner.resources[i].buckets.cancel_stamps(credential, stamps),
+            Source::Scope => scope.is_some_and(|k| inner.server_scopes.cancel_stamps(k, stamps)),
+        }
+    }
+}
+
 impl<S: Sleeper, C: Clock> Drop for Reserved<'_, S, C> {
     #[inline]
     fn drop(&mut self) {

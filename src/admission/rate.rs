@@ -16,7 +16,7 @@
 use core::time::Duration;
 use std::borrow::Cow;
 
-use super::held::{Held, Kept, Reserved, Source};
+use super::held::{Held, Reserved, Source};
 use super::spec::CallSpec;
 use super::throttled::{Human, Status, Throttled};
 use super::tools::ToolState;
@@ -422,25 +422,6 @@ where
         }
         charge(buckets, &key, actual, now);
         -i64::from(estimate - actual)
-    }
-
-    /// Gives `kept` back to the bucket of `source` for `credential` (the
-    /// server scope `scope`), if that bucket has taken nothing since (see
-    /// `Scoped::cancel_stamps`).
-    pub(super) fn undo(
-        &self,
-        credential: &str,
-        scope: Option<&(String, String)>,
-        source: Source,
-        kept: &Kept,
-    ) -> bool {
-        let inner = &*self.inner;
-        let stamps = kept.stamps();
-        match source {
-            Source::Requests => inner.credentials.cancel_stamps(credential, stamps),
-            Source::Resource(i) => inner.resources[i].buckets.cancel_stamps(credential, stamps),
-            Source::Scope => scope.is_some_and(|k| inner.server_scopes.cancel_stamps(k, stamps)),
-        }
     }
 
     /// Pushes the penalties observed on credentials with a shared quota
