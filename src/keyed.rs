@@ -17,6 +17,9 @@
 //! the same bucket to refund, even after the table has resized or evicted
 //! the entry. The move copies the bucket's words while no operation can be
 //! in flight (every operation holds the read lock), so it loses nothing.
+//! (The admission layer's tickets keep only a reservation's stamps and
+//! find the bucket again by key, so their keys stay inline; see
+//! `keyed/stamps.rs`.)
 //!
 //! # Bounded memory
 //!
@@ -60,6 +63,8 @@ use core::hash::Hash;
 use core::time::Duration;
 
 use hashbrown::HashTable;
+
+mod stamps;
 
 use crate::bucket::gcra::Gcra;
 use crate::bucket::{CheckError, Quota, Reservation, ReserveError};
@@ -124,6 +129,10 @@ struct Shard<K> {
     /// When the last sweep cleared the `touched` bits: an entry whose bit
     /// is still clear has been idle since then at least.
     swept_at: u64,
+    /// Past the epoch of every bucket this shard has dropped (mod 2³¹): a
+    /// key's next bucket starts here, so a refund kept from its dropped
+    /// one (see [`Scoped::cancel_stamps`]) never matches.
+    epoch_floor: u32,
 }
 
 /// One key's slot: one cache line, so the key and its bucket's words
@@ -269,6 +278,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
                         quotas: HashTable::new(),
                         sweep_at: MIN_SWEEP,
                         swept_at: 0,
+                        epoch_floor: 0,
                     }))
                 })
                 .collect(),
@@ -759,10 +769,11 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
             .quotas
             .find(hash, |(k, _)| k == key)
             .map_or(self.default_quota, |(_, q)| *q);
+        let gcra = Gcra::with_epoch(quota, guard.epoch_floor);
         let bucket = if shared {
-            Slot::Shared(Arc::new(Gcra::new(quota)))
+            Slot::Shared(Arc::new(gcra))
         } else {
-            Slot::Inline(Gcra::new(quota))
+            Slot::Inline(gcra)
         };
         let out = f(&bucket, now);
         let entry = Entry {
@@ -790,9 +801,14 @@ impl<K> Shard<K> {
         }
         self.swept_at = now;
         let before = self.buckets.len();
+        let floor = &mut self.epoch_floor;
         self.buckets.retain(|e| {
             // Relaxed: we hold the write lock (see `Entry::touch`).
-            e.touched.swap(false, Ordering::Relaxed) || !e.bucket.gcra().is_full(now)
+            let keep = e.touched.swap(false, Ordering::Relaxed) || !e.bucket.gcra().is_full(now);
+            if !keep {
+                stamps::raise_floor(floor, e.bucket.gcra());
+            }
+            keep
         });
         let len = self.buckets.len();
         // Give the memory back once the table is mostly empty.

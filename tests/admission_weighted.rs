@@ -292,3 +292,35 @@ fn a_smaller_remaining_from_the_server_lowers_the_local_quota() {
     assert_eq!(refused.status, Status::RateLimited);
     assert_eq!(refused.retry_after_ms, Some(3_000));
 }
+
+/// A layer with more weighted quotas than a ticket keeps inline: the
+/// fifth one still settles, and a refusal still gives every one back.
+#[test]
+fn a_fifth_quota_settles_and_refunds_like_the_first() {
+    let names = ["q0", "q1", "q2", "q3", "q4"];
+    let builder = Admission::builder()
+        .sleeper(ManualSleeper::new(ManualClock::new()))
+        .clock(ManualClock::new())
+        .fixed_rates();
+    let a = names
+        .iter()
+        .fold(builder, |b, n| b.resource(*n, per_minute(100)))
+        .build();
+    let spec = CallSpec::new("t", "key").cost("q0", 10).cost("q4", 60);
+    let Poll::Ready(Ok(t)) = now(a.admit(&spec)) else {
+        panic!("fits")
+    };
+    assert_eq!(t.settle("q4", 25), -35);
+    assert_eq!(t.settle("q0", 15), 5);
+    drop(t);
+    assert_eq!(a.available("key", "q4"), Some(75));
+    assert_eq!(a.available("key", "q0"), Some(85));
+    // More than the fifth quota's burst: refused, and the first quota's
+    // reservation given back.
+    let spec = CallSpec::new("t", "key").cost("q0", 10).cost("q4", 200);
+    let Poll::Ready(Err(e)) = now(a.admit(&spec)) else {
+        panic!("refused")
+    };
+    assert_eq!(e.status, Status::QuotaExhausted);
+    assert_eq!(a.available("key", "q0"), Some(85));
+}

@@ -12,6 +12,7 @@ pub(super) struct BudgetClaim<'a> {
 }
 
 impl BudgetClaim<'_> {
+    #[inline]
     pub(super) fn keep(mut self) {
         self.run = None;
         self.tool = None;
@@ -31,6 +32,7 @@ impl Drop for BudgetClaim<'_> {
 }
 
 /// Takes one unit of `counter` if it is below `limit`.
+#[inline]
 pub(super) fn take_below(counter: &AtomicU32, limit: Option<u32>) -> bool {
     let Some(limit) = limit else { return true };
     // Relaxed: a counter; the CAS makes the bound exact.
@@ -42,6 +44,7 @@ pub(super) fn take_below(counter: &AtomicU32, limit: Option<u32>) -> bool {
 }
 
 /// Takes one unit of the run's budget and one of the tool's.
+#[inline]
 pub(super) fn claim<'a>(
     run_used: &'a AtomicU32,
     run_budget: Option<u32>,

@@ -18,6 +18,7 @@ use crate::clock::Clock;
 use crate::headers::ServerHint;
 use crate::keyed::Scoped;
 
+use super::cache::{self, Generation};
 use super::stats::Counters;
 
 /// At most this many credentials are tracked (and learn a rate); later
@@ -40,6 +41,9 @@ pub(crate) struct Learned {
     /// without allocating), its controller and its counters. Read without a
     /// lock (a snapshot); replaced whole by a writer holding `write`.
     known: ArcSwap<KnownMap>,
+    /// Replaced after every store to `known`: validates the per-thread
+    /// cache (see `cache`).
+    generation: Generation,
     write: Mutex<()>,
 }
 
@@ -54,6 +58,7 @@ impl Learned {
             default,
             configured,
             known: ArcSwap::from_pointee(KnownMap::default()),
+            generation: Generation::new(),
             write: Mutex::new(()),
         }
     }
@@ -62,7 +67,8 @@ impl Learned {
     /// adaptive rates, its controller is created and its starting quota
     /// applied to `buckets` before the first token is taken. Past
     /// [`MAX_LEARNED`] credentials a fresh name is returned and nothing is
-    /// learned for it.
+    /// learned for it. A thread that looked `credential` up lately finds
+    /// it in its cache (see `cache`).
     #[inline]
     pub(crate) fn ensure<C: Clock>(
         &self,
@@ -70,10 +76,16 @@ impl Learned {
         buckets: &Scoped<String, C>,
         clock: &C,
     ) -> Arc<CredentialState> {
-        if let Some(state) = self.known.load().get(credential) {
-            return state.clone();
+        let found = cache::lookup(&cache::CREDENTIALS, &self.generation, credential, || {
+            if let Some(state) = self.known.load().get(credential) {
+                let name = state.name.clone();
+                return Ok::<_, core::convert::Infallible>((state.clone(), Some(name)));
+            }
+            Ok(self.create(credential, buckets, clock.now_nanos()))
+        });
+        match found {
+            Ok(state) => state,
         }
-        self.create(credential, buckets, clock.now_nanos())
     }
 
     #[cold]
@@ -82,16 +94,17 @@ impl Learned {
         credential: &str,
         buckets: &Scoped<String, C>,
         now: u64,
-    ) -> Arc<CredentialState> {
+    ) -> (Arc<CredentialState>, Option<Arc<str>>) {
         let _writer = self.write.lock();
         let current = self.known.load_full();
         if let Some(state) = current.get(credential) {
-            return state.clone();
+            return (state.clone(), Some(state.name.clone()));
         }
         let mut known: KnownMap = (*current).clone();
         let name: Arc<str> = Arc::from(credential);
         if known.len() >= MAX_LEARNED {
-            return Arc::new(CredentialState::new(name, None));
+            // Not in the registry: not cached either.
+            return (Arc::new(CredentialState::new(name, None)), None);
         }
         let controller = self.adaptive.as_ref().and_then(|adaptive| {
             let cfg = match self.configured.get(credential).or(self.default.as_ref()) {
@@ -114,9 +127,10 @@ impl Learned {
                 .then_some(controller)
         });
         let state = Arc::new(CredentialState::new(name.clone(), controller));
-        known.insert(name, state.clone());
+        known.insert(name.clone(), state.clone());
         self.known.store(Arc::new(known));
-        state
+        self.generation.bump();
+        (state, Some(name))
     }
 
     /// Feeds one reply on `credential` (a request sent at `sent_at`) to its

@@ -23,6 +23,8 @@
 
 mod budget;
 mod builder;
+mod cache;
+mod held;
 mod learned;
 #[cfg(feature = "metrics")]
 mod metrics_out;
@@ -196,6 +198,7 @@ where
     }
 
     /// Counts the decision (and traces it).
+    #[inline]
     fn record(&self, spec: &CallSpec, started: u64, admitted: &Result<Ticket<S, C>, Throttled>) {
         let inner = &*self.inner;
         match admitted {
@@ -265,7 +268,7 @@ where
         let credential = inner
             .learned
             .ensure(&spec.credential, &inner.credentials, &inner.clock);
-        let (reserved, started_at) = self.take_rate(spec, &tool, deadline_at, rate_from).await?;
+        let (held, started_at) = self.take_rate(spec, &tool, deadline_at, rate_from).await?;
 
         claim.keep();
         // From here on the ticket holds the slots (its `Drop` releases them).
@@ -276,7 +279,7 @@ where
             admission: self.clone(),
             credential,
             started_at,
-            held: reserved.keep(),
+            held,
             tool,
         })
     }
@@ -313,7 +316,7 @@ where
             max_wait: Duration::ZERO,
             left: Duration::MAX,
         };
-        let mut reserved = rate::Reserved::default();
+        let mut reserved = held::Reserved::new(self, &spec.credential, None);
         self.reserve_local(spec, true, None, at, &mut reserved)
             .ok()?;
         claim.keep();
@@ -331,6 +334,7 @@ where
 
     /// Stage 1: refuses at once when closed; the tool's state (created on
     /// first use).
+    #[inline]
     fn open_tool(&self, spec: &CallSpec) -> Result<Arc<ToolState>, Throttled> {
         let inner = &*self.inner;
         // Relaxed: a flag; a call racing `close` may still be admitted.

@@ -112,8 +112,7 @@ impl Pool {
     }
 
     /// Folds one observed hold time into the mean (weight 1/8).
-    pub(crate) fn record_hold(&self, held: Duration) {
-        let sample = crate::clock::saturating_nanos(held);
+    pub(crate) fn record_hold(&self, sample: u64) {
         // Relaxed: an estimate. A load and a store, not a read-modify-write:
         // every ticket of the layer drops through the global pool, and a CAS
         // loop there would make this one hot line a point of contention. A

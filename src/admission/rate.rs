@@ -16,19 +16,16 @@
 use core::time::Duration;
 use std::borrow::Cow;
 
-use smallvec::SmallVec;
-
+use super::held::{Held, Reserved, Source};
 use super::spec::CallSpec;
 use super::throttled::{Human, Status, Throttled};
 use super::tools::ToolState;
 use super::Admission;
-use crate::bucket::gcra::{Gcra, Ticket as Stamps};
-use crate::bucket::{Reservation, ReserveError};
+use crate::bucket::ReserveError;
 use crate::clock::{saturating_nanos, Clock};
 use crate::headers::ServerHint;
 use crate::keyed::Scoped;
 use crate::sleep::Sleeper;
-use crate::sync::Arc;
 use crate::sync::Ordering;
 
 /// The scope of a credential's own request quota in a [`Throttled`].
@@ -43,57 +40,6 @@ pub(super) struct Resource<C: Clock> {
     pub(super) buckets: Scoped<String, C>,
 }
 
-/// Which bucket a reservation came from: the credential's request quota,
-/// its server scope, or the index of a weighted quota. Four bytes, so a
-/// ticket's reservations stay small.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Source(u32);
-
-impl Source {
-    pub(super) const REQUESTS: Source = Source(u32::MAX);
-    pub(super) const SCOPE: Source = Source(u32::MAX - 1);
-
-    /// The weighted quota at `index` (a layer has a handful; an index
-    /// that does not fit is never matched by `resource`).
-    fn resource(index: usize) -> Source {
-        Source(u32::try_from(index).map_or(u32::MAX - 2, |i| i.min(u32::MAX - 2)))
-    }
-
-    /// The weighted quota's index, if this is one.
-    fn resource_index(self) -> Option<usize> {
-        (self.0 < u32::MAX - 2).then_some(self.0 as usize)
-    }
-}
-
-/// One reservation a call holds, and a ticket keeps: enough to give it
-/// back or settle it (40 bytes, against a `Reservation`'s 56: a ticket is
-/// moved a few times per call).
-pub(super) struct Kept {
-    pub(super) source: Source,
-    pub(super) cells: u32,
-    /// The bucket and the stamps to give the cells back; `None`: nothing
-    /// to give back.
-    refund: Option<(Arc<Gcra>, Stamps)>,
-}
-
-impl Kept {
-    fn new(source: Source, cells: u32, reservation: Reservation<'static>) -> Kept {
-        Kept {
-            source,
-            cells,
-            refund: reservation.into_shared_refund(),
-        }
-    }
-
-    /// Gives the cells back if nothing was reserved on the bucket since
-    /// (see `Reservation::cancel`).
-    fn undo(&self) -> bool {
-        self.refund
-            .as_ref()
-            .is_some_and(|(bucket, stamps)| bucket.cancel(*stamps))
-    }
-}
-
 /// When a call reserves: `now`, the longest wait it accepts, and what is
 /// left of its deadline (to word a refusal).
 #[derive(Clone, Copy, Debug)]
@@ -101,32 +47,6 @@ pub(super) struct Instant {
     pub(super) now: u64,
     pub(super) max_wait: Duration,
     pub(super) left: Duration,
-}
-
-/// The reservations of one call. Until [`keep`](Reserved::keep), dropping
-/// it gives every one back (a refused or cancelled call consumes nothing
-/// the bucket can refund).
-#[derive(Default)]
-pub(super) struct Reserved(SmallVec<[Kept; 4]>);
-
-impl Reserved {
-    fn cancel_all(&mut self) {
-        for h in self.0.drain(..) {
-            let _ = h.undo();
-        }
-    }
-
-    /// The cells are used now: hand them to the ticket, which may settle
-    /// them against the actual usage.
-    pub(super) fn keep(mut self) -> SmallVec<[Kept; 4]> {
-        core::mem::take(&mut self.0)
-    }
-}
-
-impl Drop for Reserved {
-    fn drop(&mut self) {
-        self.cancel_all();
-    }
 }
 
 impl<S, C> Admission<S, C>
@@ -144,7 +64,7 @@ where
         tool: &ToolState,
         deadline_at: u64,
         now: Option<u64>,
-    ) -> Result<(Reserved, u64), Throttled> {
+    ) -> Result<(Held, u64), Throttled> {
         let inner = &*self.inner;
         let mut now = now.unwrap_or_else(|| inner.clock.now_nanos());
         let inline_end = now.saturating_add(saturating_nanos(inner.inline_wait));
@@ -157,11 +77,10 @@ where
         };
         let scope_key = scope.as_ref().map(|s| (spec.credential.clone(), s.clone()));
         let shared = inner.shared.get(&spec.credential);
-        let mut reserved = Reserved::default();
+        let mut reserved = Reserved::new(self, &spec.credential, scope_key.as_ref());
         loop {
             let left = Duration::from_nanos(deadline_at.saturating_sub(now));
             let max_wait = Duration::from_nanos(inline_end.min(deadline_at).saturating_sub(now));
-            let scoped = scope_key.as_ref().zip(scope.as_ref());
             // A credential shared across processes is admitted by its
             // shared limiter below, not by a local bucket.
             let at = Instant {
@@ -169,7 +88,8 @@ where
                 max_wait,
                 left,
             };
-            let mut wait = self.reserve_local(spec, shared.is_none(), scoped, at, &mut reserved)?;
+            let mut wait =
+                self.reserve_local(spec, shared.is_none(), scope.as_deref(), at, &mut reserved)?;
             if let Some(shared) = &shared {
                 // Last, so a refusal here cancels the local reservations
                 // above (a shared cell cannot be given back without a round
@@ -181,7 +101,7 @@ where
                 }
             }
             if wait.is_zero() {
-                return Ok((reserved, now));
+                return Ok((reserved.keep(), now));
             }
             let ready_at = now.saturating_add(saturating_nanos(wait));
             if !self.sleep_unless_closed(wait).await {
@@ -189,7 +109,7 @@ where
             }
             now = inner.clock.now_nanos();
             if self.held_until(&spec.credential, scope_key.as_ref()) <= ready_at {
-                return Ok((reserved, now));
+                return Ok((reserved.keep(), now));
             }
             // A 429 arrived while we slept and its hold covers our instant:
             // give the reservations back (a penalty usually voids the
@@ -202,17 +122,17 @@ where
     /// Reserves, all or nothing at `now`, every local quota the call draws
     /// on: its credential's request quota (unless `requests` is false: a
     /// shared credential's requests go through its shared limiter), its
-    /// cost on each weighted quota, and a cell of the server scope `scope`
-    /// (key and name), at `at.now`. Each wait must fit `at.max_wait`;
+    /// cost on each weighted quota, and a cell of the server scope named
+    /// `scope` (keyed by `reserved.scope`), at `at.now`. Each wait must fit `at.max_wait`;
     /// `at.left` words the refusal. Pushes the reservations to `reserved` (which gives them
     /// back if dropped before `keep`) and returns the longest wait.
     pub(super) fn reserve_local(
         &self,
         spec: &CallSpec,
         requests: bool,
-        scope: Option<(&(String, String), &String)>,
+        scope: Option<&str>,
         at: Instant,
-        reserved: &mut Reserved,
+        reserved: &mut Reserved<'_, S, C>,
     ) -> Result<Duration, Throttled> {
         let Instant {
             now,
@@ -222,32 +142,39 @@ where
         let inner = &*self.inner;
         let mut wait = Duration::ZERO;
         let mut take = |source: Source, buckets: &Scoped<String, C>, cells: u32| {
-            let r = buckets.reserve_at(&spec.credential, cells, max_wait, now)?;
-            wait = wait.max(r.wait());
-            reserved.0.push(Kept::new(source, cells, r));
+            let r = buckets.reserve_stamps(&spec.credential, cells, max_wait, now)?;
+            wait = wait.max(Duration::from_nanos(r.ready_at - now));
+            reserved.push(source, r.ticket, cells);
             Ok::<(), ReserveError>(())
         };
         let request_cells = spec.cost_of(REQUESTS).unwrap_or(1);
         if requests && request_cells > 0 {
-            if let Err(e) = take(Source::REQUESTS, &inner.credentials, request_cells) {
+            if let Err(e) = take(Source::Requests, &inner.credentials, request_cells) {
                 return Err(self.rate_refusal(e, Cow::Borrowed(API_KEY), left));
             }
         }
-        for (i, resource) in inner.resources.iter().enumerate() {
+        // A spec without costs (most calls) costs nothing on any weighted
+        // quota: no need to look each one up.
+        let weighted = if spec.costs.is_empty() {
+            &[][..]
+        } else {
+            &inner.resources[..]
+        };
+        for (i, resource) in weighted.iter().enumerate() {
             let cells = spec.cost_of(&resource.name).unwrap_or(0);
             if cells == 0 {
                 continue;
             }
-            if let Err(e) = take(Source::resource(i), &resource.buckets, cells) {
+            if let Err(e) = take(Source::Resource(i), &resource.buckets, cells) {
                 let scope = Cow::Owned(format!("quota:{}", resource.name));
                 return Err(self.rate_refusal(e, scope, left));
             }
         }
-        if let Some((key, name)) = scope {
-            match inner.server_scopes.reserve_at(key, 1, max_wait, now) {
+        if let Some((key, name)) = reserved.scope.zip(scope) {
+            match inner.server_scopes.reserve_stamps(key, 1, max_wait, now) {
                 Ok(r) => {
-                    wait = wait.max(r.wait());
-                    reserved.0.push(Kept::new(Source::SCOPE, 1, r));
+                    wait = wait.max(Duration::from_nanos(r.ready_at - now));
+                    reserved.push(Source::Scope, r.ticket, 1);
                 }
                 Err(e) => {
                     let scope = Cow::Owned(format!("server:{name}"));
@@ -414,7 +341,12 @@ where
                     let believed = resource.buckets.available(&key);
                     let left = u32::try_from(left).unwrap_or(u32::MAX);
                     if left < believed {
-                        charge(&resource.buckets, &key, believed - left);
+                        charge(
+                            &resource.buckets,
+                            &key,
+                            believed - left,
+                            inner.clock.now_nanos(),
+                        );
                     }
                 }
                 _ => {}
@@ -461,28 +393,34 @@ where
 
     /// See [`Ticket::settle`](super::Ticket::settle); `held` is the
     /// ticket's reservations.
-    pub(super) fn settle(&self, credential: &str, held: &[Kept], name: &str, actual: u32) -> i64 {
+    pub(super) fn settle(&self, credential: &str, held: &Held, name: &str, actual: u32) -> i64 {
         let inner = &*self.inner;
-        let Some(h) = held.iter().find(|h| match h.source.resource_index() {
-            Some(i) => inner.resources[i].name == name,
-            None => h.source == Source::REQUESTS && name == REQUESTS,
-        }) else {
-            return 0;
+        let source = if name == REQUESTS {
+            Source::Requests
+        } else {
+            match inner.resources.iter().position(|r| r.name == name) {
+                Some(i) => Source::Resource(i),
+                None => return 0,
+            }
         };
-        let buckets = match h.source.resource_index() {
-            Some(i) => &inner.resources[i].buckets,
-            None => &inner.credentials,
+        let (place, buckets) = match source {
+            Source::Resource(i) => (1 + i, &inner.resources[i].buckets),
+            _ => (0, &inner.credentials),
+        };
+        let Some(h) = held.get(place) else {
+            return 0;
         };
         let key = credential.to_string();
+        let now = inner.clock.now_nanos();
         let estimate = h.cells;
         if actual > estimate {
-            charge(buckets, &key, actual - estimate);
+            charge(buckets, &key, actual - estimate, now);
             return i64::from(actual - estimate);
         }
-        if actual == estimate || !h.undo() {
+        if actual == estimate || !self.undo(credential, None, source, h) {
             return 0;
         }
-        charge(buckets, &key, actual);
+        charge(buckets, &key, actual, now);
         -i64::from(estimate - actual)
     }
 
@@ -567,13 +505,16 @@ fn request_wait<C: Clock>(hint: &ServerHint, resources: &[Resource<C>]) -> Optio
 /// Takes `units` from `key`'s bucket now, whatever the wait: debt that the
 /// next calls wait for. Charged in chunks of at most the burst (a single
 /// reservation cannot exceed it).
-fn charge<C: Clock>(buckets: &Scoped<String, C>, key: &String, mut units: u32) {
+fn charge<C: Clock>(buckets: &Scoped<String, C>, key: &String, mut units: u32, now: u64) {
     while units > 0 {
-        match buckets.reserve(key, units, Duration::MAX) {
+        match buckets.reserve_stamps(key, units, Duration::MAX, now) {
             Ok(_) => return,
             Err(ReserveError::InsufficientCapacity { capacity, .. }) if capacity > 0 => {
                 let chunk = units.min(capacity);
-                if buckets.reserve(key, chunk, Duration::MAX).is_err() {
+                if buckets
+                    .reserve_stamps(key, chunk, Duration::MAX, now)
+                    .is_err()
+                {
                     return;
                 }
                 units -= chunk;

@@ -90,6 +90,10 @@ impl Shared {
     /// Whether `credential` is admitted through a shared limiter.
     #[inline]
     pub(super) fn contains(&self, credential: &str) -> bool {
+        // Most layers share nothing: no lookup then.
+        if self.by_name.is_empty() && self.resolver.is_none() {
+            return false;
+        }
         self.by_name.contains_key(credential) || self.get(credential).is_some()
     }
 }

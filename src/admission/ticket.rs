@@ -9,10 +9,8 @@ use crate::clock::{Clock, DefaultClock};
 use crate::headers::ServerHint;
 use crate::sleep::{Sleeper, ThreadSleeper};
 
-use smallvec::SmallVec;
-
+use super::held::Held;
 use super::learned::CredentialState;
-use super::rate::Kept;
 use super::tools::ToolState;
 use super::Admission;
 
@@ -47,7 +45,7 @@ where
     pub(super) credential: Arc<CredentialState>,
     pub(super) started_at: u64,
     /// The cells reserved for the call, for `settle`.
-    pub(super) held: SmallVec<[Kept; 4]>,
+    pub(super) held: Held,
     // The call's tool slot and global slot are held by the ticket itself
     // (taken and forgotten by `admit`): `Drop` releases them to
     // `tool.pool` and the layer's global pool, which saves the two `Arc`s
@@ -185,7 +183,7 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
 impl<S: Sleeper, C: Clock> Drop for Ticket<S, C> {
     fn drop(&mut self) {
         let now = self.admission.inner.clock.now_nanos();
-        let held = Duration::from_nanos(now.saturating_sub(self.started_at));
+        let held = now.saturating_sub(self.started_at);
         self.tool.pool.record_hold(held);
         self.credential.counters.finished();
         #[cfg(feature = "metrics")]

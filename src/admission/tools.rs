@@ -8,6 +8,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
 
+use super::cache::{self, Generation};
 use super::pools::{Pool, SlotPolicy};
 use super::stats::Counters;
 use super::throttled::{Status, Throttled};
@@ -78,6 +79,9 @@ pub(super) struct Tools {
     /// Read without a lock (a snapshot); replaced whole by a writer holding
     /// `write`, so a lookup on the admit path costs no atomic read-modify-write.
     map: ArcSwap<ToolMap>,
+    /// Replaced after every store to `map`: validates the per-thread
+    /// cache (see `cache`).
+    generation: Generation,
     /// Serializes writers (new tools, evictions) and `close_all`.
     write: Mutex<()>,
     /// At most this many tools created on first use.
@@ -104,6 +108,7 @@ impl Tools {
             .collect();
         Self {
             map: ArcSwap::from_pointee(map),
+            generation: Generation::new(),
             write: Mutex::new(()),
             max_dynamic,
             default,
@@ -118,8 +123,19 @@ impl Tools {
     /// are evicted first, and a new name is refused only if none is idle.
     /// An evicted tool forgets its hold-time estimate and the server scope
     /// it was seen under; both are learned again.
+    /// A thread that looked `tool` up lately finds it in its cache (see
+    /// `cache`).
     #[inline]
     pub(super) fn get(&self, tool: &str) -> Result<Arc<ToolState>, Throttled> {
+        cache::lookup(&cache::TOOLS, &self.generation, tool, || {
+            // Every state the map gives is in the map: cacheable.
+            let t = self.get_uncached(tool)?;
+            let name = t.name.clone();
+            Ok((t, Some(name)))
+        })
+    }
+
+    fn get_uncached(&self, tool: &str) -> Result<Arc<ToolState>, Throttled> {
         if let Some(t) = self.map.load().get(tool) {
             return Ok(t.clone());
         }
@@ -158,6 +174,7 @@ impl Tools {
         ));
         tools.insert(tool.to_string(), state.clone());
         self.map.store(Arc::new(tools));
+        self.generation.bump();
         Ok(state)
     }
 

@@ -197,13 +197,28 @@ pub(crate) struct Gcra {
 
 impl Gcra {
     pub(crate) fn new(quota: Quota) -> Gcra {
+        Gcra::with_epoch(quota, 0)
+    }
+
+    /// A fresh bucket whose epoch starts at `epoch` (mod 2³¹): `Scoped`
+    /// starts a key's new bucket past the epochs of the buckets it evicted,
+    /// so a refund kept from an evicted bucket never matches its successor.
+    pub(crate) fn with_epoch(quota: Quota, epoch: u32) -> Gcra {
+        let epoch = (u64::from(epoch) << 1) & EPOCH_MASK;
         Gcra {
             stamp: AtomicU64::new(FULL),
-            word: AtomicU64::new((quota.burst.get() as u64) << BURST_SHIFT),
+            word: AtomicU64::new((quota.burst.get() as u64) << BURST_SHIFT | epoch),
             period: AtomicU64::new(quota.period),
             skew: AtomicU64::new(0),
             held_until: AtomicU64::new(0),
         }
+    }
+
+    /// The epoch now (see the module docs). Relaxed: read by `Scoped`'s
+    /// sweep under its shard's write lock, which orders it after every
+    /// operation on the bucket.
+    pub(crate) fn epoch_now(&self) -> u32 {
+        ((self.word.load(Ordering::Relaxed) & EPOCH_MASK) >> 1) as u32
     }
 
     /// A copy of this bucket, words and all, for a caller that has it to

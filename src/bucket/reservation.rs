@@ -139,16 +139,6 @@ impl<'a> Reservation<'a> {
     pub(crate) fn undo(&self) -> bool {
         self.refund.undo()
     }
-
-    /// Only the means to give the cells of a `Scoped` reservation back,
-    /// for a holder past its instant (an admission ticket): `None` when
-    /// there is nothing to give back, or the bucket is borrowed.
-    pub(crate) fn into_shared_refund(self) -> Option<(Arc<Gcra>, Ticket)> {
-        match self.refund {
-            Refund::Shared(bucket, ticket) => Some((bucket, ticket)),
-            Refund::Nothing | Refund::Borrowed(..) => None,
-        }
-    }
 }
 
 impl Refund<'_> {

@@ -64,6 +64,7 @@ impl<'a> SemaphorePermit<'a> {
     /// semaphore.try_acquire_many(2).unwrap().forget();
     /// assert_eq!(semaphore.available_permits(), 1);
     /// ```
+    #[inline]
     pub fn forget(mut self) {
         self.permits = 0;
     }
@@ -165,6 +166,7 @@ impl OwnedSemaphorePermit {
     /// semaphore.clone().try_acquire_owned().unwrap().forget();
     /// assert_eq!(semaphore.available_permits(), 1);
     /// ```
+    #[inline]
     pub fn forget(mut self) {
         self.permits = 0;
     }

@@ -1,0 +1,220 @@
+//! The reservations of one call: [`Reserved`] while `admit` takes them
+//! (dropped, it gives them back), [`Held`] once a ticket keeps them (to
+//! settle them after the reply).
+//!
+//! Neither holds a bucket: a reservation is its stamps, and giving it back
+//! looks the bucket up again by key (`Scoped::cancel_stamps`), which
+//! refuses when the key's bucket was dropped and created again meanwhile.
+//! So a reservation clones no `Arc`, the bucket stays in its table slot,
+//! and a ticket stays 128 bytes (it is moved a few times per call; larger
+//! moves are a `memcpy` call each).
+
+use core::num::NonZeroU32;
+
+use super::Admission;
+use crate::bucket::gcra::Ticket as Stamps;
+use crate::clock::Clock;
+use crate::sleep::Sleeper;
+
+/// Which bucket a reservation came from: the credential's request quota,
+/// its server scope, or the index of a weighted quota.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Source {
+    Requests,
+    Resource(usize),
+    Scope,
+}
+
+/// One reservation, 24 bytes: the cells and what gives them back.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Kept {
+    before: u64,
+    after: u64,
+    /// The bucket's epoch + 1 (epochs are 31 bits): a niche, so that
+    /// [`Held`] needs no tag of its own.
+    epoch: NonZeroU32,
+    /// 0: an empty place in [`Held`].
+    pub(super) cells: u32,
+}
+
+impl Kept {
+    const EMPTY: Kept = Kept {
+        before: 0,
+        after: 0,
+        epoch: NonZeroU32::MAX,
+        cells: 0,
+    };
+
+    pub(super) fn new(stamps: Stamps, cells: u32) -> Kept {
+        Kept {
+            before: stamps.before,
+            after: stamps.after,
+            epoch: NonZeroU32::MIN.saturating_add(stamps.epoch),
+            cells,
+        }
+    }
+
+    /// The stamps to give the cells back with.
+    pub(super) fn stamps(&self) -> Stamps {
+        Stamps {
+            before: self.before,
+            after: self.after,
+            epoch: self.epoch.get() - 1,
+        }
+    }
+}
+
+/// The reservations a ticket keeps, by place: the request quota at 0, the
+/// weighted quota `i` at `1 + i` (a server scope's cell is never settled,
+/// so it is not kept). Inline for up to three weighted quotas (96 bytes,
+/// no tag: `Kept`'s niche tells the two apart); a layer with more spills
+/// to the heap.
+#[derive(Debug)]
+pub(super) enum Held {
+    Inline([Kept; 4]),
+    Spilled(Box<[Kept]>),
+}
+
+// The point of the layout: no tag beside the four places.
+const _: () = assert!(core::mem::size_of::<Held>() == 4 * core::mem::size_of::<Kept>());
+
+impl Held {
+    const EMPTY: Held = Held::Inline([Kept::EMPTY; 4]);
+
+    fn all(&self) -> &[Kept] {
+        match self {
+            Held::Inline(k) => k,
+            Held::Spilled(k) => k,
+        }
+    }
+
+    fn all_mut(&mut self) -> &mut [Kept] {
+        match self {
+            Held::Inline(k) => k,
+            Held::Spilled(k) => k,
+        }
+    }
+
+    /// The reservation at `place`, if the call made one.
+    pub(super) fn get(&self, place: usize) -> Option<&Kept> {
+        self.all().get(place).filter(|k| k.cells > 0)
+    }
+
+    /// Puts `kept` at `place`, spilling to the heap past the fourth.
+    #[inline]
+    fn set(&mut self, place: usize, kept: Kept) {
+        if place >= self.all().len() {
+            let mut more = vec![Kept::EMPTY; place + 1];
+            more[..self.all().len()].copy_from_slice(self.all());
+            *self = Held::Spilled(more.into_boxed_slice());
+        }
+        self.all_mut()[place] = kept;
+    }
+
+    /// The quota kept at `place`.
+    fn source(place: usize) -> Source {
+        match place {
+            0 => Source::Requests,
+            i => Source::Resource(i - 1),
+        }
+    }
+}
+
+/// The reservations of a call being admitted, by place as in [`Held`]
+/// (so keeping them moves them once). Until [`keep`](Self::keep),
+/// dropping it gives every one back (a refused or cancelled call consumes
+/// nothing the buckets can refund).
+pub(super) struct Reserved<'a, S: Sleeper, C: Clock> {
+    admission: &'a Admission<S, C>,
+    credential: &'a str,
+    /// The server scope's key, for a call that reserves a cell of it.
+    pub(super) scope: Option<&'a (String, String)>,
+    held: Held,
+    /// The server scope's cell: given back if the call is not admitted,
+    /// never settled.
+    scoped: Option<Kept>,
+}
+
+impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
+    pub(super) fn new(
+        admission: &'a Admission<S, C>,
+        credential: &'a str,
+        scope: Option<&'a (String, String)>,
+    ) -> Self {
+        Self {
+            admission,
+            credential,
+            scope,
+            held: Held::EMPTY,
+            scoped: None,
+        }
+    }
+
+    pub(super) fn push(&mut self, source: Source, stamps: Option<Stamps>, cells: u32) {
+        // `None`: zero cells, nothing to give back.
+        let Some(stamps) = stamps else { return };
+        let kept = Kept::new(stamps, cells);
+        match source {
+            Source::Requests => self.held.set(0, kept),
+            Source::Resource(i) => self.held.set(i.saturating_add(1), kept),
+            Source::Scope => self.scoped = Some(kept),
+        }
+    }
+
+    #[inline]
+    pub(super) fn cancel_all(&mut self) {
+        if self.scoped.is_none() && self.held.all().iter().all(|k| k.cells == 0) {
+            return;
+        }
+        self.cancel_some();
+    }
+
+    #[cold]
+    fn cancel_some(&mut self) {
+        let (admission, credential, scope) = (self.admission, self.credential, self.scope);
+        for (place, kept) in self.held.all_mut().iter_mut().enumerate() {
+            if kept.cells > 0 {
+                let _ = admission.undo(credential, scope, Held::source(place), kept);
+                *kept = Kept::EMPTY;
+            }
+        }
+        if let Some(kept) = self.scoped.take() {
+            let _ = admission.undo(credential, scope, Source::Scope, &kept);
+        }
+    }
+
+    /// The cells are used now: hand them to the ticket, which may settle
+    /// them against the actual usage.
+    pub(super) fn keep(&mut self) -> Held {
+        self.scoped = None;
+        core::mem::replace(&mut self.held, Held::EMPTY)
+    }
+}
+
+impl<S: Sleeper, C: Clock> Admission<S, C> {
+    /// Gives `kept` back to the bucket of `source` for `credential` (the
+    /// server scope `scope`), if that bucket has taken nothing since (see
+    /// `Scoped::cancel_stamps`).
+    pub(super) fn undo(
+        &self,
+        credential: &str,
+        scope: Option<&(String, String)>,
+        source: Source,
+        kept: &Kept,
+    ) -> bool {
+        let inner = &*self.inner;
+        let stamps = kept.stamps();
+        match source {
+            Source::Requests => inner.credentials.cancel_stamps(credential, stamps),
+            Source::Resource(i) => inner.resources[i].buckets.cancel_stamps(credential, stamps),
+            Source::Scope => scope.is_some_and(|k| inner.server_scopes.cancel_stamps(k, stamps)),
+        }
+    }
+}
+
+impl<S: Sleeper, C: Clock> Drop for Reserved<'_, S, C> {
+    #[inline]
+    fn drop(&mut self) {
+        self.cancel_all();
+    }
+}

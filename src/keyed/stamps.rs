@@ -1,0 +1,143 @@
+//! Reservations kept as stamps alone (the admission layer's tickets): no
+//! `Arc` on the bucket, given back by looking the key up again.
+//!
+//! What makes that safe is the epoch a key's new bucket starts at. A
+//! bucket is dropped only by a sweep, which raises its shard's
+//! `epoch_floor` past the dropped bucket's epoch; a bucket created later
+//! in that shard starts at the floor, and epochs only count up from there.
+//! A refund carries the epoch it was taken under and `Gcra::cancel`
+//! refuses any other, so a refund kept from a dropped bucket never frees
+//! cells of its successor. (Epochs are 31 bits: a collision would take
+//! 2³⁰ epoch changes in one shard while the refund is held.)
+
+use core::hash::Hash;
+use core::time::Duration;
+
+use super::Scoped;
+use crate::bucket::gcra::{Gcra, Reserved, Ticket as Stamps};
+use crate::bucket::ReserveError;
+use crate::clock::{saturating_nanos, Clock};
+
+/// Epochs are 31 bits (see `bucket::gcra`).
+const EPOCH_MAX: u32 = u32::MAX >> 1;
+const EPOCH_HALF: u32 = 1 << 30;
+
+/// Raises `floor` past the epoch of `dropped`, a bucket the sweep drops.
+/// Epochs count up mod 2³¹ from the floor: one past it by less than half
+/// the circle is ahead of it.
+pub(super) fn raise_floor(floor: &mut u32, dropped: &Gcra) {
+    let past = dropped.epoch_now().wrapping_add(1) & EPOCH_MAX;
+    if past.wrapping_sub(*floor) & EPOCH_MAX < EPOCH_HALF {
+        *floor = past;
+    }
+}
+
+impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
+    /// [`reserve_at`](Self::reserve_at) for a holder that keeps only the
+    /// stamps (an admission ticket): no `Arc` is cloned and the bucket stays
+    /// in its slot. Give the cells back with
+    /// [`cancel_stamps`](Self::cancel_stamps).
+    #[inline]
+    pub(crate) fn reserve_stamps(
+        &self,
+        key: &K,
+        n: u32,
+        max_wait: Duration,
+        now: u64,
+    ) -> Result<Reserved, ReserveError> {
+        let max_wait = saturating_nanos(max_wait);
+        self.with_bucket_at(key, now, false, |b, now| b.gcra().reserve(n, max_wait, now))
+            .unwrap_or_else(|e| Err(ReserveError::TooManyKeys { limit: e.limit }))
+    }
+
+    /// Gives back a reservation of [`reserve_stamps`](Self::reserve_stamps)
+    /// if `key` still has the bucket it came from and nothing was stacked
+    /// on it since (see `Gcra::cancel`). A bucket dropped and created again
+    /// for the key starts past every epoch of the dropped one (see
+    /// `Shard::epoch_floor`), so it refuses the refund: a refund never
+    /// frees cells of a bucket it did not take them from.
+    pub(crate) fn cancel_stamps<Q>(&self, key: &Q, stamps: Stamps) -> bool
+    where
+        K: core::borrow::Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash).read();
+        shard
+            .buckets
+            .find(hash, |e| e.key.borrow() == key)
+            .is_some_and(|e| e.bucket.gcra().cancel(stamps))
+    }
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::*;
+    use crate::bucket::Quota;
+    use crate::clock::ManualClock;
+    use core::num::NonZeroU32;
+
+    const SEC: u64 = 1_000_000_000;
+
+    fn one_per_second(clock: &ManualClock) -> Scoped<String, ManualClock> {
+        Scoped::with_clock(Quota::per_second(NonZeroU32::MIN), clock.clone())
+            .with_idle_grace(Duration::from_secs(1))
+    }
+
+    /// Drops `key`'s bucket: full and idle through two sweeps.
+    fn evict(limits: &Scoped<String, ManualClock>, clock: &ManualClock) {
+        clock.advance(Duration::from_secs(2));
+        limits.sweep();
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(limits.sweep(), 1);
+        assert!(limits.is_empty());
+    }
+
+    #[test]
+    fn a_bucket_created_again_refuses_the_dropped_ones_refund() {
+        let clock = ManualClock::new();
+        let limits = one_per_second(&clock);
+        let key = "k".to_string();
+        let old = limits.reserve_stamps(&key, 1, Duration::ZERO, 0).unwrap();
+        let old = old.ticket.unwrap();
+        assert_eq!((old.before, old.after), (0, SEC));
+        evict(&limits, &clock);
+        assert!(!limits.cancel_stamps("k", old), "no bucket: nothing given");
+        // The key's new bucket holds the very stamps the old refund names
+        // (a reservation at an earlier `now` is allowed): only the epoch
+        // tells them apart.
+        let new = limits.reserve_stamps(&key, 1, Duration::ZERO, 0).unwrap();
+        let new = new.ticket.unwrap();
+        assert_eq!((new.before, new.after), (old.before, old.after));
+        assert_ne!(new.epoch, old.epoch);
+        assert!(!limits.cancel_stamps("k", old), "a foreign refund");
+        assert!(limits.cancel_stamps("k", new), "its own refund");
+    }
+
+    #[test]
+    fn the_floor_passes_every_epoch_dropped() {
+        let clock = ManualClock::new();
+        let limits = one_per_second(&clock);
+        let key = "k".to_string();
+        let q = |n| Quota::per_second(NonZeroU32::new(n).unwrap());
+        // Two quota changes: the bucket is at epoch 2 when dropped.
+        limits.try_acquire(&key, 1).unwrap();
+        limits.set_quota(&key, q(2)).unwrap();
+        limits.set_quota(&key, q(1)).unwrap();
+        evict(&limits, &clock);
+        let new = limits.reserve_stamps(&key, 1, Duration::ZERO, 0).unwrap();
+        assert_eq!(new.ticket.unwrap().epoch, 3);
+    }
+
+    #[test]
+    fn the_floor_wraps_with_the_epochs() {
+        let quota = Quota::per_second(NonZeroU32::MIN);
+        let mut floor = EPOCH_MAX;
+        raise_floor(&mut floor, &Gcra::with_epoch(quota, EPOCH_MAX));
+        assert_eq!(floor, 0, "past the last epoch is the first");
+        raise_floor(&mut floor, &Gcra::with_epoch(quota, EPOCH_MAX - 5));
+        assert_eq!(floor, 0, "an epoch behind the floor leaves it");
+        raise_floor(&mut floor, &Gcra::with_epoch(quota, 7));
+        assert_eq!(floor, 8);
+    }
+}
