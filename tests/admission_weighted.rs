@@ -105,17 +105,18 @@ fn a_dropped_admit_gives_every_reservation_back() {
 fn settle_charges_the_excess_and_refunds_the_surplus() {
     let (_s, a) = layer();
     let spec = CallSpec::new("complete", "key").cost("tokens", 3_000);
-    let Poll::Ready(Ok(t)) = now(a.admit(&spec)) else {
+    let Poll::Ready(Ok(mut t)) = now(a.admit(&spec)) else {
         panic!()
     };
     assert_eq!(t.settle("tokens", 1_000), -2_000);
     assert_eq!(a.available("key", "tokens"), Some(9_000));
-    // A second settle compares against the estimate again, but the refund
-    // is spent: nothing more comes back.
+    // A second settle starts from what the first left (1,000), and the
+    // refund is spent: nothing more comes back.
     assert_eq!(t.settle("tokens", 500), 0);
+    assert_eq!(a.available("key", "tokens"), Some(9_000));
     drop(t);
 
-    let Poll::Ready(Ok(t)) = now(a.admit(&spec)) else {
+    let Poll::Ready(Ok(mut t)) = now(a.admit(&spec)) else {
         panic!()
     };
     assert_eq!(a.available("key", "tokens"), Some(6_000));
@@ -125,8 +126,10 @@ fn settle_charges_the_excess_and_refunds_the_surplus() {
         "2,000 more than estimated"
     );
     assert_eq!(a.available("key", "tokens"), Some(4_000));
-    // Excess beyond what is left becomes debt the next call waits for.
-    assert_eq!(t.settle("tokens", 10_000), 7_000);
+    // A later settle charges only what the earlier one did not (10,000
+    // against 5,000); beyond what is left it becomes debt the next call
+    // waits for.
+    assert_eq!(t.settle("tokens", 10_000), 5_000);
     assert_eq!(a.available("key", "tokens"), Some(0));
     assert_eq!(t.settle("bytes", 10), 0, "not admitted for it");
     drop(t);
@@ -141,10 +144,10 @@ fn settle_charges_the_excess_and_refunds_the_surplus() {
 fn a_refund_after_another_reservation_is_not_given() {
     let (_s, a) = layer();
     let spec = CallSpec::new("complete", "key").cost("tokens", 3_000);
-    let Poll::Ready(Ok(first)) = now(a.admit(&spec)) else {
+    let Poll::Ready(Ok(mut first)) = now(a.admit(&spec)) else {
         panic!()
     };
-    let Poll::Ready(Ok(second)) = now(a.admit(&spec)) else {
+    let Poll::Ready(Ok(mut second)) = now(a.admit(&spec)) else {
         panic!()
     };
     // `second` is stacked on `first`: refunding `first` could free cells
@@ -307,7 +310,7 @@ fn a_fifth_quota_settles_and_refunds_like_the_first() {
         .fold(builder, |b, n| b.resource(*n, per_minute(100)))
         .build();
     let spec = CallSpec::new("t", "key").cost("q0", 10).cost("q4", 60);
-    let Poll::Ready(Ok(t)) = now(a.admit(&spec)) else {
+    let Poll::Ready(Ok(mut t)) = now(a.admit(&spec)) else {
         panic!("fits")
     };
     assert_eq!(t.settle("q4", 25), -35);
@@ -323,4 +326,30 @@ fn a_fifth_quota_settles_and_refunds_like_the_first() {
     };
     assert_eq!(e.status, Status::QuotaExhausted);
     assert_eq!(a.available("key", "q0"), Some(85));
+}
+
+/// A refund is given at most once: after it, the bucket can hand the very
+/// same stamps to the next call, and a second settle must not give that
+/// call's cells away.
+#[test]
+fn a_second_settle_never_refunds_another_calls_cells() {
+    let (_s, a) = layer();
+    let spec = CallSpec::new("complete", "key").cost("tokens", 1_000);
+    let Poll::Ready(Ok(mut first)) = now(a.admit(&spec)) else {
+        panic!()
+    };
+    assert_eq!(first.settle("tokens", 0), -1_000);
+    assert_eq!(a.available("key", "tokens"), Some(10_000));
+    // The next call reserves from the same base: the same stamps.
+    let Poll::Ready(Ok(second)) = now(a.admit(&spec)) else {
+        panic!()
+    };
+    assert_eq!(a.available("key", "tokens"), Some(9_000));
+    assert_eq!(first.settle("tokens", 0), 0);
+    assert_eq!(
+        a.available("key", "tokens"),
+        Some(9_000),
+        "second's cells stay taken"
+    );
+    drop((first, second));
 }

@@ -313,7 +313,7 @@ impl<S, C> Builder<S, C> {
     ///     .resource("tokens", tpm)
     ///     .build();
     /// let big = CallSpec::new("complete", "key").cost("tokens", 9_000);
-    /// let ticket = admission.admit(&big).await.unwrap();
+    /// let mut ticket = admission.admit(&big).await.unwrap();
     /// ticket.settle("tokens", 7_000); // the reply said 7,000: 2,000 come back
     /// drop(ticket);
     /// let next = CallSpec::new("complete", "key").cost("tokens", 4_000);

@@ -54,6 +54,20 @@ impl Kept {
         }
     }
 
+    /// `cells` already settled: counted, and never given back again (the
+    /// stamps are gone; `EMPTY` is the same epoch with no cells).
+    pub(super) fn settled(cells: u32) -> Kept {
+        Kept {
+            cells,
+            ..Kept::EMPTY
+        }
+    }
+
+    /// Whether the stamps can still give the cells back (not settled).
+    pub(super) fn refundable(&self) -> bool {
+        self.epoch != NonZeroU32::MAX
+    }
+
     /// The stamps to give the cells back with.
     pub(super) fn stamps(&self) -> Stamps {
         Stamps {
@@ -95,9 +109,9 @@ impl Held {
         }
     }
 
-    /// The reservation at `place`, if the call made one.
-    pub(super) fn get(&self, place: usize) -> Option<&Kept> {
-        self.all().get(place).filter(|k| k.cells > 0)
+    /// The reservation at `place`, if the call made one, to settle it.
+    pub(super) fn get_mut(&mut self, place: usize) -> Option<&mut Kept> {
+        self.all_mut().get_mut(place).filter(|k| k.cells > 0)
     }
 
     /// Puts `kept` at `place`, spilling to the heap past the fourth.

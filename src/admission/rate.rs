@@ -16,7 +16,7 @@
 use core::time::Duration;
 use std::borrow::Cow;
 
-use super::held::{Held, Reserved, Source};
+use super::held::{Held, Kept, Reserved, Source};
 use super::spec::CallSpec;
 use super::throttled::{Human, Status, Throttled};
 use super::tools::ToolState;
@@ -393,7 +393,7 @@ where
 
     /// See [`Ticket::settle`](super::Ticket::settle); `held` is the
     /// ticket's reservations.
-    pub(super) fn settle(&self, credential: &str, held: &Held, name: &str, actual: u32) -> i64 {
+    pub(super) fn settle(&self, credential: &str, held: &mut Held, name: &str, actual: u32) -> i64 {
         let inner = &*self.inner;
         let source = if name == REQUESTS {
             Source::Requests
@@ -407,21 +407,31 @@ where
             Source::Resource(i) => (1 + i, &inner.resources[i].buckets),
             _ => (0, &inner.credentials),
         };
-        let Some(h) = held.get(place) else {
+        let Some(h) = held.get_mut(place) else {
             return 0;
         };
         let key = credential.to_string();
         let now = inner.clock.now_nanos();
-        let estimate = h.cells;
-        if actual > estimate {
-            charge(buckets, &key, actual - estimate, now);
-            return i64::from(actual - estimate);
+        // What the call is counted for so far: its estimate, or what an
+        // earlier settle left.
+        let counted = h.cells;
+        if actual > counted {
+            charge(buckets, &key, actual - counted, now);
+            *h = Kept::settled(actual);
+            return i64::from(actual - counted);
         }
-        if actual == estimate || !self.undo(credential, None, source, h) {
+        // The stamps undo the reservation at most once: after a refund the
+        // bucket may hand the very same stamps to another call, which a
+        // second undo would then give back. So a settled place is never
+        // refunded again.
+        let refunded = actual < counted && h.refundable() && self.undo(credential, None, source, h);
+        if !refunded {
+            *h = Kept::settled(counted);
             return 0;
         }
         charge(buckets, &key, actual, now);
-        -i64::from(estimate - actual)
+        *h = Kept::settled(actual);
+        -i64::from(counted - actual)
     }
 
     /// Pushes the penalties observed on credentials with a shared quota

@@ -355,7 +355,7 @@ where
         let mut last: Option<(CallFailure<E>, ReplyClass)> = None;
         loop {
             let spec = call.spec.clone().deadline(deadline.remaining());
-            let ticket = match self.admission.admit(&spec).await {
+            let mut ticket = match self.admission.admit(&spec).await {
                 Ok(t) => t,
                 Err(refused) => return Err(refused_retry(refused, last)),
             };

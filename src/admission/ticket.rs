@@ -136,9 +136,11 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
     ///   (the bucket's refunds only undo the latest reservation); otherwise
     ///   nothing is given back, which errs towards admitting less.
     ///
-    /// Settle each quota once: a second call compares against the original
-    /// estimate again. A name the call was not admitted for changes
-    /// nothing.
+    /// A later call for the same quota settles against what the earlier
+    /// one left: it charges any further excess, and never gives anything
+    /// back (the refund is spent: after it, the bucket may hand the same
+    /// stamps to another call). A name the call was not admitted for
+    /// changes nothing.
     ///
     /// # Examples
     ///
@@ -151,16 +153,17 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
     ///     .clock(ManualClock::new())
     ///     .resource("tokens", Quota::per_minute(NonZeroU32::new(1_000).unwrap()))
     ///     .build();
-    /// let ticket = admission
+    /// let mut ticket = admission
     ///     .admit(&CallSpec::new("complete", "key").cost("tokens", 500))
     ///     .await
     ///     .unwrap();
     /// assert_eq!(ticket.settle("tokens", 800), 300); // 300 more as debt
+    /// assert_eq!(ticket.settle("tokens", 900), 100); // and 100 more
     /// # });
     /// ```
-    pub fn settle(&self, name: &str, actual: u32) -> i64 {
+    pub fn settle(&mut self, name: &str, actual: u32) -> i64 {
         self.admission
-            .settle(&self.credential.name, &self.held, name, actual)
+            .settle(&self.credential.name, &mut self.held, name, actual)
     }
 
     /// The tool this ticket admits.
