@@ -66,7 +66,12 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         shard
             .buckets
             .find(hash, |e| e.key.borrow() == key)
-            .is_some_and(|e| e.bucket.gcra().cancel(stamps))
+            .is_some_and(|e| {
+                // A refund is a use: a sweep must not drop the bucket
+                // between a settle's refund and the charge that follows it.
+                e.touch();
+                e.bucket.gcra().cancel(stamps)
+            })
     }
 }
 
