@@ -12,6 +12,10 @@ use backpressure::{Quota, Scoped, TokenBucket};
 use criterion::{criterion_group, criterion_main, Criterion};
 use governor::{Quota as GQuota, RateLimiter};
 
+#[path = "support/walks.rs"]
+mod walks;
+use walks::{round_robin, zipf};
+
 /// Never denies: one cell per nanosecond, a burst of 2^32 - 1.
 fn admitting() -> (Quota, GQuota) {
     (
@@ -120,35 +124,6 @@ fn check_two_threads(c: &mut Criterion) {
         })
     });
     g.finish();
-}
-
-/// How a keyed case walks its keys: a sequence of key indices, walked
-/// cyclically by both sides.
-fn round_robin(keys: u64) -> Vec<u64> {
-    // A fixed pseudo-random walk over the keys, so neither side gets a
-    // cache-friendly sequential order; every key once per `keys` calls.
-    let stride = 0x9E37_79B9_7F4A_7C15u64 | 1;
-    (0..keys).map(|i| i.wrapping_mul(stride) % keys).collect()
-}
-
-/// Zipf-like (s = 1) draws over `keys` keys: key `k` (from 1) is drawn
-/// with probability proportional to `1 / k`, shuffled across the key
-/// space so hot keys do not share shards by index.
-fn zipf(keys: u64, draws: usize) -> Vec<u64> {
-    let mut cdf = Vec::with_capacity(keys as usize);
-    let mut sum = 0.0f64;
-    for k in 1..=keys {
-        sum += 1.0 / k as f64;
-        cdf.push(sum);
-    }
-    let mut rng = fastrand::Rng::with_seed(13);
-    (0..draws)
-        .map(|_| {
-            let u = rng.f64() * sum;
-            let rank = cdf.partition_point(|&c| c < u) as u64;
-            rank.wrapping_mul(0x9E37_79B9_7F4A_7C15) % keys
-        })
-        .collect()
 }
 
 fn keyed(c: &mut Criterion, name: &str, keys: u64, quotas: (Quota, GQuota), walk: Vec<u64>) {

@@ -18,37 +18,16 @@ use std::num::NonZeroU32;
 use backpressure::{Quota, Scoped};
 use governor::{Quota as GQuota, RateLimiter};
 
+#[path = "support/walks.rs"]
+mod walks;
+use walks::{round_robin, zipf};
+
 const PER_ROUND: u32 = 200_000;
 const ROUNDS: usize = 40;
 
 #[path = "support/interleaved.rs"]
 mod interleaved;
 use interleaved::Case;
-
-/// Zipf-like (s = 1) draws over `keys` keys, shuffled across the key space
-/// (the same walk as `benches/bucket.rs`).
-fn zipf(keys: u64, draws: usize) -> Vec<u64> {
-    let mut cdf = Vec::with_capacity(keys as usize);
-    let mut sum = 0.0f64;
-    for k in 1..=keys {
-        sum += 1.0 / k as f64;
-        cdf.push(sum);
-    }
-    let mut rng = fastrand::Rng::with_seed(13);
-    (0..draws)
-        .map(|_| {
-            let u = rng.f64() * sum;
-            let rank = cdf.partition_point(|&c| c < u) as u64;
-            rank.wrapping_mul(0x9E37_79B9_7F4A_7C15) % keys
-        })
-        .collect()
-}
-
-/// A fixed pseudo-random walk over `keys` keys, each once per round.
-fn round_robin(keys: u64) -> Vec<u64> {
-    let stride = 0x9E37_79B9_7F4A_7C15u64 | 1;
-    (0..keys).map(|i| i.wrapping_mul(stride) % keys).collect()
-}
 
 /// One keyed pair: ours and governor's, each walking `walk` cyclically.
 fn keyed(names: [&'static str; 2], keys: u64, walk: Vec<u64>) -> [Case; 2] {
