@@ -10,54 +10,22 @@
 //!
 //! Run: `cargo bench --bench admission -- --warm-up-time 1 --measurement-time 3`
 
-use std::future::Future;
 use std::hint::black_box;
-use std::num::NonZeroU32;
-use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::Context;
 use std::time::Duration;
 
-use backpressure::admission::{Admission, CallSpec, SlotPolicy};
-use backpressure::{Quota, Scoped, Semaphore};
+use backpressure::{Scoped, Semaphore};
 use criterion::{criterion_group, criterion_main, Criterion};
 
-/// Never binds: one cell per nanosecond, a burst of 2^32 - 1.
-fn open() -> Quota {
-    Quota::with_period(Duration::from_nanos(1)).allow_burst(NonZeroU32::MAX)
-}
-
-const RESOURCES: [&str; 3] = ["tokens", "input_tokens", "output_tokens"];
-
-fn admit_once<S: backpressure::Sleeper, C: backpressure::Clock>(
-    admission: &Admission<S, C>,
-    spec: &CallSpec,
-    cx: &mut Context<'_>,
-) {
-    match pin!(admission.admit(spec)).as_mut().poll(cx) {
-        Poll::Ready(Ok(ticket)) => drop(black_box(ticket)),
-        _ => panic!("an uncontended call is admitted at once"),
-    }
-}
+#[path = "support/admission_case.rs"]
+mod admission_case;
+use admission_case::{admit_once, open, RESOURCES};
 
 fn admission(c: &mut Criterion) {
     let waker = futures::task::noop_waker();
     let mut cx = Context::from_waker(&waker);
-    let mut builder = Admission::builder()
-        .fixed_rates()
-        .default_quota(open())
-        .tool("search", 64, SlotPolicy::Wait)
-        .global_concurrency(64);
-    for r in RESOURCES {
-        builder = builder.resource(r, open());
-    }
-    let layer = builder.build();
-    let plain = CallSpec::new("search", "key");
-    let weighted = RESOURCES
-        .iter()
-        .fold(CallSpec::new("search", "key"), |s, r| s.cost(*r, 10));
-    admit_once(&layer, &plain, &mut cx);
-    admit_once(&layer, &weighted, &mut cx);
+    let (layer, plain, weighted) = admission_case::layer();
 
     // The primitives, as admit uses them.
     let tool = Arc::new(Semaphore::new(64));

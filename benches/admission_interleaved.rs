@@ -6,51 +6,26 @@
 //!
 //! Run: `cargo bench --bench admission_interleaved`
 
-use std::future::Future;
 use std::hint::black_box;
-use std::num::NonZeroU32;
-use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::Context;
 use std::time::{Duration, Instant};
 
-use backpressure::admission::{Admission, CallSpec, SlotPolicy};
-use backpressure::{Quota, Scoped, Semaphore};
+use backpressure::{Scoped, Semaphore};
 
-/// Never binds: one cell per nanosecond, a burst of 2^32 - 1.
-fn open() -> Quota {
-    Quota::with_period(Duration::from_nanos(1)).allow_burst(NonZeroU32::MAX)
-}
+#[path = "support/admission_case.rs"]
+mod admission_case;
+use admission_case::{admit_once, open, RESOURCES};
 
 /// One case: a name and one call through it.
 type Case = (&'static str, Box<dyn FnMut()>);
 
-const RESOURCES: [&str; 3] = ["tokens", "input_tokens", "output_tokens"];
 const PER_ROUND: u32 = 100_000;
 const ROUNDS: usize = 40;
 
-fn admit_once(admission: &Admission, spec: &CallSpec, cx: &mut Context<'_>) {
-    match pin!(admission.admit(spec)).as_mut().poll(cx) {
-        Poll::Ready(Ok(ticket)) => drop(black_box(ticket)),
-        _ => panic!("an uncontended call is admitted at once"),
-    }
-}
-
 fn main() {
     let waker = futures::task::noop_waker();
-    let mut builder = Admission::builder()
-        .fixed_rates()
-        .default_quota(open())
-        .tool("search", 64, SlotPolicy::Wait)
-        .global_concurrency(64);
-    for r in RESOURCES {
-        builder = builder.resource(r, open());
-    }
-    let layer = builder.build();
-    let plain = CallSpec::new("search", "key");
-    let weighted = RESOURCES
-        .iter()
-        .fold(CallSpec::new("search", "key"), |s, r| s.cost(*r, 10));
+    let (layer, plain, weighted) = admission_case::layer();
     let tool = Arc::new(Semaphore::new(64));
     let global = Arc::new(Semaphore::new(64));
     let requests = Arc::new(Scoped::new(open()));

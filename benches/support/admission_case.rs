@@ -1,0 +1,53 @@
+//! The uncontended call both admission benches measure, and the bare
+//! primitives it is compared with.
+
+use std::future::Future;
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::pin::pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use backpressure::admission::{Admission, CallSpec, SlotPolicy};
+use backpressure::Quota;
+
+/// The weighted quotas of the 4-quota case (with the request quota).
+pub const RESOURCES: [&str; 3] = ["tokens", "input_tokens", "output_tokens"];
+
+/// Never binds: one cell per nanosecond, a burst of 2^32 - 1.
+pub fn open() -> Quota {
+    Quota::with_period(Duration::from_nanos(1)).allow_burst(NonZeroU32::MAX)
+}
+
+/// A layer whose limits never bind (tool and global pools of 64, every
+/// quota open), the plain call (tool slot + global slot + request quota)
+/// and the weighted one (the same + 3 weighted quotas), each admitted once
+/// so the tool and the credential exist.
+pub fn layer() -> (Admission, CallSpec, CallSpec) {
+    let mut builder = Admission::builder()
+        .fixed_rates()
+        .default_quota(open())
+        .tool("search", 64, SlotPolicy::Wait)
+        .global_concurrency(64);
+    for r in RESOURCES {
+        builder = builder.resource(r, open());
+    }
+    let layer = builder.build();
+    let plain = CallSpec::new("search", "key");
+    let weighted = RESOURCES
+        .iter()
+        .fold(CallSpec::new("search", "key"), |s, r| s.cost(*r, 10));
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    admit_once(&layer, &plain, &mut cx);
+    admit_once(&layer, &weighted, &mut cx);
+    (layer, plain, weighted)
+}
+
+/// Admits `spec` (at once, or panics) and drops the ticket.
+pub fn admit_once(admission: &Admission, spec: &CallSpec, cx: &mut Context<'_>) {
+    match pin!(admission.admit(spec)).as_mut().poll(cx) {
+        Poll::Ready(Ok(ticket)) => drop(black_box(ticket)),
+        _ => panic!("an uncontended call is admitted at once"),
+    }
+}
