@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use backpressure::admission::Admission;
 use backpressure::reqwest::{AdmissionMiddleware, RequestDeadline};
-use backpressure::testing::{Limit, LimitHeaders, ThrottlingServer};
+use backpressure::testing::ThrottlingServer;
 use backpressure::throttled::Status;
 use backpressure::{Quota, Throttled};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
@@ -47,19 +47,9 @@ async fn fan_out(client: ClientWithMiddleware, url: String) -> Vec<Result<u16, T
     out
 }
 
-/// The server: 10 requests per rolling 500 ms per key, 5 ms latency.
-async fn server() -> ThrottlingServer {
-    ThrottlingServer::builder()
-        .limit(Limit::Window {
-            requests: 10,
-            window: Duration::from_millis(500),
-        })
-        .headers(LimitHeaders::Ietf)
-        .latency(Duration::from_millis(5))
-        .start()
-        .await
-        .unwrap()
-}
+#[path = "support/window_server.rs"]
+mod window_server;
+use window_server::window_server as server;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_quota_configured_no_request_is_throttled() {

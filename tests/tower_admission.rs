@@ -7,7 +7,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use backpressure::admission::{Admission, CallSpec, SlotPolicy};
-use backpressure::testing::{Limit, LimitHeaders, ThrottlingServer};
+use backpressure::testing::ThrottlingServer;
 use backpressure::throttled::Status;
 use backpressure::tower::{
     AdmissionLayer, AdmissionService, HttpSpec, ObserveHttp, RequestDeadline,
@@ -16,6 +16,10 @@ use backpressure::{Quota, Throttled};
 use std::task::{Context, Poll};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::{BoxError, Layer, Service, ServiceExt};
+
+#[path = "support/window_server.rs"]
+mod window_server;
+use window_server::window_server;
 
 type Req = http::Request<()>;
 type Resp = http::Response<String>;
@@ -102,16 +106,7 @@ fn throttled(e: &BoxError) -> &Throttled {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_quota_configured_parallel_calls_draw_no_429() {
     // 10 requests per rolling 500 ms per key.
-    let server = ThrottlingServer::builder()
-        .limit(Limit::Window {
-            requests: 10,
-            window: Duration::from_millis(500),
-        })
-        .headers(LimitHeaders::Ietf)
-        .latency(Duration::from_millis(5))
-        .start()
-        .await
-        .unwrap();
+    let server = window_server().await;
     // burst + rate * window = 2 + 14 * 0.5 = 9 <= 10 in any window.
     let admission = Admission::builder()
         .default_quota(
