@@ -6,16 +6,13 @@
 //!
 //! Run: `cargo bench --bench admission_interleaved`
 
-use std::hint::black_box;
 use std::sync::Arc;
 use std::task::Context;
-use std::time::{Duration, Instant};
-
-use backpressure::{Scoped, Semaphore};
+use std::time::Instant;
 
 #[path = "support/admission_case.rs"]
 mod admission_case;
-use admission_case::{admit_once, open, RESOURCES};
+use admission_case::{admit_once, Primitives};
 
 /// One case: a name and one call through it.
 type Case = (&'static str, Box<dyn FnMut()>);
@@ -26,11 +23,7 @@ const ROUNDS: usize = 40;
 fn main() {
     let waker = futures::task::noop_waker();
     let (layer, plain, weighted) = admission_case::layer();
-    let tool = Arc::new(Semaphore::new(64));
-    let global = Arc::new(Semaphore::new(64));
-    let requests = Arc::new(Scoped::new(open()));
-    let quotas: Vec<Scoped<String>> = RESOURCES.iter().map(|_| Scoped::new(open())).collect();
-    let key = "key".to_string();
+    let primitives = Arc::new(Primitives::new());
 
     let mut cases: Vec<Case> = vec![
         ("admission, 1 quota", {
@@ -38,29 +31,17 @@ fn main() {
             Box::new(move || admit_once(&layer, &plain, &mut Context::from_waker(&waker)))
         }),
         ("primitives, 1 quota", {
-            let (tool, global, requests, key) =
-                (tool.clone(), global.clone(), requests.clone(), key.clone());
-            Box::new(move || {
-                let t = tool.clone().try_acquire_owned().unwrap();
-                let g = global.clone().try_acquire_owned().unwrap();
-                let r = requests.reserve(&key, 1, Duration::ZERO).unwrap();
-                drop(black_box((t, g, r)));
-            })
+            let primitives = primitives.clone();
+            Box::new(move || primitives.plain())
         }),
         ("admission, 4 quotas", {
             let (layer, weighted, waker) = (layer.clone(), weighted.clone(), waker.clone());
             Box::new(move || admit_once(&layer, &weighted, &mut Context::from_waker(&waker)))
         }),
-        ("primitives, 4 quotas", {
-            Box::new(move || {
-                let t = tool.clone().try_acquire_owned().unwrap();
-                let g = global.clone().try_acquire_owned().unwrap();
-                let r = requests.reserve(&key, 1, Duration::ZERO).unwrap();
-                let rs: [_; 3] =
-                    core::array::from_fn(|i| quotas[i].reserve(&key, 10, Duration::ZERO).unwrap());
-                drop(black_box((t, g, r, rs)));
-            })
-        }),
+        (
+            "primitives, 4 quotas",
+            Box::new(move || primitives.weighted()),
+        ),
     ];
     let mut best = vec![f64::MAX; cases.len()];
     for _ in 0..ROUNDS {

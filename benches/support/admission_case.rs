@@ -51,3 +51,47 @@ pub fn admit_once(admission: &Admission, spec: &CallSpec, cx: &mut Context<'_>) 
         _ => panic!("an uncontended call is admitted at once"),
     }
 }
+
+/// The bare primitives an admitted call is made of, used as `admit` uses
+/// them: two owned permits and one keyed reservation per quota.
+pub struct Primitives {
+    tool: std::sync::Arc<backpressure::Semaphore>,
+    global: std::sync::Arc<backpressure::Semaphore>,
+    requests: backpressure::Scoped<String>,
+    quotas: Vec<backpressure::Scoped<String>>,
+    key: String,
+}
+
+impl Primitives {
+    pub fn new() -> Self {
+        use backpressure::{Scoped, Semaphore};
+        Self {
+            tool: std::sync::Arc::new(Semaphore::new(64)),
+            global: std::sync::Arc::new(Semaphore::new(64)),
+            requests: Scoped::new(open()),
+            quotas: RESOURCES.iter().map(|_| Scoped::new(open())).collect(),
+            key: "key".to_string(),
+        }
+    }
+
+    /// The plain call's: tool slot + global slot + request quota.
+    pub fn plain(&self) {
+        let t = self.tool.clone().try_acquire_owned().unwrap();
+        let g = self.global.clone().try_acquire_owned().unwrap();
+        let r = self.requests.reserve(&self.key, 1, Duration::ZERO).unwrap();
+        drop(black_box((t, g, r)));
+    }
+
+    /// The same + the 3 weighted quotas.
+    pub fn weighted(&self) {
+        let t = self.tool.clone().try_acquire_owned().unwrap();
+        let g = self.global.clone().try_acquire_owned().unwrap();
+        let r = self.requests.reserve(&self.key, 1, Duration::ZERO).unwrap();
+        let rs: [_; 3] = core::array::from_fn(|i| {
+            self.quotas[i]
+                .reserve(&self.key, 10, Duration::ZERO)
+                .unwrap()
+        });
+        drop(black_box((t, g, r, rs)));
+    }
+}
