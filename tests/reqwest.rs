@@ -1,14 +1,13 @@
 //! The reqwest middleware (feature `reqwest`) against the throttling fake
 //! on loopback: counts of what the server saw, not client-side timings.
 
-use std::num::NonZeroU32;
 use std::time::Duration;
 
 use backpressure::admission::Admission;
 use backpressure::reqwest::{AdmissionMiddleware, RequestDeadline};
 use backpressure::testing::ThrottlingServer;
 use backpressure::throttled::Status;
-use backpressure::{Quota, Throttled};
+use backpressure::Throttled;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 
 fn client(admission: Admission) -> ClientWithMiddleware {
@@ -54,12 +53,8 @@ use window_server::window_server as server;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_quota_configured_no_request_is_throttled() {
     let server = server().await;
-    // burst + rate * window = 2 + 14 * 0.5 = 9 <= 10 in any window.
     let admission = Admission::builder()
-        .default_quota(
-            Quota::per_second(NonZeroU32::new(14).unwrap())
-                .allow_burst(NonZeroU32::new(2).unwrap()),
-        )
+        .default_quota(window_server::fitting_quota())
         .inline_wait(Duration::from_secs(10))
         .build();
     let outcomes = fan_out(client(admission), server.url()).await;

@@ -107,12 +107,8 @@ fn throttled(e: &BoxError) -> &Throttled {
 async fn with_the_quota_configured_parallel_calls_draw_no_429() {
     // 10 requests per rolling 500 ms per key.
     let server = window_server().await;
-    // burst + rate * window = 2 + 14 * 0.5 = 9 <= 10 in any window.
     let admission = Admission::builder()
-        .default_quota(
-            Quota::per_second(NonZeroU32::new(14).unwrap())
-                .allow_burst(NonZeroU32::new(2).unwrap()),
-        )
+        .default_quota(window_server::fitting_quota())
         .inline_wait(Duration::from_secs(10))
         .build();
     let svc = client(admission.clone(), server.addr());

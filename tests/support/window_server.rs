@@ -18,3 +18,11 @@ pub async fn window_server() -> ThrottlingServer {
         .await
         .unwrap()
 }
+
+/// A client quota that fits the server's window: `burst + rate x window`
+/// = 2 + 14 x 0.5 = 9 <= 10 in any window.
+pub fn fitting_quota() -> backpressure::Quota {
+    use std::num::NonZeroU32;
+    backpressure::Quota::per_second(NonZeroU32::new(14).unwrap())
+        .allow_burst(NonZeroU32::new(2).unwrap())
+}
