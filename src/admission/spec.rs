@@ -118,11 +118,7 @@ impl CallSpec {
     /// assert_eq!(spec.cost_of("requests"), None); // 1 by default
     /// ```
     pub fn cost(mut self, name: impl Into<Cow<'static, str>>, units: u32) -> Self {
-        let name = name.into();
-        match self.costs.iter_mut().find(|(n, _)| *n == name) {
-            Some(slot) => slot.1 = units,
-            None => self.costs.push((name, units)),
-        }
+        set_units(&mut self.costs, name.into(), units);
         self
     }
 
@@ -175,5 +171,18 @@ pub fn concurrency_for(rate_per_sec: f64, latency: Duration) -> u32 {
         (n - 1e-9).ceil().min(u32::MAX as f64) as u32
     } else {
         1
+    }
+}
+
+/// Sets `name`'s units in a list of named quantities (a spec's costs, a
+/// reply's usage): a name given again replaces its earlier value.
+pub(super) fn set_units(
+    list: &mut Vec<(Cow<'static, str>, u32)>,
+    name: Cow<'static, str>,
+    units: u32,
+) {
+    match list.iter_mut().find(|(n, _)| *n == name) {
+        Some(slot) => slot.1 = units,
+        None => list.push((name, units)),
     }
 }

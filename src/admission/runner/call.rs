@@ -90,11 +90,7 @@ impl<V> Reply<V> {
     /// # });
     /// ```
     pub fn used(mut self, name: impl Into<Cow<'static, str>>, units: u32) -> Self {
-        let name = name.into();
-        match self.usage.iter_mut().find(|(n, _)| *n == name) {
-            Some(slot) => slot.1 = units,
-            None => self.usage.push((name, units)),
-        }
+        super::super::spec::set_units(&mut self.usage, name.into(), units);
         self
     }
 
