@@ -130,6 +130,12 @@ where
             },
         };
         let mut guard = map.lock(hash);
+        if let Some(value) = guard.live_value(hash, &key, expiry) {
+            drop(guard);
+            self.phase = Phase::Done;
+            drop(key);
+            return Some(Ok((value, Provenance::Cached)));
+        }
         let (mut found, mut key) = guard.lookup(hash, key, expiry);
         if let Lookup::Recheck = found {
             drop(guard);
