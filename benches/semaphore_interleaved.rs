@@ -9,11 +9,18 @@
 //! The `floor` case runs the same tasks with no semaphore: each iteration
 //! yields twice, the two task polls that any FIFO semaphore needs per
 //! acquisition here (the poll that queues, and the poll after the wake; the
-//! bench's own yield is the second). What is left above it is the
-//! semaphore's own cost.
+//! bench's own yield is the second). It is a floor for the polls only, not
+//! for the runtime: without a semaphore all 64 tasks are runnable at once
+//! and none is ever woken by a task on the other worker, while with 4
+//! permits at most a handful are runnable, so the two workers keep running
+//! out of work, searching and stealing (tokio reads the clock each time),
+//! and every hand-off moves a task to the waking worker. On one worker
+//! (`SEM_BENCH_WORKERS=1`) none of that happens and what is left above the
+//! floor is the semaphore's own cost.
 //!
 //! Run: `cargo bench --bench semaphore_interleaved`
-//! (`SEM_BENCH_ONLY=<substring>` keeps the matching cases, for a profiler.)
+//! (`SEM_BENCH_ONLY=<substring>` keeps the matching cases, for a profiler;
+//! `SEM_BENCH_WORKERS=<n>` sets the number of worker threads, default 2.)
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -50,8 +57,12 @@ where
 }
 
 fn main() {
+    let workers = std::env::var("SEM_BENCH_WORKERS")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(2);
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .build()
         .unwrap();
     let ours = Arc::new(backpressure::Semaphore::new(4));
@@ -139,7 +150,9 @@ fn main() {
         v[v.len() / 2]
     };
     let peer = cases.iter().position(|(n, _)| *n == "futures-intrusive");
-    println!("64 tasks / 4 permits / 2 workers, ns per acquisition, {ROUNDS} interleaved rounds");
+    println!(
+        "64 tasks / 4 permits / {workers} workers, ns per acquisition, {ROUNDS} interleaved rounds"
+    );
     for (k, (name, _)) in cases.iter().enumerate() {
         let mut ratios: Vec<f64> = match peer {
             Some(p) => times[k].iter().zip(&times[p]).map(|(a, b)| a / b).collect(),
