@@ -69,59 +69,32 @@ fn main() {
     let tokio_sem = Arc::new(tokio::sync::Semaphore::new(4));
     let al = Arc::new(async_lock::Semaphore::new(4));
     let fi = Arc::new(futures_intrusive::sync::Semaphore::new(true, 4));
+    // One case: each iteration acquires one permit of `$sem` with
+    // `$acquire($arg)` and holds it across one yield.
+    macro_rules! holding {
+        ($name:expr, $sem:expr, $acquire:ident($($arg:expr),*)) => {{
+            let sem = $sem;
+            let case: Case = (
+                $name,
+                Box::new(move |rt| {
+                    let s = sem.clone();
+                    run(rt, move || {
+                        let s = s.clone();
+                        async move {
+                            let _p = s.$acquire($($arg),*).await;
+                            tokio::task::yield_now().await;
+                        }
+                    })
+                }),
+            );
+            case
+        }};
+    }
     let mut cases: Vec<Case> = vec![
-        (
-            "backpressure",
-            Box::new(move |rt| {
-                let s = ours.clone();
-                run(rt, move || {
-                    let s = s.clone();
-                    async move {
-                        let _p = s.acquire().await;
-                        tokio::task::yield_now().await;
-                    }
-                })
-            }),
-        ),
-        (
-            "futures-intrusive",
-            Box::new(move |rt| {
-                let s = fi.clone();
-                run(rt, move || {
-                    let s = s.clone();
-                    async move {
-                        let _p = s.acquire(1).await;
-                        tokio::task::yield_now().await;
-                    }
-                })
-            }),
-        ),
-        (
-            "tokio",
-            Box::new(move |rt| {
-                let s = tokio_sem.clone();
-                run(rt, move || {
-                    let s = s.clone();
-                    async move {
-                        let _p = s.acquire().await;
-                        tokio::task::yield_now().await;
-                    }
-                })
-            }),
-        ),
-        (
-            "async-lock",
-            Box::new(move |rt| {
-                let s = al.clone();
-                run(rt, move || {
-                    let s = s.clone();
-                    async move {
-                        let _p = s.acquire().await;
-                        tokio::task::yield_now().await;
-                    }
-                })
-            }),
-        ),
+        holding!("backpressure", ours, acquire()),
+        holding!("futures-intrusive", fi, acquire(1)),
+        holding!("tokio", tokio_sem, acquire()),
+        holding!("async-lock", al, acquire()),
         (
             "floor (two yields, no semaphore)",
             Box::new(|rt| {
