@@ -126,6 +126,17 @@ pub struct Throttled {
     pub retry_after_ms: Option<u64>,
     /// One sentence saying what to do.
     pub hint: String,
+    /// How many requests the call sent before this answer: 0 when it was
+    /// refused before sending anything (by admission, or a wait that did
+    /// not fit), 1 or more when the server itself answered "not now" (a
+    /// 429 that outlasted the retries) or the deadline passed mid-request.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "is_zero"))]
+    pub attempts: u32,
+}
+
+#[cfg(feature = "serde")]
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Throttled {
@@ -145,7 +156,25 @@ impl Throttled {
             scope: scope.into(),
             retry_after_ms: None,
             hint: hint.into(),
+            attempts: 0,
         }
+    }
+
+    /// Records how many requests the call sent before this answer.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::throttled::Status;
+    /// use backpressure::Throttled;
+    /// let t = Throttled::new(Status::RateLimited, "api_key", "the server still answers 429")
+    ///     .with_attempts(3);
+    /// assert_eq!(t.attempts, 3);
+    /// assert!(t.to_string().ends_with("(after 3 requests)"));
+    /// ```
+    pub fn with_attempts(mut self, attempts: u32) -> Self {
+        self.attempts = attempts;
+        self
     }
 
     /// Sets the retry time (rounded up to whole milliseconds).
@@ -187,7 +216,12 @@ impl fmt::Display for Throttled {
         if let Some(ms) = self.retry_after_ms {
             write!(f, ", retry after {ms} ms")?;
         }
-        write!(f, ": {}", self.hint)
+        write!(f, ": {}", self.hint)?;
+        match self.attempts {
+            0 => Ok(()),
+            1 => f.write_str(" (after 1 request)"),
+            n => write!(f, " (after {n} requests)"),
+        }
     }
 }
 

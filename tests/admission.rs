@@ -388,3 +388,73 @@ fn throttled_serializes_as_the_model_reads_it() {
         r#"{"status":"budget_exhausted","scope":"run","hint":"done"}"#
     );
 }
+
+/// Six calls refused together on one bucket used to be told the same
+/// instant, so a model re-issued them as one burst. Each is told when its
+/// own turn would come: the next slot plus one period per call before it.
+#[test]
+fn calls_refused_together_are_told_staggered_instants() {
+    use backpressure::{ManualClock, ManualSleeper};
+    let clock = ManualClock::new();
+    let admission = Admission::builder()
+        .clock(clock.clone())
+        .sleeper(ManualSleeper::new(clock.clone()))
+        .fixed_rates()
+        .default_quota(Quota::per_second(std::num::NonZeroU32::new(4).unwrap()))
+        .inline_wait(Duration::ZERO)
+        .build();
+    let spec = CallSpec::new("search", "key");
+    futures::executor::block_on(async {
+        // The tickets are dropped at once: only the rate is in the way.
+        for _ in 0..4 {
+            drop(admission.admit(&spec).await.unwrap());
+        }
+        let mut told = Vec::new();
+        for _ in 0..6 {
+            let t = admission.admit(&spec).await.unwrap_err();
+            assert_eq!(t.status, Status::RateLimited);
+            // The words agree with the numbers.
+            let ms = t.retry_after_ms.unwrap();
+            let words = if ms < 1000 {
+                format!("{ms} ms")
+            } else {
+                format!("{} s", ms as f64 / 1000.0)
+            };
+            assert!(t.hint.contains(&format!("in {words}")), "{t}");
+            assert!(t.hint.contains("0 ms it could still wait"), "{t}");
+            told.push(t.retry_after_ms.unwrap());
+        }
+        assert_eq!(told, [250, 500, 750, 1000, 1250, 1500]);
+        // Once the promises have passed, the bucket's own next slot again.
+        clock.advance(Duration::from_secs(2));
+        for _ in 0..4 {
+            drop(admission.admit(&spec).await.unwrap());
+        }
+        assert_eq!(
+            admission.admit(&spec).await.unwrap_err().retry_after_ms,
+            Some(250)
+        );
+    });
+}
+
+/// Calls shed together by a full queue are told instants one drain step
+/// apart.
+#[test]
+fn calls_shed_together_are_told_staggered_drain_estimates() {
+    let admission = Admission::builder()
+        .tool("refund", 1, SlotPolicy::FailFast)
+        .expected_latency(Duration::from_millis(400))
+        .build();
+    let spec = CallSpec::new("refund", "key");
+    futures::executor::block_on(async {
+        let _running = admission.admit(&spec).await.unwrap();
+        let mut told = Vec::new();
+        for _ in 0..3 {
+            let t = admission.admit(&spec).await.unwrap_err();
+            assert_eq!(t.status, Status::Shed);
+            told.push(t.retry_after_ms.unwrap());
+        }
+        assert!(told.windows(2).all(|w| w[1] > w[0]), "{told:?}");
+        assert_eq!(told[1] - told[0], 400, "{told:?}");
+    });
+}

@@ -640,6 +640,7 @@ impl<S, C> Builder<S, C> {
                 closed_signal: crate::semaphore::Semaphore::new(0),
                 shared: self.cfg.shared,
                 pending: parking_lot::Mutex::new(HashMap::new()),
+                stagger: Default::default(),
             }),
         }
     }

@@ -33,6 +33,7 @@ mod rate;
 mod runner;
 mod shared;
 mod spec;
+mod stagger;
 mod stats;
 mod throttled;
 mod ticket;
@@ -94,6 +95,8 @@ struct Inner<S, C: Clock> {
     /// Penalties observed for shared credentials, applied (as "until" on
     /// our clock) by the next admit on that credential.
     pending: parking_lot::Mutex<HashMap<String, u64>>,
+    /// The retry instants told to refused calls, per limit.
+    stagger: stagger::Stagger,
 }
 
 /// The admission layer: concurrency pools, rate limits per credential,
@@ -259,7 +262,7 @@ where
                     timeout,
                 )
                 .await
-                .map_err(|(e, which)| pools::slot_refusal(&spec.tool, e, which))?
+                .map_err(|(e, which)| self.slot_refusal(spec, &tool, e, which))?
             }
         };
 
@@ -282,6 +285,35 @@ where
             held,
             tool,
         })
+    }
+
+    /// Words a slot refusal; calls shed together by one pool are told
+    /// instants one drain step apart (see `stagger.rs`), not one instant.
+    #[cold]
+    fn slot_refusal(
+        &self,
+        spec: &CallSpec,
+        tool: &ToolState,
+        e: pools::SlotError,
+        which: pools::Which,
+    ) -> Throttled {
+        let inner = &*self.inner;
+        let e = match e {
+            pools::SlotError::Full { estimate } => {
+                let (limit, pool) = match which {
+                    pools::Which::Tool => (format!("tool:{}", spec.tool), &tool.pool),
+                    pools::Which::Global => ("global".to_string(), &inner.global),
+                };
+                let now = inner.clock.now_nanos();
+                let ready = now.saturating_add(saturating_nanos(estimate));
+                let told = inner.stagger.tell(&limit, now, ready, pool.drain_step());
+                pools::SlotError::Full {
+                    estimate: Duration::from_nanos(told - now),
+                }
+            }
+            e => e,
+        };
+        pools::slot_refusal(&spec.tool, e, which)
     }
 
     /// The stages without a wait: `None` when one would have to wait (a

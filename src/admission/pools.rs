@@ -133,6 +133,14 @@ impl Pool {
         Duration::from_nanos(hold.saturating_mul(rounds))
     }
 
+    /// How often, on average, a slot comes free (the mean hold over the
+    /// slots), in nanoseconds: the spacing of the instants told to calls
+    /// shed together.
+    pub(crate) fn drain_step(&self) -> u64 {
+        // Relaxed: advisory.
+        self.hold_ns.load(Ordering::Relaxed) / self.cap.max(1) as u64
+    }
+
     /// Takes one slot now, or waits for it within the policy's queue bound
     /// and until `timeout` completes.
     ///

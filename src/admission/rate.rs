@@ -40,6 +40,19 @@ pub(super) struct Resource<C: Clock> {
     pub(super) buckets: Scoped<String, C>,
 }
 
+/// A quota that would not reserve: why, which limit (its scope in the
+/// [`Throttled`]), and how long that limit takes to free what the call
+/// asked for (to stagger the calls it refuses together). Built without
+/// allocating: the fast path drops it and tries again on the staged path,
+/// which words it (see `Admission::rate_refusal`).
+#[derive(Debug)]
+pub(super) struct Refusal {
+    e: ReserveError,
+    scope: Cow<'static, str>,
+    /// Nanoseconds the limit needs to free the cells this call asked for.
+    period: u64,
+}
+
 /// When a call reserves: `now`, the longest wait it accepts, and what is
 /// left of its deadline (to word a refusal).
 #[derive(Clone, Copy, Debug)]
@@ -88,8 +101,9 @@ where
                 max_wait,
                 left,
             };
-            let mut wait =
-                self.reserve_local(spec, shared.is_none(), scope.as_deref(), at, &mut reserved)?;
+            let mut wait = self
+                .reserve_local(spec, shared.is_none(), scope.as_deref(), at, &mut reserved)
+                .map_err(|r| self.rate_refusal(r, &spec.credential, at))?;
             if let Some(shared) = &shared {
                 // Last, so a refusal here cancels the local reservations
                 // above (a shared cell cannot be given back without a round
@@ -97,7 +111,14 @@ where
                 self.push_penalty(&spec.credential, shared.as_ref()).await;
                 match shared.reserve_one(max_wait).await {
                     Ok(w) => wait = wait.max(w),
-                    Err(e) => return Err(self.rate_refusal(e, Cow::Borrowed(API_KEY), left)),
+                    Err(e) => {
+                        let refusal = Refusal {
+                            e,
+                            scope: Cow::Borrowed(API_KEY),
+                            period: 0,
+                        };
+                        return Err(self.rate_refusal(refusal, &spec.credential, at));
+                    }
                 }
             }
             if wait.is_zero() {
@@ -123,9 +144,10 @@ where
     /// on: its credential's request quota (unless `requests` is false: a
     /// shared credential's requests go through its shared limiter), its
     /// cost on each weighted quota, and a cell of the server scope named
-    /// `scope` (keyed by `reserved.scope`), at `at.now`. Each wait must fit `at.max_wait`;
-    /// `at.left` words the refusal. Pushes the reservations to `reserved` (which gives them
-    /// back if dropped before `keep`) and returns the longest wait.
+    /// `scope` (keyed by `reserved.scope`), at `at.now`. Each wait must fit
+    /// `at.max_wait`. Pushes the reservations to `reserved` (which gives
+    /// them back if dropped before `keep`) and returns the longest wait, or
+    /// the first quota that refused.
     pub(super) fn reserve_local(
         &self,
         spec: &CallSpec,
@@ -133,12 +155,8 @@ where
         scope: Option<&str>,
         at: Instant,
         reserved: &mut Reserved<'_, S, C>,
-    ) -> Result<Duration, Throttled> {
-        let Instant {
-            now,
-            max_wait,
-            left,
-        } = at;
+    ) -> Result<Duration, Refusal> {
+        let Instant { now, max_wait, .. } = at;
         let inner = &*self.inner;
         let mut wait = Duration::ZERO;
         let mut take = |source: Source, buckets: &Scoped<String, C>, cells: u32| {
@@ -147,10 +165,18 @@ where
             reserved.push(source, r.ticket, cells);
             Ok::<(), ReserveError>(())
         };
+        // Only a refusal asks how long the limit takes to free the cells.
+        let period = |buckets: &Scoped<String, C>, cells: u32| {
+            saturating_nanos(buckets.period_of(&spec.credential)).saturating_mul(u64::from(cells))
+        };
         let request_cells = spec.cost_of(REQUESTS).unwrap_or(1);
         if requests && request_cells > 0 {
             if let Err(e) = take(Source::Requests, &inner.credentials, request_cells) {
-                return Err(self.rate_refusal(e, Cow::Borrowed(API_KEY), left));
+                return Err(Refusal {
+                    e,
+                    scope: Cow::Borrowed(API_KEY),
+                    period: period(&inner.credentials, request_cells),
+                });
             }
         }
         // A spec without costs (most calls) costs nothing on any weighted
@@ -166,8 +192,11 @@ where
                 continue;
             }
             if let Err(e) = take(Source::Resource(i), &resource.buckets, cells) {
-                let scope = Cow::Owned(format!("quota:{}", resource.name));
-                return Err(self.rate_refusal(e, scope, left));
+                return Err(Refusal {
+                    e,
+                    scope: Cow::Owned(format!("quota:{}", resource.name)),
+                    period: period(&resource.buckets, cells),
+                });
             }
         }
         if let Some((key, name)) = reserved.scope.zip(scope) {
@@ -177,16 +206,35 @@ where
                     reserved.push(Source::Scope, r.ticket, 1);
                 }
                 Err(e) => {
-                    let scope = Cow::Owned(format!("server:{name}"));
-                    return Err(self.rate_refusal(e, scope, left));
+                    return Err(Refusal {
+                        e,
+                        scope: Cow::Owned(format!("server:{name}")),
+                        period: saturating_nanos(inner.server_scopes.period_of(key)),
+                    });
                 }
             }
         }
         Ok(wait)
     }
 
-    fn rate_refusal(&self, e: ReserveError, scope: Cow<'static, str>, left: Duration) -> Throttled {
+    /// Words a quota's refusal of `credential`'s call at `at`. Calls that a
+    /// limit refuses together are told staggered instants (see
+    /// `stagger.rs`): the k-th is told the limit's next slot plus k - 1
+    /// times what the limit takes to free such a call's cells.
+    fn rate_refusal(&self, refusal: Refusal, credential: &str, at: Instant) -> Throttled {
         let inner = &*self.inner;
+        let Refusal { e, scope, period } = refusal;
+        let Instant {
+            now,
+            max_wait,
+            left,
+        } = at;
+        let staggered = |after: Duration| {
+            let limit = format!("{scope}\u{0}{credential}");
+            let ready = now.saturating_add(saturating_nanos(after));
+            let told = inner.stagger.tell(&limit, now, ready, period);
+            Duration::from_nanos(told - now)
+        };
         if let ReserveError::Unavailable { retry_after } = e {
             // Not a quota: the store that keeps the shared one is down (its
             // fail policy is closed). Say so, with its configured wait.
@@ -224,26 +272,32 @@ where
                 ),
             )
             .with_retry_after(after),
-            Some(after) if after > left => Throttled::new(
-                Status::RateLimited,
-                scope,
-                format!(
-                    "the next slot is in {}, after this call's deadline ({} left); retry later or drop the call",
-                    Human(after),
-                    Human(left)
-                ),
-            )
-            .with_retry_after(after),
-            Some(after) => Throttled::new(
-                Status::RateLimited,
-                scope,
-                format!(
-                    "the next slot is in {}, longer than the {} waited inline; retry after that",
-                    Human(after),
-                    Human(inner.inline_wait)
-                ),
-            )
-            .with_retry_after(after),
+            Some(after) if after > left => {
+                let after = staggered(after);
+                Throttled::new(
+                    Status::RateLimited,
+                    scope,
+                    format!(
+                        "this call's slot is in {}, after its deadline ({} left); retry later or drop the call",
+                        Human(after),
+                        Human(left)
+                    ),
+                )
+                .with_retry_after(after)
+            }
+            Some(after) => {
+                let after = staggered(after);
+                Throttled::new(
+                    Status::RateLimited,
+                    scope,
+                    format!(
+                        "this call's slot is in {}, longer than the {} it could still wait inline; retry after that",
+                        Human(after),
+                        Human(max_wait)
+                    ),
+                )
+                .with_retry_after(after)
+            }
             None => Throttled::new(
                 Status::RateLimited,
                 scope,
