@@ -109,7 +109,9 @@ pub use semaphore::{
 pub use sleep::TokioSleeper;
 #[cfg(feature = "async-io")]
 pub use sleep::{AsyncIoSleep, AsyncIoSleeper};
-pub use sleep::{ManualSleep, ManualSleeper, Sleeper, ThreadSleep, ThreadSleeper};
+pub use sleep::{
+    DefaultSleep, DefaultSleeper, ManualSleep, ManualSleeper, Sleeper, ThreadSleep, ThreadSleeper,
+};
 pub use throttled::Throttled;
 
 /// The README's Rust examples run as doctests.

@@ -25,6 +25,10 @@ use std::time::Instant;
 use crate::clock::{saturating_nanos, Clock, ManualClock};
 use crate::sync::{Arc, Mutex, ThreadCondvar, ThreadMutex};
 
+mod default;
+
+pub use default::{DefaultSleep, DefaultSleeper};
+
 /// Something that can wait for a duration.
 ///
 /// # Examples

@@ -1,11 +1,14 @@
 //! The reqwest middleware (feature `reqwest`) against the throttling fake
 //! on loopback: counts of what the server saw, not client-side timings.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use backpressure::admission::Admission;
-use backpressure::reqwest::{AdmissionMiddleware, RequestDeadline};
-use backpressure::testing::ThrottlingServer;
+use backpressure::reqwest::{is_refusal, AdmissionMiddleware, Attempts, RequestDeadline};
+use backpressure::retry::RetryPolicy;
+use backpressure::testing::{Limit, LimitHeaders, ThrottlingServer};
 use backpressure::throttled::Status;
 use backpressure::Throttled;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
@@ -126,4 +129,175 @@ async fn a_429_with_a_short_retry_after_is_retried() {
     let response = client.get(server.url()).send().await.unwrap();
     assert_eq!(response.status().as_u16(), 200);
     assert_eq!(server.total_count(), 2);
+    // The requests it took travel with the response.
+    assert_eq!(response.extensions().get::<Attempts>(), Some(&Attempts(2)));
+}
+
+/// The `Throttled` inside a middleware error.
+fn throttled(err: reqwest_middleware::Error) -> Throttled {
+    match err {
+        reqwest_middleware::Error::Middleware(e) => e
+            .downcast_ref::<Throttled>()
+            .unwrap_or_else(|| panic!("not a Throttled: {e}"))
+            .clone(),
+        other => panic!("not a refusal: {other}"),
+    }
+}
+
+/// Gaps between consecutive request starts.
+fn gaps(starts: &[Instant]) -> Vec<Duration> {
+    starts.windows(2).map(|w| w[1] - w[0]).collect()
+}
+
+/// Past the retries, a 429 used to come back as a plain `Ok(429)`. It is a
+/// `rate_limited` with the server's wait and the requests it sent.
+#[tokio::test]
+async fn a_429_that_outlasts_the_retries_is_rate_limited_not_a_plain_429() {
+    let server = ThrottlingServer::builder()
+        .limit(Limit::Window {
+            requests: 0,
+            window: Duration::from_secs(1),
+        })
+        .start()
+        .await
+        .unwrap();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            AdmissionMiddleware::new(Admission::builder().build())
+                .retry_policy(RetryPolicy::default().max_retries(1)),
+        )
+        .build();
+    let t = throttled(client.get(server.url()).send().await.unwrap_err());
+    assert_eq!(t.status, Status::RateLimited, "{t}");
+    assert_eq!(t.retry_after(), Some(Duration::from_secs(1)));
+    assert_eq!(t.attempts, 2, "{t}");
+    let starts = server.request_starts("");
+    assert_eq!(starts.len(), 2);
+    // The retry waited the server's second.
+    assert!(gaps(&starts)[0] >= Duration::from_millis(950), "{starts:?}");
+}
+
+/// A 429 without `Retry-After` was retried on the 100 ms backoff (6
+/// requests in 1.3 s); it waits the bare-429 hold, as `Runner` does.
+#[tokio::test]
+async fn a_bare_429_waits_the_bare_429_hold_not_the_backoff() {
+    let server = ThrottlingServer::builder()
+        .limit(Limit::Window {
+            requests: 0,
+            window: Duration::from_secs(1),
+        })
+        .headers(LimitHeaders::Bare)
+        .start()
+        .await
+        .unwrap();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            AdmissionMiddleware::new(Admission::builder().build())
+                .retry_policy(RetryPolicy::default().max_retries(2)),
+        )
+        .build();
+    let t = throttled(client.get(server.url()).send().await.unwrap_err());
+    assert_eq!(t.status, Status::RateLimited, "{t}");
+    assert_eq!(t.retry_after(), Some(RetryPolicy::BARE_429_HOLD));
+    let starts = server.request_starts("");
+    assert_eq!(starts.len(), 3, "{starts:?}");
+    assert!(
+        gaps(&starts)
+            .iter()
+            .all(|g| *g >= Duration::from_millis(950)),
+        "{:?}",
+        gaps(&starts)
+    );
+}
+
+/// A listener that accepts connections and never answers; counts them.
+async fn silent_server() -> (String, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            held.push(socket);
+        }
+    });
+    (url, accepted)
+}
+
+/// The deadline bounded only the waits: a server that never answers held
+/// the request past it. The request is dropped at the deadline and the
+/// call is `timed_out`, with the one request it sent.
+#[tokio::test]
+async fn a_server_that_never_answers_is_dropped_at_the_deadline() {
+    let (url, accepted) = silent_server().await;
+    let client = client(Admission::builder().build());
+    let request = client
+        .get(url)
+        .with_extension(RequestDeadline(Duration::from_millis(300)))
+        .send();
+    // A hang fails here rather than blocking the suite.
+    let err = tokio::time::timeout(Duration::from_secs(20), request)
+        .await
+        .expect("the request outlived its deadline")
+        .unwrap_err();
+    let t = throttled(err);
+    assert_eq!(t.status, Status::TimedOut, "{t}");
+    assert_eq!(t.scope, "deadline");
+    assert_eq!(t.attempts, 1);
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        1,
+        "no retry after the deadline"
+    );
+}
+
+/// Under a client that reports middleware errors as transport failures
+/// (an LLM client), a refusal is answered as the 429 such clients keep.
+#[tokio::test]
+async fn a_refusal_can_be_answered_as_a_429_response_with_the_throttled_as_body() {
+    let server = ThrottlingServer::builder().start().await.unwrap();
+    let admission = Admission::builder().run_budget(1).build();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(AdmissionMiddleware::new(admission).refusals_as_responses())
+        .build();
+    let first = client.get(server.url()).send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert!(!is_refusal(first.headers()));
+    let refused = client.get(server.url()).send().await.unwrap();
+    assert_eq!(refused.status(), 429);
+    assert!(is_refusal(refused.headers()));
+    assert_eq!(refused.extensions().get::<Attempts>(), Some(&Attempts(0)));
+    let body: serde_json::Value = serde_json::from_slice(&refused.bytes().await.unwrap()).unwrap();
+    assert_eq!(body["error"]["type"], "budget_exhausted");
+    assert_eq!(body["error"]["scope"], "run");
+    assert_eq!(server.total_count(), 1, "the refused call sent nothing");
+}
+
+/// Six calls refused together through the middleware are told six
+/// different instants, one period apart.
+#[tokio::test]
+async fn calls_refused_together_are_told_staggered_retry_times() {
+    use std::num::NonZeroU32;
+    let server = ThrottlingServer::builder().start().await.unwrap();
+    let admission = Admission::builder()
+        .fixed_rates()
+        .default_quota(backpressure::Quota::per_second(NonZeroU32::new(2).unwrap()))
+        .inline_wait(Duration::ZERO)
+        .build();
+    let client = client(admission);
+    let mut told = Vec::new();
+    for _ in 0..8 {
+        match client.get(server.url()).send().await {
+            Ok(r) => assert_eq!(r.status(), 200),
+            Err(e) => told.push(throttled(e).retry_after_ms.unwrap()),
+        }
+    }
+    assert_eq!(server.total_count(), 2);
+    assert_eq!(told.len(), 6);
+    assert!(
+        told.windows(2).all(|w| w[1] >= w[0] + 490),
+        "not staggered: {told:?}"
+    );
 }

@@ -10,7 +10,7 @@ use crate::adaptive::AdaptiveRate;
 use crate::bucket::Quota;
 use crate::clock::{Clock, DefaultClock};
 use crate::keyed::Scoped;
-use crate::sleep::ThreadSleeper;
+use crate::sleep::DefaultSleeper;
 use crate::sync::{AtomicBool, AtomicU32, AtomicUsize};
 
 use super::learned::Learned;
@@ -51,7 +51,7 @@ use super::{Admission, Inner};
 ///     .build();
 /// # let _ = admission;
 /// ```
-pub struct Builder<S = ThreadSleeper, C = DefaultClock> {
+pub struct Builder<S = DefaultSleeper, C = DefaultClock> {
     sleeper: S,
     clock: C,
     cfg: Settings,
@@ -85,7 +85,7 @@ struct Settings {
 impl Builder {
     pub(super) fn new() -> Self {
         Self {
-            sleeper: ThreadSleeper::new(),
+            sleeper: DefaultSleeper::new(),
             clock: DefaultClock::new(),
             cfg: Settings {
                 global: 16,
@@ -113,8 +113,10 @@ impl Builder {
 }
 
 impl<S, C> Builder<S, C> {
-    /// The timer used for inline waits (default: [`ThreadSleeper`], which
-    /// needs no runtime).
+    /// The timer used for inline waits. The default,
+    /// [`DefaultSleeper`](crate::DefaultSleeper), is tokio's timer inside a
+    /// tokio runtime (feature `tokio`) and a shared timer thread elsewhere;
+    /// pass [`ManualSleeper`](crate::ManualSleeper) in tests.
     ///
     /// # Examples
     ///

@@ -48,7 +48,7 @@ use std::sync::Arc;
 use crate::clock::{saturating_nanos, Clock, DefaultClock};
 use crate::keyed::Scoped;
 use crate::semaphore::Semaphore;
-use crate::sleep::{Sleeper, ThreadSleeper};
+use crate::sleep::{DefaultSleeper, Sleeper};
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 pub use crate::failure::CallFailure;
@@ -118,7 +118,7 @@ struct Inner<S, C: Clock> {
 /// assert_eq!(refused.status, Status::BudgetExhausted);
 /// # });
 /// ```
-pub struct Admission<S = ThreadSleeper, C: Clock = DefaultClock> {
+pub struct Admission<S = DefaultSleeper, C: Clock = DefaultClock> {
     inner: Arc<Inner<S, C>>,
 }
 

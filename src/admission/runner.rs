@@ -127,7 +127,7 @@ enum Ended<E> {
 /// ```
 pub struct Runner<
     V,
-    S = crate::sleep::ThreadSleeper,
+    S = crate::sleep::DefaultSleeper,
     C: Clock = crate::clock::DefaultClock,
     E = String,
 > {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::clock::{Clock, DefaultClock};
 use crate::headers::ServerHint;
-use crate::sleep::{Sleeper, ThreadSleeper};
+use crate::sleep::{DefaultSleeper, Sleeper};
 
 use super::held::Held;
 use super::learned::CredentialState;
@@ -35,7 +35,7 @@ use super::Admission;
 /// # });
 /// ```
 #[must_use = "the call's slots are released as soon as the ticket is dropped"]
-pub struct Ticket<S = ThreadSleeper, C = DefaultClock>
+pub struct Ticket<S = DefaultSleeper, C = DefaultClock>
 where
     S: Sleeper,
     C: Clock,

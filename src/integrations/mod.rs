@@ -4,6 +4,8 @@
 //! hand-written `poll_*` code.
 
 mod poll_semaphore;
+#[cfg(feature = "http")]
+pub(crate) mod refusal;
 #[cfg(any(feature = "reqwest", all(feature = "tower", feature = "http")))]
 mod request_deadline;
 #[cfg(feature = "reqwest")]

@@ -11,37 +11,55 @@ use ::reqwest::{Request, Response};
 use ::reqwest_middleware::{Error, Middleware, Next, Result};
 use parking_lot::Mutex;
 
+use super::refusal;
 use crate::clock::{Clock, DefaultClock};
-use crate::sleep::{Sleeper, ThreadSleeper};
+use crate::sleep::{DefaultSleeper, Sleeper};
+use crate::throttled::{Human, Status};
 use crate::{
     admission::Admission, admission::CallSpec, headers::ServerHint, retry::Deadline,
-    retry::Decision, retry::RetryPolicy,
+    retry::Decision, retry::ReplyClass, retry::RetryPolicy, Throttled,
 };
 
 type Derive = Arc<dyn Fn(&Request) -> String + Send + Sync>;
+type Costs = Arc<dyn Fn(&Request) -> Vec<(String, u32)> + Send + Sync>;
+type Usage = Arc<dyn Fn(&Response) -> Vec<(String, u32)> + Send + Sync>;
 
 /// A request's own deadline (shared with the tower `AdmissionLayer`).
 pub use super::RequestDeadline;
+pub use refusal::{is_refusal, refusal_response, Attempts, REFUSAL_HEADER};
 
 /// Admits every request through an [`Admission`] before it is sent,
 /// observes the response (status and headers: a 429 holds back the
 /// credential), and retries 429, 503 and transport errors with a
-/// [`RetryPolicy`] within the request's deadline.
+/// [`RetryPolicy`] within the request's deadline. Every request ends as
+/// one of the answers `Runner` gives:
+///
+/// | what happened | the caller gets |
+/// | --- | --- |
+/// | an answer that is not "not now" (2xx, 404, ...) | `Ok(response)`, with an [`Attempts`] extension (requests sent, retries included) |
+/// | refused by the admission layer (nothing sent) | a [`Throttled`] (`attempts: 0`) |
+/// | 429 (or 503 with `Retry-After`) past the retries, or a server wait that does not fit the clamp or the deadline | a [`Throttled`] `rate_limited` with the server's wait, never a plain 429 |
+/// | still running at the deadline | a [`Throttled`] `timed_out`: the request is dropped |
+/// | a transport error or a 5xx past the retries | that error or response, as it was |
+///
+/// A [`Throttled`] reaches the caller as an [`Error::Middleware`] whose
+/// cause it is (`err.downcast_ref::<Throttled>()` on the inner
+/// `anyhow::Error`), or, with [`refusals_as_responses`](Self::refusals_as_responses),
+/// as a synthetic 429 response an LLM client keeps ([`refusal_response`]).
 ///
 /// * The **tool** of a request is, by default, its host and first path
 ///   segment (`api.example.com/v1`); the **credential** is a hash of the
 ///   configured header's value (`authorization` by default), never the
-///   value itself, so it can be logged. Both can be replaced with
-///   closures.
+///   value itself, so it can be logged ([`credential_of`]). Both can be
+///   replaced with closures.
 /// * The **deadline** is [`RequestDeadline`] from the request's
-///   extensions, else the default (30 s). Admission waits, retries and
-///   their backoff are all charged to it.
-/// * A refusal (of the admission layer, or a server wait that does not fit
-///   the deadline) is an [`Error::Middleware`] whose cause is a
-///   [`Throttled`](crate::Throttled): `err.downcast_ref::<Throttled>()` on
-///   the inner `anyhow::Error`, ready to serialize for a model. Past the
-///   retry cap, the last response (or transport error) is returned as it
-///   is.
+///   extensions, else the default (30 s). Admission waits, the requests,
+///   retries and their backoff are all charged to it.
+/// * A bare or unparsable 429 waits [`RetryPolicy::BARE_429_HOLD`] (the
+///   same hold admission puts on the credential), not the backoff.
+/// * **Costs**: [`cost_from`](Self::cost_from) says what a request draws
+///   from the weighted quotas (tokens, ...), [`usage_from`](Self::usage_from)
+///   what the response says it used (settled on the ticket).
 /// * A request whose body cannot be cloned (a stream) is sent once.
 ///
 /// # Examples
@@ -60,12 +78,16 @@ pub use super::RequestDeadline;
 ///     .build();
 /// # drop(client);
 /// ```
-pub struct AdmissionMiddleware<S: Sleeper = ThreadSleeper, C: Clock = DefaultClock> {
+pub struct AdmissionMiddleware<S: Sleeper = DefaultSleeper, C: Clock = DefaultClock> {
     admission: Admission<S, C>,
     tool: Derive,
     credential: Derive,
     deadline: Duration,
     retry: Arc<Mutex<RetryPolicy>>,
+    cost: Option<Costs>,
+    usage: Option<Usage>,
+    /// Refusals answered as synthetic 429 responses, not errors.
+    responses: bool,
 }
 
 impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
@@ -87,6 +109,9 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
             credential: credential_from_header("authorization".to_string()),
             deadline: Duration::from_secs(30),
             retry: Arc::new(Mutex::new(RetryPolicy::default())),
+            cost: None,
+            usage: None,
+            responses: false,
         }
     }
 
@@ -176,6 +201,79 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
         self
     }
 
+    /// What each request draws from the layer's weighted quotas (tokens,
+    /// ...), as `(quota name, units)`: reserved before the request is sent,
+    /// all or nothing. A name that matches no quota is not charged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::Admission;
+    /// use backpressure::reqwest::AdmissionMiddleware;
+    /// // An estimate from the request: its body's size, at ~4 bytes a token.
+    /// let m = AdmissionMiddleware::new(Admission::builder().build()).cost_from(|req| {
+    ///     let bytes = req.body().and_then(|b| b.as_bytes()).map_or(0, |b| b.len());
+    ///     vec![("tokens".to_string(), (bytes / 4) as u32 + 1_000)]
+    /// });
+    /// # drop(m);
+    /// ```
+    pub fn cost_from(
+        mut self,
+        f: impl Fn(&Request) -> Vec<(String, u32)> + Send + Sync + 'static,
+    ) -> Self {
+        self.cost = Some(Arc::new(f));
+        self
+    }
+
+    /// What a response says the request used, as `(quota name, units)`
+    /// (from its headers: the body stays the caller's), settled on the
+    /// request's ticket: the estimate from [`cost_from`](Self::cost_from)
+    /// is corrected to it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::Admission;
+    /// use backpressure::reqwest::AdmissionMiddleware;
+    /// let m = AdmissionMiddleware::new(Admission::builder().build()).usage_from(|resp| {
+    ///     resp.headers()
+    ///         .get("x-usage-tokens")
+    ///         .and_then(|v| v.to_str().ok()?.parse().ok())
+    ///         .map(|n| ("tokens".to_string(), n))
+    ///         .into_iter()
+    ///         .collect()
+    /// });
+    /// # drop(m);
+    /// ```
+    pub fn usage_from(
+        mut self,
+        f: impl Fn(&Response) -> Vec<(String, u32)> + Send + Sync + 'static,
+    ) -> Self {
+        self.usage = Some(Arc::new(f));
+        self
+    }
+
+    /// Answers a refusal as a synthetic 429 response (503 for `closed`)
+    /// instead of an error: `retry-after`, `retry-after-ms` and a JSON
+    /// body in the providers' error shape carrying the [`Throttled`] (see
+    /// [`refusal_response`]). Use it under a client library (an LLM client
+    /// over reqwest-middleware) that reports errors from its HTTP stack as
+    /// retryable transport failures but keeps a 429's status, headers and
+    /// body.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::Admission;
+    /// use backpressure::reqwest::AdmissionMiddleware;
+    /// let m = AdmissionMiddleware::new(Admission::builder().build()).refusals_as_responses();
+    /// # drop(m);
+    /// ```
+    pub fn refusals_as_responses(mut self) -> Self {
+        self.responses = true;
+        self
+    }
+
     /// The default deadline.
     ///
     /// # Examples
@@ -197,13 +295,29 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     ///
     /// ```
     /// use backpressure::reqwest::AdmissionMiddleware;
-    /// let a = AdmissionMiddleware::<backpressure::ThreadSleeper>::credential_of(b"Bearer key-a");
-    /// assert_eq!(a.len(), 16);
-    /// assert_ne!(a, AdmissionMiddleware::<backpressure::ThreadSleeper>::credential_of(b"Bearer key-b"));
+    /// let a = AdmissionMiddleware::<backpressure::DefaultSleeper>::credential_of(b"Bearer key-a");
+    /// assert_eq!(a, backpressure::reqwest::credential_of(b"Bearer key-a"));
     /// ```
     pub fn credential_of(value: &[u8]) -> String {
         hash_credential(value)
     }
+}
+
+/// The credential the middleware's default derivation gives a header
+/// value: a stable 64-bit hash, in hex. Ask
+/// [`Admission::learned_rate`] or [`Admission::stats`] with it, or
+/// configure a quota for it with `Builder::quota`.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::reqwest::credential_of;
+/// let a = credential_of(b"Bearer key-a");
+/// assert_eq!(a.len(), 16);
+/// assert_ne!(a, credential_of(b"Bearer key-b"));
+/// ```
+pub fn credential_of(value: &[u8]) -> String {
+    hash_credential(value)
 }
 
 fn hash_credential(value: &[u8]) -> String {
@@ -260,42 +374,113 @@ where
         let mut deadline = Deadline::after(DefaultClock::new(), budget);
         let tool = (self.tool)(&req);
         let credential = (self.credential)(&req);
+        let costs = self.cost.as_ref().map(|f| f(&req)).unwrap_or_default();
         let mut policy: Option<RetryPolicy> = None;
+        let mut sent = 0u32;
         let mut req = req;
         loop {
-            let spec =
+            let mut spec =
                 CallSpec::new(tool.as_str(), credential.as_str()).deadline(deadline.remaining());
-            let ticket = self
-                .admission
-                .admit(&spec)
-                .await
-                .map_err(Error::middleware)?;
+            for (name, units) in &costs {
+                spec = spec.cost(name.clone(), *units);
+            }
+            let mut ticket = match self.admission.admit(&spec).await {
+                Ok(ticket) => ticket,
+                Err(refused) => return self.refuse(refused.with_attempts(sent)),
+            };
             let copy = req.try_clone();
-            let result = next.clone().run(req, extensions).await;
-            let hint = match &result {
+            sent += 1;
+            // The deadline bounds the request itself, not only the waits
+            // around it: a server that never answers is dropped at it.
+            let attempt =
+                tokio::time::timeout(deadline.remaining(), next.clone().run(req, extensions));
+            let Ok(mut result) = attempt.await else {
+                return self.refuse(refusal::request_timed_out(budget, sent));
+            };
+            let (status, hint) = match &result {
+                // A refusal of an admission layer further in: not the
+                // server's answer, so nothing to learn from, and final.
+                Ok(response) if refusal::is_refusal(response.headers()) => {
+                    return with_attempts(result, sent)
+                }
                 Ok(response) => {
                     let status = response.status().as_u16();
                     let hint = ServerHint::from_header_map(response.headers(), SystemTime::now());
                     ticket.observe(status, &hint);
-                    if status != 429 && status != 503 {
-                        return result;
+                    if let Some(usage) = &self.usage {
+                        for (name, used) in usage(response) {
+                            ticket.settle(&name, used);
+                        }
                     }
-                    hint
+                    (Some(status), hint)
                 }
-                Err(_) => ServerHint::default(),
+                Err(_) => (None, ServerHint::default()),
             };
             drop(ticket);
-            let Some(copy) = copy else { return result };
             let policy = policy.get_or_insert_with(|| self.retry.lock().fork());
-            match policy.decide(&hint, &mut deadline) {
-                Decision::Retry { after } => {
+            let class = policy.classify(status, &hint);
+            match class {
+                ReplyClass::Success | ReplyClass::Final => return with_attempts(result, sent),
+                ReplyClass::Capacity | ReplyClass::Transient => {}
+            }
+            match (policy.decide_reply(status, &hint, &mut deadline), copy) {
+                (Decision::Retry { after }, Some(copy)) => {
                     tokio::time::sleep(after).await;
                     req = copy;
                 }
-                Decision::Surface(s) => return Err(Error::middleware(s)),
-                // The cap: the last answer stands.
-                _ => return result,
+                // The server's capacity, and no retry: a rate limit with
+                // the server's wait, never a plain 429.
+                (Decision::Surface(t), _) if class == ReplyClass::Capacity => {
+                    return self.refuse(t.with_attempts(sent))
+                }
+                (Decision::Retry { after }, None) if class == ReplyClass::Capacity => {
+                    return self.refuse(cannot_resend(status.unwrap_or(429), after, sent))
+                }
+                // A fault (a transport error, a 5xx) not retried: the last
+                // answer stands, as what it was.
+                _ => {
+                    if let Ok(response) = &mut result {
+                        response.extensions_mut().insert(Attempts(sent));
+                    }
+                    return result;
+                }
             }
         }
     }
+}
+
+impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
+    /// Answers a refusal as configured: an error whose cause is the
+    /// `Throttled`, or a synthetic 429 response.
+    fn refuse(&self, throttled: Throttled) -> Result<Response> {
+        if self.responses {
+            Ok(Response::from(refusal::refusal_response(&throttled)))
+        } else {
+            Err(Error::middleware(throttled))
+        }
+    }
+}
+
+fn with_attempts(mut result: Result<Response>, sent: u32) -> Result<Response> {
+    if let Ok(response) = &mut result {
+        response.extensions_mut().insert(Attempts(sent));
+    }
+    result
+}
+
+/// A capacity answer whose request cannot be sent again (its body is a
+/// stream): the server's wait, as a rate limit.
+#[cold]
+fn cannot_resend(status: u16, after: Duration, sent: u32) -> Throttled {
+    Throttled::new(
+        Status::RateLimited,
+        "api_key",
+        format!(
+            "the server answered {status} and this request cannot be sent again (its body is a stream); \
+             retry after {}",
+            Human(after)
+        ),
+    )
+    .with_retry_after(after)
+    .with_attempts(sent)
 }

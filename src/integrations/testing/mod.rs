@@ -103,6 +103,9 @@ pub enum LimitHeaders {
     XRateLimit,
     /// Both.
     Both,
+    /// None at all, not even `Retry-After` on a 429: a bare 429, as some
+    /// proxies send.
+    Bare,
 }
 
 /// Configures and starts a [`ThrottlingServer`].

@@ -201,6 +201,9 @@ fn limit_headers(
     retry_after: Option<Duration>,
     out: &mut String,
 ) {
+    if shared.config.headers == LimitHeaders::Bare {
+        return;
+    }
     if let Some(d) = retry_after {
         let _ = write!(out, "Retry-After: {}\r\n", retry_after_secs(d));
     }

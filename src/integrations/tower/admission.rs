@@ -14,7 +14,7 @@ use ::tower::{Layer, Service};
 use super::BoxError;
 use crate::admission::Admission;
 use crate::clock::{Clock, DefaultClock};
-use crate::sleep::{Sleeper, ThreadSleeper};
+use crate::sleep::{DefaultSleeper, Sleeper};
 
 pub use future::AdmissionFuture;
 #[cfg(feature = "http")]
@@ -93,7 +93,7 @@ pub use hooks::{MakeSpec, Observe, ObserveOk};
 /// assert_eq!(admission.stats().in_flight, 0); // the ticket came back
 /// # });
 /// ```
-pub struct AdmissionLayer<M, O = ObserveOk, Sl = ThreadSleeper, C: Clock = DefaultClock> {
+pub struct AdmissionLayer<M, O = ObserveOk, Sl = DefaultSleeper, C: Clock = DefaultClock> {
     admission: Admission<Sl, C>,
     spec: M,
     observe: O,
@@ -272,7 +272,7 @@ impl<S, M: Clone, O: Clone, Sl, C: Clock> Layer<S> for AdmissionLayer<M, O, Sl, 
 /// assert_eq!(admission.stats().admitted, 1);
 /// # });
 /// ```
-pub struct AdmissionService<S, M, O = ObserveOk, Sl = ThreadSleeper, C: Clock = DefaultClock> {
+pub struct AdmissionService<S, M, O = ObserveOk, Sl = DefaultSleeper, C: Clock = DefaultClock> {
     inner: S,
     layer: AdmissionLayer<M, O, Sl, C>,
 }

@@ -15,7 +15,7 @@ use super::{rate_limited_check, rate_limited_reserve, BoxError, LimitFuture};
 use crate::bucket::Reservation;
 use crate::clock::{Clock, DefaultClock};
 use crate::keyed::Scoped;
-use crate::sleep::{Sleeper, ThreadSleeper};
+use crate::sleep::{DefaultSleeper, Sleeper};
 
 /// Admits each request through the bucket of its key in a shared
 /// [`Scoped`] registry; the key comes from the request through `key`.
@@ -51,14 +51,14 @@ use crate::sleep::{Sleeper, ThreadSleeper};
 /// assert_eq!(svc.clone().oneshot(("bob", 3)).await.unwrap(), 3); // bob is not
 /// # });
 /// ```
-pub struct KeyedRateLimitLayer<K, F, C: Clock = DefaultClock, Sl = ThreadSleeper> {
+pub struct KeyedRateLimitLayer<K, F, C: Clock = DefaultClock, Sl = DefaultSleeper> {
     limits: Arc<Scoped<K, C>>,
     key: F,
     budget: Duration,
     sleeper: Sl,
 }
 
-impl<K, F, C: Clock> KeyedRateLimitLayer<K, F, C, ThreadSleeper> {
+impl<K, F, C: Clock> KeyedRateLimitLayer<K, F, C, DefaultSleeper> {
     /// Rejects a request whose key has no cell; `key` maps a request to
     /// its key.
     ///
@@ -77,7 +77,7 @@ impl<K, F, C: Clock> KeyedRateLimitLayer<K, F, C, ThreadSleeper> {
             limits,
             key,
             budget: Duration::ZERO,
-            sleeper: ThreadSleeper::new(),
+            sleeper: DefaultSleeper::new(),
         }
     }
 }
@@ -89,7 +89,7 @@ impl<K, F, C: Clock, Sl> KeyedRateLimitLayer<K, F, C, Sl> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{tower::KeyedRateLimitLayer, Quota, Scoped, ThreadSleeper};
+    /// use backpressure::{tower::KeyedRateLimitLayer, DefaultSleeper, Quota, Scoped};
     /// use std::num::NonZeroU32;
     /// use std::sync::Arc;
     /// use std::time::Duration;
@@ -98,7 +98,7 @@ impl<K, F, C: Clock, Sl> KeyedRateLimitLayer<K, F, C, Sl> {
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let limits = Arc::new(Scoped::new(Quota::per_second(NonZeroU32::new(1000).unwrap())));
     /// let layer = KeyedRateLimitLayer::new(limits, |k: &u8| *k)
-    ///     .wait_up_to(Duration::from_millis(100), ThreadSleeper::new());
+    ///     .wait_up_to(Duration::from_millis(100), DefaultSleeper::new());
     /// let svc = layer.layer(service_fn(|k: u8| async move { Ok::<_, std::io::Error>(k) }));
     /// for _ in 0..1_005 {
     ///     svc.clone().oneshot(1).await.unwrap();
@@ -190,7 +190,7 @@ impl<S, K, F: Clone, C: Clock, Sl: Clone> Layer<S> for KeyedRateLimitLayer<K, F,
 /// assert_eq!(limits.available(&9), 4);
 /// # });
 /// ```
-pub struct KeyedRateLimit<S, K, F, C: Clock = DefaultClock, Sl = ThreadSleeper> {
+pub struct KeyedRateLimit<S, K, F, C: Clock = DefaultClock, Sl = DefaultSleeper> {
     inner: S,
     limits: Arc<Scoped<K, C>>,
     key: F,

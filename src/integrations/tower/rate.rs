@@ -13,7 +13,7 @@ use ::tower::{Layer, Service};
 use super::{rate_limited_check, rate_limited_reserve, BoxError, LimitFuture};
 use crate::bucket::TokenBucket;
 use crate::clock::{Clock, DefaultClock};
-use crate::sleep::{Sleeper, ThreadSleeper};
+use crate::sleep::{DefaultSleeper, Sleeper};
 
 /// Admits each request through one shared [`TokenBucket`] (GCRA: a rate
 /// and a burst, no fixed window).
@@ -58,13 +58,13 @@ use crate::sleep::{Sleeper, ThreadSleeper};
 /// svc.oneshot(()).await.unwrap();
 /// # });
 /// ```
-pub struct RateLimitLayer<C: Clock = DefaultClock, Sl = ThreadSleeper> {
+pub struct RateLimitLayer<C: Clock = DefaultClock, Sl = DefaultSleeper> {
     bucket: Arc<TokenBucket<C>>,
     budget: Duration,
     sleeper: Sl,
 }
 
-impl<C: Clock> RateLimitLayer<C, ThreadSleeper> {
+impl<C: Clock> RateLimitLayer<C, DefaultSleeper> {
     /// Rejects every request that finds no cell in `bucket`.
     ///
     /// # Examples
@@ -81,7 +81,7 @@ impl<C: Clock> RateLimitLayer<C, ThreadSleeper> {
         RateLimitLayer {
             bucket,
             budget: Duration::ZERO,
-            sleeper: ThreadSleeper::new(),
+            sleeper: DefaultSleeper::new(),
         }
     }
 }
@@ -98,7 +98,7 @@ impl<C: Clock, Sl> RateLimitLayer<C, Sl> {
     ///
     /// ```
     /// use backpressure::tower::RateLimitLayer;
-    /// use backpressure::{Quota, ThreadSleeper, TokenBucket};
+    /// use backpressure::{DefaultSleeper, Quota, TokenBucket};
     /// use std::num::NonZeroU32;
     /// use std::sync::Arc;
     /// use std::time::Duration;
@@ -107,7 +107,7 @@ impl<C: Clock, Sl> RateLimitLayer<C, Sl> {
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let bucket = Arc::new(TokenBucket::new(Quota::per_second(NonZeroU32::new(1000).unwrap())));
     /// let layer = RateLimitLayer::new(bucket)
-    ///     .wait_up_to(Duration::from_millis(100), ThreadSleeper::new());
+    ///     .wait_up_to(Duration::from_millis(100), DefaultSleeper::new());
     /// let svc = layer.layer(service_fn(|()| async { Ok::<_, std::io::Error>(()) }));
     /// for _ in 0..1_005 {
     ///     svc.clone().oneshot(()).await.unwrap(); // the last ones wait ~1 ms each
@@ -192,7 +192,7 @@ impl<S, C: Clock, Sl: Sleeper + Clone> Layer<S> for RateLimitLayer<C, Sl> {
 /// assert_eq!(bucket.available(), 9);
 /// # });
 /// ```
-pub struct RateLimit<S, C: Clock = DefaultClock, Sl: Sleeper = ThreadSleeper> {
+pub struct RateLimit<S, C: Clock = DefaultClock, Sl: Sleeper = DefaultSleeper> {
     inner: S,
     bucket: Arc<TokenBucket<C>>,
     budget: Duration,

@@ -9,7 +9,7 @@ use ::tower::retry::Policy;
 use parking_lot::Mutex;
 
 use crate::clock::{Clock, DefaultClock};
-use crate::sleep::{Sleeper, ThreadSleeper};
+use crate::sleep::{DefaultSleeper, Sleeper};
 use crate::{headers::ServerHint, Throttled};
 use crate::{retry::Deadline, retry::Decision, retry::RetryPolicy};
 
@@ -72,7 +72,7 @@ use crate::{retry::Deadline, retry::Decision, retry::RetryPolicy};
 /// assert_eq!(calls.load(Ordering::Relaxed), 1);
 /// # });
 /// ```
-pub struct HintRetry<F, C: Clock = DefaultClock, Sl = ThreadSleeper> {
+pub struct HintRetry<F, C: Clock = DefaultClock, Sl = DefaultSleeper> {
     template: Arc<Mutex<RetryPolicy>>,
     /// This call's policy, forked from the template at the first failure.
     policy: Option<RetryPolicy>,
@@ -82,7 +82,7 @@ pub struct HintRetry<F, C: Clock = DefaultClock, Sl = ThreadSleeper> {
     sleeper: Sl,
 }
 
-impl<F> HintRetry<F, DefaultClock, ThreadSleeper> {
+impl<F> HintRetry<F, DefaultClock, DefaultSleeper> {
     /// Retries as `policy` says within `budget` per call, with what
     /// `classify` reads from each result.
     ///
@@ -106,7 +106,7 @@ impl<F> HintRetry<F, DefaultClock, ThreadSleeper> {
             budget,
             deadline: Deadline::after(clock, budget),
             classify,
-            sleeper: ThreadSleeper::new(),
+            sleeper: DefaultSleeper::new(),
         }
     }
 }
