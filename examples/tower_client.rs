@@ -41,11 +41,11 @@ async fn get(addr: std::net::SocketAddr, path: String) -> Result<(u16, ServerHin
 }
 
 /// Retry 429/503 (with the server's hint) and transport errors.
-fn classify(r: &Result<(u16, ServerHint), BoxError>) -> Option<ServerHint> {
+fn classify(r: &Result<(u16, ServerHint), BoxError>) -> Option<(Option<u16>, ServerHint)> {
     match r {
-        Ok((429 | 503, hint)) => Some(hint.clone()),
+        Ok((status @ (429 | 503), hint)) => Some((Some(*status), hint.clone())),
         Ok(_) => None,
-        Err(_) => Some(ServerHint::default()),
+        Err(_) => Some((None, ServerHint::default())),
     }
 }
 

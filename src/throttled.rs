@@ -227,6 +227,24 @@ impl fmt::Display for Throttled {
 
 impl std::error::Error for Throttled {}
 
+/// The answer for a request still running at its call's deadline: it was
+/// dropped, and the call is `timed_out` (never a transport failure, which
+/// a caller would retry at once). `Runner`, the reqwest middleware and the
+/// tower `AdmissionLayer` all answer it.
+#[cold]
+pub(crate) fn request_timed_out(budget: Duration, attempts: u32) -> Throttled {
+    Throttled::new(
+        Status::TimedOut,
+        "deadline",
+        format!(
+            "the request was still running at the call's deadline ({} in all) and was dropped; \
+             retry with a longer deadline or later",
+            Human(budget)
+        ),
+    )
+    .with_attempts(attempts)
+}
+
 /// `d` in milliseconds, rounded up, saturating.
 pub(crate) fn ceil_ms(d: Duration) -> u64 {
     let ms = d.as_nanos().div_ceil(1_000_000);

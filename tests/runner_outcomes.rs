@@ -133,6 +133,10 @@ fn a_429_that_outlasts_the_retries_is_throttled_not_failed() {
     assert_eq!(t.status, Status::RateLimited);
     assert_eq!(t.scope, "api_key");
     assert_eq!(t.retry_after_ms, Some(1000));
+    assert_eq!(
+        t.attempts, 4,
+        "the requests it sent travel with the refusal"
+    );
     // 1 + 3 retries, each after the server's hold.
     let starts = fake.starts();
     assert_eq!(starts.len(), 4, "{starts:?}");
@@ -597,4 +601,41 @@ fn close_during_a_retry_wait_ends_the_call_at_once() {
     }
     assert_eq!(results[1].throttled().unwrap().status, Status::Closed);
     assert_eq!(fake.sent.load(Ordering::SeqCst), 2);
+}
+
+/// A request that never answers held the call past its deadline (the
+/// deadline bounded only the waits). It is dropped at the deadline: the
+/// call is `timed_out` with the one request it sent, and nothing retries.
+#[test]
+fn a_request_that_never_answers_is_dropped_at_the_deadline() {
+    let (clock, sleeper) = manual();
+    let admission = Admission::builder()
+        .sleeper(sleeper.clone())
+        .clock(clock.clone())
+        .build();
+    let runner: Runner<u64, _, _> = Runner::new(admission.clone(), Duration::ZERO);
+    let sent = Arc::new(AtomicUsize::new(0));
+    let s = sent.clone();
+    let call = Call::new(
+        CallSpec::new("search", "k").deadline(Duration::from_millis(300)),
+        move || {
+            s.fetch_add(1, Ordering::SeqCst);
+            std::future::pending::<Result<Reply<u64>, String>>()
+        },
+    );
+    let result = drive(&sleeper, 10_000, runner.one(call));
+    let t = result.throttled().unwrap_or_else(|| panic!("{result:?}"));
+    assert_eq!(
+        (t.status, t.scope.as_str(), t.attempts),
+        (Status::TimedOut, "deadline", 1)
+    );
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
+    // Answered at the deadline, not later.
+    use backpressure::Clock;
+    assert!(
+        clock.now_nanos() <= 301 * MS,
+        "{} ms",
+        clock.now_nanos() / MS
+    );
+    assert_eq!(admission.stats().in_flight, 0, "the ticket came back");
 }

@@ -429,11 +429,11 @@ fn flaky_server(
     (calls, svc)
 }
 
-fn classify(r: &Result<(u16, ServerHint), BoxError>) -> Option<ServerHint> {
+fn classify(r: &Result<(u16, ServerHint), BoxError>) -> Option<(Option<u16>, ServerHint)> {
     match r {
-        Ok((429 | 503, hint)) => Some(hint.clone()),
+        Ok((status @ (429 | 503), hint)) => Some((Some(*status), hint.clone())),
         Ok(_) => None,
-        Err(_) => Some(ServerHint::default()),
+        Err(_) => Some((None, ServerHint::default())),
     }
 }
 
@@ -520,4 +520,46 @@ async fn hint_retry_retries_transport_errors_with_backoff_up_to_the_cap() {
         sleeper.advance(Duration::from_millis(100));
     }
     panic!("never finished");
+}
+
+/// A 429 without a usable `Retry-After` was retried on the 10 ms backoff;
+/// it waits the bare-429 hold, as `Runner` and the middleware do.
+#[tokio::test]
+async fn hint_retry_waits_the_bare_429_hold_for_a_429_without_a_wait() {
+    let clock = ManualClock::new();
+    let sleeper = ManualSleeper::new(clock.clone());
+    let (calls, server) = flaky_server(1, "soon");
+    let retry = HintRetry::new(policy(), Duration::from_secs(30), classify)
+        .with_clock(clock.clone())
+        .with_sleeper(sleeper.clone());
+    let mut call = Box::pin(RetryLayer::new(retry).layer(server).oneshot(()));
+    assert!(call.as_mut().now_or_never().is_none());
+    sleeper.advance(RetryPolicy::BARE_429_HOLD - Duration::from_millis(1));
+    assert!(call.as_mut().now_or_never().is_none());
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "retried before the hold");
+    sleeper.advance(Duration::from_millis(20));
+    let (status, _) = call.await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// Past the cap a 429 came back as the plain `Ok(429)`; it is a
+/// `rate_limited` with the server's wait and the requests sent.
+#[tokio::test]
+async fn hint_retry_surfaces_a_429_past_the_cap_as_rate_limited() {
+    let clock = ManualClock::new();
+    let sleeper = ManualSleeper::new(clock.clone());
+    let (calls, server) = flaky_server(usize::MAX, "1");
+    let retry = HintRetry::new(policy().max_retries(1), Duration::from_secs(30), classify)
+        .with_clock(clock.clone())
+        .with_sleeper(sleeper.clone());
+    let mut call = Box::pin(RetryLayer::new(retry).layer(server).oneshot(()));
+    assert!(call.as_mut().now_or_never().is_none());
+    sleeper.advance(Duration::from_millis(1_020));
+    let err = call.await.unwrap_err();
+    let t = throttled(&err);
+    assert_eq!(t.status, Status::RateLimited);
+    assert_eq!(t.retry_after(), Some(Duration::from_secs(1)));
+    assert_eq!(t.attempts, 2);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
 }

@@ -146,8 +146,12 @@ async fn a_429_with_retry_after_seen_through_the_layer_holds_back_later_calls() 
         .inline_wait(Duration::from_secs(5))
         .build();
     let svc = client(admission, server.addr());
-    let first = svc.clone().oneshot(get("/v1/search")).await.unwrap();
-    assert_eq!(first.status(), 429);
+    // The server's 429 reaches the caller as a rate limit with its wait
+    // and the one request sent, never as a plain 429 response.
+    let first = svc.clone().oneshot(get("/v1/search")).await.unwrap_err();
+    let t = first.downcast_ref::<Throttled>().unwrap();
+    assert_eq!((t.status, t.attempts), (Status::RateLimited, 1), "{t}");
+    assert_eq!(t.retry_after(), Some(Duration::from_secs(1)));
     let calls: Vec<_> = (0..5)
         .map(|_| tokio::spawn(svc.clone().oneshot(get("/v1/search"))))
         .collect();
@@ -287,4 +291,38 @@ async fn a_busy_fail_fast_tool_is_shed_with_its_scope() {
     assert_eq!(first.await.unwrap().unwrap().status(), 200);
     assert_eq!(server.count("key-a"), 1);
     assert_eq!(admission.stats().in_flight, 0);
+}
+
+/// The deadline bounded only the wait for admission: a server that never
+/// answers held the call past it. The inner call is dropped at the
+/// deadline, the caller hears `timed_out`, and the ticket comes back.
+#[tokio::test]
+async fn a_server_that_never_answers_is_dropped_at_the_deadline() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            held.push(socket);
+        }
+    });
+    let admission = Admission::builder().build();
+    let svc = client(admission.clone(), addr);
+    let mut req = get("/v1/search");
+    req.extensions_mut()
+        .insert(RequestDeadline(Duration::from_millis(300)));
+    let err = tokio::time::timeout(Duration::from_secs(20), svc.oneshot(req))
+        .await
+        .expect("the call outlived its deadline")
+        .unwrap_err();
+    let t = err.downcast_ref::<Throttled>().unwrap();
+    assert_eq!(
+        (t.status, t.scope.as_str(), t.attempts),
+        (Status::TimedOut, "deadline", 1)
+    );
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(admission.stats().in_flight, 0, "the ticket came back");
 }

@@ -549,6 +549,12 @@ where
         &self.inner.clock
     }
 
+    /// The layer's timer (the tower `AdmissionLayer` bounds a request with
+    /// it, and `Runner` its attempts).
+    pub(crate) fn sleeper(&self) -> &S {
+        &self.inner.sleeper
+    }
+
     /// Calls waiting for a slot right now.
     ///
     /// # Examples

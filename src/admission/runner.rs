@@ -357,11 +357,33 @@ where
             let spec = call.spec.clone().deadline(deadline.remaining());
             let mut ticket = match self.admission.admit(&spec).await {
                 Ok(t) => t,
-                Err(refused) => return Err(refused_retry(refused, last)),
+                Err(refused) => {
+                    let refused = refused.with_attempts(sent.load(Relaxed));
+                    return Err(refused_retry(refused, last));
+                }
             };
             // Relaxed: a count read by this call's own task afterwards.
             let n = sent.fetch_add(1, Relaxed) + 1;
-            let (status, hint, error) = match (call.make)().await {
+            // The deadline bounds the request itself: an attempt still
+            // running at it is dropped (with its ticket) and the call is
+            // `timed_out`, whatever came before.
+            let attempt = {
+                let mut attempt = core::pin::pin!((call.make)());
+                let mut timeout =
+                    core::pin::pin!(self.admission.sleeper().sleep(deadline.remaining()));
+                core::future::poll_fn(|cx| match attempt.as_mut().poll(cx) {
+                    Poll::Ready(r) => Poll::Ready(Some(r)),
+                    Poll::Pending => timeout.as_mut().poll(cx).map(|()| None),
+                })
+                .await
+            };
+            let Some(attempt) = attempt else {
+                return Err(Ended::Throttled(crate::throttled::request_timed_out(
+                    call.spec.deadline,
+                    n,
+                )));
+            };
+            let (status, hint, error) = match attempt {
                 Ok(r) => {
                     // The admission layer learns from every answer (it
                     // holds the credential for everyone on a 429).
@@ -412,7 +434,7 @@ where
                 // The server's capacity, not a fault: a rate limit, never
                 // `Failed`.
                 Decision::Surface(t) if class == ReplyClass::Capacity => {
-                    return Err(Ended::Throttled(t))
+                    return Err(Ended::Throttled(t.with_attempts(n)))
                 }
                 // A fault the policy would not retry now: report it as it
                 // was, with the policy's reason (a transport error is never
@@ -463,7 +485,8 @@ impl<E> Ended<E> {
     /// The result for a caller that sent `attempts` requests itself.
     fn to_result<V>(&self, attempts: u32) -> CallResult<V, E> {
         match self {
-            Ended::Throttled(t) => CallResult::Throttled(t.clone()),
+            // The requests this caller sent (a follower sent none).
+            Ended::Throttled(t) => CallResult::Throttled(t.clone().with_attempts(attempts)),
             Ended::Failed { error, not_retried } => CallResult::Failed {
                 error: error.clone(),
                 not_retried: not_retried.clone(),

@@ -206,3 +206,11 @@ impl<S: Sleeper, C: Clock> fmt::Debug for Ticket<S, C> {
             .finish_non_exhaustive()
     }
 }
+
+impl<S: Sleeper, C: Clock> Ticket<S, C> {
+    /// The admission layer that granted this ticket.
+    #[cfg(feature = "tower")]
+    pub(crate) fn admission(&self) -> &Admission<S, C> {
+        &self.admission
+    }
+}

@@ -22,6 +22,8 @@ mod deadline;
 mod retry;
 
 pub use deadline::{Deadline, TimedOut};
+#[cfg(feature = "tower")]
+pub(crate) use retry::{reply_class, server_scope};
 pub use retry::{Decision, ReplyClass, RetryPolicy};
 
 /// How a backoff delay is randomised. With `v = min(cap, base * 2^attempt)`:

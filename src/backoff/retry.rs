@@ -295,14 +295,7 @@ impl RetryPolicy {
     /// assert_eq!(policy.classify(Some(204), &told), ReplyClass::Success);
     /// ```
     pub fn classify(&self, status: Option<u16>, hint: &ServerHint) -> ReplyClass {
-        match status {
-            None => ReplyClass::Transient,
-            Some(200..=299) => ReplyClass::Success,
-            Some(429) => ReplyClass::Capacity,
-            Some(503) if hint.retry_after.is_some() => ReplyClass::Capacity,
-            Some(408 | 500..=599) => ReplyClass::Transient,
-            Some(_) => ReplyClass::Final,
-        }
+        reply_class(status, hint)
     }
 
     /// Decides what to do after an attempt, seeing its whole answer:
@@ -442,11 +435,24 @@ impl RetryPolicy {
     }
 }
 
+/// The one classification of an answer (see [`ReplyClass`]); the tower
+/// `AdmissionLayer` asks it without a policy.
+pub(crate) fn reply_class(status: Option<u16>, hint: &ServerHint) -> ReplyClass {
+    match status {
+        None => ReplyClass::Transient,
+        Some(200..=299) => ReplyClass::Success,
+        Some(429) => ReplyClass::Capacity,
+        Some(503) if hint.retry_after.is_some() => ReplyClass::Capacity,
+        Some(408 | 500..=599) => ReplyClass::Transient,
+        Some(_) => ReplyClass::Final,
+    }
+}
+
 /// The scope of a `timed_out` the policy surfaces: the call's own deadline.
 const DEADLINE: &str = "deadline";
 
 /// The limit the server's answer is about, named as `Admission` names it.
-fn server_scope(hint: &ServerHint) -> String {
+pub(crate) fn server_scope(hint: &ServerHint) -> String {
     hint.scope
         .as_ref()
         .map_or_else(|| "api_key".to_string(), |s| format!("server:{s}"))

@@ -19,9 +19,7 @@
 //! recognise it as ours ([`is_refusal`]): it is never fed to a learned rate
 //! or retried by another layer of the crate.
 
-use core::time::Duration;
-
-use crate::throttled::{Human, Status, Throttled};
+use crate::throttled::{Status, Throttled};
 
 /// The header that marks a synthetic refusal (its value is the status,
 /// `rate_limited`, `shed`, ...).
@@ -114,23 +112,6 @@ pub fn refusal_response(throttled: &Throttled) -> http::Response<Vec<u8>> {
 /// ```
 pub fn is_refusal(headers: &http::HeaderMap) -> bool {
     headers.contains_key(REFUSAL_HEADER)
-}
-
-/// The answer for a request still running at its call's deadline: it was
-/// dropped, and the call is `timed_out` (never a transport failure, which
-/// a caller would retry at once).
-#[cold]
-pub(crate) fn request_timed_out(budget: Duration, attempts: u32) -> Throttled {
-    Throttled::new(
-        Status::TimedOut,
-        "deadline",
-        format!(
-            "the request was still running at the call's deadline ({} in all) and was dropped; \
-             retry with a longer deadline or later",
-            Human(budget)
-        ),
-    )
-    .with_attempts(attempts)
 }
 
 #[cfg(all(test, not(feature = "loom")))]

@@ -395,7 +395,7 @@ where
             let attempt =
                 tokio::time::timeout(deadline.remaining(), next.clone().run(req, extensions));
             let Ok(mut result) = attempt.await else {
-                return self.refuse(refusal::request_timed_out(budget, sent));
+                return self.refuse(crate::throttled::request_timed_out(budget, sent));
             };
             let (status, hint) = match &result {
                 // A refusal of an admission layer further in: not the

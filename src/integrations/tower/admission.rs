@@ -53,6 +53,13 @@ pub use hooks::{MakeSpec, Observe, ObserveOk};
 ///   [`Ticket::report`](crate::admission::Ticket::report)).
 /// * **Refusal.** A [`Throttled`](crate::Throttled) inside the
 ///   [`BoxError`]; the inner service is not called.
+/// * **The server's "not now".** An observed 429 (or 503 with
+///   `Retry-After`) holds the credential back and reaches the caller as a
+///   `Throttled` `rate_limited` with that wait and `attempts: 1`, not as
+///   a plain 429 ([`raw_capacity_responses`](Self::raw_capacity_responses)
+///   keeps the response).
+/// * **The deadline bounds the request**: an inner call still running at
+///   the call's deadline is dropped, and the answer is a `timed_out`.
 /// * **Cancellation.** Dropping the response future gives back what
 ///   `admit` took so far, or the ticket.
 ///
@@ -98,6 +105,7 @@ pub struct AdmissionLayer<M, O = ObserveOk, Sl = DefaultSleeper, C: Clock = Defa
     spec: M,
     observe: O,
     deadline: Option<Duration>,
+    raw: bool,
 }
 
 impl<M, Sl, C: Clock> AdmissionLayer<M, ObserveOk, Sl, C> {
@@ -119,6 +127,7 @@ impl<M, Sl, C: Clock> AdmissionLayer<M, ObserveOk, Sl, C> {
             spec,
             observe: ObserveOk,
             deadline: None,
+            raw: false,
         }
     }
 }
@@ -148,6 +157,7 @@ impl<F, Sl, C: Clock> AdmissionLayer<HttpSpec<F>, ObserveHttp, Sl, C> {
             spec: HttpSpec(spec),
             observe: ObserveHttp,
             deadline: None,
+            raw: false,
         }
     }
 }
@@ -192,7 +202,28 @@ impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C> {
             spec: self.spec,
             observe,
             deadline: self.deadline,
+            raw: self.raw,
         }
+    }
+
+    /// Returns the server's capacity answers (a 429, a 503 with
+    /// `Retry-After`) as the responses they are. By default such an answer
+    /// is observed (it holds the credential back) and then returned as a
+    /// `Throttled` `rate_limited` with the hold's wait, as `Runner` and the
+    /// reqwest middleware answer it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::tower::AdmissionLayer;
+    /// let layer = AdmissionLayer::new(Admission::builder().build(), |_: &()| CallSpec::new("t", "k"))
+    ///     .raw_capacity_responses();
+    /// # drop(layer);
+    /// ```
+    pub fn raw_capacity_responses(mut self) -> Self {
+        self.raw = true;
+        self
     }
 
     /// The layer's deadline, if [`deadline`](Self::deadline) set one.
@@ -231,6 +262,7 @@ impl<M: Clone, O: Clone, Sl, C: Clock> Clone for AdmissionLayer<M, O, Sl, C> {
             spec: self.spec.clone(),
             observe: self.observe.clone(),
             deadline: self.deadline,
+            raw: self.raw,
         }
     }
 }
@@ -320,6 +352,12 @@ where
         if let Some(deadline) = layer.spec.request_deadline(&req).or(layer.deadline) {
             spec.deadline = deadline;
         }
+        let deadline_at = layer
+            .admission
+            .clock()
+            .now_nanos()
+            .saturating_add(crate::clock::saturating_nanos(spec.deadline));
+        let budget = spec.deadline;
         let admission = layer.admission.clone();
         let admit: future::Admit<Sl, C> = Box::pin(async move { admission.admit(&spec).await });
         // The ready service goes with the request (tower's contract: `call`
@@ -327,7 +365,14 @@ where
         // that must be polled ready again.
         let fresh = self.inner.clone();
         let ready = core::mem::replace(&mut self.inner, fresh);
-        AdmissionFuture::new(admit, ready, req, layer.observe.clone())
+        AdmissionFuture::new(
+            admit,
+            ready,
+            req,
+            layer.observe.clone(),
+            (deadline_at, budget),
+            layer.raw,
+        )
     }
 }
 

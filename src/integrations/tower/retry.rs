@@ -11,24 +11,26 @@ use parking_lot::Mutex;
 use crate::clock::{Clock, DefaultClock};
 use crate::sleep::{DefaultSleeper, Sleeper};
 use crate::{headers::ServerHint, Throttled};
-use crate::{retry::Deadline, retry::Decision, retry::RetryPolicy};
+use crate::{retry::Deadline, retry::Decision, retry::ReplyClass, retry::RetryPolicy};
 
 /// A [`tower::retry::Policy`](::tower::retry::Policy) that decides through
 /// the crate's [`RetryPolicy`] and charges every wait to a [`Deadline`].
 ///
-/// `classify` looks at each result: `None` means done (a success, or a
-/// failure not worth retrying); `Some(hint)` means retry, with what the
-/// server said ([`ServerHint::from_headers`] of a 429/503, or
-/// `ServerHint::default()` for a transport error). Then, as
-/// [`RetryPolicy::decide`] says:
+/// A [`Classify`] reads each result: `None` means done (a success, or a
+/// result not worth a look); `Some((status, hint))` is the answer to
+/// decide on: the HTTP status (`None` for a transport error) and what the
+/// server said ([`ServerHint::from_headers`]). [`HintRetry::http`] reads
+/// `http::Response`s itself. Then, as [`RetryPolicy::decide_reply`] says
+/// (the same decision `Runner` and the reqwest middleware make):
 ///
-/// * a retry sleeps the server's wait (plus jitter), or the backoff, on the
-///   [`Sleeper`];
-/// * a wait longer than the clamp or than what is left of the deadline is
-///   not slept: the result becomes `Err(Throttled)` with status
-///   `rate_limited` (the server's wait) or `timed_out` (our backoff), scope
-///   `server` or `server:<scope>`, and the wait in `retry_after`;
-/// * past the retry cap, the last result is returned as it is.
+/// * a 429 (or a 503 with `Retry-After`) sleeps the server's wait (plus
+///   jitter), or [`RetryPolicy::BARE_429_HOLD`] when it gave none; a 408,
+///   5xx or transport error sleeps the backoff; both on the [`Sleeper`];
+/// * a capacity answer whose wait does not fit the clamp or the deadline,
+///   or that outlasts the retries, becomes `Err(Throttled)` `rate_limited`
+///   with the server's wait and the requests sent, never a plain 429;
+/// * a fault the policy will not retry (cap or deadline) stays the result
+///   it was.
 ///
 /// # Per call
 ///
@@ -60,7 +62,8 @@ use crate::{retry::Deadline, retry::Decision, retry::RetryPolicy};
 /// });
 /// let clock = ManualClock::new();
 /// let policy = HintRetry::new(RetryPolicy::default(), Duration::from_secs(30), |r: &Result<u16, BoxError>| {
-///     matches!(r, Ok(429)).then(|| ServerHint::from_headers([("retry-after", "120")], SystemTime::now()))
+///     let told = ServerHint::from_headers([("retry-after", "120")], SystemTime::now());
+///     matches!(r, Ok(429)).then(|| (Some(429), told))
 /// })
 /// .with_clock(clock.clone())
 /// .with_sleeper(ManualSleeper::new(clock));
@@ -93,8 +96,9 @@ impl<F> HintRetry<F, DefaultClock, DefaultSleeper> {
     /// use backpressure::retry::RetryPolicy;
     /// use backpressure::tower::HintRetry;
     /// use std::time::Duration;
+    /// // A transport error (no status) is worth a retry.
     /// let policy = HintRetry::new(RetryPolicy::default(), Duration::from_secs(10), |r: &Result<(), std::io::Error>| {
-    ///     r.is_err().then(ServerHint::default)
+    ///     r.is_err().then(|| (None, ServerHint::default()))
     /// });
     /// assert_eq!(policy.budget(), Duration::from_secs(10));
     /// ```
@@ -121,7 +125,7 @@ impl<F, C: Clock, Sl> HintRetry<F, C, Sl> {
     /// use backpressure::retry::RetryPolicy;
     /// use backpressure::{ManualClock, tower::HintRetry};
     /// use std::time::Duration;
-    /// let policy = HintRetry::new(RetryPolicy::default(), Duration::from_secs(1), |_: &Result<(), ()>| None::<ServerHint>)
+    /// let policy = HintRetry::new(RetryPolicy::default(), Duration::from_secs(1), |_: &Result<(), ()>| None::<(Option<u16>, ServerHint)>)
     ///     .with_clock(ManualClock::new());
     /// # let _ = policy;
     /// ```
@@ -146,7 +150,7 @@ impl<F, C: Clock, Sl> HintRetry<F, C, Sl> {
     /// use backpressure::{ManualClock, ManualSleeper, tower::HintRetry};
     /// use std::time::Duration;
     /// let clock = ManualClock::new();
-    /// let policy = HintRetry::new(RetryPolicy::default(), Duration::from_secs(1), |_: &Result<(), ()>| None::<ServerHint>)
+    /// let policy = HintRetry::new(RetryPolicy::default(), Duration::from_secs(1), |_: &Result<(), ()>| None::<(Option<u16>, ServerHint)>)
     ///     .with_clock(clock.clone())
     ///     .with_sleeper(ManualSleeper::new(clock));
     /// # let _ = policy;
@@ -171,7 +175,7 @@ impl<F, C: Clock, Sl> HintRetry<F, C, Sl> {
     /// use backpressure::retry::RetryPolicy;
     /// use backpressure::tower::HintRetry;
     /// use std::time::Duration;
-    /// let p = HintRetry::new(RetryPolicy::default(), Duration::from_secs(3), |_: &Result<(), ()>| None::<ServerHint>);
+    /// let p = HintRetry::new(RetryPolicy::default(), Duration::from_secs(3), |_: &Result<(), ()>| None::<(Option<u16>, ServerHint)>);
     /// assert_eq!(p.budget(), Duration::from_secs(3));
     /// ```
     pub fn budget(&self) -> Duration {
@@ -187,7 +191,7 @@ impl<F, C: Clock, Sl> HintRetry<F, C, Sl> {
     /// use backpressure::retry::RetryPolicy;
     /// use backpressure::{ManualClock, tower::HintRetry};
     /// use std::time::Duration;
-    /// let p = HintRetry::new(RetryPolicy::default(), Duration::from_secs(3), |_: &Result<(), ()>| None::<ServerHint>)
+    /// let p = HintRetry::new(RetryPolicy::default(), Duration::from_secs(3), |_: &Result<(), ()>| None::<(Option<u16>, ServerHint)>)
     ///     .with_clock(ManualClock::new());
     /// assert_eq!(p.remaining(), Duration::from_secs(3));
     /// ```
@@ -221,27 +225,98 @@ impl<F, C: Clock, Sl: fmt::Debug> fmt::Debug for HintRetry<F, C, Sl> {
     }
 }
 
+/// Reads an attempt's result for [`HintRetry`]: `None` when there is
+/// nothing to decide (a success, or an answer retrying cannot change),
+/// else the status (`None` for a transport error) and the server's hint.
+///
+/// Implemented for closures `FnMut(&Result<Res, E>) -> Option<(Option<u16>, ServerHint)>`
+/// and (feature `http`) for [`ClassifyHttp`].
+pub trait Classify<Res, E> {
+    /// The answer in `result` to decide on, if any.
+    fn classify(&mut self, result: &Result<Res, E>) -> Option<(Option<u16>, ServerHint)>;
+}
+
+impl<Res, E, F> Classify<Res, E> for F
+where
+    F: FnMut(&Result<Res, E>) -> Option<(Option<u16>, ServerHint)>,
+{
+    #[inline]
+    fn classify(&mut self, result: &Result<Res, E>) -> Option<(Option<u16>, ServerHint)> {
+        self(result)
+    }
+}
+
+/// Classifies `http::Response`s (feature `http`): a response's status and
+/// limit headers; an error is a transport error, except a [`Throttled`]
+/// (an admission refusal further in, or a capacity answer that layer
+/// already surfaced), which is final here. A synthetic refusal response
+/// ([`refusal_response`](crate::tower::refusal_response)) is final too.
+#[cfg(feature = "http")]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClassifyHttp;
+
+#[cfg(feature = "http")]
+impl<B> Classify<http::Response<B>, super::BoxError> for ClassifyHttp {
+    fn classify(
+        &mut self,
+        result: &Result<http::Response<B>, super::BoxError>,
+    ) -> Option<(Option<u16>, ServerHint)> {
+        match result {
+            Ok(r) if crate::integrations::refusal::is_refusal(r.headers()) => None,
+            Ok(r) => Some((
+                Some(r.status().as_u16()),
+                ServerHint::from_header_map(r.headers(), std::time::SystemTime::now()),
+            )),
+            Err(e) if e.downcast_ref::<Throttled>().is_some() => None,
+            Err(_) => Some((None, ServerHint::default())),
+        }
+    }
+}
+
+#[cfg(feature = "http")]
+impl HintRetry<ClassifyHttp, DefaultClock, DefaultSleeper> {
+    /// For a stack over `http::Request`s and `http::Response`s (feature
+    /// `http`): reads each response's status and limit headers, so a bare
+    /// 429 waits the bare-429 hold and a final one is `rate_limited`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::retry::RetryPolicy;
+    /// use backpressure::tower::HintRetry;
+    /// use std::time::Duration;
+    /// let policy = HintRetry::http(RetryPolicy::default(), Duration::from_secs(10));
+    /// assert_eq!(policy.budget(), Duration::from_secs(10));
+    /// ```
+    pub fn http(policy: RetryPolicy, budget: Duration) -> Self {
+        HintRetry::new(policy, budget, ClassifyHttp)
+    }
+}
+
 impl<Req, Res, E, F, C, Sl> Policy<Req, Res, E> for HintRetry<F, C, Sl>
 where
     Req: Clone,
     E: From<Throttled>,
-    F: FnMut(&Result<Res, E>) -> Option<ServerHint>,
+    F: Classify<Res, E>,
     C: Clock,
     Sl: Sleeper,
 {
     type Future = Sl::Sleep;
 
     fn retry(&mut self, _req: &mut Req, result: &mut Result<Res, E>) -> Option<Sl::Sleep> {
-        let hint = (self.classify)(result)?;
+        let (status, hint) = self.classify.classify(result)?;
         let template = &self.template;
         let policy = self.policy.get_or_insert_with(|| template.lock().fork());
-        match policy.decide(&hint, &mut self.deadline) {
+        let capacity = policy.classify(status, &hint) == ReplyClass::Capacity;
+        let decision = policy.decide_reply(status, &hint, &mut self.deadline);
+        match decision {
             Decision::Retry { after } => Some(self.sleeper.sleep(after)),
-            Decision::Surface(s) => {
-                *result = Err(E::from(s));
+            // The server's capacity, not retried: a rate limit.
+            Decision::Surface(t) if capacity => {
+                *result = Err(E::from(t.with_attempts(policy.retries() + 1)));
                 None
             }
-            // The cap: the last answer stands.
+            // A fault not retried (cap, deadline): the last answer stands.
             _ => None,
         }
     }

@@ -10,8 +10,13 @@ use ::tower::Service;
 
 use super::super::BoxError;
 use super::Observe;
+use core::time::Duration;
+
 use crate::clock::Clock;
+use crate::headers::ServerHint;
+use crate::retry::ReplyClass;
 use crate::sleep::Sleeper;
+use crate::throttled::{Human, Status};
 use crate::{admission::Ticket, Throttled};
 
 /// The boxed `Admission::admit` of one request (an `async fn`, so its
@@ -40,6 +45,13 @@ pin_project_lite::pin_project! {
         #[pin]
         state: State<S, Req, Sl, C>,
         observe: O,
+        // When the call's deadline passes, on the layer's clock, and the
+        // deadline itself (to word a timeout).
+        deadline_at: u64,
+        budget: Duration,
+        // Capacity answers (429, 503 + Retry-After) are returned as they
+        // are, not as a `Throttled`.
+        raw: bool,
     }
 }
 
@@ -58,10 +70,12 @@ pin_project_lite::pin_project! {
             service: Option<S>,
             req: Option<Req>,
         },
-        // The inner call runs under the ticket.
+        // The inner call runs under the ticket, until the deadline.
         Calling {
             #[pin]
             future: S::Future,
+            #[pin]
+            timeout: Sl::Sleep,
             ticket: Option<Ticket<Sl, C>>,
         },
         Done,
@@ -74,7 +88,14 @@ where
     Sl: Sleeper,
     C: Clock,
 {
-    pub(super) fn new(admit: Admit<Sl, C>, service: S, req: Req, observe: O) -> Self {
+    pub(super) fn new(
+        admit: Admit<Sl, C>,
+        service: S,
+        req: Req,
+        observe: O,
+        deadline: (u64, Duration),
+        raw: bool,
+    ) -> Self {
         AdmissionFuture {
             state: State::Admitting {
                 admit,
@@ -82,6 +103,9 @@ where
                 req: Some(req),
             },
             observe,
+            deadline_at: deadline.0,
+            budget: deadline.1,
+            raw,
         }
     }
 }
@@ -119,16 +143,42 @@ where
                     // Sent the instant it is admitted: the rate cell was
                     // reserved for now, and the service is already ready.
                     let future = service.call(req);
+                    // The deadline bounds the request too, not only the
+                    // wait for admission.
+                    let admission = ticket.admission();
+                    let left = this
+                        .deadline_at
+                        .saturating_sub(admission.clock().now_nanos());
+                    let timeout = admission.sleeper().sleep(Duration::from_nanos(left));
                     this.state.set(State::Calling {
                         future,
+                        timeout,
                         ticket: Some(ticket),
                     });
                 }
-                StateProj::Calling { future, ticket } => {
-                    let result = ready!(future.poll(cx)).map_err(Into::into);
+                StateProj::Calling {
+                    future,
+                    timeout,
+                    ticket,
+                } => {
+                    let result = match future.poll(cx) {
+                        Poll::Ready(r) => r.map_err(Into::into),
+                        Poll::Pending => {
+                            ready!(timeout.poll(cx));
+                            // Dropped at the deadline, unobserved.
+                            this.state.set(State::Done);
+                            let t = crate::throttled::request_timed_out(*this.budget, 1);
+                            return Poll::Ready(Err(Box::new(t)));
+                        }
+                    };
+                    let mut result = result;
                     if let Some(ticket) = ticket.take() {
                         if let Some((status, hint)) = this.observe.observe(&result) {
-                            let _ = ticket.observe(status, &hint);
+                            let hold = ticket.observe(status, &hint);
+                            let class = crate::backoff::reply_class(Some(status), &hint);
+                            if class == ReplyClass::Capacity && !*this.raw {
+                                result = Err(Box::new(capacity(status, &hint, hold)));
+                            }
                         }
                     }
                     this.state.set(State::Done);
@@ -138,6 +188,23 @@ where
             }
         }
     }
+}
+
+/// The server's "not now", as the caller of the layer hears it: a
+/// `rate_limited` with the wait the credential (or the scope) is now held
+/// for, never a plain 429.
+#[cold]
+fn capacity(status: u16, hint: &ServerHint, hold: Option<Duration>) -> Throttled {
+    let wait = hold
+        .or_else(|| hint.wait())
+        .unwrap_or(crate::retry::RetryPolicy::BARE_429_HOLD);
+    Throttled::new(
+        Status::RateLimited,
+        crate::backoff::server_scope(hint),
+        format!("the server answered {status}; retry after {}", Human(wait)),
+    )
+    .with_retry_after(wait)
+    .with_attempts(1)
 }
 
 #[cold]
