@@ -353,3 +353,37 @@ fn a_second_settle_never_refunds_another_calls_cells() {
     );
     drop((first, second));
 }
+
+/// A usage far above the estimate was charged one burst at a time: a
+/// `settle("tokens", u32::MAX)` on a burst-1 quota ran for minutes. It is
+/// one charge, and the debt shows as a refusal past any retry worth making.
+#[test]
+fn a_huge_reported_usage_is_charged_at_once_not_one_burst_at_a_time() {
+    let clock = ManualClock::new();
+    let admission = Admission::builder()
+        .sleeper(ManualSleeper::new(clock.clone()))
+        .clock(clock)
+        .fixed_rates()
+        .resource("tokens", Quota::per_second(NonZeroU32::new(1).unwrap()))
+        .build();
+    let spec = CallSpec::new("complete", "key").cost("tokens", 1);
+    let Poll::Ready(Ok(mut ticket)) = now(admission.admit(&spec)) else {
+        panic!("fits")
+    };
+    // A hang fails here (the channel times out), not the whole suite.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let charged = ticket.settle("tokens", u32::MAX);
+        tx.send((charged, ticket)).unwrap();
+    });
+    let (charged, ticket) = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("settle spun instead of charging at once");
+    drop(ticket);
+    assert_eq!(charged, i64::from(u32::MAX - 1));
+    assert_eq!(admission.available("key", "tokens"), Some(0));
+    let Poll::Ready(Err(t)) = now(admission.admit(&spec)) else {
+        panic!("the debt admits nothing")
+    };
+    assert_eq!(t.status, Status::QuotaExhausted, "{t}");
+}

@@ -301,3 +301,73 @@ async fn calls_refused_together_are_told_staggered_retry_times() {
         "not staggered: {told:?}"
     );
 }
+
+/// `Runner` over reqwest: identical reads of one turn send one request,
+/// even against a server that answers at once (the leader may finish
+/// inside its first poll), with one admission per request.
+#[tokio::test]
+async fn runner_over_reqwest_sends_one_request_per_distinct_read() {
+    use backpressure::admission::{Call, CallSpec, Runner};
+    use backpressure::reqwest::HttpReply;
+    use backpressure::single_flight::Provenance;
+    let server = ThrottlingServer::builder().start().await.unwrap();
+    let admission = Admission::builder().build();
+    let runner: Runner<HttpReply, _, _, reqwest_middleware::Error> =
+        Runner::new(admission.clone(), Duration::ZERO);
+    let client = ClientWithMiddleware::from(reqwest::Client::new());
+    let calls = (0..12)
+        .map(|i| {
+            let request = client
+                .get(format!("{}/v1/search?q={}", server.url(), i % 4))
+                .header("authorization", "Bearer key-a");
+            Call::request(CallSpec::new("search", "key-a"), request)
+        })
+        .collect();
+    let results = runner.execute(calls).await;
+    assert_eq!(server.total_count(), 4, "one request per distinct read");
+    assert_eq!(admission.stats().admitted, 4, "one admission per request");
+    for (i, r) in results.iter().enumerate() {
+        let (status, attempts, provenance) = match r {
+            backpressure::admission::CallResult::Done {
+                value,
+                attempts,
+                provenance,
+            } => (value.status, *attempts, *provenance),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(status, 200);
+        if i < 4 {
+            assert_eq!((attempts, provenance), (1, Provenance::Leader));
+        } else {
+            assert_eq!((attempts, provenance), (0, Provenance::Joined), "call {i}");
+        }
+    }
+}
+
+/// `Runner` over reqwest keeps its promises: a 429 is retried after the
+/// server's wait and the call says how many requests it sent.
+#[tokio::test]
+async fn runner_over_reqwest_retries_a_429_after_the_servers_wait() {
+    use backpressure::admission::{Call, CallSpec, Runner};
+    use backpressure::reqwest::HttpReply;
+    let server = ThrottlingServer::builder()
+        .fail_first(1, Duration::from_secs(1))
+        .start()
+        .await
+        .unwrap();
+    let runner: Runner<HttpReply, _, _, reqwest_middleware::Error> =
+        Runner::new(Admission::builder().build(), Duration::ZERO);
+    let client = ClientWithMiddleware::from(reqwest::Client::new());
+    let call = Call::request(CallSpec::new("search", "key-a"), client.get(server.url()));
+    let result = runner.one(call).await;
+    let backpressure::admission::CallResult::Done {
+        value, attempts, ..
+    } = &result
+    else {
+        panic!("{result:?}")
+    };
+    assert_eq!((value.status, *attempts), (200, 2));
+    let starts = server.request_starts("");
+    assert_eq!(starts.len(), 2);
+    assert!(gaps(&starts)[0] >= Duration::from_millis(950), "{starts:?}");
+}

@@ -39,13 +39,13 @@ use backpressure::admission::{
 };
 use backpressure::headers::ServerHint;
 use backpressure::single_flight::Provenance;
-use backpressure::{DefaultClock, Quota, ThreadSleeper};
+use backpressure::{DefaultClock, DefaultSleeper, Quota};
 
 const KEY: &str = "org-key-1";
 
 /// The harness's runner: string bodies, and the HTTP client's own error
 /// (`std::io::Error`) when a request gets no answer.
-type Harness = Runner<String, ThreadSleeper, DefaultClock, std::io::Error>;
+type Harness = Runner<String, DefaultSleeper, DefaultClock, std::io::Error>;
 
 #[derive(Clone, Debug)]
 struct ToolCall {

@@ -566,26 +566,11 @@ fn request_wait<C: Clock>(hint: &ServerHint, resources: &[Resource<C>]) -> Optio
     top.into_iter().chain(policies).max()
 }
 
-/// Takes `units` from `key`'s bucket now, whatever the wait: debt that the
-/// next calls wait for. Charged in chunks of at most the burst (a single
-/// reservation cannot exceed it).
-fn charge<C: Clock>(buckets: &Scoped<String, C>, key: &String, mut units: u32, now: u64) {
-    while units > 0 {
-        match buckets.reserve_stamps(key, units, Duration::MAX, now) {
-            Ok(_) => return,
-            Err(ReserveError::InsufficientCapacity { capacity, .. }) if capacity > 0 => {
-                let chunk = units.min(capacity);
-                if buckets
-                    .reserve_stamps(key, chunk, Duration::MAX, now)
-                    .is_err()
-                {
-                    return;
-                }
-                units -= chunk;
-            }
-            // Too many keys, or a debt beyond u64 nanoseconds: nothing
-            // more can be charged.
-            Err(_) => return,
-        }
-    }
+/// Takes `units` from `key`'s bucket now, whatever the wait and the burst:
+/// debt that the next calls wait for. O(1) in `units`: a usage a hostile
+/// or buggy reply reports (`u32::MAX` tokens) costs one CAS, and shows as
+/// a long wait (`quota_exhausted` past the longest retry worth making).
+fn charge<C: Clock>(buckets: &Scoped<String, C>, key: &String, units: u32, now: u64) {
+    // Too many keys: nothing can be charged to a bucket that cannot exist.
+    let _ = buckets.charge(key, u64::from(units), now);
 }

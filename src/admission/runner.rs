@@ -40,6 +40,7 @@ use core::future::Future;
 use core::pin::Pin;
 use core::task::Poll;
 use core::time::Duration;
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
@@ -107,11 +108,11 @@ enum Ended<E> {
 ///
 /// ```
 /// use backpressure::admission::{Admission, Call, CallFailure, CallResult, CallSpec, Runner};
-/// use backpressure::{DefaultClock, ThreadSleeper};
+/// use backpressure::{DefaultClock, DefaultSleeper};
 /// use std::time::Duration;
 ///
 /// # futures::executor::block_on(async {
-/// let runner: Runner<String, ThreadSleeper, DefaultClock, std::io::Error> =
+/// let runner: Runner<String, DefaultSleeper, DefaultClock, std::io::Error> =
 ///     Runner::new(Admission::builder().build(), Duration::ZERO)
 ///         .retries(backpressure::retry::Backoff::new(Duration::ZERO, Duration::ZERO), 0);
 /// let call = Call::new(CallSpec::new("fetch", "key"), || async {
@@ -272,8 +273,38 @@ where
     /// # });
     /// ```
     pub async fn execute(&self, calls: Vec<Call<V, E>>) -> Vec<CallResult<V, E>> {
-        let futures: Vec<_> = calls.into_iter().map(|c| Box::pin(self.one(c))).collect();
-        join_all(futures).await
+        // Identical reads of one turn share one execution even when the
+        // first finishes inside its first poll, before the others would
+        // find its flight: they are joined here, by position.
+        let mut first: HashMap<(&str, &str), usize> = HashMap::new();
+        let joins: Vec<Option<usize>> = calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| match (&c.key, c.spec.kind) {
+                (Some(k), Kind::Read) => {
+                    let leader = *first.entry((c.spec.tool.as_str(), k.as_str())).or_insert(i);
+                    (leader != i).then_some(leader)
+                }
+                _ => None,
+            })
+            .collect();
+        drop(first);
+        let futures: Vec<_> = calls
+            .into_iter()
+            .zip(&joins)
+            .filter(|(_, join)| join.is_none())
+            .map(|(c, _)| Box::pin(self.one(c)))
+            .collect();
+        let mut led = join_all(futures).await.into_iter();
+        let mut results: Vec<CallResult<V, E>> = Vec::with_capacity(joins.len());
+        for join in &joins {
+            let result = match join {
+                Some(leader) => results[*leader].joined(),
+                None => led.next().expect("one result per leading call"),
+            };
+            results.push(result);
+        }
+        results
     }
 
     /// Runs one call.

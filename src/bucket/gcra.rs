@@ -453,6 +453,29 @@ impl Gcra {
         }
     }
 
+    /// Takes `n` cells at `now` whatever the wait and whatever the burst:
+    /// debt the next callers wait for (a usage reported above the
+    /// estimate). One CAS, retried only if another write got there first;
+    /// O(1) in `n`. The new `tat` saturates: a debt past `u64` nanoseconds
+    /// admits nothing again, as a `Never` rule would.
+    pub(crate) fn charge(&self, n: u64, now: u64) {
+        if n == 0 {
+            return;
+        }
+        let backoff = Backoff::new();
+        loop {
+            let view = self.view();
+            let new_tat = view
+                .tat
+                .max(now)
+                .saturating_add(view.period.saturating_mul(n));
+            if self.apply(&view, new_tat).is_ok() {
+                return;
+            }
+            backoff.spin();
+        }
+    }
+
     /// Gives a reservation back if nothing was stacked on it since and the
     /// bucket was neither reset nor given a new quota. Returns whether it
     /// did.

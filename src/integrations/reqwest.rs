@@ -26,7 +26,10 @@ type Usage = Arc<dyn Fn(&Response) -> Vec<(String, u32)> + Send + Sync>;
 
 /// A request's own deadline (shared with the tower `AdmissionLayer`).
 pub use super::RequestDeadline;
+pub use call::HttpReply;
 pub use refusal::{is_refusal, refusal_response, Attempts, REFUSAL_HEADER};
+
+mod call;
 
 /// Admits every request through an [`Admission`] before it is sent,
 /// observes the response (status and headers: a 429 holds back the

@@ -13,7 +13,7 @@
 use core::hash::Hash;
 use core::time::Duration;
 
-use super::Scoped;
+use super::{Scoped, TooManyKeys};
 use crate::bucket::gcra::{Gcra, Reserved, Ticket as Stamps};
 use crate::bucket::ReserveError;
 use crate::clock::{saturating_nanos, Clock};
@@ -48,6 +48,12 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         let max_wait = saturating_nanos(max_wait);
         self.with_bucket_at(key, now, false, |b, now| b.gcra().reserve(n, max_wait, now))
             .unwrap_or_else(|e| Err(ReserveError::TooManyKeys { limit: e.limit }))
+    }
+
+    /// Charges `n` cells to `key` at `now` past its burst, in O(1): debt
+    /// the next calls wait for (see `Gcra::charge`).
+    pub(crate) fn charge(&self, key: &K, n: u64, now: u64) -> Result<(), TooManyKeys> {
+        self.with_bucket_at(key, now, false, |b, now| b.gcra().charge(n, now))
     }
 
     /// Gives back a reservation of [`reserve_stamps`](Self::reserve_stamps)

@@ -200,3 +200,28 @@ impl<V: serde::Serialize, E: fmt::Display> serde::Serialize for CallResult<V, E>
         }
     }
 }
+
+impl<V: Clone, E> CallResult<V, E> {
+    /// This result as a caller that joined it hears it: the same answer,
+    /// with the value `Joined` and no requests of its own.
+    pub(crate) fn joined(&self) -> CallResult<V, E> {
+        match self {
+            CallResult::Done { value, .. } => CallResult::Done {
+                value: value.clone(),
+                provenance: crate::single_flight::Provenance::Joined,
+                attempts: 0,
+            },
+            CallResult::Throttled(t) => CallResult::Throttled(t.clone().with_attempts(0)),
+            CallResult::Failed {
+                error, not_retried, ..
+            } => CallResult::Failed {
+                error: error.clone(),
+                not_retried: not_retried.clone(),
+                attempts: 0,
+            },
+            CallResult::Panicked { message } => CallResult::Panicked {
+                message: message.clone(),
+            },
+        }
+    }
+}

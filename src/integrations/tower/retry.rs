@@ -98,7 +98,7 @@ impl<F> HintRetry<F, DefaultClock, DefaultSleeper> {
     /// use std::time::Duration;
     /// // A transport error (no status) is worth a retry.
     /// let policy = HintRetry::new(RetryPolicy::default(), Duration::from_secs(10), |r: &Result<(), std::io::Error>| {
-    ///     r.is_err().then(|| (None, ServerHint::default()))
+    ///     r.is_err().then(|| (None::<u16>, ServerHint::default()))
     /// });
     /// assert_eq!(policy.budget(), Duration::from_secs(10));
     /// ```

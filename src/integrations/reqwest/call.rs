@@ -1,0 +1,123 @@
+//! [`Call::request`]: a reqwest request as a [`Runner`](crate::admission::Runner)
+//! call, so coalescing, the turn's cache, `attempts` and the typed
+//! [`CallResult`](crate::admission::CallResult) work over the client a
+//! harness already has.
+
+use std::time::SystemTime;
+
+use reqwest_middleware::RequestBuilder;
+
+use crate::admission::{Call, CallSpec, Kind, Reply};
+use crate::headers::ServerHint;
+
+/// A response read whole: what a [`Call::request`] returns. `Clone`, so
+/// the callers of one coalesced read share it.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::reqwest::HttpReply;
+/// let reply = HttpReply { status: 200, headers: http::HeaderMap::new(), body: b"[#1]".to_vec() };
+/// assert_eq!(reply.text(), "[#1]");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HttpReply {
+    /// The status.
+    pub status: u16,
+    /// The headers.
+    pub headers: http::HeaderMap,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+impl HttpReply {
+    /// The body as text (invalid UTF-8 replaced).
+    pub fn text(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.body)
+    }
+}
+
+impl Call<HttpReply, reqwest_middleware::Error> {
+    /// The call that sends `request` (from a `reqwest_middleware` client,
+    /// or `ClientWithMiddleware::from(reqwest::Client)`), admitted as
+    /// `spec`, once per attempt. Each attempt's response is read whole;
+    /// its status and limit headers go back to the admission layer, and a
+    /// 429 is retried or answered as `Throttled` by the runner.
+    ///
+    /// A `GET` or `HEAD` with `spec` a read is coalesced by method and URL
+    /// (identical reads in one turn send one request); set
+    /// [`coalesce_key`](Call::coalesce_key) for anything else.
+    ///
+    /// Put the admission in the `Runner` *or* in the client's middleware,
+    /// not both: each would admit every request.
+    ///
+    /// A request whose body cannot be cloned (a stream) is sent by the
+    /// first attempt only; a retry fails as a transport error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, Call, CallSpec, Runner};
+    /// use backpressure::reqwest::HttpReply;
+    /// use reqwest_middleware::ClientWithMiddleware;
+    /// use std::time::Duration;
+    ///
+    /// let client = ClientWithMiddleware::from(reqwest::Client::new());
+    /// let runner: Runner<HttpReply, _, _, reqwest_middleware::Error> =
+    ///     Runner::new(Admission::builder().build(), Duration::from_secs(3));
+    /// let call = Call::request(
+    ///     CallSpec::new("search", "key-a"),
+    ///     client.get("http://127.0.0.1:9/search?q=refund"),
+    /// );
+    /// # drop((runner, call));
+    /// ```
+    pub fn request(spec: CallSpec, request: RequestBuilder) -> Self {
+        let key = request
+            .try_clone()
+            .and_then(|r| r.build().ok())
+            .and_then(|r| {
+                let method = r.method();
+                (spec.kind == Kind::Read
+                    && (method == http::Method::GET || method == http::Method::HEAD))
+                    .then(|| format!("{method} {}", r.url()))
+            });
+        let call = Call::new(spec, move || {
+            let attempt = request.try_clone();
+            async move {
+                let Some(attempt) = attempt else {
+                    return Err(reqwest_middleware::Error::middleware(NotCloneable));
+                };
+                let response = attempt.send().await?;
+                let status = response.status().as_u16();
+                let headers = response.headers().clone();
+                let hint = ServerHint::from_header_map(&headers, SystemTime::now());
+                let body = response.bytes().await?.to_vec();
+                Ok(Reply::new(
+                    status,
+                    HttpReply {
+                        status,
+                        headers,
+                        body,
+                    },
+                )
+                .with_hint(hint))
+            }
+        });
+        match key {
+            Some(key) => call.coalesce_key(key),
+            None => call,
+        }
+    }
+}
+
+/// A retry of a request whose body is a stream.
+#[derive(Debug)]
+struct NotCloneable;
+
+impl core::fmt::Display for NotCloneable {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("the request's body is a stream and cannot be sent again")
+    }
+}
+
+impl std::error::Error for NotCloneable {}
