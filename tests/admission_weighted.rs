@@ -387,3 +387,50 @@ fn a_huge_reported_usage_is_charged_at_once_not_one_burst_at_a_time() {
     };
     assert_eq!(t.status, Status::QuotaExhausted, "{t}");
 }
+
+/// A place settled to 0 read as "no reservation", so `settle(0)` then
+/// `settle(800)` charged nothing. It charges the 800.
+#[test]
+fn a_settle_to_zero_keeps_metering_later_usage() {
+    let (_s, a) = layer();
+    let spec = CallSpec::new("complete", "key").cost("tokens", 500);
+    let Poll::Ready(Ok(mut t)) = now(a.admit(&spec)) else {
+        panic!("fits")
+    };
+    assert_eq!(t.settle("tokens", 0), -500);
+    assert_eq!(t.settle("tokens", 800), 800);
+    drop(t);
+    assert_eq!(left(&a)[1], 10_000 - 800);
+}
+
+/// A call admitted without a tokens estimate is still charged what the
+/// server says it used.
+#[test]
+fn usage_on_a_quota_the_call_reserved_nothing_on_is_charged() {
+    let (_s, a) = layer();
+    let Poll::Ready(Ok(mut t)) = now(a.admit(&CallSpec::new("complete", "key"))) else {
+        panic!("fits")
+    };
+    assert_eq!(t.settle("tokens", 700), 700);
+    drop(t);
+    assert_eq!(left(&a)[1], 10_000 - 700);
+}
+
+/// `cost("tokns", 1800)` on a layer whose quota is `tokens` was admitted
+/// uncharged. It is refused, naming the quotas the layer has, and takes
+/// nothing.
+#[test]
+fn a_misspelt_cost_is_refused_not_free() {
+    let (_s, a) = layer();
+    let spec = CallSpec::new("complete", "key").cost("tokns", 1_800);
+    let Poll::Ready(Err(t)) = now(a.admit(&spec)) else {
+        panic!("a misspelt cost was admitted")
+    };
+    assert_eq!(t.status, Status::QuotaExhausted);
+    assert_eq!(t.scope, "quota:tokns");
+    assert!(t.hint.contains("tokens"), "{t}");
+    assert_eq!(left(&a), [10, 10_000, 6_000], "nothing was taken");
+    // The request quota is a quota too.
+    let spec = CallSpec::new("complete", "key").cost("requests", 2);
+    assert!(matches!(now(a.admit(&spec)), Poll::Ready(Ok(_))));
+}

@@ -109,9 +109,15 @@ impl Held {
         }
     }
 
-    /// The reservation at `place`, if the call made one, to settle it.
-    pub(super) fn get_mut(&mut self, place: usize) -> Option<&mut Kept> {
-        self.all_mut().get_mut(place).filter(|k| k.cells > 0)
+    /// The place to settle quota `place` on: the call's reservation there,
+    /// or an empty place (nothing reserved, so any usage is excess). A
+    /// place settled to 0 is still a place: a later settle charges what
+    /// the server reports beyond it.
+    pub(super) fn place_mut(&mut self, place: usize) -> &mut Kept {
+        if place >= self.all().len() {
+            self.set(place, Kept::EMPTY);
+        }
+        &mut self.all_mut()[place]
     }
 
     /// Puts `kept` at `place`, spilling to the heap past the fourth.

@@ -287,6 +287,28 @@ where
         })
     }
 
+    /// The refusal of a spec whose cost names a quota this layer does not
+    /// have (a misspelt `tokens`, say), if it does.
+    #[cold]
+    fn unknown_cost(&self, spec: &CallSpec) -> Option<Throttled> {
+        let resources = &self.inner.resources;
+        let (name, _) = spec.costs.iter().find(|(name, _)| {
+            name != rate::REQUESTS && !resources.iter().any(|r| r.name == *name)
+        })?;
+        let known: Vec<&str> = core::iter::once(rate::REQUESTS)
+            .chain(resources.iter().map(|r| r.name.as_str()))
+            .collect();
+        Some(Throttled::new(
+            Status::QuotaExhausted,
+            format!("quota:{name}"),
+            format!(
+                "this call costs units of \"{name}\", a quota this layer does not have (it has: {}); \
+                 it was refused rather than sent unmetered: fix the cost's name or declare the quota",
+                known.join(", ")
+            ),
+        ))
+    }
+
     /// Words a slot refusal; calls shed together by one pool are told
     /// instants one drain step apart (see `stagger.rs`), not one instant.
     #[cold]
@@ -323,6 +345,13 @@ where
     #[inline]
     fn admit_now(&self, spec: &CallSpec, started: u64) -> Option<Result<Ticket<S, C>, Throttled>> {
         let inner = &*self.inner;
+        // A cost on a quota the layer does not have would go unmetered:
+        // refused, never sent free.
+        if !spec.costs.is_empty() {
+            if let Some(refused) = self.unknown_cost(spec) {
+                return Some(Err(refused));
+            }
+        }
         let tool = match self.open_tool(spec) {
             Ok(tool) => tool,
             Err(refused) => return Some(Err(refused)),

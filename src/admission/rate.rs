@@ -461,9 +461,7 @@ where
             Source::Resource(i) => (1 + i, &inner.resources[i].buckets),
             _ => (0, &inner.credentials),
         };
-        let Some(h) = held.get_mut(place) else {
-            return 0;
-        };
+        let h = held.place_mut(place);
         let key = credential.to_string();
         let now = inner.clock.now_nanos();
         // What the call is counted for so far: its estimate, or what an

@@ -107,7 +107,11 @@ impl CallSpec {
     /// Sets what the call costs against the quota `name` of its credential
     /// (replacing an earlier cost for the same quota): an estimate of an
     /// LLM call's tokens, say. [`Ticket::settle`](super::Ticket::settle)
-    /// reconciles it with the actual usage after the reply.
+    /// reconciles it with the actual usage after the reply. A name that
+    /// is no quota of the layer (`"requests"`, or one declared with
+    /// `Builder::resource`) makes `admit` refuse the call as
+    /// `quota_exhausted`, naming the quotas it has: a misspelt cost is never
+    /// admitted free.
     ///
     /// # Examples
     ///

@@ -129,8 +129,8 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
     /// what it actually used, once the reply says so (an LLM's `usage`).
     /// Returns the units charged (positive) or given back (negative).
     ///
-    /// * Used more: the excess is charged now as debt, so later calls wait
-    ///   for it (in chunks of at most the quota's burst).
+    /// * Used more: the excess is charged now as debt (at once, whatever
+    ///   the quota's burst), so later calls wait for it.
     /// * Used less: the estimate is given back and the actual usage charged
     ///   instead, if no other call reserved after this one on that quota
     ///   (the bucket's refunds only undo the latest reservation); otherwise
@@ -139,8 +139,9 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
     /// A later call for the same quota settles against what the earlier
     /// one left: it charges any further excess, and never gives anything
     /// back (the refund is spent: after it, the bucket may hand the same
-    /// stamps to another call). A name the call was not admitted for
-    /// changes nothing.
+    /// stamps to another call). A quota the call reserved nothing on
+    /// (no cost, or settled to 0) is charged all it used; a name that is
+    /// no quota of the layer changes nothing.
     ///
     /// # Examples
     ///

@@ -206,7 +206,8 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
 
     /// What each request draws from the layer's weighted quotas (tokens,
     /// ...), as `(quota name, units)`: reserved before the request is sent,
-    /// all or nothing. A name that matches no quota is not charged.
+    /// all or nothing. A name that matches no quota of the layer is
+    /// refused (`quota_exhausted`), never sent unmetered.
     ///
     /// # Examples
     ///
