@@ -458,3 +458,45 @@ fn calls_shed_together_are_told_staggered_drain_estimates() {
         assert_eq!(told[1] - told[0], 400, "{told:?}");
     });
 }
+
+/// `Retry-After: 999999999` held a credential for ~31.7 years, and no API
+/// lifted it. The hold is capped at `max_retry_after` (and reads as
+/// `quota_exhausted` past it), and `lift_hold` ends it.
+#[test]
+fn a_hostile_retry_after_holds_at_most_max_retry_after_and_can_be_lifted() {
+    use backpressure::{ManualClock, ManualSleeper};
+    let clock = ManualClock::new();
+    let admission = Admission::builder()
+        .clock(clock.clone())
+        .sleeper(ManualSleeper::new(clock.clone()))
+        .max_retry_after(Duration::from_secs(300))
+        .build();
+    let spec = CallSpec::new("search", "key");
+    let hint = ServerHint::from_headers([("retry-after", "999999999")], SystemTime::now());
+    // The server's own wait is what observe reports.
+    assert_eq!(
+        admission.observe("search", "key", 429, &hint),
+        Some(Duration::from_secs(999_999_999))
+    );
+    futures::executor::block_on(async {
+        let t = admission.admit(&spec).await.unwrap_err();
+        assert!(t.retry_after().unwrap() <= Duration::from_secs(300), "{t}");
+        clock.advance(Duration::from_secs(301));
+        drop(
+            admission
+                .admit(&spec)
+                .await
+                .expect("the capped hold is over"),
+        );
+
+        admission.observe("search", "key", 429, &hint);
+        assert!(admission.admit(&spec).await.is_err());
+        admission.lift_hold("key");
+        drop(
+            admission
+                .admit(&spec)
+                .await
+                .expect("the operator lifted it"),
+        );
+    });
+}

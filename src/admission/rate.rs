@@ -414,6 +414,12 @@ where
             None if status == 429 => crate::backoff::RetryPolicy::BARE_429_HOLD,
             None => return None,
         };
+        // Every hold is capped alike (a weighted quota's above): a hostile
+        // `Retry-After: 999999999` holds the key for `max_retry_after`, not
+        // for decades. The reply's own wait is still returned, for the
+        // retry decision.
+        let told = wait;
+        let wait = wait.min(inner.max_retry_after);
         match &hint.scope {
             Some(scope) => {
                 // The server named the limit: hold back only the calls that
@@ -442,7 +448,38 @@ where
                 let _ = inner.credentials.penalize(&key, wait);
             }
         }
-        Some(wait)
+        Some(told)
+    }
+
+    /// Lifts every server hold on `credential` (its request quota and its
+    /// weighted quotas start full again, and a pending hold for its shared
+    /// quota is dropped): for an operator who knows the server's wait was
+    /// wrong. Holds on server scopes (`server:<name>`) run out by
+    /// themselves.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::headers::ServerHint;
+    /// use std::time::SystemTime;
+    /// # futures::executor::block_on(async {
+    /// let admission = Admission::builder().build();
+    /// let hint = ServerHint::from_headers([("retry-after", "999999999")], SystemTime::now());
+    /// admission.observe("search", "key", 429, &hint);
+    /// assert!(admission.admit(&CallSpec::new("search", "key")).await.is_err());
+    /// admission.lift_hold("key");
+    /// assert!(admission.admit(&CallSpec::new("search", "key")).await.is_ok());
+    /// # });
+    /// ```
+    pub fn lift_hold(&self, credential: &str) {
+        let inner = &*self.inner;
+        let key = credential.to_string();
+        inner.credentials.reset(&key);
+        for resource in inner.resources.iter() {
+            resource.buckets.reset(&key);
+        }
+        inner.pending.lock().remove(credential);
     }
 
     /// See [`Ticket::settle`](super::Ticket::settle); `held` is the

@@ -52,6 +52,9 @@ impl Gcra {
     /// refund. A bucket already full at `now` is left as it is (its
     /// reservations' refunds stay valid).
     pub(crate) fn reset(&self, now: u64) {
+        // A full bucket holds nothing back: sleepers that re-check the hold
+        // when they wake go. Relaxed: see `held_until`.
+        self.held_until.store(0, Ordering::Relaxed);
         let word = self.lock();
         // Relaxed: we hold the lock, and took it with Acquire.
         let skew = self.skew.load(Ordering::Relaxed);

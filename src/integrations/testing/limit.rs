@@ -133,7 +133,16 @@ impl Limiter {
                     unreachable!("one limit kind per server")
                 };
                 let base = (*tat).max(now);
-                let new_tat = base + period;
+                // A period no `Instant` can add (`Duration::MAX`): the
+                // request would be due past the end of time; refused, with
+                // the period as the wait.
+                let Some(new_tat) = base.checked_add(period) else {
+                    return Verdict {
+                        admitted: false,
+                        remaining: 0,
+                        reset: period,
+                    };
+                };
                 let debt = new_tat - now;
                 if debt > tolerance {
                     return Verdict {
@@ -162,6 +171,20 @@ impl Limiter {
 #[cfg(all(test, not(feature = "loom")))]
 mod tests {
     use super::*;
+
+    /// `Limit::Gcra { period: Duration::MAX, .. }` panicked the server's
+    /// task (`base + period` overflowed an `Instant`); the client only saw
+    /// a closed connection.
+    #[test]
+    fn a_period_no_instant_can_hold_refuses_instead_of_panicking() {
+        let mut l = Limiter::new(Limit::Gcra {
+            period: Duration::MAX,
+            burst: 3,
+        });
+        let v = l.check("k", Instant::now());
+        assert!(!v.admitted);
+        assert_eq!(v.reset, Duration::MAX);
+    }
 
     #[test]
     fn window_admits_requests_per_rolling_window() {
