@@ -842,3 +842,62 @@ fn panicking_waker_does_not_strand_the_other_followers() {
         assert_eq!(starts.load(Ordering::SeqCst), 1);
     }
 }
+
+/// A clock whose precise reading can be made to "take" `jump` ns: the
+/// next `now_nanos` returns the time and then moves it on (a thread
+/// descheduled right after reading). Its coarse time is the same time.
+#[derive(Debug)]
+struct Jumpy {
+    t: Arc<std::sync::atomic::AtomicU64>,
+    jump: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl backpressure::Clock for Jumpy {
+    fn now_nanos(&self) -> u64 {
+        let jump = self.jump.swap(0, Ordering::SeqCst);
+        self.t.fetch_add(jump, Ordering::SeqCst)
+    }
+    fn coarse_bounds(&self) -> Option<(u64, u64)> {
+        let t = self.t.load(Ordering::SeqCst);
+        Some((t, t))
+    }
+}
+
+/// `complete` read the precise clock before the coarse one: a leader
+/// descheduled between the two stamped a coarse expiry later than the
+/// entry's own, and coarse hits served it past its TTL.
+#[test]
+fn a_leader_descheduled_while_stamping_never_serves_past_the_ttl() {
+    const MS: u64 = 1_000_000;
+    let t = Arc::new(std::sync::atomic::AtomicU64::new(1_000 * MS));
+    let jump = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let clock = Jumpy {
+        t: t.clone(),
+        jump: jump.clone(),
+    };
+    let flights: SingleFlight<u32, u32, (), Jumpy> = SingleFlight::builder()
+        .clock(clock)
+        .cache(Duration::from_millis(50), 16)
+        .build();
+    let runs = AtomicUsize::new(0);
+    let run = || {
+        futures::executor::block_on(flights.try_run(1, || async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            // The stamp's clock read is the next one: 25 ms pass there.
+            jump.store(25 * MS, Ordering::SeqCst);
+            Ok(7)
+        }))
+        .unwrap()
+    };
+    let start = t.load(Ordering::SeqCst);
+    assert_eq!(run().1, Provenance::Leader);
+    // Past the TTL counted from when the value was ready.
+    t.store(start + 60 * MS, Ordering::SeqCst);
+    let (_, provenance) = run();
+    assert_eq!(
+        provenance,
+        Provenance::Leader,
+        "served 60 ms into a 50 ms TTL"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}

@@ -418,14 +418,18 @@ impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
             // below nothing may panic (`cache_flight` does not), or the
             // value would leak and a cached entry would point at a flight
             // that is not `OK`.
+            // The coarse clock is read first: the coarse expiry counts from
+            // the earliest the caching can be, and the precise one from a
+            // later reading, so a leader descheduled between the two reads
+            // makes the coarse expiry earlier, never later (read the other
+            // way round, coarse hits served the entry past its TTL). Less
+            // 1/1024 of the TTL: margin for the two time bases' rates
+            // differing (clock calibration errors are parts per million).
+            // 0 (never live by the coarse check) if the clock has no coarse
+            // time or the TTL is too short for it.
+            let coarse = self.clock.coarse_bounds();
             let now = self.clock.now_nanos();
-            // The coarse expiry counts from the earliest the caching can
-            // be, so it never outlasts the TTL, less 1/1024 of it: margin
-            // for the two time bases' rates differing (clock calibration
-            // errors are parts per million). 0 (never live by the coarse
-            // check) if the clock has no coarse time or the TTL is too
-            // short for it.
-            let fresh_until = self.clock.coarse_bounds().map_or(0, |(earliest, latest)| {
+            let fresh_until = coarse.map_or(0, |(earliest, latest)| {
                 let lag = latest.saturating_sub(earliest);
                 if cache.ttl > lag.saturating_mul(4) {
                     earliest.saturating_add(cache.ttl - cache.ttl / 1024)
