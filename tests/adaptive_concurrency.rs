@@ -465,3 +465,43 @@ fn gradient2_converges_after_capacity_changes_and_conserves_permits() {
         },
     );
 }
+
+/// A clock that panics on demand.
+#[derive(Debug, Clone, Default)]
+struct PanickyClock(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl backpressure::Clock for PanickyClock {
+    fn now_nanos(&self) -> u64 {
+        if self.0.load(std::sync::atomic::Ordering::SeqCst) {
+            panic!("the user's clock failed");
+        }
+        0
+    }
+}
+
+/// The limiter forgot its semaphore permit before reading the clock, so a
+/// panicking user clock lost the permit for good.
+#[test]
+fn a_panicking_clock_loses_no_permit() {
+    use backpressure::adaptive::{AdaptiveLimiter, Aimd};
+    let clock = PanickyClock::default();
+    let limiter = AdaptiveLimiter::with_clock(Aimd::new().with_limits(1, 2, 4), clock.clone());
+    assert_eq!(limiter.available(), 2);
+    clock.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    for _ in 0..3 {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| limiter.try_acquire()));
+        assert!(r.is_err());
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            futures::executor::block_on(limiter.acquire())
+        }));
+        assert!(r.is_err());
+    }
+    clock.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(limiter.available(), 2, "a permit was lost");
+    assert_eq!(limiter.in_flight(), 0);
+    let (a, b) = (
+        limiter.try_acquire().unwrap(),
+        limiter.try_acquire().unwrap(),
+    );
+    drop((a, b));
+}

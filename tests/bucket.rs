@@ -520,3 +520,18 @@ fn cancel_cannot_undercut_a_shorter_penalty() {
     clock.advance(Duration::from_millis(1500));
     assert!(b.try_acquire(1).is_err(), "admitted before Retry-After");
 }
+
+/// `penalize(0)` (a `Retry-After: 0`) drained a full burst to one cell: a
+/// "retry now" removed the headroom the bucket had.
+#[test]
+fn a_zero_penalty_keeps_the_headroom() {
+    use backpressure::{ManualClock, Quota, TokenBucket};
+    use std::num::NonZeroU32;
+    let bucket = TokenBucket::with_clock(
+        Quota::per_second(NonZeroU32::new(10).unwrap()),
+        ManualClock::new(),
+    );
+    bucket.try_acquire(2).unwrap();
+    bucket.penalize(std::time::Duration::ZERO);
+    assert_eq!(bucket.available(), 8);
+}

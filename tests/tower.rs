@@ -563,3 +563,18 @@ async fn hint_retry_surfaces_a_429_past_the_cap_as_rate_limited() {
     assert_eq!(t.attempts, 2);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+/// In reject mode a closed semaphore was answered `shed` with a retry
+/// time; no slot will ever come free, so it is `closed`.
+#[tokio::test]
+async fn concurrency_limit_in_reject_mode_answers_closed_once_closed() {
+    let probe = Probe::default();
+    let layer = ConcurrencyLimitLayer::new(1).reject(Duration::from_millis(250));
+    let svc = layer.layer(probe.service(|_| std::future::pending::<()>()));
+    layer.semaphore().close();
+    let err = svc.oneshot(1).await.unwrap_err();
+    let t = throttled(&err);
+    assert_eq!(t.status, Status::Closed, "{t}");
+    assert_eq!(t.retry_after_ms, None);
+    assert_eq!(probe.calls(), 0);
+}

@@ -138,8 +138,12 @@ impl AdaptiveLimiter {
     /// ```
     #[inline]
     pub fn try_acquire(&self) -> Result<AdaptivePermit, TryAcquireError> {
-        self.shared.sem.try_acquire()?.forget();
-        Ok(AdaptivePermit::new(self.shared.clone()))
+        let permit = self.shared.sem.try_acquire()?;
+        // Counted first, forgotten after: a clock that panics in between
+        // drops `permit`, which gives the permit back.
+        let adaptive = AdaptivePermit::new(self.shared.clone());
+        permit.forget();
+        Ok(adaptive)
     }
 
     /// The current limit.
@@ -266,12 +270,14 @@ impl Future for AdaptiveAcquire {
         let inner = unsafe { Pin::new_unchecked(&mut this.inner) };
         match inner.poll(cx) {
             Poll::Ready(Ok(permit)) => {
-                permit.forget();
                 let shared = this
                     .shared
                     .take()
                     .expect("`AdaptiveAcquire` polled after completion");
-                Poll::Ready(Ok(AdaptivePermit::new(shared)))
+                // As in `try_acquire`: forgotten only once counted.
+                let adaptive = AdaptivePermit::new(shared);
+                permit.forget();
+                Poll::Ready(Ok(adaptive))
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => Poll::Pending,

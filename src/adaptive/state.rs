@@ -255,8 +255,11 @@ impl Shared {
     pub(super) fn on_acquired(&self) -> (u64, usize) {
         // Relaxed: a count; the semaphore ordered the permit itself. (An RMW,
         // so it continues the release sequences of returners' `fetch_sub`.)
+        // The clock first: it is the user's, and may panic; then nothing
+        // has been counted yet, and the caller still owns the permit.
+        let start = self.clock.now_nanos();
         let prev = self.state.fetch_add(IN_FLIGHT_ONE, Ordering::Relaxed);
-        (self.clock.now_nanos(), in_flight_of(prev) + 1)
+        (start, in_flight_of(prev) + 1)
     }
 
     /// A permit's drop: record its sample (unless ignored), then give the

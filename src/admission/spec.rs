@@ -157,7 +157,9 @@ impl CallSpec {
 }
 
 /// Proposes a concurrency cap from Little's law: in-flight calls = rate x
-/// latency, rounded up, at least 1.
+/// latency, rounded up, at least 1 and at most `u32::MAX`. An infinite
+/// rate (no limit) at a positive latency needs no cap: `u32::MAX`. A rate
+/// that is not a number, negative, or met with a zero latency gives 1.
 ///
 /// # Examples
 ///
@@ -167,10 +169,13 @@ impl CallSpec {
 /// // 10 requests/s at 400 ms each keep 4 in flight.
 /// assert_eq!(concurrency_for(10.0, Duration::from_millis(400)), 4);
 /// assert_eq!(concurrency_for(f64::NAN, Duration::from_secs(1)), 1);
+/// assert_eq!(concurrency_for(f64::INFINITY, Duration::from_millis(400)), u32::MAX);
 /// ```
 pub fn concurrency_for(rate_per_sec: f64, latency: Duration) -> u32 {
     let n = rate_per_sec * latency.as_secs_f64();
-    if n.is_finite() && n > 1.0 {
+    if n == f64::INFINITY {
+        u32::MAX
+    } else if n.is_finite() && n > 1.0 {
         // Subtract a hair so that 10 x 0.4 = 4.000000000000001 gives 4.
         (n - 1e-9).ceil().min(u32::MAX as f64) as u32
     } else {

@@ -233,7 +233,8 @@ impl<C: Clock> TokenBucket<C> {
     /// the server said so (a 429 or 503 with `Retry-After`).
     /// At that instant one cell fits, then one per period: the burst is
     /// not handed out at once after a throttle. A shorter penalty than the
-    /// current wait changes nothing.
+    /// current wait changes nothing, and a zero one (`Retry-After: 0`,
+    /// "retry now") leaves the bucket's headroom as it is.
     ///
     /// # Examples
     ///

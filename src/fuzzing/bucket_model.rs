@@ -124,6 +124,10 @@ impl Model {
     }
 
     fn penalize(&mut self, d: u64) {
+        // "Retry now" holds nothing back and leaves refunds valid.
+        if d == 0 {
+            return;
+        }
         let target = (self.now + d as u128 + self.tolerance() - self.period).min(MAX);
         // A penalty within the debt voids outstanding refunds instead.
         if self.tat >= target {

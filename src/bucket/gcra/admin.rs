@@ -15,7 +15,14 @@ impl Gcra {
     /// otherwise cancelling the reservation that made the debt could lower
     /// `tat` below the penalty and admit a call before the server's
     /// `Retry-After`. Voiding refunds only ever errs towards admitting less.
+    ///
+    /// A zero penalty (`Retry-After: 0`, "retry now") holds nothing back
+    /// and leaves the bucket as it is: a retry now should not cost the
+    /// headroom the bucket still has.
     pub(crate) fn penalize(&self, retry_after: u64, now: u64) {
+        if retry_after == 0 {
+            return;
+        }
         // Relaxed: see `held_until`.
         self.held_until
             .fetch_max(now.saturating_add(retry_after), Ordering::Relaxed);

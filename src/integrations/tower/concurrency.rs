@@ -295,6 +295,11 @@ impl<S> ConcurrencyLimit<S> {
 
     #[cold]
     fn shed(&self) -> Throttled {
+        // A closed semaphore will never free a slot: `closed`, with no
+        // retry time, not a `shed` that promises one.
+        if self.semaphore.semaphore().is_closed() {
+            return closed();
+        }
         let t = Throttled::new(
             Status::Shed,
             "concurrency",
