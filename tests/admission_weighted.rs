@@ -434,3 +434,57 @@ fn a_misspelt_cost_is_refused_not_free() {
     let spec = CallSpec::new("complete", "key").cost("requests", 2);
     assert!(matches!(now(a.admit(&spec)), Poll::Ready(Ok(_))));
 }
+
+/// A 429 for tokens (requests left) lowered the *request* rate and held
+/// every call. It holds the tokens quota alone, and the learned request
+/// rate does not move.
+#[test]
+fn a_429_for_tokens_holds_the_tokens_quota_not_the_request_rate() {
+    let clock = ManualClock::new();
+    let admission = Admission::builder()
+        .sleeper(ManualSleeper::new(clock.clone()))
+        .clock(clock.clone())
+        .inline_wait(Duration::ZERO)
+        .resource("tokens", per_minute(10_000))
+        .build();
+    let plain = CallSpec::new("complete", "key");
+    let Poll::Ready(Ok(t)) = now(admission.admit(&plain)) else {
+        panic!("fits")
+    };
+    let rate = admission.learned_rate("key");
+    for names in [
+        [
+            ("x-ratelimit-remaining-tokens", "0"),
+            ("x-ratelimit-remaining-requests", "40"),
+        ],
+        [
+            ("anthropic-ratelimit-tokens-remaining", "0"),
+            ("anthropic-ratelimit-requests-remaining", "40"),
+        ],
+    ] {
+        let hint = ServerHint::from_headers(
+            [("retry-after", "20")].into_iter().chain(names),
+            SystemTime::now(),
+        );
+        t.observe(429, &hint);
+        assert_eq!(
+            admission.learned_rate("key"),
+            rate,
+            "the request rate moved"
+        );
+        // A call that needs no tokens goes; one that does waits the hold.
+        // (A second for the request quota's own pace.)
+        clock.advance(Duration::from_secs(1));
+        let Poll::Ready(Ok(go)) = now(admission.admit(&plain)) else {
+            panic!("a call without tokens was held back")
+        };
+        drop(go);
+        clock.advance(Duration::from_secs(1));
+        let Poll::Ready(Err(held)) = now(admission.admit(&plain.clone().cost("tokens", 100)))
+        else {
+            panic!("a tokens call went out inside the hold")
+        };
+        assert_eq!(held.scope, "quota:tokens", "{held}");
+        admission.lift_hold("key");
+    }
+}

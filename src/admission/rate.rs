@@ -362,7 +362,15 @@ where
     ) -> Option<Duration> {
         let inner = &*self.inner;
         let key = credential.to_string();
-        if !inner.shared.contains(credential) {
+        // A 429 for another quota than requests (tokens spent, requests
+        // left) says nothing about the request rate: it is not fed to it,
+        // and it holds that quota alone when the layer has it.
+        let spent = if status == 429 {
+            spent_quota(hint)
+        } else {
+            None
+        };
+        if !inner.shared.contains(credential) && spent.is_none() {
             // The new rate before the hold (see `Learned::observe`).
             let now = inner.clock.now_nanos();
             inner
@@ -405,6 +413,21 @@ where
                 }
                 _ => {}
             }
+        }
+        if let Some(policy) = spent {
+            let wait = policy
+                .reset_after
+                .or(hint.retry_after)
+                .unwrap_or(crate::backoff::RetryPolicy::BARE_429_HOLD);
+            let name = policy.name.as_deref().unwrap_or_default();
+            if let Some(resource) = inner.resources.iter().find(|r| r.name == name) {
+                let _ = resource
+                    .buckets
+                    .penalize(&key, wait.min(inner.max_retry_after));
+                return Some(wait);
+            }
+            // The layer does not meter that quota: holding the requests is
+            // the only way not to hear the same 429 again at once.
         }
         let wait = match request_wait(hint, &inner.resources) {
             Some(w) => w,
@@ -575,6 +598,26 @@ where
             }
         }
     }
+}
+
+/// The quota a 429 says is spent when it is not the request count: a named
+/// policy other than `requests` with nothing left (`x-ratelimit-remaining-tokens: 0`,
+/// `anthropic-ratelimit-tokens-remaining: 0`), while the requests policy,
+/// if the reply has one, still has some.
+fn spent_quota(hint: &ServerHint) -> Option<&crate::headers::Policy> {
+    let requests = |p: &&crate::headers::Policy| p.name.as_deref() == Some(REQUESTS);
+    if hint
+        .policies
+        .iter()
+        .find(requests)
+        .and_then(|p| p.remaining)
+        == Some(0)
+    {
+        return None;
+    }
+    hint.policies
+        .iter()
+        .find(|p| p.remaining == Some(0) && p.name.as_deref().is_some_and(|n| n != REQUESTS))
 }
 
 /// The wait the reply puts on the credential's requests: `Retry-After`, or

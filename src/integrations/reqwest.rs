@@ -50,8 +50,9 @@ mod call;
 /// `anyhow::Error`), or, with [`refusals_as_responses`](Self::refusals_as_responses),
 /// as a synthetic 429 response an LLM client keeps ([`refusal_response`]).
 ///
-/// * The **tool** of a request is, by default, its host and first path
-///   segment (`api.example.com/v1`); the **credential** is a hash of the
+/// * The **tool** of a request is, by default, its host and route
+///   (`api.openai.com/v1/chat/completions`; id-like segments become `*`,
+///   at most four segments); the **credential** is a hash of the
 ///   configured header's value (`authorization` by default), never the
 ///   value itself, so it can be logged ([`credential_of`]). Both can be
 ///   replaced with closures.
@@ -340,13 +341,66 @@ fn credential_from_header(name: String) -> Derive {
     )
 }
 
-/// Host and first path segment: `api.example.com/v1`.
+/// The host and the path's route: `api.openai.com/v1/chat/completions`.
+/// Segments that look like ids (any digit, except a version such as `v1`)
+/// become `*`, and at most four segments are kept, so `/v1/items/8731`
+/// and `/v1/items/8732` are one tool (`api.example.com/v1/items/*`) and
+/// the registry of tools stays small.
 fn default_tool(req: &Request) -> String {
     let url = req.url();
-    let host = url.host_str().unwrap_or("");
-    match url.path_segments().and_then(|mut s| s.next()) {
-        Some(first) if !first.is_empty() => format!("{host}/{first}"),
-        _ => host.to_string(),
+    let mut tool = url.host_str().unwrap_or("").to_string();
+    for segment in url
+        .path_segments()
+        .into_iter()
+        .flatten()
+        .filter(|s| !s.is_empty())
+        .take(4)
+    {
+        tool.push('/');
+        let version = segment.len() <= 3
+            && segment.starts_with('v')
+            && segment[1..].bytes().all(|b| b.is_ascii_digit());
+        if !version && segment.bytes().any(|b| b.is_ascii_digit()) {
+            tool.push('*');
+        } else {
+            tool.push_str(segment);
+        }
+    }
+    tool
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::default_tool;
+
+    fn tool(url: &str) -> String {
+        default_tool(&reqwest::Request::new(
+            reqwest::Method::POST,
+            url.parse().unwrap(),
+        ))
+    }
+
+    #[test]
+    fn the_default_tool_is_the_route_not_the_first_segment() {
+        // Every completion landed on one tool, `127.0.0.1/v1`.
+        assert_eq!(
+            tool("https://api.openai.com/v1/chat/completions"),
+            "api.openai.com/v1/chat/completions"
+        );
+        assert_eq!(
+            tool("https://api.openai.com/v1/embeddings?x=1"),
+            "api.openai.com/v1/embeddings"
+        );
+        assert_eq!(
+            tool("https://api.example.com/v1/items/8731"),
+            "api.example.com/v1/items/*"
+        );
+        assert_eq!(
+            tool("https://api.example.com/v1/items/8732/notes"),
+            "api.example.com/v1/items/*/notes"
+        );
+        assert_eq!(tool("https://h/a/b/c/d/e/f"), "h/a/b/c/d");
+        assert_eq!(tool("https://h/"), "h");
     }
 }
 
