@@ -475,6 +475,19 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         self.with_bucket(key, |b, now| b.gcra().penalize(d, now))
     }
 
+    /// [`penalize`](Self::penalize) for `hold`, the server having asked for
+    /// `told` (longer, before a cap): the bucket admits nothing for `hold`,
+    /// and the hold's recorded end is `told`'s, for refusals to report.
+    pub(crate) fn penalize_told(
+        &self,
+        key: &K,
+        hold: Duration,
+        told: Duration,
+    ) -> Result<(), TooManyKeys> {
+        let (hold, told) = (saturating_nanos(hold), saturating_nanos(told));
+        self.with_bucket(key, |b, now| b.gcra().penalize_told(hold, told, now))
+    }
+
     /// Sets `key`'s quota, now and for every bucket the key gets later
     /// (after an eviction). A live bucket converts its state as
     /// [`TokenBucket::set_quota`](crate::TokenBucket::set_quota) does.
@@ -597,6 +610,17 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
             .buckets
             .find(hash, |e| e.key == *key)
             .map_or(0, |e| e.bucket.gcra().held_until())
+    }
+
+    /// Whether `key` is as a fresh key would be at `now`: no bucket, or a
+    /// full one with no hold ahead.
+    pub(crate) fn is_full_at(&self, key: &K, now: u64) -> bool {
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash).read();
+        shard
+            .buckets
+            .find(hash, |e| e.key == *key)
+            .is_none_or(|e| e.bucket.gcra().is_full(now) && e.bucket.gcra().held_until() <= now)
     }
 
     /// The period (one cell's emission interval) of `key`'s quota: its

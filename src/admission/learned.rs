@@ -9,8 +9,7 @@ use core::time::Duration;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
-use parking_lot::Mutex;
+use parking_lot::RwLock;
 
 use crate::adaptive::{AdaptiveRate, RateController, RateOutcome};
 use crate::bucket::Quota;
@@ -21,9 +20,12 @@ use crate::keyed::Scoped;
 use super::cache::{self, Generation};
 use super::stats::Counters;
 
-/// At most this many credentials are tracked (and learn a rate); later
-/// ones keep their configured quota. Learned state is never evicted:
-/// forgetting it would send the next call at the starting guess again.
+/// At most this many credentials are tracked (and learn a rate). Past it,
+/// the idle ones (no ticket, no hold, their bucket full again) are
+/// forgotten to make room, a batch at a time: one that comes back starts
+/// from its configured quota or the starting guess again. Only while every
+/// tracked credential is busy does a new one go untracked (its configured
+/// quota, nothing learned).
 pub(crate) const MAX_LEARNED: usize = 4096;
 
 /// The learned rates of an admission layer (empty with fixed rates).
@@ -37,14 +39,14 @@ pub(crate) struct Learned {
     default: Option<Quota>,
     /// Quotas set by name: each one's starting rate and ceiling.
     configured: HashMap<String, Quota>,
-    /// Every credential seen: its interned name (so a ticket names it
-    /// without allocating), its controller and its counters. Read without a
-    /// lock (a snapshot); replaced whole by a writer holding `write`.
-    known: ArcSwap<KnownMap>,
+    /// Every credential tracked: its interned name (so a ticket names it
+    /// without allocating), its controller and its counters. Updated in
+    /// place (a new credential costs one insert, not a copy of the map);
+    /// most reads are served by the per-thread cache in front of it.
+    known: RwLock<KnownMap>,
     /// Replaced after every store to `known`: validates the per-thread
     /// cache (see `cache`).
     generation: Generation,
-    write: Mutex<()>,
 }
 
 impl Learned {
@@ -57,9 +59,8 @@ impl Learned {
             adaptive,
             default,
             configured,
-            known: ArcSwap::from_pointee(KnownMap::default()),
+            known: RwLock::new(KnownMap::default()),
             generation: Generation::new(),
-            write: Mutex::new(()),
         }
     }
 
@@ -77,7 +78,7 @@ impl Learned {
         clock: &C,
     ) -> Arc<CredentialState> {
         let found = cache::lookup(&cache::CREDENTIALS, &self.generation, credential, || {
-            if let Some(state) = self.known.load().get(credential) {
+            if let Some(state) = self.known.read().get(credential) {
                 let name = state.name.clone();
                 return Ok::<_, core::convert::Infallible>((state.clone(), Some(name)));
             }
@@ -95,15 +96,20 @@ impl Learned {
         buckets: &Scoped<String, C>,
         now: u64,
     ) -> (Arc<CredentialState>, Option<Arc<str>>) {
-        let _writer = self.write.lock();
-        let current = self.known.load_full();
-        if let Some(state) = current.get(credential) {
+        let mut known = self.known.write();
+        if let Some(state) = known.get(credential) {
             return (state.clone(), Some(state.name.clone()));
         }
-        let mut known: KnownMap = (*current).clone();
         let name: Arc<str> = Arc::from(credential);
         if known.len() >= MAX_LEARNED {
-            // Not in the registry: not cached either.
+            Self::evict_idle(&mut known, buckets, now);
+            // Bumped after the map changed: no thread's cache serves a
+            // forgotten credential's state.
+            self.generation.bump();
+        }
+        if known.len() >= MAX_LEARNED {
+            // Every tracked credential is busy. Not in the registry: not
+            // cached either.
             return (Arc::new(CredentialState::new(name, None)), None);
         }
         let controller = self.adaptive.as_ref().and_then(|adaptive| {
@@ -128,9 +134,27 @@ impl Learned {
         });
         let state = Arc::new(CredentialState::new(name.clone(), controller));
         known.insert(name.clone(), state.clone());
-        self.known.store(Arc::new(known));
+        drop(known);
         self.generation.bump();
         (state, Some(name))
+    }
+
+    /// Forgets the credentials nothing uses: no ticket or stats snapshot
+    /// holds their state (the per-thread caches hold `Weak`s), and their
+    /// bucket is full (no debt, no hold) at `now`. Their learned quota is
+    /// dropped from `buckets` too, so the custom-quota slots come back.
+    #[cold]
+    fn evict_idle<C: Clock>(known: &mut KnownMap, buckets: &Scoped<String, C>, now: u64) {
+        let default = buckets.default_quota();
+        known.retain(|name, state| {
+            let key = name.to_string();
+            let idle = Arc::strong_count(state) == 1 && buckets.is_full_at(&key, now);
+            if idle {
+                // Back to the default quota: not stored, the slot is free.
+                let _ = buckets.set_quota(&key, default);
+            }
+            !idle
+        });
     }
 
     /// Feeds one reply on `credential` (a request sent at `sent_at`) to its
@@ -157,7 +181,7 @@ impl Learned {
         }
         let Some(controller) = self
             .known
-            .load()
+            .read()
             .get(credential)
             .and_then(|s| s.controller.clone())
         else {
@@ -177,17 +201,17 @@ impl Learned {
 
     /// The rate `credential` runs at now, if it is learned.
     pub(crate) fn rate(&self, credential: &str) -> Option<f64> {
-        self.known.load().get(credential)?.rate()
+        self.known.read().get(credential)?.rate()
     }
 
     /// The credential `name`, if it is tracked (never registers it).
     pub(crate) fn peek(&self, name: &str) -> Option<Arc<CredentialState>> {
-        self.known.load().get(name).cloned()
+        self.known.read().get(name).cloned()
     }
 
     /// Every credential tracked, for `Admission::stats`.
     pub(crate) fn all(&self) -> Vec<Arc<CredentialState>> {
-        self.known.load().values().cloned().collect()
+        self.known.read().values().cloned().collect()
     }
 }
 
@@ -254,7 +278,7 @@ impl core::fmt::Debug for Learned {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Learned")
             .field("adaptive", &self.adaptive.is_some())
-            .field("known", &self.known.load().len())
+            .field("known", &self.known.read().len())
             .finish()
     }
 }

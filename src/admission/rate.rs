@@ -125,11 +125,17 @@ where
                 return Ok((reserved.keep(), now));
             }
             let ready_at = now.saturating_add(saturating_nanos(wait));
+            // A hold known before the sleep is already in the reservation
+            // (its recorded end may be the server's uncapped word, longer
+            // than what the bucket enforces); only one placed during the
+            // sleep sends the call back.
+            let held_before = self.held_until(&spec.credential, scope_key.as_ref());
             if !self.sleep_unless_closed(wait).await {
                 return Err(self.closed_refusal());
             }
             now = inner.clock.now_nanos();
-            if self.held_until(&spec.credential, scope_key.as_ref()) <= ready_at {
+            let held = self.held_until(&spec.credential, scope_key.as_ref());
+            if held <= ready_at || held == held_before {
                 return Ok((reserved.keep(), now));
             }
             // A 429 arrived while we slept and its hold covers our instant:
@@ -262,6 +268,18 @@ where
                 ),
             );
         }
+        // A server hold is capped at `max_retry_after` (the key is probed
+        // again then), but while it lasts a refusal reports what the
+        // server said: past the cap, an operator's problem.
+        let told = self.held_until(credential, None).saturating_sub(now);
+        let e = match e.retry_after() {
+            Some(after) if told > saturating_nanos(inner.max_retry_after) => {
+                ReserveError::RateLimited {
+                    retry_after: after.max(Duration::from_nanos(told)),
+                }
+            }
+            _ => e,
+        };
         match e.retry_after() {
             Some(after) if after > inner.max_retry_after => Throttled::new(
                 Status::QuotaExhausted,
@@ -395,9 +413,11 @@ where
             };
             match (policy.remaining, policy.reset_after) {
                 (Some(0), Some(reset)) => {
-                    let _ = resource
-                        .buckets
-                        .penalize(&key, reset.min(inner.max_retry_after));
+                    let _ = resource.buckets.penalize_told(
+                        &key,
+                        reset.min(inner.max_retry_after),
+                        reset,
+                    );
                 }
                 (Some(left), _) => {
                     let believed = resource.buckets.available(&key);
@@ -423,7 +443,7 @@ where
             if let Some(resource) = inner.resources.iter().find(|r| r.name == name) {
                 let _ = resource
                     .buckets
-                    .penalize(&key, wait.min(inner.max_retry_after));
+                    .penalize_told(&key, wait.min(inner.max_retry_after), wait);
                 return Some(wait);
             }
             // The layer does not meter that quota: holding the requests is
@@ -447,7 +467,9 @@ where
             Some(scope) => {
                 // The server named the limit: hold back only the calls that
                 // fall under it (this tool's, from now on).
-                let _ = inner.server_scopes.penalize(&(key, scope.clone()), wait);
+                let _ = inner
+                    .server_scopes
+                    .penalize_told(&(key, scope.clone()), wait, told);
                 // A tool the registry cannot hold right now learns its
                 // scope on a later reply.
                 if let Ok(tool) = inner.tools.get(tool) {
@@ -468,7 +490,7 @@ where
                 *slot = (*slot).max(until);
             }
             None => {
-                let _ = inner.credentials.penalize(&key, wait);
+                let _ = inner.credentials.penalize_told(&key, wait, told);
             }
         }
         Some(told)

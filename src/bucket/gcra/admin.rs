@@ -20,12 +20,20 @@ impl Gcra {
     /// and leaves the bucket as it is: a retry now should not cost the
     /// headroom the bucket still has.
     pub(crate) fn penalize(&self, retry_after: u64, now: u64) {
+        self.penalize_told(retry_after, retry_after, now);
+    }
+
+    /// [`penalize`](Self::penalize) for `hold`, recording `told` (at least
+    /// `hold`: what the server asked for, before a cap) as the hold's end
+    /// that sleepers and refusals read.
+    pub(crate) fn penalize_told(&self, hold: u64, told: u64, now: u64) {
+        let retry_after = hold;
         if retry_after == 0 {
             return;
         }
         // Relaxed: see `held_until`.
         self.held_until
-            .fetch_max(now.saturating_add(retry_after), Ordering::Relaxed);
+            .fetch_max(now.saturating_add(told.max(hold)), Ordering::Relaxed);
         let backoff = Backoff::new();
         loop {
             let view = self.view();
