@@ -26,6 +26,7 @@
 //! drop(permit);
 //! # });
 //! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(
     missing_docs,
