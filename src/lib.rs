@@ -124,3 +124,6 @@ pub use single_flight::{FlightError, SingleFlight, SingleFlightBuilder};
 #[cfg(all(test, feature = "loom"))]
 #[path = "../loom-tests/mod.rs"]
 mod loom_tests;
+
+#[doc = include_str!("guide.md")]
+pub mod guide {}
