@@ -26,6 +26,7 @@
 //! drop(permit);
 //! # });
 //! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(
     missing_docs,
@@ -123,3 +124,6 @@ pub use single_flight::{FlightError, SingleFlight, SingleFlightBuilder};
 #[cfg(all(test, feature = "loom"))]
 #[path = "../loom-tests/mod.rs"]
 mod loom_tests;
+
+#[doc = include_str!("guide.md")]
+pub mod guide {}
