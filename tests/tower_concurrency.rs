@@ -74,7 +74,7 @@ fn the_permit_returns_when_the_response_is_ready_not_when_it_is_dropped() {
 }
 
 #[test]
-fn a_closed_semaphore_fails_poll_ready_and_reject_mode_sheds() {
+fn a_closed_semaphore_fails_poll_ready_and_reject_mode_says_closed() {
     let sem = Arc::new(Semaphore::new(1));
     let waker = futures::task::noop_waker();
     let mut cx = Context::from_waker(&waker);
@@ -95,7 +95,8 @@ fn a_closed_semaphore_fails_poll_ready_and_reject_mode_sheds() {
     let Poll::Ready(Err(e)) = fut.as_mut().poll(&mut cx) else {
         panic!("refused")
     };
+    // No slot will ever come free: `closed`, not a `shed` with a retry time.
     let t = e.downcast_ref::<backpressure::Throttled>().unwrap();
-    assert_eq!(t.status, backpressure::throttled::Status::Shed);
-    assert_eq!(t.retry_after_ms, Some(5));
+    assert_eq!(t.status, backpressure::throttled::Status::Closed);
+    assert_eq!(t.retry_after_ms, None);
 }

@@ -95,7 +95,7 @@ impl Decimal {
         let num = u128::from(self.frac) * unit_nanos;
         let den = 10u128.pow(self.frac_digits);
         let mut part = num / den;
-        if num % den != 0 || (self.frac_rest && unit_nanos > 0) {
+        if !num.is_multiple_of(den) || (self.frac_rest && unit_nanos > 0) {
             part += 1;
         }
         whole.saturating_add(part)

@@ -47,6 +47,8 @@ use core::pin::Pin;
 use core::task::{Context, Poll};
 
 #[cfg(feature = "http")]
+pub use crate::integrations::refusal::{is_refusal, refusal_response, Attempts, REFUSAL_HEADER};
+#[cfg(feature = "http")]
 pub use crate::integrations::RequestDeadline;
 pub use admission::{
     AdmissionFuture, AdmissionLayer, AdmissionService, MakeSpec, Observe, ObserveOk,
@@ -58,7 +60,9 @@ pub use concurrency::{
 };
 pub use keyed::{KeyedFuture, KeyedRateLimit, KeyedRateLimitLayer};
 pub use rate::{RateLimit, RateLimitLayer};
-pub use retry::HintRetry;
+#[cfg(feature = "http")]
+pub use retry::ClassifyHttp;
+pub use retry::{Classify, HintRetry};
 
 use crate::bucket::{CheckError, ReserveError};
 use crate::{throttled::Status, Throttled};
