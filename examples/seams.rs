@@ -124,7 +124,9 @@ async fn through_middleware(url: &str, told: Told, rate: u32) -> Row {
     for c in calls {
         match c.await.expect("the call task") {
             Ok(r) if r.status().is_success() => row.done += 1,
-            Err(reqwest_middleware::Error::Middleware(e)) if e.downcast_ref::<Throttled>().is_some() => {
+            Err(reqwest_middleware::Error::Middleware(e))
+                if e.downcast_ref::<Throttled>().is_some() =>
+            {
                 row.throttled += 1
             }
             _ => row.failed += 1,
@@ -147,7 +149,9 @@ async fn through_runner(url: &str, told: Told, rate: u32) -> Row {
     let calls = turn()
         .into_iter()
         .map(|(tool, args)| {
-            let request = client.get(format!("{url}/{tool}?{args}")).header("x-api-key", KEY);
+            let request = client
+                .get(format!("{url}/{tool}?{args}"))
+                .header("x-api-key", KEY);
             let spec = CallSpec::new(tool, KEY).deadline(Duration::from_secs(10));
             Call::request(spec, request)
         })
