@@ -149,24 +149,36 @@ fn gaps(starts: &[Instant]) -> Vec<Duration> {
     starts.windows(2).map(|w| w[1] - w[0]).collect()
 }
 
-/// Past the retries, a 429 used to come back as a plain `Ok(429)`. It is a
-/// `rate_limited` with the server's wait and the requests it sent.
-#[tokio::test]
-async fn a_429_that_outlasts_the_retries_is_rate_limited_not_a_plain_429() {
-    let server = ThrottlingServer::builder()
+/// A server that answers every request 429 (a window of 0 per second),
+/// with the given headers.
+async fn refusing_server(headers: LimitHeaders) -> ThrottlingServer {
+    ThrottlingServer::builder()
         .limit(Limit::Window {
             requests: 0,
             window: Duration::from_secs(1),
         })
+        .headers(headers)
         .start()
         .await
-        .unwrap();
-    let client = ClientBuilder::new(reqwest::Client::new())
+        .unwrap()
+}
+
+/// The middleware with no quota and at most `retries` retries.
+fn retrying_client(retries: u32) -> ClientWithMiddleware {
+    ClientBuilder::new(reqwest::Client::new())
         .with(
             AdmissionMiddleware::new(Admission::builder().build())
-                .retry_policy(RetryPolicy::default().max_retries(1)),
+                .retry_policy(RetryPolicy::default().max_retries(retries)),
         )
-        .build();
+        .build()
+}
+
+/// Past the retries, a 429 used to come back as a plain `Ok(429)`. It is a
+/// `rate_limited` with the server's wait and the requests it sent.
+#[tokio::test]
+async fn a_429_that_outlasts_the_retries_is_rate_limited_not_a_plain_429() {
+    let server = refusing_server(LimitHeaders::RetryAfterOnly).await;
+    let client = retrying_client(1);
     let t = throttled(client.get(server.url()).send().await.unwrap_err());
     assert_eq!(t.status, Status::RateLimited, "{t}");
     assert_eq!(t.retry_after(), Some(Duration::from_secs(1)));
@@ -181,21 +193,8 @@ async fn a_429_that_outlasts_the_retries_is_rate_limited_not_a_plain_429() {
 /// requests in 1.3 s); it waits the bare-429 hold, as `Runner` does.
 #[tokio::test]
 async fn a_bare_429_waits_the_bare_429_hold_not_the_backoff() {
-    let server = ThrottlingServer::builder()
-        .limit(Limit::Window {
-            requests: 0,
-            window: Duration::from_secs(1),
-        })
-        .headers(LimitHeaders::Bare)
-        .start()
-        .await
-        .unwrap();
-    let client = ClientBuilder::new(reqwest::Client::new())
-        .with(
-            AdmissionMiddleware::new(Admission::builder().build())
-                .retry_policy(RetryPolicy::default().max_retries(2)),
-        )
-        .build();
+    let server = refusing_server(LimitHeaders::Bare).await;
+    let client = retrying_client(2);
     let t = throttled(client.get(server.url()).send().await.unwrap_err());
     assert_eq!(t.status, Status::RateLimited, "{t}");
     assert_eq!(t.retry_after(), Some(RetryPolicy::BARE_429_HOLD));
