@@ -612,32 +612,6 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
             .map_or(0, |e| e.bucket.gcra().held_until())
     }
 
-    /// Whether `key` is as a fresh key would be at `now`: no bucket, or a
-    /// full one with no hold ahead.
-    pub(crate) fn is_full_at(&self, key: &K, now: u64) -> bool {
-        let hash = self.hasher.hash_one(key);
-        let shard = self.shard(hash).read();
-        shard
-            .buckets
-            .find(hash, |e| e.key == *key)
-            .is_none_or(|e| e.bucket.gcra().is_full(now) && e.bucket.gcra().held_until() <= now)
-    }
-
-    /// The period (one cell's emission interval) of `key`'s quota: its
-    /// bucket's, else its configured quota's, else the default.
-    pub(crate) fn period_of(&self, key: &K) -> Duration {
-        let hash = self.hasher.hash_one(key);
-        let shard = self.shard(hash).read();
-        if let Some(e) = shard.buckets.find(hash, |e| e.key == *key) {
-            return e.bucket.gcra().quota().period();
-        }
-        shard
-            .quotas
-            .find(hash, |(k, _)| k == key)
-            .map_or(self.default_quota, |(_, q)| *q)
-            .period()
-    }
-
     /// How many cells `try_acquire` would admit for `key` now, without
     /// consuming any (and without creating a bucket).
     ///

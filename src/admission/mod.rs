@@ -28,6 +28,7 @@ mod held;
 mod learned;
 #[cfg(feature = "metrics")]
 mod metrics_out;
+mod observe;
 pub(crate) mod pools;
 mod rate;
 mod runner;

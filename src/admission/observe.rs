@@ -1,0 +1,248 @@
+//! What the server says back: a reply's status and headers become holds
+//! (on the credential, a weighted quota or a server scope), a lowered
+//! local quota when the server has less left, and food for the learned
+//! rate. The one place a server's wait is turned into a hold.
+
+use core::time::Duration;
+
+use super::rate::{charge, Resource, REQUESTS};
+use super::Admission;
+use crate::clock::{saturating_nanos, Clock};
+use crate::headers::ServerHint;
+use crate::sleep::Sleeper;
+use crate::sync::Ordering;
+
+impl<S, C> Admission<S, C>
+where
+    S: Sleeper,
+    C: Clock,
+{
+    /// Applies a server's answer for `credential` (and `tool`) without a
+    /// ticket, e.g. from a response of a call made outside this layer.
+    /// Returns the hold applied. See [`Ticket::observe`](super::Ticket::observe).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::Admission;
+    /// use backpressure::headers::ServerHint;
+    /// use std::time::{Duration, SystemTime};
+    /// let admission = Admission::builder().build();
+    /// let hint = ServerHint::from_headers([("retry-after", "3")], SystemTime::now());
+    /// assert_eq!(admission.observe("search", "key", 429, &hint), Some(Duration::from_secs(3)));
+    /// ```
+    pub fn observe(
+        &self,
+        tool: &str,
+        credential: &str,
+        status: u16,
+        hint: &ServerHint,
+    ) -> Option<Duration> {
+        let now = self.inner.clock.now_nanos();
+        self.observe_sent(tool, credential, status, hint, now)
+    }
+
+    /// [`observe`](Self::observe) for a request sent at `sent_at` (on the
+    /// layer's clock): the learned rate ignores 429s of requests sent
+    /// before its last decrease.
+    pub(crate) fn observe_sent(
+        &self,
+        tool: &str,
+        credential: &str,
+        status: u16,
+        hint: &ServerHint,
+        sent_at: u64,
+    ) -> Option<Duration> {
+        let inner = &*self.inner;
+        let key = credential.to_string();
+        // A 429 for another quota than requests (tokens spent, requests
+        // left) says nothing about the request rate: it is not fed to it,
+        // and it holds that quota alone when the layer has it.
+        let spent = if status == 429 {
+            spent_quota(hint)
+        } else {
+            None
+        };
+        if !inner.shared.contains(credential) && spent.is_none() {
+            // The new rate before the hold (see `Learned::observe`).
+            let now = inner.clock.now_nanos();
+            inner
+                .learned
+                .observe(credential, status, hint, sent_at, now, &inner.credentials);
+        }
+        // A weighted quota the server reports on (a policy of the same
+        // name): spent, it is held until its reset, alone; with less left
+        // than this process believes (another process, or a job, spends
+        // the same key), the difference is charged here, so the next calls
+        // wait for what the server will really allow. The server's count
+        // can only be stale by requests it has not seen yet, which the
+        // local bucket already holds: taking the smaller never admits more
+        // than the server has left.
+        for resource in inner.resources.iter() {
+            let Some(policy) = hint
+                .policies
+                .iter()
+                .find(|p| p.name.as_deref() == Some(resource.name.as_str()))
+            else {
+                continue;
+            };
+            match (policy.remaining, policy.reset_after) {
+                (Some(0), Some(reset)) => {
+                    let _ = resource.buckets.penalize_told(
+                        &key,
+                        reset.min(inner.max_retry_after),
+                        reset,
+                    );
+                }
+                (Some(left), _) => {
+                    let believed = resource.buckets.available(&key);
+                    let left = u32::try_from(left).unwrap_or(u32::MAX);
+                    if left < believed {
+                        charge(
+                            &resource.buckets,
+                            &key,
+                            believed - left,
+                            inner.clock.now_nanos(),
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(policy) = spent {
+            let wait = policy
+                .reset_after
+                .or(hint.retry_after)
+                .unwrap_or(crate::backoff::RetryPolicy::BARE_429_HOLD);
+            let name = policy.name.as_deref().unwrap_or_default();
+            if let Some(resource) = inner.resources.iter().find(|r| r.name == name) {
+                let _ = resource
+                    .buckets
+                    .penalize_told(&key, wait.min(inner.max_retry_after), wait);
+                return Some(wait);
+            }
+            // The layer does not meter that quota: holding the requests is
+            // the only way not to hear the same 429 again at once.
+        }
+        let wait = match request_wait(hint, &inner.resources) {
+            Some(w) => w,
+            // A 429 with no hint: hold the key back (a second) rather than
+            // let the next call find out the same way; the retry policy
+            // waits the same hold.
+            None if status == 429 => crate::backoff::RetryPolicy::BARE_429_HOLD,
+            None => return None,
+        };
+        // Every hold is capped alike (a weighted quota's above): a hostile
+        // `Retry-After: 999999999` holds the key for `max_retry_after`, not
+        // for decades. The reply's own wait is still returned, for the
+        // retry decision.
+        let told = wait;
+        let wait = wait.min(inner.max_retry_after);
+        match &hint.scope {
+            Some(scope) => {
+                // The server named the limit: hold back only the calls that
+                // fall under it (this tool's, from now on).
+                let _ = inner
+                    .server_scopes
+                    .penalize_told(&(key, scope.clone()), wait, told);
+                // A tool the registry cannot hold right now learns its
+                // scope on a later reply.
+                if let Ok(tool) = inner.tools.get(tool) {
+                    *tool.server_scope.write() = Some(scope.clone());
+                    // Release: see `take_rate`.
+                    tool.scoped.store(true, Ordering::Release);
+                }
+            }
+            None if inner.shared.contains(credential) => {
+                // Reaching the shared limiter needs an await: the next admit
+                // on this credential applies it before reserving.
+                let until = inner
+                    .clock
+                    .now_nanos()
+                    .saturating_add(saturating_nanos(wait));
+                let mut pending = inner.pending.lock();
+                let slot = pending.entry(key).or_insert(0);
+                *slot = (*slot).max(until);
+            }
+            None => {
+                let _ = inner.credentials.penalize_told(&key, wait, told);
+            }
+        }
+        Some(told)
+    }
+
+    /// Lifts every server hold on `credential` (its request quota and its
+    /// weighted quotas start full again, and a pending hold for its shared
+    /// quota is dropped): for an operator who knows the server's wait was
+    /// wrong. Holds on server scopes (`server:<name>`) run out by
+    /// themselves.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::headers::ServerHint;
+    /// use std::time::SystemTime;
+    /// # futures::executor::block_on(async {
+    /// let admission = Admission::builder().build();
+    /// let hint = ServerHint::from_headers([("retry-after", "999999999")], SystemTime::now());
+    /// admission.observe("search", "key", 429, &hint);
+    /// assert!(admission.admit(&CallSpec::new("search", "key")).await.is_err());
+    /// admission.lift_hold("key");
+    /// assert!(admission.admit(&CallSpec::new("search", "key")).await.is_ok());
+    /// # });
+    /// ```
+    pub fn lift_hold(&self, credential: &str) {
+        let inner = &*self.inner;
+        let key = credential.to_string();
+        inner.credentials.reset(&key);
+        for resource in inner.resources.iter() {
+            resource.buckets.reset(&key);
+        }
+        inner.pending.lock().remove(credential);
+    }
+}
+
+/// The quota a 429 says is spent when it is not the request count: a named
+/// policy other than `requests` with nothing left (`x-ratelimit-remaining-tokens: 0`,
+/// `anthropic-ratelimit-tokens-remaining: 0`), while the requests policy,
+/// if the reply has one, still has some.
+fn spent_quota(hint: &ServerHint) -> Option<&crate::headers::Policy> {
+    let requests = |p: &&crate::headers::Policy| p.name.as_deref() == Some(REQUESTS);
+    if hint
+        .policies
+        .iter()
+        .find(requests)
+        .and_then(|p| p.remaining)
+        == Some(0)
+    {
+        return None;
+    }
+    hint.policies
+        .iter()
+        .find(|p| p.remaining == Some(0) && p.name.as_deref().is_some_and(|n| n != REQUESTS))
+}
+
+/// The wait the reply puts on the credential's requests: `Retry-After`, or
+/// a spent request limit until its reset. A spent *weighted* quota (a
+/// policy named like one) holds only that quota (see `observe_sent`).
+fn request_wait<C: Clock>(hint: &ServerHint, resources: &[Resource<C>]) -> Option<Duration> {
+    if hint.retry_after.is_some() {
+        return hint.retry_after;
+    }
+    let is_resource =
+        |name: Option<&str>| name.is_some_and(|n| resources.iter().any(|r| r.name == n));
+    let top = (hint.remaining == Some(0)
+        && !hint
+            .policies
+            .iter()
+            .any(|p| is_resource(p.name.as_deref()) && p.remaining == Some(0)))
+    .then_some(hint.reset_after)
+    .flatten();
+    let policies = hint
+        .policies
+        .iter()
+        .filter(|p| p.remaining == Some(0) && !is_resource(p.name.as_deref()))
+        .filter_map(|p| p.reset_after);
+    top.into_iter().chain(policies).max()
+}
