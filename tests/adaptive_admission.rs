@@ -5,7 +5,7 @@
 //! `Throttled`'s `retry_after_ms` as a model would.
 //!
 //! Asserted on what the server saw (counts), never on wall time:
-//! achieved >= 85% of R and <= 5% of requests answered 429, for R below
+//! achieved >= 92% of R and <= 5% of requests answered 429, for R below
 //! and above the starting guess of 10/s; and the old fixed default storms
 //! the slow server (the regression this fixes).
 
@@ -167,7 +167,7 @@ fn told_nothing_the_layer_learns_a_slow_servers_rate_without_a_429_storm() {
             o.requests
         );
         assert!(
-            share(&o, rate) >= 0.85,
+            share(&o, rate) >= 0.92,
             "R={rate}: {:.2} of R",
             share(&o, rate)
         );
@@ -187,7 +187,7 @@ fn told_nothing_the_layer_uses_a_fast_servers_capacity() {
             o.requests
         );
         assert!(
-            share(&o, rate) >= 0.85,
+            share(&o, rate) >= 0.92,
             "R={rate}: {:.2} of R",
             share(&o, rate)
         );
@@ -209,4 +209,154 @@ fn a_fixed_default_rate_storms_slow_servers_and_starves_fast_ones() {
     let fast = run(25.0, true);
     report("fixed", 25.0, &fast);
     assert!(share(&fast, 25.0) < 0.5, "{:.2}", share(&fast, 25.0));
+}
+
+/// One turn: `calls` calls at once through `Runner::execute` (deadline
+/// 30 s), told nothing. Returns the simulated makespan, the server's counts,
+/// the calls done, and the rate learned at the end.
+struct Turn {
+    makespan: Duration,
+    requests: u64,
+    throttled: u64,
+    done: usize,
+    learned: f64,
+}
+
+fn turn(rate: f64, calls: usize, quota: Option<backpressure::Quota>) -> Turn {
+    let clock = ManualClock::new();
+    let sleeper = ManualSleeper::new(clock.clone());
+    let server = Server::new(&clock, rate);
+    let mut builder = Admission::builder()
+        .sleeper(sleeper.clone())
+        .clock(clock.clone())
+        .tool("fetch", CALLERS, SlotPolicy::Wait);
+    if let Some(q) = quota {
+        builder = builder.default_quota(q);
+    }
+    let runner: Runner<u16, _, _> = Runner::new(builder.build(), Duration::ZERO);
+    let done = AtomicU64::new(0);
+    // Each call is re-issued after a refusal's `retry_after_ms`, as a
+    // model told "rate_limited" would, until it is done.
+    let call = || async {
+        loop {
+            let (server, nap) = (server.clone(), sleeper.clone());
+            let spec = CallSpec::new("fetch", "key")
+                .kind(backpressure::admission::Kind::Write)
+                .deadline(Duration::from_secs(30));
+            let call = Call::new(spec, move || {
+                let (server, sleeper) = (server.clone(), nap.clone());
+                async move {
+                    let ok = server.admit();
+                    sleeper.sleep(Duration::from_millis(5)).await;
+                    if ok {
+                        Ok(Reply::new(200, 200))
+                    } else {
+                        let hint = ServerHint::from_headers(
+                            [("retry-after", "1")],
+                            std::time::SystemTime::now(),
+                        );
+                        Ok(Reply::new(429, 429).with_hint(hint))
+                    }
+                }
+            });
+            match runner.one(call).await {
+                CallResult::Done { .. } => {
+                    done.fetch_add(1, Ordering::SeqCst);
+                    return;
+                }
+                CallResult::Throttled(t) => {
+                    let wait = t.retry_after().unwrap_or(Duration::from_secs(1));
+                    sleeper.sleep(wait).await;
+                }
+                _ => return,
+            }
+        }
+    };
+    let all = futures::future::join_all((0..calls).map(|_| call()));
+    let mut all = pin!(all);
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    while all.as_mut().poll(&mut cx).is_pending() {
+        assert!(clock.now_nanos() < 120_000 * MS, "the turn did not finish");
+        sleeper.advance(Duration::from_millis(1));
+    }
+    let requests = server.requests.load(Ordering::SeqCst);
+    Turn {
+        makespan: Duration::from_nanos(clock.now_nanos()),
+        requests,
+        throttled: server.throttled.load(Ordering::SeqCst),
+        done: done.load(Ordering::SeqCst) as usize,
+        learned: runner.admission().learned_rate("key").unwrap_or(0.0),
+    }
+}
+
+fn report_turn(label: &str, rate: f64, t: &Turn) {
+    println!(
+        "{label:>8} R={rate:>4}: makespan {:>5.2} s, requests {:>3}, 429s {:>2}, done {}, learned {:.2}",
+        t.makespan.as_secs_f64(),
+        t.requests,
+        t.throttled,
+        t.done,
+        t.learned
+    );
+}
+
+fn guess() -> Option<backpressure::Quota> {
+    Some(backpressure::Quota::per_second(
+        std::num::NonZeroU32::new(10).unwrap(),
+    ))
+}
+
+/// Issue #20, item 7: `Quota::per_second(10)` implies a burst of 10; the
+/// learned bucket bursts no more than the server is believed to allow, so
+/// against a 4/s server the guess costs no more 429s than no quota (it
+/// cost 7 to none's 1 when the burst went out as given), and a cut no
+/// longer forgets the cells of reservations that still go after the hold.
+#[test]
+fn a_guessed_quota_costs_no_more_429s_than_none() {
+    let none = turn(4.0, 60, None);
+    let guessed = turn(4.0, 60, guess());
+    report_turn("none", 4.0, &none);
+    report_turn("guess", 4.0, &guessed);
+    assert_eq!((none.done, guessed.done), (60, 60));
+    assert!(
+        guessed.throttled <= none.throttled,
+        "guess {} 429s, none {}",
+        guessed.throttled,
+        none.throttled
+    );
+    // The guess is a ceiling: above the server's rate it is learned down.
+    assert!((guessed.learned - 4.0).abs() <= 0.6, "{}", guessed.learned);
+}
+
+/// Issue #20, item 8: learn within one turn. 60 calls, told nothing,
+/// against a server at R (burst 2, `Retry-After: 1`), each refused call
+/// re-issued when its `retry_after_ms` says: at most 10% of requests are
+/// 429s, the learned rate ends within 15% of R, and the turn ends within
+/// 1.3x of the best a client that obeys one `Retry-After` can do: the hold,
+/// then (calls - 2 bursts) / R.
+#[test]
+fn one_turn_learns_the_servers_rate() {
+    for rate in [4.0, 25.0] {
+        let t = turn(rate, 60, None);
+        report_turn("none", rate, &t);
+        assert_eq!(t.done, 60);
+        assert!(
+            t.throttled as f64 <= 0.1 * t.requests as f64,
+            "R={rate}: {} of {}",
+            t.throttled,
+            t.requests
+        );
+        assert!(
+            (t.learned - rate).abs() <= 0.15 * rate,
+            "R={rate}: learned {}",
+            t.learned
+        );
+        let best = 1.0 + (60.0 - 4.0) / rate;
+        assert!(
+            t.makespan.as_secs_f64() <= 1.3 * best,
+            "R={rate}: {:?} against a best of {best:.2} s",
+            t.makespan
+        );
+    }
 }

@@ -61,7 +61,7 @@
 //! * after a **settled** decrease (the floor is within 15% of the
 //!   ceiling, or within 5% of the floor measured at the decrease before)
 //!   the rate holds for [`probe_after`](AdaptiveRate::probe_after)
-//!   (default 10 s, and at least 100 successes), since each probe above the
+//!   (default 30 s, and at least 100 successes), since each probe above the
 //!   server's rate costs one 429; a probe that finds the same limit again
 //!   doubles that wait, up to 16×;
 //! * after a **guessed** decrease the rate holds just long enough for a
@@ -123,6 +123,8 @@ const RTTS: usize = 32;
 const USE_WINDOW: usize = 8;
 /// Below this share of the rate in use, the rate does not grow.
 const IN_USE: f64 = 0.5;
+/// Slow start's growth per success, in requests per second.
+const SLOW_START_STEP: f64 = 1.0;
 /// A decrease always lands at least this fraction below the refused rate.
 const MIN_CUT: f64 = 0.02;
 /// Floor / ceiling at or above this: the estimate is settled.
@@ -173,10 +175,11 @@ const REQUOTA: f64 = 0.01;
 ///
 /// Calls that reserved their token before a hold began should ask again
 /// once it is over rather than fire during it (they were admitted at the
-/// old rate and mostly draw 429s), and the cells they hold should be
-/// forgotten (`reset` before `set_quota`), or the new, lower rate charges
-/// them too. The controller itself stays correct either way: those 429s
-/// fall inside the holdoff.
+/// old rate and mostly draw 429s). Do not `reset` the bucket on a cut:
+/// the reservations whose instant falls after the hold still go, and a
+/// reset would forget their cells and admit a full burst beside them.
+/// The controller itself stays correct either way: those 429s fall
+/// inside the holdoff.
 ///
 /// # Examples
 ///
@@ -229,6 +232,8 @@ struct State {
     target: f64,
     /// The rate of the last quota handed out.
     applied: f64,
+    /// The burst of the last quota handed out.
+    applied_burst: NonZeroU32,
     /// No rate above this: `max_rate`, or the server's numbers.
     cap: f64,
     /// The server's last `ServerLimit` numbers.
@@ -277,8 +282,17 @@ impl RateController {
     /// assert_eq!(q.period().as_nanos(), 333_333_334);
     /// ```
     pub fn quota(&self) -> Quota {
-        let applied = self.state.lock().applied;
-        quota_for(applied, self.cfg.burst)
+        let st = self.state.lock();
+        quota_for(st.applied, self.burst(&st))
+    }
+
+    /// The burst of the quotas handed out: the configured one, but never
+    /// more than the server is believed to allow (a burst the server
+    /// refuses buys one 429 per excess request and a hold).
+    fn burst(&self, st: &State) -> NonZeroU32 {
+        NonZeroU32::new(st.server_burst)
+            .unwrap_or(NonZeroU32::MIN)
+            .min(self.cfg.burst)
     }
 
     /// The rate in force, in requests per second (the rate of
@@ -292,6 +306,40 @@ impl RateController {
     /// ```
     pub fn rate(&self) -> f64 {
         self.state.lock().applied
+    }
+
+    /// The rate the controller expects to run at soon, in requests per
+    /// second: after a cut it only guessed (its bounds far apart), the rate
+    /// it is climbing back to; otherwise [`rate`](RateController::rate).
+    /// An estimate of when the k-th waiting call gets its turn uses this
+    /// one: spaced at the guessed rate, the calls refused now would be
+    /// told to come back long after the rate has climbed, and the slots
+    /// between would go unused.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::{AdaptiveRate, RateOutcome};
+    /// const MS: u64 = 1_000_000;
+    /// let c = AdaptiveRate::new().controller(0);
+    /// assert_eq!(c.expected_rate(), c.rate());
+    /// // Two successes and a 429 within 200 ms: the rate is below 5/s, and
+    /// // a guess is all it can be.
+    /// c.on_reply(5 * MS, 0, RateOutcome::Success);
+    /// c.on_reply(105 * MS, 100 * MS, RateOutcome::Success);
+    /// c.on_reply(205 * MS, 200 * MS, RateOutcome::Throttled);
+    /// assert!(c.expected_rate() > c.rate());
+    /// ```
+    pub fn expected_rate(&self) -> f64 {
+        let st = self.state.lock();
+        match st.phase {
+            Phase::Hold {
+                climb_to: Some(limit),
+                ..
+            }
+            | Phase::Climb { limit, .. } => limit.max(st.applied),
+            _ => st.applied,
+        }
     }
 
     /// Feeds one reply: `sent_at` is when its request started and `now`
@@ -355,10 +403,13 @@ impl RateController {
             }
         };
         let rate = st.target;
+        let burst = self.burst(&st);
         let moved = (rate - st.applied).abs() >= REQUOTA * st.applied;
-        if rate != st.applied && (changed || moved || rate == st.cap) {
+        if burst != st.applied_burst || (rate != st.applied && (changed || moved || rate == st.cap))
+        {
             st.applied = rate;
-            Some(quota_for(rate, self.cfg.burst))
+            st.applied_burst = burst;
+            Some(quota_for(rate, burst))
         } else {
             None
         }
@@ -382,7 +433,7 @@ impl RateController {
         st.phase = match st.phase {
             Phase::SlowStart => {
                 if in_use {
-                    st.target += 1.0;
+                    st.target += SLOW_START_STEP;
                 }
                 Phase::SlowStart
             }

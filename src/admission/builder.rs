@@ -251,8 +251,13 @@ impl<S, C> Builder<S, C> {
     ///
     /// With adaptive rates on (the default), this is each such credential's
     /// starting rate and its ceiling: 429s lower it, success climbs back up
-    /// to it, never past it. Without a `default_quota`, a credential starts
-    /// at [`AdaptiveRate`]'s guess (10/s) and may climb above it.
+    /// to it, never past it. Its burst is a ceiling too: the bucket bursts
+    /// no more than the server is believed to allow
+    /// ([`AdaptiveRate::server_burst`], 2 unless set), so a guess such as
+    /// `Quota::per_second(10)` (an implied burst of 10) costs no more 429s
+    /// than no quota. Without a `default_quota`, a credential starts at
+    /// [`AdaptiveRate`]'s guess (10/s) and may climb above it. With
+    /// [`fixed_rates`](Self::fixed_rates) the quota is used as given.
     ///
     /// # Examples
     ///

@@ -160,11 +160,17 @@ impl Learned {
     /// Feeds one reply on `credential` (a request sent at `sent_at`) to its
     /// controller and applies the new quota, if any, to `buckets`.
     ///
-    /// Called before the reply's hold is applied: a cut resets the bucket
-    /// (its reservations were taken at the old rate; their calls wake, see
-    /// the hold and queue again at the new one), then sets the quota, and
-    /// only then may the caller penalize. Penalizing first would have the
-    /// quota change convert the hold's debt at the lower rate and stretch it.
+    /// Called before the reply's hold is applied: the new quota first, then
+    /// the caller's penalty. Penalizing first would have the quota change
+    /// convert the hold's debt at the lower rate and stretch it.
+    ///
+    /// A cut does not reset the bucket. The reservations taken at the old
+    /// rate keep their cells, converted to the new rate: those whose
+    /// instant falls inside the hold are absorbed by it (their calls wake,
+    /// see the hold and queue again behind it), and those past it go at
+    /// their instant, still counted. A reset would forget the latter's
+    /// cells while they still go, and the bucket would admit its full burst
+    /// beside them when the hold ends: one more 429 per cut.
     pub(crate) fn observe<C: Clock>(
         &self,
         credential: &str,
@@ -190,9 +196,6 @@ impl Learned {
         let outcome = outcome(status, hint);
         if let Some(quota) = controller.on_reply(now, sent_at, outcome) {
             let key = credential.to_string();
-            if outcome == RateOutcome::Throttled {
-                buckets.reset(&key);
-            }
             // The credential has a custom quota already (set on creation),
             // so this replaces it and cannot be refused for room.
             let _ = buckets.set_quota(&key, quota);
@@ -212,6 +215,16 @@ impl Learned {
     /// Every credential tracked, for `Admission::stats`.
     pub(crate) fn all(&self) -> Vec<Arc<CredentialState>> {
         self.known.read().values().cloned().collect()
+    }
+}
+
+impl Learned {
+    /// The period, in nanoseconds, of the rate `credential` is expected to
+    /// run at soon (see [`RateController::expected_rate`]), if it is
+    /// learned.
+    pub(crate) fn expected_period(&self, credential: &str) -> Option<u64> {
+        let rate = self.peek(credential)?.controller.as_ref()?.expected_rate();
+        Some((1e9 / rate).ceil().max(1.0) as u64)
     }
 }
 

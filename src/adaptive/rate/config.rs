@@ -65,7 +65,7 @@ pub enum RateOutcome {
 /// | [`max_rate`](AdaptiveRate::max_rate) | 1,000/s | NaN → 1,000; clamped to [0.001, 10⁹]; below `min_rate` → `min_rate` |
 /// | [`decrease`](AdaptiveRate::decrease) | 0.5 | NaN → 0.5; clamped to [0.05, 0.95] |
 /// | [`slow_start`](AdaptiveRate::slow_start) | `true` | |
-/// | [`probe_after`](AdaptiveRate::probe_after) | 10 s | |
+/// | [`probe_after`](AdaptiveRate::probe_after) | 30 s | |
 /// | [`probe_gain`](AdaptiveRate::probe_gain) | 0.05 per second | NaN or < 0 → 0 (never probe); above 10 → 10 |
 /// | [`burst`](AdaptiveRate::burst) | 1 | 0 → 1 |
 /// | [`server_burst`](AdaptiveRate::server_burst) | 2 | 0 → 1 |
@@ -130,7 +130,7 @@ impl AdaptiveRate {
             max_rate: 1000.0,
             decrease: 0.5,
             slow_start: true,
-            probe_after: Duration::from_secs(10),
+            probe_after: Duration::from_secs(30),
             probe_gain: 0.05,
             burst: NonZeroU32::MIN,
             server_burst: 2,
@@ -244,6 +244,12 @@ impl AdaptiveRate {
     /// probes above it again (also at least 100 successes). Each probe
     /// that finds the same limit doubles this wait, up to 16×.
     ///
+    /// The default is 30 s: a probe that finds the limit costs one 429 and
+    /// the hold that follows it (`Retry-After: 1` holds the credential for
+    /// a second), so probing every 10 s would give up a tenth of the
+    /// server's capacity to learn of a raise that rarely comes; every 30 s,
+    /// about 3%, less as the wait doubles.
+    ///
     /// # Examples
     ///
     /// ```
@@ -254,7 +260,7 @@ impl AdaptiveRate {
     /// let c = AdaptiveRate::new()
     ///     .initial(Some(4.0))
     ///     .slow_start(false)
-    ///     .probe_after(Duration::from_secs(30))
+    ///     .probe_after(Duration::from_secs(60))
     ///     .controller(0);
     /// // 4/s accepted for 5 s, then a 429: the server's rate is measured.
     /// for i in 0..20 {
@@ -263,7 +269,7 @@ impl AdaptiveRate {
     /// c.on_reply(5_005 * MS, 5_000 * MS, RateOutcome::Throttled);
     /// let settled = c.rate();
     /// assert!(settled > 3.5 && settled < 4.0);
-    /// // It holds there: no probe for 30 s.
+    /// // It holds there: no probe for 60 s.
     /// for i in 0..100 {
     ///     let t = 6_000 * MS + i * 270 * MS;
     ///     c.on_reply(t + 5 * MS, t, RateOutcome::Success);
@@ -296,14 +302,23 @@ impl AdaptiveRate {
         self
     }
 
-    /// The burst of the quotas handed out; keep it at or below the
-    /// server's (default 1; 0 is taken as 1).
+    /// The largest burst of the quotas handed out (default 1; 0 is taken
+    /// as 1). The quotas never burst past the
+    /// [`server_burst`](AdaptiveRate::server_burst) assumed either, which
+    /// grows when the server shows it allows more: a burst the server
+    /// refuses costs one 429 per request over it, and then a hold. This is
+    /// how a configured quota's implied burst (`Quota::per_second(10)`
+    /// bursts 10) is kept from costing more 429s than no quota at all.
     ///
     /// # Examples
     ///
     /// ```
     /// use backpressure::adaptive::AdaptiveRate;
-    /// assert_eq!(AdaptiveRate::new().burst(3).controller(0).quota().burst().get(), 3);
+    /// // At most the server's assumed burst (2 by default)...
+    /// assert_eq!(AdaptiveRate::new().burst(3).controller(0).quota().burst().get(), 2);
+    /// // ...which a known server burst raises.
+    /// let known = AdaptiveRate::new().burst(3).server_burst(8);
+    /// assert_eq!(known.controller(0).quota().burst().get(), 3);
     /// assert_eq!(AdaptiveRate::new().burst(0).controller(0).quota().burst().get(), 1);
     /// ```
     #[must_use]
@@ -412,6 +427,9 @@ impl AdaptiveRate {
             state: Mutex::new(State {
                 target: rate,
                 applied: rate,
+                applied_burst: cfg
+                    .burst
+                    .min(NonZeroU32::new(cfg.server_burst).unwrap_or(NonZeroU32::MIN)),
                 cap: cfg.max_rate,
                 server: None,
                 phase,
