@@ -488,3 +488,54 @@ fn a_429_for_tokens_holds_the_tokens_quota_not_the_request_rate() {
         admission.lift_hold("key");
     }
 }
+
+/// Issue #25, item 4: an LLM provider's per-minute request limit, stated
+/// in its own headers (no `RateLimit-Policy`), is the learned rate from the
+/// first reply on: OpenAI's 180 a minute paces the key at 3/s.
+#[test]
+fn a_providers_request_limit_is_learned_from_the_first_reply() {
+    let clock = ManualClock::new();
+    let admission = Admission::builder()
+        .sleeper(ManualSleeper::new(clock.clone()))
+        .clock(clock.clone())
+        .inline_wait(Duration::ZERO)
+        .build();
+    for (key, headers, rate) in [
+        (
+            "openai-key",
+            [
+                ("x-ratelimit-limit-requests", "180"),
+                ("x-ratelimit-remaining-requests", "179"),
+            ],
+            3.0,
+        ),
+        (
+            "anthropic-key",
+            [
+                ("anthropic-ratelimit-requests-limit", "50"),
+                ("anthropic-ratelimit-requests-remaining", "49"),
+            ],
+            50.0 / 60.0,
+        ),
+    ] {
+        let spec = CallSpec::new("complete", key);
+        let Poll::Ready(Ok(t)) = now(admission.admit(&spec)) else {
+            panic!("the first call fits")
+        };
+        assert_eq!(
+            admission.learned_rate(key),
+            Some(10.0),
+            "the starting guess"
+        );
+        t.observe(200, &ServerHint::from_headers(headers, SystemTime::now()));
+        let learned = admission.learned_rate(key).unwrap();
+        assert!((learned - rate).abs() < 1e-6, "{key}: {learned}");
+        // Paced at the server's rate: the next call right away is told to
+        // come back one period later, not at the old guess's.
+        let Poll::Ready(Err(refused)) = now(admission.admit(&spec)) else {
+            panic!("{key}: a second call went out at once")
+        };
+        let wait = refused.retry_after().unwrap().as_secs_f64();
+        assert!((wait - 1.0 / rate).abs() < 0.01, "{key}: told {wait} s");
+    }
+}

@@ -187,7 +187,7 @@ const CASES: &[Case] = &[
                    ("x-ratelimit-remaining-requests", "59"), ("x-ratelimit-remaining-tokens", "0"),
                    ("x-ratelimit-reset-requests", "1s"), ("x-ratelimit-reset-tokens", "6m0s")], now: T0,
         want: "retry=- limit=150000 remaining=0 used=- reset=360s scope=- wait=360s \
-               | requests q=60 qu=- w=- r=59 t=1s | tokens q=150000 qu=- w=- r=0 t=360s" },
+               | requests q=60 qu=- w=60s r=59 t=1s | tokens q=150000 qu=- w=60s r=0 t=360s" },
     Case { name: "OpenAI: millisecond reset",
         headers: &[("x-ratelimit-remaining-requests", "0"), ("x-ratelimit-reset-requests", "12ms")], now: T0,
         want: "retry=- limit=- remaining=0 used=- reset=12ms scope=- wait=12ms | requests q=- qu=- w=- r=0 t=12ms" },
@@ -198,14 +198,14 @@ const CASES: &[Case] = &[
                    ("anthropic-ratelimit-input-tokens-remaining", "1000"),
                    ("anthropic-ratelimit-input-tokens-reset", "2023-11-14T22:13:21Z")], now: T0,
         want: "retry=- limit=50 remaining=0 used=- reset=60s scope=- wait=60s \
-               | requests q=50 qu=- w=- r=0 t=60s | input-tokens q=- qu=- w=- r=1000 t=1s" },
+               | requests q=50 qu=- w=60s r=0 t=60s | input-tokens q=- qu=- w=- r=1000 t=1s" },
     Case { name: "a top-level counter and an exhausted policy: the longest wait",
         headers: &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "5"),
                    ("x-ratelimit-remaining-tokens", "0"), ("x-ratelimit-reset-tokens", "20s")], now: T0,
         want: "retry=- limit=- remaining=0 used=- reset=5s scope=- wait=20s | tokens q=- qu=- w=- r=0 t=20s" },
     Case { name: "Kong-style window suffix",
         headers: &[("X-RateLimit-Limit-Minute", "10"), ("X-RateLimit-Remaining-Minute", "9")], now: T0,
-        want: "retry=- limit=10 remaining=9 used=- reset=- scope=- wait=- | minute q=10 qu=- w=- r=9 t=-" },
+        want: "retry=- limit=10 remaining=9 used=- reset=- scope=- wait=- | minute q=10 qu=- w=60s r=9 t=-" },
 
     // --- garbage -----------------------------------------------------------
     Case { name: "unparseable counters skipped",

@@ -122,6 +122,25 @@ impl Field {
     }
 }
 
+/// The window of a vendor header's per-resource limit, where the header
+/// family documents one: OpenAI's `x-ratelimit-limit-{requests,tokens}`
+/// and Anthropic's `anthropic-ratelimit-{requests,tokens,input-tokens,
+/// output-tokens}-limit` count per minute; Kong's
+/// `x-ratelimit-limit-{second,minute,hour,day}` name their window. A
+/// provider that counts a resource over another window (Groq's requests
+/// are per day) reads as a higher rate than it allows; the learned rate's
+/// first 429 corrects it.
+fn documented_window(resource: &str) -> Option<u128> {
+    let secs: u128 = match resource {
+        "requests" | "tokens" | "input-tokens" | "output-tokens" | "minute" => 60,
+        "second" => 1,
+        "hour" => 3_600,
+        "day" => 86_400,
+        _ => return None,
+    };
+    Some(secs * NANOS_PER_SEC as u128)
+}
+
 impl Acc {
     /// Takes one header. `name` is lower-case ASCII; `v` is trimmed UTF-8.
     pub(super) fn add(&mut self, name: &str, v: &str) {
@@ -212,7 +231,10 @@ impl Acc {
             return;
         };
         match field {
-            Field::Limit => set_first(&mut p.quota, parse_limit(v)),
+            Field::Limit => {
+                set_first(&mut p.quota, parse_limit(v));
+                set_first(&mut p.window, documented_window(resource));
+            }
             Field::Remaining => set_first(&mut p.remaining, value::parse_u64(v)),
             Field::Reset => set_first(&mut p.reset, value::parse_reset(v)),
             // A per-resource `used` is not kept; `remaining` says more.
