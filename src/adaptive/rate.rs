@@ -123,6 +123,8 @@ const RTTS: usize = 32;
 const USE_WINDOW: usize = 8;
 /// Below this share of the rate in use, the rate does not grow.
 const IN_USE: f64 = 0.5;
+/// Timer ticks per second: a sleep shorter than a tick is rounded up.
+const TICKS_PER_SEC: f64 = 1_000.0;
 /// Slow start's growth per success, in requests per second.
 const SLOW_START_STEP: f64 = 1.0;
 /// A decrease always lands at least this fraction below the refused rate.
@@ -288,9 +290,18 @@ impl RateController {
 
     /// The burst of the quotas handed out: the configured one, but never
     /// more than the server is believed to allow (a burst the server
-    /// refuses buys one 429 per excess request and a hold).
+    /// refuses buys one 429 per excess request and a hold), unless the
+    /// rate itself sends more than that within a timer tick (1 ms): a
+    /// smaller burst there would not space the requests out, only round
+    /// each wait up to the tick and cap the rate at `burst` per tick.
+    pub(super) fn init_burst(&self) {
+        let mut st = self.state.lock();
+        st.applied_burst = self.burst(&st);
+    }
+
     fn burst(&self, st: &State) -> NonZeroU32 {
-        NonZeroU32::new(st.server_burst)
+        let per_tick = (st.target.max(st.applied) / TICKS_PER_SEC).ceil() as u32;
+        NonZeroU32::new(st.server_burst.max(per_tick))
             .unwrap_or(NonZeroU32::MIN)
             .min(self.cfg.burst)
     }

@@ -423,13 +423,12 @@ impl AdaptiveRate {
                 climb_to: None,
             }
         };
-        RateController {
+        let controller = RateController {
             state: Mutex::new(State {
                 target: rate,
                 applied: rate,
-                applied_burst: cfg
-                    .burst
-                    .min(NonZeroU32::new(cfg.server_burst).unwrap_or(NonZeroU32::MIN)),
+                // Set below, from the state (see `RateController::burst`).
+                applied_burst: NonZeroU32::MIN,
                 cap: cfg.max_rate,
                 server: None,
                 phase,
@@ -446,6 +445,8 @@ impl AdaptiveRate {
                 replies: 0,
             }),
             cfg,
-        }
+        };
+        controller.init_burst();
+        controller
     }
 }
