@@ -49,7 +49,7 @@ async fn fan_out(client: ClientWithMiddleware, url: String) -> Vec<Result<u16, T
     out
 }
 
-#[path = "support/window_server.rs"]
+#[path = "../support/window_server.rs"]
 mod window_server;
 use window_server::window_server as server;
 

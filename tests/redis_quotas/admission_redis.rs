@@ -4,7 +4,7 @@
 //! 429 seen by one holds back the other.
 #![cfg(all(feature = "redis", feature = "tokio"))]
 
-#[path = "support/redis_server.rs"]
+#[path = "../support/redis_server.rs"]
 mod redis_server;
 
 use std::num::NonZeroU32;

@@ -4,7 +4,7 @@
 //! of a live quota to another master while two clients admit through it.
 #![cfg(feature = "redis")]
 
-#[path = "support/redis_cluster.rs"]
+#[path = "../support/redis_cluster.rs"]
 mod redis_cluster;
 
 use std::num::NonZeroU32;

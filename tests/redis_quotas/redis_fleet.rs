@@ -6,7 +6,7 @@
 //! exact (no refill unless the test moves the clock).
 #![cfg(feature = "redis")]
 
-#[path = "support/redis_server.rs"]
+#[path = "../support/redis_server.rs"]
 mod redis_server;
 
 use std::num::NonZeroU32;

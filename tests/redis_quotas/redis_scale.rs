@@ -5,9 +5,9 @@
 //! `cargo run --release --example redis_scale --features redis`.
 #![cfg(feature = "redis")]
 
-#[path = "support/redis_server.rs"]
+#[path = "../support/redis_server.rs"]
 mod redis_server;
-#[path = "support/scale.rs"]
+#[path = "../support/scale.rs"]
 mod scale;
 
 use std::num::NonZeroU32;

@@ -1,7 +1,7 @@
 //! A throwaway 3-master Redis Cluster on loopback: three
 //! `redis-server --cluster-enabled yes` on free ports, joined with
 //! `redis-cli --cluster create`, each killed by pid on drop (and its
-//! working directory removed). Used by tests/redis_cluster.rs and the
+//! working directory removed). Used by tests/redis_quotas/redis_cluster.rs and the
 //! scale example.
 
 #![allow(dead_code)]

@@ -1,5 +1,5 @@
 //! A throwaway `redis-server` on a free loopback port, without
-//! persistence, killed on drop. Shared by tests/redis_bucket.rs and
+//! persistence, killed on drop. Shared by tests/redis_quotas/redis_bucket.rs and
 //! benches/redis_bucket.rs.
 
 #![allow(dead_code)]

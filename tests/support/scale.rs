@@ -1,4 +1,4 @@
-//! The scale run shared by tests/redis_scale.rs (P clients in one
+//! The scale run shared by tests/redis_quotas/redis_scale.rs (P clients in one
 //! process, each with its own connection) and examples/redis_scale.rs (P
 //! processes): T tasks per client admit through `RedisScoped` on one key
 //! or on many, from one wall-clock instant to another, and the counts are

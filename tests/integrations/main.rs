@@ -1,0 +1,15 @@
+//! The seams: tower layers, the reqwest middleware and the throttling fake, against real loopback servers.
+//!
+//! One test binary per area (each links once); each module was its own
+//! binary before and keeps its own docs.
+
+#[cfg(all(feature = "reqwest", feature = "testing"))]
+mod reqwest_seam;
+#[cfg(feature = "testing")]
+mod testing;
+#[cfg(all(feature = "tower", feature = "http", feature = "testing"))]
+mod tower_admission;
+#[cfg(feature = "tower")]
+mod tower_concurrency;
+#[cfg(feature = "tower")]
+mod tower_layers;
