@@ -665,13 +665,17 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         max_wait: Duration,
         sleeper: &S,
     ) -> Result<(), ReserveError> {
-        let reservation = self.reserve(key, n, max_wait)?;
-        let wait = reservation.wait();
-        if wait.is_zero() {
-            return Ok(());
+        let end = self
+            .clock
+            .now_nanos()
+            .saturating_add(saturating_nanos(max_wait));
+        loop {
+            let left = Duration::from_nanos(end.saturating_sub(self.clock.now_nanos()));
+            let reservation = self.reserve(key, n, left)?;
+            if crate::bucket::sleep_unless_held(reservation, sleeper).await {
+                return Ok(());
+            }
         }
-        crate::bucket::sleep_reserved(reservation, wait, sleeper).await;
-        Ok(())
     }
 
     /// Removes the buckets that are full again and have been idle for a

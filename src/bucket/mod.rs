@@ -395,6 +395,12 @@ impl<C: Clock> TokenBucket<C> {
     /// would come later, it returns [`ReserveError::RateLimited`] at once
     /// and consumes nothing.
     ///
+    /// A [`penalize`](TokenBucket::penalize) that lands while it sleeps and
+    /// holds the bucket past its reserved instant sends it back to queue
+    /// behind the hold (within what is left of `max_wait`, else
+    /// `RateLimited`), rather than go at the old instant into the 429 the
+    /// hold was placed for.
+    ///
     /// # Cancel safety
     ///
     /// Dropping the future while it sleeps cancels the reservation (see
@@ -429,13 +435,16 @@ impl<C: Clock> TokenBucket<C> {
         max_wait: Duration,
         sleeper: &S,
     ) -> Result<(), ReserveError> {
-        let reservation = self.reserve(n, max_wait)?;
-        if reservation.wait().is_zero() {
-            return Ok(());
+        let end = self
+            .clock
+            .now_nanos()
+            .saturating_add(saturating_nanos(max_wait));
+        loop {
+            let left = Duration::from_nanos(end.saturating_sub(self.clock.now_nanos()));
+            if sleep_unless_held(self.reserve(n, left)?, sleeper).await {
+                return Ok(());
+            }
         }
-        let wait = reservation.wait();
-        sleep_reserved(reservation, wait, sleeper).await;
-        Ok(())
     }
 
     /// The debt now (nanoseconds until full) and the quota, read together;
@@ -451,16 +460,31 @@ impl<C: Clock> TokenBucket<C> {
     }
 }
 
-/// Sleeps `wait` holding `reservation`; cancels it if dropped before the
-/// end.
-pub(crate) async fn sleep_reserved<S: Sleeper>(
+/// Sleeps out `reservation`'s wait; cancels it if dropped before the end.
+/// Returns `true` when its cells are the caller's to use, `false` when a
+/// hold placed while it slept covers its instant (a 429 another caller
+/// heard: going now would draw the same one): the cells are then given
+/// back (the penalty usually voids the refund, which errs towards
+/// admitting less) and the caller queues again behind the hold.
+pub(crate) async fn sleep_unless_held<S: Sleeper>(
     reservation: Reservation<'_>,
-    wait: Duration,
     sleeper: &S,
-) {
+) -> bool {
+    let wait = reservation.wait();
+    if wait.is_zero() {
+        return true;
+    }
+    let ready_at = reservation.ready_at();
+    let held_before = reservation.held_until();
     let guard = CancelOnDrop(Some(reservation));
     sleeper.sleep(wait).await;
-    guard.disarm();
+    let held = guard.0.as_ref().and_then(Reservation::held_until);
+    if held.is_none_or(|h| h <= ready_at) || held == held_before {
+        guard.disarm();
+        return true;
+    }
+    drop(guard);
+    false
 }
 
 /// Cancels a reservation whose wait was abandoned.

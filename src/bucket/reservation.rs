@@ -141,6 +141,19 @@ impl<'a> Reservation<'a> {
     }
 }
 
+impl Reservation<'_> {
+    /// The end of the hold its bucket records (0: none), for a sleeper to
+    /// tell whether a penalty landed while it slept. `None` for zero cells
+    /// (nothing to re-check).
+    pub(crate) fn held_until(&self) -> Option<u64> {
+        match &self.refund {
+            Refund::Nothing => None,
+            Refund::Borrowed(bucket, _) => Some(bucket.held_until()),
+            Refund::Shared(bucket, _) => Some(bucket.held_until()),
+        }
+    }
+}
+
 impl Refund<'_> {
     fn undo(&self) -> bool {
         match self {

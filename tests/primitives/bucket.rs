@@ -423,6 +423,68 @@ fn until_ready_sleeps_exactly_the_reserved_wait() {
     assert_eq!(clock.now_nanos(), 200_000_000);
 }
 
+/// Issue #21, item 11: a `penalize` (a 429 another caller heard) that
+/// lands while `until_ready` sleeps towards its reserved cells sends it
+/// behind the hold; before, it went at its old instant, into the 429.
+#[test]
+fn until_ready_ignores_a_hold_placed_while_it_sleeps() {
+    let (b, clock) = bucket();
+    let sleeper = ManualSleeper::new(clock.clone());
+    b.try_acquire(3).unwrap();
+    let mut fut = Box::pin(b.until_ready(1, Duration::from_secs(5), &sleeper));
+    assert!(
+        fut.as_mut().now_or_never().is_none(),
+        "its cell is 100 ms away"
+    );
+    sleeper.advance(50 * MS);
+    b.penalize(Duration::from_secs(2));
+    // Past its old instant, inside the hold: it has not gone.
+    sleeper.advance(100 * MS);
+    assert!(
+        fut.as_mut().now_or_never().is_none(),
+        "went inside the hold"
+    );
+    sleeper.advance(1_900 * MS);
+    assert_eq!(fut.as_mut().now_or_never(), Some(Ok(())));
+    assert_eq!(clock.now_nanos(), 2_050_000_000, "at the hold's end");
+    // A hold ends with the bucket drained to one cell: the sleeper's.
+    assert_eq!(admit_all(&b), 0);
+
+    // A hold that ends before the reserved instant changes nothing.
+    let (b, clock) = bucket();
+    let sleeper = ManualSleeper::new(clock.clone());
+    b.try_acquire(3).unwrap();
+    let mut fut = Box::pin(b.until_ready(3, Duration::from_secs(5), &sleeper));
+    assert!(fut.as_mut().now_or_never().is_none());
+    b.penalize(Duration::from_millis(100));
+    sleeper.advance(300 * MS);
+    assert_eq!(fut.as_mut().now_or_never(), Some(Ok(())));
+    assert_eq!(clock.now_nanos(), 300_000_000);
+}
+
+/// The same for a `Scoped` key, and a hold longer than the budget that is
+/// left refuses instead of sleeping past it.
+#[test]
+fn scoped_until_ready_ignores_a_hold_placed_while_it_sleeps() {
+    let clock = ManualClock::new();
+    let sleeper = ManualSleeper::new(clock.clone());
+    let limits = backpressure::Scoped::with_clock(
+        Quota::per_second(nz(10)).allow_burst(nz(1)),
+        clock.clone(),
+    );
+    limits.try_acquire(&"k", 1).unwrap();
+    let mut fut = Box::pin(limits.until_ready(&"k", 1, Duration::from_secs(1), &sleeper));
+    assert!(fut.as_mut().now_or_never().is_none());
+    limits.penalize(&"k", Duration::from_secs(3));
+    sleeper.advance(100 * MS);
+    match fut.as_mut().now_or_never() {
+        Some(Err(ReserveError::RateLimited { retry_after })) => {
+            assert!(retry_after > Duration::from_secs(2), "{retry_after:?}")
+        }
+        other => panic!("went or slept on inside a 3 s hold: {other:?}"),
+    }
+}
+
 #[test]
 fn until_ready_never_sleeps_past_its_budget() {
     let (b, clock) = bucket();
