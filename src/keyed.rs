@@ -43,12 +43,14 @@
 //! An idle key therefore goes between one and two grace periods after its
 //! last call, at the first sweep then. A shard is swept when an insert
 //! finds it has doubled since its last sweep, or a grace period has passed
-//! since it (amortized O(1) per insert, no background thread), and
-//! whenever the shard is at its cap; a sweep that drops most of a shard
-//! also gives the table's memory back. A key that cannot be inserted
-//! because its shard is at its cap with no idle entry is refused
-//! (`TooManyKeys`), never admitted unmetered and never by evicting a
-//! bucket that still holds debt.
+//! since it (amortized O(1) per insert, no background thread). At most
+//! `max_keys` buckets live across all shards (one counter, taken before an
+//! insert, given back by the sweep that drops a bucket). A new key that
+//! finds the count at the cap sweeps its shard, then every other shard
+//! (one lock at a time), and only then is refused (`TooManyKeys`): never
+//! admitted unmetered, never by evicting a bucket that still holds debt,
+//! and never while another shard has room. A sweep that drops most of a
+//! shard also gives the table's memory back.
 //!
 //! Per-key quotas are kept apart from the buckets, so evicting a bucket
 //! never forgets its quota. They are configuration, not state: evicting
@@ -113,7 +115,9 @@ pub struct Scoped<K, C: Clock = DefaultClock> {
     hasher: ahash::RandomState,
     default_quota: Quota,
     max_keys: usize,
-    shard_cap: usize,
+    /// Buckets across shards: at most `max_keys`. A slot is taken before
+    /// an insert and given back by the sweep that drops the bucket.
+    live_keys: AtomicUsize,
     /// Keys with a quota of their own, across shards: at most `max_keys`.
     custom_quotas: AtomicUsize,
     /// Nanoseconds a full bucket stays before it may be dropped.
@@ -286,7 +290,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
             hasher: ahash::RandomState::new(),
             default_quota,
             max_keys: DEFAULT_MAX_KEYS,
-            shard_cap: DEFAULT_MAX_KEYS.div_ceil(shards),
+            live_keys: AtomicUsize::new(0),
             custom_quotas: AtomicUsize::new(0),
             idle_grace: DEFAULT_IDLE_GRACE,
             clock,
@@ -323,11 +327,11 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         self
     }
 
-    /// Limits the number of keys tracked at once to about `max_keys` (the
-    /// limit is enforced per shard, as `max_keys / shards` rounded up, so a
-    /// skewed key set may be refused a little earlier), and the number of
-    /// keys with a quota of their own ([`set_quota`](Scoped::set_quota)) to
-    /// exactly `max_keys`.
+    /// Limits the number of keys tracked at once, and the number of keys
+    /// with a quota of their own ([`set_quota`](Scoped::set_quota)), to
+    /// exactly `max_keys` each, across all shards. A new key is refused
+    /// (`TooManyKeys`) only when `max_keys` are tracked and a sweep of
+    /// every shard finds none of them idle.
     ///
     /// # Examples
     ///
@@ -342,7 +346,6 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     #[must_use]
     pub fn with_max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
-        self.shard_cap = max_keys.div_ceil(self.shards.len());
         self
     }
 
@@ -708,8 +711,30 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         let now = self.clock.now_nanos();
         self.shards
             .iter()
-            .map(|s| s.write().sweep(now, self.idle_grace, &self.hasher))
+            .map(|s| self.sweep_shard(&mut s.write(), now))
             .sum()
+    }
+
+    /// Sweeps one shard (held for writing) and gives its dropped keys'
+    /// slots back.
+    fn sweep_shard(&self, shard: &mut Shard<K>, now: u64) -> usize {
+        let dropped = shard.sweep(now, self.idle_grace, &self.hasher);
+        if dropped > 0 {
+            // Relaxed: a count, read only by RMWs of its own (the buckets
+            // it counts are guarded by the shard locks).
+            self.live_keys.fetch_sub(dropped, Ordering::Relaxed);
+        }
+        dropped
+    }
+
+    /// Takes a slot for a new key; `false` when `max_keys` are tracked.
+    fn take_key_slot(&self) -> bool {
+        // Relaxed: see `sweep_shard`.
+        self.live_keys
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.max_keys).then_some(n + 1)
+            })
+            .is_ok()
     }
 
     #[inline]
@@ -760,28 +785,48 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         shared: bool,
         f: impl FnOnce(&Slot, u64) -> R,
     ) -> Result<R, TooManyKeys> {
-        let mut guard = shard.write();
-        if let Some(e) = guard.buckets.find_mut(hash, |e| e.key == *key) {
-            e.touch();
-            if shared {
-                e.bucket.share();
+        let mut swept_all = false;
+        let mut guard = loop {
+            let mut guard = shard.write();
+            if let Some(e) = guard.buckets.find_mut(hash, |e| e.key == *key) {
+                e.touch();
+                if shared {
+                    e.bucket.share();
+                }
+                return Ok(f(&e.bucket, now));
             }
-            return Ok(f(&e.bucket, now));
-        }
-        let len = guard.buckets.len();
-        if len >= guard.sweep_at
-            || len >= self.shard_cap
-            || (len >= MIN_SWEEP
-                && now.saturating_sub(guard.swept_at) >= self.idle_grace.max(MIN_SWEEP_INTERVAL))
-        {
-            guard.sweep(now, self.idle_grace, &self.hasher);
-            guard.sweep_at = (guard.buckets.len() * 2).max(MIN_SWEEP);
-        }
-        if guard.buckets.len() >= self.shard_cap {
-            return Err(TooManyKeys {
-                limit: self.max_keys,
-            });
-        }
+            let len = guard.buckets.len();
+            if len >= guard.sweep_at
+                || (len >= MIN_SWEEP
+                    && now.saturating_sub(guard.swept_at)
+                        >= self.idle_grace.max(MIN_SWEEP_INTERVAL))
+            {
+                self.sweep_shard(&mut guard, now);
+                guard.sweep_at = (guard.buckets.len() * 2).max(MIN_SWEEP);
+            }
+            if self.take_key_slot() {
+                break guard;
+            }
+            // At the cap: this shard's idle keys first, then every other
+            // shard's, one lock at a time (never two held: no lock order
+            // to keep), before anyone is refused.
+            self.sweep_shard(&mut guard, now);
+            if self.take_key_slot() {
+                break guard;
+            }
+            if swept_all {
+                return Err(TooManyKeys {
+                    limit: self.max_keys,
+                });
+            }
+            drop(guard);
+            for other in self.shards.iter() {
+                if !core::ptr::eq(&**other, shard) {
+                    self.sweep_shard(&mut other.write(), now);
+                }
+            }
+            swept_all = true;
+        };
         let quota = guard
             .quotas
             .find(hash, |(k, _)| k == key)

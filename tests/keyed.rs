@@ -178,6 +178,40 @@ fn the_key_cap_refuses_new_keys_but_never_evicts_debt() {
     assert!(s.try_acquire(&(refused, 0), 1).is_ok());
 }
 
+/// Issue #21, item 8: `with_max_keys(3)` tracked up to 8 keys (the cap
+/// was per shard, `max_keys / shards` rounded up), and keys hashed to a
+/// full shard were refused while others had room. The cap is a cap across
+/// shards, and the last slot goes to whichever key asks first.
+#[test]
+fn scoped_max_keys_is_one_cap_across_shards() {
+    let (s, clock) = registry();
+    let s = s.with_max_keys(3);
+    let mut admitted = Vec::new();
+    for key in 0..1_000 {
+        match s.try_acquire(&(key, 0), 2) {
+            Ok(()) => admitted.push(key),
+            Err(CheckError::TooManyKeys { limit: 3 }) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    // Exactly the first three keys, wherever they hashed.
+    assert_eq!(admitted, [0, 1, 2]);
+    assert_eq!(s.len(), 3);
+    // Idle for two grace periods: a newcomer gets in, on any shard, by
+    // sweeping the others; the count stays at the cap.
+    clock.advance(Duration::from_secs(2));
+    s.sweep();
+    clock.advance(Duration::from_secs(1));
+    for key in 1_000..1_003 {
+        assert!(s.try_acquire(&(key, 0), 1).is_ok(), "key {key} refused");
+    }
+    assert_eq!(s.len(), 3);
+    assert!(matches!(
+        s.try_acquire(&(2_000, 0), 1),
+        Err(CheckError::TooManyKeys { limit: 3 })
+    ));
+}
+
 #[test]
 fn keyed_reservation_cancels() {
     let (s, _) = registry();
