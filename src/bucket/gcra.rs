@@ -204,6 +204,7 @@ impl Gcra {
     /// starts a key's new bucket past the epochs of the buckets it evicted,
     /// so a refund kept from an evicted bucket never matches its successor.
     pub(crate) fn with_epoch(quota: Quota, epoch: u32) -> Gcra {
+        let quota = quota.clamped();
         let epoch = (u64::from(epoch) << 1) & EPOCH_MASK;
         Gcra {
             stamp: AtomicU64::new(FULL),

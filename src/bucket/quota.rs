@@ -42,6 +42,10 @@ pub struct Quota {
     pub(crate) burst: NonZeroU32,
 }
 
+/// The longest a bucket's whole burst may take to refill: 2⁶² ns, about
+/// 146 years (see [`Quota::allow_burst`]).
+pub(crate) const MAX_TOLERANCE: u64 = 1 << 62;
+
 impl Quota {
     /// `rate` cells per second; the burst is `rate`.
     ///
@@ -102,14 +106,29 @@ impl Quota {
 
     /// The same rate with room for `burst` cells at once.
     ///
+    /// A bucket caps a burst whose whole refill (`period × burst`) would
+    /// take longer than 2⁶² ns (about 146 years) to the cells that fit, at
+    /// least one: past that its instants would not fit in `u64`
+    /// nanoseconds and the later cells could never be granted. The
+    /// bucket's [`quota`](crate::TokenBucket::quota) reports the capped
+    /// burst.
+    ///
     /// # Examples
     ///
     /// ```
-    /// use backpressure::Quota;
+    /// use backpressure::{Quota, TokenBucket};
     /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
     /// let q = Quota::per_second(NonZeroU32::new(1).unwrap())
     ///     .allow_burst(NonZeroU32::new(20).unwrap());
     /// assert_eq!(q.burst().get(), 20);
+    ///
+    /// // One cell per 2⁶¹ ns (73 years), ten at once: two fit in 146 years.
+    /// let slow = Quota::with_period(Duration::from_nanos(1 << 61))
+    ///     .allow_burst(NonZeroU32::new(10).unwrap());
+    /// let bucket = TokenBucket::new(slow);
+    /// assert_eq!(bucket.quota().burst().get(), 2);
+    /// assert!(bucket.try_acquire(2).is_ok());
     /// ```
     #[must_use]
     pub const fn allow_burst(self, burst: NonZeroU32) -> Quota {
@@ -196,6 +215,26 @@ impl Quota {
 
     /// The time a full burst takes to refill: `burst * period`, saturating
     /// at `u64::MAX` nanoseconds. GCRA calls it τ, the tolerance.
+    /// This quota as a bucket holds it: the burst capped so the whole of
+    /// it refills within [`MAX_TOLERANCE`] (at least one cell). Beyond
+    /// that, the bucket's instants would not fit in `u64` nanoseconds and
+    /// the later cells of the burst could never be granted.
+    pub(crate) const fn clamped(self) -> Quota {
+        let fit = MAX_TOLERANCE / self.period;
+        if self.burst.get() as u64 <= fit {
+            return self;
+        }
+        // `fit < burst <= u32::MAX`: the cast is exact.
+        let burst = match NonZeroU32::new(fit as u32) {
+            Some(b) => b,
+            None => NonZeroU32::MIN,
+        };
+        Quota {
+            period: self.period,
+            burst,
+        }
+    }
+
     pub(crate) const fn tolerance(&self) -> u64 {
         self.period.saturating_mul(self.burst.get() as u64)
     }

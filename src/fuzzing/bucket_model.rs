@@ -207,6 +207,10 @@ pub fn bucket_model(data: &[u8]) {
     let quota = |p: u64, b: u32| {
         Quota::with_period(Duration::from_nanos(p)).allow_burst(NonZeroU32::new(b).unwrap())
     };
+    // The model keeps the burst a bucket keeps (capped to 2^62 ns of
+    // refill; `clamped` has its own test).
+    let clamp = |p: u64, b: u32| (p, quota(p, b).clamped().burst().get());
+    let (period, burst) = clamp(period, burst);
     let bucket = TokenBucket::with_clock(quota(period, burst), clock.clone());
     let mut model = Model {
         now: start as u128,
@@ -261,7 +265,7 @@ pub fn bucket_model(data: &[u8]) {
                 model.penalize(d);
             }
             6 => {
-                let (p, b) = (pick(&PERIODS, arg), pick(&BURSTS, arg / 8));
+                let (p, b) = clamp(pick(&PERIODS, arg), pick(&BURSTS, arg / 8));
                 let (home_p, home_b) = (model.period as u64, model.burst as u32);
                 let debt = model.tat.saturating_sub(model.now);
                 bucket.set_quota(quota(p, b));

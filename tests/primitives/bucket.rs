@@ -597,3 +597,24 @@ fn a_zero_penalty_keeps_the_headroom() {
     bucket.penalize(std::time::Duration::ZERO);
     assert_eq!(bucket.available(), 8);
 }
+
+/// Issue #21, item 12: a period of 2^62 ns or more with a burst above 1
+/// granted part of the burst, then reported 584-year waits (the instants
+/// overflowed). The burst is capped to what refills within 2^62 ns (at
+/// least one cell), and the wait after it is the period's own.
+#[test]
+fn a_period_of_2_62_ns_grants_its_capped_burst_and_an_honest_wait() {
+    for (period, granted) in [(1u64 << 61, 2u32), (1 << 62, 1), (u64::MAX, 1)] {
+        let clock = ManualClock::new();
+        let q = Quota::with_period(Duration::from_nanos(period)).allow_burst(nz(10));
+        let b = TokenBucket::with_clock(q, clock);
+        assert_eq!(b.quota().burst().get(), granted, "period {period}");
+        assert_eq!(admit_all(&b), granted, "period {period}");
+        match b.try_acquire(1) {
+            Err(CheckError::NotUntil { wait }) => {
+                assert_eq!(wait, Duration::from_nanos(period), "period {period}")
+            }
+            other => panic!("period {period}: {other:?}"),
+        }
+    }
+}

@@ -98,6 +98,7 @@ impl Gcra {
     /// debt in cells is kept, a full bucket stays full, and a hold past the
     /// burst (a penalty) keeps its wait.
     pub(crate) fn set_quota(&self, quota: Quota, now: u64) {
+        let quota = quota.clamped();
         let word = self.lock();
         let old = Quota {
             // Relaxed: we hold the lock, and took it with Acquire.
