@@ -138,7 +138,7 @@ fn documented_window(resource: &str) -> Option<u128> {
         "day" => 86_400,
         _ => return None,
     };
-    Some(secs * NANOS_PER_SEC as u128)
+    Some(secs * NANOS_PER_SEC)
 }
 
 impl Acc {

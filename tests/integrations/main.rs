@@ -13,3 +13,11 @@ mod tower_admission;
 mod tower_concurrency;
 #[cfg(feature = "tower")]
 mod tower_layers;
+
+/// A loopback server with rolling-window limits, shared by the modules above.
+#[cfg(all(
+    feature = "testing",
+    any(feature = "reqwest", all(feature = "tower", feature = "http"))
+))]
+#[path = "../support/window_server.rs"]
+mod window_server;

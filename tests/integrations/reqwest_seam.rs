@@ -49,8 +49,7 @@ async fn fan_out(client: ClientWithMiddleware, url: String) -> Vec<Result<u16, T
     out
 }
 
-#[path = "../support/window_server.rs"]
-mod window_server;
+use crate::window_server;
 use window_server::window_server as server;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,8 +17,7 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::{BoxError, Layer, Service, ServiceExt};
 
-#[path = "../support/window_server.rs"]
-mod window_server;
+use crate::window_server;
 use window_server::window_server;
 
 type Req = http::Request<()>;

@@ -475,7 +475,7 @@ fn scoped_until_ready_ignores_a_hold_placed_while_it_sleeps() {
     limits.try_acquire(&"k", 1).unwrap();
     let mut fut = Box::pin(limits.until_ready(&"k", 1, Duration::from_secs(1), &sleeper));
     assert!(fut.as_mut().now_or_never().is_none());
-    limits.penalize(&"k", Duration::from_secs(3));
+    limits.penalize(&"k", Duration::from_secs(3)).unwrap();
     sleeper.advance(100 * MS);
     match fut.as_mut().now_or_never() {
         Some(Err(ReserveError::RateLimited { retry_after })) => {

@@ -4,8 +4,7 @@
 //! 429 seen by one holds back the other.
 #![cfg(all(feature = "redis", feature = "tokio"))]
 
-#[path = "../support/redis_server.rs"]
-mod redis_server;
+use crate::redis_server;
 
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant, SystemTime};

@@ -8,3 +8,8 @@ mod redis_bucket;
 mod redis_cluster;
 mod redis_fleet;
 mod redis_scale;
+
+/// A redis-server on a free loopback port, shared by the modules above.
+#[cfg(feature = "redis")]
+#[path = "../support/redis_server.rs"]
+mod redis_server;

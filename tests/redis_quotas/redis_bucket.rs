@@ -5,8 +5,7 @@
 //! print a skip message, or fail when `CI` is set.
 #![cfg(feature = "redis")]
 
-#[path = "../support/redis_server.rs"]
-mod redis_server;
+use crate::redis_server;
 
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};

@@ -5,7 +5,7 @@
 #![cfg(feature = "redis")]
 
 #[path = "../support/redis_cluster.rs"]
-mod redis_cluster;
+mod cluster;
 
 use std::num::NonZeroU32;
 use std::sync::OnceLock;
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use backpressure::{
     CheckError, FailPolicy, ManualClock, Quota, RedisBucket, RedisScoped, RedisStats,
 };
-use redis_cluster::RedisCluster;
+use cluster::RedisCluster;
 
 fn nz(n: u32) -> NonZeroU32 {
     NonZeroU32::new(n).unwrap()
@@ -27,7 +27,7 @@ fn quota() -> Quota {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_bucket_decides_as_on_one_node() {
-    if !redis_cluster::available("a_cluster_bucket_decides_as_on_one_node") {
+    if !cluster::available("a_cluster_bucket_decides_as_on_one_node") {
         return;
     }
     let cluster = RedisCluster::start();
@@ -69,7 +69,7 @@ async fn a_cluster_bucket_decides_as_on_one_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scoped_keys_spread_over_the_masters() {
-    if !redis_cluster::available("scoped_keys_spread_over_the_masters") {
+    if !cluster::available("scoped_keys_spread_over_the_masters") {
         return;
     }
     let cluster = RedisCluster::start();
@@ -115,7 +115,7 @@ async fn hammer(bucket: &RedisBucket, until: &OnceLock<Instant>) -> (u64, u64) {
 /// bound holds, and the only failures are the policy's `Unavailable`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reshard_under_load_keeps_the_bound() {
-    if !redis_cluster::available("a_reshard_under_load_keeps_the_bound") {
+    if !cluster::available("a_reshard_under_load_keeps_the_bound") {
         return;
     }
     let cluster = RedisCluster::start();

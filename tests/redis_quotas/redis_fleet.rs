@@ -6,8 +6,7 @@
 //! exact (no refill unless the test moves the clock).
 #![cfg(feature = "redis")]
 
-#[path = "../support/redis_server.rs"]
-mod redis_server;
+use crate::redis_server;
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};

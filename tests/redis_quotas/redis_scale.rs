@@ -5,8 +5,7 @@
 //! `cargo run --release --example redis_scale --features redis`.
 #![cfg(feature = "redis")]
 
-#[path = "../support/redis_server.rs"]
-mod redis_server;
+use crate::redis_server;
 #[path = "../support/scale.rs"]
 mod scale;
 
