@@ -285,23 +285,24 @@ impl RateController {
     /// ```
     pub fn quota(&self) -> Quota {
         let st = self.state.lock();
-        quota_for(st.applied, self.burst(&st))
+        quota_for(st.applied, st.applied_burst)
     }
 
-    /// The burst of the quotas handed out: the configured one, but never
-    /// more than the server is believed to allow (a burst the server
-    /// refuses buys one 429 per excess request and a hold), unless the
-    /// rate itself sends more than that within a timer tick (1 ms): a
-    /// smaller burst there would not space the requests out, only round
-    /// each wait up to the tick and cap the rate at `burst` per tick.
+    /// Sets the burst of the starting quota (see [`burst`](Self::burst)).
     pub(super) fn init_burst(&self) {
         let mut st = self.state.lock();
-        st.applied_burst = self.burst(&st);
+        st.applied_burst = self.burst(st.server_burst, st.applied);
     }
 
-    fn burst(&self, st: &State) -> NonZeroU32 {
-        let per_tick = (st.target.max(st.applied) / TICKS_PER_SEC).ceil() as u32;
-        NonZeroU32::new(st.server_burst.max(per_tick))
+    /// The burst of a quota at `rate`: the configured one, but never more
+    /// than the server is believed to allow (`server_burst`: a burst the
+    /// server refuses buys one 429 per excess request and a hold), unless
+    /// the rate itself sends more than that within a timer tick (1 ms): a
+    /// smaller burst there would not space the requests out, only round
+    /// each wait up to the tick and cap the rate at `burst` per tick.
+    fn burst(&self, server_burst: u32, rate: f64) -> NonZeroU32 {
+        let per_tick = (rate / TICKS_PER_SEC).ceil() as u32;
+        NonZeroU32::new(server_burst.max(per_tick))
             .unwrap_or(NonZeroU32::MIN)
             .min(self.cfg.burst)
     }
@@ -414,7 +415,7 @@ impl RateController {
             }
         };
         let rate = st.target;
-        let burst = self.burst(&st);
+        let burst = self.burst(st.server_burst, rate);
         let moved = (rate - st.applied).abs() >= REQUOTA * st.applied;
         if burst != st.applied_burst || (rate != st.applied && (changed || moved || rate == st.cap))
         {

@@ -213,8 +213,6 @@ impl Quota {
         self.burst
     }
 
-    /// The time a full burst takes to refill: `burst * period`, saturating
-    /// at `u64::MAX` nanoseconds. GCRA calls it τ, the tolerance.
     /// This quota as a bucket holds it: the burst capped so the whole of
     /// it refills within [`MAX_TOLERANCE`] (at least one cell). Beyond
     /// that, the bucket's instants would not fit in `u64` nanoseconds and
@@ -235,6 +233,8 @@ impl Quota {
         }
     }
 
+    /// The time a full burst takes to refill: `burst * period`, saturating
+    /// at `u64::MAX` nanoseconds. GCRA calls it τ, the tolerance.
     pub(crate) const fn tolerance(&self) -> u64 {
         self.period.saturating_mul(self.burst.get() as u64)
     }

@@ -63,6 +63,9 @@ struct RawPolicy {
     quota: Option<u64>,
     quota_unit: Option<String>,
     window: Option<u128>,
+    /// The window the vendor header family documents (see
+    /// [`documented_window`]): used only when nothing states one.
+    documented_window: Option<u128>,
     remaining: Option<u64>,
     reset: Option<When>,
 }
@@ -173,7 +176,7 @@ impl Acc {
             // <resource>-<field>: `anthropic-ratelimit-input-tokens-reset`.
             if let Some((resource, field)) = rest.rsplit_once('-') {
                 if let Some(field) = Field::from_name(field) {
-                    self.add_policy_field(resource, field, v);
+                    self.add_policy_field(resource, field, v, true);
                 }
             }
             return;
@@ -203,7 +206,7 @@ impl Acc {
                 // `x-ratelimit-limit-minute`.
                 if let Some((field, resource)) = rest.split_once('-') {
                     if let Some(field) = Field::from_name(field) {
-                        self.add_policy_field(resource, field, v);
+                        self.add_policy_field(resource, field, v, rank == Rank::Vendor);
                     }
                 }
             }
@@ -226,14 +229,18 @@ impl Acc {
         }
     }
 
-    fn add_policy_field(&mut self, resource: &str, field: Field, v: &str) {
+    /// `vendor`: an OpenAI-, Anthropic- or Kong-style header, whose
+    /// family documents the window of its per-resource limits.
+    fn add_policy_field(&mut self, resource: &str, field: Field, v: &str, vendor: bool) {
         let Some(p) = self.policy_named(Some(resource)) else {
             return;
         };
         match field {
             Field::Limit => {
                 set_first(&mut p.quota, parse_limit(v));
-                set_first(&mut p.window, documented_window(resource));
+                if vendor {
+                    set_first(&mut p.documented_window, documented_window(resource));
+                }
             }
             Field::Remaining => set_first(&mut p.remaining, value::parse_u64(v)),
             Field::Reset => set_first(&mut p.reset, value::parse_reset(v)),
@@ -309,7 +316,7 @@ impl Acc {
                 name: p.name,
                 quota: p.quota,
                 quota_unit: p.quota_unit,
-                window: p.window.map(cap),
+                window: p.window.or(p.documented_window).map(cap),
                 remaining: p.remaining,
                 reset_after: p.reset.map(wait),
             });

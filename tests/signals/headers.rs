@@ -203,6 +203,11 @@ const CASES: &[Case] = &[
         headers: &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "5"),
                    ("x-ratelimit-remaining-tokens", "0"), ("x-ratelimit-reset-tokens", "20s")], now: T0,
         want: "retry=- limit=- remaining=0 used=- reset=5s scope=- wait=20s | tokens q=- qu=- w=- r=0 t=20s" },
+    Case { name: "a stated window beats the vendor family's documented one",
+        headers: &[("x-ratelimit-limit-requests", "100"), ("RateLimit-Policy", r#""requests";q=100;w=1"#),
+                   ("ratelimit-limit-tokens", "5")], now: T0,
+        want: "retry=- limit=- remaining=- used=- reset=- scope=- wait=- \
+               | requests q=100 qu=- w=1s r=- t=- | tokens q=5 qu=- w=- r=- t=-" },
     Case { name: "Kong-style window suffix",
         headers: &[("X-RateLimit-Limit-Minute", "10"), ("X-RateLimit-Remaining-Minute", "9")], now: T0,
         want: "retry=- limit=10 remaining=9 used=- reset=- scope=- wait=- | minute q=10 qu=- w=60s r=9 t=-" },
