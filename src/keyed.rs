@@ -72,7 +72,7 @@ use crate::bucket::gcra::Gcra;
 use crate::bucket::{CheckError, Quota, Reservation, ReserveError};
 use crate::clock::{saturating_nanos, Clock, DefaultClock};
 use crate::sleep::Sleeper;
-use crate::sync::{Arc, AtomicBool, AtomicUsize, CachePadded, Ordering, RwLock};
+use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, CachePadded, Ordering, RwLock};
 
 /// A shard is swept at the latest when it has this many entries.
 const MIN_SWEEP: usize = 64;
@@ -118,6 +118,11 @@ pub struct Scoped<K, C: Clock = DefaultClock> {
     /// Buckets across shards: at most `max_keys`. A slot is taken before
     /// an insert and given back by the sweep that drops the bucket.
     live_keys: AtomicUsize,
+    /// When an insert at the cap last swept every shard (the registry's
+    /// clock): at most one such pass per `MIN_SWEEP_INTERVAL` (100 ms), so
+    /// a flood of new keys at the cap does not write-lock every shard per
+    /// key.
+    full_sweep_at: AtomicU64,
     /// Keys with a quota of their own, across shards: at most `max_keys`.
     custom_quotas: AtomicUsize,
     /// Nanoseconds a full bucket stays before it may be dropped.
@@ -217,7 +222,7 @@ impl<K> Entry<K> {
 /// let limits = Scoped::with_clock(Quota::per_second(NonZeroU32::new(1).unwrap()), ManualClock::new())
 ///     .with_max_keys(1);
 /// // Penalized keys hold debt, so none can be evicted: new keys are refused
-/// // once the (per-shard) limit is reached.
+/// // once the limit is reached.
 /// let err = (0..10_000u32)
 ///     .find_map(|k| limits.penalize(&k, Duration::from_secs(1)).err())
 ///     .unwrap();
@@ -291,6 +296,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
             default_quota,
             max_keys: DEFAULT_MAX_KEYS,
             live_keys: AtomicUsize::new(0),
+            full_sweep_at: AtomicU64::new(0),
             custom_quotas: AtomicUsize::new(0),
             idle_grace: DEFAULT_IDLE_GRACE,
             clock,
@@ -639,6 +645,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
             .quotas
             .find(hash, |(k, _)| k == key)
             .map_or(self.default_quota, |(_, q)| *q)
+            .clamped()
             .burst()
             .get()
     }
@@ -674,8 +681,10 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
             .saturating_add(saturating_nanos(max_wait));
         loop {
             let left = Duration::from_nanos(end.saturating_sub(self.clock.now_nanos()));
+            // Read before reserving: see `TokenBucket::until_ready`.
+            let held_before = self.held_until(key);
             let reservation = self.reserve(key, n, left)?;
-            if crate::bucket::sleep_unless_held(reservation, sleeper).await {
+            if crate::bucket::sleep_unless_held(held_before, reservation, sleeper).await {
                 return Ok(());
             }
         }
@@ -735,6 +744,12 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
                 (n < self.max_keys).then_some(n + 1)
             })
             .is_ok()
+    }
+
+    /// Now, on the registry's clock.
+    #[cfg(feature = "tower")]
+    pub(crate) fn now_nanos(&self) -> u64 {
+        self.clock.now_nanos()
     }
 
     #[inline]
@@ -814,11 +829,15 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
             if self.take_key_slot() {
                 break guard;
             }
-            if swept_all {
+            // Relaxed: a time stamp that only spaces the passes out.
+            let last = self.full_sweep_at.load(Ordering::Relaxed);
+            let recent = last != 0 && now.saturating_sub(last) < MIN_SWEEP_INTERVAL;
+            if swept_all || recent {
                 return Err(TooManyKeys {
                     limit: self.max_keys,
                 });
             }
+            self.full_sweep_at.store(now.max(1), Ordering::Relaxed);
             drop(guard);
             for other in self.shards.iter() {
                 if !core::ptr::eq(&**other, shard) {
@@ -827,6 +846,9 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
             }
             swept_all = true;
         };
+        // The slot is given back if user code below (`Eq`, `Clone`, `Hash`
+        // of the key) panics before the bucket is in the table.
+        let slot = KeySlot(&self.live_keys);
         let quota = guard
             .quotas
             .find(hash, |(k, _)| k == key)
@@ -846,7 +868,19 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         guard
             .buckets
             .insert_unique(hash, entry, |e| self.hasher.hash_one(&e.key));
+        // In the table: the sweep that drops it gives the slot back.
+        core::mem::forget(slot);
         Ok(out)
+    }
+}
+
+/// A slot of `live_keys` taken for a bucket not yet in its table.
+struct KeySlot<'a>(&'a AtomicUsize);
+
+impl Drop for KeySlot<'_> {
+    fn drop(&mut self) {
+        // Relaxed: see `Scoped::sweep_shard`.
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

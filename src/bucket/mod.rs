@@ -229,6 +229,22 @@ impl<C: Clock> TokenBucket<C> {
             .map(|r| Reservation::borrowed(&self.gcra, r, now))
     }
 
+    /// Takes one cell now if one is free, with the ticket that gives it
+    /// back while nothing is stacked on it (for a cell held before use,
+    /// like a ready tower service's); the wait for the next one if not.
+    #[cfg(feature = "tower")]
+    pub(crate) fn take_refundable(&self) -> Result<Option<gcra::Ticket>, ReserveError> {
+        let now = self.clock.now_nanos();
+        self.gcra.reserve(1, 0, now).map(|r| r.ticket)
+    }
+
+    /// Gives back a cell [`take_refundable`](Self::take_refundable) took,
+    /// if nothing was stacked on it since. Returns whether it did.
+    #[cfg(feature = "tower")]
+    pub(crate) fn refund(&self, ticket: gcra::Ticket) -> bool {
+        self.gcra.cancel(ticket)
+    }
+
     /// Admits nothing before `now + retry_after`, in one compare-and-swap:
     /// the server said so (a 429 or 503 with `Retry-After`).
     /// At that instant one cell fits, then one per period: the burst is
@@ -441,7 +457,11 @@ impl<C: Clock> TokenBucket<C> {
             .saturating_add(saturating_nanos(max_wait));
         loop {
             let left = Duration::from_nanos(end.saturating_sub(self.clock.now_nanos()));
-            if sleep_unless_held(self.reserve(n, left)?, sleeper).await {
+            // Read before reserving: a hold placed between the two is
+            // then seen as new (a reservation made after it lies behind
+            // it anyway).
+            let held_before = self.gcra.held_until();
+            if sleep_unless_held(held_before, self.reserve(n, left)?, sleeper).await {
                 return Ok(());
             }
         }
@@ -462,11 +482,13 @@ impl<C: Clock> TokenBucket<C> {
 
 /// Sleeps out `reservation`'s wait; cancels it if dropped before the end.
 /// Returns `true` when its cells are the caller's to use, `false` when a
-/// hold placed while it slept covers its instant (a 429 another caller
-/// heard: going now would draw the same one): the cells are then given
-/// back (the penalty usually voids the refund, which errs towards
+/// hold placed since `held_before` (the bucket's recorded hold end, read
+/// before the reservation was made) covers its instant (a 429 another
+/// caller heard: going now would draw the same one): the cells are then
+/// given back (the penalty usually voids the refund, which errs towards
 /// admitting less) and the caller queues again behind the hold.
 pub(crate) async fn sleep_unless_held<S: Sleeper>(
+    held_before: u64,
     reservation: Reservation<'_>,
     sleeper: &S,
 ) -> bool {
@@ -475,7 +497,7 @@ pub(crate) async fn sleep_unless_held<S: Sleeper>(
         return true;
     }
     let ready_at = reservation.ready_at();
-    let held_before = reservation.held_until();
+    let held_before = Some(held_before);
     let guard = CancelOnDrop(Some(reservation));
     sleeper.sleep(wait).await;
     let held = guard.0.as_ref().and_then(Reservation::held_until);

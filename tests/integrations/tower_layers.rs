@@ -332,6 +332,55 @@ async fn rate_limit_waits_within_the_budget_and_refuses_beyond_it() {
     );
 }
 
+/// Issue #21, item 3: a waiter holds no cell. 50 requests cancelled while
+/// waiting used to leave the bucket 5 s in debt (each kept its reserved
+/// cell, and a GCRA only gives back the one on top); and a ready service
+/// dropped before `call` kept its cell.
+#[tokio::test]
+async fn rate_limit_cancelled_waiters_and_unused_ready_services_leave_no_debt() {
+    let clock = ManualClock::new();
+    let sleeper = ManualSleeper::new(clock.clone());
+    let probe = Probe::default();
+    let bucket = bucket(10, &clock);
+    let svc = RateLimitLayer::new(bucket.clone())
+        .wait_up_to(Duration::from_secs(10), sleeper.clone())
+        .layer(probe.service(|_| async {}));
+    // Spend the burst of 10.
+    for i in 0..10 {
+        svc.clone().oneshot(i).await.unwrap();
+    }
+    let mut waiting: Vec<_> = (0..50)
+        .map(|i| Box::pin(svc.clone().oneshot(100 + i)))
+        .collect();
+    for w in &mut waiting {
+        assert!(w.as_mut().now_or_never().is_none(), "a waiter went at once");
+    }
+    // Cancelled, oldest first (the order a GCRA cannot refund).
+    drop(waiting);
+    assert_eq!(
+        bucket.try_acquire(1).unwrap_err().wait(),
+        Some(Duration::from_millis(100)),
+        "the cancelled waiters left debt"
+    );
+    // A waiter told its turn behind the 50 would have been refused at
+    // once; with the line empty again, the next one waits one cell.
+    let mut next = Box::pin(svc.clone().oneshot(200));
+    assert!(next.as_mut().now_or_never().is_none());
+    sleeper.advance(Duration::from_millis(100));
+    assert_eq!(next.await.unwrap(), 200);
+
+    // A ready service dropped unused gives its cell back.
+    sleeper.advance(Duration::from_secs(1));
+    let mut ready = svc.clone();
+    futures::future::poll_fn(|cx| ready.poll_ready(cx))
+        .await
+        .unwrap();
+    assert_eq!(bucket.available(), 9, "poll_ready took the cell");
+    drop(ready);
+    assert_eq!(bucket.available(), 10, "the unused cell was kept");
+    assert_eq!(probe.calls(), 11);
+}
+
 // ---------------------------------------------------------------------------
 // KeyedRateLimitLayer
 
@@ -392,6 +441,82 @@ async fn keyed_rate_limit_dropped_while_waiting_gives_the_cell_back() {
     sleeper.advance(Duration::from_secs(1));
     assert_eq!(waiting.await.unwrap(), 3);
     assert_eq!(probe.calls(), 2);
+}
+
+/// Issue #21, item 3 (keyed): 100 waiters on one key dropped oldest-first
+/// left 10 s of debt (only the last reservation could be refunded).
+#[tokio::test]
+async fn keyed_rate_limit_waiters_dropped_oldest_first_leave_no_debt() {
+    let clock = ManualClock::new();
+    let sleeper = ManualSleeper::new(clock.clone());
+    let limits = Arc::new(Scoped::with_clock(
+        Quota::per_second(NonZeroU32::new(10).unwrap()).allow_burst(NonZeroU32::new(1).unwrap()),
+        clock.clone(),
+    ));
+    let probe = Probe::default();
+    let svc = KeyedRateLimitLayer::new(limits.clone(), |_: &u32| "k")
+        .wait_up_to(Duration::from_secs(30), sleeper.clone())
+        .layer(probe.service(|_| async {}));
+    svc.clone().oneshot(0).await.unwrap();
+    let mut waiting: Vec<_> = (1..=100)
+        .map(|i| Box::pin(svc.clone().oneshot(i)))
+        .collect();
+    for w in &mut waiting {
+        assert!(w.as_mut().now_or_never().is_none());
+    }
+    for w in waiting {
+        drop(w);
+    }
+    assert_eq!(
+        limits.try_acquire(&"k", 1).unwrap_err().wait(),
+        Some(Duration::from_millis(100)),
+        "the dropped waiters left debt"
+    );
+    assert_eq!(probe.calls(), 1);
+}
+
+/// Waiters on a key are told their turns in line: the k-th sleeps the next
+/// cell plus k periods, and each goes at its own instant, one per period.
+#[tokio::test]
+async fn keyed_rate_limit_waiters_go_one_period_apart() {
+    let clock = ManualClock::new();
+    let sleeper = ManualSleeper::new(clock.clone());
+    let limits = Arc::new(Scoped::with_clock(
+        Quota::per_second(NonZeroU32::new(10).unwrap()).allow_burst(NonZeroU32::new(1).unwrap()),
+        clock.clone(),
+    ));
+    let started = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = started.clone();
+    let at = clock.clone();
+    let svc = KeyedRateLimitLayer::new(limits, |_: &u32| "k")
+        .wait_up_to(Duration::from_secs(1), sleeper.clone())
+        .layer(service_fn(move |i: u32| {
+            log.lock()
+                .unwrap()
+                .push((i, backpressure::Clock::now_nanos(&at) / 1_000_000));
+            async move { Ok::<_, BoxError>(i) }
+        }));
+    svc.clone().oneshot(0).await.unwrap();
+    // Ten in line: the k-th's turn is 100 ms + k periods, the last at 1 s,
+    // within the budget.
+    let mut waiting: Vec<_> = (1..=10).map(|i| Box::pin(svc.clone().oneshot(i))).collect();
+    for w in &mut waiting {
+        assert!(w.as_mut().now_or_never().is_none());
+    }
+    // The eleventh's turn (1.1 s) is past the budget: refused at once.
+    let err = svc.clone().oneshot(99).await.unwrap_err();
+    assert_eq!(
+        throttled(&err).retry_after(),
+        Some(Duration::from_millis(1_100))
+    );
+    for _ in 0..10 {
+        sleeper.advance(Duration::from_millis(100));
+        waiting.retain_mut(|w| w.as_mut().now_or_never().is_none());
+    }
+    assert!(waiting.is_empty());
+    let starts = started.lock().unwrap().clone();
+    let want: Vec<(u32, u64)> = (0..=10).map(|i| (i, 100 * i as u64)).collect();
+    assert_eq!(starts, want, "one per period, in line order");
 }
 
 // ---------------------------------------------------------------------------

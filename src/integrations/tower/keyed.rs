@@ -11,9 +11,10 @@ use std::sync::Arc;
 
 use ::tower::{Layer, Service};
 
+use super::line::{Line, Place};
 use super::{rate_limited_check, rate_limited_reserve, BoxError, LimitFuture};
-use crate::bucket::Reservation;
-use crate::clock::{Clock, DefaultClock};
+use crate::bucket::CheckError;
+use crate::clock::{saturating_nanos, Clock, DefaultClock};
 use crate::keyed::Scoped;
 use crate::sleep::{DefaultSleeper, Sleeper};
 
@@ -26,8 +27,11 @@ use crate::sleep::{DefaultSleeper, Sleeper};
 /// status `rate_limited` (scope `"rate:key"`). With
 /// [`wait_up_to`](Self::wait_up_to), a wait within the budget is slept in
 /// the response future before the inner service is called (the ready
-/// inner service travels with it, so its services must be `Clone`);
-/// dropping that future cancels the reservation.
+/// inner service travels with it, so its services must be `Clone`). The
+/// future holds no cell while it sleeps: it sleeps until the key's next
+/// cell, then takes it if it is still free (else sleeps again, within the
+/// budget), so a dropped future gives nothing away. Waiters on a key are
+/// not served in FIFO order.
 ///
 /// # Examples
 ///
@@ -56,6 +60,8 @@ pub struct KeyedRateLimitLayer<K, F, C: Clock = DefaultClock, Sl = DefaultSleepe
     key: F,
     budget: Duration,
     sleeper: Sl,
+    /// The waiters of this layer's services, per key (see `line.rs`).
+    line: Arc<Line<K>>,
 }
 
 impl<K, F, C: Clock> KeyedRateLimitLayer<K, F, C, DefaultSleeper> {
@@ -78,6 +84,7 @@ impl<K, F, C: Clock> KeyedRateLimitLayer<K, F, C, DefaultSleeper> {
             key,
             budget: Duration::ZERO,
             sleeper: DefaultSleeper::new(),
+            line: Arc::default(),
         }
     }
 }
@@ -115,6 +122,7 @@ impl<K, F, C: Clock, Sl> KeyedRateLimitLayer<K, F, C, Sl> {
             key: self.key,
             budget,
             sleeper,
+            line: self.line,
         }
     }
 
@@ -144,6 +152,7 @@ impl<K, F: Clone, C: Clock, Sl: Clone> Clone for KeyedRateLimitLayer<K, F, C, Sl
             key: self.key.clone(),
             budget: self.budget,
             sleeper: self.sleeper.clone(),
+            line: self.line.clone(),
         }
     }
 }
@@ -168,6 +177,7 @@ impl<S, K, F: Clone, C: Clock, Sl: Clone> Layer<S> for KeyedRateLimitLayer<K, F,
             key: self.key.clone(),
             budget: self.budget,
             sleeper: self.sleeper.clone(),
+            line: self.line.clone(),
         }
     }
 }
@@ -196,6 +206,7 @@ pub struct KeyedRateLimit<S, K, F, C: Clock = DefaultClock, Sl = DefaultSleeper>
     key: F,
     budget: Duration,
     sleeper: Sl,
+    line: Arc<Line<K>>,
 }
 
 impl<S, K, F, C: Clock, Sl> KeyedRateLimit<S, K, F, C, Sl> {
@@ -221,10 +232,10 @@ impl<S, K, F, C, Sl, Req> Service<Req> for KeyedRateLimit<S, K, F, C, Sl>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
-    K: Hash + Eq + Clone,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
     F: Fn(&Req) -> K,
-    C: Clock,
-    Sl: Sleeper,
+    C: Clock + Send + Sync + 'static,
+    Sl: Sleeper + Clone + Send + 'static,
 {
     type Response = S::Response;
     type Error = BoxError;
@@ -244,24 +255,91 @@ where
                 Err(e) => KeyedFuture::refused(rate_limited_check(e, "rate:key")),
             };
         }
-        match self.limits.reserve(&key, 1, self.budget) {
-            Ok(r) if r.wait().is_zero() => {
-                // The cell is ours; dropping the reservation keeps it.
-                drop(r);
-                KeyedFuture::now(self.inner.call(req))
-            }
-            Ok(r) => {
-                let sleep = self.sleeper.sleep(r.wait());
+        let deadline =
+            crate::clock::saturating_nanos(self.budget).saturating_add(self.limits.now_nanos());
+        let mut retake = {
+            let (limits, sleeper) = (self.limits.clone(), self.sleeper.clone());
+            let (line, mut place) = (self.line.clone(), None);
+            move || take_or_sleep(&limits, &key, deadline, &sleeper, &line, &mut place)
+        };
+        match retake() {
+            Take::Taken => KeyedFuture::now(self.inner.call(req)),
+            Take::Refused(t) => KeyedFuture::refused(t),
+            Take::Sleep(sleep) => {
                 // The ready service goes with the request; this one keeps
                 // a fresh clone that must be polled ready again.
                 let fresh = self.inner.clone();
                 let ready = core::mem::replace(&mut self.inner, fresh);
-                KeyedFuture::sleeping(sleep, r, ready, req)
+                KeyedFuture::sleeping(sleep, Box::new(retake), ready, req)
             }
-            Err(e) => KeyedFuture::refused(rate_limited_reserve(e, "rate:key")),
         }
     }
 }
+
+/// What a try for a key's cell found.
+enum Take<F> {
+    /// The cell is ours.
+    Taken,
+    /// None is free: sleep this, then try again.
+    Sleep(F),
+    /// None comes by the deadline (or ever).
+    Refused(crate::Throttled),
+}
+
+/// Takes `key`'s next cell if it is free; else joins the key's line (or
+/// keeps `place` in it) and returns the sleep until its turn: the next
+/// cell plus a period per caller ahead, when that ends by `deadline`.
+fn take_or_sleep<K, C, Sl>(
+    limits: &Scoped<K, C>,
+    key: &K,
+    deadline: u64,
+    sleeper: &Sl,
+    line: &Arc<Line<K>>,
+    place: &mut Option<Place<K>>,
+) -> Take<Sl::Sleep>
+where
+    K: Hash + Eq + Clone,
+    C: Clock,
+    Sl: Sleeper,
+{
+    let next = match limits.try_acquire(key, 1) {
+        Ok(()) => {
+            *place = None;
+            return Take::Taken;
+        }
+        Err(CheckError::NotUntil { wait }) => wait,
+        Err(e) => {
+            *place = None;
+            return Take::Refused(rate_limited_check(e, "rate:key"));
+        }
+    };
+    // Once we have slept our turn we are at the line's head (or were
+    // beaten to the cell by a newcomer): nobody is ahead any more.
+    let ahead = match place {
+        Some(_) => 0,
+        None => {
+            let (ahead, joined) = line.join(key);
+            *place = Some(joined);
+            ahead
+        }
+    };
+    let period = saturating_nanos(limits.period_of(key));
+    let wait = saturating_nanos(next).saturating_add(period.saturating_mul(ahead as u64));
+    if limits.now_nanos().saturating_add(wait) <= deadline {
+        return Take::Sleep(sleeper.sleep(Duration::from_nanos(wait)));
+    }
+    *place = None;
+    Take::Refused(rate_limited_reserve(
+        crate::bucket::ReserveError::RateLimited {
+            retry_after: Duration::from_nanos(wait),
+        },
+        "rate:key",
+    ))
+}
+
+/// Tries a key's cell again after a sleep (a boxed [`take_or_sleep`], so
+/// the future's type does not name the key or the clock).
+type Retake<F> = Box<dyn FnMut() -> Take<F> + Send>;
 
 impl<S: Clone, K, F: Clone, C: Clock, Sl: Clone> Clone for KeyedRateLimit<S, K, F, C, Sl> {
     fn clone(&self) -> Self {
@@ -271,6 +349,7 @@ impl<S: Clone, K, F: Clone, C: Clock, Sl: Clone> Clone for KeyedRateLimit<S, K, 
             key: self.key.clone(),
             budget: self.budget,
             sleeper: self.sleeper.clone(),
+            line: self.line.clone(),
         }
     }
 }
@@ -285,32 +364,14 @@ impl<S: fmt::Debug, K, F, C: Clock, Sl> fmt::Debug for KeyedRateLimit<S, K, F, C
     }
 }
 
-/// Cancels a reservation whose wait was abandoned (the future dropped
-/// while it slept), so the key's cell goes back.
-struct CancelGuard(Option<Reservation<'static>>);
-
-impl Drop for CancelGuard {
-    fn drop(&mut self) {
-        if let Some(r) = self.0.take() {
-            r.cancel();
-        }
-    }
-}
-
-impl CancelGuard {
-    /// The wait is over: keep the cell.
-    fn disarm(&mut self) {
-        drop(self.0.take());
-    }
-}
-
 pin_project_lite::pin_project! {
     /// The response future of [`KeyedRateLimit`]: a sleep for the key's
     /// cell (wait mode), then the inner call; or a refusal.
     ///
     /// # Cancel safety
     ///
-    /// Dropped while it sleeps, it cancels the key's reservation.
+    /// It holds no cell while it sleeps: dropping it then gives nothing
+    /// away.
     #[must_use = "futures do nothing unless you `.await` or poll them"]
     pub struct KeyedFuture<S, Req, Sl>
     where
@@ -327,11 +388,11 @@ pin_project_lite::pin_project! {
     where
         S: Service<Req>,
     {
-        // Waiting for the reserved cell.
+        // Waiting for the key's next cell, holding none.
         Sleeping {
             #[pin]
             sleep: Sl,
-            guard: CancelGuard,
+            retake: Retake<Sl>,
             service: Option<S>,
             req: Option<Req>,
         },
@@ -360,11 +421,11 @@ impl<S: Service<Req>, Req, Sl> KeyedFuture<S, Req, Sl> {
         }
     }
 
-    fn sleeping(sleep: Sl, reservation: Reservation<'static>, service: S, req: Req) -> Self {
+    fn sleeping(sleep: Sl, retake: Retake<Sl>, service: S, req: Req) -> Self {
         KeyedFuture {
             state: KeyedState::Sleeping {
                 sleep,
-                guard: CancelGuard(Some(reservation)),
+                retake,
                 service: Some(service),
                 req: Some(req),
             },
@@ -385,22 +446,29 @@ where
         loop {
             match state.as_mut().project() {
                 KeyedProj::Sleeping {
-                    sleep,
-                    guard,
+                    mut sleep,
+                    retake,
                     service,
                     req,
                 } => {
-                    core::task::ready!(sleep.poll(cx));
-                    guard.disarm();
-                    let future = match (service.take(), req.take()) {
-                        (Some(mut svc), Some(req)) => LimitFuture::inner(svc.call(req)),
-                        // Unreachable: both are taken only here, just
-                        // before leaving this state.
-                        _ => LimitFuture::refused(crate::Throttled::new(
-                            crate::throttled::Status::RateLimited,
-                            "rate:key",
-                            "polled after completion",
-                        )),
+                    core::task::ready!(sleep.as_mut().poll(cx));
+                    let future = match retake() {
+                        Take::Taken => match (service.take(), req.take()) {
+                            (Some(mut svc), Some(req)) => LimitFuture::inner(svc.call(req)),
+                            // Unreachable: both are taken only here, just
+                            // before leaving this state.
+                            _ => LimitFuture::refused(crate::Throttled::new(
+                                crate::throttled::Status::RateLimited,
+                                "rate:key",
+                                "polled after completion",
+                            )),
+                        },
+                        Take::Refused(t) => LimitFuture::refused(t),
+                        Take::Sleep(next) => {
+                            // Another waiter took the cell: the next one.
+                            sleep.set(next);
+                            continue;
+                        }
                     };
                     state.set(KeyedState::Calling { future });
                 }

@@ -39,6 +39,7 @@
 mod admission;
 mod concurrency;
 mod keyed;
+mod line;
 mod rate;
 mod retry;
 

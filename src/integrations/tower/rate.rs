@@ -10,9 +10,10 @@ use std::sync::Arc;
 
 use ::tower::{Layer, Service};
 
+use super::line::{Line, Place};
 use super::{rate_limited_check, rate_limited_reserve, BoxError, LimitFuture};
-use crate::bucket::TokenBucket;
-use crate::clock::{Clock, DefaultClock};
+use crate::bucket::{ReserveError, TokenBucket};
+use crate::clock::{saturating_nanos, Clock, DefaultClock};
 use crate::sleep::{DefaultSleeper, Sleeper};
 
 /// Admits each request through one shared [`TokenBucket`] (GCRA: a rate
@@ -22,10 +23,14 @@ use crate::sleep::{DefaultSleeper, Sleeper};
 /// is refused at once with a
 /// [`Throttled`](crate::Throttled) of status [`Status::RateLimited`](crate::throttled::Status::RateLimited)
 /// and the exact wait in `retry_after`. With
-/// [`wait_up_to`](Self::wait_up_to), `poll_ready` instead reserves the
-/// cell and sleeps the wait (through the given [`Sleeper`]) when it is at
-/// most the budget; longer waits are still refused at once, without
-/// consuming anything.
+/// [`wait_up_to`](Self::wait_up_to), `poll_ready` instead waits for a
+/// cell (through the given [`Sleeper`]) when one comes within the budget;
+/// longer waits are still refused at once, without consuming anything.
+/// It holds no cell while it sleeps (it sleeps until the next cell, then
+/// takes it if it is still free), so a service dropped while waiting
+/// gives nothing away, and a ready service dropped before `call` gives
+/// its cell back unless another was taken after it. Waiters are not
+/// served in FIFO order: whoever finds the cell free takes it.
 ///
 /// Unlike tower's `RateLimit`, the services are `Clone` and every clone
 /// draws from the same bucket.
@@ -62,6 +67,8 @@ pub struct RateLimitLayer<C: Clock = DefaultClock, Sl = DefaultSleeper> {
     bucket: Arc<TokenBucket<C>>,
     budget: Duration,
     sleeper: Sl,
+    /// The waiters of this layer's services (see `line.rs`).
+    line: Arc<Line<()>>,
 }
 
 impl<C: Clock> RateLimitLayer<C, DefaultSleeper> {
@@ -82,6 +89,7 @@ impl<C: Clock> RateLimitLayer<C, DefaultSleeper> {
             bucket,
             budget: Duration::ZERO,
             sleeper: DefaultSleeper::new(),
+            line: Arc::default(),
         }
     }
 }
@@ -91,8 +99,8 @@ impl<C: Clock, Sl> RateLimitLayer<C, Sl> {
     /// sleeping on `sleeper` (`TokioSleeper` under tokio, a
     /// `ManualSleeper` in tests); a longer wait is refused at once.
     ///
-    /// A service dropped while it sleeps keeps its cell taken (it was
-    /// reserved; a conservative loss of one cell).
+    /// It holds no cell while it sleeps (see [`RateLimitLayer`]): a
+    /// service dropped while waiting gives nothing away.
     ///
     /// # Examples
     ///
@@ -119,6 +127,7 @@ impl<C: Clock, Sl> RateLimitLayer<C, Sl> {
             bucket: self.bucket,
             budget,
             sleeper,
+            line: self.line,
         }
     }
 
@@ -144,6 +153,7 @@ impl<C: Clock, Sl: Clone> Clone for RateLimitLayer<C, Sl> {
             bucket: self.bucket.clone(),
             budget: self.budget,
             sleeper: self.sleeper.clone(),
+            line: self.line.clone(),
         }
     }
 }
@@ -167,6 +177,7 @@ impl<S, C: Clock, Sl: Sleeper + Clone> Layer<S> for RateLimitLayer<C, Sl> {
             bucket: self.bucket.clone(),
             budget: self.budget,
             sleeper: self.sleeper.clone(),
+            line: self.line.clone(),
             state: State::Empty,
         }
     }
@@ -197,16 +208,24 @@ pub struct RateLimit<S, C: Clock = DefaultClock, Sl: Sleeper = DefaultSleeper> {
     bucket: Arc<TokenBucket<C>>,
     budget: Duration,
     sleeper: Sl,
+    line: Arc<Line<()>>,
     state: State<Sl::Sleep>,
 }
 
 enum State<F> {
     /// No cell taken.
     Empty,
-    /// A cell is reserved; sleeping until it is usable.
-    Sleeping(Pin<Box<F>>),
-    /// A cell is taken for the next `call`.
-    Ready,
+    /// No cell taken; in the line, sleeping until one may be free, then
+    /// trying again, as long as the wait ends by `deadline` (the bucket's
+    /// clock).
+    Sleeping {
+        sleep: Pin<Box<F>>,
+        deadline: u64,
+        place: Option<Place<()>>,
+    },
+    /// A cell is taken for the next `call`; the ticket gives it back if
+    /// the service is dropped unused.
+    Ready(Option<crate::bucket::gcra::Ticket>),
     /// Over the limit: the next `call` answers this.
     Refused(Box<crate::Throttled>),
 }
@@ -235,29 +254,53 @@ impl<S, C: Clock, Sl: Sleeper> RateLimit<S, C, Sl> {
     #[inline(never)]
     fn poll_cell(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         loop {
-            match &mut self.state {
+            let (deadline, place) = match &mut self.state {
                 State::Empty => {
-                    self.state = match self.bucket.reserve(1, self.budget) {
-                        Ok(r) => {
-                            let wait = r.wait();
-                            // The cell is ours; dropping the reservation
-                            // keeps it.
-                            drop(r);
-                            if wait.is_zero() {
-                                State::Ready
-                            } else {
-                                State::Sleeping(Box::pin(self.sleeper.sleep(wait)))
-                            }
-                        }
-                        Err(e) => State::Refused(Box::new(rate_limited_reserve(e, "rate"))),
-                    }
+                    let now = self.bucket.clock().now_nanos();
+                    (saturating_nanos(self.budget).saturating_add(now), None)
                 }
-                State::Sleeping(sleep) => {
+                State::Sleeping {
+                    sleep,
+                    deadline,
+                    place,
+                } => {
                     core::task::ready!(sleep.as_mut().poll(cx));
-                    self.state = State::Ready;
+                    (*deadline, place.take())
                 }
-                State::Ready | State::Refused(_) => return Poll::Ready(()),
-            }
+                State::Ready(_) | State::Refused(_) => return Poll::Ready(()),
+            };
+            self.state = match self.bucket.take_refundable() {
+                Ok(ticket) => State::Ready(ticket),
+                Err(e) => match e.retry_after() {
+                    Some(next) => {
+                        // Our turn: the next cell, plus a period for each
+                        // caller ahead in the line (none once we have
+                        // slept our turn: we are at its head, or were
+                        // beaten to the cell by a newcomer).
+                        let (ahead, place) = match place {
+                            Some(p) => (0, p),
+                            None => self.line.join(&()),
+                        };
+                        let period = saturating_nanos(self.bucket.quota().period());
+                        let wait = saturating_nanos(next)
+                            .saturating_add(period.saturating_mul(ahead as u64));
+                        let now = self.bucket.clock().now_nanos();
+                        if now.saturating_add(wait) <= deadline {
+                            State::Sleeping {
+                                sleep: Box::pin(self.sleeper.sleep(Duration::from_nanos(wait))),
+                                deadline,
+                                place: Some(place),
+                            }
+                        } else {
+                            let e = ReserveError::RateLimited {
+                                retry_after: Duration::from_nanos(wait),
+                            };
+                            State::Refused(Box::new(rate_limited_reserve(e, "rate")))
+                        }
+                    }
+                    None => State::Refused(Box::new(rate_limited_reserve(e, "rate"))),
+                },
+            };
         }
     }
 }
@@ -314,15 +357,25 @@ impl<S, C: Clock, Sl: Sleeper> RateLimit<S, C, Sl> {
         S: Service<Req>,
     {
         match core::mem::replace(&mut self.state, State::Empty) {
-            State::Ready => LimitFuture::inner(self.inner.call(req)),
+            State::Ready(_) => LimitFuture::inner(self.inner.call(req)),
             State::Refused(e) => LimitFuture::refused_boxed(e),
             // `call` without a ready `poll_ready`: the cell is checked now,
             // never waited for; the inner service's readiness is the
             // caller's contract.
-            State::Empty | State::Sleeping(_) => match self.bucket.try_acquire(1) {
+            State::Empty | State::Sleeping { .. } => match self.bucket.try_acquire(1) {
                 Ok(()) => LimitFuture::inner(self.inner.call(req)),
                 Err(e) => LimitFuture::refused(rate_limited_check(e, "rate")),
             },
+        }
+    }
+}
+
+impl<S, C: Clock, Sl: Sleeper> Drop for RateLimit<S, C, Sl> {
+    /// A cell taken by `poll_ready` and never used goes back (when no
+    /// other was taken after it: a GCRA can only lower its top).
+    fn drop(&mut self) {
+        if let State::Ready(Some(ticket)) = self.state {
+            self.bucket.refund(ticket);
         }
     }
 }
@@ -335,6 +388,7 @@ impl<S: Clone, C: Clock, Sl: Sleeper + Clone> Clone for RateLimit<S, C, Sl> {
             bucket: self.bucket.clone(),
             budget: self.budget,
             sleeper: self.sleeper.clone(),
+            line: self.line.clone(),
             state: State::Empty,
         }
     }
@@ -344,8 +398,8 @@ impl<S: fmt::Debug, C: Clock, Sl: Sleeper> fmt::Debug for RateLimit<S, C, Sl> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Empty => "empty",
-            State::Sleeping(_) => "sleeping",
-            State::Ready => "ready",
+            State::Sleeping { .. } => "sleeping",
+            State::Ready(_) => "ready",
             State::Refused(_) => "refused",
         };
         f.debug_struct("RateLimit")

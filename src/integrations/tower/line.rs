@@ -1,0 +1,103 @@
+//! `Line`: the callers waiting for a rate limit's cells, counted, so each
+//! is told when its turn comes without holding a cell while it sleeps.
+//!
+//! The rate layers used to reserve a cell and sleep towards it. A GCRA
+//! can only give back the reservation on top of its stack, so every
+//! waiter cancelled out of order (a dropped `oneshot`, a timed-out
+//! request) left its cell taken: 50 cancelled waiters left a 10/s bucket
+//! 5 s in debt. Now a waiter joins the line, sleeps until the next cell
+//! plus one period per caller ahead of it, and takes the cell when it
+//! wakes (or, beaten to it, sleeps until the next one). A caller whose
+//! turn would come after its budget is refused at once, as before. The
+//! line is advice for the sleeps, never a decision: the bucket decides.
+//!
+//! Cold: touched only by callers that must wait (a mutex-guarded count
+//! per key, removed at zero).
+
+use core::hash::Hash;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+/// The callers waiting on each key of one layer (`()` for one bucket).
+pub(crate) struct Line<K> {
+    waiting: Mutex<HashMap<K, usize>>,
+}
+
+impl<K> Default for Line<K> {
+    fn default() -> Self {
+        Line {
+            waiting: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone> Line<K> {
+    /// Joins the line of `key`: returns how many wait ahead, and the place
+    /// that leaves the line when dropped.
+    pub(crate) fn join(self: &Arc<Self>, key: &K) -> (usize, Place<K>) {
+        let mut waiting = self.waiting.lock();
+        let n = waiting.entry(key.clone()).or_insert(0);
+        let ahead = *n;
+        *n += 1;
+        let place = Place {
+            line: self.clone(),
+            key: Some(key.clone()),
+        };
+        (ahead, place)
+    }
+
+    /// How many wait on `key` now.
+    #[cfg(test)]
+    fn len(&self, key: &K) -> usize {
+        self.waiting.lock().get(key).copied().unwrap_or(0)
+    }
+}
+
+/// A caller's place in a [`Line`]; dropping it leaves the line.
+pub(crate) struct Place<K: Hash + Eq> {
+    line: Arc<Line<K>>,
+    key: Option<K>,
+}
+
+impl<K: Hash + Eq> Drop for Place<K> {
+    fn drop(&mut self) {
+        let Some(key) = self.key.take() else { return };
+        let mut waiting = self.line.waiting.lock();
+        if let Some(n) = waiting.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                waiting.remove(&key);
+            }
+        }
+    }
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn places_count_the_callers_ahead_and_leave_on_drop() {
+        let line = Arc::new(Line::<&str>::default());
+        let (a, pa) = line.join(&"k");
+        let (b, pb) = line.join(&"k");
+        let (other, _po) = line.join(&"other");
+        assert_eq!((a, b, other), (0, 1, 0));
+        drop(pa);
+        // The one behind stays counted; a newcomer is behind it.
+        let (c, _pc) = line.join(&"k");
+        assert_eq!(c, 1);
+        drop(pb);
+        assert_eq!(line.len(&"k"), 1);
+    }
+
+    #[test]
+    fn an_empty_key_is_forgotten() {
+        let line = Arc::new(Line::<u32>::default());
+        let (_, p) = line.join(&7);
+        drop(p);
+        assert!(line.waiting.lock().is_empty());
+    }
+}
