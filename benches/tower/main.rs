@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use backpressure::tower::{ConcurrencyLimitLayer, KeyedRateLimitLayer, RateLimitLayer};
 use backpressure::{Quota, Scoped, TokenBucket};
-use criterion::{criterion_group, criterion_main, Criterion};
+mod layers_interleaved;
+use criterion::{criterion_group, Criterion};
 use futures::FutureExt;
 use tower::{Layer, Service, ServiceExt};
 
@@ -183,4 +184,15 @@ fn rate(c: &mut Criterion) {
 }
 
 criterion_group!(benches, floor, concurrency, rate);
-criterion_main!(benches);
+/// `cargo bench --bench tower` runs the criterion groups above;
+/// `cargo bench --bench tower -- interleaved` runs `layers_interleaved.rs` instead.
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "interleaved") {
+        return layers_interleaved::main();
+    }
+    benches();
+    criterion::Criterion::default()
+        .configure_from_args()
+        .final_summary();
+}

@@ -13,7 +13,11 @@ use std::sync::{Arc, Barrier};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion};
+mod contended_interleaved;
+#[path = "../support/interleaved.rs"]
+mod interleaved;
+mod uncontended_interleaved;
+use criterion::{criterion_group, Criterion};
 
 /// Polls a future that is expected to be ready at once (the uncontended
 /// case), with a no-op waker: the smallest possible executor.
@@ -206,4 +210,19 @@ fn sizes(_: &mut Criterion) {
 }
 
 criterion_group!(benches, sizes, uncontended, contended);
-criterion_main!(benches);
+/// `cargo bench --bench semaphore` runs the criterion groups above;
+/// `cargo bench --bench semaphore -- interleaved` runs `contended_interleaved.rs` instead.
+/// `cargo bench --bench semaphore -- uncontended-interleaved` runs `uncontended_interleaved.rs` instead.
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "interleaved") {
+        return contended_interleaved::main();
+    }
+    if args.iter().any(|a| a == "uncontended-interleaved") {
+        return uncontended_interleaved::main();
+    }
+    benches();
+    criterion::Criterion::default()
+        .configure_from_args()
+        .final_summary();
+}

@@ -11,7 +11,7 @@
 //! test clock (an atomic load), the same arithmetic and CAS, so they show
 //! the algorithms' own cost.
 //!
-//! Run: `cargo bench --bench bucket_interleaved`
+//! Run: `cargo bench --bench bucket -- interleaved`
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -24,11 +24,10 @@ use governor::{Quota as GQuota, RateLimiter};
 const PER_ROUND: u32 = 200_000;
 const ROUNDS: usize = 60;
 
-#[path = "support/interleaved.rs"]
-mod interleaved;
-use interleaved::Case;
+use crate::interleaved;
+use crate::interleaved::Case;
 
-fn main() {
+pub fn main() {
     let ours_clock = DefaultClock::new();
     let gov_clock = governor::clock::QuantaClock::default();
     let admitting = Quota::with_period(Duration::from_nanos(1)).allow_burst(NonZeroU32::MAX);

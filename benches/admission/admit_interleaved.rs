@@ -4,15 +4,14 @@
 //! round of each is kept (the one least disturbed by other processes).
 //! Ratios from one run; `benches/admission.rs` is the criterion version.
 //!
-//! Run: `cargo bench --bench admission_interleaved`
+//! Run: `cargo bench --bench admission -- interleaved`
 
 use std::sync::Arc;
 use std::task::Context;
 use std::time::Instant;
 
-#[path = "support/admission_case.rs"]
-mod admission_case;
-use admission_case::{admit_once, Primitives};
+use crate::admission_case;
+use crate::admission_case::{admit_once, Primitives};
 
 /// One case: a name and one call through it.
 type Case = (&'static str, Box<dyn FnMut()>);
@@ -20,7 +19,7 @@ type Case = (&'static str, Box<dyn FnMut()>);
 const PER_ROUND: u32 = 100_000;
 const ROUNDS: usize = 40;
 
-fn main() {
+pub fn main() {
     let waker = futures::task::noop_waker();
     let (layer, plain, weighted) = admission_case::layer();
     let primitives = Arc::new(Primitives::new());

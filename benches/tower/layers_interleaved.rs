@@ -3,7 +3,7 @@
 //! interleaved round after round, and the best round of each is kept (the
 //! one least disturbed by other processes). Ratios from one run.
 //!
-//! Run: `cargo bench --features tower --bench tower_interleaved`
+//! Run: `cargo bench --features tower --bench tower -- interleaved`
 
 use std::future::{ready, Ready};
 use std::hint::black_box;
@@ -50,7 +50,7 @@ type Case = (&'static str, Box<dyn FnMut(u64) -> bool>);
 const PER_ROUND: u64 = 100_000;
 const ROUNDS: usize = 60;
 
-fn main() {
+pub fn main() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()

@@ -9,10 +9,14 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use backpressure::{Quota, Scoped, TokenBucket};
-use criterion::{criterion_group, criterion_main, Criterion};
+mod bucket_interleaved;
+#[path = "../support/interleaved.rs"]
+mod interleaved;
+mod keyed_interleaved;
+use criterion::{criterion_group, Criterion};
 use governor::{Quota as GQuota, RateLimiter};
 
-#[path = "support/walks.rs"]
+#[path = "../support/walks.rs"]
 mod walks;
 use walks::{round_robin, zipf};
 
@@ -211,4 +215,19 @@ criterion_group!(
     keyed_zipf,
     keyed_1m
 );
-criterion_main!(benches);
+/// `cargo bench --bench bucket` runs the criterion groups above;
+/// `cargo bench --bench bucket -- interleaved` runs `bucket_interleaved.rs` instead.
+/// `cargo bench --bench bucket -- keyed-interleaved` runs `keyed_interleaved.rs` instead.
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "interleaved") {
+        return bucket_interleaved::main();
+    }
+    if args.iter().any(|a| a == "keyed-interleaved") {
+        return keyed_interleaved::main();
+    }
+    benches();
+    criterion::Criterion::default()
+        .configure_from_args()
+        .final_summary();
+}

@@ -18,7 +18,7 @@
 //! (`SEM_BENCH_WORKERS=1`) none of that happens and what is left above the
 //! floor is the semaphore's own cost.
 //!
-//! Run: `cargo bench --bench semaphore_interleaved`
+//! Run: `cargo bench --bench semaphore -- interleaved`
 //! (`SEM_BENCH_ONLY=<substring>` keeps the matching cases, for a profiler;
 //! `SEM_BENCH_WORKERS=<n>` sets the number of worker threads, default 2.)
 
@@ -56,7 +56,7 @@ where
     start.elapsed().as_nanos() as f64 / (TASKS * PER_TASK) as f64
 }
 
-fn main() {
+pub fn main() {
     let workers = std::env::var("SEM_BENCH_WORKERS")
         .ok()
         .and_then(|w| w.parse().ok())

@@ -5,7 +5,7 @@
 //! pays) beside tokio's `try_acquire`, which says how low a ratio this
 //! machine allows at all.
 //!
-//! Run: `cargo bench --bench semaphore_uncontended_interleaved`
+//! Run: `cargo bench --bench semaphore -- uncontended-interleaved`
 
 use std::future::Future;
 use std::hint::black_box;
@@ -14,9 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-#[path = "support/interleaved.rs"]
-mod interleaved;
-use interleaved::Case;
+use crate::interleaved;
+use crate::interleaved::Case;
 
 const PER_ROUND: u32 = 200_000;
 const ROUNDS: usize = 40;
@@ -29,7 +28,7 @@ fn now<F: Future>(fut: F) -> F::Output {
     }
 }
 
-fn main() {
+pub fn main() {
     let ours = Arc::new(backpressure::Semaphore::new(8));
     let tokio = Arc::new(tokio::sync::Semaphore::new(8));
     let lock = Arc::new(async_lock::Semaphore::new(8));

@@ -12,9 +12,10 @@
 
 use std::task::Context;
 
-use criterion::{criterion_group, criterion_main, Criterion};
+mod admit_interleaved;
+use criterion::{criterion_group, Criterion};
 
-#[path = "support/admission_case.rs"]
+#[path = "../support/admission_case.rs"]
 mod admission_case;
 use admission_case::{admit_once, Primitives};
 
@@ -42,4 +43,15 @@ fn admission(c: &mut Criterion) {
 }
 
 criterion_group!(benches, admission);
-criterion_main!(benches);
+/// `cargo bench --bench admission` runs the criterion groups above;
+/// `cargo bench --bench admission -- interleaved` runs `admit_interleaved.rs` instead.
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "interleaved") {
+        return admit_interleaved::main();
+    }
+    benches();
+    criterion::Criterion::default()
+        .configure_from_args()
+        .final_summary();
+}

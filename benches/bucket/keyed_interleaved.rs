@@ -9,7 +9,7 @@
 //! governor's benchmark quota (10^9/s, burst 10^9), as in `benches/bucket.rs`;
 //! both sides read the quanta clock on every call.
 //!
-//! Run: `cargo bench --bench keyed_interleaved`
+//! Run: `cargo bench --bench bucket -- keyed-interleaved`
 
 use std::cell::Cell;
 use std::hint::black_box;
@@ -18,16 +18,13 @@ use std::num::NonZeroU32;
 use backpressure::{Quota, Scoped};
 use governor::{Quota as GQuota, RateLimiter};
 
-#[path = "support/walks.rs"]
-mod walks;
-use walks::{round_robin, zipf};
+use crate::walks::{round_robin, zipf};
 
 const PER_ROUND: u32 = 200_000;
 const ROUNDS: usize = 40;
 
-#[path = "support/interleaved.rs"]
-mod interleaved;
-use interleaved::Case;
+use crate::interleaved;
+use crate::interleaved::Case;
 
 /// One keyed pair: ours and governor's, each walking `walk` cyclically.
 fn keyed(names: [&'static str; 2], keys: u64, walk: Vec<u64>) -> [Case; 2] {
@@ -64,7 +61,7 @@ fn keyed(names: [&'static str; 2], keys: u64, walk: Vec<u64>) -> [Case; 2] {
     ]
 }
 
-fn main() {
+pub fn main() {
     let mut cases: Vec<Case> = Vec::new();
     cases.extend(keyed(
         [
