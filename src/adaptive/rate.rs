@@ -295,14 +295,16 @@ impl RateController {
     }
 
     /// The burst of a quota at `rate`: the configured one, but never more
-    /// than the server is believed to allow (`server_burst`: a burst the
-    /// server refuses buys one 429 per excess request and a hold), unless
+    /// than the server is assumed to allow (the configured `server_burst`:
+    /// a burst the server refuses buys one 429 per excess request and a
+    /// hold; the assumption the floor doubles after a 429 at a proven rate
+    /// is a guess, often jitter, and never widens the burst), unless
     /// the rate itself sends more than that within a timer tick (1 ms): a
     /// smaller burst there would not space the requests out, only round
     /// each wait up to the tick and cap the rate at `burst` per tick.
     fn burst(&self, server_burst: u32, rate: f64) -> NonZeroU32 {
         let per_tick = (rate / TICKS_PER_SEC).ceil() as u32;
-        NonZeroU32::new(server_burst.max(per_tick))
+        NonZeroU32::new(server_burst.min(self.cfg.server_burst).max(per_tick))
             .unwrap_or(NonZeroU32::MIN)
             .min(self.cfg.burst)
     }

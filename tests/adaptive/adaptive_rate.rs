@@ -871,3 +871,37 @@ fn controllers_are_shared_across_threads() {
     let r = c.rate();
     assert!((0.1..=1000.0).contains(&r), "{r}");
 }
+
+/// The bucket bursts no more than the configured `server_burst`, even
+/// after a 429 at a rate the floor had proven doubles the assumption the
+/// floor uses (often jitter, not a larger burst): a wider burst then drew
+/// more 429s from the server it was wrong about.
+#[test]
+fn a_doubled_burst_assumption_never_widens_the_buckets_burst() {
+    let c = AdaptiveRate::new()
+        .initial(Some(4.0))
+        .slow_start(false)
+        .burst(10)
+        .probe_after(Duration::from_secs(3_600))
+        .controller(0);
+    assert_eq!(c.quota().burst().get(), 2, "the server's assumed burst");
+    // 4/s accepted for 5 s, then a 429: the floor proves the rate.
+    for i in 0..20 {
+        c.on_reply(i * 250 * MS + 5 * MS, i * 250 * MS, RateOutcome::Success);
+    }
+    c.on_reply(5_005 * MS, 5_000 * MS, RateOutcome::Throttled);
+    let settled = c.rate();
+    // A 429 at the proven rate, past the holdoff: the floor's burst
+    // assumption doubles; the quota's burst does not.
+    let period = (1e9 / settled) as u64;
+    let start = 8 * SEC;
+    for i in 0..20 {
+        let t = start + i * period;
+        c.on_reply(t + 5 * MS, t, RateOutcome::Success);
+    }
+    let t = start + 20 * period;
+    let q = c.on_reply(t + 5 * MS, t, RateOutcome::Throttled);
+    assert!(c.rate() < settled, "the 429 lowered the rate");
+    assert_eq!(q.map(|q| q.burst().get()), Some(2));
+    assert_eq!(c.quota().burst().get(), 2);
+}
