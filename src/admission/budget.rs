@@ -1,9 +1,9 @@
 //! The first stage: the run's call budget and the tool's, taken before a
 //! call waits for anything and given back if it is refused later.
 
-use super::throttled::{Status, Throttled};
 use super::tools::ToolState;
 use crate::sync::{AtomicU32, Ordering};
+use crate::throttled::{Status, Throttled};
 
 /// Takes the run budget; gives it back on drop unless kept.
 pub(super) struct BudgetClaim<'a> {

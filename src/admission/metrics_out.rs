@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use super::throttled::Status;
+use crate::throttled::Status;
 
 fn tool(name: &Arc<str>) -> metrics::SharedString {
     metrics::SharedString::from(name.clone())

@@ -36,7 +36,6 @@ mod shared;
 mod spec;
 mod stagger;
 mod stats;
-mod throttled;
 mod ticket;
 mod tools;
 
@@ -53,13 +52,13 @@ use crate::sleep::{DefaultSleeper, Sleeper};
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 pub use crate::failure::CallFailure;
+use crate::throttled::{Status, Throttled};
 pub use builder::Builder;
 pub use pools::SlotPolicy;
 pub use runner::{AttemptFuture, Call, CallResult, Reply, Runner};
 pub use shared::{SharedFuture, SharedLimiter, SharedResolver};
 pub use spec::{concurrency_for, CallSpec, Kind};
 pub use stats::{AdmissionStats, CredentialStats, Refusals, ToolStats};
-pub use throttled::{Status, Throttled};
 pub use ticket::Ticket;
 
 use pools::{acquire_both, Pool};

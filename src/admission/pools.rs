@@ -14,9 +14,9 @@ use core::task::Poll;
 use core::time::Duration;
 use std::sync::Arc;
 
-use super::throttled::{Status, Throttled};
 use crate::semaphore::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use crate::sync::{AtomicU64, AtomicUsize, Ordering};
+use crate::throttled::{Status, Throttled};
 
 /// What a tool does when no slot is free.
 ///

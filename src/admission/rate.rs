@@ -18,7 +18,6 @@ use std::borrow::Cow;
 
 use super::held::{Held, Kept, Reserved, Source};
 use super::spec::CallSpec;
-use super::throttled::{Human, Status, Throttled};
 use super::tools::ToolState;
 use super::Admission;
 use crate::bucket::ReserveError;
@@ -26,6 +25,7 @@ use crate::clock::{saturating_nanos, Clock};
 use crate::keyed::Scoped;
 use crate::sleep::Sleeper;
 use crate::sync::Ordering;
+use crate::throttled::{Human, Status, Throttled};
 
 /// The scope of a credential's own request quota in a [`Throttled`].
 pub(super) const API_KEY: &str = "api_key";

@@ -4,11 +4,11 @@
 
 use core::time::Duration;
 
-use super::throttled::Status;
 use super::Admission;
 use crate::clock::Clock;
 use crate::sleep::Sleeper;
 use crate::sync::{AtomicU64, Ordering};
+use crate::throttled::Status;
 
 /// The live counters of a tool or a credential.
 #[derive(Debug, Default)]

@@ -11,8 +11,8 @@ use parking_lot::{Mutex, RwLock};
 use super::cache::{self, Generation};
 use super::pools::{Pool, SlotPolicy};
 use super::stats::Counters;
-use super::throttled::{Status, Throttled};
 use crate::sync::{AtomicBool, AtomicU32, Ordering};
+use crate::throttled::{Status, Throttled};
 
 /// Configuration of one tool.
 #[derive(Clone, Debug)]
