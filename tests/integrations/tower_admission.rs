@@ -325,3 +325,60 @@ async fn a_server_that_never_answers_is_dropped_at_the_deadline() {
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
     assert_eq!(admission.stats().in_flight, 0, "the ticket came back");
 }
+
+/// Issue #25, item 1 (tower): with `refusals_as_responses`, the layer's
+/// own refusals reach an HTTP client as a 429 it keeps (status, retry
+/// headers, a provider-style JSON error), and nothing is sent for them;
+/// a synthetic refusal from an inner layer is never taken for the
+/// server's (the outer layer's learned rate does not move).
+#[tokio::test]
+async fn refusals_as_responses_answer_429s_a_client_keeps() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let sent = Arc::new(AtomicUsize::new(0));
+    let counter = sent.clone();
+    let api = tower::service_fn(move |_req: http::Request<()>| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<_, BoxError>(http::Response::new(b"{\"ok\":true}".to_vec())) }
+    });
+    let spec = |_: &http::Request<()>| CallSpec::new("chat", "key-a");
+    let inner = AdmissionLayer::http(Admission::builder().run_budget(2).build(), spec)
+        .refusals_as_responses()
+        .layer(api);
+    let outer_admission = Admission::builder().build();
+    let svc = AdmissionLayer::http(outer_admission.clone(), spec)
+        .refusals_as_responses()
+        .layer(inner);
+    for _ in 0..2 {
+        let ok = svc.clone().oneshot(http::Request::new(())).await.unwrap();
+        assert_eq!(ok.status(), 200);
+    }
+    let rate = outer_admission.learned_rate("key-a");
+    for _ in 0..3 {
+        let refused = svc.clone().oneshot(http::Request::new(())).await.unwrap();
+        assert_eq!(refused.status(), 429);
+        assert!(backpressure::tower::is_refusal(refused.headers()));
+        let body: serde_json::Value = serde_json::from_slice(refused.body()).unwrap();
+        assert_eq!(body["error"]["type"], "budget_exhausted", "{body}");
+    }
+    assert_eq!(sent.load(Ordering::SeqCst), 2, "a refused request was sent");
+    assert_eq!(
+        outer_admission.learned_rate("key-a"),
+        rate,
+        "the outer layer learned from a synthetic 429"
+    );
+
+    // Past its deadline, a request that never answers is a 429 too, with
+    // the time it was given.
+    let hang = tower::service_fn(|_req: http::Request<()>| async {
+        std::future::pending::<Result<http::Response<Vec<u8>>, BoxError>>().await
+    });
+    let svc = AdmissionLayer::http(Admission::builder().build(), spec)
+        .deadline(Duration::from_millis(50))
+        .refusals_as_responses()
+        .layer(hang);
+    let timed_out = svc.oneshot(http::Request::new(())).await.unwrap();
+    assert_eq!(timed_out.status(), 429);
+    let body: serde_json::Value = serde_json::from_slice(timed_out.body()).unwrap();
+    assert_eq!(body["error"]["type"], "timed_out", "{body}");
+}

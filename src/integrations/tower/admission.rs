@@ -18,7 +18,7 @@ use crate::sleep::{DefaultSleeper, Sleeper};
 
 pub use future::AdmissionFuture;
 #[cfg(feature = "http")]
-pub use hooks::{HttpSpec, ObserveHttp};
+pub use hooks::{HttpSpec, ObserveHttp, RefusalResponses};
 pub use hooks::{MakeSpec, Observe, ObserveOk};
 
 /// Admits each request through one shared [`Admission`] (its concurrency
@@ -159,6 +159,43 @@ impl<F, Sl, C: Clock> AdmissionLayer<HttpSpec<F>, ObserveHttp, Sl, C> {
             deadline: None,
             raw: false,
         }
+    }
+}
+
+#[cfg(feature = "http")]
+impl<M, Sl, C: Clock> AdmissionLayer<M, ObserveHttp, Sl, C> {
+    /// Answers the layer's own refusals (not admitted, past the deadline,
+    /// or the server's 429 past what the call could wait) as a synthetic
+    /// 429 response (503 when closed) an HTTP client keeps, instead of an
+    /// error: see [`RefusalResponses`]. For clients, such as LLM clients,
+    /// that report any transport error as "retry now". The response body
+    /// type must be `From<Vec<u8>>` (`Bytes`, `Vec<u8>`, reqwest's `Body`,
+    /// `Full<Bytes>`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::tower::{is_refusal, AdmissionLayer};
+    /// use tower::{service_fn, Layer, ServiceExt};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let admission = Admission::builder().run_budget(1).build();
+    /// let svc = AdmissionLayer::http(admission, |_: &http::Request<()>| CallSpec::new("chat", "key"))
+    ///     .refusals_as_responses()
+    ///     .layer(service_fn(|_req: http::Request<()>| async {
+    ///         Ok::<_, std::io::Error>(http::Response::new(b"{}".to_vec()))
+    ///     }));
+    /// let first = svc.clone().oneshot(http::Request::new(())).await.unwrap();
+    /// assert_eq!(first.status(), 200);
+    /// // The run's budget is spent: a 429 the client reads, not an error.
+    /// let refused = svc.oneshot(http::Request::new(())).await.unwrap();
+    /// assert_eq!(refused.status(), 429);
+    /// assert!(is_refusal(refused.headers()));
+    /// # });
+    /// ```
+    pub fn refusals_as_responses(self) -> AdmissionLayer<M, RefusalResponses, Sl, C> {
+        self.observe_with(RefusalResponses)
     }
 }
 

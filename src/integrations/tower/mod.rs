@@ -55,7 +55,7 @@ pub use admission::{
     AdmissionFuture, AdmissionLayer, AdmissionService, MakeSpec, Observe, ObserveOk,
 };
 #[cfg(feature = "http")]
-pub use admission::{HttpSpec, ObserveHttp};
+pub use admission::{HttpSpec, ObserveHttp, RefusalResponses};
 pub use concurrency::{
     ConcurrencyLimit, ConcurrencyLimitLayer, ResponseFuture as ConcurrencyFuture,
 };

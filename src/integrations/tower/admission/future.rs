@@ -134,7 +134,7 @@ where
                         (Ok(ticket), Some(service), Some(req)) => (ticket, service, req),
                         (Err(refused), _, _) => {
                             this.state.set(State::Done);
-                            return Poll::Ready(Err(Box::new(refused)));
+                            return Poll::Ready(answer(this.observe, refused));
                         }
                         // Unreachable: both are taken only here, just
                         // before leaving this state.
@@ -168,7 +168,7 @@ where
                             // Dropped at the deadline, unobserved.
                             this.state.set(State::Done);
                             let t = crate::throttled::request_timed_out(*this.budget, 1);
-                            return Poll::Ready(Err(Box::new(t)));
+                            return Poll::Ready(answer(this.observe, t));
                         }
                     };
                     let mut result = result;
@@ -177,7 +177,7 @@ where
                             let hold = ticket.observe(status, &hint);
                             let class = crate::backoff::reply_class(Some(status), &hint);
                             if class == ReplyClass::Capacity && !*this.raw {
-                                result = Err(Box::new(capacity(status, &hint, hold)));
+                                result = answer(this.observe, capacity(status, &hint, hold));
                             }
                         }
                     }
@@ -187,6 +187,16 @@ where
                 StateProj::Done => return Poll::Ready(Err(polled_after_completion())),
             }
         }
+    }
+}
+
+/// A refusal of the layer's own, as the observe hook wants it answered: a
+/// response (see `RefusalResponses`), or the error carrying it.
+#[cold]
+fn answer<O: Observe<Resp>, Resp>(observe: &O, refused: Throttled) -> Result<Resp, BoxError> {
+    match observe.refusal(&refused) {
+        Some(response) => Ok(response),
+        None => Err(Box::new(refused)),
     }
 }
 

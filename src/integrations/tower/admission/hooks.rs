@@ -68,6 +68,16 @@ where
 pub trait Observe<Resp> {
     /// What to feed the ticket for `result`.
     fn observe(&self, result: &Result<Resp, BoxError>) -> Option<(u16, ServerHint)>;
+
+    /// The response to answer a refusal of the layer's own with (it
+    /// refused to admit the request, the request outlasted its deadline,
+    /// or the server's capacity answer outlasted it), instead of an error
+    /// carrying the [`Throttled`](crate::Throttled). `None` (the default):
+    /// the error.
+    fn refusal(&self, refused: &crate::Throttled) -> Option<Resp> {
+        let _ = refused;
+        None
+    }
 }
 
 impl<F, Resp> Observe<Resp> for F
@@ -175,5 +185,35 @@ where
 impl<F> fmt::Debug for HttpSpec<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpSpec").finish_non_exhaustive()
+    }
+}
+
+/// [`ObserveHttp`], and the layer's own refusals answered as responses an
+/// HTTP client keeps (the shape of
+/// [`refusal_response`](crate::tower::refusal_response): 429, or 503 when
+/// closed, with `retry-after`, `retry-after-ms`, the
+/// [`REFUSAL_HEADER`](crate::tower::REFUSAL_HEADER) and a provider-style
+/// JSON error body carrying the `Throttled`'s fields). An LLM client that
+/// turns any error of its transport into "retry now" keeps a 429's status,
+/// headers and body. A refusal answered by an inner layer (it carries the
+/// header) is never fed to the learned rate. Made by
+/// [`AdmissionLayer::refusals_as_responses`](super::AdmissionLayer::refusals_as_responses).
+#[cfg(feature = "http")]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RefusalResponses;
+
+#[cfg(feature = "http")]
+impl<B: From<Vec<u8>>> Observe<http::Response<B>> for RefusalResponses {
+    fn observe(&self, result: &Result<http::Response<B>, BoxError>) -> Option<(u16, ServerHint)> {
+        let response = result.as_ref().ok()?;
+        if crate::integrations::refusal::is_refusal(response.headers()) {
+            // Ours, not the server's: nothing to learn from it.
+            return None;
+        }
+        ObserveHttp.observe(result)
+    }
+
+    fn refusal(&self, refused: &crate::Throttled) -> Option<http::Response<B>> {
+        Some(crate::integrations::refusal::refusal_response(refused).map(B::from))
     }
 }
