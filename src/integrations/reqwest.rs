@@ -23,13 +23,16 @@ use crate::{
 type Derive = Arc<dyn Fn(&Request) -> String + Send + Sync>;
 type Costs = Arc<dyn Fn(&Request) -> Vec<(String, u32)> + Send + Sync>;
 type Usage = Arc<dyn Fn(&Response) -> Vec<(String, u32)> + Send + Sync>;
+type BodyUsage = Arc<dyn Fn(&[u8]) -> Vec<(String, u32)> + Send + Sync>;
 
 /// A request's own deadline (shared with the tower `AdmissionLayer`).
 pub use super::RequestDeadline;
 pub use call::HttpReply;
 pub use refusal::{is_refusal, refusal_response, Attempts, REFUSAL_HEADER};
+pub use usage::llm_usage;
 
 mod call;
+mod usage;
 
 /// Admits every request through an [`Admission`] before it is sent,
 /// observes the response (status and headers: a 429 holds back the
@@ -90,6 +93,8 @@ pub struct AdmissionMiddleware<S: Sleeper = DefaultSleeper, C: Clock = DefaultCl
     retry: Arc<Mutex<RetryPolicy>>,
     cost: Option<Costs>,
     usage: Option<Usage>,
+    /// What a successful, non-streamed body says was used.
+    body_usage: Option<BodyUsage>,
     /// Refusals answered as synthetic 429 responses, not errors.
     responses: bool,
 }
@@ -115,6 +120,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
             retry: Arc::new(Mutex::new(RetryPolicy::default())),
             cost: None,
             usage: None,
+            body_usage: None,
             responses: false,
         }
     }
@@ -255,6 +261,37 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
         f: impl Fn(&Response) -> Vec<(String, u32)> + Send + Sync + 'static,
     ) -> Self {
         self.usage = Some(Arc::new(f));
+        self
+    }
+
+    /// What a successful response's body says the request used, as
+    /// `(quota name, units)` ([`llm_usage`] reads OpenAI's and Anthropic's
+    /// `usage` object), settled on the request's ticket like
+    /// [`usage_from`](Self::usage_from). The body is read once, here, and
+    /// the caller gets a response with the same status, headers,
+    /// extensions, URL and body; a streamed body (`text/event-stream`) is
+    /// left alone, unread.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::Admission;
+    /// use backpressure::reqwest::{llm_usage, AdmissionMiddleware};
+    /// use backpressure::Quota;
+    /// use std::num::NonZeroU32;
+    /// let admission = Admission::builder()
+    ///     .resource("tokens", Quota::per_minute(NonZeroU32::new(120_000).unwrap()))
+    ///     .build();
+    /// let m = AdmissionMiddleware::new(admission)
+    ///     .cost_from(|_req| vec![("tokens".to_string(), 1_000)])
+    ///     .usage_from_body(llm_usage);
+    /// # drop(m);
+    /// ```
+    pub fn usage_from_body(
+        mut self,
+        f: impl Fn(&[u8]) -> Vec<(String, u32)> + Send + Sync + 'static,
+    ) -> Self {
+        self.body_usage = Some(Arc::new(f));
         self
     }
 
@@ -455,6 +492,26 @@ where
             let Ok(mut result) = attempt.await else {
                 return self.refuse(crate::throttled::request_timed_out(budget, sent));
             };
+            if let Some(read) = &self.body_usage {
+                result = match result {
+                    Ok(response)
+                        if response.status().is_success()
+                            && !usage::is_stream(&response)
+                            && !refusal::is_refusal(response.headers()) =>
+                    {
+                        match usage::buffered(response, |body| read(body)).await {
+                            Ok((response, used)) => {
+                                for (name, units) in used {
+                                    ticket.settle(&name, units);
+                                }
+                                Ok(response)
+                            }
+                            Err(e) => Err(Error::Reqwest(e)),
+                        }
+                    }
+                    other => other,
+                };
+            }
             let (status, hint) = match &result {
                 // A refusal of an admission layer further in: not the
                 // server's answer, so nothing to learn from, and final.

@@ -369,3 +369,59 @@ async fn runner_over_reqwest_retries_a_429_after_the_servers_wait() {
     assert_eq!(starts.len(), 2);
     assert!(gaps(&starts)[0] >= Duration::from_millis(950), "{starts:?}");
 }
+
+/// Issue #25, item 2: the tokens a reply's body says it used are settled
+/// on the request's ticket (the estimate's surplus comes back), and the
+/// caller still reads the same body, status, headers and URL.
+#[tokio::test]
+async fn usage_from_the_body_settles_the_estimate_and_keeps_the_body() {
+    use backpressure::reqwest::llm_usage;
+    use backpressure::{ManualClock, Quota};
+    use std::num::NonZeroU32;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const BODY: &str = r#"{"id":"chatcmpl-1","usage":{"prompt_tokens":700,"completion_tokens":105,"total_tokens":805}}"#;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = Arc::new(AtomicUsize::new(0));
+    let count = served.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-request-id: r1\r\n\
+                 content-length: {}\r\nconnection: close\r\n\r\n{BODY}",
+                BODY.len()
+            );
+            let _ = s.write_all(reply.as_bytes()).await;
+        }
+    });
+    let admission = Admission::builder()
+        .clock(ManualClock::new())
+        .resource("tokens", Quota::per_minute(NonZeroU32::new(2_000).unwrap()))
+        .build();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            AdmissionMiddleware::new(admission.clone())
+                .cost_from(|_req| vec![("tokens".to_string(), 1_000)])
+                .usage_from_body(llm_usage),
+        )
+        .build();
+    let url = format!("http://{addr}/v1/chat/completions");
+    let response = client
+        .post(&url)
+        .header("authorization", "Bearer key-a")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.url().as_str(), url);
+    assert_eq!(response.headers()["x-request-id"], "r1");
+    assert_eq!(response.text().await.unwrap(), BODY);
+    assert_eq!(served.load(Ordering::SeqCst), 1);
+    let key = backpressure::reqwest::credential_of(b"Bearer key-a");
+    // 1,000 reserved, 805 used: 2,000 - 805 left, not 2,000 - 1,000.
+    assert_eq!(admission.available(&key, "tokens"), Some(1_195));
+}

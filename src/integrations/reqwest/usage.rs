@@ -1,0 +1,96 @@
+//! What a response's body says the request used: [`llm_usage`] reads the
+//! `usage` object of an OpenAI or Anthropic reply, and [`buffered`] reads
+//! a body once and hands the caller a response with the same body.
+
+use ::reqwest::{Response, ResponseBuilderExt};
+
+/// The token usage an LLM provider reports in a (non-streamed) JSON reply,
+/// as `(quota name, units)` for
+/// [`AdmissionMiddleware::usage_from_body`](super::AdmissionMiddleware::usage_from_body)
+/// (or [`Ticket::settle`](crate::admission::Ticket::settle)):
+///
+/// | provider | `usage` fields | reported as |
+/// | --- | --- | --- |
+/// | OpenAI (and compatible servers) | `prompt_tokens`, `completion_tokens`, `total_tokens` | `input_tokens`, `output_tokens`, `tokens` |
+/// | Anthropic | `input_tokens`, `output_tokens` (+ `cache_creation_input_tokens`, `cache_read_input_tokens`) | `input_tokens` (all input), `output_tokens`, `tokens` (their sum) |
+///
+/// A body that is not JSON, or has no `usage`, reports nothing; a count
+/// past `u32::MAX` is clamped to it. Names the layer has no quota for are
+/// ignored by the settle, so the three can always be reported.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::reqwest::llm_usage;
+/// let openai = br#"{"usage": {"prompt_tokens": 700, "completion_tokens": 105, "total_tokens": 805}}"#;
+/// assert_eq!(
+///     llm_usage(openai),
+///     [("input_tokens".to_string(), 700), ("output_tokens".to_string(), 105), ("tokens".to_string(), 805)]
+/// );
+/// let anthropic = br#"{"usage": {"input_tokens": 10, "cache_read_input_tokens": 90, "output_tokens": 5}}"#;
+/// assert_eq!(llm_usage(anthropic)[2], ("tokens".to_string(), 105));
+/// assert!(llm_usage(b"not json").is_empty());
+/// ```
+pub fn llm_usage(body: &[u8]) -> Vec<(String, u32)> {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return Vec::new();
+    };
+    let Some(usage) = value.get("usage") else {
+        return Vec::new();
+    };
+    let field = |name: &str| usage.get(name).and_then(serde_json::Value::as_u64);
+    let (input, output, total) = if let Some(prompt) = field("prompt_tokens") {
+        let output = field("completion_tokens").unwrap_or(0);
+        let total = field("total_tokens").unwrap_or(prompt.saturating_add(output));
+        (prompt, output, total)
+    } else if let Some(input) = field("input_tokens") {
+        let input = ["cache_creation_input_tokens", "cache_read_input_tokens"]
+            .into_iter()
+            .filter_map(field)
+            .fold(input, u64::saturating_add);
+        let output = field("output_tokens").unwrap_or(0);
+        (input, output, input.saturating_add(output))
+    } else {
+        return Vec::new();
+    };
+    let units = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+    vec![
+        ("input_tokens".to_string(), units(input)),
+        ("output_tokens".to_string(), units(output)),
+        ("tokens".to_string(), units(total)),
+    ]
+}
+
+/// Whether a response's body is a stream (server-sent events), which is
+/// read as it comes and never buffered here.
+pub(super) fn is_stream(response: &Response) -> bool {
+    response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// Reads `response`'s body, hands it to `read`, and returns what `read`
+/// found with a response carrying the same status, version, headers,
+/// extensions, URL and body, for the caller to read as if untouched.
+pub(super) async fn buffered<T>(
+    mut response: Response,
+    read: impl FnOnce(&[u8]) -> T,
+) -> Result<(Response, T), ::reqwest::Error> {
+    let (status, version) = (response.status(), response.version());
+    let url = response.url().clone();
+    let headers = core::mem::take(response.headers_mut());
+    let extensions = core::mem::take(response.extensions_mut());
+    let body = response.bytes().await?;
+    let found = read(&body);
+    let mut rebuilt = http::Response::builder()
+        .status(status)
+        .version(version)
+        .url(url)
+        .body(body)
+        .expect("the status and version came from a response");
+    *rebuilt.headers_mut() = headers;
+    rebuilt.extensions_mut().extend(extensions);
+    Ok((Response::from(rebuilt), found))
+}
