@@ -675,19 +675,14 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         max_wait: Duration,
         sleeper: &S,
     ) -> Result<(), ReserveError> {
-        let end = self
-            .clock
-            .now_nanos()
-            .saturating_add(saturating_nanos(max_wait));
-        loop {
-            let left = Duration::from_nanos(end.saturating_sub(self.clock.now_nanos()));
-            // Read before reserving: see `TokenBucket::until_ready`.
-            let held_before = self.held_until(key);
-            let reservation = self.reserve(key, n, left)?;
-            if crate::bucket::sleep_unless_held(held_before, reservation, sleeper).await {
-                return Ok(());
-            }
-        }
+        crate::bucket::wait_unless_held(
+            &self.clock,
+            max_wait,
+            || self.held_until(key),
+            |left| self.reserve(key, n, left),
+            sleeper,
+        )
+        .await
     }
 
     /// Removes the buckets that are full again and have been idle for a

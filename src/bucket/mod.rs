@@ -451,20 +451,14 @@ impl<C: Clock> TokenBucket<C> {
         max_wait: Duration,
         sleeper: &S,
     ) -> Result<(), ReserveError> {
-        let end = self
-            .clock
-            .now_nanos()
-            .saturating_add(saturating_nanos(max_wait));
-        loop {
-            let left = Duration::from_nanos(end.saturating_sub(self.clock.now_nanos()));
-            // Read before reserving: a hold placed between the two is
-            // then seen as new (a reservation made after it lies behind
-            // it anyway).
-            let held_before = self.gcra.held_until();
-            if sleep_unless_held(held_before, self.reserve(n, left)?, sleeper).await {
-                return Ok(());
-            }
-        }
+        wait_unless_held(
+            &self.clock,
+            max_wait,
+            || self.gcra.held_until(),
+            |left| self.reserve(n, left),
+            sleeper,
+        )
+        .await
     }
 
     /// The debt now (nanoseconds until full) and the quota, read together;
@@ -480,6 +474,28 @@ impl<C: Clock> TokenBucket<C> {
     }
 }
 
+/// `until_ready`'s loop, for a bucket and for a `Scoped` key: reserve
+/// within what is left of `max_wait`, sleep, and reserve again behind a
+/// hold placed meanwhile. `held` is read before each reservation: a hold
+/// placed between the two is then seen as new (a reservation made after
+/// it lies behind it anyway).
+pub(crate) async fn wait_unless_held<'a, C: Clock, S: Sleeper>(
+    clock: &C,
+    max_wait: Duration,
+    held: impl Fn() -> u64,
+    mut reserve: impl FnMut(Duration) -> Result<Reservation<'a>, ReserveError>,
+    sleeper: &S,
+) -> Result<(), ReserveError> {
+    let end = clock.now_nanos().saturating_add(saturating_nanos(max_wait));
+    loop {
+        let left = Duration::from_nanos(end.saturating_sub(clock.now_nanos()));
+        let held_before = held();
+        if sleep_unless_held(held_before, reserve(left)?, sleeper).await {
+            return Ok(());
+        }
+    }
+}
+
 /// Sleeps out `reservation`'s wait; cancels it if dropped before the end.
 /// Returns `true` when its cells are the caller's to use, `false` when a
 /// hold placed since `held_before` (the bucket's recorded hold end, read
@@ -487,7 +503,7 @@ impl<C: Clock> TokenBucket<C> {
 /// caller heard: going now would draw the same one): the cells are then
 /// given back (the penalty usually voids the refund, which errs towards
 /// admitting less) and the caller queues again behind the hold.
-pub(crate) async fn sleep_unless_held<S: Sleeper>(
+async fn sleep_unless_held<S: Sleeper>(
     held_before: u64,
     reservation: Reservation<'_>,
     sleeper: &S,

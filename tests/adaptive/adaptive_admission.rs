@@ -59,6 +59,26 @@ impl Server {
     }
 }
 
+/// One request to the simulated server: a 5 ms round trip, and `429` +
+/// `Retry-After: 1` when it refuses.
+fn fetch(spec: CallSpec, server: &Arc<Server>, sleeper: &ManualSleeper) -> Call<u16, String> {
+    let (server, sleeper) = (server.clone(), sleeper.clone());
+    Call::new(spec, move || {
+        let (server, sleeper) = (server.clone(), sleeper.clone());
+        async move {
+            let ok = server.admit();
+            sleeper.sleep(Duration::from_millis(5)).await;
+            if ok {
+                Ok(Reply::new(200, 200))
+            } else {
+                let hint =
+                    ServerHint::from_headers([("retry-after", "1")], std::time::SystemTime::now());
+                Ok(Reply::new(429, 429).with_hint(hint))
+            }
+        }
+    })
+}
+
 struct Outcome {
     requests: u64,
     ok: u64,
@@ -84,24 +104,7 @@ fn run(rate: f64, fixed: bool) -> Outcome {
     let failed = AtomicU64::new(0);
     let caller = || async {
         while clock.now_nanos() < end {
-            let (server, nap) = (server.clone(), sleeper.clone());
-            let call = Call::new(CallSpec::new("fetch", "key"), move || {
-                let (server, sleeper) = (server.clone(), nap.clone());
-                async move {
-                    let ok = server.admit();
-                    // A 5 ms round trip.
-                    sleeper.sleep(Duration::from_millis(5)).await;
-                    if ok {
-                        Ok(Reply::new(200, 200))
-                    } else {
-                        let hint = ServerHint::from_headers(
-                            [("retry-after", "1")],
-                            std::time::SystemTime::now(),
-                        );
-                        Ok(Reply::new(429, 429).with_hint(hint))
-                    }
-                }
-            });
+            let call = fetch(CallSpec::new("fetch", "key"), &server, &sleeper);
             match runner.one(call).await {
                 CallResult::Done { .. } => {}
                 CallResult::Throttled(t) => {
@@ -239,26 +242,10 @@ fn turn(rate: f64, calls: usize, quota: Option<backpressure::Quota>) -> Turn {
     // model told "rate_limited" would, until it is done.
     let call = || async {
         loop {
-            let (server, nap) = (server.clone(), sleeper.clone());
             let spec = CallSpec::new("fetch", "key")
                 .kind(backpressure::admission::Kind::Write)
                 .deadline(Duration::from_secs(30));
-            let call = Call::new(spec, move || {
-                let (server, sleeper) = (server.clone(), nap.clone());
-                async move {
-                    let ok = server.admit();
-                    sleeper.sleep(Duration::from_millis(5)).await;
-                    if ok {
-                        Ok(Reply::new(200, 200))
-                    } else {
-                        let hint = ServerHint::from_headers(
-                            [("retry-after", "1")],
-                            std::time::SystemTime::now(),
-                        );
-                        Ok(Reply::new(429, 429).with_hint(hint))
-                    }
-                }
-            });
+            let call = fetch(spec, &server, &sleeper);
             match runner.one(call).await {
                 CallResult::Done { .. } => {
                     done.fetch_add(1, Ordering::SeqCst);
