@@ -202,6 +202,11 @@ impl Learned {
         }
     }
 
+    /// Whether rates are learned (not `fixed_rates`).
+    pub(crate) fn is_adaptive(&self) -> bool {
+        self.adaptive.is_some()
+    }
+
     /// The rate `credential` runs at now, if it is learned.
     pub(crate) fn rate(&self, credential: &str) -> Option<f64> {
         self.known.read().get(credential)?.rate()

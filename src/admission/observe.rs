@@ -79,13 +79,16 @@ where
         // local bucket already holds: taking the smaller never admits more
         // than the server has left.
         for resource in inner.resources.iter() {
-            let Some(policy) = hint
-                .policies
-                .iter()
-                .find(|p| p.name.as_deref() == Some(resource.name.as_str()))
-            else {
+            let Some(policy) = hint.policies.iter().find(|p| {
+                p.name
+                    .as_deref()
+                    .is_some_and(|n| same_name(n, &resource.name))
+            }) else {
                 continue;
             };
+            if inner.learned.is_adaptive() {
+                lower_to_server(resource, &key, policy);
+            }
             match (policy.remaining, policy.reset_after) {
                 (Some(0), Some(reset)) => {
                     let _ = resource.buckets.penalize_told(
@@ -115,7 +118,7 @@ where
                 .or(hint.retry_after)
                 .unwrap_or(crate::backoff::RetryPolicy::BARE_429_HOLD);
             let name = policy.name.as_deref().unwrap_or_default();
-            if let Some(resource) = inner.resources.iter().find(|r| r.name == name) {
+            if let Some(resource) = inner.resources.iter().find(|r| same_name(&r.name, name)) {
                 let _ = resource
                     .buckets
                     .penalize_told(&key, wait.min(inner.max_retry_after), wait);
@@ -200,6 +203,55 @@ where
             resource.buckets.reset(&key);
         }
         inner.pending.lock().remove(credential);
+    }
+}
+
+/// Whether a server's policy name and a quota's name are the same quota:
+/// `input-tokens` (Anthropic's headers) is `input_tokens`, in any case.
+fn same_name(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes().zip(b.bytes()).all(|(x, y)| {
+            let norm = |c: u8| {
+                if c == b'-' {
+                    b'_'
+                } else {
+                    c.to_ascii_lowercase()
+                }
+            };
+            norm(x) == norm(y)
+        })
+}
+
+/// A weighted quota's limit, stated by the server for this credential
+/// (`x-ratelimit-limit-tokens: 120000`, per minute): a ceiling. A quota
+/// configured above it is lowered to it for the credential, keeping its
+/// burst (no more than the server's whole limit); one below it is left
+/// alone (the operator may mean to leave the rest to others).
+fn lower_to_server<C: Clock>(
+    resource: &Resource<C>,
+    key: &String,
+    policy: &crate::headers::Policy,
+) {
+    let (Some(limit), Some(window)) = (policy.quota, policy.window) else {
+        return;
+    };
+    if limit == 0 || window.is_zero() {
+        return;
+    }
+    let server = limit as f64 / window.as_secs_f64();
+    let current = resource.buckets.quota_of(key);
+    let current_rate = 1e9 / current.period().as_nanos().max(1) as f64;
+    if server >= current_rate {
+        return;
+    }
+    let burst = current
+        .burst()
+        .get()
+        .min(u32::try_from(limit).unwrap_or(u32::MAX));
+    if let Ok(lowered) = crate::bucket::Quota::new(server, burst) {
+        // Refused only past the registry's cap of per-key quotas: the
+        // credential then keeps the configured one.
+        let _ = resource.buckets.set_quota(key, lowered);
     }
 }
 

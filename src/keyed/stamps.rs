@@ -47,16 +47,21 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// The period (one cell's emission interval) of `key`'s quota: its
     /// bucket's, else its configured quota's, else the default.
     pub(crate) fn period_of(&self, key: &K) -> Duration {
+        self.quota_of(key).period()
+    }
+
+    /// `key`'s quota: its bucket's, else its configured quota's, else the
+    /// default.
+    pub(crate) fn quota_of(&self, key: &K) -> crate::bucket::Quota {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash).read();
         if let Some(e) = shard.buckets.find(hash, |e| e.key == *key) {
-            return e.bucket.gcra().quota().period();
+            return e.bucket.gcra().quota();
         }
         shard
             .quotas
             .find(hash, |(k, _)| k == key)
             .map_or(self.default_quota, |(_, q)| *q)
-            .period()
     }
 
     /// [`reserve_at`](Self::reserve_at) for a holder that keeps only the

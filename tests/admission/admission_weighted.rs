@@ -539,3 +539,44 @@ fn a_providers_request_limit_is_learned_from_the_first_reply() {
         assert!((wait - 1.0 / rate).abs() < 0.01, "{key}: told {wait} s");
     }
 }
+
+/// Issue #25, item 4 (tokens): a provider's per-minute token limit, stated
+/// in its own headers, is a ceiling on the layer's weighted quota of the
+/// same name from the first reply on (Anthropic's `input-tokens` is the
+/// layer's `input_tokens`); a configured quota below it is left alone.
+#[test]
+fn a_providers_token_limit_lowers_a_guessed_tokens_quota() {
+    let clock = ManualClock::new();
+    let admission = Admission::builder()
+        .sleeper(ManualSleeper::new(clock.clone()))
+        .clock(clock.clone())
+        .resource("tokens", per_minute(1_000_000))
+        .resource("input_tokens", per_minute(1_000))
+        .build();
+    let spec = CallSpec::new("complete", "key")
+        .cost("tokens", 100)
+        .cost("input_tokens", 100);
+    let Poll::Ready(Ok(t)) = now(admission.admit(&spec)) else {
+        panic!("fits")
+    };
+    assert_eq!(admission.available("key", "tokens"), Some(999_900));
+    let hint = ServerHint::from_headers(
+        [
+            ("x-ratelimit-limit-tokens", "120000"),
+            ("x-ratelimit-remaining-tokens", "119900"),
+            ("anthropic-ratelimit-input-tokens-limit", "40000"),
+        ],
+        SystemTime::now(),
+    );
+    t.observe(200, &hint);
+    // 120,000 a minute now, the 100 used still counted.
+    assert_eq!(admission.available("key", "tokens"), Some(119_900));
+    clock.advance(Duration::from_millis(20));
+    assert_eq!(
+        admission.available("key", "tokens"),
+        Some(119_900 + 40),
+        "refills at the server's 2,000/s"
+    );
+    // 1,000 a minute configured, below the server's 40,000: kept.
+    assert!(admission.available("key", "input_tokens").unwrap() <= 1_000);
+}
