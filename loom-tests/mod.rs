@@ -8,5 +8,6 @@ mod adaptive;
 mod admission;
 mod bucket;
 mod keyed;
+mod retry_budget;
 mod semaphore;
 mod single_flight;

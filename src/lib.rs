@@ -80,7 +80,7 @@ pub mod retry {
     //! assert_eq!(backoff.delay(60), Duration::from_secs(5));
     //! ```
     pub use crate::backoff::{
-        Backoff, Deadline, Decision, Jitter, ReplyClass, RetryPolicy, TimedOut,
+        Backoff, Deadline, Decision, Jitter, ReplyClass, RetryBudget, RetryPolicy, TimedOut,
     };
 }
 

@@ -18,9 +18,11 @@ use std::time::Duration;
 
 use crate::clock::saturating_nanos;
 
+mod budget;
 mod deadline;
 mod retry;
 
+pub use budget::RetryBudget;
 pub use deadline::{Deadline, TimedOut};
 #[cfg(feature = "tower")]
 pub(crate) use retry::{reply_class, server_scope};

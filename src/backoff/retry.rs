@@ -5,6 +5,9 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use super::budget::{Allowance, RetryBudget};
 use super::{Backoff, Deadline};
 use crate::throttled::{Human, Status, Throttled};
 use crate::{headers::Advice, headers::Clamp, headers::ServerHint, Clock};
@@ -144,6 +147,9 @@ pub struct RetryPolicy {
     clamp: Clamp,
     /// Retries decided so far.
     retries: u32,
+    /// Shared by every call forked from this policy: a retry it refuses
+    /// is not made.
+    budget: Option<Arc<dyn Allowance>>,
 }
 
 impl Default for RetryPolicy {
@@ -178,6 +184,7 @@ impl RetryPolicy {
             max_retries: 5,
             clamp: Clamp::new(Duration::from_secs(60)),
             retries: 0,
+            budget: None,
         }
     }
 
@@ -271,12 +278,55 @@ impl RetryPolicy {
     /// assert_eq!(per_call.retries(), 0);
     /// ```
     pub fn fork(&mut self) -> RetryPolicy {
+        // A fork is a call: its first attempt pays into the budget.
+        if let Some(budget) = &self.budget {
+            budget.deposit();
+        }
         RetryPolicy {
             backoff: self.backoff.fork(),
             max_retries: self.max_retries,
             clamp: self.clamp,
             retries: 0,
+            budget: self.budget.clone(),
         }
+    }
+
+    /// Shares `budget` among every call forked from this policy (each
+    /// [`fork`](Self::fork) is a call's first attempt and deposits into
+    /// it): a retry the budget refuses is not made, and the call ends with
+    /// its last answer (a capacity answer still as `rate_limited`, with
+    /// the server's wait). The seams that fork per call (`Runner`, the
+    /// reqwest middleware, `HintRetry`) all honour it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::headers::ServerHint;
+    /// use backpressure::retry::{Deadline, Decision, RetryBudget, RetryPolicy};
+    /// use backpressure::ManualClock;
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    ///
+    /// let clock = ManualClock::new();
+    /// let budget = Arc::new(RetryBudget::with_clock(0.5, 0, Duration::from_secs(10), clock.clone()));
+    /// let mut template = RetryPolicy::default().budget(budget);
+    /// let (mut a, mut b) = (template.fork(), template.fork()); // two calls: one retry
+    /// let mut d = Deadline::after(clock, Duration::from_secs(30));
+    /// let fault = ServerHint::default();
+    /// assert!(matches!(a.decide_reply(Some(503), &fault, &mut d), Decision::Retry { .. }));
+    /// assert_eq!(b.decide_reply(Some(503), &fault, &mut d), Decision::GiveUp);
+    /// ```
+    pub fn budget<C: Clock + Clone + Send + Sync + 'static>(
+        mut self,
+        budget: Arc<RetryBudget<C>>,
+    ) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Whether the shared budget (if any) lets this call retry once more.
+    fn budget_allows(&self) -> bool {
+        self.budget.as_ref().is_none_or(|b| b.try_withdraw())
     }
 
     /// Classes an attempt's answer: `status` is the server's status, or
@@ -346,7 +396,13 @@ impl RetryPolicy {
                 // Even past the deadline this is the server's limit, not
                 // ours: the clamp (at most what is left) surfaces it as
                 // `rate_limited` with the server's wait.
-                self.after_server_wait(wait, hint, deadline)
+                match self.after_server_wait(wait, hint, deadline) {
+                    // The shared budget is spent: still the server's limit.
+                    Decision::Retry { .. } if !self.budget_allows() => Decision::Surface(
+                        still_throttled(status.unwrap_or(429), wait, hint, self.retries),
+                    ),
+                    decision => decision,
+                }
             }
         }
     }
@@ -372,6 +428,19 @@ impl RetryPolicy {
     /// assert_eq!((t.status, t.scope.as_str()), (Status::TimedOut, "deadline"));
     /// ```
     pub fn decide<C: Clock>(&mut self, hint: &ServerHint, deadline: &mut Deadline<C>) -> Decision {
+        match self.decide_fault(hint, deadline) {
+            // Only a retry the call would make draws on the shared budget.
+            Decision::Retry { .. } if !self.budget_allows() => Decision::GiveUp,
+            decision => decision,
+        }
+    }
+
+    /// [`decide`](Self::decide) before the shared budget is asked.
+    fn decide_fault<C: Clock>(
+        &mut self,
+        hint: &ServerHint,
+        deadline: &mut Deadline<C>,
+    ) -> Decision {
         if self.retries >= self.max_retries {
             return Decision::GiveUp;
         }

@@ -208,3 +208,58 @@ fn five_calls_three_allowed_through_the_runner() {
     assert!(starts[3].duration_since(starts[2]) >= Duration::from_millis(200));
     assert!(starts[4] >= starts[3]);
 }
+
+/// Issue #23, item 4: a server answering 503 to everything. Each call's
+/// own cap (3 retries) would send 4 requests a call; a shared budget of
+/// 20% of first attempts (no floor) holds the whole turn to
+/// (1 + 0.2) x calls, and every call still ends with its last answer.
+#[test]
+fn a_retry_budget_holds_a_storm_of_503s_to_its_ratio() {
+    use backpressure::retry::{RetryBudget, RetryPolicy};
+    const CALLS: usize = 40;
+    let run = |budget: Option<Arc<RetryBudget>>| {
+        let script = Script::new(vec![(503, vec![]); 4 * CALLS]);
+        let backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(2));
+        let mut policy = RetryPolicy::new(backoff).max_retries(3);
+        if let Some(b) = budget {
+            policy = policy.budget(b);
+        }
+        // No rate limit of our own: only the retry policy shapes traffic.
+        let admission = Admission::builder()
+            .global_concurrency(64)
+            .default_tool(64, backpressure::admission::SlotPolicy::Wait)
+            .fixed_rates()
+            .default_quota(backpressure::Quota::per_second(
+                std::num::NonZeroU32::new(1_000_000).unwrap(),
+            ))
+            .build();
+        let runner: Runner<String> = Runner::new(admission, Duration::ZERO).retry_policy(policy);
+        let calls = (0..CALLS)
+            .map(|_| script.call(CallSpec::new("search", "k").kind(Kind::Write), None))
+            .collect();
+        let results = rt().block_on(runner.execute(calls));
+        let failed = results
+            .iter()
+            .filter(|r| {
+                matches!(
+                    r,
+                    CallResult::Failed {
+                        error: CallFailure::Status { status: 503 },
+                        ..
+                    }
+                )
+            })
+            .count();
+        (script.sent.load(Ordering::SeqCst), failed)
+    };
+    let (unbudgeted, failed) = run(None);
+    assert_eq!((unbudgeted, failed), (4 * CALLS, CALLS));
+    let budget = Arc::new(RetryBudget::new(0.2, 0, Duration::from_secs(60)));
+    let (sent, failed) = run(Some(budget));
+    assert_eq!(failed, CALLS, "every call ends with its 503");
+    assert!(sent >= CALLS, "every call was sent once: {sent}");
+    assert!(
+        sent <= CALLS + CALLS / 5,
+        "{sent} requests for {CALLS} calls"
+    );
+}

@@ -425,3 +425,70 @@ async fn usage_from_the_body_settles_the_estimate_and_keeps_the_body() {
     // 1,000 reserved, 805 used: 2,000 - 805 left, not 2,000 - 1,000.
     assert_eq!(admission.available(&key, "tokens"), Some(1_195));
 }
+
+/// Issue #23, item 4, through the middleware: a server answering 503 to
+/// everything sees at most (1 + ratio) x calls requests with a shared
+/// retry budget (20%, no floor), against 4 a call without.
+#[tokio::test]
+async fn a_retry_budget_holds_the_middleware_to_its_ratio() {
+    use backpressure::retry::{Backoff, RetryBudget};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const CALLS: usize = 20;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = Arc::new(AtomicUsize::new(0));
+    let count = served.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .await;
+            });
+        }
+    });
+    let policy = |budget: Option<Arc<RetryBudget>>| {
+        let backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(2));
+        let p = RetryPolicy::new(backoff).max_retries(3);
+        match budget {
+            Some(b) => p.budget(b),
+            None => p,
+        }
+    };
+    for (budget, most) in [
+        (None, 4 * CALLS),
+        (
+            Some(Arc::new(RetryBudget::new(0.2, 0, Duration::from_secs(60)))),
+            CALLS + CALLS / 5,
+        ),
+    ] {
+        served.store(0, Ordering::SeqCst);
+        let admission = Admission::builder()
+            .fixed_rates()
+            .default_quota(backpressure::Quota::per_second(
+                std::num::NonZeroU32::new(1_000_000).unwrap(),
+            ))
+            .global_concurrency(64)
+            .default_tool(64, backpressure::admission::SlotPolicy::Wait)
+            .build();
+        let client = ClientBuilder::new(reqwest::Client::new())
+            .with(AdmissionMiddleware::new(admission).retry_policy(policy(budget.clone())))
+            .build();
+        let url = format!("http://{addr}/v1/x");
+        let replies = futures::future::join_all((0..CALLS).map(|_| client.get(&url).send())).await;
+        for r in replies {
+            assert_eq!(r.unwrap().status(), 503, "the last answer stands");
+        }
+        let sent = served.load(Ordering::SeqCst);
+        assert!(
+            sent >= CALLS && sent <= most,
+            "{sent} requests for {CALLS} calls (at most {most})"
+        );
+        if budget.is_none() {
+            assert_eq!(sent, 4 * CALLS);
+        }
+    }
+}
