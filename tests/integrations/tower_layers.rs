@@ -570,6 +570,56 @@ fn policy() -> RetryPolicy {
     )
 }
 
+/// Issue #23, item 4, through `HintRetry`: 20 calls to a service that
+/// answers 503 to everything, with a shared retry budget of 20% and no
+/// floor, send at most 24 requests (80 without the budget).
+#[tokio::test]
+async fn hint_retry_honours_a_shared_retry_budget() {
+    use backpressure::retry::RetryBudget;
+    const CALLS: usize = 20;
+    for budgeted in [false, true] {
+        let clock = ManualClock::new();
+        let sleeper = ManualSleeper::new(clock.clone());
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = calls.clone();
+        let server = service_fn(move |()| {
+            c.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Ok((503u16, ServerHint::default())) }) as BoxFut<(u16, ServerHint)>
+        });
+        let mut template = policy().max_retries(3);
+        if budgeted {
+            let budget = RetryBudget::with_clock(0.2, 0, Duration::from_secs(60), clock.clone());
+            template = template.budget(Arc::new(budget));
+        }
+        let retry = HintRetry::new(template, Duration::from_secs(30), classify)
+            .with_clock(clock.clone())
+            .with_sleeper(sleeper.clone());
+        let svc = RetryLayer::new(retry).layer(server);
+        let mut all = Box::pin(futures::future::join_all(
+            (0..CALLS).map(|_| svc.clone().oneshot(())),
+        ));
+        let results = loop {
+            if let Some(r) = all.as_mut().now_or_never() {
+                break r;
+            }
+            sleeper.advance(Duration::from_millis(10));
+        };
+        assert!(
+            results.iter().all(|r| matches!(r, Ok((503, _)))),
+            "the last answer stands"
+        );
+        let sent = calls.load(Ordering::SeqCst);
+        if budgeted {
+            assert!(
+                (CALLS..=CALLS + CALLS / 5).contains(&sent),
+                "{sent} requests"
+            );
+        } else {
+            assert_eq!(sent, 4 * CALLS);
+        }
+    }
+}
+
 #[tokio::test]
 async fn hint_retry_sleeps_the_servers_retry_after_then_succeeds() {
     let clock = ManualClock::new();

@@ -304,9 +304,11 @@ where
     type Future = Sl::Sleep;
 
     fn retry(&mut self, _req: &mut Req, result: &mut Result<Res, E>) -> Option<Sl::Sleep> {
-        let (status, hint) = self.classify.classify(result)?;
+        // Forked on the call's first answer, whatever it is: the fork is
+        // the first attempt a shared retry budget counts.
         let template = &self.template;
         let policy = self.policy.get_or_insert_with(|| template.lock().fork());
+        let (status, hint) = self.classify.classify(result)?;
         let capacity = policy.classify(status, &hint) == ReplyClass::Capacity;
         let decision = policy.decide_reply(status, &hint, &mut self.deadline);
         match decision {
