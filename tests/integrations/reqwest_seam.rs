@@ -378,26 +378,14 @@ async fn usage_from_the_body_settles_the_estimate_and_keeps_the_body() {
     use backpressure::reqwest::llm_usage;
     use backpressure::{ManualClock, Quota};
     use std::num::NonZeroU32;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     const BODY: &str = r#"{"id":"chatcmpl-1","usage":{"prompt_tokens":700,"completion_tokens":105,"total_tokens":805}}"#;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let served = Arc::new(AtomicUsize::new(0));
-    let count = served.clone();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            count.fetch_add(1, Ordering::SeqCst);
-            let mut buf = [0u8; 4096];
-            let _ = s.read(&mut buf).await;
-            let reply = format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-request-id: r1\r\n\
-                 content-length: {}\r\nconnection: close\r\n\r\n{BODY}",
-                BODY.len()
-            );
-            let _ = s.write_all(reply.as_bytes()).await;
-        }
-    });
+    let (addr, served) = fixed_reply_server(format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-request-id: r1\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{BODY}",
+        BODY.len()
+    ))
+    .await;
     let admission = Admission::builder()
         .clock(ManualClock::new())
         .resource("tokens", Quota::per_minute(NonZeroU32::new(2_000).unwrap()))
@@ -432,24 +420,12 @@ async fn usage_from_the_body_settles_the_estimate_and_keeps_the_body() {
 #[tokio::test]
 async fn a_retry_budget_holds_the_middleware_to_its_ratio() {
     use backpressure::retry::{Backoff, RetryBudget};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     const CALLS: usize = 20;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let served = Arc::new(AtomicUsize::new(0));
-    let count = served.clone();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            count.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                let _ = s.read(&mut buf).await;
-                let _ = s
-                    .write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
-                    .await;
-            });
-        }
-    });
+    let (addr, served) = fixed_reply_server(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            .to_string(),
+    )
+    .await;
     let policy = |budget: Option<Arc<RetryBudget>>| {
         let backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(2));
         let p = RetryPolicy::new(backoff).max_retries(3);
@@ -491,4 +467,27 @@ async fn a_retry_budget_holds_the_middleware_to_its_ratio() {
             assert_eq!(sent, 4 * CALLS);
         }
     }
+}
+
+/// A loopback server that answers every request with `reply` (one per
+/// connection), counting the requests it was sent.
+async fn fixed_reply_server(reply: String) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = Arc::new(AtomicUsize::new(0));
+    let count = served.clone();
+    let reply: Arc<str> = reply.into();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let reply = reply.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s.write_all(reply.as_bytes()).await;
+            });
+        }
+    });
+    (addr, served)
 }

@@ -443,16 +443,27 @@ async fn keyed_rate_limit_dropped_while_waiting_gives_the_cell_back() {
     assert_eq!(probe.calls(), 2);
 }
 
-/// Issue #21, item 3 (keyed): 100 waiters on one key dropped oldest-first
-/// left 10 s of debt (only the last reservation could be refunded).
-#[tokio::test]
-async fn keyed_rate_limit_waiters_dropped_oldest_first_leave_no_debt() {
+/// A manual clock and sleeper, and a registry of 10 cells/s per key with
+/// no burst beyond one.
+fn ten_per_second_no_burst() -> (
+    ManualClock,
+    ManualSleeper,
+    Arc<Scoped<&'static str, ManualClock>>,
+) {
     let clock = ManualClock::new();
     let sleeper = ManualSleeper::new(clock.clone());
     let limits = Arc::new(Scoped::with_clock(
         Quota::per_second(NonZeroU32::new(10).unwrap()).allow_burst(NonZeroU32::new(1).unwrap()),
         clock.clone(),
     ));
+    (clock, sleeper, limits)
+}
+
+/// Issue #21, item 3 (keyed): 100 waiters on one key dropped oldest-first
+/// left 10 s of debt (only the last reservation could be refunded).
+#[tokio::test]
+async fn keyed_rate_limit_waiters_dropped_oldest_first_leave_no_debt() {
+    let (_clock, sleeper, limits) = ten_per_second_no_burst();
     let probe = Probe::default();
     let svc = KeyedRateLimitLayer::new(limits.clone(), |_: &u32| "k")
         .wait_up_to(Duration::from_secs(30), sleeper.clone())
@@ -479,12 +490,7 @@ async fn keyed_rate_limit_waiters_dropped_oldest_first_leave_no_debt() {
 /// cell plus k periods, and each goes at its own instant, one per period.
 #[tokio::test]
 async fn keyed_rate_limit_waiters_go_one_period_apart() {
-    let clock = ManualClock::new();
-    let sleeper = ManualSleeper::new(clock.clone());
-    let limits = Arc::new(Scoped::with_clock(
-        Quota::per_second(NonZeroU32::new(10).unwrap()).allow_burst(NonZeroU32::new(1).unwrap()),
-        clock.clone(),
-    ));
+    let (clock, sleeper, limits) = ten_per_second_no_burst();
     let started = Arc::new(std::sync::Mutex::new(Vec::new()));
     let log = started.clone();
     let at = clock.clone();
