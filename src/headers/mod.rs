@@ -35,12 +35,13 @@ use serde::{Deserialize, Serialize};
 /// | `anthropic-ratelimit-<resource>-<field>` | a [`Policy`] per resource |
 /// | `X-RateLimit-Scope`, `-Resource`, `-Bucket` | [`scope`](Self::scope), in that order of preference |
 ///
-/// A per-resource limit whose header family documents its window gets it
-/// as the policy's [`window`](Policy::window): OpenAI's and Anthropic's
-/// `requests`, `tokens`, `input-tokens` and `output-tokens` count per
-/// minute; Kong's `second`, `minute`, `hour` and `day` name theirs. With a
-/// window, a request limit becomes the learned rate's ceiling
-/// (`limit / window`) from the first reply.
+/// A per-resource limit whose header names its window (Kong's `second`,
+/// `minute`, `hour`, `day`) gets it as the policy's
+/// [`window`](Policy::window); OpenAI's and Anthropic's do not (servers
+/// using those names count over different windows). With a window, a
+/// request limit becomes the learned rate's ceiling (`limit / window`)
+/// from the first reply, and a weighted quota's limit the ceiling of the
+/// quota of that name.
 ///
 /// A reset value is read as: a number below 10⁹ is a delta in seconds
 /// (fractions kept); 10⁹ up to 10¹² is a Unix time in seconds (from

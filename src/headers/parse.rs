@@ -125,17 +125,15 @@ impl Field {
     }
 }
 
-/// The window of a vendor header's per-resource limit, where the header
-/// family documents one: OpenAI's `x-ratelimit-limit-{requests,tokens}`
-/// and Anthropic's `anthropic-ratelimit-{requests,tokens,input-tokens,
-/// output-tokens}-limit` count per minute; Kong's
-/// `x-ratelimit-limit-{second,minute,hour,day}` name their window. A
-/// provider that counts a resource over another window (Groq's requests
-/// are per day) reads as a higher rate than it allows; the learned rate's
-/// first 429 corrects it.
+/// The window a vendor header's per-resource limit names itself: Kong's
+/// `x-ratelimit-limit-{second,minute,hour,day}`. OpenAI's and Anthropic's
+/// `requests`/`tokens` limits get none: their documented minute is not
+/// what every server using those names counts over (Groq's requests are
+/// per day; compatible proxies and fakes use a second), and a window
+/// assumed too long would read as a far lower limit than the server's.
 fn documented_window(resource: &str) -> Option<u128> {
     let secs: u128 = match resource {
-        "requests" | "tokens" | "input-tokens" | "output-tokens" | "minute" => 60,
+        "minute" => 60,
         "second" => 1,
         "hour" => 3_600,
         "day" => 86_400,

@@ -489,9 +489,11 @@ fn a_429_for_tokens_holds_the_tokens_quota_not_the_request_rate() {
     }
 }
 
-/// Issue #25, item 4: an LLM provider's per-minute request limit, stated
-/// in its own headers (no `RateLimit-Policy`), is the learned rate from the
-/// first reply on: OpenAI's 180 a minute paces the key at 3/s.
+/// Issue #25, item 4: a request limit with a window the server names
+/// (Kong's `x-ratelimit-limit-minute`, or `RateLimit-Policy`) is the
+/// learned rate from the first reply on: 180 a minute paces the key at
+/// 3/s. (OpenAI's and Anthropic's names carry no window: servers using
+/// them count over different ones, so they only hold, never set a rate.)
 #[test]
 fn a_providers_request_limit_is_learned_from_the_first_reply() {
     let clock = ManualClock::new();
@@ -502,18 +504,18 @@ fn a_providers_request_limit_is_learned_from_the_first_reply() {
         .build();
     for (key, headers, rate) in [
         (
-            "openai-key",
+            "kong-key",
             [
-                ("x-ratelimit-limit-requests", "180"),
-                ("x-ratelimit-remaining-requests", "179"),
+                ("x-ratelimit-limit-minute", "180"),
+                ("x-ratelimit-remaining-minute", "179"),
             ],
             3.0,
         ),
         (
-            "anthropic-key",
+            "ietf-key",
             [
-                ("anthropic-ratelimit-requests-limit", "50"),
-                ("anthropic-ratelimit-requests-remaining", "49"),
+                ("ratelimit-policy", r#""requests";q=50;w=60"#),
+                ("ratelimit", r#""requests";r=49;t=60"#),
             ],
             50.0 / 60.0,
         ),
@@ -540,10 +542,10 @@ fn a_providers_request_limit_is_learned_from_the_first_reply() {
     }
 }
 
-/// Issue #25, item 4 (tokens): a provider's per-minute token limit, stated
-/// in its own headers, is a ceiling on the layer's weighted quota of the
-/// same name from the first reply on (Anthropic's `input-tokens` is the
-/// layer's `input_tokens`); a configured quota below it is left alone.
+/// Issue #25, item 4 (tokens): a server's token limit with its window
+/// (`RateLimit-Policy`) is a ceiling on the layer's weighted quota of the
+/// same name from the first reply on (`input-tokens` is the layer's
+/// `input_tokens`); a configured quota below it is left alone.
 #[test]
 fn a_providers_token_limit_lowers_a_guessed_tokens_quota() {
     let clock = ManualClock::new();
@@ -561,11 +563,10 @@ fn a_providers_token_limit_lowers_a_guessed_tokens_quota() {
     };
     assert_eq!(admission.available("key", "tokens"), Some(999_900));
     let hint = ServerHint::from_headers(
-        [
-            ("x-ratelimit-limit-tokens", "120000"),
-            ("x-ratelimit-remaining-tokens", "119900"),
-            ("anthropic-ratelimit-input-tokens-limit", "40000"),
-        ],
+        [(
+            "ratelimit-policy",
+            r#""tokens";q=120000;w=60, "input-tokens";q=40000;w=60"#,
+        )],
         SystemTime::now(),
     );
     t.observe(200, &hint);
@@ -579,4 +580,33 @@ fn a_providers_token_limit_lowers_a_guessed_tokens_quota() {
     );
     // 1,000 a minute configured, below the server's 40,000: kept.
     assert!(admission.available("key", "input_tokens").unwrap() <= 1_000);
+}
+
+/// The regression `agent_fanout` showed: its server uses OpenAI's header
+/// names over 1 s windows, and a minute assumed for them read 4,000
+/// tokens a second as 66, refusing most of a turn for 20 s. A limit that
+/// states no window never lowers a quota.
+#[test]
+fn a_limit_without_a_window_never_lowers_a_quota() {
+    let clock = ManualClock::new();
+    let admission = Admission::builder()
+        .sleeper(ManualSleeper::new(clock.clone()))
+        .clock(clock.clone())
+        .resource("tokens", Quota::per_second(NonZeroU32::new(4_000).unwrap()))
+        .build();
+    let spec = CallSpec::new("complete", "key").cost("tokens", 500);
+    let Poll::Ready(Ok(t)) = now(admission.admit(&spec)) else {
+        panic!("fits")
+    };
+    let hint = ServerHint::from_headers(
+        [
+            ("x-ratelimit-limit-tokens", "4000"),
+            ("x-ratelimit-remaining-tokens", "3500"),
+            ("x-ratelimit-reset-tokens", "125ms"),
+        ],
+        SystemTime::now(),
+    );
+    t.observe(200, &hint);
+    clock.advance(Duration::from_millis(125));
+    assert_eq!(admission.available("key", "tokens"), Some(4_000));
 }
