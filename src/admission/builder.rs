@@ -15,6 +15,7 @@ use crate::sync::{AtomicBool, AtomicU32, AtomicUsize};
 
 use super::learned::Learned;
 use super::pools::{Pool, SlotPolicy};
+use super::provider::Provider;
 use super::rate::Resource;
 use super::shared::{Shared, SharedLimiter, SharedResolver};
 use super::tools::{ToolConfig, Tools};
@@ -80,6 +81,8 @@ struct Settings {
     run_budget: Option<u32>,
     max_tools: usize,
     shared: Shared,
+    /// The API whose headers are read with its documented meaning.
+    provider: Option<Provider>,
 }
 
 impl Builder {
@@ -107,6 +110,7 @@ impl Builder {
                 run_budget: None,
                 max_tools: 1024,
                 shared: Shared::default(),
+                provider: None,
             },
         }
     }
@@ -375,6 +379,23 @@ impl<S, C> Builder<S, C> {
         self
     }
 
+    /// Reads the server's limit headers with `provider`'s documented
+    /// meaning: its per-minute limits set the learned request rate and
+    /// the quotas it reports on (`tokens`, ...), which need not be
+    /// configured. See [`Provider`]. The last call wins.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, Provider};
+    /// let admission = Admission::builder().provider(Provider::Anthropic).build();
+    /// assert_eq!(admission.available("key", "output_tokens"), Some(u32::MAX));
+    /// ```
+    pub fn provider(mut self, provider: Provider) -> Self {
+        self.cfg.provider = Some(provider);
+        self
+    }
+
     /// How each credential's rate is learned from the server's answers
     /// (the default: [`AdaptiveRate::new`]). A 429 (or a 503 with
     /// `Retry-After`) lowers the rate at most once per round trip, sustained
@@ -602,9 +623,13 @@ impl<S, C> Builder<S, C> {
         let open = Quota::with_period(Duration::from_nanos(1))
             .allow_burst(NonZeroU32::new(1 << 30).expect("non-zero"));
         let server_scopes = Scoped::with_clock(open, self.clock.clone());
-        let resources = self
-            .cfg
-            .resources
+        let mut resources = self.cfg.resources;
+        for name in self.cfg.provider.map_or(&[][..], Provider::quotas) {
+            if !resources.iter().any(|(n, ..)| n == name) {
+                resources.push((name.to_string(), unlimited(), Vec::new()));
+            }
+        }
+        let resources = resources
             .into_iter()
             .map(|(name, quota, overrides)| {
                 let buckets = Scoped::with_clock(quota, self.clock.clone());
@@ -613,7 +638,12 @@ impl<S, C> Builder<S, C> {
                     // has the default quota.
                     let _ = buckets.set_quota(cred, *q);
                 }
-                Resource { name, buckets }
+                Resource {
+                    name,
+                    buckets,
+                    // No default limit: the server's is all there is.
+                    learned: quota == unlimited(),
+                }
             })
             .collect();
         Admission {
@@ -648,6 +678,7 @@ impl<S, C> Builder<S, C> {
                 shared: self.cfg.shared,
                 pending: parking_lot::Mutex::new(HashMap::new()),
                 stagger: Default::default(),
+                provider_window: self.cfg.provider.map(Provider::window),
             }),
         }
     }

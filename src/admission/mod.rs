@@ -30,6 +30,7 @@ mod learned;
 mod metrics_out;
 mod observe;
 pub(crate) mod pools;
+mod provider;
 mod rate;
 mod runner;
 mod shared;
@@ -55,6 +56,7 @@ pub use crate::failure::CallFailure;
 use crate::throttled::{Status, Throttled};
 pub use builder::Builder;
 pub use pools::SlotPolicy;
+pub use provider::Provider;
 pub use runner::{AttemptFuture, Call, CallResult, Reply, Runner};
 pub use shared::{SharedFuture, SharedLimiter, SharedResolver};
 pub use spec::{concurrency_for, CallSpec, Kind};
@@ -97,6 +99,9 @@ struct Inner<S, C: Clock> {
     pending: parking_lot::Mutex<HashMap<String, u64>>,
     /// The retry instants told to refused calls, per limit.
     stagger: stagger::Stagger,
+    /// The window of limits the server states without one (the
+    /// configured provider's, see `Provider`).
+    provider_window: Option<Duration>,
 }
 
 /// The admission layer: concurrency pools, rate limits per credential,

@@ -55,6 +55,15 @@ where
     ) -> Option<Duration> {
         let inner = &*self.inner;
         let key = credential.to_string();
+        // Told the provider: its limits count per minute.
+        let filled;
+        let hint = match inner.provider_window {
+            Some(window) if needs_window(hint) => {
+                filled = with_window(hint, window);
+                &filled
+            }
+            _ => hint,
+        };
         // A 429 for another quota than requests (tokens spent, requests
         // left) says nothing about the request rate: it is not fed to it,
         // and it holds that quota alone when the layer has it.
@@ -86,7 +95,7 @@ where
             }) else {
                 continue;
             };
-            if inner.learned.is_adaptive() {
+            if inner.learned.is_adaptive() || resource.learned {
                 lower_to_server(resource, &key, policy);
             }
             match (policy.remaining, policy.reset_after) {
@@ -222,11 +231,31 @@ fn same_name(a: &str, b: &str) -> bool {
         })
 }
 
+/// Whether a named limit in `hint` states no window (OpenAI's headers).
+fn needs_window(hint: &ServerHint) -> bool {
+    hint.policies
+        .iter()
+        .any(|p| p.name.is_some() && p.quota.is_some() && p.window.is_none())
+}
+
+/// `hint` with `window` on every named limit that states none.
+fn with_window(hint: &ServerHint, window: Duration) -> ServerHint {
+    let mut hint = hint.clone();
+    for p in &mut hint.policies {
+        if p.name.is_some() && p.quota.is_some() && p.window.is_none() {
+            p.window = Some(window);
+        }
+    }
+    hint
+}
+
 /// A weighted quota's limit, stated by the server for this credential
 /// (`x-ratelimit-limit-tokens: 120000`, per minute): a ceiling. A quota
 /// configured above it is lowered to it for the credential, keeping its
 /// burst (no more than the server's whole limit); one below it is left
-/// alone (the operator may mean to leave the rest to others).
+/// alone (the operator may mean to leave the rest to others). A learned
+/// quota (no limit configured) takes a second's worth of burst (see
+/// `Provider`).
 fn lower_to_server<C: Clock>(
     resource: &Resource<C>,
     key: &String,
@@ -244,10 +273,14 @@ fn lower_to_server<C: Clock>(
     if server >= current_rate {
         return;
     }
-    let burst = current
-        .burst()
-        .get()
-        .min(u32::try_from(limit).unwrap_or(u32::MAX));
+    let burst = if resource.learned {
+        super::provider::learned_burst(server, limit)
+    } else {
+        current
+            .burst()
+            .get()
+            .min(u32::try_from(limit).unwrap_or(u32::MAX))
+    };
     if let Ok(lowered) = crate::bucket::Quota::new(server, burst) {
         // Refused only past the registry's cap of per-key quotas: the
         // credential then keeps the configured one.
@@ -258,21 +291,41 @@ fn lower_to_server<C: Clock>(
 /// The quota a 429 says is spent when it is not the request count: a named
 /// policy other than `requests` with nothing left (`x-ratelimit-remaining-tokens: 0`,
 /// `anthropic-ratelimit-tokens-remaining: 0`), while the requests policy,
-/// if the reply has one, still has some.
+/// if the reply has one, still has some. When the reply says requests are
+/// left, the 429 was for something else even if that has some left (a
+/// call costing 805 tokens with 400 remaining): the named policy with the
+/// smallest share of its limit left.
 fn spent_quota(hint: &ServerHint) -> Option<&crate::headers::Policy> {
     let requests = |p: &&crate::headers::Policy| p.name.as_deref() == Some(REQUESTS);
-    if hint
+    let requests_left = hint
         .policies
         .iter()
         .find(requests)
-        .and_then(|p| p.remaining)
-        == Some(0)
-    {
+        .and_then(|p| p.remaining);
+    if requests_left == Some(0) {
         return None;
     }
-    hint.policies
-        .iter()
-        .find(|p| p.remaining == Some(0) && p.name.as_deref().is_some_and(|n| n != REQUESTS))
+    let others = || {
+        hint.policies
+            .iter()
+            .filter(|p| p.name.as_deref().is_some_and(|n| n != REQUESTS))
+    };
+    if let Some(spent) = others().find(|p| p.remaining == Some(0)) {
+        return Some(spent);
+    }
+    if requests_left.is_none() {
+        return None;
+    }
+    // Requests left: the scarcest of the rest (remaining / limit; an
+    // unknown limit counts as the remaining itself, a full share).
+    others()
+        .filter_map(|p| {
+            let left = p.remaining? as f64;
+            let of = p.quota.map_or(left, |q| q as f64).max(1.0);
+            Some((left / of, p))
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, p)| p)
 }
 
 /// The wait the reply puts on the credential's requests: `Retry-After`, or

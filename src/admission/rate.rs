@@ -37,6 +37,11 @@ pub(crate) const REQUESTS: &str = "requests";
 pub(super) struct Resource<C: Clock> {
     pub(super) name: String,
     pub(super) buckets: Scoped<String, C>,
+    /// Declared without a limit (a provider's quota, or only per
+    /// credential): each credential's limit is the server's, learned with
+    /// a second's worth of burst, and a call never costs it more than
+    /// that burst (see `Provider`).
+    pub(super) learned: bool,
 }
 
 /// A quota that would not reserve: why, which limit (its scope in the
@@ -199,9 +204,15 @@ where
             &inner.resources[..]
         };
         for (i, resource) in weighted.iter().enumerate() {
-            let cells = spec.cost_of(&resource.name).unwrap_or(0);
+            let mut cells = spec.cost_of(&resource.name).unwrap_or(0);
             if cells == 0 {
                 continue;
+            }
+            if resource.learned {
+                // A learned burst is a guess at the server's slice (a
+                // second's worth), not a limit the call was told: a bigger
+                // call waits for a full burst and goes.
+                cells = cells.min(resource.buckets.quota_of(&spec.credential).burst().get());
             }
             if let Err(e) = take(Source::Resource(i), &resource.buckets, cells) {
                 return Err(Refusal {

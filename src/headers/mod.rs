@@ -37,8 +37,11 @@ use serde::{Deserialize, Serialize};
 ///
 /// A per-resource limit whose header names its window (Kong's `second`,
 /// `minute`, `hour`, `day`) gets it as the policy's
-/// [`window`](Policy::window); OpenAI's and Anthropic's do not (servers
-/// using those names count over different windows). With a window, a
+/// [`window`](Policy::window), and so do Anthropic's, whose documented
+/// window is the minute. OpenAI's names get none: servers using them count
+/// over different windows (Groq's requests are per day, compatible proxies
+/// often use a second); [`Provider::OpenAi`](crate::admission::Provider::OpenAi)
+/// on the admission layer says they count per minute. With a window, a
 /// request limit becomes the learned rate's ceiling (`limit / window`)
 /// from the first reply, and a weighted quota's limit the ceiling of the
 /// quota of that name.

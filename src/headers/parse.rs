@@ -126,11 +126,14 @@ impl Field {
 }
 
 /// The window a vendor header's per-resource limit names itself: Kong's
-/// `x-ratelimit-limit-{second,minute,hour,day}`. OpenAI's and Anthropic's
-/// `requests`/`tokens` limits get none: their documented minute is not
-/// what every server using those names counts over (Groq's requests are
-/// per day; compatible proxies and fakes use a second), and a window
-/// assumed too long would read as a far lower limit than the server's.
+/// `x-ratelimit-limit-{second,minute,hour,day}`. OpenAI's
+/// `x-ratelimit-limit-{requests,tokens}` get none: their documented minute
+/// is not what every server using those names counts over (Groq's
+/// requests are per day; compatible proxies and fakes use a second), and a
+/// window assumed too long would read as a far lower limit than the
+/// server's (`Provider::OpenAi` on the admission layer says it is a
+/// minute). Anthropic's names are Anthropic's alone, and its documented
+/// window is the minute ([`ANTHROPIC_WINDOW`]).
 fn documented_window(resource: &str) -> Option<u128> {
     let secs: u128 = match resource {
         "minute" => 60,
@@ -141,6 +144,10 @@ fn documented_window(resource: &str) -> Option<u128> {
     };
     Some(secs * NANOS_PER_SEC)
 }
+
+/// Anthropic's limits (requests, input, output and all tokens) count per
+/// minute: <https://docs.anthropic.com/en/api/rate-limits>.
+const ANTHROPIC_WINDOW: u128 = 60 * NANOS_PER_SEC;
 
 impl Acc {
     /// Takes one header. `name` is lower-case ASCII; `v` is trimmed UTF-8.
@@ -174,7 +181,7 @@ impl Acc {
             // <resource>-<field>: `anthropic-ratelimit-input-tokens-reset`.
             if let Some((resource, field)) = rest.rsplit_once('-') {
                 if let Some(field) = Field::from_name(field) {
-                    self.add_policy_field(resource, field, v, true);
+                    self.add_policy_field(resource, field, v, Some(ANTHROPIC_WINDOW));
                 }
             }
             return;
@@ -204,7 +211,10 @@ impl Acc {
                 // `x-ratelimit-limit-minute`.
                 if let Some((field, resource)) = rest.split_once('-') {
                     if let Some(field) = Field::from_name(field) {
-                        self.add_policy_field(resource, field, v, rank == Rank::Vendor);
+                        let window = (rank == Rank::Vendor)
+                            .then(|| documented_window(resource))
+                            .flatten();
+                        self.add_policy_field(resource, field, v, window);
                     }
                 }
             }
@@ -227,18 +237,16 @@ impl Acc {
         }
     }
 
-    /// `vendor`: an OpenAI-, Anthropic- or Kong-style header, whose
-    /// family documents the window of its per-resource limits.
-    fn add_policy_field(&mut self, resource: &str, field: Field, v: &str, vendor: bool) {
+    /// `window`: the window the header family documents for this
+    /// resource's limit (Kong's `minute`, every Anthropic limit), if any.
+    fn add_policy_field(&mut self, resource: &str, field: Field, v: &str, window: Option<u128>) {
         let Some(p) = self.policy_named(Some(resource)) else {
             return;
         };
         match field {
             Field::Limit => {
                 set_first(&mut p.quota, parse_limit(v));
-                if vendor {
-                    set_first(&mut p.documented_window, documented_window(resource));
-                }
+                set_first(&mut p.documented_window, window);
             }
             Field::Remaining => set_first(&mut p.remaining, value::parse_u64(v)),
             Field::Reset => set_first(&mut p.reset, value::parse_reset(v)),

@@ -9,7 +9,7 @@ use std::pin::pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
-use backpressure::admission::{Admission, CallSpec};
+use backpressure::admission::{Admission, CallSpec, Provider};
 use backpressure::headers::ServerHint;
 use backpressure::throttled::Status;
 use backpressure::{ManualClock, ManualSleeper, Quota};
@@ -490,10 +490,11 @@ fn a_429_for_tokens_holds_the_tokens_quota_not_the_request_rate() {
 }
 
 /// Issue #25, item 4: a request limit with a window the server names
-/// (Kong's `x-ratelimit-limit-minute`, or `RateLimit-Policy`) is the
-/// learned rate from the first reply on: 180 a minute paces the key at
-/// 3/s. (OpenAI's and Anthropic's names carry no window: servers using
-/// them count over different ones, so they only hold, never set a rate.)
+/// (Kong's `x-ratelimit-limit-minute`, `RateLimit-Policy`, or Anthropic's
+/// names, whose window is always the minute) is the learned rate from the
+/// first reply on: 180 a minute paces the key at 3/s. (OpenAI's names
+/// carry no window unless the layer is told the provider: servers using
+/// them count over different ones.)
 #[test]
 fn a_providers_request_limit_is_learned_from_the_first_reply() {
     let clock = ManualClock::new();
@@ -516,6 +517,14 @@ fn a_providers_request_limit_is_learned_from_the_first_reply() {
             [
                 ("ratelimit-policy", r#""requests";q=50;w=60"#),
                 ("ratelimit", r#""requests";r=49;t=60"#),
+            ],
+            50.0 / 60.0,
+        ),
+        (
+            "anthropic-key",
+            [
+                ("anthropic-ratelimit-requests-limit", "50"),
+                ("anthropic-ratelimit-requests-remaining", "49"),
             ],
             50.0 / 60.0,
         ),
@@ -609,4 +618,177 @@ fn a_limit_without_a_window_never_lowers_a_quota() {
     t.observe(200, &hint);
     clock.advance(Duration::from_millis(125));
     assert_eq!(admission.available("key", "tokens"), Some(4_000));
+}
+
+/// Issue #25, item 4: told the provider, a layer with no quota configured
+/// learns OpenAI's per-minute numbers from the first reply: the request
+/// limit paces the key (180 a minute: 3/s) and the token limit becomes a
+/// `tokens` quota of 2,000 a second with a second's worth of burst, which
+/// then holds calls back by what they cost.
+#[test]
+fn told_the_provider_a_layer_learns_openais_minute_limits() {
+    let clock = ManualClock::new();
+    let admission = Admission::builder()
+        .sleeper(ManualSleeper::new(clock.clone()))
+        .clock(clock.clone())
+        .inline_wait(Duration::ZERO)
+        .provider(Provider::OpenAi)
+        .build();
+    let spec = CallSpec::new("chat", "key").cost("tokens", 805);
+    let Poll::Ready(Ok(t)) = now(admission.admit(&spec)) else {
+        panic!("the first call fits")
+    };
+    let reply = ServerHint::from_headers(
+        [
+            ("x-ratelimit-limit-requests", "180"),
+            ("x-ratelimit-limit-tokens", "120000"),
+            ("x-ratelimit-remaining-requests", "2"),
+            ("x-ratelimit-remaining-tokens", "1195"),
+            ("x-ratelimit-reset-requests", "333ms"),
+            ("x-ratelimit-reset-tokens", "403ms"),
+        ],
+        SystemTime::now(),
+    );
+    t.observe(200, &reply);
+    let rate = admission.learned_rate("key").unwrap();
+    assert!((rate - 3.0).abs() < 1e-9, "{rate}");
+    // The server's remaining, lower than a fresh second's worth: charged.
+    assert_eq!(admission.available("key", "tokens"), Some(1_195));
+    clock.advance(Duration::from_millis(100));
+    assert_eq!(
+        admission.available("key", "tokens"),
+        Some(1_395),
+        "refills at 2,000/s"
+    );
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(
+        admission.available("key", "tokens"),
+        Some(2_000),
+        "a burst of one second's worth, not the minute's 120,000"
+    );
+    // A 1,800-token call fits the burst; a second one a request slot later
+    // (340 ms) does not (200 + 680 refilled), and is told when the other
+    // 920 will have refilled (460 ms at 2,000/s).
+    let big = CallSpec::new("chat", "key").cost("tokens", 1_800);
+    let Poll::Ready(Ok(first)) = now(admission.admit(&big)) else {
+        panic!("fits the burst")
+    };
+    clock.advance(Duration::from_millis(340));
+    let Poll::Ready(Err(refused)) = now(admission.admit(&big)) else {
+        panic!("a second call went out past the tokens left")
+    };
+    assert_eq!(refused.scope, "quota:tokens", "{refused}");
+    let wait = refused.retry_after().unwrap();
+    assert!(
+        wait >= Duration::from_millis(460) && wait < Duration::from_millis(520),
+        "{refused}"
+    );
+    drop(first);
+
+    // Without the provider, the same reply sets nothing (see
+    // `a_limit_without_a_window_never_lowers_a_quota`).
+    let plain = Admission::builder()
+        .sleeper(ManualSleeper::new(clock.clone()))
+        .clock(clock.clone())
+        .build();
+    let Poll::Ready(Ok(t)) = now(plain.admit(&CallSpec::new("chat", "key"))) else {
+        panic!("fits")
+    };
+    t.observe(200, &reply);
+    let rate = plain.learned_rate("key").unwrap();
+    assert!(
+        rate >= 10.0,
+        "a success from the 10/s guess, not 3/s: {rate}"
+    );
+    assert_eq!(plain.available("key", "tokens"), None, "no tokens quota");
+}
+
+/// A learned quota's burst is a guess at the server's slice, so a call
+/// costing more than it is not refused for good: it waits for a full burst
+/// and goes. (A configured quota refuses it: the operator said so.)
+#[test]
+fn a_call_bigger_than_a_learned_burst_waits_for_a_full_one() {
+    let clock = ManualClock::new();
+    let admission = Admission::builder()
+        .sleeper(ManualSleeper::new(clock.clone()))
+        .clock(clock.clone())
+        .inline_wait(Duration::from_secs(5))
+        .provider(Provider::Anthropic)
+        .build();
+    let reply = ServerHint::from_headers(
+        [
+            ("anthropic-ratelimit-requests-limit", "600"),
+            ("anthropic-ratelimit-input-tokens-limit", "30000"),
+        ],
+        SystemTime::now(),
+    );
+    admission.observe("messages", "key", 200, &reply);
+    assert_eq!(admission.available("key", "input_tokens"), Some(500));
+    let big = CallSpec::new("messages", "key").cost("input_tokens", 4_000);
+    let Poll::Ready(Ok(t)) = now(admission.admit(&big)) else {
+        panic!("a call bigger than the learned burst was refused")
+    };
+    drop(t);
+    // It took the whole burst, no more: the next call waits a second for
+    // it, not eight.
+    assert_eq!(admission.available("key", "input_tokens"), Some(0));
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(admission.available("key", "input_tokens"), Some(500));
+    let configured = Admission::builder()
+        .sleeper(ManualSleeper::new(clock.clone()))
+        .clock(clock.clone())
+        .resource(
+            "input_tokens",
+            Quota::per_second(NonZeroU32::new(500).unwrap()),
+        )
+        .build();
+    let Poll::Ready(Err(refused)) = now(configured.admit(&big)) else {
+        panic!("a configured quota let a call past its burst")
+    };
+    assert_eq!(refused.status, Status::QuotaExhausted, "{refused}");
+}
+
+/// Issue #25, item 3: a 429 whose headers say requests are left was not
+/// for requests, even when the token count it names is not zero (805
+/// asked, 400 left): it holds the tokens quota, and the request rate does
+/// not move.
+#[test]
+fn a_429_with_requests_left_is_charged_to_the_scarcest_quota() {
+    let clock = ManualClock::new();
+    let admission = Admission::builder()
+        .sleeper(ManualSleeper::new(clock.clone()))
+        .clock(clock.clone())
+        .inline_wait(Duration::ZERO)
+        .provider(Provider::OpenAi)
+        .build();
+    let spec = CallSpec::new("chat", "key").cost("tokens", 805);
+    let Poll::Ready(Ok(t)) = now(admission.admit(&spec)) else {
+        panic!("fits")
+    };
+    let rate = admission.learned_rate("key");
+    let hint = ServerHint::from_headers(
+        [
+            ("retry-after", "1"),
+            ("x-ratelimit-remaining-requests", "2"),
+            ("x-ratelimit-remaining-tokens", "400"),
+            ("x-ratelimit-reset-tokens", "803ms"),
+        ],
+        SystemTime::now(),
+    );
+    assert_eq!(t.observe(429, &hint), Some(Duration::from_millis(803)));
+    assert_eq!(
+        admission.learned_rate("key"),
+        rate,
+        "the request rate moved"
+    );
+    clock.advance(Duration::from_millis(200));
+    let Poll::Ready(Ok(go)) = now(admission.admit(&CallSpec::new("chat", "key"))) else {
+        panic!("a call without tokens was held back")
+    };
+    drop(go);
+    clock.advance(Duration::from_millis(200)); // the request pace; 400 ms of 803
+    let Poll::Ready(Err(held)) = now(admission.admit(&spec)) else {
+        panic!("a tokens call went out inside the hold")
+    };
+    assert_eq!(held.scope, "quota:tokens", "{held}");
 }

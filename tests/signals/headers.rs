@@ -198,7 +198,7 @@ const CASES: &[Case] = &[
                    ("anthropic-ratelimit-input-tokens-remaining", "1000"),
                    ("anthropic-ratelimit-input-tokens-reset", "2023-11-14T22:13:21Z")], now: T0,
         want: "retry=- limit=50 remaining=0 used=- reset=60s scope=- wait=60s \
-               | requests q=50 qu=- w=- r=0 t=60s | input-tokens q=- qu=- w=- r=1000 t=1s" },
+               | requests q=50 qu=- w=60s r=0 t=60s | input-tokens q=- qu=- w=- r=1000 t=1s" },
     Case { name: "a top-level counter and an exhausted policy: the longest wait",
         headers: &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "5"),
                    ("x-ratelimit-remaining-tokens", "0"), ("x-ratelimit-reset-tokens", "20s")], now: T0,
