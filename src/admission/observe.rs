@@ -72,8 +72,11 @@ where
         } else {
             None
         };
-        if !inner.shared.contains(credential) && spent.is_none() {
-            // The new rate before the hold (see `Learned::observe`).
+        if !inner.shared.contains(credential) {
+            // The new rate before the hold (see `Learned::observe`). A 429
+            // for another quota is no verdict on the rate (status 0: only
+            // a request limit the reply states is taken).
+            let status = if spent.is_some() { 0 } else { status };
             let now = inner.clock.now_nanos();
             inner
                 .learned
@@ -291,41 +294,39 @@ fn lower_to_server<C: Clock>(
 /// The quota a 429 says is spent when it is not the request count: a named
 /// policy other than `requests` with nothing left (`x-ratelimit-remaining-tokens: 0`,
 /// `anthropic-ratelimit-tokens-remaining: 0`), while the requests policy,
-/// if the reply has one, still has some. When the reply says requests are
-/// left, the 429 was for something else even if that has some left (a
-/// call costing 805 tokens with 400 remaining): the named policy with the
-/// smallest share of its limit left.
+/// if the reply has one, still has some. When nothing reads zero (a call
+/// asking 805 tokens with 400 left; a server counting a minute's limit in
+/// slices, whose `remaining` is of the minute), the policy with the
+/// smallest share of its limit left, if that is not `requests`.
 fn spent_quota(hint: &ServerHint) -> Option<&crate::headers::Policy> {
-    let requests = |p: &&crate::headers::Policy| p.name.as_deref() == Some(REQUESTS);
+    let is_requests = |p: &crate::headers::Policy| p.name.as_deref() == Some(REQUESTS);
     let requests_left = hint
         .policies
         .iter()
-        .find(requests)
+        .find(|p| is_requests(p))
         .and_then(|p| p.remaining);
     if requests_left == Some(0) {
         return None;
     }
-    let others = || {
-        hint.policies
-            .iter()
-            .filter(|p| p.name.as_deref().is_some_and(|n| n != REQUESTS))
-    };
-    if let Some(spent) = others().find(|p| p.remaining == Some(0)) {
+    let named = || hint.policies.iter().filter(|p| p.name.is_some());
+    if let Some(spent) = named().find(|p| !is_requests(p) && p.remaining == Some(0)) {
         return Some(spent);
     }
-    if requests_left.is_none() {
-        return None;
-    }
-    // Requests left: the scarcest of the rest (remaining / limit; an
-    // unknown limit counts as the remaining itself, a full share).
-    others()
-        .filter_map(|p| {
-            let left = p.remaining? as f64;
-            let of = p.quota.map_or(left, |q| q as f64).max(1.0);
-            Some((left / of, p))
-        })
+    requests_left?;
+    let share = |p: &crate::headers::Policy| {
+        let of = p.quota.filter(|&q| q > 0)?;
+        Some(p.remaining? as f64 / of as f64)
+    };
+    // Without the requests' limit their share is unknown: requests are
+    // left, so the scarcest of the rest (an unknown limit: its remaining
+    // counts as a full share).
+    let requests_known = named().any(|p| is_requests(p) && share(p).is_some());
+    named()
+        .filter(|p| requests_known || !is_requests(p))
+        .filter_map(|p| Some((share(p).or(p.remaining.map(|_| 1.0))?, p)))
         .min_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, p)| p)
+        .filter(|p| !is_requests(p))
 }
 
 /// The wait the reply puts on the credential's requests: `Retry-After`, or

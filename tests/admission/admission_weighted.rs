@@ -792,3 +792,65 @@ fn a_429_with_requests_left_is_charged_to_the_scarcest_quota() {
     };
     assert_eq!(held.scope, "quota:tokens", "{held}");
 }
+
+/// The same on a minute's scale (a server enforcing a minute's limit in
+/// slices reports `remaining` of the minute, never 0 on a 429): the policy
+/// with the smallest share left is the one spent. Tokens scarcer: the
+/// tokens quota is held and the rate keeps the server's 3/s; requests
+/// scarcer: the key is held.
+#[test]
+fn on_a_minutes_scale_the_smallest_share_left_is_the_quota_spent() {
+    let clock = ManualClock::new();
+    let admission = Admission::builder()
+        .sleeper(ManualSleeper::new(clock.clone()))
+        .clock(clock.clone())
+        .inline_wait(Duration::ZERO)
+        .provider(Provider::OpenAi)
+        .build();
+    let spec = CallSpec::new("chat", "key").cost("tokens", 805);
+    let Poll::Ready(Ok(t)) = now(admission.admit(&spec)) else {
+        panic!("fits")
+    };
+    let reply = |requests: &'static str, tokens: &'static str| {
+        ServerHint::from_headers(
+            [
+                ("retry-after", "1"),
+                ("x-ratelimit-limit-requests", "180"),
+                ("x-ratelimit-limit-tokens", "120000"),
+                ("x-ratelimit-remaining-requests", requests),
+                ("x-ratelimit-remaining-tokens", tokens),
+                ("x-ratelimit-reset-tokens", "803ms"),
+            ],
+            SystemTime::now(),
+        )
+    };
+    // 1.1% of the requests used, 1.3% of the tokens.
+    assert_eq!(
+        t.observe(429, &reply("178", "118390")),
+        Some(Duration::from_millis(803))
+    );
+    let rate = admission.learned_rate("key").unwrap();
+    assert!(
+        (rate - 3.0).abs() < 1e-9,
+        "the server's limit, no cut: {rate}"
+    );
+    clock.advance(Duration::from_millis(400));
+    let Poll::Ready(Ok(go)) = now(admission.admit(&CallSpec::new("chat", "key"))) else {
+        panic!("a call without tokens was held back")
+    };
+    drop(go);
+    clock.advance(Duration::from_millis(340));
+    let Poll::Ready(Err(held)) = now(admission.admit(&spec)) else {
+        panic!("a tokens call went out inside the hold")
+    };
+    assert_eq!(held.scope, "quota:tokens", "{held}");
+
+    // 1.7% of the requests used, 0.7% of the tokens: a requests 429.
+    admission.lift_hold("key");
+    clock.advance(Duration::from_secs(1));
+    admission.observe("chat", "key", 429, &reply("177", "119195"));
+    let Poll::Ready(Err(held)) = now(admission.admit(&CallSpec::new("chat", "key"))) else {
+        panic!("a call went out inside a request hold")
+    };
+    assert_eq!(held.scope, "api_key", "{held}");
+}

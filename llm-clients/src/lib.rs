@@ -1,0 +1,1 @@
+//! Nothing here: `tests/` drives real LLM clients through `backpressure`.
