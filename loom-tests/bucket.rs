@@ -185,8 +185,8 @@ fn allowed(q: Quota, setup: &'static [Op], programs: &[Vec<Op>]) -> Vec<State> {
         }
         *sink.lock().unwrap() = all;
     });
-    let all = out.lock().unwrap().clone();
-    all
+
+    out.lock().unwrap().clone()
 }
 
 /// Runs `programs` concurrently (the last on the model's main thread) and

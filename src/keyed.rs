@@ -717,11 +717,11 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         let shard = self.shard(hash);
         {
             let guard = shard.read();
-            if let Some(e) = guard.buckets.find(hash, |e| e.key == *key) {
-                if !shared || e.bucket.shared().is_some() {
-                    e.touch();
-                    return Ok(f(&e.bucket, now));
-                }
+            if let Some(e) = guard.buckets.find(hash, |e| e.key == *key)
+                && (!shared || e.bucket.shared().is_some())
+            {
+                e.touch();
+                return Ok(f(&e.bucket, now));
             }
         }
         self.insert(shard, hash, key, now, shared, f)

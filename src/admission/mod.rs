@@ -352,10 +352,10 @@ where
         let inner = &*self.inner;
         // A cost on a quota the layer does not have would go unmetered:
         // refused, never sent free.
-        if !spec.costs.is_empty() {
-            if let Some(refused) = self.unknown_cost(spec) {
-                return Some(Err(refused));
-            }
+        if !spec.costs.is_empty()
+            && let Some(refused) = self.unknown_cost(spec)
+        {
+            return Some(Err(refused));
         }
         let tool = match self.open_tool(spec) {
             Ok(tool) => tool,

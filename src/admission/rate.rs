@@ -180,21 +180,22 @@ where
             saturating_nanos(buckets.period_of(&spec.credential)).saturating_mul(u64::from(cells))
         };
         let request_cells = spec.cost_of(REQUESTS).unwrap_or(1);
-        if requests && request_cells > 0 {
-            if let Err(e) = take(Source::Requests, &inner.credentials, request_cells) {
-                // A learned rate climbing back from a guessed cut frees
-                // the waiting calls' turns faster than its period now.
-                let expected = inner
-                    .learned
-                    .expected_period(&spec.credential)
-                    .map(|p| p.saturating_mul(u64::from(request_cells)));
-                let now_period = period(&inner.credentials, request_cells);
-                return Err(Refusal {
-                    e,
-                    scope: Cow::Borrowed(API_KEY),
-                    period: expected.map_or(now_period, |p| p.min(now_period)),
-                });
-            }
+        if requests
+            && request_cells > 0
+            && let Err(e) = take(Source::Requests, &inner.credentials, request_cells)
+        {
+            // A learned rate climbing back from a guessed cut frees
+            // the waiting calls' turns faster than its period now.
+            let expected = inner
+                .learned
+                .expected_period(&spec.credential)
+                .map(|p| p.saturating_mul(u64::from(request_cells)));
+            let now_period = period(&inner.credentials, request_cells);
+            return Err(Refusal {
+                e,
+                scope: Cow::Borrowed(API_KEY),
+                period: expected.map_or(now_period, |p| p.min(now_period)),
+            });
         }
         // A spec without costs (most calls) costs nothing on any weighted
         // quota: no need to look each one up.

@@ -39,14 +39,13 @@ impl Stagger {
         let mut told = self.told.lock();
         if told.len() >= MAX_LIMITS && !told.contains_key(limit) {
             told.retain(|_, at| *at > now);
-            if told.len() >= MAX_LIMITS {
-                if let Some(oldest) = told
+            if told.len() >= MAX_LIMITS
+                && let Some(oldest) = told
                     .iter()
                     .min_by_key(|(_, at)| **at)
                     .map(|(k, _)| k.clone())
-                {
-                    told.remove(&oldest);
-                }
+            {
+                told.remove(&oldest);
             }
         }
         // A promise still ahead queues this call behind it; one already

@@ -45,10 +45,10 @@ impl<T> Default for Ranked<T> {
 
 impl<T> Ranked<T> {
     fn offer(&mut self, rank: Rank, v: Option<T>) {
-        if let Some(v) = v {
-            if self.0.as_ref().is_none_or(|(r, _)| rank < *r) {
-                self.0 = Some((rank, v));
-            }
+        if let Some(v) = v
+            && self.0.as_ref().is_none_or(|(r, _)| rank < *r)
+        {
+            self.0 = Some((rank, v));
         }
     }
     fn get(self) -> Option<T> {
@@ -179,10 +179,10 @@ impl Acc {
     fn add_prefixed(&mut self, name: &str, v: &str) {
         if let Some(rest) = name.strip_prefix("anthropic-ratelimit-") {
             // <resource>-<field>: `anthropic-ratelimit-input-tokens-reset`.
-            if let Some((resource, field)) = rest.rsplit_once('-') {
-                if let Some(field) = Field::from_name(field) {
-                    self.add_policy_field(resource, field, v, Some(ANTHROPIC_WINDOW));
-                }
+            if let Some((resource, field)) = rest.rsplit_once('-')
+                && let Some(field) = Field::from_name(field)
+            {
+                self.add_policy_field(resource, field, v, Some(ANTHROPIC_WINDOW));
             }
             return;
         }
@@ -209,13 +209,13 @@ impl Acc {
             _ => {
                 // <field>-<resource>: `x-ratelimit-reset-requests`,
                 // `x-ratelimit-limit-minute`.
-                if let Some((field, resource)) = rest.split_once('-') {
-                    if let Some(field) = Field::from_name(field) {
-                        let window = (rank == Rank::Vendor)
-                            .then(|| documented_window(resource))
-                            .flatten();
-                        self.add_policy_field(resource, field, v, window);
-                    }
+                if let Some((field, resource)) = rest.split_once('-')
+                    && let Some(field) = Field::from_name(field)
+                {
+                    let window = (rank == Rank::Vendor)
+                        .then(|| documented_window(resource))
+                        .flatten();
+                    self.add_policy_field(resource, field, v, window);
                 }
             }
         }
@@ -312,10 +312,10 @@ impl Acc {
             policies: Vec::with_capacity(self.policies.len()),
             scope: self.scope.into_iter().flatten().next(),
         };
-        if hint.remaining.is_none() {
-            if let (Some(limit), Some(used)) = (hint.limit, hint.used) {
-                hint.remaining = Some(limit.saturating_sub(used));
-            }
+        if hint.remaining.is_none()
+            && let (Some(limit), Some(used)) = (hint.limit, hint.used)
+        {
+            hint.remaining = Some(limit.saturating_sub(used));
         }
         for p in self.policies {
             hint.policies.push(Policy {
@@ -329,17 +329,18 @@ impl Acc {
         }
         // No top-level counters: summarise the binding policy (the fewest
         // remaining; on a tie, the longest reset).
-        if hint.remaining.is_none() && hint.limit.is_none() && hint.reset_after.is_none() {
-            if let Some(p) = hint
+        if hint.remaining.is_none()
+            && hint.limit.is_none()
+            && hint.reset_after.is_none()
+            && let Some(p) = hint
                 .policies
                 .iter()
                 .filter(|p| p.remaining.is_some())
                 .min_by_key(|p| (p.remaining, core::cmp::Reverse(p.reset_after)))
-            {
-                hint.limit = p.quota;
-                hint.remaining = p.remaining;
-                hint.reset_after = p.reset_after;
-            }
+        {
+            hint.limit = p.quota;
+            hint.remaining = p.remaining;
+            hint.reset_after = p.reset_after;
         }
         hint
     }
@@ -357,11 +358,11 @@ impl Acc {
     /// `RateLimit` and `RateLimit-Policy`, once every line is in.
     fn parse_structured(&mut self) {
         let policy = core::mem::take(&mut self.ratelimit_policy);
-        if !policy.is_empty() {
-            if let Ok(list) = Parser::new(&policy).parse::<List>() {
-                for entry in &list {
-                    self.add_structured(entry, true);
-                }
+        if !policy.is_empty()
+            && let Ok(list) = Parser::new(&policy).parse::<List>()
+        {
+            for entry in &list {
+                self.add_structured(entry, true);
             }
         }
         let rl = core::mem::take(&mut self.ratelimit);

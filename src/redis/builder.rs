@@ -187,12 +187,12 @@ impl Common {
                 RedisBucketBuilder::MAX_TIMEOUT
             )));
         }
-        if let FailPolicy::FailOpen { share } = self.policy {
-            if !(share > 0.0 && share <= 1.0) {
-                return Err(config_error(format!(
-                    "invalid fail-open share {share}: it must be in (0, 1]"
-                )));
-            }
+        if let FailPolicy::FailOpen { share } = self.policy
+            && !(share > 0.0 && share <= 1.0)
+        {
+            return Err(config_error(format!(
+                "invalid fail-open share {share}: it must be in (0, 1]"
+            )));
         }
         let target = if self.cluster {
             // Checks each URL as the single-node client would.
@@ -259,12 +259,11 @@ impl Common {
 /// script touches for one quota hashes to one slot whatever the key's
 /// characters.
 pub(super) fn hash_tagged(key: String) -> String {
-    if let Some(open) = key.find('{') {
-        if let Some(close) = key[open + 1..].find('}') {
-            if close > 0 {
-                return key;
-            }
-        }
+    if let Some(open) = key.find('{')
+        && let Some(close) = key[open + 1..].find('}')
+        && close > 0
+    {
+        return key;
     }
     format!("{{{key}}}")
 }

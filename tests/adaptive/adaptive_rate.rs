@@ -140,14 +140,14 @@ fn simulate_against(
             } else {
                 RateOutcome::Throttled
             };
-            if let Some(c) = &controller {
-                if let Some(q) = c.on_reply(now, sent, outcome) {
-                    bucket.set_quota(q);
-                    let r = c.rate();
-                    run.min_rate = run.min_rate.min(r);
-                    run.max_rate = run.max_rate.max(r);
-                    run.trace.push((now as f64 / SEC as f64, r));
-                }
+            if let Some(c) = &controller
+                && let Some(q) = c.on_reply(now, sent, outcome)
+            {
+                bucket.set_quota(q);
+                let r = c.rate();
+                run.min_rate = run.min_rate.min(r);
+                run.max_rate = run.max_rate.max(r);
+                run.trace.push((now as f64 / SEC as f64, r));
             }
             if !ok {
                 bucket.penalize(Duration::from_secs(1));

@@ -29,14 +29,14 @@ fn layer(
 fn admit(a: &Layer, tool: &str) -> Result<Ticket<ManualSleeper, ManualClock>, Status> {
     let waker = futures::task::noop_waker();
     let spec = CallSpec::new(tool, "key");
-    let decided = match pin!(a.admit(&spec))
+
+    match pin!(a.admit(&spec))
         .as_mut()
         .poll(&mut Context::from_waker(&waker))
     {
         Poll::Ready(r) => r.map_err(|t| t.status),
         Poll::Pending => panic!("decided at once"),
-    };
-    decided
+    }
 }
 
 fn admitted(a: &Layer, tool: &str) -> Option<u64> {

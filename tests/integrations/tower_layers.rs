@@ -35,7 +35,7 @@ impl Probe {
     fn service<W, F>(
         &self,
         work: W,
-    ) -> impl Service<u32, Response = u32, Error = BoxError, Future = BoxFut<u32>> + Clone
+    ) -> impl Service<u32, Response = u32, Error = BoxError, Future = BoxFut<u32>> + Clone + use<W, F>
     where
         W: Fn(u32) -> F + Clone + Send + 'static,
         F: Future<Output = ()> + Send + 'static,

@@ -76,7 +76,7 @@ fn gated(
     starts: &Arc<AtomicUsize>,
 ) -> (
     oneshot::Sender<u32>,
-    impl FnOnce() -> Pin<Box<dyn Future<Output = u32> + Send>>,
+    impl FnOnce() -> Pin<Box<dyn Future<Output = u32> + Send>> + use<>,
 ) {
     let (tx, rx) = oneshot::channel();
     let starts = starts.clone();

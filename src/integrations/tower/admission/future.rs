@@ -172,13 +172,13 @@ where
                         }
                     };
                     let mut result = result;
-                    if let Some(ticket) = ticket.take() {
-                        if let Some((status, hint)) = this.observe.observe(&result) {
-                            let hold = ticket.observe(status, &hint);
-                            let class = crate::backoff::reply_class(Some(status), &hint);
-                            if class == ReplyClass::Capacity && !*this.raw {
-                                result = answer(this.observe, capacity(status, &hint, hold));
-                            }
+                    if let Some(ticket) = ticket.take()
+                        && let Some((status, hint)) = this.observe.observe(&result)
+                    {
+                        let hold = ticket.observe(status, &hint);
+                        let class = crate::backoff::reply_class(Some(status), &hint);
+                        if class == ReplyClass::Capacity && !*this.raw {
+                            result = answer(this.observe, capacity(status, &hint, hold));
                         }
                     }
                     this.state.set(State::Done);
