@@ -19,7 +19,7 @@ use crate::sleep::{DefaultSleeper, Sleeper};
 pub use future::AdmissionFuture;
 #[cfg(feature = "http")]
 pub use hooks::{HttpSpec, ObserveHttp, RefusalResponses};
-pub use hooks::{MakeSpec, Observe, ObserveOk};
+pub use hooks::{MakeSpec, Observe, ObserveOk, UsageFrom};
 
 /// Admits each request through one shared [`Admission`] (its concurrency
 /// pools, rate limits per credential, budgets and the holds servers
@@ -238,6 +238,54 @@ impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C> {
             admission: self.admission,
             spec: self.spec,
             observe,
+            deadline: self.deadline,
+            raw: self.raw,
+        }
+    }
+
+    /// Settles each call's ticket with what its response says it used,
+    /// as `(quota name, units)` (the costs in the spec are the estimate):
+    /// the usage the server reports in a header, or a body the response
+    /// already holds. Keeps the observer (refusals answered as it does).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::tower::AdmissionLayer;
+    /// use backpressure::{ManualClock, Quota};
+    /// use std::num::NonZeroU32;
+    /// use tower::{service_fn, Layer, ServiceExt};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let admission = Admission::builder()
+    ///     .clock(ManualClock::new())
+    ///     .resource("tokens", Quota::per_minute(NonZeroU32::new(10_000).unwrap()))
+    ///     .build();
+    /// let svc = AdmissionLayer::http(admission.clone(), |_: &http::Request<()>| {
+    ///     CallSpec::new("chat", "key").cost("tokens", 4_000) // an estimate
+    /// })
+    /// .usage_from(|resp: &http::Response<Vec<u8>>| {
+    ///     let used = resp.headers()["x-usage-tokens"].to_str().unwrap().parse().unwrap();
+    ///     vec![("tokens".to_string(), used)]
+    /// })
+    /// .layer(service_fn(|_req: http::Request<()>| async {
+    ///     let mut resp = http::Response::new(Vec::new());
+    ///     resp.headers_mut().insert("x-usage-tokens", "805".parse().unwrap());
+    ///     Ok::<_, std::io::Error>(resp)
+    /// }));
+    /// svc.oneshot(http::Request::new(())).await.unwrap();
+    /// assert_eq!(admission.available("key", "tokens"), Some(10_000 - 805));
+    /// # });
+    /// ```
+    pub fn usage_from<F>(self, usage: F) -> AdmissionLayer<M, UsageFrom<O, F>, Sl, C> {
+        AdmissionLayer {
+            admission: self.admission,
+            spec: self.spec,
+            observe: UsageFrom {
+                observe: self.observe,
+                usage,
+            },
             deadline: self.deadline,
             raw: self.raw,
         }

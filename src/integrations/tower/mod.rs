@@ -52,7 +52,7 @@ pub use crate::integrations::refusal::{is_refusal, refusal_response, Attempts, R
 #[cfg(feature = "http")]
 pub use crate::integrations::RequestDeadline;
 pub use admission::{
-    AdmissionFuture, AdmissionLayer, AdmissionService, MakeSpec, Observe, ObserveOk,
+    AdmissionFuture, AdmissionLayer, AdmissionService, MakeSpec, Observe, ObserveOk, UsageFrom,
 };
 #[cfg(feature = "http")]
 pub use admission::{HttpSpec, ObserveHttp, RefusalResponses};

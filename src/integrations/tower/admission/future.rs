@@ -172,7 +172,13 @@ where
                         }
                     };
                     let mut result = result;
-                    if let Some(ticket) = ticket.take()
+                    let mut ticket = ticket.take();
+                    if let Some(t) = ticket.as_mut() {
+                        for (name, units) in this.observe.usage(&result) {
+                            t.settle(&name, units);
+                        }
+                    }
+                    if let Some(ticket) = ticket
                         && let Some((status, hint)) = this.observe.observe(&result)
                     {
                         let hold = ticket.observe(status, &hint);

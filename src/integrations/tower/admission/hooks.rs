@@ -78,6 +78,44 @@ pub trait Observe<Resp> {
         let _ = refused;
         None
     }
+
+    /// What the call used of each weighted quota, as `(quota name,
+    /// units)`, read from its answer (an `x-usage-tokens` header, ...):
+    /// settled on the call's ticket before it is observed, so the quota is
+    /// charged what the server counted, not the spec's estimate. `[]` (the
+    /// default): the estimate stands.
+    fn usage(&self, result: &Result<Resp, BoxError>) -> Vec<(String, u32)> {
+        let _ = result;
+        Vec::new()
+    }
+}
+
+/// An observer that also reads what each call used: `observe`'s answers
+/// and refusals, with `usage` read by a closure. Made by
+/// [`AdmissionLayer::usage_from`](super::AdmissionLayer::usage_from).
+#[derive(Clone, Copy, Debug)]
+pub struct UsageFrom<O, F> {
+    pub(crate) observe: O,
+    pub(crate) usage: F,
+}
+
+impl<O, F, Resp> Observe<Resp> for UsageFrom<O, F>
+where
+    O: Observe<Resp>,
+    F: Fn(&Resp) -> Vec<(String, u32)>,
+{
+    #[inline]
+    fn observe(&self, result: &Result<Resp, BoxError>) -> Option<(u16, ServerHint)> {
+        self.observe.observe(result)
+    }
+
+    fn refusal(&self, refused: &crate::Throttled) -> Option<Resp> {
+        self.observe.refusal(refused)
+    }
+
+    fn usage(&self, result: &Result<Resp, BoxError>) -> Vec<(String, u32)> {
+        result.as_ref().map_or_else(|_| Vec::new(), &self.usage)
+    }
 }
 
 impl<F, Resp> Observe<Resp> for F
