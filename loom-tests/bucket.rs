@@ -367,6 +367,29 @@ fn quota_change_racing_a_penalty() {
     );
 }
 
+/// Issue #21, item 7: a quota change converts queued cells as cells and a
+/// running hold as time, so it must see the hold of any penalty whose
+/// `tat` it converts (the penalty records its end before raising `tat`,
+/// and the change reads it after the `tat`). Three cells queued past a
+/// burst of 1, a penalty of 5 periods racing a halved rate: 5 periods
+/// (penalty first) or 6 (the change first), never the 10 a hold missed
+/// would give.
+#[test]
+fn quota_change_racing_a_penalty_past_a_queue() {
+    check(
+        quota(PERIOD, 1),
+        &[
+            Op::Reserve(1, BIG),
+            Op::Reserve(1, BIG),
+            Op::Reserve(1, BIG),
+        ],
+        vec![
+            vec![Op::SetQuota(quota(2 * PERIOD, 1))],
+            vec![Op::Penalize(5 * PERIOD)],
+        ],
+    );
+}
+
 #[test]
 fn quota_change_lowering_tat_racing_admissions() {
     // A faster rate halves the debt: `tat` goes from START + 100 down to

@@ -532,6 +532,18 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// limits.set_quota(&"startup", paid).unwrap();
     /// ```
     pub fn set_quota(&self, key: &K, quota: Quota) -> Result<(), TooManyKeys> {
+        self.requota(key, quota, false)
+    }
+
+    /// [`set_quota`](Scoped::set_quota) for a learned rate's change (the
+    /// admission layer's adaptive rates): a live bucket's calls already
+    /// queued past its burst keep their instants (see the bucket's
+    /// `convert_keeping_queue`).
+    pub(crate) fn set_learned_quota(&self, key: &K, quota: Quota) -> Result<(), TooManyKeys> {
+        self.requota(key, quota, true)
+    }
+
+    fn requota(&self, key: &K, quota: Quota, keeping_queue: bool) -> Result<(), TooManyKeys> {
         let hash = self.hasher.hash_one(key);
         let now = self.clock.now_nanos();
         let mut shard = self.shard(hash).write();
@@ -562,7 +574,11 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
             }
         }
         if let Some(e) = shard.buckets.find(hash, |e| e.key == *key) {
-            e.bucket.gcra().set_quota(quota, now);
+            if keeping_queue {
+                e.bucket.gcra().set_learned_quota(quota, now);
+            } else {
+                e.bucket.gcra().set_quota(quota, now);
+            }
         }
         Ok(())
     }

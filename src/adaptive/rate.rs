@@ -171,9 +171,10 @@ const REQUOTA: f64 = 0.01;
 /// (or `Scoped` entry) and, for every reply, calls
 /// [`on_reply`](RateController::on_reply) with the instant the request
 /// actually left. When it returns a quota, the caller applies it with
-/// `set_quota` **before** any `penalize` for the same reply: a quota
-/// change keeps the bucket's debt in cells, so a lower rate applied after
-/// a hold would stretch the hold.
+/// [`set_learned_quota`](crate::TokenBucket::set_learned_quota) (calls
+/// already queued keep their instants) **before** any `penalize` for the
+/// same reply: that conversion keeps what lies past the burst as time, so
+/// a lower rate applied after a hold keeps the hold as it is.
 ///
 /// Calls that reserved their token before a hold began should ask again
 /// once it is over rather than fire during it (they were admitted at the
@@ -198,7 +199,7 @@ const REQUOTA: f64 = 0.01;
 /// bucket.try_acquire(1).unwrap();
 /// clock.advance(Duration::from_millis(5));
 /// if let Some(q) = controller.on_reply(clock.now_nanos(), 0, RateOutcome::Throttled) {
-///     bucket.set_quota(q); // first the new rate...
+///     bucket.set_learned_quota(q); // first the new rate...
 /// }
 /// bucket.penalize(Duration::from_secs(1)); // ...then the server's hold
 /// assert!(controller.rate() < 10.0);
@@ -358,7 +359,7 @@ impl RateController {
 
     /// Feeds one reply: `sent_at` is when its request started and `now`
     /// when the reply came, in nanoseconds on one clock. Returns the new
-    /// quota when the bucket's should change (apply it with `set_quota`
+    /// quota when the bucket's should change (apply it with `set_learned_quota`
     /// before any `penalize` for this reply), `None` otherwise.
     ///
     /// A 429 lowers the rate at most once per round trip: 429s of requests

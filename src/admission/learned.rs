@@ -128,7 +128,7 @@ impl Learned {
             // Refused only past the registry's cap of custom quotas: the
             // credential then keeps the default quota, and learns nothing.
             buckets
-                .set_quota(&credential.to_string(), controller.quota())
+                .set_learned_quota(&credential.to_string(), controller.quota())
                 .is_ok()
                 .then_some(controller)
         });
@@ -198,7 +198,7 @@ impl Learned {
             let key = credential.to_string();
             // The credential has a custom quota already (set on creation),
             // so this replaces it and cannot be refused for room.
-            let _ = buckets.set_quota(&key, quota);
+            let _ = buckets.set_learned_quota(&key, quota);
         }
     }
 

@@ -95,7 +95,7 @@ mod admin;
 mod convert;
 
 use crate::sync::{AtomicU64, Backoff, Ordering};
-pub(crate) use convert::convert;
+pub(crate) use convert::{convert, convert_keeping_queue};
 
 const LOCKED: u64 = 1;
 const EPOCH_ONE: u64 = 1 << 1;

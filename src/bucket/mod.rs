@@ -280,17 +280,18 @@ impl<C: Clock> TokenBucket<C> {
     /// The debt already taken is kept, and nothing more is charged:
     ///
     /// * a full bucket stays full;
-    /// * `k` cells of debt stay `k` cells under the new quota (so lowering
-    ///   the rate makes them last longer, raising it shorter), rounded up
-    ///   to a whole nanosecond. Only a burst lowered below `k` clamps them
-    ///   to the new burst: the bucket is then drained, not locked out past
-    ///   it;
-    /// * a bucket held back past its whole burst (a
-    ///   [`penalize`](TokenBucket::penalize), or reservations queued beyond
-    ///   the burst) keeps the wait for its next cell exactly, so a server's
-    ///   `Retry-After` survives the change.
+    /// * `k` cells of debt (taken, or reserved by calls still queued) stay
+    ///   `k` cells under the new quota (so lowering the rate makes them
+    ///   last longer, raising it shorter), rounded up to a whole
+    ///   nanosecond. A burst lowered below `k` leaves the bucket
+    ///   over-drawn until they refill: none is forgiven;
+    /// * a running [`penalize`](TokenBucket::penalize) keeps its end
+    ///   exactly, so a server's `Retry-After` survives the change (cells
+    ///   reserved behind it stay cells).
     ///
-    /// So changing the quota back and forth builds no debt. Outstanding
+    /// So changing the quota back and forth builds no debt and frees none.
+    /// For a quota a learned rate hands out, see
+    /// [`set_learned_quota`](Self::set_learned_quota). Outstanding
     /// reservations stay taken but can no longer be cancelled. Never
     /// panics, whatever the quotas.
     ///
@@ -324,6 +325,43 @@ impl<C: Clock> TokenBucket<C> {
     /// ```
     pub fn set_quota(&self, quota: Quota) {
         self.gcra.set_quota(quota, self.clock.now_nanos());
+    }
+
+    /// [`set_quota`](Self::set_quota) for a quota a
+    /// [`RateController`](crate::adaptive::RateController) hands out: the
+    /// debt within the burst is kept in cells (capped at the new burst),
+    /// and what lies past it is kept as time, whatever made it: calls
+    /// already queued keep their instants (they go when they were told,
+    /// and the next call queues behind the last of them at the new rate),
+    /// and a hold keeps its end. `set_quota` instead charges queued cells
+    /// in full at the new rate (a quota is a quota); a learned rate moves
+    /// by guesses, and charging a whole queue at each cut would stall it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, TokenBucket};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    ///
+    /// let clock = ManualClock::new();
+    /// let q = |n| Quota::per_second(NonZeroU32::new(n).unwrap());
+    /// let (learned, set) = (
+    ///     TokenBucket::with_clock(q(10), clock.clone()),
+    ///     TokenBucket::with_clock(q(10), clock.clone()),
+    /// );
+    /// for b in [&learned, &set] {
+    ///     for _ in 0..15 {
+    ///         drop(b.reserve(1, Duration::from_secs(1)).unwrap()); // 10 now, 5 queued
+    ///     }
+    /// }
+    /// learned.set_learned_quota(q(5)); // the queue's last call at 0.5 s; then 5/s
+    /// set.set_quota(q(5)); // 15 cells at 5/s: 3 s of debt, less a burst
+    /// assert_eq!(learned.try_acquire(1).unwrap_err().wait(), Some(Duration::from_millis(600)));
+    /// assert_eq!(set.try_acquire(1).unwrap_err().wait(), Some(Duration::from_millis(2_200)));
+    /// ```
+    pub fn set_learned_quota(&self, quota: Quota) {
+        self.gcra.set_learned_quota(quota, self.clock.now_nanos());
     }
 
     /// The quota in force.

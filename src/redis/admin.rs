@@ -65,8 +65,8 @@ impl RedisBucket {
     /// with; each process adopts it with the reply to its next round trip
     /// (so [`quota`](RedisBucket::quota) changes then). The contract is
     /// [`TokenBucket::set_quota`]'s: the debt already taken is kept, in
-    /// cells (capped at the new burst), a hold past the burst (a penalty)
-    /// keeps its wait, and no burst is opened. A key with a stored quota
+    /// cells (none forgiven, past the new burst too), a running penalty
+    /// keeps its end, and no burst is opened. A key with a stored quota
     /// no longer expires. The fail-open fallback follows at its share.
     ///
     /// Reservations taken before a change no longer give their cells back

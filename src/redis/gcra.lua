@@ -133,33 +133,43 @@ local function give(m)
   return tat
 end
 
--- A tat (or penalty target) under the quota in force, converted to
--- (new_period, new_burst): the debt in cells kept, capped at the new
--- burst; a hold past the burst keeps its wait, floored at the drained
--- burst's cells (bucket/gcra.rs convert).
+-- `d` of debt under the quota in force as cells, in time at new_period:
+-- ceil(d * new_period / period), exact while below 2^53 (one more
+-- microsecond when `r * new_period` is not: more debt is the safe side).
+local function cells(d, new_period)
+  local q = math.floor(d / period)
+  local r = d - q * period
+  local part = r * new_period
+  local frac = math.ceil(part / period)
+  if part > 2^53 then
+    frac = frac + 1
+  end
+  return q * new_period + frac
+end
+
+-- A tat under the quota in force, converted to (new_period, new_burst)
+-- (bucket/gcra.rs convert): the wait a running penalty explains (up to
+-- its end, `pen - (tolerance - period)`) kept as time, with the bucket
+-- drained behind it; every other debt (cells taken or reserved) kept in
+-- cells, none forgiven. Capped at 2^51 us ahead, inside what `valid`
+-- accepts.
 local function convert(t, new_period, new_burst)
   local debt = t - now
   if debt <= 0 then
     return t
   end
-  local new_tol = new_period * new_burst
+  local next_old = tolerance - period
+  local next_new = new_period * new_burst - new_period
+  local hold = math.max(pen - next_old - now, 0)
   local kept
-  if debt > tolerance then
-    -- The wait kept, but never less than the whole burst converted in
-    -- cells: monotonic in the debt (bucket/gcra.rs convert).
-    local drained = math.min(math.floor(tolerance / period) * new_period, new_tol)
-    kept = math.max((new_tol - new_period) + (debt - (tolerance - period)), drained)
+  if hold > 0 and debt > next_old then
+    local wait = debt - next_old
+    local held = math.min(wait, hold)
+    kept = next_new + held + cells(wait - held, new_period)
   else
-    local q = math.floor(debt / period)
-    local r = debt - q * period
-    local part = r * new_period
-    local frac = math.ceil(part / period)
-    if part > 2^53 then
-      frac = frac + 1
-    end
-    kept = math.min(q * new_period + frac, new_tol)
+    kept = cells(debt, new_period)
   end
-  return now + kept
+  return now + math.min(kept, 2^51)
 end
 
 if op == 'take' then

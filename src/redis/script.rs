@@ -36,11 +36,12 @@
 //! process adopts it at its next round trip. A key with a stored quota
 //! does not expire (its quota would go with it). The conversion keeps the
 //! debt in cells, as `bucket/gcra.rs` `convert` does: `ceil(debt * T' /
-//! T)` capped at the new tolerance, and a hold past the burst (a penalty)
-//! keeps its wait, floored at the whole burst's cells (so more debt never
-//! converts to less). In doubles, `debt * T'` may pass 2^53 for very long
-//! periods; the script then rounds the kept debt up by one more
-//! microsecond (more debt is the safe side).
+//! T)`, none forgiven (a lowered burst leaves the bucket over-drawn), and
+//! the part of the wait a running penalty explains keeps its end in time,
+//! the bucket drained behind it. The kept debt is capped at 2^51 µs. In
+//! doubles, `debt * T'` may pass 2^53 for very long periods; the script
+//! then rounds the kept debt up by one more microsecond (more debt is the
+//! safe side).
 //!
 //! # Refunds of dropped reservations
 //!

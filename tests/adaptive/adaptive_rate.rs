@@ -143,7 +143,7 @@ fn simulate_against(
             if let Some(c) = &controller
                 && let Some(q) = c.on_reply(now, sent, outcome)
             {
-                bucket.set_quota(q);
+                bucket.set_learned_quota(q);
                 let r = c.rate();
                 run.min_rate = run.min_rate.min(r);
                 run.max_rate = run.max_rate.max(r);
@@ -604,7 +604,7 @@ fn a_decrease_keeps_a_fractional_rate() {
 }
 
 /// The server's hold is exactly its `Retry-After` whichever order the new
-/// quota and the hold are applied in: `set_quota` keeps a penalty's wait to
+/// quota and the hold are applied in: `set_learned_quota` keeps a penalty's wait to
 /// the nanosecond (it once converted the hold's debt at the lower rate and
 /// stretched a 1 s hold past 1.5 s).
 #[test]
@@ -619,11 +619,11 @@ fn a_quota_change_neither_stretches_nor_shortens_the_hold() {
             .on_reply(clock.now_nanos(), 0, RateOutcome::Throttled)
             .unwrap();
         if quota_first {
-            bucket.set_quota(q);
+            bucket.set_learned_quota(q);
             bucket.penalize(Duration::from_secs(1));
         } else {
             bucket.penalize(Duration::from_secs(1));
-            bucket.set_quota(q);
+            bucket.set_learned_quota(q);
         }
         bucket.try_acquire(1).unwrap_err().wait().unwrap()
     };
@@ -759,7 +759,7 @@ fn simulate_callers(
                         // they hold, or the new rate would charge them.
                         bucket.reset();
                     }
-                    bucket.set_quota(q);
+                    bucket.set_learned_quota(q);
                     let r = controller.rate();
                     run.min_rate = run.min_rate.min(r);
                     run.max_rate = run.max_rate.max(r);
@@ -784,7 +784,7 @@ fn simulate_callers(
 /// converges as with one caller. The 429s themselves are the admission
 /// layer's to prevent: a call whose token was reserved before the last
 /// hold began asks again once the hold is over, and the bucket forgets
-/// the cells those calls held (`reset`, then `set_quota`, then
+/// the cells those calls held (`reset`, then `set_learned_quota`, then
 /// `penalize`). The last two tables show the runs with that done.
 #[test]
 fn admission_style_callers_with_reserved_tokens() {

@@ -615,9 +615,10 @@ fn requotas() -> [Quota; 4] {
 /// held before it.
 ///
 /// And one rounding: `set_quota` converts the debt with a ceiling, in
-/// nanoseconds locally and in microseconds in Redis, so after `k` quota
-/// changes a Redis wait may be up to `k` µs longer (never shorter: the
-/// safe side). Waits are compared within that slack.
+/// nanoseconds locally and in microseconds in Redis, so each quota change
+/// may leave a Redis wait up to 1 µs longer (never shorter: the safe
+/// side), and the difference so far, being debt in cells, scales with the
+/// period at the next change. Waits are compared within that slack.
 async fn compare(server: &RedisServer, key: &str, quota: Quota, steps: &[Step]) {
     let clock = ManualClock::starting_at(1_000_000_000);
     let local = TokenBucket::with_clock(quota, clock.clone());
@@ -674,8 +675,13 @@ async fn compare(server: &RedisServer, key: &str, quota: Quota, steps: &[Step]) 
             Step::Advance(us) => clock.advance(Duration::from_micros(us)),
             Step::SetQuota(i) => {
                 let q = requotas()[i % 4];
-                if q != local.quota() {
-                    slack += Duration::from_micros(1);
+                let old = local.quota();
+                if q != old {
+                    // The slack so far is cells' worth of debt: it scales
+                    // with the period (never below itself: a hold's part
+                    // is kept as time), plus this change's rounding.
+                    let ratio = q.period().as_secs_f64() / old.period().as_secs_f64();
+                    slack = slack.mul_f64(ratio.max(1.0)) + Duration::from_micros(1);
                 }
                 local.set_quota(q);
                 remote.set_quota(q).await.unwrap();

@@ -88,7 +88,7 @@ pub enum RateOutcome {
 /// // The server says 4 per second: the bucket follows at once.
 /// let outcome = RateOutcome::ServerLimit { limit: 4, window: std::time::Duration::from_secs(1) };
 /// if let Some(quota) = controller.on_reply(5_000_000, 0, outcome) {
-///     bucket.set_quota(quota);
+///     bucket.set_learned_quota(quota);
 /// }
 /// assert_eq!(bucket.quota().period().as_millis(), 250);
 /// ```

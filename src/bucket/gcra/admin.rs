@@ -2,7 +2,9 @@
 //! that voids refunds): a server's penalty, a reset, a quota change. The
 //! seqlock protocol they follow is the parent module's.
 
-use super::{bump_epoch, convert, Gcra, Quota, BURST_SHIFT, EPOCH_MASK, FULL};
+use super::{
+    bump_epoch, convert, convert_keeping_queue, Gcra, Quota, BURST_SHIFT, EPOCH_MASK, FULL,
+};
 use crate::sync::{Backoff, Ordering};
 
 impl Gcra {
@@ -95,9 +97,20 @@ impl Gcra {
     }
 
     /// Switches to `quota`, converting the state as [`convert`] says: the
-    /// debt in cells is kept, a full bucket stays full, and a hold past the
-    /// burst (a penalty) keeps its wait.
+    /// debt in cells is kept (none forgiven), a full bucket stays full, and
+    /// a server hold keeps its end.
     pub(crate) fn set_quota(&self, quota: Quota, now: u64) {
+        self.requota(quota, now, false);
+    }
+
+    /// [`set_quota`](Self::set_quota) for a learned rate's change: the
+    /// state converted as [`convert_keeping_queue`] says (calls already
+    /// queued past the burst keep their instants).
+    pub(crate) fn set_learned_quota(&self, quota: Quota, now: u64) {
+        self.requota(quota, now, true);
+    }
+
+    fn requota(&self, quota: Quota, now: u64, keeping_queue: bool) {
         let quota = quota.clamped();
         let word = self.lock();
         let old = Quota {
@@ -118,7 +131,17 @@ impl Gcra {
         // (decisions read before the lock may still land).
         let mut stamp = self.stamp.load(Ordering::Acquire);
         let new_tat = loop {
-            let new_tat = convert(stamp.wrapping_sub(skew), now, old, quota);
+            // Relaxed, after the Acquire that read `stamp`: a penalty whose
+            // `tat` this stamp holds stored its end before its Release CAS,
+            // so it is seen here; one landing later fails its CAS against
+            // ours and raises the converted `tat` itself.
+            let held_until = self.held_until.load(Ordering::Relaxed);
+            let tat = stamp.wrapping_sub(skew);
+            let new_tat = if keeping_queue {
+                convert_keeping_queue(tat, now, old, quota)
+            } else {
+                convert(tat, now, old, quota, held_until)
+            };
             // `stamp + 1`: never a value the word held before, so every
             // decision in flight under the old quota fails its CAS.
             // Release: seqlock data. Acquire on failure: as the load above.

@@ -3,35 +3,71 @@
 use crate::bucket::quota::Quota;
 
 /// Converts a `tat` from quota `old` to quota `new` at `now`, by the
-/// debt `D = tat - now` the bucket holds:
+/// debt `D = tat - now` the bucket holds, with `held_until` the end of the
+/// latest server hold (0: none):
 ///
 /// * `D == 0` (full): `tat` is returned as it is. A full bucket stays
 ///   full, whatever the change.
-/// * `0 < D <= τ_old` (some of the burst is used): the debt is `D / T_old`
-///   cells, and stays that many cells at the new period, `D * T_new /
-///   T_old`, rounded up to a whole nanosecond. It is clamped to the new
-///   burst (`τ_new`): cells beyond it are forgiven, so a lowered burst
-///   leaves the bucket drained, not locked out past it. Lowering the rate
-///   makes the same cells last longer; raising the burst opens the
-///   difference at once (those cells were never taken).
-/// * `D > τ_old` (held back past a whole burst: a penalty, or reservations
-///   queued beyond the burst): the wait until the next single cell,
-///   `D - (τ_old - T_old)`, is kept, and the new bucket is drained behind
-///   it. So a server's `Retry-After` survives any quota change. The
-///   result is never less than what the whole burst converts to as cells
-///   (the case above at `D = τ_old`): without that floor, a bucket one
-///   nanosecond past its burst could come out with less debt than a
-///   bucket exactly at it (when the rate falls, the drained burst's next
-///   cell is a new period away, while the kept wait is an old one). The
-///   floor only ever lengthens the wait, to the new quota's own refill.
+/// * A server hold still running (`held_until > now`) with the bucket
+///   held past its next cell (`D > τ_old - T_old`): the wait until the
+///   next cell, `D - (τ_old - T_old)`, is the hold's up to its end, and
+///   that part is kept as time, so a server's `Retry-After` survives any
+///   quota change; what lies past the hold's end is cells reserved behind
+///   it, kept as cells (`× T_new / T_old`, rounded up to a nanosecond).
+///   The bucket is drained behind it under the new quota (`τ_new -
+///   T_new`).
+/// * Otherwise the whole debt is cells, taken or reserved, and stays that
+///   many cells at the new period: `D * T_new / T_old`, rounded up to a
+///   nanosecond. Nothing is forgiven: cells reserved past the new burst
+///   leave the bucket over-drawn (its next cell waits for them), so a
+///   change of quota and back never frees what calls already hold. Raising
+///   the burst opens the difference at once (those cells were never taken);
+///   lowering the rate makes the same cells last longer.
 ///
-/// No term adds periods, so converting back and forth never builds debt:
-/// flipping between two quotas leaves a held bucket's wait as it was, and
-/// the cells of any other at most its debt rounded up to a whole cell.
-/// Never lowers a debt below what the cells admitted (or the penalty)
-/// cost under the new quota, apart from the documented clamp; never
-/// overflows (u128 inside, capped at `u64::MAX`).
-pub(crate) fn convert(tat: u64, now: u64, old: Quota, new: Quota) -> u64 {
+/// Monotonic in the debt within each case. (A hold enforced in full
+/// leaves the bucket past its next cell until it ends: the penalty's
+/// target is `hold end + τ - T`, and only a reset, which ends the hold,
+/// lowers `tat` below it. One recorded longer than enforced may find the
+/// bucket within its burst, whose debt then converts as cells.)
+///
+/// No term adds periods, so converting back and forth never builds debt
+/// beyond a nanosecond of rounding per change. Never overflows (u128
+/// inside, capped at `u64::MAX`). A hold recorded longer than the one
+/// enforced (a server's wait past the layer's cap) only makes more of the
+/// wait count as time, which errs towards admitting less.
+pub(crate) fn convert(tat: u64, now: u64, old: Quota, new: Quota, held_until: u64) -> u64 {
+    let debt = tat.saturating_sub(now) as u128;
+    if debt == 0 {
+        return tat;
+    }
+    let (t_old, tau_old) = (old.period as u128, old.tolerance() as u128);
+    let (t_new, tau_new) = (new.period as u128, new.tolerance() as u128);
+    // Both are below 2^64: the product fits in u128.
+    let cells = |debt: u128| (debt * t_new).div_ceil(t_old);
+    // `tau >= period` (burst >= 1): neither subtraction wraps.
+    let (next_old, next_new) = (tau_old - t_old, tau_new - t_new);
+    let hold = u128::from(held_until.saturating_sub(now));
+    let kept = if hold > 0 && debt > next_old {
+        let wait = debt - next_old;
+        let in_hold = wait.min(hold);
+        next_new
+            .saturating_add(in_hold)
+            .saturating_add(cells(wait - in_hold))
+    } else {
+        cells(debt)
+    };
+    (now as u128).saturating_add(kept).min(u64::MAX as u128) as u64
+}
+
+/// The conversion a learned rate's change uses (the admission layer's
+/// adaptive rates): what lies past the burst is kept as time, whatever
+/// made it (a hold, or calls already queued: their instants are fixed
+/// and they go when they were told), with the bucket drained behind it;
+/// a debt within the burst is kept in cells, capped at the new burst.
+/// A learned change keeps the burst, so the cap frees nothing there; it
+/// is what the learned rate's simulations were measured with. Monotonic
+/// in the debt; never overflows.
+pub(crate) fn convert_keeping_queue(tat: u64, now: u64, old: Quota, new: Quota) -> u64 {
     let debt = tat.saturating_sub(now) as u128;
     if debt == 0 {
         return tat;

@@ -21,10 +21,16 @@ fn epoch_wraps_inside_its_bits() {
 #[test]
 fn convert_keeps_debt_in_cells_when_the_rate_falls() {
     // 1000/s, burst 1000, drained at 0: tat = 1s. Now 1/s, burst 1000.
-    let t = convert(1_000_000_000, 0, q(1_000_000, 1000), q(1_000_000_000, 1000));
+    let t = convert(
+        1_000_000_000,
+        0,
+        q(1_000_000, 1000),
+        q(1_000_000_000, 1000),
+        0,
+    );
     assert_eq!(t, 1_000 * 1_000_000_000);
     // And the other way: 1000 cells at 1/s are 1000 cells at 1000/s.
-    let t = convert(t, 0, q(1_000_000_000, 1000), q(1_000_000, 1000));
+    let t = convert(t, 0, q(1_000_000_000, 1000), q(1_000_000, 1000), 0);
     assert_eq!(t, 1_000_000_000);
 }
 
@@ -33,28 +39,34 @@ fn convert_keeps_a_hold_past_the_burst() {
     // 1/s burst 1, penalized 10 s at 0 (tat = 10 s). Now 100/s burst 100.
     let old = q(1_000_000_000, 1);
     let new = q(10_000_000, 100);
-    let t = convert(10_000_000_000, 0, old, new);
+    let t = convert(10_000_000_000, 0, old, new, 10_000_000_000);
     // The first cell under the new quota fits at t - (τ - T) = 10 s.
     assert_eq!(t - (new.tolerance() - new.period), 10_000_000_000);
+    // Without the hold, the same debt is 10 cells: 100 ms at 100/s.
+    assert_eq!(convert(10_000_000_000, 0, old, new, 0), 100_000_000);
 }
 
 #[test]
-fn convert_keeps_full_full_and_clamps_to_the_burst() {
-    assert_eq!(convert(5, 100, q(10, 1), q(10, 2)), 5);
-    assert_eq!(convert(100, 100, q(10, 1), q(1, 2)), 100);
-    // 5 cells of debt, burst 100 -> 3: drained, not past it.
-    assert_eq!(convert(150, 100, q(10, 100), q(10, 3)), 130);
+fn convert_keeps_full_full_and_forgives_nothing() {
+    assert_eq!(convert(5, 100, q(10, 1), q(10, 2), 0), 5);
+    assert_eq!(convert(100, 100, q(10, 1), q(1, 2), 0), 100);
+    // 5 cells of debt, burst 100 -> 3: over-drawn by 2, not forgiven.
+    assert_eq!(convert(150, 100, q(10, 100), q(10, 3), 0), 150);
     // Rounded up to a whole nanosecond.
-    assert_eq!(convert(101, 100, q(3, 100), q(2, 100)), 101);
+    assert_eq!(convert(101, 100, q(3, 100), q(2, 100), 0), 101);
     assert_eq!(
-        convert(u64::MAX, 0, q(1, 1), q(u64::MAX, u32::MAX)),
+        convert(u64::MAX, 0, q(1, 1), q(u64::MAX, u32::MAX), 0),
         u64::MAX
     );
-    assert_eq!(convert(u64::MAX, 0, q(u64::MAX, 1), q(1, 1)), 1);
+    assert_eq!(convert(u64::MAX, 0, q(u64::MAX, 1), q(1, 1), 0), 1);
+    assert_eq!(
+        convert(u64::MAX, 0, q(1, 1), q(u64::MAX, u32::MAX), u64::MAX),
+        u64::MAX
+    );
 }
 
 #[test]
-fn convert_is_monotonic_in_the_debt_and_never_shortens_a_hold() {
+fn convert_is_monotonic_keeps_cells_and_never_shortens_a_hold() {
     let quotas = [
         q(10, 1),
         q(10, 10),
@@ -67,19 +79,41 @@ fn convert_is_monotonic_in_the_debt_and_never_shortens_a_hold() {
     let now = 1_000_000;
     for old in quotas {
         for new in quotas {
-            let mut last = 0;
-            for debt in 0..=(3 * old.tolerance() + 2 * old.period) {
-                let t = convert(now + debt, now, old, new) - now;
-                assert!(
-                    t >= last,
-                    "{old:?} -> {new:?}: debt {debt} gave {t}, debt {} gave {last}",
-                    debt - 1
-                );
-                last = t;
-                // Past the burst, the next cell comes no sooner than before.
-                if debt > old.tolerance() {
-                    let wait = debt - (old.tolerance() - old.period);
-                    assert!(t - (new.tolerance() - new.period) >= wait);
+            for hold in [0, 1, 15, 200, 5_000] {
+                let held_until = if hold == 0 { 0 } else { now + hold };
+                let mut last = 0;
+                // A running hold leaves the bucket past its next cell (the
+                // penalty's target): smaller debts do not occur with one.
+                let from = if hold == 0 {
+                    0
+                } else {
+                    old.tolerance() - old.period + 1
+                };
+                for debt in from..=(3 * old.tolerance() + 2 * old.period) {
+                    let t = convert(now + debt, now, old, new, held_until) - now;
+                    assert!(
+                        t >= last,
+                        "{old:?} -> {new:?}, hold {hold}: debt {debt} gave {t}, debt {} gave {last}",
+                        debt - 1
+                    );
+                    last = t;
+                    let next_old = old.tolerance() - old.period;
+                    if hold > 0 && debt > next_old {
+                        // The hold's part of the wait is kept as time.
+                        let wait = debt - next_old;
+                        let next = t - (new.tolerance() - new.period);
+                        assert!(
+                            next >= wait.min(hold),
+                            "{old:?} -> {new:?}: {next} < {wait}"
+                        );
+                    } else {
+                        // Cells stay cells: never fewer, at most a
+                        // nanosecond's rounding more.
+                        let (d, c) = (u128::from(debt), u128::from(t));
+                        let (to, tn) = (u128::from(old.period), u128::from(new.period));
+                        assert!(c * to >= d * tn, "{old:?} -> {new:?}: cells lost");
+                        assert!(c * to < d * tn + to, "{old:?} -> {new:?}: cells added");
+                    }
                 }
             }
         }
@@ -87,15 +121,41 @@ fn convert_is_monotonic_in_the_debt_and_never_shortens_a_hold() {
 }
 
 #[test]
-fn flipping_quotas_builds_no_debt() {
+fn flipping_quotas_builds_no_debt_and_forgives_none() {
     let (a, b) = (q(100, 10), q(100, 9));
     for debt in [0, 1, 450, 900, 1_000, 1_001, 5_000] {
         let mut t = 1_000 + debt;
         for _ in 0..100 {
-            t = convert(convert(t, 1_000, a, b), 1_000, b, a);
+            t = convert(convert(t, 1_000, a, b, 0), 1_000, b, a, 0);
         }
-        assert!(t <= 1_000 + debt, "debt {debt} grew to {}", t - 1_000);
+        assert_eq!(t, 1_000 + debt, "debt {debt} became {}", t - 1_000);
     }
+}
+
+/// Issue #21, item 7: 10/s with 15 cells reserved, then 1/s, then 10/s
+/// again. The 15 cells are still owed: nothing is free at once (the old
+/// conversion capped the debt at each burst and freed 9).
+#[test]
+fn a_quota_flip_keeps_reserved_cells() {
+    let ten = q(100_000_000, 10);
+    let one = q(1_000_000_000, 10);
+    let g = Gcra::new(ten);
+    let now = 1_000_000_000_000;
+    let mut ready = 0;
+    for _ in 0..15 {
+        let r = g.reserve(1, u64::MAX, now).unwrap();
+        ready = ready.max(r.ready_at);
+    }
+    assert_eq!(g.available(now), 0);
+    let owed = g.tat() - now;
+    g.set_quota(one, now);
+    assert_eq!(g.tat() - now, owed * 10, "15 cells at 1/s");
+    g.set_quota(ten, now);
+    assert_eq!(g.tat() - now, owed, "15 cells at 10/s again");
+    assert_eq!(g.available(now), 0);
+    // The next call waits behind the 15 reservations, as before the flips.
+    let next = g.reserve(1, u64::MAX, now).unwrap();
+    assert!(next.ready_at > ready, "{} <= {ready}", next.ready_at);
 }
 
 #[test]
