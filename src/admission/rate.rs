@@ -205,17 +205,22 @@ where
             &inner.resources[..]
         };
         for (i, resource) in weighted.iter().enumerate() {
-            let mut cells = spec.cost_of(&resource.name).unwrap_or(0);
+            let cells = spec.cost_of(&resource.name).unwrap_or(0);
             if cells == 0 {
                 continue;
             }
-            if resource.learned {
+            let mut taken = take(Source::Resource(i), &resource.buckets, cells);
+            if let Err(ReserveError::InsufficientCapacity { capacity, .. }) = taken
+                && resource.learned
+            {
                 // A learned burst is a guess at the server's slice (a
                 // second's worth), not a limit the call was told: a bigger
-                // call waits for a full burst and goes.
-                cells = cells.min(resource.buckets.quota_of(&spec.credential).burst().get());
+                // call waits for a full burst and goes. (Asked only after
+                // the refusal: the common call pays no lookup.)
+                let burst = capacity.max(1);
+                taken = take(Source::Resource(i), &resource.buckets, burst);
             }
-            if let Err(e) = take(Source::Resource(i), &resource.buckets, cells) {
+            if let Err(e) = taken {
                 return Err(Refusal {
                     e,
                     scope: Cow::Owned(format!("quota:{}", resource.name)),
