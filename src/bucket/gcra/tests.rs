@@ -202,3 +202,88 @@ fn a_failed_cas_after_a_quota_change_rereads_the_quota() {
     assert_eq!(fresh.tat, 1_100);
     assert_ne!(fresh.word, stale.word);
 }
+
+// `convert_keeping_queue`: the learned rates' conversion (the one every
+// quota change used before issue #21, item 7).
+
+#[test]
+fn keeping_queue_keeps_the_wait_past_the_burst() {
+    // 1/s burst 1, 10 s past the burst at 0. Now 100/s burst 100: the
+    // first cell fits at 10 s still, whatever made the wait.
+    let old = q(1_000_000_000, 1);
+    let new = q(10_000_000, 100);
+    let t = convert_keeping_queue(10_000_000_000, 0, old, new);
+    assert_eq!(t - (new.tolerance() - new.period), 10_000_000_000);
+    // 10/s burst 10 with 15 cells (5 queued past the burst): the next cell
+    // after the queue at 0.6 s, at 5/s behind it.
+    let t = convert_keeping_queue(1_500_000_000, 0, q(100_000_000, 10), q(200_000_000, 5));
+    assert_eq!(t - 800_000_000, 600_000_000);
+}
+
+#[test]
+fn keeping_queue_keeps_full_full_and_cells_within_the_burst() {
+    assert_eq!(convert_keeping_queue(5, 100, q(10, 1), q(10, 2)), 5);
+    assert_eq!(convert_keeping_queue(100, 100, q(10, 1), q(1, 2)), 100);
+    // 3 cells of debt, 10 ns -> 20 ns a cell: 3 cells still.
+    assert_eq!(convert_keeping_queue(130, 100, q(10, 100), q(20, 100)), 160);
+    // 5 cells of debt, burst 100 -> 3: capped at the new burst.
+    assert_eq!(convert_keeping_queue(150, 100, q(10, 100), q(10, 3)), 130);
+    // Rounded up to a whole nanosecond.
+    assert_eq!(convert_keeping_queue(101, 100, q(3, 100), q(2, 100)), 101);
+    assert_eq!(
+        convert_keeping_queue(u64::MAX, 0, q(1, 1), q(u64::MAX, u32::MAX)),
+        u64::MAX
+    );
+    assert_eq!(
+        convert_keeping_queue(u64::MAX, 0, q(u64::MAX, 1), q(1, 1)),
+        1
+    );
+}
+
+#[test]
+fn keeping_queue_is_monotonic_and_never_shortens_the_wait() {
+    let quotas = [
+        q(10, 1),
+        q(10, 10),
+        q(20, 10),
+        q(7, 3),
+        q(1_000, 2),
+        q(3, 100),
+    ];
+    let now = 1_000_000;
+    for old in quotas {
+        for new in quotas {
+            let mut last = 0;
+            for debt in 0..=(3 * old.tolerance() + 2 * old.period) {
+                let t = convert_keeping_queue(now + debt, now, old, new) - now;
+                assert!(
+                    t >= last,
+                    "{old:?} -> {new:?}: debt {debt} gave {t} < {last}"
+                );
+                last = t;
+                if debt > old.tolerance() {
+                    let wait = debt - (old.tolerance() - old.period);
+                    assert!(t - (new.tolerance() - new.period) >= wait);
+                } else if debt > 0 {
+                    // Within the burst: its cells, capped at the new burst.
+                    let (d, c) = (u128::from(debt), u128::from(t));
+                    let (to, tn) = (u128::from(old.period), u128::from(new.period));
+                    assert!(c * to >= (d * tn).min(u128::from(new.tolerance()) * to));
+                    assert!(c <= u128::from(new.tolerance()));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn keeping_queue_flips_build_no_debt() {
+    let (a, b) = (q(100, 10), q(100, 9));
+    for debt in [0, 1, 450, 900, 1_000, 1_001, 5_000] {
+        let mut t = 1_000 + debt;
+        for _ in 0..100 {
+            t = convert_keeping_queue(convert_keeping_queue(t, 1_000, a, b), 1_000, b, a);
+        }
+        assert!(t <= 1_000 + debt, "debt {debt} grew to {}", t - 1_000);
+    }
+}
