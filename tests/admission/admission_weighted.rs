@@ -854,3 +854,37 @@ fn on_a_minutes_scale_the_smallest_share_left_is_the_quota_spent() {
     };
     assert_eq!(held.scope, "api_key", "{held}");
 }
+
+/// A hold that lands while a call sleeps for its instant sends it back to
+/// reserve behind the hold: its weighted reservations are given back
+/// first, so they are counted once, not twice (cargo-mutants found no
+/// test of that path with every quota reserved).
+#[test]
+fn a_call_requeued_behind_a_hold_holds_its_tokens_once() {
+    let (sleeper, a) = layer();
+    for _ in 0..10 {
+        let Poll::Ready(Ok(t)) = now(a.admit(&CallSpec::new("t", "key"))) else {
+            panic!()
+        };
+        drop(t);
+    }
+    let spec = CallSpec::new("complete", "key")
+        .cost("tokens", 2_000)
+        .cost("input_tokens", 1_000);
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    let mut admit = pin!(a.admit(&spec));
+    assert!(admit.as_mut().poll(&mut cx).is_pending());
+    assert_eq!(left(&a)[1..], [8_000, 5_000], "reserved while it sleeps");
+    // A 429 lands: the key is held for a second, past the call's instant.
+    let hint = ServerHint::from_headers([("retry-after", "1")], SystemTime::now());
+    a.observe("t", "key", 429, &hint);
+    sleeper.advance(Duration::from_millis(100));
+    assert!(
+        admit.as_mut().poll(&mut cx).is_pending(),
+        "queued behind the hold"
+    );
+    let [_, tokens, input] = left(&a);
+    // Given back (to full: the 100 ms refilled the rest) and taken again.
+    assert_eq!([tokens, input], [8_000, 5_000], "one reservation each");
+}
