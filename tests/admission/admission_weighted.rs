@@ -75,20 +75,25 @@ fn a_three_quota_call_takes_all_or_nothing() {
     assert_eq!(left(&a), [9, 6_000, 2_500]);
 }
 
-#[test]
-fn a_dropped_admit_gives_every_reservation_back() {
-    let (sleeper, a) = layer();
-    // Drain the requests so the next call sleeps for its request slot
-    // while holding its token reservations.
+/// Drains `a`'s requests, so the call it returns (2,000 tokens and 1,000
+/// input tokens) sleeps for its request slot while holding its token
+/// reservations.
+fn drained(a: &Admission<ManualSleeper, ManualClock>) -> CallSpec {
     for _ in 0..10 {
         let Poll::Ready(Ok(t)) = now(a.admit(&CallSpec::new("t", "key"))) else {
             panic!()
         };
         drop(t);
     }
-    let spec = CallSpec::new("complete", "key")
+    CallSpec::new("complete", "key")
         .cost("tokens", 2_000)
-        .cost("input_tokens", 1_000);
+        .cost("input_tokens", 1_000)
+}
+
+#[test]
+fn a_dropped_admit_gives_every_reservation_back() {
+    let (sleeper, a) = layer();
+    let spec = drained(&a);
     {
         let waker = futures::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
@@ -862,15 +867,7 @@ fn on_a_minutes_scale_the_smallest_share_left_is_the_quota_spent() {
 #[test]
 fn a_call_requeued_behind_a_hold_holds_its_tokens_once() {
     let (sleeper, a) = layer();
-    for _ in 0..10 {
-        let Poll::Ready(Ok(t)) = now(a.admit(&CallSpec::new("t", "key"))) else {
-            panic!()
-        };
-        drop(t);
-    }
-    let spec = CallSpec::new("complete", "key")
-        .cost("tokens", 2_000)
-        .cost("input_tokens", 1_000);
+    let spec = drained(&a);
     let waker = futures::task::noop_waker();
     let mut cx = Context::from_waker(&waker);
     let mut admit = pin!(a.admit(&spec));
