@@ -625,13 +625,14 @@ fn a_limit_without_a_window_never_lowers_a_quota() {
     assert_eq!(admission.available("key", "tokens"), Some(4_000));
 }
 
-/// Issue #25, item 4: told the provider, a layer with no quota configured
-/// learns OpenAI's per-minute numbers from the first reply: the request
-/// limit paces the key (180 a minute: 3/s) and the token limit becomes a
-/// `tokens` quota of 2,000 a second with a second's worth of burst, which
-/// then holds calls back by what they cost.
-#[test]
-fn told_the_provider_a_layer_learns_openais_minute_limits() {
+/// A layer told `Provider::OpenAi` (no inline wait, manual time), an
+/// 805-token call spec, and that call's ticket, admitted.
+fn openai_first_call() -> (
+    ManualClock,
+    Admission<ManualSleeper, ManualClock>,
+    CallSpec,
+    backpressure::admission::Ticket<ManualSleeper, ManualClock>,
+) {
     let clock = ManualClock::new();
     let admission = Admission::builder()
         .sleeper(ManualSleeper::new(clock.clone()))
@@ -643,6 +644,17 @@ fn told_the_provider_a_layer_learns_openais_minute_limits() {
     let Poll::Ready(Ok(t)) = now(admission.admit(&spec)) else {
         panic!("the first call fits")
     };
+    (clock, admission, spec, t)
+}
+
+/// Issue #25, item 4: told the provider, a layer with no quota configured
+/// learns OpenAI's per-minute numbers from the first reply: the request
+/// limit paces the key (180 a minute: 3/s) and the token limit becomes a
+/// `tokens` quota of 2,000 a second with a second's worth of burst, which
+/// then holds calls back by what they cost.
+#[test]
+fn told_the_provider_a_layer_learns_openais_minute_limits() {
+    let (clock, admission, _, t) = openai_first_call();
     let reply = ServerHint::from_headers(
         [
             ("x-ratelimit-limit-requests", "180"),
@@ -759,17 +771,7 @@ fn a_call_bigger_than_a_learned_burst_waits_for_a_full_one() {
 /// not move.
 #[test]
 fn a_429_with_requests_left_is_charged_to_the_scarcest_quota() {
-    let clock = ManualClock::new();
-    let admission = Admission::builder()
-        .sleeper(ManualSleeper::new(clock.clone()))
-        .clock(clock.clone())
-        .inline_wait(Duration::ZERO)
-        .provider(Provider::OpenAi)
-        .build();
-    let spec = CallSpec::new("chat", "key").cost("tokens", 805);
-    let Poll::Ready(Ok(t)) = now(admission.admit(&spec)) else {
-        panic!("fits")
-    };
+    let (clock, admission, spec, t) = openai_first_call();
     let rate = admission.learned_rate("key");
     let hint = ServerHint::from_headers(
         [
@@ -805,17 +807,7 @@ fn a_429_with_requests_left_is_charged_to_the_scarcest_quota() {
 /// scarcer: the key is held.
 #[test]
 fn on_a_minutes_scale_the_smallest_share_left_is_the_quota_spent() {
-    let clock = ManualClock::new();
-    let admission = Admission::builder()
-        .sleeper(ManualSleeper::new(clock.clone()))
-        .clock(clock.clone())
-        .inline_wait(Duration::ZERO)
-        .provider(Provider::OpenAi)
-        .build();
-    let spec = CallSpec::new("chat", "key").cost("tokens", 805);
-    let Poll::Ready(Ok(t)) = now(admission.admit(&spec)) else {
-        panic!("fits")
-    };
+    let (clock, admission, spec, t) = openai_first_call();
     let reply = |requests: &'static str, tokens: &'static str| {
         ServerHint::from_headers(
             [
