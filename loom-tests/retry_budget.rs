@@ -17,16 +17,23 @@ fn builder() -> loom::model::Builder {
     b
 }
 
+/// A budget of one retry per first attempt (no floor, no decay within
+/// the model), with one first attempt paid in.
+fn one_retry() -> Arc<RetryBudget<ManualClock>> {
+    let budget = Arc::new(RetryBudget::with_clock(
+        1.0,
+        0,
+        Duration::from_secs(10),
+        ManualClock::new(),
+    ));
+    budget.deposit();
+    budget
+}
+
 #[test]
 fn two_callers_race_for_the_last_retry() {
     builder().check(|| {
-        let budget = Arc::new(RetryBudget::with_clock(
-            1.0,
-            0,
-            Duration::from_secs(10),
-            ManualClock::new(),
-        ));
-        budget.deposit();
+        let budget = one_retry();
         let other = budget.clone();
         let racer = loom::thread::spawn(move || other.try_withdraw());
         let mine = budget.try_withdraw();
@@ -42,13 +49,7 @@ fn two_callers_race_for_the_last_retry() {
 #[test]
 fn a_deposit_racing_a_withdrawal_is_kept() {
     builder().check(|| {
-        let budget = Arc::new(RetryBudget::with_clock(
-            1.0,
-            0,
-            Duration::from_secs(10),
-            ManualClock::new(),
-        ));
-        budget.deposit();
+        let budget = one_retry();
         let other = budget.clone();
         let depositor = loom::thread::spawn(move || other.deposit());
         assert!(budget.try_withdraw(), "the first deposit pays for one");
