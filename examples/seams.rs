@@ -27,7 +27,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backpressure::admission::{Admission, Call, CallResult, CallSpec, Runner};
-use backpressure::reqwest::{AdmissionMiddleware, HttpReply, RequestDeadline};
+use backpressure::reqwest::AdmissionMiddleware;
+use backpressure::retry::RequestDeadline;
 use backpressure::testing::{Limit, ThrottlingServer};
 use backpressure::{Quota, Throttled};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
@@ -143,7 +144,7 @@ async fn through_runner(url: &str, told: Told, rate: u32) -> Row {
     let client: ClientWithMiddleware = ClientBuilder::new(reqwest::Client::new())
         .with(counter.clone())
         .build();
-    let runner: Runner<HttpReply, _, _, reqwest_middleware::Error> =
+    let runner: Runner<http::Response<Vec<u8>>, reqwest_middleware::Error> =
         Runner::new(admission(told, rate), Duration::ZERO);
     let start = Instant::now();
     let calls = turn()
@@ -159,7 +160,7 @@ async fn through_runner(url: &str, told: Told, rate: u32) -> Row {
     let mut row = Row::default();
     for r in runner.execute(calls).await {
         match r {
-            CallResult::Done { value, .. } if (200..300).contains(&value.status) => row.done += 1,
+            CallResult::Done { value, .. } if value.status().is_success() => row.done += 1,
             CallResult::Throttled(_) => row.throttled += 1,
             _ => row.failed += 1,
         }

@@ -15,8 +15,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use backpressure::testing::{Limit, LimitHeaders, ThrottlingServer};
-use backpressure::{Quota, ThreadSleeper, TokenBucket};
+use backpressure::testing::{Limit, ThrottlingServer};
+use backpressure::{DefaultSleeper, Quota, TokenBucket};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A minimal HTTP/1.1 GET; the status code.
@@ -41,7 +41,7 @@ async fn run(server_burst: u32) -> Arc<ThrottlingServer> {
                 period,
                 burst: server_burst,
             })
-            .headers(LimitHeaders::Ietf)
+            .ietf_headers()
             .latency(Duration::from_millis(5))
             .start()
             .await
@@ -55,7 +55,7 @@ async fn run(server_burst: u32) -> Arc<ThrottlingServer> {
             let (server, bucket) = (server.clone(), bucket.clone());
             tokio::spawn(async move {
                 bucket
-                    .until_ready(1, Duration::from_secs(10), &ThreadSleeper::new())
+                    .until_ready(1, Duration::from_secs(10), &DefaultSleeper::new())
                     .await
                     .expect("within the budget");
                 get(&server, "key-a").await.expect("loopback")

@@ -13,9 +13,9 @@ use std::time::{Duration, SystemTime};
 
 use backpressure::headers::ServerHint;
 use backpressure::retry::{Backoff, RetryPolicy};
-use backpressure::testing::{Limit, LimitHeaders, ThrottlingServer};
+use backpressure::testing::{Limit, ThrottlingServer};
 use backpressure::tower::{ConcurrencyLimitLayer, HintRetry, RateLimitLayer};
-use backpressure::{Quota, ThreadSleeper, Throttled, TokenBucket};
+use backpressure::{DefaultSleeper, Quota, Throttled, TokenBucket};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::retry::RetryLayer;
 use tower::{service_fn, BoxError, ServiceBuilder, ServiceExt};
@@ -57,7 +57,7 @@ async fn main() {
             period: Duration::from_millis(100),
             burst: 2,
         })
-        .headers(LimitHeaders::Ietf)
+        .ietf_headers()
         .latency(Duration::from_millis(20))
         .start()
         .await
@@ -78,7 +78,9 @@ async fn main() {
     );
     let client = ServiceBuilder::new()
         .layer(RetryLayer::new(retry))
-        .layer(RateLimitLayer::new(bucket).wait_up_to(Duration::from_secs(2), ThreadSleeper::new()))
+        .layer(
+            RateLimitLayer::new(bucket).wait_up_to(Duration::from_secs(2), DefaultSleeper::new()),
+        )
         .layer(ConcurrencyLimitLayer::new(4))
         .service(service_fn(move |path: String| get(addr, path)));
 

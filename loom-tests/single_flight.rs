@@ -20,7 +20,7 @@ use loom::thread;
 
 use crate::clock::ManualClock;
 use crate::sync::Arc;
-use crate::{single_flight::Provenance, SingleFlight};
+use crate::{Provenance, SingleFlight};
 
 type Map = SingleFlight<u8, u32, Infallible, ManualClock>;
 

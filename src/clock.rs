@@ -4,17 +4,24 @@
 //! years of range), saturating, so it neither drifts like floats nor panics
 //! on overflow, even with a clock at `u64::MAX`.
 //!
-//! * [`DefaultClock`]: backed by `quanta` (TSC where available, else the
-//!   OS monotonic clock), its origin the moment it was created.
+//! * `DefaultClock`, every type's default: backed by `quanta` (TSC where
+//!   available, else the OS monotonic clock), its origin the moment it was
+//!   created.
 //! * [`ManualClock`]: moved only by [`advance`](ManualClock::advance) and
-//!   [`set`](ManualClock::set); clones share one time. For tests, models
-//!   and simulations.
+//!   [`set`](ManualClock::set); clones share one time. It is also a
+//!   [`Sleeper`](crate::Sleeper) whose sleeps complete when the clock
+//!   passes their deadline. For tests, models and simulations.
 
 use core::fmt;
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll, Waker};
 use core::time::Duration;
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
-use crate::sync::{self, AtomicU64, Ordering};
+use crate::sleep::Sleeper;
+use crate::sync::{self, AtomicU64, Ordering, ThreadMutex};
 
 /// A monotonic time source in nanoseconds since some origin.
 ///
@@ -43,7 +50,7 @@ pub trait Clock: Send + Sync + fmt::Debug {
     /// lying between the two. Successive `earliest`s never go backwards.
     ///
     /// `None` (the default) if the clock has none; callers then use
-    /// [`now_nanos`](Clock::now_nanos). [`DefaultClock`] has one on Linux
+    /// [`now_nanos`](Clock::now_nanos). `DefaultClock` has one on Linux
     /// (`CLOCK_MONOTONIC_COARSE`, a few nanoseconds to read, one kernel
     /// tick of resolution); [`SingleFlight`](crate::SingleFlight) uses it
     /// to tell a cached value far from its expiry without reading the
@@ -52,9 +59,10 @@ pub trait Clock: Send + Sync + fmt::Debug {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Clock, DefaultClock, ManualClock};
+    /// use backpressure::{Clock, ManualClock, Quota, TokenBucket};
     /// assert_eq!(ManualClock::new().coarse_bounds(), None);
-    /// if let Some((earliest, latest)) = DefaultClock::new().coarse_bounds() {
+    /// let bucket = TokenBucket::new(Quota::per_second(std::num::NonZeroU32::MIN));
+    /// if let Some((earliest, latest)) = bucket.clock().coarse_bounds() {
     ///     assert!(earliest <= latest);
     /// }
     /// ```
@@ -86,17 +94,9 @@ impl<C: Clock + ?Sized> Clock for &C {
     }
 }
 
-/// The default clock: `quanta`, origin at creation.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::{Clock, DefaultClock};
-/// let clock = DefaultClock::new();
-/// let a = clock.now_nanos();
-/// let b = clock.now_nanos();
-/// assert!(b >= a);
-/// ```
+/// The default clock of every type (not nameable outside the crate; it is
+/// the default `C` parameter, and `clock()` getters hand it out): `quanta`
+/// (TSC where available, else the OS monotonic clock), origin at creation.
 #[derive(Clone)]
 pub struct DefaultClock {
     clock: quanta::Clock,
@@ -205,16 +205,28 @@ impl fmt::Debug for DefaultClock {
 
 /// A clock that moves only when told to; clones share the same time.
 ///
+/// It is also a [`Sleeper`]: a sleep completes once the clock reaches its
+/// deadline, and [`advance`](ManualClock::advance) and
+/// [`set`](ManualClock::set) wake every sleep they make due. So one value
+/// drives both the time a primitive reads and the waits it sleeps.
+///
 /// # Examples
 ///
 /// ```
-/// use backpressure::{Clock, ManualClock};
+/// use backpressure::{Clock, ManualClock, Sleeper};
+/// use futures::FutureExt;
 /// use std::time::Duration;
 ///
 /// let clock = ManualClock::new();
 /// let view = clock.clone();
 /// clock.advance(Duration::from_secs(1));
 /// assert_eq!(view.now_nanos(), 1_000_000_000);
+///
+/// let mut nap = Box::pin(clock.sleep(Duration::from_secs(5)));
+/// assert!(nap.as_mut().now_or_never().is_none());
+/// view.advance(Duration::from_secs(5)); // any clone moves it
+/// assert!(nap.as_mut().now_or_never().is_some());
+///
 /// clock.set(u64::MAX);
 /// clock.advance(Duration::from_secs(1)); // saturates, never panics
 /// assert_eq!(view.now_nanos(), u64::MAX);
@@ -222,6 +234,19 @@ impl fmt::Debug for DefaultClock {
 #[derive(Clone)]
 pub struct ManualClock {
     now: sync::Arc<AtomicU64>,
+    sleeps: Arc<ManualSleeps>,
+}
+
+/// The sleeps registered on a [`ManualClock`], woken when it passes their
+/// deadline. Plain std atomics and a thread mutex, not `crate::sync`: the
+/// loom models move the clock but never sleep on it, and a loom atomic here
+/// would add a scheduling point to every `advance` in them.
+#[derive(Default)]
+struct ManualSleeps {
+    /// How many entries `waiting` holds, read by a clock move without the
+    /// lock so one with no sleeper costs no lock.
+    len: AtomicUsize,
+    waiting: ThreadMutex<Vec<(u64, Waker)>>,
 }
 
 impl ManualClock {
@@ -241,10 +266,12 @@ impl ManualClock {
     pub fn starting_at(nanos: u64) -> Self {
         Self {
             now: sync::Arc::new(AtomicU64::new(nanos)),
+            sleeps: Arc::default(),
         }
     }
 
-    /// Moves the clock forward by `d` (saturating at `u64::MAX`).
+    /// Moves the clock forward by `d` (saturating at `u64::MAX`) and wakes
+    /// every sleep now due.
     ///
     /// # Examples
     ///
@@ -257,16 +284,19 @@ impl ManualClock {
     pub fn advance(&self, d: Duration) {
         let d = saturating_nanos(d);
         // Relaxed: the clock value is the only datum; readers need no other
-        // memory to be ordered with it.
+        // memory to be ordered with it. (A sleeper's registration is ordered
+        // against the move by the SeqCst fence in `wake_due`.)
         let _ = self
             .now
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
                 Some(t.saturating_add(d))
             });
+        self.wake_due();
     }
 
-    /// Sets the clock to `nanos`. Moving it backwards breaks the
-    /// monotonicity every user relies on, so a smaller value is ignored.
+    /// Sets the clock to `nanos` and wakes every sleep now due. Moving it
+    /// backwards breaks the monotonicity every user relies on, so a smaller
+    /// value is ignored.
     ///
     /// # Examples
     ///
@@ -280,6 +310,31 @@ impl ManualClock {
     pub fn set(&self, nanos: u64) {
         // Relaxed: as in `advance`.
         self.now.fetch_max(nanos, Ordering::Relaxed);
+        self.wake_due();
+    }
+
+    /// Wakes the registered sleeps whose deadline the clock has reached.
+    fn wake_due(&self) {
+        // SeqCst fence, paired with the one in `ManualSleep::poll`: either
+        // this move sees the sleeper's `len` increment, or the sleeper's
+        // re-check after registering sees this move's time (store buffering
+        // with a fence on both sides), so no due sleep is left unwoken.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        if self.sleeps.len.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return;
+        }
+        let now = self.now_nanos();
+        let due: Vec<Waker> = {
+            let mut waiting = self.sleeps.waiting.lock();
+            let (due, keep): (Vec<_>, Vec<_>) = waiting.drain(..).partition(|(at, _)| *at <= now);
+            *waiting = keep;
+            // Relaxed: a hint read under no lock; the fences order it.
+            self.sleeps
+                .len
+                .store(waiting.len(), std::sync::atomic::Ordering::Relaxed);
+            due.into_iter().map(|(_, w)| w).collect()
+        };
+        due.into_iter().for_each(Waker::wake);
     }
 }
 
@@ -301,7 +356,61 @@ impl fmt::Debug for ManualClock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ManualClock")
             .field("now_nanos", &self.now_nanos())
+            .field(
+                "sleeping",
+                &self.sleeps.len.load(std::sync::atomic::Ordering::Relaxed),
+            )
             .finish()
+    }
+}
+
+impl Sleeper for ManualClock {
+    type Sleep = ManualSleep;
+
+    fn sleep(&self, duration: Duration) -> ManualSleep {
+        ManualSleep {
+            clock: self.clone(),
+            deadline: self.now_nanos().saturating_add(saturating_nanos(duration)),
+        }
+    }
+}
+
+/// The future of a [`ManualClock`]'s sleep.
+#[must_use = "futures do nothing unless you .await or poll them"]
+#[derive(Debug)]
+pub struct ManualSleep {
+    clock: ManualClock,
+    deadline: u64,
+}
+
+impl Future for ManualSleep {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.clock.now_nanos() >= self.deadline {
+            return Poll::Ready(());
+        }
+        {
+            let sleeps = &self.clock.sleeps;
+            let mut waiting = sleeps.waiting.lock();
+            if !waiting
+                .iter()
+                .any(|(at, w)| *at == self.deadline && w.will_wake(cx.waker()))
+            {
+                waiting.push((self.deadline, cx.waker().clone()));
+                // Relaxed: ordered against a clock move by the fences.
+                sleeps
+                    .len
+                    .store(waiting.len(), std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        // SeqCst fence, paired with `wake_due`'s: see there. The entry stays
+        // if this returns Ready; the next move that is due drops it.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        if self.clock.now_nanos() >= self.deadline {
+            return Poll::Ready(());
+        }
+        Poll::Pending
     }
 }
 

@@ -677,12 +677,12 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Quota, Scoped, ThreadSleeper};
+    /// use backpressure::{DefaultSleeper, Quota, Scoped};
     /// use std::num::NonZeroU32;
     /// use std::time::Duration;
     /// let limits = Scoped::new(Quota::per_second(NonZeroU32::new(1000).unwrap()));
     /// futures::executor::block_on(async {
-    ///     limits.until_ready(&"k", 1, Duration::from_secs(1), &ThreadSleeper::new()).await.unwrap();
+    ///     limits.until_ready(&"k", 1, Duration::from_secs(1), &DefaultSleeper::new()).await.unwrap();
     /// });
     /// ```
     pub async fn until_ready<S: Sleeper>(

@@ -39,7 +39,6 @@
 
 pub mod adaptive;
 pub mod admission;
-mod backoff;
 mod bucket;
 mod clock;
 mod failure;
@@ -53,41 +52,16 @@ mod limiter;
 mod park;
 #[cfg(feature = "redis")]
 mod redis;
+pub mod retry;
 mod semaphore;
-pub mod single_flight;
+mod single_flight;
 mod sleep;
 mod sync;
-pub mod throttled;
+mod throttled;
 mod wait_list;
 
-// `Status` and `Throttled` are defined in `throttled` (below `backoff` and
-// `admission`, which both speak them) and reach the root through
-// `admission`, their public home.
-pub mod retry {
-    //! Retries charged to a deadline: [`Backoff`] (jittered exponential),
-    //! [`Deadline`] (the remaining budget of a call) and [`RetryPolicy`],
-    //! which turns a reply and the server's [hint](crate::headers::ServerHint)
-    //! into a [`Decision`]: retry after a wait that fits the deadline, or
-    //! stop with a [`Throttled`](crate::Throttled) or a failure.
-    //!
-    //! ```
-    //! use backpressure::retry::{Backoff, Jitter};
-    //! use std::time::Duration;
-    //!
-    //! let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5))
-    //!     .jitter(Jitter::None);
-    //! assert_eq!(backoff.delay(3), Duration::from_millis(800));
-    //! assert_eq!(backoff.delay(60), Duration::from_secs(5));
-    //! ```
-    pub use crate::backoff::{
-        Backoff, Deadline, Decision, Jitter, ReplyClass, RetryBudget, RetryPolicy, TimedOut,
-    };
-}
-
-pub use bucket::{
-    CheckError, Quota, QuotaError, RateLimiter, Reservation, ReserveError, TokenBucket,
-};
-pub use clock::{Clock, DefaultClock, ManualClock};
+pub use bucket::{CheckError, Quota, QuotaError, Reservation, ReserveError, TokenBucket};
+pub use clock::{Clock, ManualClock};
 #[cfg(feature = "reqwest")]
 pub use integrations::reqwest;
 #[cfg(feature = "testing")]
@@ -96,30 +70,23 @@ pub use integrations::testing;
 pub use integrations::tower;
 pub use integrations::PollSemaphore;
 pub use keyed::{Scoped, TooManyKeys};
-pub use limiter::{AsyncRateLimiter, AsyncReservation};
+pub use limiter::RateLimiter;
 #[cfg(feature = "redis")]
 pub use redis::{
     FailPolicy, RedisBucket, RedisBucketBuilder, RedisBucketError, RedisReservation, RedisScoped,
-    RedisScopedBuilder, RedisStats, MAX_QUEUED_REFUNDS,
+    RedisScopedBuilder, RedisStats,
 };
 pub use semaphore::{
-    Acquire, AcquireError, AcquireOwned, OwnedSemaphorePermit, Semaphore, SemaphorePermit,
-    TryAcquireError,
+    AcquireError, OwnedSemaphorePermit, Semaphore, SemaphorePermit, TryAcquireError,
 };
-#[cfg(feature = "tokio")]
-pub use sleep::TokioSleeper;
-#[cfg(feature = "async-io")]
-pub use sleep::{AsyncIoSleep, AsyncIoSleeper};
-pub use sleep::{
-    DefaultSleep, DefaultSleeper, ManualSleep, ManualSleeper, Sleeper, ThreadSleep, ThreadSleeper,
-};
-pub use throttled::Throttled;
+pub use sleep::{DefaultSleeper, Sleeper};
+pub use throttled::{Status, Throttled};
 
 /// The README's Rust examples run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
-pub use single_flight::{FlightError, SingleFlight, SingleFlightBuilder};
+pub use single_flight::{FlightError, Provenance, SingleFlight, SingleFlightBuilder};
 
 #[cfg(all(test, feature = "loom"))]
 #[path = "../loom-tests/mod.rs"]

@@ -1,172 +1,99 @@
-//! `AsyncRateLimiter`: the [`RateLimiter`] contract for limiters whose
-//! decisions take a round trip (a shared bucket in Redis), so callers and
-//! the admission layer can take a local or a shared bucket alike.
+//! `RateLimiter`: the one seam over every rate limiter the crate has, local
+//! or shared, so callers and the admission layer take a
+//! [`TokenBucket`](crate::TokenBucket) and a `RedisBucket` alike.
 //!
-//! # Why a second trait
+//! # Why futures
 //!
-//! [`RateLimiter`] decides at once, and its [`Reservation`] gives cells
-//! back synchronously. A shared limiter cannot do either: its decision is
-//! a network round trip, and so is a refund. Rather than bend the local
-//! contract (a local decision would then pay for a future it never
-//! needs), this trait has the same method names and error types, returns
-//! futures, and lets each limiter name its reservation. Every
-//! [`RateLimiter`] is an `AsyncRateLimiter` through a blanket impl whose
-//! futures are ready at once, so code written against this trait takes a
-//! [`TokenBucket`](crate::TokenBucket) unchanged.
+//! A local bucket decides at once; a shared one (Redis) decides after a
+//! round trip. The trait returns futures, and a local bucket's are ready at
+//! once, so one generic function serves both and a local decision pays for
+//! no allocation or poll it does not need. The trait uses `impl Future` in
+//! its methods, so it is not object safe: take it as a generic parameter.
 //!
-//! The trait uses `impl Future` in its methods, so it is not object safe;
-//! take it as a generic parameter.
+//! # Reservations
+//!
+//! [`reserve`](RateLimiter::reserve) here keeps the cells it takes and
+//! returns the wait: what a caller that is about to make the call needs.
+//! A caller that may abandon the call uses the limiter's own `reserve`
+//! (`TokenBucket::reserve`, `RedisBucket::reserve`), whose reservation can
+//! give its cells back.
 
 use core::future::{ready, Future};
 use core::time::Duration;
 
-use crate::bucket::{CheckError, RateLimiter, Reservation, ReserveError};
+use crate::bucket::{CheckError, ReserveError, TokenBucket};
+use crate::clock::Clock;
 
-/// Cells taken from an [`AsyncRateLimiter`], usable after
-/// [`wait`](AsyncReservation::wait).
+/// A rate limiter, local or shared across processes: admit now, reserve
+/// within a wait, hold back after a 429, peek.
 ///
-/// As with the local [`Reservation`], dropping it keeps the cells taken;
-/// [`cancel`](AsyncReservation::cancel) gives them back when nothing was
-/// stacked on them since.
+/// Implemented by [`TokenBucket`] (its futures are ready at once), by
+/// `RedisBucket` with the `redis` feature, and by an `Arc` of either.
 ///
 /// # Examples
 ///
 /// ```
-/// use backpressure::{AsyncRateLimiter, AsyncReservation, ManualClock, Quota, TokenBucket};
+/// use backpressure::{ManualClock, Quota, RateLimiter, TokenBucket};
 /// use std::num::NonZeroU32;
 /// use std::time::Duration;
 ///
-/// async fn reserve_and_give_back<L: AsyncRateLimiter>(limiter: &L) -> bool {
-///     let r = limiter.reserve(1, Duration::from_secs(1)).await.unwrap();
-///     r.cancel().await
+/// // Generic over a local or a shared limiter.
+/// async fn start_call<L: RateLimiter>(limiter: &L) -> Option<Duration> {
+///     limiter.reserve(1, Duration::from_millis(500)).await.ok()
 /// }
 ///
 /// let bucket = TokenBucket::with_clock(
-///     Quota::per_second(NonZeroU32::new(1).unwrap()),
-///     ManualClock::new(),
-/// );
-/// assert!(futures::executor::block_on(reserve_and_give_back(&bucket)));
-/// ```
-pub trait AsyncReservation: Send {
-    /// How long the caller must wait before using the cells, measured from
-    /// the moment the reservation was returned.
-    fn wait(&self) -> Duration;
-
-    /// Gives the cells back if nothing was stacked on them since; returns
-    /// whether it did. A shared limiter that cannot be reached answers
-    /// `false` (the cells stay taken: the safe side).
-    fn cancel(self) -> impl Future<Output = bool> + Send;
-
-    /// Keeps the cells taken for a call that starts after the returned
-    /// wait, letting the reservation go now. For a local reservation this
-    /// is dropping it; a shared one (`RedisReservation`) dropped before its
-    /// wait would give its cells back instead.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{AsyncRateLimiter, AsyncReservation, ManualClock, Quota, TokenBucket};
-    /// use std::num::NonZeroU32;
-    /// use std::time::Duration;
-    ///
-    /// let bucket = TokenBucket::with_clock(
-    ///     Quota::per_second(NonZeroU32::new(1).unwrap()),
-    ///     ManualClock::new(),
-    /// );
-    /// futures::executor::block_on(async {
-    ///     let wait = AsyncRateLimiter::reserve(&bucket, 1, Duration::ZERO).await.unwrap().keep();
-    ///     assert_eq!(wait, Duration::ZERO);
-    ///     assert!(AsyncRateLimiter::try_acquire(&bucket, 1).await.is_err()); // kept
-    /// });
-    /// ```
-    fn keep(self) -> Duration
-    where
-        Self: Sized,
-    {
-        self.wait()
-    }
-}
-
-/// The [`RateLimiter`] contract, for limiters whose decisions may take a
-/// round trip: same method names, same errors, futures instead of values.
-///
-/// Implemented by every [`RateLimiter`] (ready at once) and, with the
-/// `redis` feature, by `RedisBucket`.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::{AsyncRateLimiter, ManualClock, Quota, TokenBucket};
-/// use std::num::NonZeroU32;
-///
-/// async fn start_call<L: AsyncRateLimiter>(limiter: &L) -> bool {
-///     limiter.try_acquire(1).await.is_ok()
-/// }
-///
-/// let bucket = TokenBucket::with_clock(
-///     Quota::per_second(NonZeroU32::new(1).unwrap()),
+///     Quota::per_second(NonZeroU32::new(2).unwrap()).allow_burst(NonZeroU32::MIN),
 ///     ManualClock::new(),
 /// );
 /// futures::executor::block_on(async {
-///     assert!(start_call(&bucket).await);
-///     assert!(!start_call(&bucket).await);
+///     assert_eq!(start_call(&bucket).await, Some(Duration::ZERO));
+///     assert_eq!(start_call(&bucket).await, Some(Duration::from_millis(500)));
+///     assert_eq!(start_call(&bucket).await, None); // past the 500 ms it can wait
 /// });
 /// ```
-pub trait AsyncRateLimiter: Send + Sync {
-    /// What [`reserve`](AsyncRateLimiter::reserve) hands out.
-    type Reservation<'a>: AsyncReservation
-    where
-        Self: 'a;
-
+pub trait RateLimiter: Send + Sync {
     /// Admits `n` cells now, or says how long until they would fit.
     /// A denial consumes nothing.
     ///
     /// # Errors
     ///
-    /// As [`RateLimiter::try_acquire`]; a shared limiter that fails closed
-    /// also answers [`CheckError::Unavailable`].
+    /// [`CheckError::NotUntil`] when the cells do not fit yet,
+    /// [`CheckError::InsufficientCapacity`] when `n` is above the burst, and
+    /// for a shared limiter that fails closed, [`CheckError::Unavailable`].
     fn try_acquire(&self, n: u32) -> impl Future<Output = Result<(), CheckError>> + Send;
 
-    /// Takes `n` cells usable within `max_wait`, or nothing.
+    /// Takes `n` cells usable within `max_wait`, or nothing, and returns
+    /// how long the caller must wait before using them. The cells stay
+    /// taken: the caller is about to make its call.
     ///
     /// # Errors
     ///
-    /// As [`RateLimiter::reserve`]; a shared limiter that fails closed also
-    /// answers [`ReserveError::Unavailable`].
+    /// [`ReserveError::RateLimited`] when the wait is longer than
+    /// `max_wait`, [`ReserveError::InsufficientCapacity`] when `n` is above
+    /// the burst, and for a shared limiter that fails closed,
+    /// [`ReserveError::Unavailable`].
     fn reserve(
         &self,
         n: u32,
         max_wait: Duration,
-    ) -> impl Future<Output = Result<Self::Reservation<'_>, ReserveError>> + Send;
+    ) -> impl Future<Output = Result<Duration, ReserveError>> + Send;
 
-    /// The server said "not before `retry_after`": admit nothing until
-    /// then (for a shared limiter: in every process on the key).
+    /// The server said "not before `retry_after`" (a 429 or 503 with
+    /// `Retry-After`): admit nothing until then (for a shared limiter: in
+    /// every process on the key).
     fn penalize(&self, retry_after: Duration) -> impl Future<Output = ()> + Send;
 
-    /// How many cells `try_acquire` would admit now (a peek).
+    /// How many cells [`try_acquire`](RateLimiter::try_acquire) would admit
+    /// now. A peek: it consumes nothing, and the answer may be stale by the
+    /// time it is used.
     fn available(&self) -> impl Future<Output = u32> + Send;
 }
 
-impl AsyncReservation for Reservation<'_> {
-    #[inline]
-    fn wait(&self) -> Duration {
-        Reservation::wait(self)
-    }
-
-    fn cancel(self) -> impl Future<Output = bool> + Send {
-        ready(Reservation::cancel(self))
-    }
-}
-
-impl<L: RateLimiter + ?Sized> AsyncRateLimiter for L {
-    type Reservation<'a>
-        = Reservation<'a>
-    where
-        Self: 'a;
-
+impl<C: Clock> RateLimiter for TokenBucket<C> {
     #[inline]
     fn try_acquire(&self, n: u32) -> impl Future<Output = Result<(), CheckError>> + Send {
-        ready(RateLimiter::try_acquire(self, n))
+        ready(TokenBucket::try_acquire(self, n))
     }
 
     #[inline]
@@ -174,16 +101,46 @@ impl<L: RateLimiter + ?Sized> AsyncRateLimiter for L {
         &self,
         n: u32,
         max_wait: Duration,
-    ) -> impl Future<Output = Result<Reservation<'_>, ReserveError>> + Send {
-        ready(RateLimiter::reserve(self, n, max_wait))
+    ) -> impl Future<Output = Result<Duration, ReserveError>> + Send {
+        // Dropping a local reservation keeps its cells.
+        ready(TokenBucket::reserve(self, n, max_wait).map(|r| r.wait()))
     }
 
     fn penalize(&self, retry_after: Duration) -> impl Future<Output = ()> + Send {
-        RateLimiter::penalize(self, retry_after);
+        TokenBucket::penalize(self, retry_after);
         ready(())
     }
 
     fn available(&self) -> impl Future<Output = u32> + Send {
-        ready(RateLimiter::available(self))
+        ready(TokenBucket::available(self))
+    }
+}
+
+/// A shared limiter is still a limiter (so an `Arc<TokenBucket>` or a
+/// `RedisScoped` key's `Arc<RedisBucket>` can be handed to several users,
+/// e.g. `Admission::shared_quota`).
+impl<L: RateLimiter + ?Sized> RateLimiter for std::sync::Arc<L> {
+    #[inline]
+    fn try_acquire(&self, n: u32) -> impl Future<Output = Result<(), CheckError>> + Send {
+        (**self).try_acquire(n)
+    }
+
+    #[inline]
+    fn reserve(
+        &self,
+        n: u32,
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<Duration, ReserveError>> + Send {
+        (**self).reserve(n, max_wait)
+    }
+
+    #[inline]
+    fn penalize(&self, retry_after: Duration) -> impl Future<Output = ()> + Send {
+        (**self).penalize(retry_after)
+    }
+
+    #[inline]
+    fn available(&self) -> impl Future<Output = u32> + Send {
+        (**self).available()
     }
 }

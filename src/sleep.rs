@@ -1,11 +1,13 @@
 //! `Sleeper`: how a primitive waits for a duration without naming a
 //! runtime.
 //!
-//! * [`ThreadSleeper`]: needs no runtime at all (one shared timer thread).
-//! * [`ManualSleeper`]: completes when a [`ManualClock`] passes the
-//!   deadline; for tests and simulations.
-//! * `TokioSleeper` (feature `tokio`) and `AsyncIoSleeper` (feature
-//!   `async-io`): the runtimes' own timers.
+//! * [`DefaultSleeper`]: tokio's timer inside a tokio runtime (feature
+//!   `tokio`), else the shared timer thread (`ThreadSleeper`, which needs
+//!   no runtime at all); every type's default.
+//! * [`ManualClock`](crate::ManualClock): completes when the clock passes
+//!   the deadline; for tests and simulations.
+//!
+//! Any other timer is a few lines of [`Sleeper`] (see its example).
 //!
 //! The sleep future is an associated type, not a boxed future: a wait
 //! allocates nothing, and the runtime's timer (tokio's `Sleep` is 100-odd
@@ -13,7 +15,6 @@
 //! is that `Sleeper` is not object safe; a `Box<dyn Future>` adapter on top
 //! is a few lines should anyone need one.
 
-use core::fmt;
 use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll, Waker};
@@ -22,25 +23,41 @@ use std::collections::BinaryHeap;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use crate::clock::{saturating_nanos, Clock, ManualClock};
-use crate::sync::{Arc, Mutex, ThreadCondvar, ThreadMutex};
+use crate::sync::{ThreadCondvar, ThreadMutex};
 
 mod default;
 
-pub use default::{DefaultSleep, DefaultSleeper};
+pub use default::DefaultSleeper;
 
-/// Something that can wait for a duration.
+/// Something that can wait for a duration: how every waiting type of the
+/// crate reaches a timer without naming a runtime.
+///
+/// [`DefaultSleeper`] (tokio's timer under tokio, else a shared timer
+/// thread) and [`ManualClock`](crate::ManualClock) implement it; another
+/// runtime's timer is a few lines.
 ///
 /// # Examples
 ///
+/// smol's (async-io's) timer as a sleeper:
+///
 /// ```
-/// use backpressure::{Sleeper, ThreadSleeper};
+/// use backpressure::Sleeper;
+/// use std::future::Future;
 /// use std::time::Duration;
 ///
-/// async fn pause<S: Sleeper>(s: &S) {
-///     s.sleep(Duration::from_millis(1)).await;
+/// #[derive(Clone, Copy, Debug)]
+/// struct SmolSleeper;
+///
+/// impl Sleeper for SmolSleeper {
+///     type Sleep = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+///     fn sleep(&self, d: Duration) -> Self::Sleep {
+///         Box::pin(async move {
+///             smol::Timer::after(d).await;
+///         })
+///     }
 /// }
-/// futures::executor::block_on(pause(&ThreadSleeper::new()));
+///
+/// smol::block_on(SmolSleeper.sleep(Duration::from_millis(1)));
 /// ```
 pub trait Sleeper {
     /// The future [`sleep`](Sleeper::sleep) returns.
@@ -73,32 +90,19 @@ impl<S: Sleeper + ?Sized> Sleeper for &S {
 /// waker) until the deadline passes, so the heap holds at most the sleeps
 /// started within the longest pending duration.
 ///
-/// Use it under `futures::executor::block_on` or any executor without a
-/// timer; under tokio or smol prefer their own timers (features `tokio`,
-/// `async-io`).
+/// [`DefaultSleeper`] sleeps on it outside a tokio runtime.
 ///
 /// # Panics
 ///
 /// The first sleep panics if the OS refuses to start the timer thread.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::{Sleeper, ThreadSleeper};
-/// use std::time::{Duration, Instant};
-///
-/// let start = Instant::now();
-/// futures::executor::block_on(ThreadSleeper::new().sleep(Duration::from_millis(2)));
-/// assert!(start.elapsed() >= Duration::from_millis(2));
-/// ```
 #[derive(Clone, Copy, Debug, Default)]
-pub struct ThreadSleeper {
+pub(crate) struct ThreadSleeper {
     _private: (),
 }
 
 impl ThreadSleeper {
     /// A handle to the shared timer thread.
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         ThreadSleeper { _private: () }
     }
 }
@@ -115,10 +119,10 @@ impl Sleeper for ThreadSleeper {
     }
 }
 
-/// The future of [`ThreadSleeper::sleep`].
+/// The future of `ThreadSleeper::sleep`.
 #[must_use = "futures do nothing unless you .await or poll them"]
 #[derive(Debug)]
-pub struct ThreadSleep {
+pub(crate) struct ThreadSleep {
     deadline: Option<Instant>,
     /// Shared with the heap entry once registered.
     slot: Option<std::sync::Arc<WakerSlot>>,
@@ -261,213 +265,12 @@ impl Drop for ThreadSleep {
 }
 
 // ---------------------------------------------------------------------------
-// ManualSleeper
-
-/// A sleeper on a [`ManualClock`]: a sleep completes once the clock has
-/// reached its deadline. For deterministic tests of code that waits.
-///
-/// Moving the clock does not wake anyone by itself (the clock knows nothing
-/// of sleepers): call [`advance`](ManualSleeper::advance), which moves the
-/// clock and wakes whoever is due, or [`wake_due`](ManualSleeper::wake_due)
-/// after moving the clock another way. Clones share the clock and the
-/// sleepers.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::{ManualClock, ManualSleeper, Sleeper};
-/// use futures::FutureExt;
-/// use std::time::Duration;
-///
-/// let sleeper = ManualSleeper::new(ManualClock::new());
-/// let mut nap = Box::pin(sleeper.sleep(Duration::from_secs(5)));
-/// assert!(nap.as_mut().now_or_never().is_none());
-/// sleeper.advance(Duration::from_secs(4));
-/// assert!(nap.as_mut().now_or_never().is_none());
-/// sleeper.advance(Duration::from_secs(1));
-/// assert!(nap.as_mut().now_or_never().is_some());
-/// ```
-#[derive(Clone)]
-pub struct ManualSleeper {
-    clock: ManualClock,
-    waiting: Arc<Mutex<Vec<(u64, Waker)>>>,
-}
-
-impl ManualSleeper {
-    /// A sleeper on `clock` (clones of a `ManualClock` share one time).
-    pub fn new(clock: ManualClock) -> Self {
-        ManualSleeper {
-            clock,
-            waiting: Arc::new(Mutex::new(Vec::new())),
-        }
-    }
-
-    /// The clock the sleeps are measured on.
-    pub fn clock(&self) -> &ManualClock {
-        &self.clock
-    }
-
-    /// Moves the clock forward by `d` and wakes every sleep now due.
-    pub fn advance(&self, d: Duration) {
-        self.clock.advance(d);
-        self.wake_due();
-    }
-
-    /// Wakes every registered sleep whose deadline the clock has reached;
-    /// returns how many.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{ManualClock, ManualSleeper};
-    /// let sleeper = ManualSleeper::new(ManualClock::new());
-    /// assert_eq!(sleeper.wake_due(), 0);
-    /// ```
-    pub fn wake_due(&self) -> usize {
-        let now = self.clock.now_nanos();
-        let due: Vec<Waker> = {
-            let mut waiting = self.waiting.lock();
-            let (due, keep) = waiting.drain(..).partition(|(at, _)| *at <= now);
-            *waiting = keep;
-            due.into_iter().map(|(_, w)| w).collect()
-        };
-        let n = due.len();
-        due.into_iter().for_each(Waker::wake);
-        n
-    }
-}
-
-impl fmt::Debug for ManualSleeper {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ManualSleeper")
-            .field("clock", &self.clock)
-            .field("waiting", &self.waiting.lock().len())
-            .finish()
-    }
-}
-
-impl Sleeper for ManualSleeper {
-    type Sleep = ManualSleep;
-
-    fn sleep(&self, duration: Duration) -> ManualSleep {
-        ManualSleep {
-            sleeper: self.clone(),
-            deadline: self
-                .clock
-                .now_nanos()
-                .saturating_add(saturating_nanos(duration)),
-        }
-    }
-}
-
-/// The future of [`ManualSleeper::sleep`].
-#[must_use = "futures do nothing unless you .await or poll them"]
-#[derive(Debug)]
-pub struct ManualSleep {
-    sleeper: ManualSleeper,
-    deadline: u64,
-}
-
-impl ManualSleep {
-    /// The deadline, in nanoseconds on the sleeper's clock.
-    pub fn deadline(&self) -> u64 {
-        self.deadline
-    }
-}
-
-impl Future for ManualSleep {
-    type Output = ();
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.sleeper.clock.now_nanos() >= self.deadline {
-            return Poll::Ready(());
-        }
-        let mut waiting = self.sleeper.waiting.lock();
-        if !waiting
-            .iter()
-            .any(|(at, w)| *at == self.deadline && w.will_wake(cx.waker()))
-        {
-            waiting.push((self.deadline, cx.waker().clone()));
-        }
-        Poll::Pending
-    }
-}
-
-// ---------------------------------------------------------------------------
 // Runtime adapters
-
-/// Sleeps with `tokio::time::sleep` (feature `tokio`). Needs a tokio
-/// runtime with the time driver enabled.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::{Sleeper, TokioSleeper};
-/// use std::time::Duration;
-///
-/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-/// TokioSleeper.sleep(Duration::from_millis(1)).await;
-/// # });
-/// ```
-#[cfg(feature = "tokio")]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct TokioSleeper;
-
-#[cfg(feature = "tokio")]
-impl Sleeper for TokioSleeper {
-    type Sleep = tokio::time::Sleep;
-
-    #[inline]
-    fn sleep(&self, duration: Duration) -> tokio::time::Sleep {
-        tokio::time::sleep(duration)
-    }
-}
-
-/// Sleeps with `async_io::Timer` (feature `async-io`), the timer smol
-/// uses; works under any executor.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::{AsyncIoSleeper, Sleeper};
-/// use std::time::Duration;
-///
-/// futures::executor::block_on(AsyncIoSleeper.sleep(Duration::from_millis(1)));
-/// ```
-#[cfg(feature = "async-io")]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct AsyncIoSleeper;
-
-#[cfg(feature = "async-io")]
-impl Sleeper for AsyncIoSleeper {
-    type Sleep = AsyncIoSleep;
-
-    #[inline]
-    fn sleep(&self, duration: Duration) -> AsyncIoSleep {
-        AsyncIoSleep(async_io::Timer::after(duration))
-    }
-}
-
-/// The future of [`AsyncIoSleeper::sleep`].
-#[cfg(feature = "async-io")]
-#[must_use = "futures do nothing unless you .await or poll them"]
-#[derive(Debug)]
-pub struct AsyncIoSleep(async_io::Timer);
-
-#[cfg(feature = "async-io")]
-impl Future for AsyncIoSleep {
-    type Output = ();
-
-    #[inline]
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        // `Timer` is `Unpin`.
-        Pin::new(&mut self.0).poll(cx).map(drop)
-    }
-}
 
 #[cfg(all(test, not(feature = "loom")))]
 mod tests {
     use super::*;
+    use crate::ManualClock;
     use futures::FutureExt;
 
     #[test]
@@ -499,17 +302,41 @@ mod tests {
 
     #[test]
     fn manual_sleep_wakes_only_when_due() {
-        let sleeper = ManualSleeper::new(ManualClock::new());
-        let mut a = Box::pin(sleeper.sleep(Duration::from_nanos(10)));
-        let mut b = Box::pin(sleeper.sleep(Duration::from_nanos(20)));
+        let clock = ManualClock::new();
+        let mut a = Box::pin(clock.sleep(Duration::from_nanos(10)));
+        let mut b = Box::pin(clock.sleep(Duration::from_nanos(20)));
         assert!(a.as_mut().now_or_never().is_none());
         assert!(b.as_mut().now_or_never().is_none());
-        sleeper.advance(Duration::from_nanos(10));
-        assert_eq!(sleeper.waiting.lock().len(), 1);
+        let (flag, waker) = counting_waker();
+        assert!(b
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending());
+        clock.advance(Duration::from_nanos(10));
+        assert_eq!(
+            flag.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "b is not due at 10"
+        );
         assert!(a.as_mut().now_or_never().is_some());
-        assert!(b.as_mut().now_or_never().is_none());
-        sleeper.clock().set(25);
-        assert_eq!(sleeper.wake_due(), 1);
+        clock.set(25);
+        assert_eq!(
+            flag.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "the move to 25 woke b"
+        );
         assert!(b.as_mut().now_or_never().is_some());
+    }
+
+    /// A waker that counts its wakes.
+    fn counting_waker() -> (std::sync::Arc<std::sync::atomic::AtomicUsize>, Waker) {
+        struct Count(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+        impl std::task::Wake for Count {
+            fn wake(self: std::sync::Arc<Self>) {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let n = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        (n.clone(), Waker::from(std::sync::Arc::new(Count(n))))
     }
 }

@@ -20,7 +20,7 @@ use core::time::Duration;
 /// # Examples
 ///
 /// ```
-/// use backpressure::throttled::Status;
+/// use backpressure::Status;
 /// assert_eq!(Status::RateLimited.as_str(), "rate_limited");
 /// assert!(Status::RateLimited.is_retryable());
 /// assert!(!Status::QuotaExhausted.is_retryable());
@@ -53,7 +53,7 @@ impl Status {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::throttled::Status;
+    /// use backpressure::Status;
     /// assert_eq!(Status::BudgetExhausted.as_str(), "budget_exhausted");
     /// ```
     pub fn as_str(self) -> &'static str {
@@ -72,7 +72,7 @@ impl Status {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::throttled::Status;
+    /// use backpressure::Status;
     /// assert!(Status::Shed.is_retryable());
     /// assert!(!Status::BudgetExhausted.is_retryable());
     /// ```
@@ -97,7 +97,7 @@ impl fmt::Display for Status {
 /// # Examples
 ///
 /// ```
-/// use backpressure::throttled::Status;
+/// use backpressure::Status;
 /// use backpressure::Throttled;
 /// use std::time::Duration;
 ///
@@ -145,7 +145,7 @@ impl Throttled {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::throttled::Status;
+    /// use backpressure::Status;
     /// use backpressure::Throttled;
     /// let t = Throttled::new(Status::Closed, "admission", "shutting down");
     /// assert_eq!(t.retry_after_ms, None);
@@ -165,7 +165,7 @@ impl Throttled {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::throttled::Status;
+    /// use backpressure::Status;
     /// use backpressure::Throttled;
     /// let t = Throttled::new(Status::RateLimited, "api_key", "the server still answers 429")
     ///     .with_attempts(3);
@@ -182,7 +182,7 @@ impl Throttled {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::throttled::Status;
+    /// use backpressure::Status;
     /// use backpressure::Throttled;
     /// use std::time::Duration;
     /// let t = Throttled::new(Status::Shed, "queue", "busy")
@@ -199,7 +199,7 @@ impl Throttled {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::throttled::Status;
+    /// use backpressure::Status;
     /// use backpressure::Throttled;
     /// use std::time::Duration;
     /// let t = Throttled::new(Status::Shed, "queue", "busy").with_retry_after(Duration::from_secs(2));

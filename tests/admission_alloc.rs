@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use backpressure::admission::{Admission, CallSpec};
-use backpressure::{ManualClock, ManualSleeper, Quota};
+use backpressure::{ManualClock, Quota};
 
 struct Counting;
 
@@ -50,7 +50,7 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-fn admit_and_drop(admission: &Admission<ManualSleeper, ManualClock>, spec: &CallSpec) -> usize {
+fn admit_and_drop(admission: &Admission<ManualClock, ManualClock>, spec: &CallSpec) -> usize {
     let waker = futures::task::noop_waker();
     let mut cx = Context::from_waker(&waker);
     COUNTING.with(|c| c.set(true));
@@ -71,7 +71,7 @@ fn admit_and_drop_allocate_nothing_once_warm() {
     let per_sec = |n| Quota::per_second(NonZeroU32::new(n).unwrap());
     for adaptive in [true, false] {
         let builder = Admission::builder()
-            .sleeper(ManualSleeper::new(clock.clone()))
+            .sleeper(clock.clone())
             .clock(clock.clone())
             .default_quota(per_sec(1_000_000))
             .resource("tokens", per_sec(1_000_000))

@@ -17,7 +17,7 @@ use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use backpressure::{Clock, DefaultClock, ManualClock, Quota, TokenBucket};
+use backpressure::{Clock, ManualClock, Quota, TokenBucket};
 use governor::clock::Clock as _;
 use governor::{Quota as GQuota, RateLimiter};
 
@@ -28,7 +28,9 @@ use crate::interleaved;
 use crate::interleaved::Case;
 
 pub fn main() {
-    let ours_clock = DefaultClock::new();
+    // The default clock, as every bucket built with `new` reads it.
+    let ours_bucket = TokenBucket::new(Quota::per_second(NonZeroU32::MIN));
+    let ours_clock = ours_bucket.clock().clone();
     let gov_clock = governor::clock::QuantaClock::default();
     let admitting = Quota::with_period(Duration::from_nanos(1)).allow_burst(NonZeroU32::MAX);
     let g_admitting = GQuota::with_period(Duration::from_nanos(1))

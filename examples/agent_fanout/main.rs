@@ -38,14 +38,14 @@ use backpressure::admission::{
     Admission, Call, CallFailure, CallResult, CallSpec, Reply, Runner, SlotPolicy,
 };
 use backpressure::headers::ServerHint;
-use backpressure::single_flight::Provenance;
-use backpressure::{DefaultClock, DefaultSleeper, Quota};
+use backpressure::Provenance;
+use backpressure::Quota;
 
 const KEY: &str = "org-key-1";
 
 /// The harness's runner: string bodies, and the HTTP client's own error
 /// (`std::io::Error`) when a request gets no answer.
-type Harness = Runner<String, DefaultSleeper, DefaultClock, std::io::Error>;
+type Harness = Runner<String, std::io::Error>;
 
 #[derive(Clone, Debug)]
 struct ToolCall {
@@ -257,7 +257,8 @@ async fn with_backpressure(rate: u32, tokens: u32, turn: &[ToolCall], seed: u64)
     // The harness knows the API's published rate and the latency it sees;
     // Little's law gives the concurrency that rate can keep busy.
     let cap =
-        backpressure::admission::concurrency_for(rate as f64, Duration::from_millis(150)) as usize;
+        backpressure::admission::Builder::concurrency_for(rate as f64, Duration::from_millis(150))
+            as usize;
     let admission = Admission::builder()
         .global_concurrency(cap.max(2))
         .default_tool(cap.max(1), SlotPolicy::Wait)

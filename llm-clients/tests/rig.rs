@@ -22,7 +22,7 @@ mod server;
 use std::time::{Duration, Instant};
 
 use backpressure::admission::{Admission, Provider};
-use backpressure::reqwest::{llm_usage, AdmissionMiddleware};
+use backpressure::reqwest::AdmissionMiddleware;
 use futures::future::join_all;
 use rig_core::completion::CompletionRequest;
 use rig_core::{ErrorKind, ProviderError};
@@ -59,7 +59,7 @@ fn middleware(admission: &Admission, credential_header: &str) -> AdmissionMiddle
     AdmissionMiddleware::new(admission.clone())
         .credential_header(credential_header)
         .cost_from(estimate)
-        .usage_from_body(llm_usage)
+        .usage_from_body(AdmissionMiddleware::llm_usage)
         .refusals_as_responses()
 }
 
@@ -119,7 +119,7 @@ fn refusal_wait(e: &ProviderError) -> Duration {
     let ms: u64 = headers["retry-after-ms"].to_str().unwrap().parse().unwrap();
     assert!(headers.contains_key("retry-after"), "{headers:?}");
     assert!(
-        headers.contains_key(backpressure::reqwest::REFUSAL_HEADER),
+        headers.contains_key(backpressure::Throttled::REFUSAL_HEADER),
         "{headers:?}"
     );
     let body = e.provider_response_json().unwrap().expect("a JSON body");
@@ -228,7 +228,7 @@ async fn three_turns(flavor: Flavor, credential_header: &str) {
     let impatient = AdmissionMiddleware::new(admission.clone())
         .credential_header(credential_header)
         .cost_from(estimate)
-        .usage_from_body(llm_usage)
+        .usage_from_body(AdmissionMiddleware::llm_usage)
         .refusals_as_responses()
         .deadline(Duration::from_millis(300));
     let model = Model::new(flavor, &server, impatient, "key-a");

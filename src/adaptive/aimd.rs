@@ -228,6 +228,6 @@ mod tests {
         let aimd = Aimd::new().with_backoff(-3.0);
         assert_eq!(aimd.backoff, 0.1);
         let aimd = Aimd::new().with_limits(usize::MAX, 1, 0);
-        assert_eq!(aimd.limit(), super::super::MAX_LIMIT);
+        assert_eq!(aimd.limit(), crate::adaptive::AdaptiveLimiter::MAX_LIMIT);
     }
 }

@@ -6,19 +6,9 @@ use core::fmt;
 
 use crate::Semaphore;
 
-/// The largest limit an [`AdaptiveLimiter`](super::AdaptiveLimiter) applies:
-/// 2³¹ − 1, or [`Semaphore::MAX_PERMITS`] where that is smaller.
-///
-/// Algorithms clamp their configured bounds to it, and the limiter clamps
-/// every proposal into `[1, MAX_LIMIT]`.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::adaptive::MAX_LIMIT;
-/// assert!(MAX_LIMIT >= 1 << 28);
-/// ```
-pub const MAX_LIMIT: usize = if ((u32::MAX >> 1) as usize) < Semaphore::MAX_PERMITS {
+/// The largest limit an adaptive limiter applies
+/// ([`AdaptiveLimiter::MAX_LIMIT`](super::AdaptiveLimiter::MAX_LIMIT)).
+pub(crate) const MAX_LIMIT: usize = if ((u32::MAX >> 1) as usize) < Semaphore::MAX_PERMITS {
     (u32::MAX >> 1) as usize
 } else {
     Semaphore::MAX_PERMITS

@@ -8,7 +8,8 @@ use core::task::{Context, Poll};
 use std::sync::Arc;
 
 use crate::clock::{Clock, DefaultClock};
-use crate::{AcquireError, AcquireOwned, TryAcquireError};
+use crate::semaphore::AcquireOwned;
+use crate::{AcquireError, TryAcquireError};
 
 use super::algorithm::{LimitAlgorithm, Outcome};
 use super::state::Shared;
@@ -47,7 +48,20 @@ pub struct AdaptiveLimiter {
 }
 
 impl AdaptiveLimiter {
-    /// A limiter driven by `algorithm`, timed by a [`DefaultClock`]. It
+    /// The largest limit the limiter applies: 2³¹ − 1, or
+    /// [`Semaphore::MAX_PERMITS`](crate::Semaphore::MAX_PERMITS) where that
+    /// is smaller. Algorithms clamp their configured bounds to it, and the
+    /// limiter clamps every proposal into `[1, MAX_LIMIT]`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::adaptive::AdaptiveLimiter;
+    /// assert!(AdaptiveLimiter::MAX_LIMIT >= 1 << 28);
+    /// ```
+    pub const MAX_LIMIT: usize = super::algorithm::MAX_LIMIT;
+
+    /// A limiter driven by `algorithm`, timed by a `DefaultClock`. It
     /// starts with `algorithm.limit()` permits (clamped into
     /// `[1, MAX_LIMIT]`, as every later limit is).
     ///
@@ -237,17 +251,6 @@ impl fmt::Debug for AdaptiveLimiter {
 ///
 /// Dropping it before completion gives back every permit already assigned
 /// to it; the place in the queue is lost.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::adaptive::{AdaptiveAcquire, AdaptiveLimiter, Aimd};
-///
-/// let limiter = AdaptiveLimiter::new(Aimd::new());
-/// let acquire: AdaptiveAcquire = limiter.acquire();
-/// let permit = futures::executor::block_on(acquire).unwrap();
-/// # drop(permit);
-/// ```
 #[must_use = "futures do nothing unless you `.await` or poll them"]
 pub struct AdaptiveAcquire {
     /// `None` once the future has completed.

@@ -90,7 +90,7 @@ mod rate;
 mod state;
 
 pub use aimd::Aimd;
-pub use algorithm::{LimitAlgorithm, Outcome, Sample, MAX_LIMIT};
+pub use algorithm::{LimitAlgorithm, Outcome, Sample};
 pub use gradient2::Gradient2;
-pub use limiter::{AdaptiveAcquire, AdaptiveLimiter, AdaptivePermit};
+pub use limiter::{AdaptiveLimiter, AdaptivePermit};
 pub use rate::*;

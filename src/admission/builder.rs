@@ -20,6 +20,7 @@ use super::rate::Resource;
 use super::shared::{Shared, SharedLimiter, SharedResolver};
 use super::tools::{ToolConfig, Tools};
 use super::{Admission, Inner};
+use crate::limiter::RateLimiter;
 
 /// Builds an [`Admission`]; every setting has a default.
 ///
@@ -86,6 +87,27 @@ struct Settings {
 }
 
 impl Builder {
+    /// Proposes a concurrency cap from Little's law: in-flight calls =
+    /// rate x latency, rounded up, at least 1 and at most `u32::MAX`, to
+    /// size a tool's slots ([`tool`](Builder::tool)) from its quota. An
+    /// infinite rate (no limit) at a positive latency needs no cap:
+    /// `u32::MAX`. A rate that is not a number, negative, or met with a
+    /// zero latency gives 1.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::Builder;
+    /// use std::time::Duration;
+    /// // 10 requests/s at 400 ms each keep 4 in flight.
+    /// assert_eq!(Builder::concurrency_for(10.0, Duration::from_millis(400)), 4);
+    /// assert_eq!(Builder::concurrency_for(f64::NAN, Duration::from_secs(1)), 1);
+    /// assert_eq!(Builder::concurrency_for(f64::INFINITY, Duration::from_millis(400)), u32::MAX);
+    /// ```
+    pub fn concurrency_for(rate_per_sec: f64, latency: Duration) -> u32 {
+        super::spec::concurrency_for(rate_per_sec, latency)
+    }
+
     pub(super) fn new() -> Self {
         Self {
             sleeper: DefaultSleeper::new(),
@@ -120,14 +142,14 @@ impl<S, C> Builder<S, C> {
     /// The timer used for inline waits. The default,
     /// [`DefaultSleeper`](crate::DefaultSleeper), is tokio's timer inside a
     /// tokio runtime (feature `tokio`) and a shared timer thread elsewhere;
-    /// pass [`ManualSleeper`](crate::ManualSleeper) in tests.
+    /// pass [`ManualClock`](crate::ManualClock) in tests.
     ///
     /// # Examples
     ///
     /// ```
     /// use backpressure::admission::Admission;
-    /// use backpressure::ThreadSleeper;
-    /// let admission = Admission::builder().sleeper(ThreadSleeper::new()).build();
+    /// use backpressure::DefaultSleeper;
+    /// let admission = Admission::builder().sleeper(DefaultSleeper::new()).build();
     /// # let _ = admission;
     /// ```
     pub fn sleeper<S2>(self, sleeper: S2) -> Builder<S2, C> {
@@ -138,7 +160,7 @@ impl<S, C> Builder<S, C> {
         }
     }
 
-    /// The clock of the rate limits (default: [`DefaultClock`]).
+    /// The clock of the rate limits (default: `DefaultClock`).
     ///
     /// # Examples
     ///
@@ -213,7 +235,7 @@ impl<S, C> Builder<S, C> {
     ///
     /// ```
     /// use backpressure::admission::{Admission, CallSpec};
-    /// use backpressure::throttled::Status;
+    /// use backpressure::Status;
     /// # futures::executor::block_on(async {
     /// let admission = Admission::builder().max_tools(1).build();
     /// let busy = admission.admit(&CallSpec::new("a", "k")).await.unwrap();
@@ -234,7 +256,7 @@ impl<S, C> Builder<S, C> {
     ///
     /// ```
     /// use backpressure::admission::{Admission, CallSpec};
-    /// use backpressure::throttled::Status;
+    /// use backpressure::Status;
     /// # futures::executor::block_on(async {
     /// let admission = Admission::builder().tool_budget("search", 1).build();
     /// drop(admission.admit(&CallSpec::new("search", "k")).await.unwrap());
@@ -524,7 +546,7 @@ impl<S, C> Builder<S, C> {
     ///
     /// ```
     /// use backpressure::admission::{Admission, CallSpec};
-    /// use backpressure::throttled::Status;
+    /// use backpressure::Status;
     /// use backpressure::{ManualClock, Quota, TokenBucket};
     /// use std::num::NonZeroU32;
     ///
@@ -546,7 +568,7 @@ impl<S, C> Builder<S, C> {
     pub fn shared_quota(
         mut self,
         credential: impl Into<String>,
-        limiter: impl SharedLimiter + 'static,
+        limiter: impl RateLimiter + 'static,
     ) -> Self {
         self.cfg
             .shared
@@ -565,8 +587,8 @@ impl<S, C> Builder<S, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::admission::{Admission, CallSpec, SharedLimiter};
-    /// use backpressure::throttled::Status;
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::Status;
     /// use backpressure::{ManualClock, Quota, TokenBucket};
     /// use std::collections::HashMap;
     /// use std::num::NonZeroU32;
@@ -574,10 +596,10 @@ impl<S, C> Builder<S, C> {
     ///
     /// // One shared quota per tenant; across processes these would be the
     /// // buckets of a `RedisScoped`.
-    /// let one_per_second = || -> Arc<dyn SharedLimiter> {
+    /// let one_per_second = || {
     ///     Arc::new(TokenBucket::with_clock(Quota::per_second(NonZeroU32::new(1).unwrap()), ManualClock::new()))
     /// };
-    /// let tenants: HashMap<String, Arc<dyn SharedLimiter>> =
+    /// let tenants: HashMap<String, Arc<TokenBucket<ManualClock>>> =
     ///     ["acme", "globex"].iter().map(|t| (t.to_string(), one_per_second())).collect();
     /// let admission = Admission::builder()
     ///     .shared_quotas(move |credential| tenants.get(credential).cloned())
@@ -590,10 +612,13 @@ impl<S, C> Builder<S, C> {
     /// assert!(admission.admit(&CallSpec::new("t", "local")).await.is_ok()); // a local bucket
     /// # });
     /// ```
-    pub fn shared_quotas(
+    pub fn shared_quotas<L: RateLimiter + 'static>(
         mut self,
-        resolve: impl Fn(&str) -> Option<Arc<dyn SharedLimiter>> + Send + Sync + 'static,
+        resolve: impl Fn(&str) -> Option<Arc<L>> + Send + Sync + 'static,
     ) -> Self {
+        let resolve = move |credential: &str| -> Option<Arc<dyn SharedLimiter>> {
+            resolve(credential).map(|l| l as Arc<dyn SharedLimiter>)
+        };
         self.cfg.shared.resolver = Some(Box::new(resolve) as Box<SharedResolver>);
         self
     }

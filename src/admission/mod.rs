@@ -57,9 +57,9 @@ use crate::throttled::{Status, Throttled};
 pub use builder::Builder;
 pub use pools::SlotPolicy;
 pub use provider::Provider;
-pub use runner::{AttemptFuture, Call, CallResult, Reply, Runner};
-pub use shared::{SharedFuture, SharedLimiter, SharedResolver};
-pub use spec::{concurrency_for, CallSpec, Kind};
+pub use runner::{Call, CallResult, Reply, Runner};
+use shared::SharedLimiter;
+pub use spec::CallSpec;
 pub use stats::{AdmissionStats, CredentialStats, Refusals, ToolStats};
 pub use ticket::Ticket;
 
@@ -112,7 +112,7 @@ struct Inner<S, C: Clock> {
 ///
 /// ```
 /// use backpressure::admission::{Admission, CallSpec};
-/// use backpressure::throttled::Status;
+/// use backpressure::Status;
 ///
 /// # futures::executor::block_on(async {
 /// let admission = Admission::builder().run_budget(1).build();
@@ -175,7 +175,7 @@ where
     ///
     /// ```
     /// use backpressure::admission::{Admission, CallSpec, SlotPolicy};
-    /// use backpressure::throttled::Status;
+    /// use backpressure::Status;
     ///
     /// # futures::executor::block_on(async {
     /// let admission = Admission::builder().tool("refund", 1, SlotPolicy::FailFast).build();
@@ -444,7 +444,7 @@ where
     ///
     /// ```
     /// use backpressure::admission::{Admission, CallSpec};
-    /// use backpressure::throttled::Status;
+    /// use backpressure::Status;
     /// # futures::executor::block_on(async {
     /// let admission = Admission::builder().build();
     /// admission.close();

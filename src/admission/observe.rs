@@ -128,7 +128,7 @@ where
             let wait = policy
                 .reset_after
                 .or(hint.retry_after)
-                .unwrap_or(crate::backoff::RetryPolicy::BARE_429_HOLD);
+                .unwrap_or(crate::retry::RetryPolicy::BARE_429_HOLD);
             let name = policy.name.as_deref().unwrap_or_default();
             if let Some(resource) = inner.resources.iter().find(|r| same_name(&r.name, name)) {
                 let _ = resource
@@ -144,7 +144,7 @@ where
             // A 429 with no hint: hold the key back (a second) rather than
             // let the next call find out the same way; the retry policy
             // waits the same hold.
-            None if status == 429 => crate::backoff::RetryPolicy::BARE_429_HOLD,
+            None if status == 429 => crate::retry::RetryPolicy::BARE_429_HOLD,
             None => return None,
         };
         // Every hold is capped alike (a weighted quota's above): a hostile

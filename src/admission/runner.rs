@@ -4,7 +4,7 @@
 //! * Reads with the same `(tool, canonical args)` share one execution
 //!   ([`SingleFlight`]) and, within the cache TTL, one result; writes are
 //!   never coalesced or cached. Which calls are reads is the caller's
-//!   decision ([`Kind`]).
+//!   decision ([`CallSpec::write`](super::CallSpec::write)).
 //! * Every attempt is admitted first ([`Admission::admit`]), so retries
 //!   pay the same slots, rate and deadline as first attempts.
 //! * A panic in a call is contained in that call's result
@@ -45,19 +45,19 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 
-use crate::backoff::{Backoff, Deadline, Decision, Jitter, ReplyClass, RetryPolicy};
 use crate::clock::Clock;
 use crate::failure::CallFailure;
-use crate::headers::{Clamp, ServerHint};
+use crate::headers::ServerHint;
+use crate::retry::{Backoff, Deadline, Decision, Jitter, ReplyClass, RetryPolicy};
 use crate::single_flight::{FlightError, Provenance, SingleFlight};
 use crate::sleep::Sleeper;
 
-use super::{Admission, Kind, Status, Throttled};
+use super::{Admission, Status, Throttled};
 
 mod call;
 mod result;
 
-pub use call::{AttemptFuture, Call, Reply};
+pub use call::{Call, Reply};
 pub use result::CallResult;
 
 /// Why a led execution ended without a value (shared with followers).
@@ -74,8 +74,9 @@ enum Ended<E> {
 
 /// Runs a turn's calls through an [`Admission`].
 ///
-/// `E` is the error type of the calls' attempts (`String` by default; it
-/// comes last so that `Runner<V, S, C>` keeps meaning what it did).
+/// `V` is what a call's attempts return and `E` their error type
+/// (`String` by default); `S` and `C` are the admission's sleeper and
+/// clock.
 ///
 /// # Examples
 ///
@@ -108,11 +109,10 @@ enum Ended<E> {
 ///
 /// ```
 /// use backpressure::admission::{Admission, Call, CallFailure, CallResult, CallSpec, Runner};
-/// use backpressure::{DefaultClock, DefaultSleeper};
 /// use std::time::Duration;
 ///
 /// # futures::executor::block_on(async {
-/// let runner: Runner<String, DefaultSleeper, DefaultClock, std::io::Error> =
+/// let runner: Runner<String, std::io::Error> =
 ///     Runner::new(Admission::builder().build(), Duration::ZERO)
 ///         .retries(backpressure::retry::Backoff::new(Duration::ZERO, Duration::ZERO), 0);
 /// let call = Call::new(CallSpec::new("fetch", "key"), || async {
@@ -128,9 +128,9 @@ enum Ended<E> {
 /// ```
 pub struct Runner<
     V,
+    E = String,
     S = crate::sleep::DefaultSleeper,
     C: Clock = crate::clock::DefaultClock,
-    E = String,
 > {
     admission: Admission<S, C>,
     flights: SingleFlight<(String, String), V, Ended<E>, C>,
@@ -139,7 +139,7 @@ pub struct Runner<
     retry: Arc<parking_lot::Mutex<RetryPolicy>>,
 }
 
-impl<V, S, C, E> Runner<V, S, C, E>
+impl<V, E, S, C> Runner<V, E, S, C>
 where
     V: Clone + Send + Sync + 'static,
     S: Sleeper,
@@ -176,7 +176,7 @@ where
             Backoff::new(Duration::from_millis(100), Duration::from_secs(5)).jitter(Jitter::Full);
         let policy = RetryPolicy::new(backoff)
             .max_retries(3)
-            .clamp(Clamp::new(Self::DEFAULT_CLAMP));
+            .clamp(Self::DEFAULT_CLAMP);
         Self {
             admission,
             flights: flights.build(),
@@ -214,11 +214,10 @@ where
     ///
     /// ```
     /// use backpressure::admission::{Admission, Runner};
-    /// use backpressure::headers::Clamp;
     /// use backpressure::retry::RetryPolicy;
     /// use std::time::Duration;
     /// // Sleep through server waits up to 10 s before retrying; 2 retries.
-    /// let policy = RetryPolicy::default().max_retries(2).clamp(Clamp::new(Duration::from_secs(10)));
+    /// let policy = RetryPolicy::default().max_retries(2).clamp(Duration::from_secs(10));
     /// let runner: Runner<String> =
     ///     Runner::new(Admission::builder().build(), Duration::ZERO).retry_policy(policy);
     /// # let _ = runner;
@@ -280,8 +279,8 @@ where
         let joins: Vec<Option<usize>> = calls
             .iter()
             .enumerate()
-            .map(|(i, c)| match (&c.key, c.spec.kind) {
-                (Some(k), Kind::Read) => {
+            .map(|(i, c)| match (&c.key, c.spec.write) {
+                (Some(k), false) => {
                     let leader = *first.entry((c.spec.tool.as_str(), k.as_str())).or_insert(i);
                     (leader != i).then_some(leader)
                 }
@@ -321,8 +320,8 @@ where
     /// # });
     /// ```
     pub async fn one(&self, call: Call<V, E>) -> CallResult<V, E> {
-        let key = match (&call.key, call.spec.kind) {
-            (Some(k), Kind::Read) => Some((call.spec.tool.clone(), k.clone())),
+        let key = match (&call.key, call.spec.write) {
+            (Some(k), false) => Some((call.spec.tool.clone(), k.clone())),
             _ => None,
         };
         // Requests this caller sent itself (it led, or took over a flight).
@@ -530,7 +529,7 @@ impl<E> Ended<E> {
     }
 }
 
-impl<V, S, C: Clock, E> fmt::Debug for Runner<V, S, C, E> {
+impl<V, E, S, C: Clock> fmt::Debug for Runner<V, E, S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Runner")
             .field("admission", &self.admission)

@@ -1,6 +1,6 @@
 //! Limits that live outside the process: a credential whose quota is
 //! shared with other processes (a `RedisBucket`, or any
-//! [`AsyncRateLimiter`]) is admitted through it instead of a local bucket.
+//! [`RateLimiter`]) is admitted through it instead of a local bucket.
 
 use core::future::Future;
 use core::pin::Pin;
@@ -10,54 +10,30 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::bucket::ReserveError;
-use crate::limiter::{AsyncRateLimiter, AsyncReservation};
+use crate::limiter::RateLimiter;
 
 /// A boxed future borrowing the limiter.
-pub type SharedFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub(crate) type SharedFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The object-safe face of an [`AsyncRateLimiter`] that [`Admission`]
-/// uses for a credential shared across processes. Implemented for every
-/// `AsyncRateLimiter` (so for `RedisBucket` and `TokenBucket`); there is no
-/// need to implement it by hand.
+/// The object-safe face of a [`RateLimiter`] that [`Admission`] keeps for a
+/// credential shared across processes; every `RateLimiter` has it.
 ///
 /// A call takes one cell. If the admit is cancelled while it sleeps the
 /// reserved wait, the cell is not given back (a shared refund needs a round
 /// trip a dropped future cannot make): that errs towards admitting less.
 ///
 /// [`Admission`]: crate::admission::Admission
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::admission::SharedLimiter;
-/// use backpressure::{ManualClock, Quota, TokenBucket};
-/// use std::num::NonZeroU32;
-/// use std::time::Duration;
-///
-/// # futures::executor::block_on(async {
-/// let bucket = TokenBucket::with_clock(Quota::per_second(NonZeroU32::new(1).unwrap()), ManualClock::new());
-/// assert_eq!(bucket.reserve_one(Duration::ZERO).await, Ok(Duration::ZERO));
-/// assert!(bucket.reserve_one(Duration::ZERO).await.is_err());
-/// # });
-/// ```
-pub trait SharedLimiter: Send + Sync {
+pub(crate) trait SharedLimiter: Send + Sync {
     /// Takes one cell usable within `max_wait`; returns the wait.
-    ///
-    /// # Errors
-    ///
-    /// As [`AsyncRateLimiter::reserve`].
     fn reserve_one(&self, max_wait: Duration) -> SharedFuture<'_, Result<Duration, ReserveError>>;
 
     /// Holds every process back for `retry_after` (a 429 seen here).
     fn penalize_all(&self, retry_after: Duration) -> SharedFuture<'_, ()>;
 }
 
-impl<L: AsyncRateLimiter> SharedLimiter for L {
+impl<L: RateLimiter> SharedLimiter for L {
     fn reserve_one(&self, max_wait: Duration) -> SharedFuture<'_, Result<Duration, ReserveError>> {
-        Box::pin(async move {
-            // Keep the cells: the call is about to use them.
-            self.reserve(1, max_wait).await.map(|r| r.keep())
-        })
+        Box::pin(self.reserve(1, max_wait))
     }
 
     fn penalize_all(&self, retry_after: Duration) -> SharedFuture<'_, ()> {
@@ -67,7 +43,7 @@ impl<L: AsyncRateLimiter> SharedLimiter for L {
 
 /// Finds the shared limiter of a credential not registered by name (see
 /// [`Builder::shared_quotas`](super::Builder::shared_quotas)).
-pub type SharedResolver = dyn Fn(&str) -> Option<Arc<dyn SharedLimiter>> + Send + Sync;
+pub(crate) type SharedResolver = dyn Fn(&str) -> Option<Arc<dyn SharedLimiter>> + Send + Sync;
 
 /// The credentials admitted through a shared limiter: by name, then through
 /// the resolver.

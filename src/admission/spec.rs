@@ -1,51 +1,20 @@
-//! What `admit` needs to know about a call: [`CallSpec`] and [`Kind`], and
-//! [`concurrency_for`] to size a pool from a rate and a latency.
+//! What `admit` needs to know about a call: [`CallSpec`], and
+//! `concurrency_for` to size a pool from a rate and a latency.
 
 use core::time::Duration;
 use std::borrow::Cow;
-
-/// Whether a call only reads (safe to coalesce and retry) or writes.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::admission::Kind;
-/// assert!(Kind::Read.is_read());
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Kind {
-    /// Idempotent: identical reads may share one request.
-    Read,
-    /// Has effects: never coalesced, never cached.
-    Write,
-}
-
-impl Kind {
-    /// Whether this is [`Kind::Read`].
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Kind;
-    /// assert!(!Kind::Write.is_read());
-    /// ```
-    pub fn is_read(self) -> bool {
-        self == Kind::Read
-    }
-}
 
 /// What `admit` needs to know about a call.
 ///
 /// # Examples
 ///
 /// ```
-/// use backpressure::admission::{CallSpec, Kind};
+/// use backpressure::admission::CallSpec;
 /// use std::time::Duration;
 ///
-/// let spec = CallSpec::new("search_tickets", "org-key")
-///     .kind(Kind::Read)
-///     .deadline(Duration::from_secs(30));
+/// let spec = CallSpec::new("search_tickets", "org-key").deadline(Duration::from_secs(30));
 /// assert_eq!(spec.tool, "search_tickets");
+/// assert!(!spec.write); // a read: identical ones may share one request
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -54,8 +23,9 @@ pub struct CallSpec {
     pub tool: String,
     /// The credential the call is sent with: what the server throttles.
     pub credential: String,
-    /// Read or write.
-    pub kind: Kind,
+    /// Whether the call has effects: a write is never coalesced or cached.
+    /// `false` (the default): a read, which identical reads may share.
+    pub write: bool,
     /// What the call costs against each named quota of its credential, as
     /// (quota, units): `("tokens", 1_800)`. `"requests"` defaults to 1;
     /// other quotas to 0. A cost against a quota the layer was not given
@@ -77,30 +47,31 @@ impl CallSpec {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::admission::{CallSpec, Kind};
+    /// use backpressure::admission::CallSpec;
     /// let spec = CallSpec::new("get_usage", "key");
-    /// assert_eq!(spec.kind, Kind::Read);
+    /// assert!(!spec.write);
     /// ```
     pub fn new(tool: impl Into<String>, credential: impl Into<String>) -> Self {
         Self {
             tool: tool.into(),
             credential: credential.into(),
-            kind: Kind::Read,
+            write: false,
             costs: Vec::new(),
             deadline: Duration::from_secs(30),
         }
     }
 
-    /// Sets read or write.
+    /// Marks the call a write: it has effects, so it is never coalesced
+    /// with an identical call or cached.
     ///
     /// # Examples
     ///
     /// ```
-    /// use backpressure::admission::{CallSpec, Kind};
-    /// assert_eq!(CallSpec::new("refund", "k").kind(Kind::Write).kind, Kind::Write);
+    /// use backpressure::admission::CallSpec;
+    /// assert!(CallSpec::new("refund", "k").write().write);
     /// ```
-    pub fn kind(mut self, kind: Kind) -> Self {
-        self.kind = kind;
+    pub fn write(mut self) -> Self {
+        self.write = true;
         self
     }
 
@@ -156,22 +127,8 @@ impl CallSpec {
     }
 }
 
-/// Proposes a concurrency cap from Little's law: in-flight calls = rate x
-/// latency, rounded up, at least 1 and at most `u32::MAX`. An infinite
-/// rate (no limit) at a positive latency needs no cap: `u32::MAX`. A rate
-/// that is not a number, negative, or met with a zero latency gives 1.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::admission::concurrency_for;
-/// use std::time::Duration;
-/// // 10 requests/s at 400 ms each keep 4 in flight.
-/// assert_eq!(concurrency_for(10.0, Duration::from_millis(400)), 4);
-/// assert_eq!(concurrency_for(f64::NAN, Duration::from_secs(1)), 1);
-/// assert_eq!(concurrency_for(f64::INFINITY, Duration::from_millis(400)), u32::MAX);
-/// ```
-pub fn concurrency_for(rate_per_sec: f64, latency: Duration) -> u32 {
+/// See [`Builder::concurrency_for`](super::Builder::concurrency_for).
+pub(super) fn concurrency_for(rate_per_sec: f64, latency: Duration) -> u32 {
     let n = rate_per_sec * latency.as_secs_f64();
     if n == f64::INFINITY {
         u32::MAX

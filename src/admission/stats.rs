@@ -76,7 +76,7 @@ fn index(status: Status) -> usize {
 ///
 /// ```
 /// use backpressure::admission::{Admission, CallSpec};
-/// use backpressure::throttled::Status;
+/// use backpressure::Status;
 /// # futures::executor::block_on(async {
 /// let admission = Admission::builder().run_budget(0).build();
 /// let _ = admission.admit(&CallSpec::new("search", "key")).await;
@@ -111,7 +111,7 @@ impl Refusals {
     ///
     /// ```
     /// use backpressure::admission::Refusals;
-    /// use backpressure::throttled::Status;
+    /// use backpressure::Status;
     /// assert_eq!(Refusals::default().get(Status::Shed), 0);
     /// ```
     pub fn get(&self, status: Status) -> u64 {
@@ -216,7 +216,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
     ///
     /// ```
     /// use backpressure::admission::{Admission, CallSpec, SlotPolicy};
-    /// use backpressure::throttled::Status;
+    /// use backpressure::Status;
     /// # futures::executor::block_on(async {
     /// let admission = Admission::builder().tool("refund", 1, SlotPolicy::FailFast).build();
     /// let running = admission.admit(&CallSpec::new("refund", "key")).await.unwrap();

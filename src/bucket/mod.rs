@@ -19,61 +19,6 @@ pub use reservation::Reservation;
 
 use gcra::Gcra;
 
-/// The contract every rate limiter in this crate keeps, so callers (and
-/// the admission layer) can take any of them: this process's
-/// [`TokenBucket`], a shared one enforced elsewhere, or a test double.
-///
-/// The trait is object safe (`&dyn RateLimiter` works) and every method
-/// decides at once: none of them sleeps or blocks. Waiting is the
-/// caller's, with the [`Reservation`] in hand (see
-/// [`TokenBucket::until_ready`]).
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::{ManualClock, Quota, RateLimiter, TokenBucket};
-/// use std::num::NonZeroU32;
-///
-/// fn start_call(limiter: &dyn RateLimiter) -> bool {
-///     limiter.try_acquire(1).is_ok()
-/// }
-///
-/// let bucket = TokenBucket::with_clock(
-///     Quota::per_second(NonZeroU32::new(1).unwrap()),
-///     ManualClock::new(),
-/// );
-/// assert!(start_call(&bucket));
-/// assert!(!start_call(&bucket));
-/// ```
-pub trait RateLimiter: Send + Sync {
-    /// Admits `n` cells now, or says how long until they would fit.
-    /// A denial consumes nothing.
-    ///
-    /// # Errors
-    ///
-    /// [`CheckError::NotUntil`] when the cells do not fit yet,
-    /// [`CheckError::InsufficientCapacity`] when `n` is above the burst.
-    fn try_acquire(&self, n: u32) -> Result<(), CheckError>;
-
-    /// Takes `n` cells that are usable within `max_wait`, or nothing.
-    ///
-    /// # Errors
-    ///
-    /// [`ReserveError::RateLimited`] when the wait is longer than
-    /// `max_wait`, [`ReserveError::InsufficientCapacity`] when `n` is above
-    /// the burst.
-    fn reserve(&self, n: u32, max_wait: Duration) -> Result<Reservation<'_>, ReserveError>;
-
-    /// The server said "not before `retry_after`" (a 429 or 503 with
-    /// `Retry-After`): admit nothing until then.
-    fn penalize(&self, retry_after: Duration);
-
-    /// How many cells [`try_acquire`](RateLimiter::try_acquire) would admit
-    /// now. A peek: it consumes nothing, and the answer may be stale by the
-    /// time it is used.
-    fn available(&self) -> u32;
-}
-
 /// A lock-free GCRA rate limiter: one cell per period, bursts up to the
 /// quota's burst, in integer nanoseconds on a [`Clock`].
 ///
@@ -468,7 +413,7 @@ impl<C: Clock> TokenBucket<C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::{Quota, ThreadSleeper, TokenBucket};
+    /// use backpressure::{Quota, DefaultSleeper, TokenBucket};
     /// use std::num::NonZeroU32;
     /// use std::time::Duration;
     ///
@@ -476,11 +421,11 @@ impl<C: Clock> TokenBucket<C> {
     /// futures::executor::block_on(async {
     ///     for _ in 0..1010 {
     ///         // The last ten wait about a millisecond each.
-    ///         bucket.until_ready(1, Duration::from_secs(1), &ThreadSleeper::new()).await.unwrap();
+    ///         bucket.until_ready(1, Duration::from_secs(1), &DefaultSleeper::new()).await.unwrap();
     ///     }
     ///     // A call that cannot wait is told so at once.
     ///     bucket.try_acquire(1000).unwrap_err();
-    ///     assert!(bucket.until_ready(1000, Duration::ZERO, &ThreadSleeper::new()).await.is_err());
+    ///     assert!(bucket.until_ready(1000, Duration::ZERO, &DefaultSleeper::new()).await.is_err());
     /// });
     /// ```
     pub async fn until_ready<S: Sleeper>(
@@ -578,50 +523,6 @@ impl Drop for CancelOnDrop<'_> {
         if let Some(r) = self.0.take() {
             r.cancel();
         }
-    }
-}
-
-/// A shared limiter is still a limiter (so an `Arc<TokenBucket>` can be
-/// handed to several users, e.g. `Admission::shared_quota`).
-impl<L: RateLimiter + ?Sized> RateLimiter for std::sync::Arc<L> {
-    #[inline]
-    fn try_acquire(&self, n: u32) -> Result<(), CheckError> {
-        (**self).try_acquire(n)
-    }
-
-    #[inline]
-    fn reserve(&self, n: u32, max_wait: Duration) -> Result<Reservation<'_>, ReserveError> {
-        (**self).reserve(n, max_wait)
-    }
-
-    #[inline]
-    fn penalize(&self, retry_after: Duration) {
-        (**self).penalize(retry_after)
-    }
-
-    #[inline]
-    fn available(&self) -> u32 {
-        (**self).available()
-    }
-}
-
-impl<C: Clock> RateLimiter for TokenBucket<C> {
-    #[inline]
-    fn try_acquire(&self, n: u32) -> Result<(), CheckError> {
-        TokenBucket::try_acquire(self, n)
-    }
-
-    #[inline]
-    fn reserve(&self, n: u32, max_wait: Duration) -> Result<Reservation<'_>, ReserveError> {
-        TokenBucket::reserve(self, n, max_wait)
-    }
-
-    fn penalize(&self, retry_after: Duration) {
-        TokenBucket::penalize(self, retry_after)
-    }
-
-    fn available(&self) -> u32 {
-        TokenBucket::available(self)
     }
 }
 

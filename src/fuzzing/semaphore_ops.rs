@@ -21,7 +21,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 use super::CountingWaker;
-use crate::{Acquire, Semaphore, SemaphorePermit};
+use crate::semaphore::Acquire;
+use crate::{Semaphore, SemaphorePermit};
 
 const SLOTS: usize = 6;
 

@@ -25,7 +25,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use super::CountingWaker;
-use crate::{single_flight::Provenance, FlightError, ManualClock, SingleFlight};
+use crate::{FlightError, ManualClock, Provenance, SingleFlight};
 
 const SLOTS: usize = 6;
 const KEYS: u8 = 3;

@@ -10,7 +10,9 @@ mod parse;
 mod value;
 mod write;
 
-pub use write::{retry_after_secs, RateLimitHeaders};
+#[cfg(feature = "testing")]
+pub(crate) use write::retry_after_secs;
+pub use write::RateLimitHeaders;
 
 use std::time::{Duration, SystemTime};
 
@@ -340,78 +342,24 @@ impl ServerHint {
             .filter_map(|p| p.reset_after);
         top.into_iter().chain(policies).max()
     }
-
-    /// [`wait`](Self::wait) against what the caller can afford: see
-    /// [`Clamp::apply`].
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::headers::{Advice, Clamp, ServerHint};
-    /// use std::time::{Duration, SystemTime};
-    ///
-    /// let hint = ServerHint::from_headers([("retry-after", "3600")], SystemTime::now());
-    /// let clamp = Clamp::new(Duration::from_secs(30));
-    /// // An hour against a 30 s budget is the server saying stop.
-    /// assert_eq!(hint.advise(clamp), Advice::Stop { retry_after: Duration::from_secs(3600) });
-    /// ```
-    pub fn advise(&self, clamp: Clamp) -> Advice {
-        match self.wait() {
-            None => Advice::Proceed,
-            Some(d) => clamp.apply(d),
-        }
-    }
 }
 
 /// The longest server-requested wait a caller will sleep through.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::headers::{Advice, Clamp};
-/// use std::time::Duration;
-///
-/// let clamp = Clamp { max: Duration::from_secs(30) };
-/// assert_eq!(clamp.apply(Duration::from_secs(2)), Advice::Wait(Duration::from_secs(2)));
-/// assert!(clamp.apply(Duration::from_secs(31)).is_stop());
-/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Clamp {
+pub(crate) struct Clamp {
     /// Waits up to and including this are slept; longer ones are surfaced.
-    pub max: Duration,
+    pub(crate) max: Duration,
 }
 
 impl Clamp {
     /// A clamp at `max`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::headers::Clamp;
-    /// use std::time::Duration;
-    /// assert_eq!(Clamp::new(Duration::from_secs(1)).max, Duration::from_secs(1));
-    /// ```
-    pub const fn new(max: Duration) -> Clamp {
+    pub(crate) const fn new(max: Duration) -> Clamp {
         Clamp { max }
     }
 
     /// `Wait(wait)` if it fits in `max`, else `Stop` carrying the server's
     /// full wait, for the caller to surface rather than sleep.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::headers::{Advice, Clamp};
-    /// use std::time::Duration;
-    ///
-    /// let clamp = Clamp::new(Duration::from_secs(10));
-    /// assert_eq!(clamp.apply(Duration::from_secs(10)), Advice::Wait(Duration::from_secs(10)));
-    /// assert_eq!(
-    ///     clamp.apply(Duration::from_secs(11)),
-    ///     Advice::Stop { retry_after: Duration::from_secs(11) },
-    /// );
-    /// ```
-    pub fn apply(self, wait: Duration) -> Advice {
+    pub(crate) fn apply(self, wait: Duration) -> Advice {
         if wait <= self.max {
             Advice::Wait(wait)
         } else {
@@ -421,27 +369,8 @@ impl Clamp {
 }
 
 /// What to do with a server's hint, given a [`Clamp`].
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::headers::{Advice, Clamp, ServerHint};
-/// use std::time::{Duration, SystemTime};
-///
-/// let clamp = Clamp::new(Duration::from_secs(30));
-/// let hint = ServerHint::from_headers([("x-ratelimit-remaining", "7")], SystemTime::now());
-/// match hint.advise(clamp) {
-///     Advice::Proceed => {}
-///     Advice::Wait(d) => std::thread::sleep(d),
-///     Advice::Stop { retry_after } => println!("surface it: retry in {retry_after:?}"),
-///     _ => {}
-/// }
-/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Advice {
-    /// The server asked for no wait.
-    Proceed,
+pub(crate) enum Advice {
     /// Wait this long (at most the clamp), then go.
     Wait(Duration),
     /// The server's wait is longer than the caller can use: stop and
@@ -450,20 +379,6 @@ pub enum Advice {
         /// The server's full wait.
         retry_after: Duration,
     },
-}
-
-impl Advice {
-    /// Whether this is [`Advice::Stop`].
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::headers::Advice;
-    /// assert!(!Advice::Proceed.is_stop());
-    /// ```
-    pub fn is_stop(&self) -> bool {
-        matches!(self, Advice::Stop { .. })
-    }
 }
 
 /// Serde for `Option<Duration>` as whole milliseconds, rounded up.
@@ -487,5 +402,36 @@ mod millis {
     ) -> Result<Option<Duration>, D::Error> {
         let max = super::ServerHint::MAX_DURATION;
         Ok(Option::<u64>::deserialize(d)?.map(|ms| Duration::from_millis(ms).min(max)))
+    }
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod clamp_tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    #[test]
+    fn clamp_turns_a_long_wait_into_stop() {
+        let clamp = Clamp::new(Duration::from_secs(30));
+        let hint = |v: &'static str| {
+            ServerHint::from_headers([("retry-after", v)], SystemTime::UNIX_EPOCH)
+        };
+        assert_eq!(
+            clamp.apply(hint("3600").wait().unwrap()),
+            Advice::Stop {
+                retry_after: Duration::from_secs(3600)
+            }
+        );
+        assert_eq!(
+            clamp.apply(hint("30").wait().unwrap()),
+            Advice::Wait(Duration::from_secs(30))
+        );
+        assert_eq!(
+            clamp.apply(hint("30.000000001").wait().unwrap()),
+            Advice::Stop {
+                retry_after: Duration::new(30, 1)
+            }
+        );
+        assert_eq!(ServerHint::default().wait(), None);
     }
 }

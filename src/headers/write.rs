@@ -17,17 +17,7 @@ const SF_MAX: u64 = 999_999_999_999_999;
 /// `d` in whole seconds, rounded up (a client told `Retry-After: 1` for a
 /// 300 ms wait comes back late, never early), at most the largest
 /// structured-field Integer.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::headers::retry_after_secs;
-/// use std::time::Duration;
-/// assert_eq!(retry_after_secs(Duration::from_millis(300)), 1);
-/// assert_eq!(retry_after_secs(Duration::from_secs(2)), 2);
-/// assert_eq!(retry_after_secs(Duration::ZERO), 0);
-/// ```
-pub fn retry_after_secs(d: Duration) -> u64 {
+pub(crate) fn retry_after_secs(d: Duration) -> u64 {
     let secs = d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0));
     secs.min(SF_MAX)
 }
@@ -307,7 +297,7 @@ impl Throttled {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::throttled::Status;
+    /// use backpressure::Status;
     /// use backpressure::Throttled;
     /// assert_eq!(Throttled::new(Status::RateLimited, "api_key", "").http_status(), 429);
     /// assert_eq!(Throttled::new(Status::Shed, "queue", "").http_status(), 503);
@@ -329,7 +319,7 @@ impl Throttled {
     ///
     /// ```
     /// use backpressure::headers::ServerHint;
-    /// use backpressure::throttled::Status;
+    /// use backpressure::Status;
     /// use backpressure::Throttled;
     /// use std::time::{Duration, SystemTime};
     ///

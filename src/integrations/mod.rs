@@ -5,9 +5,7 @@
 
 mod poll_semaphore;
 #[cfg(feature = "http")]
-pub(crate) mod refusal;
-#[cfg(any(feature = "reqwest", all(feature = "tower", feature = "http")))]
-mod request_deadline;
+mod refusal;
 #[cfg(feature = "reqwest")]
 pub mod reqwest;
 #[cfg(feature = "testing")]
@@ -16,5 +14,3 @@ pub mod testing;
 pub mod tower;
 
 pub use poll_semaphore::PollSemaphore;
-#[cfg(any(feature = "reqwest", all(feature = "tower", feature = "http")))]
-pub use request_deadline::RequestDeadline;

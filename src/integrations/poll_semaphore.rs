@@ -15,7 +15,7 @@ use crate::semaphore::{AcquireOwned, OwnedSemaphorePermit, Semaphore, TryAcquire
 ///
 /// [`poll_acquire`](Self::poll_acquire) takes a free permit without
 /// allocating (one compare-and-swap); only when it has to queue does it
-/// box an [`AcquireOwned`], and that box is reused by later waits. The
+/// box an `AcquireOwned`, and that box is reused by later waits. The
 /// queued future keeps its place in the semaphore's FIFO across polls.
 ///
 /// Clones share the semaphore but not the stored future: each clone waits
@@ -25,7 +25,7 @@ use crate::semaphore::{AcquireOwned, OwnedSemaphorePermit, Semaphore, TryAcquire
 ///
 /// Dropping a `PollSemaphore` while it waits drops its acquire future:
 /// every permit already assigned to it goes back to the semaphore (see
-/// [`AcquireOwned`]).
+/// `AcquireOwned`).
 ///
 /// # Examples
 ///

@@ -11,8 +11,8 @@ use ::reqwest::{Request, Response};
 use ::reqwest_middleware::{Error, Middleware, Next, Result};
 use parking_lot::Mutex;
 
-use super::refusal;
 use crate::clock::{Clock, DefaultClock};
+use crate::retry::{Attempts, RequestDeadline};
 use crate::sleep::{DefaultSleeper, Sleeper};
 use crate::throttled::{Human, Status};
 use crate::{
@@ -25,12 +25,6 @@ type Costs = Arc<dyn Fn(&Request) -> Vec<(String, u32)> + Send + Sync>;
 type Usage = Arc<dyn Fn(&Response) -> Vec<(String, u32)> + Send + Sync>;
 type BodyUsage = Arc<dyn Fn(&[u8]) -> Vec<(String, u32)> + Send + Sync>;
 
-/// A request's own deadline (shared with the tower `AdmissionLayer`).
-pub use super::RequestDeadline;
-pub use call::HttpReply;
-pub use refusal::{is_refusal, refusal_response, Attempts, REFUSAL_HEADER};
-pub use usage::llm_usage;
-
 mod call;
 mod usage;
 
@@ -42,7 +36,7 @@ mod usage;
 ///
 /// | what happened | the caller gets |
 /// | --- | --- |
-/// | an answer that is not "not now" (2xx, 404, ...) | `Ok(response)`, with an [`Attempts`] extension (requests sent, retries included) |
+/// | an answer that is not "not now" (2xx, 404, ...) | `Ok(response)`, with an [`Attempts`](crate::retry::Attempts) extension (requests sent, retries included) |
 /// | refused by the admission layer (nothing sent) | a [`Throttled`] (`attempts: 0`) |
 /// | 429 (or 503 with `Retry-After`) past the retries, or a server wait that does not fit the clamp or the deadline | a [`Throttled`] `rate_limited` with the server's wait, never a plain 429 |
 /// | still running at the deadline | a [`Throttled`] `timed_out`: the request is dropped |
@@ -51,15 +45,15 @@ mod usage;
 /// A [`Throttled`] reaches the caller as an [`Error::Middleware`] whose
 /// cause it is (`err.downcast_ref::<Throttled>()` on the inner
 /// `anyhow::Error`), or, with [`refusals_as_responses`](Self::refusals_as_responses),
-/// as a synthetic 429 response an LLM client keeps ([`refusal_response`]).
+/// as a synthetic 429 response an LLM client keeps ([`Throttled::to_response`](crate::Throttled::to_response)).
 ///
 /// * The **tool** of a request is, by default, its host and route
 ///   (`api.openai.com/v1/chat/completions`; id-like segments become `*`,
 ///   at most four segments); the **credential** is a hash of the
 ///   configured header's value (`authorization` by default), never the
-///   value itself, so it can be logged ([`credential_of`]). Both can be
+///   value itself, so it can be logged ([`credential_of`](AdmissionMiddleware::credential_of)). Both can be
 ///   replaced with closures.
-/// * The **deadline** is [`RequestDeadline`] from the request's
+/// * The **deadline** is [`RequestDeadline`](crate::retry::RequestDeadline) from the request's
 ///   extensions, else the default (30 s). Admission waits, the requests,
 ///   retries and their backoff are all charged to it.
 /// * A bare or unparsable 429 waits [`RetryPolicy::BARE_429_HOLD`] (the
@@ -178,7 +172,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
         self
     }
 
-    /// The default deadline of a request without [`RequestDeadline`].
+    /// The default deadline of a request without [`RequestDeadline`](crate::retry::RequestDeadline).
     ///
     /// # Examples
     ///
@@ -265,7 +259,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     }
 
     /// What a successful response's body says the request used, as
-    /// `(quota name, units)` ([`llm_usage`] reads OpenAI's and Anthropic's
+    /// `(quota name, units)` ([`llm_usage`](AdmissionMiddleware::llm_usage) reads OpenAI's and Anthropic's
     /// `usage` object), settled on the request's ticket like
     /// [`usage_from`](Self::usage_from). The body is read once, here, and
     /// the caller gets a response with the same status, headers,
@@ -276,7 +270,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     ///
     /// ```
     /// use backpressure::admission::Admission;
-    /// use backpressure::reqwest::{llm_usage, AdmissionMiddleware};
+    /// use backpressure::reqwest::AdmissionMiddleware;
     /// use backpressure::Quota;
     /// use std::num::NonZeroU32;
     /// let admission = Admission::builder()
@@ -284,7 +278,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     ///     .build();
     /// let m = AdmissionMiddleware::new(admission)
     ///     .cost_from(|_req| vec![("tokens".to_string(), 1_000)])
-    ///     .usage_from_body(llm_usage);
+    ///     .usage_from_body(AdmissionMiddleware::llm_usage);
     /// # drop(m);
     /// ```
     pub fn usage_from_body(
@@ -298,7 +292,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     /// Answers a refusal as a synthetic 429 response (503 for `closed`)
     /// instead of an error: `retry-after`, `retry-after-ms` and a JSON
     /// body in the providers' error shape carrying the [`Throttled`] (see
-    /// [`refusal_response`]). Use it under a client library (an LLM client
+    /// [`Throttled::to_response`](crate::Throttled::to_response)). Use it under a client library (an LLM client
     /// over reqwest-middleware) that reports errors from its HTTP stack as
     /// retryable transport failures but keeps a 429's status, headers and
     /// body.
@@ -328,38 +322,59 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     pub fn default_deadline(&self) -> Duration {
         self.deadline
     }
+}
 
-    /// The credential the default derivation gives a header value: a
-    /// stable 64-bit hash, in hex (use it to configure a quota with
-    /// `Builder::quota`).
+/// The functions a middleware is configured with, on the default type so
+/// they are named without type parameters.
+impl AdmissionMiddleware {
+    /// The credential the middleware's default derivation gives a header
+    /// value: a stable 64-bit hash, in hex. Ask
+    /// [`Admission::learned_rate`] or [`Admission::stats`] with it, or
+    /// configure a quota for it with `Builder::quota`.
     ///
     /// # Examples
     ///
     /// ```
     /// use backpressure::reqwest::AdmissionMiddleware;
-    /// let a = AdmissionMiddleware::<backpressure::DefaultSleeper>::credential_of(b"Bearer key-a");
-    /// assert_eq!(a, backpressure::reqwest::credential_of(b"Bearer key-a"));
+    /// let a = AdmissionMiddleware::credential_of(b"Bearer key-a");
+    /// assert_eq!(a.len(), 16);
+    /// assert_ne!(a, AdmissionMiddleware::credential_of(b"Bearer key-b"));
     /// ```
     pub fn credential_of(value: &[u8]) -> String {
         hash_credential(value)
     }
-}
 
-/// The credential the middleware's default derivation gives a header
-/// value: a stable 64-bit hash, in hex. Ask
-/// [`Admission::learned_rate`] or [`Admission::stats`] with it, or
-/// configure a quota for it with `Builder::quota`.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::reqwest::credential_of;
-/// let a = credential_of(b"Bearer key-a");
-/// assert_eq!(a.len(), 16);
-/// assert_ne!(a, credential_of(b"Bearer key-b"));
-/// ```
-pub fn credential_of(value: &[u8]) -> String {
-    hash_credential(value)
+    /// The token usage an LLM provider reports in a (non-streamed) JSON reply,
+    /// as `(quota name, units)` for
+    /// [`usage_from_body`](AdmissionMiddleware::usage_from_body)
+    /// (or [`Ticket::settle`](crate::admission::Ticket::settle)):
+    ///
+    /// | provider | `usage` fields | reported as |
+    /// | --- | --- | --- |
+    /// | OpenAI (and compatible servers) | `prompt_tokens`, `completion_tokens`, `total_tokens` | `input_tokens`, `output_tokens`, `tokens` |
+    /// | Anthropic | `input_tokens`, `output_tokens` (+ `cache_creation_input_tokens`, `cache_read_input_tokens`) | `input_tokens` (all input), `output_tokens`, `tokens` (their sum) |
+    ///
+    /// A body that is not JSON, or has no `usage`, reports nothing; a count
+    /// past `u32::MAX` is clamped to it. Names the layer has no quota for are
+    /// ignored by the settle, so the three can always be reported.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::reqwest::AdmissionMiddleware;
+    /// let llm_usage = AdmissionMiddleware::llm_usage;
+    /// let openai = br#"{"usage": {"prompt_tokens": 700, "completion_tokens": 105, "total_tokens": 805}}"#;
+    /// assert_eq!(
+    ///     llm_usage(openai),
+    ///     [("input_tokens".to_string(), 700), ("output_tokens".to_string(), 105), ("tokens".to_string(), 805)]
+    /// );
+    /// let anthropic = br#"{"usage": {"input_tokens": 10, "cache_read_input_tokens": 90, "output_tokens": 5}}"#;
+    /// assert_eq!(llm_usage(anthropic)[2], ("tokens".to_string(), 105));
+    /// assert!(llm_usage(b"not json").is_empty());
+    /// ```
+    pub fn llm_usage(body: &[u8]) -> Vec<(String, u32)> {
+        usage::llm_usage(body)
+    }
 }
 
 fn hash_credential(value: &[u8]) -> String {
@@ -497,7 +512,7 @@ where
                     Ok(response)
                         if response.status().is_success()
                             && !usage::is_stream(&response)
-                            && !refusal::is_refusal(response.headers()) =>
+                            && !crate::Throttled::is_refusal(response.headers()) =>
                     {
                         match usage::buffered(response, |body| read(body)).await {
                             Ok((response, used)) => {
@@ -515,7 +530,7 @@ where
             let (status, hint) = match &result {
                 // A refusal of an admission layer further in: not the
                 // server's answer, so nothing to learn from, and final.
-                Ok(response) if refusal::is_refusal(response.headers()) => {
+                Ok(response) if crate::Throttled::is_refusal(response.headers()) => {
                     return with_attempts(result, sent)
                 }
                 Ok(response) => {
@@ -569,7 +584,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     /// `Throttled`, or a synthetic 429 response.
     fn refuse(&self, throttled: Throttled) -> Result<Response> {
         if self.responses {
-            Ok(Response::from(refusal::refusal_response(&throttled)))
+            Ok(Response::from(throttled.to_response()))
         } else {
             Err(Error::middleware(throttled))
         }

@@ -34,14 +34,14 @@ impl RedisBucket {
     /// # Examples
     ///
     /// ```no_run
-    /// # use backpressure::{Quota, RedisBucket, ThreadSleeper};
+    /// # use backpressure::{Quota, RedisBucket, DefaultSleeper};
     /// # use std::num::NonZeroU32;
     /// # use std::time::Duration;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let bucket = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN))
     ///     .build().unwrap();
-    /// // Any `Sleeper`; under tokio, `TokioSleeper` (feature `tokio`).
-    /// bucket.until_ready(1, Duration::from_secs(2), &ThreadSleeper::new()).await.unwrap();
+    /// // Any `Sleeper`; `DefaultSleeper` uses tokio's timer under tokio.
+    /// bucket.until_ready(1, Duration::from_secs(2), &DefaultSleeper::new()).await.unwrap();
     /// // call the API
     /// # }
     /// ```

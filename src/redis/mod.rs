@@ -28,7 +28,7 @@ use std::collections::VecDeque;
 
 use crate::bucket::{CheckError, Quota, ReserveError};
 use crate::clock::{saturating_nanos, Clock};
-use crate::limiter::AsyncRateLimiter;
+use crate::limiter::RateLimiter;
 use crate::sync::{Arc, ThreadMutex};
 
 use breaker::{Breaker, Policy};
@@ -40,16 +40,9 @@ use reservation::Source;
 pub use scoped::{RedisScoped, RedisScopedBuilder};
 use script::{Op, Params, Refund, MAX_MICROS};
 
-/// Refunds of dropped reservations queued per bucket, at most: a drop past
-/// it forgets the oldest (lowest) one, which could only unwind after all
-/// those above it. See *Dropping it* on [`RedisReservation`].
-///
-/// # Examples
-///
-/// ```
-/// assert_eq!(backpressure::MAX_QUEUED_REFUNDS, 1024);
-/// ```
-pub const MAX_QUEUED_REFUNDS: usize = 1024;
+/// Refunds of dropped reservations queued per bucket, at most
+/// ([`RedisBucket::MAX_QUEUED_REFUNDS`]).
+const MAX_QUEUED_REFUNDS: usize = 1024;
 
 /// Counters of a [`RedisBucket`]'s decisions, for measuring leasing and
 /// the failure policy.
@@ -176,7 +169,7 @@ impl State {
 /// methods are `async` and [`reserve`](RedisBucket::reserve) returns a
 /// [`RedisReservation`] whose [`cancel`](RedisReservation::cancel) is
 /// `async` too. Method names and error types are those of
-/// [`TokenBucket`]; both implement [`AsyncRateLimiter`], which callers
+/// [`TokenBucket`]; both implement [`RateLimiter`], which callers
 /// (and the admission layer) take to accept either.
 ///
 /// # Leasing
@@ -256,6 +249,17 @@ pub struct RedisBucket {
 }
 
 impl RedisBucket {
+    /// Refunds of dropped reservations queued per bucket, at most: a drop
+    /// past it forgets the oldest (lowest) one, which could only unwind
+    /// after all those above it. See *Dropping it* on [`RedisReservation`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(backpressure::RedisBucket::MAX_QUEUED_REFUNDS, 1024);
+    /// ```
+    pub const MAX_QUEUED_REFUNDS: usize = MAX_QUEUED_REFUNDS;
+
     /// The Redis key.
     ///
     /// # Examples
@@ -677,9 +681,7 @@ impl fmt::Debug for RedisBucket {
     }
 }
 
-impl AsyncRateLimiter for RedisBucket {
-    type Reservation<'a> = RedisReservation<'a>;
-
+impl RateLimiter for RedisBucket {
     fn try_acquire(
         &self,
         n: u32,
@@ -687,47 +689,12 @@ impl AsyncRateLimiter for RedisBucket {
         RedisBucket::try_acquire(self, n)
     }
 
-    fn reserve(
-        &self,
-        n: u32,
-        max_wait: Duration,
-    ) -> impl core::future::Future<Output = Result<RedisReservation<'_>, ReserveError>> + Send {
+    async fn reserve(&self, n: u32, max_wait: Duration) -> Result<Duration, ReserveError> {
+        // Kept: a `RedisReservation` dropped before its wait would give its
+        // cells back, and the caller is about to use them.
         RedisBucket::reserve(self, n, max_wait)
-    }
-
-    fn penalize(&self, retry_after: Duration) -> impl core::future::Future<Output = ()> + Send {
-        RedisBucket::penalize(self, retry_after)
-    }
-
-    fn available(&self) -> impl core::future::Future<Output = u32> + Send {
-        RedisBucket::available(self)
-    }
-}
-
-/// A key's bucket from a [`RedisScoped`] (or any shared `RedisBucket`) is
-/// a limiter too, so it can be handed to the admission layer
-/// (`Admission::builder().shared_quota(credential, scoped.bucket(&credential))`).
-///
-/// This repeats the impl above on purpose: a blanket
-/// `impl<L: AsyncRateLimiter> AsyncRateLimiter for Arc<L>` would overlap the
-/// blanket impl over every `RateLimiter` (which already covers
-/// `Arc<TokenBucket>`), so coherence forbids it.
-impl AsyncRateLimiter for Arc<RedisBucket> {
-    type Reservation<'a> = RedisReservation<'a>;
-
-    fn try_acquire(
-        &self,
-        n: u32,
-    ) -> impl core::future::Future<Output = Result<(), CheckError>> + Send {
-        RedisBucket::try_acquire(self, n)
-    }
-
-    fn reserve(
-        &self,
-        n: u32,
-        max_wait: Duration,
-    ) -> impl core::future::Future<Output = Result<RedisReservation<'_>, ReserveError>> + Send {
-        RedisBucket::reserve(self, n, max_wait)
+            .await
+            .map(RedisReservation::keep)
     }
 
     fn penalize(&self, retry_after: Duration) -> impl core::future::Future<Output = ()> + Send {

@@ -1,14 +1,12 @@
 //! `RedisReservation`: cells taken from a `RedisBucket`.
 
 use core::fmt;
-use core::future::Future;
 use core::time::Duration;
 
 use super::script::Refund;
 use super::RedisBucket;
 use crate::bucket::Reservation;
 use crate::clock::saturating_nanos;
-use crate::limiter::AsyncReservation;
 
 /// Cells taken from a [`RedisBucket`], usable after
 /// [`wait`](RedisReservation::wait).
@@ -25,7 +23,7 @@ use crate::limiter::AsyncReservation;
 ///   back at once, in `Drop`;
 /// * cells taken in Redis cannot (a round trip cannot run in `Drop`): the
 ///   refund is queued in the bucket (at most
-///   [`MAX_QUEUED_REFUNDS`](super::MAX_QUEUED_REFUNDS), the oldest
+///   [`MAX_QUEUED_REFUNDS`](super::RedisBucket::MAX_QUEUED_REFUNDS), the oldest
 ///   forgotten first) and sent with the bucket's **next round trip**,
 ///   whatever its operation. No task is spawned and nothing needs
 ///   flushing; a bucket that makes no further call never sends it, and
@@ -234,20 +232,6 @@ impl Drop for RedisReservation<'_> {
                 r.cancel();
             }
         }
-    }
-}
-
-impl AsyncReservation for RedisReservation<'_> {
-    fn wait(&self) -> Duration {
-        self.wait
-    }
-
-    fn cancel(self) -> impl Future<Output = bool> + Send {
-        RedisReservation::cancel(self)
-    }
-
-    fn keep(self) -> Duration {
-        RedisReservation::keep(self)
     }
 }
 

@@ -21,21 +21,6 @@ use super::{AcquireError, OwnedSemaphorePermit, Semaphore, SemaphorePermit};
 /// Dropping it before completion gives back every permit already assigned to
 /// it (waking the next waiter if that satisfies it); the place in the queue
 /// is lost.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::{Acquire, Semaphore};
-///
-/// struct Pending<'a> {
-///     acquire: Acquire<'a>,
-/// }
-///
-/// let semaphore = Semaphore::new(1);
-/// let pending = Pending { acquire: semaphore.acquire() };
-/// let permit = futures::executor::block_on(pending.acquire).unwrap();
-/// assert_eq!(permit.num_permits(), 1);
-/// ```
 #[must_use = "futures do nothing unless you `.await` or poll them"]
 pub struct Acquire<'a> {
     sem: &'a Semaphore,
@@ -48,19 +33,6 @@ pub struct Acquire<'a> {
 /// # Cancel safety
 ///
 /// As [`Acquire`].
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::{AcquireOwned, Semaphore};
-/// use std::sync::Arc;
-///
-/// let semaphore = Arc::new(Semaphore::new(1));
-/// let acquire: AcquireOwned = semaphore.clone().acquire_owned();
-/// let permit = futures::executor::block_on(acquire).unwrap();
-/// assert_eq!(semaphore.available_permits(), 0);
-/// # drop(permit);
-/// ```
 #[must_use = "futures do nothing unless you `.await` or poll them"]
 pub struct AcquireOwned {
     /// `None` once the future has completed and handed the `Arc` to its

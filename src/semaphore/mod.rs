@@ -7,7 +7,7 @@
 //!
 //! * Releasing permits while nobody waits is one compare-and-swap; tokio
 //!   takes its wait-list mutex on every release.
-//! * The acquire futures are named types ([`Acquire`], [`AcquireOwned`]), so
+//! * The acquire futures are named types ([`Acquire`], `AcquireOwned`), so
 //!   they can be stored in structs without boxing.
 //! * Nothing depends on a runtime: futures use only `core::task::Waker`, and
 //!   the `blocking_*` methods park the calling thread.
@@ -22,7 +22,7 @@ mod raw;
 use core::fmt;
 use std::sync::Arc;
 
-pub use acquire::{Acquire, AcquireOwned};
+pub(crate) use acquire::{Acquire, AcquireOwned};
 pub use permit::{OwnedSemaphorePermit, SemaphorePermit};
 
 use raw::RawSemaphore;

@@ -78,7 +78,7 @@ impl<K, V, E, C: Clock> SingleFlightBuilder<K, V, E, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::single_flight::Provenance;
+    /// use backpressure::Provenance;
     /// use backpressure::SingleFlight;
     /// use std::time::Duration;
     ///

@@ -59,7 +59,7 @@ use shard::Shard;
 
 pub use builder::SingleFlightBuilder;
 pub use outcome::{FlightError, Provenance};
-pub use run::Run;
+use run::Run;
 
 /// A shard alone on its cache line(s).
 type PaddedShard<K, V, E> = CachePadded<Mutex<Shard<K, V, E>>>;
@@ -96,7 +96,7 @@ type WakeList = SmallVec<[core::task::Waker; WAKE_BATCH]>;
 /// # Examples
 ///
 /// ```
-/// use backpressure::single_flight::Provenance;
+/// use backpressure::Provenance;
 /// use backpressure::SingleFlight;
 /// use std::sync::atomic::{AtomicUsize, Ordering};
 ///
@@ -199,7 +199,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use backpressure::single_flight::Provenance;
+    /// use backpressure::Provenance;
     /// use backpressure::SingleFlight;
     ///
     /// # futures::executor::block_on(async {
@@ -297,7 +297,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use backpressure::single_flight::Provenance;
+    /// use backpressure::Provenance;
     /// use backpressure::SingleFlight;
     /// use std::time::Duration;
     ///

@@ -9,7 +9,7 @@ use std::sync::Arc;
 /// # Examples
 ///
 /// ```
-/// use backpressure::single_flight::Provenance;
+/// use backpressure::Provenance;
 /// use backpressure::SingleFlight;
 ///
 /// # futures::executor::block_on(async {
@@ -38,7 +38,7 @@ impl Provenance {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::single_flight::Provenance;
+    /// use backpressure::Provenance;
     /// assert!(Provenance::Joined.is_shared());
     /// assert!(Provenance::Cached.is_shared());
     /// assert!(!Provenance::Leader.is_shared());

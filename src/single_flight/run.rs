@@ -34,22 +34,6 @@ use crate::sync::Arc;
 /// Dropping a follower leaves the flight; dropping the leader drops its
 /// work and hands the flight to the oldest follower, which runs its own
 /// work. See [`SingleFlight::run`].
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::single_flight::Run;
-/// use backpressure::SingleFlight;
-/// use std::future::Ready;
-///
-/// type Lookup<'a> = Run<'a, u32, u32, std::convert::Infallible, backpressure::DefaultClock,
-///     fn() -> Ready<u32>, Ready<u32>>;
-///
-/// let flights = SingleFlight::<u32, u32>::new();
-/// let call: Lookup<'_> = flights.run(1, || std::future::ready(5));
-/// let (v, _) = futures::executor::block_on(call).unwrap();
-/// assert_eq!(v, 5);
-/// ```
 #[must_use = "futures do nothing unless you `.await` or poll them"]
 pub struct Run<'a, K, V, E, C: Clock, F, Fut: Future> {
     map: &'a SingleFlight<K, V, E, C>,

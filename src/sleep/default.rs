@@ -11,9 +11,18 @@ use core::time::Duration;
 use super::{Sleeper, ThreadSleep, ThreadSleeper};
 
 /// Sleeps on tokio's timer when called inside a tokio runtime whose time
-/// driver is enabled (feature `tokio`), and on the shared timer thread of
-/// [`ThreadSleeper`] everywhere else (no runtime, smol, a plain
-/// `block_on`, or a tokio runtime built without `enable_time`).
+/// driver is enabled (feature `tokio`), and on a shared timer thread
+/// everywhere else (no runtime, smol, a plain `block_on`, or a tokio
+/// runtime built without `enable_time`).
+///
+/// The timer thread is started on first use and kept for the life of the
+/// process: a min-heap of `(deadline, waker)` behind a mutex, and a
+/// condition variable the thread waits on until the earliest deadline (or
+/// until an earlier one is pushed). Wakers are woken after the mutex is
+/// released. A dropped sleep leaves its heap entry (without its waker)
+/// until the deadline passes, so the heap holds at most the sleeps started
+/// within the longest pending duration. The first sleep on it panics if
+/// the OS refuses to start the thread.
 ///
 /// The choice is made at each [`sleep`](Sleeper::sleep), on the calling
 /// thread, so one value serves callers on any runtime. Under tokio a sleep

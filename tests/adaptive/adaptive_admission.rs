@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use backpressure::admission::{Admission, Call, CallResult, CallSpec, Reply, Runner, SlotPolicy};
 use backpressure::headers::ServerHint;
-use backpressure::{Clock, ManualClock, ManualSleeper, Sleeper};
+use backpressure::{Clock, ManualClock, Sleeper};
 
 const MS: u64 = 1_000_000;
 const SECONDS: u64 = 30;
@@ -61,7 +61,7 @@ impl Server {
 
 /// One request to the simulated server: a 5 ms round trip, and `429` +
 /// `Retry-After: 1` when it refuses.
-fn fetch(spec: CallSpec, server: &Arc<Server>, sleeper: &ManualSleeper) -> Call<u16, String> {
+fn fetch(spec: CallSpec, server: &Arc<Server>, sleeper: &ManualClock) -> Call<u16, String> {
     let (server, sleeper) = (server.clone(), sleeper.clone());
     Call::new(spec, move || {
         let (server, sleeper) = (server.clone(), sleeper.clone());
@@ -88,7 +88,7 @@ struct Outcome {
 
 fn run(rate: f64, fixed: bool) -> Outcome {
     let clock = ManualClock::new();
-    let sleeper = ManualSleeper::new(clock.clone());
+    let sleeper = clock.clone();
     let server = Server::new(&clock, rate);
     let builder = Admission::builder()
         .sleeper(sleeper.clone())
@@ -99,7 +99,7 @@ fn run(rate: f64, fixed: bool) -> Outcome {
     } else {
         builder.build()
     };
-    let runner: Runner<u16, _, _> = Runner::new(admission, Duration::ZERO);
+    let runner: Runner<u16, String, _, _> = Runner::new(admission, Duration::ZERO);
     let end = SECONDS * 1_000 * MS;
     let failed = AtomicU64::new(0);
     let caller = || async {
@@ -227,7 +227,7 @@ struct Turn {
 
 fn turn(rate: f64, calls: usize, quota: Option<backpressure::Quota>) -> Turn {
     let clock = ManualClock::new();
-    let sleeper = ManualSleeper::new(clock.clone());
+    let sleeper = clock.clone();
     let server = Server::new(&clock, rate);
     let mut builder = Admission::builder()
         .sleeper(sleeper.clone())
@@ -236,14 +236,14 @@ fn turn(rate: f64, calls: usize, quota: Option<backpressure::Quota>) -> Turn {
     if let Some(q) = quota {
         builder = builder.default_quota(q);
     }
-    let runner: Runner<u16, _, _> = Runner::new(builder.build(), Duration::ZERO);
+    let runner: Runner<u16, String, _, _> = Runner::new(builder.build(), Duration::ZERO);
     let done = AtomicU64::new(0);
     // Each call is re-issued after a refusal's `retry_after_ms`, as a
     // model told "rate_limited" would, until it is done.
     let call = || async {
         loop {
             let spec = CallSpec::new("fetch", "key")
-                .kind(backpressure::admission::Kind::Write)
+                .write()
                 .deadline(Duration::from_secs(30));
             let call = fetch(spec, &server, &sleeper);
             match runner.one(call).await {

@@ -59,9 +59,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 
-use backpressure::adaptive::{
-    AdaptiveAcquire, AdaptiveLimiter, AdaptivePermit, Aimd, Gradient2, LimitAlgorithm,
-};
+use backpressure::adaptive::{AdaptiveLimiter, AdaptivePermit, Aimd, Gradient2, LimitAlgorithm};
 use backpressure::{Clock, ManualClock};
 
 const MS: u64 = 1_000_000;
@@ -92,7 +90,7 @@ enum Caller {
     Idle,
     /// Waiting for a permit; `ticket` orders the waits.
     Waiting {
-        acquire: Pin<Box<AdaptiveAcquire>>,
+        acquire: Pin<Box<dyn Future<Output = Result<AdaptivePermit, backpressure::AcquireError>>>>,
         ticket: u64,
     },
     /// Sent at the given time.

@@ -9,24 +9,24 @@ use std::pin::pin;
 use std::task::{Context, Poll};
 
 use backpressure::admission::{Admission, CallSpec, SlotPolicy, Ticket};
-use backpressure::throttled::Status;
-use backpressure::{ManualClock, ManualSleeper, Quota};
+use backpressure::Status;
+use backpressure::{ManualClock, Quota};
 
-type Layer = Admission<ManualSleeper, ManualClock>;
+type Layer = Admission<ManualClock, ManualClock>;
 
 fn layer(
     build: impl FnOnce(backpressure::admission::Builder) -> backpressure::admission::Builder,
 ) -> Layer {
     let clock = ManualClock::new();
     build(Admission::builder())
-        .sleeper(ManualSleeper::new(clock.clone()))
+        .sleeper(clock.clone())
         .clock(clock)
         .fixed_rates()
         .default_quota(Quota::per_second(NonZeroU32::new(1_000).unwrap()))
         .build()
 }
 
-fn admit(a: &Layer, tool: &str) -> Result<Ticket<ManualSleeper, ManualClock>, Status> {
+fn admit(a: &Layer, tool: &str) -> Result<Ticket<ManualClock, ManualClock>, Status> {
     let waker = futures::task::noop_waker();
     let spec = CallSpec::new(tool, "key");
 

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use backpressure::admission::{Admission, CallSpec, SlotPolicy};
 use backpressure::headers::ServerHint;
-use backpressure::throttled::Status;
 use backpressure::Quota;
+use backpressure::Status;
 
 /// Lets `allowed` requests per key through per fixed window, then answers
 /// 429 with `Retry-After` until the window ends. Every 2xx carries
@@ -357,15 +357,15 @@ fn two_local_admissions_on_one_key_exceed_its_rate() {
 #[test]
 fn little_law_helper() {
     assert_eq!(
-        backpressure::admission::concurrency_for(10.0, Duration::from_millis(400)),
+        backpressure::admission::Builder::concurrency_for(10.0, Duration::from_millis(400)),
         4
     );
     assert_eq!(
-        backpressure::admission::concurrency_for(0.5, Duration::from_millis(100)),
+        backpressure::admission::Builder::concurrency_for(0.5, Duration::from_millis(100)),
         1
     );
     assert_eq!(
-        backpressure::admission::concurrency_for(-3.0, Duration::from_secs(1)),
+        backpressure::admission::Builder::concurrency_for(-3.0, Duration::from_secs(1)),
         1
     );
 }
@@ -394,11 +394,11 @@ fn throttled_serializes_as_the_model_reads_it() {
 /// own turn would come: the next slot plus one period per call before it.
 #[test]
 fn calls_refused_together_are_told_staggered_instants() {
-    use backpressure::{ManualClock, ManualSleeper};
+    use backpressure::ManualClock;
     let clock = ManualClock::new();
     let admission = Admission::builder()
         .clock(clock.clone())
-        .sleeper(ManualSleeper::new(clock.clone()))
+        .sleeper(clock.clone())
         .fixed_rates()
         .default_quota(Quota::per_second(std::num::NonZeroU32::new(4).unwrap()))
         .inline_wait(Duration::ZERO)
@@ -464,11 +464,11 @@ fn calls_shed_together_are_told_staggered_drain_estimates() {
 /// read `quota_exhausted`, with the server's word), and `lift_hold` ends it.
 #[test]
 fn a_hostile_retry_after_holds_at_most_max_retry_after_and_can_be_lifted() {
-    use backpressure::{ManualClock, ManualSleeper};
+    use backpressure::ManualClock;
     let clock = ManualClock::new();
     let admission = Admission::builder()
         .clock(clock.clone())
-        .sleeper(ManualSleeper::new(clock.clone()))
+        .sleeper(clock.clone())
         .max_retry_after(Duration::from_secs(300))
         .build();
     let spec = CallSpec::new("search", "key");
@@ -513,11 +513,11 @@ fn a_hostile_retry_after_holds_at_most_max_retry_after_and_can_be_lifted() {
 /// and the registry stays bounded.
 #[test]
 fn past_4096_credentials_idle_ones_make_room_for_new_ones() {
-    use backpressure::{ManualClock, ManualSleeper};
+    use backpressure::ManualClock;
     let clock = ManualClock::new();
     let admission = Admission::builder()
         .clock(clock.clone())
-        .sleeper(ManualSleeper::new(clock.clone()))
+        .sleeper(clock.clone())
         .build();
     futures::executor::block_on(async {
         for i in 0..10_000 {

@@ -8,8 +8,8 @@ use std::pin::pin;
 use std::task::{Context, Poll};
 
 use backpressure::admission::{Admission, CallSpec, SlotPolicy};
-use backpressure::throttled::Status;
-use backpressure::{ManualClock, ManualSleeper, Quota};
+use backpressure::Status;
+use backpressure::{ManualClock, Quota};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::{CompositeKey, MetricKind};
 
@@ -50,7 +50,7 @@ fn metrics_report_every_decision() {
     metrics::with_local_recorder(&recorder, || {
         let clock = ManualClock::new();
         let admission = Admission::builder()
-            .sleeper(ManualSleeper::new(clock.clone()))
+            .sleeper(clock.clone())
             .clock(clock)
             .fixed_rates()
             .default_quota(Quota::per_second(NonZeroU32::new(100).unwrap()))

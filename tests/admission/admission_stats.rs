@@ -9,8 +9,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use backpressure::admission::{Admission, CallSpec, SlotPolicy};
-use backpressure::throttled::Status;
-use backpressure::{ManualClock, ManualSleeper, Quota};
+use backpressure::Status;
+use backpressure::{ManualClock, Quota};
 
 fn now<F: Future>(f: F) -> Poll<F::Output> {
     let waker = futures::task::noop_waker();
@@ -21,7 +21,7 @@ fn now<F: Future>(f: F) -> Poll<F::Output> {
 fn stats_count_admissions_and_refusals_per_tool_and_credential() {
     let clock = ManualClock::new();
     let admission = Admission::builder()
-        .sleeper(ManualSleeper::new(clock.clone()))
+        .sleeper(clock.clone())
         .clock(clock.clone())
         .fixed_rates()
         .default_quota(Quota::per_second(NonZeroU32::new(3).unwrap()))
@@ -110,7 +110,7 @@ fn stats_count_admissions_and_refusals_per_tool_and_credential() {
 fn a_flood_of_tool_names_keeps_the_registry_bounded() {
     let clock = ManualClock::new();
     let admission = Admission::builder()
-        .sleeper(ManualSleeper::new(clock.clone()))
+        .sleeper(clock.clone())
         .clock(clock)
         .fixed_rates()
         .default_quota(Quota::per_second(NonZeroU32::new(1_000_000).unwrap()))

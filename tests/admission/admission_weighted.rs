@@ -11,16 +11,16 @@ use std::time::{Duration, SystemTime};
 
 use backpressure::admission::{Admission, CallSpec, Provider};
 use backpressure::headers::ServerHint;
-use backpressure::throttled::Status;
-use backpressure::{ManualClock, ManualSleeper, Quota};
+use backpressure::Status;
+use backpressure::{ManualClock, Quota};
 
 fn per_minute(n: u32) -> Quota {
     Quota::per_minute(NonZeroU32::new(n).unwrap())
 }
 
-fn layer() -> (ManualSleeper, Admission<ManualSleeper, ManualClock>) {
+fn layer() -> (ManualClock, Admission<ManualClock, ManualClock>) {
     let clock = ManualClock::new();
-    let sleeper = ManualSleeper::new(clock.clone());
+    let sleeper = clock.clone();
     let admission = Admission::builder()
         .sleeper(sleeper.clone())
         .clock(clock)
@@ -32,7 +32,7 @@ fn layer() -> (ManualSleeper, Admission<ManualSleeper, ManualClock>) {
     (sleeper, admission)
 }
 
-fn left(a: &Admission<ManualSleeper, ManualClock>) -> [u32; 3] {
+fn left(a: &Admission<ManualClock, ManualClock>) -> [u32; 3] {
     [
         a.available("key", "requests").unwrap(),
         a.available("key", "tokens").unwrap(),
@@ -78,7 +78,7 @@ fn a_three_quota_call_takes_all_or_nothing() {
 /// Drains `a`'s requests, so the call it returns (2,000 tokens and 1,000
 /// input tokens) sleeps for its request slot while holding its token
 /// reservations.
-fn drained(a: &Admission<ManualSleeper, ManualClock>) -> CallSpec {
+fn drained(a: &Admission<ManualClock, ManualClock>) -> CallSpec {
     for _ in 0..10 {
         let Poll::Ready(Ok(t)) = now(a.admit(&CallSpec::new("t", "key"))) else {
             panic!()
@@ -217,7 +217,7 @@ fn the_runner_settles_what_each_reply_says_it_used() {
     use std::sync::Arc;
 
     let (_sleeper, admission) = layer();
-    let runner: Runner<u32, _, _> = Runner::new(admission.clone(), Duration::from_secs(30))
+    let runner: Runner<u32, String, _, _> = Runner::new(admission.clone(), Duration::from_secs(30))
         .retries(
             backpressure::retry::Backoff::new(Duration::ZERO, Duration::ZERO),
             1,
@@ -307,7 +307,7 @@ fn a_smaller_remaining_from_the_server_lowers_the_local_quota() {
 fn a_fifth_quota_settles_and_refunds_like_the_first() {
     let names = ["q0", "q1", "q2", "q3", "q4"];
     let builder = Admission::builder()
-        .sleeper(ManualSleeper::new(ManualClock::new()))
+        .sleeper(ManualClock::new())
         .clock(ManualClock::new())
         .fixed_rates();
     let a = names
@@ -366,7 +366,7 @@ fn a_second_settle_never_refunds_another_calls_cells() {
 fn a_huge_reported_usage_is_charged_at_once_not_one_burst_at_a_time() {
     let clock = ManualClock::new();
     let admission = Admission::builder()
-        .sleeper(ManualSleeper::new(clock.clone()))
+        .sleeper(clock.clone())
         .clock(clock)
         .fixed_rates()
         .resource("tokens", Quota::per_second(NonZeroU32::new(1).unwrap()))
@@ -447,7 +447,7 @@ fn a_misspelt_cost_is_refused_not_free() {
 fn a_429_for_tokens_holds_the_tokens_quota_not_the_request_rate() {
     let clock = ManualClock::new();
     let admission = Admission::builder()
-        .sleeper(ManualSleeper::new(clock.clone()))
+        .sleeper(clock.clone())
         .clock(clock.clone())
         .inline_wait(Duration::ZERO)
         .resource("tokens", per_minute(10_000))
@@ -504,7 +504,7 @@ fn a_429_for_tokens_holds_the_tokens_quota_not_the_request_rate() {
 fn a_providers_request_limit_is_learned_from_the_first_reply() {
     let clock = ManualClock::new();
     let admission = Admission::builder()
-        .sleeper(ManualSleeper::new(clock.clone()))
+        .sleeper(clock.clone())
         .clock(clock.clone())
         .inline_wait(Duration::ZERO)
         .build();
@@ -564,7 +564,7 @@ fn a_providers_request_limit_is_learned_from_the_first_reply() {
 fn a_providers_token_limit_lowers_a_guessed_tokens_quota() {
     let clock = ManualClock::new();
     let admission = Admission::builder()
-        .sleeper(ManualSleeper::new(clock.clone()))
+        .sleeper(clock.clone())
         .clock(clock.clone())
         .resource("tokens", per_minute(1_000_000))
         .resource("input_tokens", per_minute(1_000))
@@ -604,7 +604,7 @@ fn a_providers_token_limit_lowers_a_guessed_tokens_quota() {
 fn a_limit_without_a_window_never_lowers_a_quota() {
     let clock = ManualClock::new();
     let admission = Admission::builder()
-        .sleeper(ManualSleeper::new(clock.clone()))
+        .sleeper(clock.clone())
         .clock(clock.clone())
         .resource("tokens", Quota::per_second(NonZeroU32::new(4_000).unwrap()))
         .build();
@@ -629,13 +629,13 @@ fn a_limit_without_a_window_never_lowers_a_quota() {
 /// 805-token call spec, and that call's ticket, admitted.
 fn openai_first_call() -> (
     ManualClock,
-    Admission<ManualSleeper, ManualClock>,
+    Admission<ManualClock, ManualClock>,
     CallSpec,
-    backpressure::admission::Ticket<ManualSleeper, ManualClock>,
+    backpressure::admission::Ticket<ManualClock, ManualClock>,
 ) {
     let clock = ManualClock::new();
     let admission = Admission::builder()
-        .sleeper(ManualSleeper::new(clock.clone()))
+        .sleeper(clock.clone())
         .clock(clock.clone())
         .inline_wait(Duration::ZERO)
         .provider(Provider::OpenAi)
@@ -705,7 +705,7 @@ fn told_the_provider_a_layer_learns_openais_minute_limits() {
     // Without the provider, the same reply sets nothing (see
     // `a_limit_without_a_window_never_lowers_a_quota`).
     let plain = Admission::builder()
-        .sleeper(ManualSleeper::new(clock.clone()))
+        .sleeper(clock.clone())
         .clock(clock.clone())
         .build();
     let Poll::Ready(Ok(t)) = now(plain.admit(&CallSpec::new("chat", "key"))) else {
@@ -727,7 +727,7 @@ fn told_the_provider_a_layer_learns_openais_minute_limits() {
 fn a_call_bigger_than_a_learned_burst_waits_for_a_full_one() {
     let clock = ManualClock::new();
     let admission = Admission::builder()
-        .sleeper(ManualSleeper::new(clock.clone()))
+        .sleeper(clock.clone())
         .clock(clock.clone())
         .inline_wait(Duration::from_secs(5))
         .provider(Provider::Anthropic)
@@ -752,7 +752,7 @@ fn a_call_bigger_than_a_learned_burst_waits_for_a_full_one() {
     clock.advance(Duration::from_secs(1));
     assert_eq!(admission.available("key", "input_tokens"), Some(500));
     let configured = Admission::builder()
-        .sleeper(ManualSleeper::new(clock.clone()))
+        .sleeper(clock.clone())
         .clock(clock.clone())
         .resource(
             "input_tokens",

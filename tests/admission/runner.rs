@@ -5,13 +5,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use backpressure::admission::{
-    Admission, Call, CallFailure, CallResult, CallSpec, Kind, Reply, Runner,
-};
+use backpressure::admission::{Admission, Call, CallFailure, CallResult, CallSpec, Reply, Runner};
 use backpressure::headers::ServerHint;
 use backpressure::retry::Backoff;
-use backpressure::single_flight::Provenance;
-use backpressure::throttled::Status;
+use backpressure::Provenance;
+use backpressure::Status;
 
 /// A scripted answer: status and headers.
 type Answer = (u16, Vec<(&'static str, String)>);
@@ -72,8 +70,8 @@ fn identical_reads_share_one_request_writes_never_do() {
         script.call(CallSpec::new("search", "k"), Some("q=refund")),
         script.call(CallSpec::new("search", "k"), Some("q=refund")),
         script.call(CallSpec::new("search", "k"), Some("q=billing")),
-        script.call(CallSpec::new("refund", "k").kind(Kind::Write), Some("id=1")),
-        script.call(CallSpec::new("refund", "k").kind(Kind::Write), Some("id=1")),
+        script.call(CallSpec::new("refund", "k").write(), Some("id=1")),
+        script.call(CallSpec::new("refund", "k").write(), Some("id=1")),
     ]));
     // 2 distinct reads + 2 writes.
     assert_eq!(script.sent.load(Ordering::SeqCst), 4);
@@ -235,7 +233,7 @@ fn a_retry_budget_holds_a_storm_of_503s_to_its_ratio() {
             .build();
         let runner: Runner<String> = Runner::new(admission, Duration::ZERO).retry_policy(policy);
         let calls = (0..CALLS)
-            .map(|_| script.call(CallSpec::new("search", "k").kind(Kind::Write), None))
+            .map(|_| script.call(CallSpec::new("search", "k").write(), None))
             .collect();
         let results = rt().block_on(runner.execute(calls));
         let failed = results

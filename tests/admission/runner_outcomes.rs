@@ -17,8 +17,8 @@ use backpressure::admission::{
     Admission, Call, CallFailure, CallResult, CallSpec, Reply, Runner, SlotPolicy,
 };
 use backpressure::headers::ServerHint;
-use backpressure::throttled::Status;
-use backpressure::{ManualClock, ManualSleeper, Quota, Sleeper};
+use backpressure::Status;
+use backpressure::{ManualClock, Quota, Sleeper};
 
 const MS: u64 = 1_000_000;
 
@@ -28,7 +28,7 @@ type Answer = Result<(u16, Vec<(&'static str, &'static str)>), &'static str>;
 /// A fake server on the manual clock: answers from a script (then 200),
 /// after `latency`, recording each request's start time (ms).
 struct Fake {
-    sleeper: ManualSleeper,
+    sleeper: ManualClock,
     latency: Duration,
     script: Mutex<Vec<Answer>>,
     starts: Mutex<Vec<u64>>,
@@ -36,7 +36,7 @@ struct Fake {
 }
 
 impl Fake {
-    fn new(sleeper: &ManualSleeper, latency: Duration, script: Vec<Answer>) -> Arc<Self> {
+    fn new(sleeper: &ManualClock, latency: Duration, script: Vec<Answer>) -> Arc<Self> {
         Arc::new(Self {
             sleeper: sleeper.clone(),
             latency,
@@ -51,7 +51,7 @@ impl Fake {
         Call::new(spec, move || {
             let me = me.clone();
             async move {
-                let start = me.sleeper.clock().now_nanos_ms();
+                let start = me.sleeper.now_nanos_ms();
                 me.starts.lock().unwrap().push(start);
                 me.sent.fetch_add(1, Ordering::SeqCst);
                 let answer = me.script.lock().unwrap().pop().unwrap_or(Ok((200, vec![])));
@@ -85,7 +85,7 @@ impl Millis for ManualClock {
 
 /// Polls `fut` to completion, moving the manual clock 1 ms between polls
 /// (at most `limit_ms` of simulated time).
-fn drive<F: Future>(sleeper: &ManualSleeper, limit_ms: u64, fut: F) -> F::Output {
+fn drive<F: Future>(sleeper: &ManualClock, limit_ms: u64, fut: F) -> F::Output {
     let mut fut = pin!(fut);
     let waker = futures::task::noop_waker();
     let mut cx = Context::from_waker(&waker);
@@ -98,9 +98,9 @@ fn drive<F: Future>(sleeper: &ManualSleeper, limit_ms: u64, fut: F) -> F::Output
     panic!("not done after {limit_ms} simulated ms");
 }
 
-fn manual() -> (ManualClock, ManualSleeper) {
+fn manual() -> (ManualClock, ManualClock) {
     let clock = ManualClock::new();
-    (clock.clone(), ManualSleeper::new(clock))
+    (clock.clone(), clock)
 }
 
 fn per_second(n: u32, burst: u32) -> Quota {
@@ -121,7 +121,7 @@ fn a_429_that_outlasts_the_retries_is_throttled_not_failed() {
         .sleeper(sleeper.clone())
         .clock(clock)
         .build();
-    let runner: Runner<u64, _, _> = Runner::new(admission, Duration::ZERO);
+    let runner: Runner<u64, String, _, _> = Runner::new(admission, Duration::ZERO);
     let results = drive(
         &sleeper,
         60_000,
@@ -166,7 +166,7 @@ fn no_booked_call_starts_inside_the_servers_hold() {
         .default_quota(per_second(10, 1))
         .tool("search", 8, SlotPolicy::Wait)
         .build();
-    let runner: Runner<u64, _, _> = Runner::new(admission, Duration::ZERO);
+    let runner: Runner<u64, String, _, _> = Runner::new(admission, Duration::ZERO);
     let calls = (0..5)
         .map(|_| fake.call(CallSpec::new("search", "k")))
         .collect();
@@ -207,7 +207,7 @@ fn a_refused_connection_is_never_rate_limited() {
         .default_quota(per_second(1, 2))
         .inline_wait(Duration::from_millis(200))
         .build();
-    let runner: Runner<u64, _, _> = Runner::new(admission, Duration::ZERO);
+    let runner: Runner<u64, String, _, _> = Runner::new(admission, Duration::ZERO);
     let calls = (0..8)
         .map(|_| fake.call(CallSpec::new("search", "k")))
         .collect();
@@ -257,7 +257,7 @@ fn failed_reports_the_requests_it_sent() {
         .sleeper(sleeper.clone())
         .clock(clock)
         .build();
-    let runner: Runner<u64, _, _> = Runner::new(admission, Duration::ZERO).retries(
+    let runner: Runner<u64, String, _, _> = Runner::new(admission, Duration::ZERO).retries(
         backpressure::retry::Backoff::new(Duration::from_millis(10), Duration::from_millis(10)),
         1,
     );
@@ -303,7 +303,7 @@ fn a_panicking_call_is_contained_and_the_turn_completes() {
         .clock(clock)
         .global_concurrency(2)
         .build();
-    let runner: Runner<u64, _, _> = Runner::new(admission, Duration::ZERO);
+    let runner: Runner<u64, String, _, _> = Runner::new(admission, Duration::ZERO);
     let boom = |key: Option<&str>| {
         let call = Call::new(CallSpec::new("get", "k"), || async {
             panic!("tool exploded");
@@ -395,7 +395,7 @@ fn close_wakes_every_waiting_admit_and_keeps_tickets_valid() {
 #[cfg(feature = "serde")]
 #[test]
 fn every_call_result_serializes_with_a_status() {
-    use backpressure::single_flight::Provenance;
+    use backpressure::Provenance;
     use backpressure::Throttled;
     let done: CallResult<&str> = CallResult::Done {
         value: "[#1]",
@@ -469,7 +469,7 @@ fn a_transport_error_reaches_the_caller_typed_and_shared_by_followers() {
         .sleeper(sleeper.clone())
         .clock(clock)
         .build();
-    let runner: Runner<u64, _, _, Refused> = Runner::new(admission, Duration::ZERO);
+    let runner: Runner<u64, Refused, _, _> = Runner::new(admission, Duration::ZERO);
     let sent = Arc::new(AtomicUsize::new(0));
     let read = || {
         let (sent, sleeper) = (sent.clone(), sleeper.clone());
@@ -513,7 +513,6 @@ fn a_transport_error_reaches_the_caller_typed_and_shared_by_followers() {
 /// cap of 1 retry is the only cap.
 #[test]
 fn the_runners_policy_is_the_one_cap_and_clamp() {
-    use backpressure::headers::Clamp;
     use backpressure::retry::RetryPolicy;
     let (clock, sleeper) = manual();
     let ra = || Ok((429, vec![("retry-after", "5")]));
@@ -524,8 +523,9 @@ fn the_runners_policy_is_the_one_cap_and_clamp() {
         .build();
     let policy = RetryPolicy::default()
         .max_retries(1)
-        .clamp(Clamp::new(Duration::from_secs(10)));
-    let runner: Runner<u64, _, _> = Runner::new(admission, Duration::ZERO).retry_policy(policy);
+        .clamp(Duration::from_secs(10));
+    let runner: Runner<u64, String, _, _> =
+        Runner::new(admission, Duration::ZERO).retry_policy(policy);
     let results = drive(
         &sleeper,
         60_000,
@@ -544,10 +544,11 @@ fn the_runners_policy_is_the_one_cap_and_clamp() {
     let fake = Fake::new(&sleeper, Duration::from_millis(5), vec![ra()]);
     let admission = Admission::builder()
         .sleeper(sleeper.clone())
-        .clock(sleeper.clock().clone())
+        .clock(sleeper.clone())
         .build();
-    let tight = RetryPolicy::default().clamp(Clamp::new(Duration::from_secs(1)));
-    let runner: Runner<u64, _, _> = Runner::new(admission, Duration::ZERO).retry_policy(tight);
+    let tight = RetryPolicy::default().clamp(Duration::from_secs(1));
+    let runner: Runner<u64, String, _, _> =
+        Runner::new(admission, Duration::ZERO).retry_policy(tight);
     let results = drive(
         &sleeper,
         1_000,
@@ -572,7 +573,7 @@ fn close_during_a_retry_wait_ends_the_call_at_once() {
         .sleeper(sleeper.clone())
         .clock(clock)
         .build();
-    let runner: Runner<u64, _, _> = Runner::new(admission, Duration::ZERO).retries(
+    let runner: Runner<u64, String, _, _> = Runner::new(admission, Duration::ZERO).retries(
         backpressure::retry::Backoff::new(Duration::from_secs(10), Duration::from_secs(10))
             .jitter(backpressure::retry::Jitter::None),
         3,
@@ -613,7 +614,7 @@ fn a_request_that_never_answers_is_dropped_at_the_deadline() {
         .sleeper(sleeper.clone())
         .clock(clock.clone())
         .build();
-    let runner: Runner<u64, _, _> = Runner::new(admission.clone(), Duration::ZERO);
+    let runner: Runner<u64, String, _, _> = Runner::new(admission.clone(), Duration::ZERO);
     let sent = Arc::new(AtomicUsize::new(0));
     let s = sent.clone();
     let call = Call::new(

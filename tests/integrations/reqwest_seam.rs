@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backpressure::admission::Admission;
-use backpressure::reqwest::{is_refusal, AdmissionMiddleware, Attempts, RequestDeadline};
+use backpressure::reqwest::AdmissionMiddleware;
 use backpressure::retry::RetryPolicy;
-use backpressure::testing::{Limit, LimitHeaders, ThrottlingServer};
-use backpressure::throttled::Status;
+use backpressure::retry::{Attempts, RequestDeadline};
+use backpressure::testing::{Limit, ThrottlingServer};
+use backpressure::Status;
 use backpressure::Throttled;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 
@@ -149,17 +150,14 @@ fn gaps(starts: &[Instant]) -> Vec<Duration> {
 }
 
 /// A server that answers every request 429 (a window of 0 per second),
-/// with the given headers.
-async fn refusing_server(headers: LimitHeaders) -> ThrottlingServer {
-    ThrottlingServer::builder()
-        .limit(Limit::Window {
-            requests: 0,
-            window: Duration::from_secs(1),
-        })
-        .headers(headers)
-        .start()
-        .await
-        .unwrap()
+/// with `Retry-After` or (`bare`) with no header at all.
+async fn refusing_server(bare: bool) -> ThrottlingServer {
+    let server = ThrottlingServer::builder().limit(Limit::Window {
+        requests: 0,
+        window: Duration::from_secs(1),
+    });
+    let server = if bare { server.bare_429s() } else { server };
+    server.start().await.unwrap()
 }
 
 /// The middleware with no quota and at most `retries` retries.
@@ -176,7 +174,7 @@ fn retrying_client(retries: u32) -> ClientWithMiddleware {
 /// `rate_limited` with the server's wait and the requests it sent.
 #[tokio::test]
 async fn a_429_that_outlasts_the_retries_is_rate_limited_not_a_plain_429() {
-    let server = refusing_server(LimitHeaders::RetryAfterOnly).await;
+    let server = refusing_server(false).await;
     let client = retrying_client(1);
     let t = throttled(client.get(server.url()).send().await.unwrap_err());
     assert_eq!(t.status, Status::RateLimited, "{t}");
@@ -192,7 +190,7 @@ async fn a_429_that_outlasts_the_retries_is_rate_limited_not_a_plain_429() {
 /// requests in 1.3 s); it waits the bare-429 hold, as `Runner` does.
 #[tokio::test]
 async fn a_bare_429_waits_the_bare_429_hold_not_the_backoff() {
-    let server = refusing_server(LimitHeaders::Bare).await;
+    let server = refusing_server(true).await;
     let client = retrying_client(2);
     let t = throttled(client.get(server.url()).send().await.unwrap_err());
     assert_eq!(t.status, Status::RateLimited, "{t}");
@@ -262,10 +260,10 @@ async fn a_refusal_can_be_answered_as_a_429_response_with_the_throttled_as_body(
         .build();
     let first = client.get(server.url()).send().await.unwrap();
     assert_eq!(first.status(), 200);
-    assert!(!is_refusal(first.headers()));
+    assert!(!Throttled::is_refusal(first.headers()));
     let refused = client.get(server.url()).send().await.unwrap();
     assert_eq!(refused.status(), 429);
-    assert!(is_refusal(refused.headers()));
+    assert!(Throttled::is_refusal(refused.headers()));
     assert_eq!(refused.extensions().get::<Attempts>(), Some(&Attempts(0)));
     let body: serde_json::Value = serde_json::from_slice(&refused.bytes().await.unwrap()).unwrap();
     assert_eq!(body["error"]["type"], "budget_exhausted");
@@ -306,11 +304,10 @@ async fn calls_refused_together_are_told_staggered_retry_times() {
 #[tokio::test]
 async fn runner_over_reqwest_sends_one_request_per_distinct_read() {
     use backpressure::admission::{Call, CallSpec, Runner};
-    use backpressure::reqwest::HttpReply;
-    use backpressure::single_flight::Provenance;
+    use backpressure::Provenance;
     let server = ThrottlingServer::builder().start().await.unwrap();
     let admission = Admission::builder().build();
-    let runner: Runner<HttpReply, _, _, reqwest_middleware::Error> =
+    let runner: Runner<http::Response<Vec<u8>>, reqwest_middleware::Error> =
         Runner::new(admission.clone(), Duration::ZERO);
     let client = ClientWithMiddleware::from(reqwest::Client::new());
     let calls = (0..12)
@@ -330,7 +327,7 @@ async fn runner_over_reqwest_sends_one_request_per_distinct_read() {
                 value,
                 attempts,
                 provenance,
-            } => (value.status, *attempts, *provenance),
+            } => (value.status().as_u16(), *attempts, *provenance),
             other => panic!("{other:?}"),
         };
         assert_eq!(status, 200);
@@ -347,13 +344,12 @@ async fn runner_over_reqwest_sends_one_request_per_distinct_read() {
 #[tokio::test]
 async fn runner_over_reqwest_retries_a_429_after_the_servers_wait() {
     use backpressure::admission::{Call, CallSpec, Runner};
-    use backpressure::reqwest::HttpReply;
     let server = ThrottlingServer::builder()
         .fail_first(1, Duration::from_secs(1))
         .start()
         .await
         .unwrap();
-    let runner: Runner<HttpReply, _, _, reqwest_middleware::Error> =
+    let runner: Runner<http::Response<Vec<u8>>, reqwest_middleware::Error> =
         Runner::new(Admission::builder().build(), Duration::ZERO);
     let client = ClientWithMiddleware::from(reqwest::Client::new());
     let call = Call::request(CallSpec::new("search", "key-a"), client.get(server.url()));
@@ -364,7 +360,7 @@ async fn runner_over_reqwest_retries_a_429_after_the_servers_wait() {
     else {
         panic!("{result:?}")
     };
-    assert_eq!((value.status, *attempts), (200, 2));
+    assert_eq!((value.status().as_u16(), *attempts), (200, 2));
     let starts = server.request_starts("");
     assert_eq!(starts.len(), 2);
     assert!(gaps(&starts)[0] >= Duration::from_millis(950), "{starts:?}");
@@ -375,7 +371,6 @@ async fn runner_over_reqwest_retries_a_429_after_the_servers_wait() {
 /// caller still reads the same body, status, headers and URL.
 #[tokio::test]
 async fn usage_from_the_body_settles_the_estimate_and_keeps_the_body() {
-    use backpressure::reqwest::llm_usage;
     use backpressure::{ManualClock, Quota};
     use std::num::NonZeroU32;
 
@@ -394,7 +389,7 @@ async fn usage_from_the_body_settles_the_estimate_and_keeps_the_body() {
         .with(
             AdmissionMiddleware::new(admission.clone())
                 .cost_from(|_req| vec![("tokens".to_string(), 1_000)])
-                .usage_from_body(llm_usage),
+                .usage_from_body(AdmissionMiddleware::llm_usage),
         )
         .build();
     let url = format!("http://{addr}/v1/chat/completions");
@@ -409,7 +404,7 @@ async fn usage_from_the_body_settles_the_estimate_and_keeps_the_body() {
     assert_eq!(response.headers()["x-request-id"], "r1");
     assert_eq!(response.text().await.unwrap(), BODY);
     assert_eq!(served.load(Ordering::SeqCst), 1);
-    let key = backpressure::reqwest::credential_of(b"Bearer key-a");
+    let key = AdmissionMiddleware::credential_of(b"Bearer key-a");
     // 1,000 reserved, 805 used: 2,000 - 805 left, not 2,000 - 1,000.
     assert_eq!(admission.available(&key, "tokens"), Some(1_195));
 }

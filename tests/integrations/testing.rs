@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
 use backpressure::headers::ServerHint;
-use backpressure::testing::{Limit, LimitHeaders, Overload, ThrottlingServer};
+use backpressure::testing::{Limit, ThrottlingServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -83,7 +83,8 @@ async fn gcra_limit_headers_are_read_back_by_server_hint() {
             period: Duration::from_secs(10),
             burst: 2,
         })
-        .headers(LimitHeaders::Both)
+        .ietf_headers()
+        .x_ratelimit_headers()
         .start()
         .await
         .unwrap();
@@ -153,12 +154,7 @@ fn spawn_get(addr: SocketAddr, key: &'static str) -> tokio::task::JoinHandle<u16
 async fn beyond_capacity_it_answers_503() {
     let server = ThrottlingServer::builder()
         .latency(Duration::from_secs(3600))
-        .capacity(
-            2,
-            Overload::Unavailable {
-                retry_after: Duration::from_secs(5),
-            },
-        )
+        .refuse_beyond(2, Duration::from_secs(5))
         .start()
         .await
         .unwrap();
@@ -179,12 +175,7 @@ async fn beyond_capacity_it_answers_503() {
 async fn beyond_capacity_in_latency_mode_requests_are_admitted_slower() {
     let server = ThrottlingServer::builder()
         .latency(Duration::from_secs(3600))
-        .capacity(
-            1,
-            Overload::Latency {
-                per_request: Duration::from_secs(1),
-            },
-        )
+        .queue_beyond(1, Duration::from_secs(1))
         .start()
         .await
         .unwrap();

@@ -7,11 +7,10 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use backpressure::admission::{Admission, CallSpec, SlotPolicy};
+use backpressure::retry::RequestDeadline;
 use backpressure::testing::ThrottlingServer;
-use backpressure::throttled::Status;
-use backpressure::tower::{
-    AdmissionLayer, AdmissionService, HttpSpec, ObserveHttp, RequestDeadline,
-};
+use backpressure::tower::AdmissionLayer;
+use backpressure::Status;
 use backpressure::{Quota, Throttled};
 use std::task::{Context, Poll};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -82,9 +81,11 @@ impl Service<Req> for HttpClient {
     }
 }
 
-type Client = AdmissionService<HttpClient, HttpSpec<Spec>, ObserveHttp>;
-
-fn client(admission: Admission, addr: SocketAddr) -> Client {
+/// The layered client; its service type is not nameable, so `impl Service`.
+fn client(
+    admission: Admission,
+    addr: SocketAddr,
+) -> impl Service<Req, Response = Resp, Error = BoxError, Future: Send> + Clone + Send + 'static {
     AdmissionLayer::http(admission, spec as Spec)
         .deadline(Duration::from_secs(30))
         .layer(HttpClient(addr))
@@ -357,7 +358,7 @@ async fn refusals_as_responses_answer_429s_a_client_keeps() {
     for _ in 0..3 {
         let refused = svc.clone().oneshot(http::Request::new(())).await.unwrap();
         assert_eq!(refused.status(), 429);
-        assert!(backpressure::tower::is_refusal(refused.headers()));
+        assert!(backpressure::Throttled::is_refusal(refused.headers()));
         let body: serde_json::Value = serde_json::from_slice(refused.body()).unwrap();
         assert_eq!(body["error"]["type"], "budget_exhausted", "{body}");
     }

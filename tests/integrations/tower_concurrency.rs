@@ -88,7 +88,7 @@ fn a_closed_semaphore_fails_poll_ready_and_reject_mode_says_closed() {
         panic!("a closed semaphore is an error")
     };
     let t = e.downcast_ref::<backpressure::Throttled>().unwrap();
-    assert_eq!(t.status, backpressure::throttled::Status::Closed);
+    assert_eq!(t.status, backpressure::Status::Closed);
 
     assert!(rejecting.poll_ready(&mut cx).is_ready());
     let mut fut = pin!(rejecting.call(1));
@@ -97,6 +97,6 @@ fn a_closed_semaphore_fails_poll_ready_and_reject_mode_says_closed() {
     };
     // No slot will ever come free: `closed`, not a `shed` with a retry time.
     let t = e.downcast_ref::<backpressure::Throttled>().unwrap();
-    assert_eq!(t.status, backpressure::throttled::Status::Closed);
+    assert_eq!(t.status, backpressure::Status::Closed);
     assert_eq!(t.retry_after_ms, None);
 }

@@ -10,11 +10,9 @@ use std::time::{Duration, SystemTime};
 
 use backpressure::headers::ServerHint;
 use backpressure::retry::{Backoff, Jitter, RetryPolicy};
-use backpressure::throttled::Status;
 use backpressure::tower::{ConcurrencyLimitLayer, HintRetry, KeyedRateLimitLayer, RateLimitLayer};
-use backpressure::{
-    ManualClock, ManualSleeper, PollSemaphore, Quota, Scoped, Semaphore, Throttled, TokenBucket,
-};
+use backpressure::Status;
+use backpressure::{ManualClock, PollSemaphore, Quota, Scoped, Semaphore, Throttled, TokenBucket};
 use futures::FutureExt;
 use tower::retry::RetryLayer;
 use tower::{service_fn, BoxError, Layer, Service, ServiceExt};
@@ -300,7 +298,7 @@ async fn rate_limit_clones_share_one_bucket_and_reject_with_the_exact_wait() {
 #[tokio::test]
 async fn rate_limit_waits_within_the_budget_and_refuses_beyond_it() {
     let clock = ManualClock::new();
-    let sleeper = ManualSleeper::new(clock.clone());
+    let sleeper = clock.clone();
     let probe = Probe::default();
     let bucket = bucket(1, &clock);
     let svc = RateLimitLayer::new(bucket.clone())
@@ -339,7 +337,7 @@ async fn rate_limit_waits_within_the_budget_and_refuses_beyond_it() {
 #[tokio::test]
 async fn rate_limit_cancelled_waiters_and_unused_ready_services_leave_no_debt() {
     let clock = ManualClock::new();
-    let sleeper = ManualSleeper::new(clock.clone());
+    let sleeper = clock.clone();
     let probe = Probe::default();
     let bucket = bucket(10, &clock);
     let svc = RateLimitLayer::new(bucket.clone())
@@ -416,7 +414,7 @@ async fn keyed_rate_limit_limits_each_key_on_its_own() {
 #[tokio::test]
 async fn keyed_rate_limit_dropped_while_waiting_gives_the_cell_back() {
     let clock = ManualClock::new();
-    let sleeper = ManualSleeper::new(clock.clone());
+    let sleeper = clock.clone();
     let limits = Arc::new(Scoped::with_clock(
         Quota::per_second(NonZeroU32::new(1).unwrap()),
         clock.clone(),
@@ -447,11 +445,11 @@ async fn keyed_rate_limit_dropped_while_waiting_gives_the_cell_back() {
 /// no burst beyond one.
 fn ten_per_second_no_burst() -> (
     ManualClock,
-    ManualSleeper,
+    ManualClock,
     Arc<Scoped<&'static str, ManualClock>>,
 ) {
     let clock = ManualClock::new();
-    let sleeper = ManualSleeper::new(clock.clone());
+    let sleeper = clock.clone();
     let limits = Arc::new(Scoped::with_clock(
         Quota::per_second(NonZeroU32::new(10).unwrap()).allow_burst(NonZeroU32::new(1).unwrap()),
         clock.clone(),
@@ -585,7 +583,7 @@ async fn hint_retry_honours_a_shared_retry_budget() {
     const CALLS: usize = 20;
     for budgeted in [false, true] {
         let clock = ManualClock::new();
-        let sleeper = ManualSleeper::new(clock.clone());
+        let sleeper = clock.clone();
         let calls = Arc::new(AtomicUsize::new(0));
         let c = calls.clone();
         let server = service_fn(move |()| {
@@ -629,7 +627,7 @@ async fn hint_retry_honours_a_shared_retry_budget() {
 #[tokio::test]
 async fn hint_retry_sleeps_the_servers_retry_after_then_succeeds() {
     let clock = ManualClock::new();
-    let sleeper = ManualSleeper::new(clock.clone());
+    let sleeper = clock.clone();
     let (calls, server) = flaky_server(2, "2");
     let retry = HintRetry::new(policy(), Duration::from_secs(30), classify)
         .with_clock(clock.clone())
@@ -653,7 +651,7 @@ async fn hint_retry_sleeps_the_servers_retry_after_then_succeeds() {
 #[tokio::test]
 async fn hint_retry_gives_up_with_throttled_instead_of_sleeping_past_the_deadline() {
     let clock = ManualClock::new();
-    let sleeper = ManualSleeper::new(clock.clone());
+    let sleeper = clock.clone();
     let (calls, server) = flaky_server(usize::MAX, "3");
     // 5 s of budget: one 3 s wait fits, a second does not.
     let retry = HintRetry::new(policy(), Duration::from_secs(5), classify)
@@ -679,7 +677,7 @@ async fn hint_retry_gives_up_with_throttled_instead_of_sleeping_past_the_deadlin
 #[tokio::test]
 async fn hint_retry_retries_transport_errors_with_backoff_up_to_the_cap() {
     let clock = ManualClock::new();
-    let sleeper = ManualSleeper::new(clock.clone());
+    let sleeper = clock.clone();
     let calls = Arc::new(AtomicUsize::new(0));
     let c = calls.clone();
     let server = service_fn(move |()| {
@@ -708,7 +706,7 @@ async fn hint_retry_retries_transport_errors_with_backoff_up_to_the_cap() {
 #[tokio::test]
 async fn hint_retry_waits_the_bare_429_hold_for_a_429_without_a_wait() {
     let clock = ManualClock::new();
-    let sleeper = ManualSleeper::new(clock.clone());
+    let sleeper = clock.clone();
     let (calls, server) = flaky_server(1, "soon");
     let retry = HintRetry::new(policy(), Duration::from_secs(30), classify)
         .with_clock(clock.clone())
@@ -729,7 +727,7 @@ async fn hint_retry_waits_the_bare_429_hold_for_a_429_without_a_wait() {
 #[tokio::test]
 async fn hint_retry_surfaces_a_429_past_the_cap_as_rate_limited() {
     let clock = ManualClock::new();
-    let sleeper = ManualSleeper::new(clock.clone());
+    let sleeper = clock.clone();
     let (calls, server) = flaky_server(usize::MAX, "1");
     let retry = HintRetry::new(policy().max_retries(1), Duration::from_secs(30), classify)
         .with_clock(clock.clone())

@@ -6,9 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use backpressure::{
-    CheckError, Clock, ManualClock, ManualSleeper, Quota, RateLimiter, ReserveError, TokenBucket,
-};
+use backpressure::{CheckError, Clock, ManualClock, Quota, ReserveError, TokenBucket};
 use futures::FutureExt;
 
 fn nz(n: u32) -> NonZeroU32 {
@@ -412,7 +410,7 @@ fn admit_all_generic<C: Clock>(b: &TokenBucket<C>) -> u32 {
 #[test]
 fn until_ready_sleeps_exactly_the_reserved_wait() {
     let (b, clock) = bucket();
-    let sleeper = ManualSleeper::new(clock.clone());
+    let sleeper = clock.clone();
     b.try_acquire(3).unwrap();
     let mut fut = Box::pin(b.until_ready(2, Duration::from_secs(1), &sleeper));
     assert!(fut.as_mut().now_or_never().is_none());
@@ -431,7 +429,7 @@ fn until_ready_sleeps_exactly_the_reserved_wait() {
 #[test]
 fn until_ready_ignores_a_hold_placed_while_it_sleeps() {
     let (b, clock) = bucket();
-    let sleeper = ManualSleeper::new(clock.clone());
+    let sleeper = clock.clone();
     b.try_acquire(3).unwrap();
     let mut fut = Box::pin(b.until_ready(1, Duration::from_secs(5), &sleeper));
     assert!(
@@ -454,7 +452,7 @@ fn until_ready_ignores_a_hold_placed_while_it_sleeps() {
 
     // A hold that ends before the reserved instant changes nothing.
     let (b, clock) = bucket();
-    let sleeper = ManualSleeper::new(clock.clone());
+    let sleeper = clock.clone();
     b.try_acquire(3).unwrap();
     let mut fut = Box::pin(b.until_ready(3, Duration::from_secs(5), &sleeper));
     assert!(fut.as_mut().now_or_never().is_none());
@@ -469,7 +467,7 @@ fn until_ready_ignores_a_hold_placed_while_it_sleeps() {
 #[test]
 fn scoped_until_ready_ignores_a_hold_placed_while_it_sleeps() {
     let clock = ManualClock::new();
-    let sleeper = ManualSleeper::new(clock.clone());
+    let sleeper = clock.clone();
     let limits = backpressure::Scoped::with_clock(
         Quota::per_second(nz(10)).allow_burst(nz(1)),
         clock.clone(),
@@ -490,7 +488,7 @@ fn scoped_until_ready_ignores_a_hold_placed_while_it_sleeps() {
 #[test]
 fn until_ready_never_sleeps_past_its_budget() {
     let (b, clock) = bucket();
-    let sleeper = ManualSleeper::new(clock);
+    let sleeper = clock;
     b.try_acquire(3).unwrap();
     let got = b
         .until_ready(1, 99 * MS, &sleeper)
@@ -509,7 +507,7 @@ fn until_ready_never_sleeps_past_its_budget() {
 #[test]
 fn dropping_until_ready_gives_the_cells_back() {
     let (b, clock) = bucket();
-    let sleeper = ManualSleeper::new(clock);
+    let sleeper = clock;
     b.try_acquire(3).unwrap();
     let mut fut = Box::pin(b.until_ready(1, Duration::from_secs(1), &sleeper));
     assert!(fut.as_mut().now_or_never().is_none());
@@ -519,15 +517,29 @@ fn dropping_until_ready_gives_the_cells_back() {
 }
 
 #[test]
-fn works_as_a_trait_object() {
-    let (b, _) = bucket();
-    let limiter: &dyn RateLimiter = &b;
-    assert_eq!(limiter.available(), 3);
-    limiter.try_acquire(2).unwrap();
-    let r = limiter.reserve(1, Duration::ZERO).unwrap();
-    assert!(r.cancel());
-    limiter.penalize(Duration::from_secs(1));
-    assert_eq!(limiter.available(), 0);
+fn works_through_the_rate_limiter_trait() {
+    use backpressure::RateLimiter;
+    // The one seam, generic: ready futures over the same bucket state.
+    async fn available<L: RateLimiter>(l: &L) -> u32 {
+        l.available().await
+    }
+    let (b, clock) = bucket();
+    futures::executor::block_on(async {
+        assert_eq!(available(&b).await, 3);
+        RateLimiter::try_acquire(&b, 2).await.unwrap();
+        assert_eq!(available(&b).await, 1);
+        // Reserved through the trait, the cell stays taken.
+        assert_eq!(
+            RateLimiter::reserve(&b, 1, Duration::ZERO).await,
+            Ok(Duration::ZERO)
+        );
+        assert_eq!(available(&b).await, 0);
+        RateLimiter::penalize(&b, Duration::from_secs(1)).await;
+        clock.advance(Duration::from_millis(500)); // 5 cells' worth of time
+        assert_eq!(available(&b).await, 0, "held by the penalty");
+        clock.advance(Duration::from_millis(500));
+        assert!(available(&b).await > 0, "free once the hold ends");
+    });
 }
 
 #[test]

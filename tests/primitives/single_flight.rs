@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use backpressure::single_flight::Provenance;
+use backpressure::Provenance;
 use backpressure::{FlightError, ManualClock, SingleFlight};
 use futures::channel::oneshot;
 

@@ -11,21 +11,21 @@ use std::time::{Duration, Instant, SystemTime};
 
 use backpressure::admission::{Admission, CallSpec};
 use backpressure::headers::ServerHint;
-use backpressure::throttled::Status;
-use backpressure::{FailPolicy, Quota, RedisBucket, TokioSleeper};
+use backpressure::Status;
+use backpressure::{DefaultSleeper, FailPolicy, Quota, RedisBucket};
 use redis_server::RedisServer;
 
 fn quota() -> Quota {
     Quota::per_second(NonZeroU32::new(50).unwrap()).allow_burst(NonZeroU32::new(5).unwrap())
 }
 
-fn admission(server: &RedisServer) -> Admission<TokioSleeper> {
+fn admission(server: &RedisServer) -> Admission<DefaultSleeper> {
     let bucket = RedisBucket::builder(&server.url(), "org-key", quota())
         .timeout(Duration::from_millis(500))
         .build()
         .unwrap();
     Admission::builder()
-        .sleeper(TokioSleeper)
+        .sleeper(DefaultSleeper::new())
         .global_concurrency(64)
         .default_tool(64, backpressure::admission::SlotPolicy::Wait)
         .shared_quota("org-key", bucket)
@@ -42,7 +42,7 @@ async fn two_admissions_share_one_key_within_its_quota() {
     let (a, b) = (admission(&server), admission(&server));
     let start = Instant::now();
     let until = start + Duration::from_millis(1500);
-    let hammer = |adm: Admission<TokioSleeper>| async move {
+    let hammer = |adm: Admission<DefaultSleeper>| async move {
         let mut admitted = 0u64;
         while Instant::now() < until {
             match adm.admit(&CallSpec::new("search", "org-key")).await {
@@ -116,7 +116,7 @@ async fn a_shared_quota_outage_drops_the_configured_retry_after() {
         .build()
         .unwrap();
     let admission = Admission::builder()
-        .sleeper(TokioSleeper)
+        .sleeper(DefaultSleeper::new())
         .shared_quota("org-key", bucket)
         .inline_wait(Duration::ZERO)
         .build();
@@ -149,7 +149,7 @@ async fn one_impatient_call_fails_the_next_ones_on_a_shared_quota() {
         .build()
         .unwrap();
     let admission = Admission::builder()
-        .sleeper(TokioSleeper)
+        .sleeper(DefaultSleeper::new())
         .shared_quota("org-key", bucket)
         .build();
     // Connected, script loaded.
@@ -190,7 +190,7 @@ async fn credentials_from_a_redis_scoped_each_keep_their_own_quota() {
             .build()
             .unwrap();
         let mut b = Admission::builder()
-            .sleeper(TokioSleeper)
+            .sleeper(DefaultSleeper::new())
             .global_concurrency(64)
             .default_tool(64, backpressure::admission::SlotPolicy::Wait)
             .inline_wait(Duration::ZERO);
@@ -230,14 +230,12 @@ async fn a_redis_scoped_resolves_every_tenant_without_a_builder_call_per_key() {
                 .build()
                 .unwrap();
         Admission::builder()
-            .sleeper(TokioSleeper)
+            .sleeper(DefaultSleeper::new())
             .global_concurrency(64)
             .default_tool(64, backpressure::admission::SlotPolicy::Wait)
             .inline_wait(Duration::ZERO)
             .shared_quotas(move |credential| {
-                let bucket: std::sync::Arc<dyn backpressure::admission::SharedLimiter> =
-                    std::sync::Arc::new(scoped.bucket(&credential.to_string()));
-                Some(bucket)
+                Some(std::sync::Arc::new(scoped.bucket(&credential.to_string())))
             })
             .build()
     };

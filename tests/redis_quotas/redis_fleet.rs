@@ -13,8 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use backpressure::{
-    CheckError, FailPolicy, ManualClock, ManualSleeper, Quota, RedisBucket, RedisScoped,
-    ReserveError, Sleeper, MAX_QUEUED_REFUNDS,
+    CheckError, FailPolicy, ManualClock, Quota, RedisBucket, RedisScoped, ReserveError, Sleeper,
 };
 use futures::FutureExt;
 use redis_server::RedisServer;
@@ -109,14 +108,14 @@ async fn the_refund_queue_is_bounded_and_keeps_the_newest() {
     let b = bucket(&server, "bounded", &clock);
     b.try_acquire(10).await.unwrap();
     let mut held = Vec::new();
-    for _ in 0..MAX_QUEUED_REFUNDS + 100 {
+    for _ in 0..RedisBucket::MAX_QUEUED_REFUNDS + 100 {
         held.push(b.reserve(1, Duration::from_secs(1000)).await.unwrap());
     }
     // Dropped oldest first: the queue keeps the newest, the top of the
     // stack, which unwinds; the 100 oldest stay taken (the safe side).
     drop(held);
     assert_eq!(b.available().await, 0);
-    assert_eq!(b.stats().refunded, MAX_QUEUED_REFUNDS as u64);
+    assert_eq!(b.stats().refunded, RedisBucket::MAX_QUEUED_REFUNDS as u64);
     let next = b.reserve(1, Duration::from_secs(1000)).await.unwrap();
     assert_eq!(next.wait(), PERIOD * 101);
     next.keep();
@@ -142,14 +141,14 @@ async fn a_refund_under_another_process_take_stays_taken() {
     assert_eq!(a.stats().refunded, 0, "B's cell sits on it: not refunded");
 }
 
-/// A `ManualSleeper` that says when someone went to sleep on it.
+/// A `ManualClock` that says when someone went to sleep on it.
 struct Flagged {
-    inner: ManualSleeper,
+    inner: ManualClock,
     slept: AtomicBool,
 }
 
 impl Sleeper for Flagged {
-    type Sleep = <ManualSleeper as Sleeper>::Sleep;
+    type Sleep = <ManualClock as Sleeper>::Sleep;
 
     fn sleep(&self, d: Duration) -> Self::Sleep {
         self.slept.store(true, Ordering::SeqCst);
@@ -167,7 +166,7 @@ async fn until_ready_sleeps_the_reserved_wait_and_a_cancelled_wait_gives_back() 
     let server = RedisServer::start();
     let clock = ManualClock::starting_at(1_000_000_000);
     let sleeper = Flagged {
-        inner: ManualSleeper::new(clock.clone()),
+        inner: clock.clone(),
         slept: Default::default(),
     };
     let b = bucket(&server, "until", &clock);

@@ -5,7 +5,7 @@
 use std::fmt::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use backpressure::headers::{Advice, Clamp, ServerHint};
+use backpressure::headers::ServerHint;
 
 /// Unix 1700000000 = Tue, 14 Nov 2023 22:13:20 GMT.
 const T0: u64 = 1_700_000_000;
@@ -246,29 +246,6 @@ fn names_and_values_as_bytes() {
     ];
     let hint = ServerHint::from_headers(headers, at(T0));
     assert_eq!(hint.retry_after, Some(Duration::from_secs(2)));
-}
-
-#[test]
-fn clamp_turns_a_long_wait_into_stop() {
-    let clamp = Clamp::new(Duration::from_secs(30));
-    let hint = |v: &'static str| ServerHint::from_headers([("retry-after", v)], at(T0));
-    assert_eq!(
-        hint("3600").advise(clamp),
-        Advice::Stop {
-            retry_after: Duration::from_secs(3600)
-        }
-    );
-    assert_eq!(
-        hint("30").advise(clamp),
-        Advice::Wait(Duration::from_secs(30))
-    );
-    assert_eq!(
-        hint("30.000000001").advise(clamp),
-        Advice::Stop {
-            retry_after: Duration::new(30, 1)
-        }
-    );
-    assert_eq!(ServerHint::default().advise(clamp), Advice::Proceed);
 }
 
 #[cfg(feature = "http")]

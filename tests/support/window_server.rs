@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use backpressure::testing::{Limit, LimitHeaders, ThrottlingServer};
+use backpressure::testing::{Limit, ThrottlingServer};
 
 /// 10 requests per rolling 500 ms per key, IETF `RateLimit` headers, 5 ms
 /// latency.
@@ -12,7 +12,7 @@ pub async fn window_server() -> ThrottlingServer {
             requests: 10,
             window: Duration::from_millis(500),
         })
-        .headers(LimitHeaders::Ietf)
+        .ietf_headers()
         .latency(Duration::from_millis(5))
         .start()
         .await

@@ -400,11 +400,11 @@ impl AdaptiveRate {
     ///
     /// ```
     /// use backpressure::adaptive::AdaptiveRate;
-    /// use backpressure::{Clock, DefaultClock, TokenBucket};
+    /// use backpressure::{Clock, ManualClock, TokenBucket};
     ///
-    /// let clock = DefaultClock::new();
+    /// let clock = ManualClock::new();
     /// let controller = AdaptiveRate::new().controller(clock.now_nanos());
-    /// let bucket = TokenBucket::new(controller.quota());
+    /// let bucket = TokenBucket::with_clock(controller.quota(), clock);
     /// assert!(bucket.try_acquire(1).is_ok());
     /// ```
     pub fn controller(&self, now_nanos: u64) -> RateController {

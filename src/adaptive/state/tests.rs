@@ -51,7 +51,7 @@ fn handles_cross_threads_and_tasks() {
     fn send<T: Send>() {}
     send_sync::<AdaptiveLimiter>();
     send_sync::<crate::adaptive::AdaptivePermit>();
-    send::<crate::adaptive::AdaptiveAcquire>();
+    send::<crate::adaptive::limiter::AdaptiveAcquire>();
 }
 
 #[test]

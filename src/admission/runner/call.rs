@@ -69,7 +69,7 @@ impl<V> Reply<V> {
     ///
     /// ```
     /// use backpressure::admission::{Admission, Call, CallSpec, Reply, Runner};
-    /// use backpressure::{ManualClock, ManualSleeper, Quota};
+    /// use backpressure::{ManualClock, Quota};
     /// use std::num::NonZeroU32;
     /// use std::time::Duration;
     ///
@@ -77,10 +77,10 @@ impl<V> Reply<V> {
     /// let clock = ManualClock::new();
     /// let admission = Admission::builder()
     ///     .clock(clock.clone())
-    ///     .sleeper(ManualSleeper::new(clock.clone()))
+    ///     .sleeper(clock.clone())
     ///     .resource("tokens", Quota::per_minute(NonZeroU32::new(10_000).unwrap()))
     ///     .build();
-    /// let runner: Runner<&str, _, _> = Runner::new(admission.clone(), Duration::from_secs(5));
+    /// let runner: Runner<&str, String, _, _> = Runner::new(admission.clone(), Duration::from_secs(5));
     /// // Estimated 4,000 tokens; the reply says 1,000 were used.
     /// let call = Call::new(CallSpec::new("complete", "key").cost("tokens", 4_000), || async {
     ///     Ok(Reply::new(200, "done").used("tokens", 1_000))
@@ -127,7 +127,8 @@ impl<V> Reply<V> {
 
 /// The boxed future of one attempt: a reply, or the caller's transport
 /// error `E`.
-pub type AttemptFuture<V, E = String> = Pin<Box<dyn Future<Output = Result<Reply<V>, E>> + Send>>;
+pub(crate) type AttemptFuture<V, E = String> =
+    Pin<Box<dyn Future<Output = Result<Reply<V>, E>> + Send>>;
 
 /// One logical call of a turn: what to admit, how to coalesce it, and how
 /// to make one attempt (called once per attempt).

@@ -12,7 +12,7 @@ use super::super::Throttled;
 #[cfg(doc)]
 use super::Call;
 #[cfg(doc)]
-use crate::backoff::RetryPolicy;
+use crate::retry::RetryPolicy;
 
 /// The result of one logical call. `E` is the error type of the call's
 /// attempts (see [`Call`]).
@@ -96,7 +96,7 @@ impl<V, E> CallResult<V, E> {
     ///
     /// ```
     /// use backpressure::admission::CallResult;
-    /// use backpressure::single_flight::Provenance;
+    /// use backpressure::Provenance;
     /// let r: CallResult<i32> = CallResult::Done { value: 7, provenance: Provenance::Leader, attempts: 1 };
     /// assert_eq!(r.value(), Some(&7));
     /// ```
@@ -113,7 +113,7 @@ impl<V, E> CallResult<V, E> {
     ///
     /// ```
     /// use backpressure::admission::CallResult;
-    /// use backpressure::throttled::Status;
+    /// use backpressure::Status;
     /// use backpressure::Throttled;
     /// let r: CallResult<()> = CallResult::Throttled(Throttled::new(Status::Shed, "queue", "busy"));
     /// assert_eq!(r.throttled().unwrap().status, Status::Shed);

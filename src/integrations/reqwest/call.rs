@@ -7,40 +7,19 @@ use std::time::SystemTime;
 
 use reqwest_middleware::RequestBuilder;
 
-use crate::admission::{Call, CallSpec, Kind, Reply};
+use crate::admission::{Call, CallSpec, Reply};
 use crate::headers::ServerHint;
 
-/// A response read whole: what a [`Call::request`] returns. `Clone`, so
-/// the callers of one coalesced read share it.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::reqwest::HttpReply;
-/// let reply = HttpReply { status: 200, headers: http::HeaderMap::new(), body: b"[#1]".to_vec() };
-/// assert_eq!(reply.text(), "[#1]");
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HttpReply {
-    /// The status.
-    pub status: u16,
-    /// The headers.
-    pub headers: http::HeaderMap,
-    /// The body.
-    pub body: Vec<u8>,
-}
-
-impl HttpReply {
-    /// The body as text (invalid UTF-8 replaced).
-    pub fn text(&self) -> std::borrow::Cow<'_, str> {
-        String::from_utf8_lossy(&self.body)
-    }
-}
+/// A response read whole: what a [`Call::request`] returns (`Clone`, so
+/// the callers of one coalesced read share it).
+type HttpReply = http::Response<Vec<u8>>;
 
 impl Call<HttpReply, reqwest_middleware::Error> {
     /// The call that sends `request` (from a `reqwest_middleware` client,
     /// or `ClientWithMiddleware::from(reqwest::Client)`), admitted as
-    /// `spec`, once per attempt. Each attempt's response is read whole;
+    /// `spec`, once per attempt. Each attempt's response is read whole
+    /// into an `http::Response<Vec<u8>>` (`Clone`, so the callers of one
+    /// coalesced read share it);
     /// its status and limit headers go back to the admission layer, and a
     /// 429 is retried or answered as `Throttled` by the runner.
     ///
@@ -58,12 +37,11 @@ impl Call<HttpReply, reqwest_middleware::Error> {
     ///
     /// ```
     /// use backpressure::admission::{Admission, Call, CallSpec, Runner};
-    /// use backpressure::reqwest::HttpReply;
     /// use reqwest_middleware::ClientWithMiddleware;
     /// use std::time::Duration;
     ///
     /// let client = ClientWithMiddleware::from(reqwest::Client::new());
-    /// let runner: Runner<HttpReply, _, _, reqwest_middleware::Error> =
+    /// let runner: Runner<http::Response<Vec<u8>>, reqwest_middleware::Error> =
     ///     Runner::new(Admission::builder().build(), Duration::from_secs(3));
     /// let call = Call::request(
     ///     CallSpec::new("search", "key-a"),
@@ -77,8 +55,7 @@ impl Call<HttpReply, reqwest_middleware::Error> {
             .and_then(|r| r.build().ok())
             .and_then(|r| {
                 let method = r.method();
-                (spec.kind == Kind::Read
-                    && (method == http::Method::GET || method == http::Method::HEAD))
+                (!spec.write && (method == http::Method::GET || method == http::Method::HEAD))
                     .then(|| format!("{method} {}", r.url()))
             });
         let call = Call::new(spec, move || {
@@ -88,19 +65,13 @@ impl Call<HttpReply, reqwest_middleware::Error> {
                     return Err(reqwest_middleware::Error::middleware(NotCloneable));
                 };
                 let response = attempt.send().await?;
-                let status = response.status().as_u16();
+                let status = response.status();
                 let headers = response.headers().clone();
                 let hint = ServerHint::from_header_map(&headers, SystemTime::now());
-                let body = response.bytes().await?.to_vec();
-                Ok(Reply::new(
-                    status,
-                    HttpReply {
-                        status,
-                        headers,
-                        body,
-                    },
-                )
-                .with_hint(hint))
+                let mut reply = HttpReply::new(response.bytes().await?.to_vec());
+                *reply.status_mut() = status;
+                *reply.headers_mut() = headers;
+                Ok(Reply::new(status.as_u16(), reply).with_hint(hint))
             }
         });
         match key {

@@ -1,37 +1,11 @@
-//! What a response's body says the request used: [`llm_usage`] reads the
+//! What a response's body says the request used: `llm_usage` reads the
 //! `usage` object of an OpenAI or Anthropic reply, and [`buffered`] reads
 //! a body once and hands the caller a response with the same body.
 
 use ::reqwest::{Response, ResponseBuilderExt};
 
-/// The token usage an LLM provider reports in a (non-streamed) JSON reply,
-/// as `(quota name, units)` for
-/// [`AdmissionMiddleware::usage_from_body`](super::AdmissionMiddleware::usage_from_body)
-/// (or [`Ticket::settle`](crate::admission::Ticket::settle)):
-///
-/// | provider | `usage` fields | reported as |
-/// | --- | --- | --- |
-/// | OpenAI (and compatible servers) | `prompt_tokens`, `completion_tokens`, `total_tokens` | `input_tokens`, `output_tokens`, `tokens` |
-/// | Anthropic | `input_tokens`, `output_tokens` (+ `cache_creation_input_tokens`, `cache_read_input_tokens`) | `input_tokens` (all input), `output_tokens`, `tokens` (their sum) |
-///
-/// A body that is not JSON, or has no `usage`, reports nothing; a count
-/// past `u32::MAX` is clamped to it. Names the layer has no quota for are
-/// ignored by the settle, so the three can always be reported.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::reqwest::llm_usage;
-/// let openai = br#"{"usage": {"prompt_tokens": 700, "completion_tokens": 105, "total_tokens": 805}}"#;
-/// assert_eq!(
-///     llm_usage(openai),
-///     [("input_tokens".to_string(), 700), ("output_tokens".to_string(), 105), ("tokens".to_string(), 805)]
-/// );
-/// let anthropic = br#"{"usage": {"input_tokens": 10, "cache_read_input_tokens": 90, "output_tokens": 5}}"#;
-/// assert_eq!(llm_usage(anthropic)[2], ("tokens".to_string(), 105));
-/// assert!(llm_usage(b"not json").is_empty());
-/// ```
-pub fn llm_usage(body: &[u8]) -> Vec<(String, u32)> {
+/// See [`AdmissionMiddleware::llm_usage`](super::AdmissionMiddleware::llm_usage).
+pub(super) fn llm_usage(body: &[u8]) -> Vec<(String, u32)> {
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
         return Vec::new();
     };

@@ -54,19 +54,8 @@ pub use limit::Limit;
 
 /// What the server does with requests beyond its capacity (requests being
 /// served at once, across keys).
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::testing::Overload;
-/// use std::time::Duration;
-/// let slow = Overload::Latency { per_request: Duration::from_millis(5) };
-/// let refuse = Overload::Unavailable { retry_after: Duration::from_secs(1) };
-/// assert_ne!(slow, refuse);
-/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Overload {
+pub(crate) enum Overload {
     /// Latency grows by `per_request` for each request in flight beyond
     /// the capacity (a queue building up).
     Latency {
@@ -82,16 +71,8 @@ pub enum Overload {
 
 /// Which rate-limit headers the server sends (beside `Retry-After`, which
 /// every 429 and 503 carries).
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::testing::LimitHeaders;
-/// assert_eq!(LimitHeaders::default(), LimitHeaders::RetryAfterOnly);
-/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LimitHeaders {
+pub(crate) enum LimitHeaders {
     /// Only `Retry-After` on 429/503, like nginx `limit_req`.
     #[default]
     RetryAfterOnly,
@@ -117,17 +98,17 @@ pub enum LimitHeaders {
 /// # Examples
 ///
 /// ```
-/// use backpressure::testing::{Limit, LimitHeaders, Overload, ThrottlingServer};
+/// use backpressure::testing::{Limit, ThrottlingServer};
 /// use std::time::Duration;
 ///
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let server = ThrottlingServer::builder()
 ///     .limit(Limit::Gcra { period: Duration::from_millis(100), burst: 2 })
-///     .headers(LimitHeaders::Ietf)
+///     .ietf_headers()
 ///     .key_header("x-api-key")
 ///     .latency(Duration::from_millis(1))
 ///     .fail_first(1, Duration::from_secs(1))
-///     .capacity(8, Overload::Unavailable { retry_after: Duration::from_secs(1) })
+///     .refuse_beyond(8, Duration::from_secs(1))
 ///     .start()
 ///     .await
 ///     .unwrap();
@@ -166,17 +147,57 @@ impl Builder {
         self
     }
 
-    /// Which limit headers to send.
+    /// Sends the IETF `RateLimit-Policy` and `RateLimit` fields (draft-10)
+    /// on every response (by default only `Retry-After`, on 429 and 503,
+    /// like nginx `limit_req`). With
+    /// [`x_ratelimit_headers`](Self::x_ratelimit_headers), both.
     ///
     /// # Examples
     ///
     /// ```
-    /// use backpressure::testing::{LimitHeaders, ThrottlingServer};
-    /// let b = ThrottlingServer::builder().headers(LimitHeaders::XRateLimit);
+    /// use backpressure::testing::ThrottlingServer;
+    /// let b = ThrottlingServer::builder().ietf_headers();
     /// # drop(b);
     /// ```
-    pub fn headers(mut self, headers: LimitHeaders) -> Self {
-        self.config.headers = headers;
+    pub fn ietf_headers(mut self) -> Self {
+        self.config.headers = match self.config.headers {
+            LimitHeaders::XRateLimit | LimitHeaders::Both => LimitHeaders::Both,
+            _ => LimitHeaders::Ietf,
+        };
+        self
+    }
+
+    /// Sends `X-RateLimit-Limit`, `-Remaining` and `-Reset` (delta seconds)
+    /// on every response, as GitHub-style APIs do. With
+    /// [`ietf_headers`](Self::ietf_headers), both.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::testing::ThrottlingServer;
+    /// let b = ThrottlingServer::builder().x_ratelimit_headers();
+    /// # drop(b);
+    /// ```
+    pub fn x_ratelimit_headers(mut self) -> Self {
+        self.config.headers = match self.config.headers {
+            LimitHeaders::Ietf | LimitHeaders::Both => LimitHeaders::Both,
+            _ => LimitHeaders::XRateLimit,
+        };
+        self
+    }
+
+    /// Sends no limit header at all, not even `Retry-After` on a 429: bare
+    /// 429s, as some proxies send. Replaces the header choices above.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::testing::ThrottlingServer;
+    /// let b = ThrottlingServer::builder().bare_429s();
+    /// # drop(b);
+    /// ```
+    pub fn bare_429s(mut self) -> Self {
+        self.config.headers = LimitHeaders::Bare;
         self
     }
 
@@ -227,19 +248,36 @@ impl Builder {
     }
 
     /// At most `capacity` requests served at once (across keys); beyond
-    /// it, `overload` says what happens.
+    /// it, latency grows by `per_request` for each request in flight past
+    /// the capacity (a queue building up).
     ///
     /// # Examples
     ///
     /// ```
-    /// use backpressure::testing::{Overload, ThrottlingServer};
+    /// use backpressure::testing::ThrottlingServer;
     /// use std::time::Duration;
-    /// let b = ThrottlingServer::builder()
-    ///     .capacity(4, Overload::Latency { per_request: Duration::from_millis(10) });
+    /// let b = ThrottlingServer::builder().queue_beyond(4, Duration::from_millis(10));
     /// # drop(b);
     /// ```
-    pub fn capacity(mut self, capacity: usize, overload: Overload) -> Self {
-        self.config.capacity = Some((capacity, overload));
+    pub fn queue_beyond(mut self, capacity: usize, per_request: Duration) -> Self {
+        self.config.capacity = Some((capacity, Overload::Latency { per_request }));
+        self
+    }
+
+    /// At most `capacity` requests served at once (across keys); beyond
+    /// it, `503 Service Unavailable` with `Retry-After: retry_after`
+    /// (rounded up to whole seconds).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::testing::ThrottlingServer;
+    /// use std::time::Duration;
+    /// let b = ThrottlingServer::builder().refuse_beyond(4, Duration::from_secs(1));
+    /// # drop(b);
+    /// ```
+    pub fn refuse_beyond(mut self, capacity: usize, retry_after: Duration) -> Self {
+        self.config.capacity = Some((capacity, Overload::Unavailable { retry_after }));
         self
     }
 

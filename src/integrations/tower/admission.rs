@@ -16,10 +16,11 @@ use crate::admission::Admission;
 use crate::clock::{Clock, DefaultClock};
 use crate::sleep::{DefaultSleeper, Sleeper};
 
-pub use future::AdmissionFuture;
+use future::AdmissionFuture;
 #[cfg(feature = "http")]
-pub use hooks::{HttpSpec, ObserveHttp, RefusalResponses};
-pub use hooks::{MakeSpec, Observe, ObserveOk, UsageFrom};
+use hooks::{HttpSpec, ObserveHttp, RefusalResponses};
+pub use hooks::{MakeSpec, Observe};
+use hooks::{ObserveOk, UsageFrom};
 
 /// Admits each request through one shared [`Admission`] (its concurrency
 /// pools, rate limits per credential, budgets and the holds servers
@@ -43,7 +44,7 @@ pub use hooks::{MakeSpec, Observe, ObserveOk, UsageFrom};
 ///   for, not after another wait. The inner readiness (a connection, a
 ///   buffer slot) is held while the call waits for admission.
 /// * **Observe.** When the inner future is ready, the result goes through
-///   an [`Observe`]: [`ObserveOk`] by default (success is a 200),
+///   an [`Observe`]: by default any `Ok` is a 200 and an error feeds nothing,
 ///   `ObserveHttp` with `AdmissionLayer::http` (status and limit
 ///   headers: a 429 with `Retry-After` holds back the credential), or a
 ///   closure of yours ([`observe_with`](Self::observe_with)). Then the ticket is
@@ -52,7 +53,7 @@ pub use hooks::{MakeSpec, Observe, ObserveOk, UsageFrom};
 ///   the shared limiter by its next `admit` (see
 ///   [`Ticket::report`](crate::admission::Ticket::report)).
 /// * **Refusal.** A [`Throttled`](crate::Throttled) inside the
-///   [`BoxError`]; the inner service is not called.
+///   `tower::BoxError`; the inner service is not called.
 /// * **The server's "not now".** An observed 429 (or 503 with
 ///   `Retry-After`) holds the credential back and reaches the caller as a
 ///   `Throttled` `rate_limited` with that wait and `attempts: 1`, not as
@@ -70,7 +71,7 @@ pub use hooks::{MakeSpec, Observe, ObserveOk, UsageFrom};
 /// ```
 /// use backpressure::tower::AdmissionLayer;
 /// use backpressure::admission::{Admission, CallSpec, SlotPolicy};
-/// use backpressure::throttled::Status;
+/// use backpressure::Status;
 /// use backpressure::Throttled;
 /// use tower::{service_fn, Layer, ServiceExt};
 ///
@@ -135,7 +136,7 @@ impl<M, Sl, C: Clock> AdmissionLayer<M, ObserveOk, Sl, C> {
 #[cfg(feature = "http")]
 impl<F, Sl, C: Clock> AdmissionLayer<HttpSpec<F>, ObserveHttp, Sl, C> {
     /// For `http::Request`s: admits each request as `spec(&req)` (a
-    /// [`RequestDeadline`](crate::tower::RequestDeadline) in its
+    /// [`RequestDeadline`](crate::retry::RequestDeadline) in its
     /// extensions overrides the deadline), and observes the
     /// `http::Response`'s status and limit headers.
     ///
@@ -167,16 +168,22 @@ impl<M, Sl, C: Clock> AdmissionLayer<M, ObserveHttp, Sl, C> {
     /// Answers the layer's own refusals (not admitted, past the deadline,
     /// or the server's 429 past what the call could wait) as a synthetic
     /// 429 response (503 when closed) an HTTP client keeps, instead of an
-    /// error: see [`RefusalResponses`]. For clients, such as LLM clients,
-    /// that report any transport error as "retry now". The response body
-    /// type must be `From<Vec<u8>>` (`Bytes`, `Vec<u8>`, reqwest's `Body`,
-    /// `Full<Bytes>`).
+    /// error: the shape of [`Throttled::to_response`](crate::Throttled::to_response)
+    /// (`retry-after`, `retry-after-ms`, the refusal header and a
+    /// provider-style JSON error body carrying the `Throttled`'s fields).
+    /// For clients, such as LLM clients, that report any transport error
+    /// as "retry now" but keep a 429's status, headers and body. Responses
+    /// are otherwise observed as by [`http`](Self::http); a refusal answered
+    /// by an inner layer (it carries the header) is never fed to the
+    /// learned rate. The response body type must be `From<Vec<u8>>`
+    /// (`Bytes`, `Vec<u8>`, reqwest's `Body`, `Full<Bytes>`).
     ///
     /// # Examples
     ///
     /// ```
     /// use backpressure::admission::{Admission, CallSpec};
-    /// use backpressure::tower::{is_refusal, AdmissionLayer};
+    /// use backpressure::tower::AdmissionLayer;
+    /// use backpressure::Throttled;
     /// use tower::{service_fn, Layer, ServiceExt};
     ///
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -191,7 +198,7 @@ impl<M, Sl, C: Clock> AdmissionLayer<M, ObserveHttp, Sl, C> {
     /// // The run's budget is spent: a 429 the client reads, not an error.
     /// let refused = svc.oneshot(http::Request::new(())).await.unwrap();
     /// assert_eq!(refused.status(), 429);
-    /// assert!(is_refusal(refused.headers()));
+    /// assert!(Throttled::is_refusal(refused.headers()));
     /// # });
     /// ```
     pub fn refusals_as_responses(self) -> AdmissionLayer<M, RefusalResponses, Sl, C> {
@@ -225,7 +232,8 @@ impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C> {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::tower::{AdmissionLayer, BoxError};
+    /// use backpressure::tower::AdmissionLayer;
+    /// use tower::BoxError;
     /// use backpressure::admission::{Admission, CallSpec};
     /// use backpressure::headers::ServerHint;
     /// // The inner service answers with a status code.

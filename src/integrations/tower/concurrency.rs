@@ -137,7 +137,7 @@ impl ConcurrencyLimitLayer {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::throttled::Status;
+    /// use backpressure::Status;
     /// use backpressure::{Throttled, tower::ConcurrencyLimitLayer};
     /// use std::time::Duration;
     /// use tower::{service_fn, Layer, Service, ServiceExt};
@@ -190,21 +190,6 @@ impl<S> Layer<S> for ConcurrencyLimitLayer {
 /// The service of [`ConcurrencyLimitLayer`].
 ///
 /// Cloning it gives a service on the same semaphore, with no permit held.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::tower::ConcurrencyLimit;
-/// use backpressure::Semaphore;
-/// use std::sync::Arc;
-/// use tower::{service_fn, ServiceExt};
-///
-/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// let semaphore = Arc::new(Semaphore::new(1));
-/// let svc = ConcurrencyLimit::new(service_fn(|x: u8| async move { Ok::<_, std::io::Error>(x) }), semaphore);
-/// assert_eq!(svc.oneshot(7).await.unwrap(), 7);
-/// # });
-/// ```
 pub struct ConcurrencyLimit<S> {
     inner: S,
     semaphore: PollSemaphore,
@@ -215,43 +200,16 @@ pub struct ConcurrencyLimit<S> {
 
 impl<S> ConcurrencyLimit<S> {
     /// Wraps `inner`, queueing for permits of `semaphore`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{tower::ConcurrencyLimit, Semaphore};
-    /// use std::sync::Arc;
-    /// let svc = ConcurrencyLimit::new((), Arc::new(Semaphore::new(1)));
-    /// assert_eq!(svc.semaphore().available_permits(), 1);
-    /// ```
     pub fn new(inner: S, semaphore: Arc<Semaphore>) -> Self {
         ConcurrencyLimitLayer::with_semaphore(semaphore).layer(inner)
     }
 
     /// The shared semaphore.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{tower::ConcurrencyLimit, Semaphore};
-    /// use std::sync::Arc;
-    /// let svc = ConcurrencyLimit::new((), Arc::new(Semaphore::new(2)));
-    /// assert_eq!(svc.semaphore().available_permits(), 2);
-    /// ```
     pub fn semaphore(&self) -> &Arc<Semaphore> {
         self.semaphore.semaphore()
     }
 
     /// The wrapped service.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{tower::ConcurrencyLimit, Semaphore};
-    /// use std::sync::Arc;
-    /// let svc = ConcurrencyLimit::new(5u8, Arc::new(Semaphore::new(1)));
-    /// assert_eq!(*svc.get_ref(), 5);
-    /// ```
     pub fn get_ref(&self) -> &S {
         &self.inner
     }

@@ -15,7 +15,7 @@
 //! model).
 //!
 //! [`PollSemaphore`](crate::PollSemaphore) is the helper
-//! [`ConcurrencyLimit`] acquires with; hand-written services can use it too.
+//! the [`ConcurrencyLimitLayer`]'s service acquires with; hand-written services can use it too.
 //!
 //! # Examples
 //!
@@ -39,116 +39,25 @@
 mod admission;
 mod concurrency;
 mod keyed;
+mod limit_future;
 mod line;
 mod rate;
 mod retry;
 
-use core::future::Future;
-use core::pin::Pin;
-use core::task::{Context, Poll};
+pub use admission::{AdmissionLayer, MakeSpec, Observe};
+pub use concurrency::ConcurrencyLimitLayer;
+pub use keyed::KeyedRateLimitLayer;
+pub use rate::RateLimitLayer;
+pub use retry::HintRetry;
 
-#[cfg(feature = "http")]
-pub use crate::integrations::refusal::{is_refusal, refusal_response, Attempts, REFUSAL_HEADER};
-#[cfg(feature = "http")]
-pub use crate::integrations::RequestDeadline;
-pub use admission::{
-    AdmissionFuture, AdmissionLayer, AdmissionService, MakeSpec, Observe, ObserveOk, UsageFrom,
-};
-#[cfg(feature = "http")]
-pub use admission::{HttpSpec, ObserveHttp, RefusalResponses};
-pub use concurrency::{
-    ConcurrencyLimit, ConcurrencyLimitLayer, ResponseFuture as ConcurrencyFuture,
-};
-pub use keyed::{KeyedFuture, KeyedRateLimit, KeyedRateLimitLayer};
-pub use rate::{RateLimit, RateLimitLayer};
-#[cfg(feature = "http")]
-pub use retry::ClassifyHttp;
-pub use retry::{Classify, HintRetry};
+pub(crate) use limit_future::LimitFuture;
 
 use crate::bucket::{CheckError, ReserveError};
 use crate::{throttled::Status, Throttled};
 
-/// The error type of the layers: the inner service's error or a
-/// [`Throttled`], boxed (tower's convention at the edges).
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-pin_project_lite::pin_project! {
-    /// The response future of [`RateLimit`]: the inner service's future,
-    /// or a refusal answered without calling it.
-    #[must_use = "futures do nothing unless you `.await` or poll them"]
-    #[derive(Debug)]
-    pub struct LimitFuture<F> {
-        #[pin]
-        state: State<F>,
-    }
-}
-
-pin_project_lite::pin_project! {
-    #[project = StateProj]
-    #[derive(Debug)]
-    enum State<F> {
-        // The inner service was called.
-        Inner {
-            #[pin]
-            future: F,
-        },
-        // Refused; the error is handed out at the first poll.
-        Refused {
-            error: Option<Box<Throttled>>,
-        },
-    }
-}
-
-impl<F> LimitFuture<F> {
-    pub(crate) fn inner(future: F) -> Self {
-        LimitFuture {
-            state: State::Inner { future },
-        }
-    }
-
-    pub(crate) fn refused(t: Throttled) -> Self {
-        Self::refused_boxed(Box::new(t))
-    }
-
-    /// A refusal already boxed: a thin pointer, so the future is no wider
-    /// than the inner one's and a `Throttled` (three strings) is not moved
-    /// with every response.
-    pub(crate) fn refused_boxed(error: Box<Throttled>) -> Self {
-        LimitFuture {
-            state: State::Refused { error: Some(error) },
-        }
-    }
-}
-
-impl<F, T, E> Future for LimitFuture<F>
-where
-    F: Future<Output = Result<T, E>>,
-    E: Into<BoxError>,
-{
-    type Output = Result<T, BoxError>;
-
-    #[inline]
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            StateProj::Inner { future } => future.poll(cx).map_err(Into::into),
-            StateProj::Refused { error } => {
-                Poll::Ready(Err(error.take().unwrap_or_else(polled_after_refusal)))
-            }
-        }
-    }
-}
-
-/// A refused `LimitFuture` polled again: an error rather than a panic.
-/// Out of line, so the future's `poll` stays small enough to inline.
-#[cold]
-#[inline(never)]
-fn polled_after_refusal() -> Box<Throttled> {
-    Box::new(Throttled::new(
-        Status::RateLimited,
-        "rate",
-        "polled after completion",
-    ))
-}
+// The error type of the layers: the inner service's error or a
+// `Throttled`, boxed (tower's convention at the edges, `tower::BoxError`).
+pub(crate) use ::tower::BoxError;
 
 /// A refusal of our own rate limit, from a check.
 #[cold]

@@ -39,7 +39,7 @@ use crate::sleep::{DefaultSleeper, Sleeper};
 ///
 /// ```
 /// use backpressure::tower::RateLimitLayer;
-/// use backpressure::throttled::Status;
+/// use backpressure::Status;
 /// use backpressure::{ManualClock, Quota, Throttled, TokenBucket};
 /// use std::num::NonZeroU32;
 /// use std::sync::Arc;
@@ -96,8 +96,8 @@ impl<C: Clock> RateLimitLayer<C, DefaultSleeper> {
 
 impl<C: Clock, Sl> RateLimitLayer<C, Sl> {
     /// Waits in `poll_ready` for a cell that comes within `budget`,
-    /// sleeping on `sleeper` (`TokioSleeper` under tokio, a
-    /// `ManualSleeper` in tests); a longer wait is refused at once.
+    /// sleeping on `sleeper` (the default sleeper, a
+    /// `ManualClock` in tests); a longer wait is refused at once.
     ///
     /// It holds no cell while it sleeps (see [`RateLimitLayer`]): a
     /// service dropped while waiting gives nothing away.

@@ -16,7 +16,7 @@ use crate::{retry::Deadline, retry::Decision, retry::ReplyClass, retry::RetryPol
 /// A [`tower::retry::Policy`](::tower::retry::Policy) that decides through
 /// the crate's [`RetryPolicy`] and charges every wait to a [`Deadline`].
 ///
-/// A [`Classify`] reads each result: `None` means done (a success, or a
+/// A classifier (a closure, see [`new`](HintRetry::new)) reads each result: `None` means done (a success, or a
 /// result not worth a look); `Some((status, hint))` is the answer to
 /// decide on: the HTTP status (`None` for a transport error) and what the
 /// server said ([`ServerHint::from_headers`]). [`HintRetry::http`] reads
@@ -44,8 +44,8 @@ use crate::{retry::Deadline, retry::Decision, retry::ReplyClass, retry::RetryPol
 /// use backpressure::tower::HintRetry;
 /// use backpressure::headers::ServerHint;
 /// use backpressure::retry::RetryPolicy;
-/// use backpressure::throttled::Status;
-/// use backpressure::{ManualClock, ManualSleeper, Throttled};
+/// use backpressure::Status;
+/// use backpressure::{ManualClock, Throttled};
 /// use std::sync::atomic::{AtomicU32, Ordering};
 /// use std::sync::Arc;
 /// use std::time::{Duration, SystemTime};
@@ -66,7 +66,7 @@ use crate::{retry::Deadline, retry::Decision, retry::ReplyClass, retry::RetryPol
 ///     matches!(r, Ok(429)).then(|| (Some(429), told))
 /// })
 /// .with_clock(clock.clone())
-/// .with_sleeper(ManualSleeper::new(clock));
+/// .with_sleeper(clock);
 /// let err = RetryLayer::new(policy).layer(server).oneshot(()).await.unwrap_err();
 /// // Two minutes do not fit a 30 s budget: no sleep, no second request.
 /// let t = err.downcast_ref::<Throttled>().unwrap();
@@ -87,7 +87,11 @@ pub struct HintRetry<F, C: Clock = DefaultClock, Sl = DefaultSleeper> {
 
 impl<F> HintRetry<F, DefaultClock, DefaultSleeper> {
     /// Retries as `policy` says within `budget` per call, with what
-    /// `classify` reads from each result.
+    /// `classify` reads from each result: a closure
+    /// `FnMut(&Result<Res, E>) -> Option<(Option<u16>, ServerHint)>` that
+    /// answers `None` when there is nothing to decide (a success, or an
+    /// answer retrying cannot change), else the status (`None` for a
+    /// transport error) and the server's hint.
     ///
     /// # Examples
     ///
@@ -140,19 +144,19 @@ impl<F, C: Clock, Sl> HintRetry<F, C, Sl> {
         }
     }
 
-    /// Sleeps between attempts on `sleeper` (`TokioSleeper` under tokio).
+    /// Sleeps between attempts on `sleeper` (a `ManualClock` in tests).
     ///
     /// # Examples
     ///
     /// ```
     /// use backpressure::headers::ServerHint;
     /// use backpressure::retry::RetryPolicy;
-    /// use backpressure::{ManualClock, ManualSleeper, tower::HintRetry};
+    /// use backpressure::{ManualClock, tower::HintRetry};
     /// use std::time::Duration;
     /// let clock = ManualClock::new();
     /// let policy = HintRetry::new(RetryPolicy::default(), Duration::from_secs(1), |_: &Result<(), ()>| None::<(Option<u16>, ServerHint)>)
     ///     .with_clock(clock.clone())
-    ///     .with_sleeper(ManualSleeper::new(clock));
+    ///     .with_sleeper(clock);
     /// # let _ = policy;
     /// ```
     pub fn with_sleeper<S2: Sleeper>(self, sleeper: S2) -> HintRetry<F, C, S2> {
@@ -225,56 +229,34 @@ impl<F, C: Clock, Sl: fmt::Debug> fmt::Debug for HintRetry<F, C, Sl> {
     }
 }
 
-/// Reads an attempt's result for [`HintRetry`]: `None` when there is
-/// nothing to decide (a success, or an answer retrying cannot change),
-/// else the status (`None` for a transport error) and the server's hint.
-///
-/// Implemented for closures `FnMut(&Result<Res, E>) -> Option<(Option<u16>, ServerHint)>`
-/// and (feature `http`) for [`ClassifyHttp`].
-pub trait Classify<Res, E> {
-    /// The answer in `result` to decide on, if any.
-    fn classify(&mut self, result: &Result<Res, E>) -> Option<(Option<u16>, ServerHint)>;
-}
-
-impl<Res, E, F> Classify<Res, E> for F
-where
-    F: FnMut(&Result<Res, E>) -> Option<(Option<u16>, ServerHint)>,
-{
-    #[inline]
-    fn classify(&mut self, result: &Result<Res, E>) -> Option<(Option<u16>, ServerHint)> {
-        self(result)
-    }
-}
+/// What the classifier of an `http::Response` stack is: a function
+/// pointer, so [`HintRetry::http`] is nameable.
+#[cfg(feature = "http")]
+type ClassifyHttp<B> =
+    fn(&Result<http::Response<B>, super::BoxError>) -> Option<(Option<u16>, ServerHint)>;
 
 /// Classifies `http::Response`s (feature `http`): a response's status and
 /// limit headers; an error is a transport error, except a [`Throttled`]
 /// (an admission refusal further in, or a capacity answer that layer
 /// already surfaced), which is final here. A synthetic refusal response
-/// ([`refusal_response`](crate::tower::refusal_response)) is final too.
+/// ([`Throttled::to_response`](crate::Throttled::to_response)) is final too.
 #[cfg(feature = "http")]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ClassifyHttp;
-
-#[cfg(feature = "http")]
-impl<B> Classify<http::Response<B>, super::BoxError> for ClassifyHttp {
-    fn classify(
-        &mut self,
-        result: &Result<http::Response<B>, super::BoxError>,
-    ) -> Option<(Option<u16>, ServerHint)> {
-        match result {
-            Ok(r) if crate::integrations::refusal::is_refusal(r.headers()) => None,
-            Ok(r) => Some((
-                Some(r.status().as_u16()),
-                ServerHint::from_header_map(r.headers(), std::time::SystemTime::now()),
-            )),
-            Err(e) if e.downcast_ref::<Throttled>().is_some() => None,
-            Err(_) => Some((None, ServerHint::default())),
-        }
+fn classify_http<B>(
+    result: &Result<http::Response<B>, super::BoxError>,
+) -> Option<(Option<u16>, ServerHint)> {
+    match result {
+        Ok(r) if crate::Throttled::is_refusal(r.headers()) => None,
+        Ok(r) => Some((
+            Some(r.status().as_u16()),
+            ServerHint::from_header_map(r.headers(), std::time::SystemTime::now()),
+        )),
+        Err(e) if e.downcast_ref::<Throttled>().is_some() => None,
+        Err(_) => Some((None, ServerHint::default())),
     }
 }
 
 #[cfg(feature = "http")]
-impl HintRetry<ClassifyHttp, DefaultClock, DefaultSleeper> {
+impl<B> HintRetry<ClassifyHttp<B>, DefaultClock, DefaultSleeper> {
     /// For a stack over `http::Request`s and `http::Response`s (feature
     /// `http`): reads each response's status and limit headers, so a bare
     /// 429 waits the bare-429 hold and a final one is `rate_limited`.
@@ -285,11 +267,22 @@ impl HintRetry<ClassifyHttp, DefaultClock, DefaultSleeper> {
     /// use backpressure::retry::RetryPolicy;
     /// use backpressure::tower::HintRetry;
     /// use std::time::Duration;
+    /// use tower::{retry::RetryLayer, service_fn, ServiceBuilder, ServiceExt};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let policy = HintRetry::http(RetryPolicy::default(), Duration::from_secs(10));
     /// assert_eq!(policy.budget(), Duration::from_secs(10));
+    /// // The body type is the stack's.
+    /// let svc = ServiceBuilder::new()
+    ///     .layer(RetryLayer::new(policy))
+    ///     .service(service_fn(|_: http::Request<()>| async {
+    ///         Ok::<_, tower::BoxError>(http::Response::new(b"ok".to_vec()))
+    ///     }));
+    /// assert_eq!(svc.oneshot(http::Request::new(())).await.unwrap().status(), 200);
+    /// # });
     /// ```
     pub fn http(policy: RetryPolicy, budget: Duration) -> Self {
-        HintRetry::new(policy, budget, ClassifyHttp)
+        HintRetry::new(policy, budget, classify_http::<B>)
     }
 }
 
@@ -297,7 +290,7 @@ impl<Req, Res, E, F, C, Sl> Policy<Req, Res, E> for HintRetry<F, C, Sl>
 where
     Req: Clone,
     E: From<Throttled>,
-    F: Classify<Res, E>,
+    F: FnMut(&Result<Res, E>) -> Option<(Option<u16>, ServerHint)>,
     C: Clock,
     Sl: Sleeper,
 {
@@ -308,7 +301,7 @@ where
         // the first attempt a shared retry budget counts.
         let template = &self.template;
         let policy = self.policy.get_or_insert_with(|| template.lock().fork());
-        let (status, hint) = self.classify.classify(result)?;
+        let (status, hint) = (self.classify)(result)?;
         let capacity = policy.classify(status, &hint) == ReplyClass::Capacity;
         let decision = policy.decide_reply(status, &hint, &mut self.deadline);
         match decision {

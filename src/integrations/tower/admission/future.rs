@@ -182,7 +182,7 @@ where
                         && let Some((status, hint)) = this.observe.observe(&result)
                     {
                         let hold = ticket.observe(status, &hint);
-                        let class = crate::backoff::reply_class(Some(status), &hint);
+                        let class = crate::retry::reply_class(Some(status), &hint);
                         if class == ReplyClass::Capacity && !*this.raw {
                             result = answer(this.observe, capacity(status, &hint, hold));
                         }
@@ -216,7 +216,7 @@ fn capacity(status: u16, hint: &ServerHint, hold: Option<Duration>) -> Throttled
         .unwrap_or(crate::retry::RetryPolicy::BARE_429_HOLD);
     Throttled::new(
         Status::RateLimited,
-        crate::backoff::server_scope(hint),
+        crate::retry::server_scope(hint),
         format!("the server answered {status}; retry after {}", Human(wait)),
     )
     .with_retry_after(wait)

@@ -50,15 +50,18 @@ where
 /// status and the server's hint to feed
 /// [`Ticket::observe`](crate::admission::Ticket::observe), or `None` to feed nothing.
 ///
-/// The inner service's error arrives already converted to a [`BoxError`].
-/// Implemented for [`ObserveOk`] (the default), `ObserveHttp` (feature
-/// `http`) and every closure
-/// `Fn(&Result<Resp, BoxError>) -> Option<(u16, ServerHint)>`.
+/// The inner service's error arrives already converted to a `tower::BoxError`.
+/// Implemented for every closure
+/// `Fn(&Result<Resp, BoxError>) -> Option<(u16, ServerHint)>`, and for the
+/// layer's own observers: the default (any `Ok` is a 200, an error feeds
+/// nothing) and, with `AdmissionLayer::http`, each response's status and
+/// limit headers.
 ///
 /// # Examples
 ///
 /// ```
-/// use backpressure::tower::{BoxError, Observe};
+/// use backpressure::tower::Observe;
+/// use tower::BoxError;
 /// use backpressure::headers::ServerHint;
 /// // A response that is its own status code.
 /// let classify = |r: &Result<u16, BoxError>| r.as_ref().ok().map(|s| (*s, ServerHint::default()));
@@ -131,14 +134,6 @@ where
 /// The default observer: a response reports success (status 200, no
 /// hint: it feeds the learned rate's successes); an error reports nothing
 /// (a transport error says nothing about the server's limits).
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::tower::{BoxError, Observe, ObserveOk};
-/// assert_eq!(Observe::<u8>::observe(&ObserveOk, &Ok(1)).unwrap().0, 200);
-/// assert!(Observe::<u8>::observe(&ObserveOk, &Err::<u8, BoxError>("down".into())).is_none());
-/// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ObserveOk;
 
@@ -152,21 +147,6 @@ impl<Resp> Observe<Resp> for ObserveOk {
 /// Observes an `http::Response`: its status, and the hint its headers
 /// carry (`Retry-After`, `RateLimit`, `X-RateLimit-*`), so a 429 holds
 /// back the credential. An error reports nothing.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::tower::{BoxError, Observe, ObserveHttp};
-/// use std::time::Duration;
-/// let response = http::Response::builder()
-///     .status(429)
-///     .header("retry-after", "3")
-///     .body(())
-///     .unwrap();
-/// let (status, hint) = ObserveHttp.observe(&Ok::<_, BoxError>(response)).unwrap();
-/// assert_eq!(status, 429);
-/// assert_eq!(hint.retry_after, Some(Duration::from_secs(3)));
-/// ```
 #[cfg(feature = "http")]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ObserveHttp;
@@ -181,22 +161,9 @@ impl<B> Observe<http::Response<B>> for ObserveHttp {
 }
 
 /// A spec closure over `http::Request`s that also honours a
-/// [`RequestDeadline`](crate::tower::RequestDeadline) in the request's
+/// [`RequestDeadline`](crate::retry::RequestDeadline) in the request's
 /// extensions ([`AdmissionLayer::http`](super::AdmissionLayer::http)
 /// wraps its closure in one).
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::tower::{HttpSpec, MakeSpec, RequestDeadline};
-/// use backpressure::admission::CallSpec;
-/// use std::time::Duration;
-/// let spec = HttpSpec(|req: &http::Request<()>| CallSpec::new(req.uri().path(), "key"));
-/// let mut req = http::Request::new(());
-/// assert_eq!(spec.request_deadline(&req), None);
-/// req.extensions_mut().insert(RequestDeadline(Duration::from_millis(50)));
-/// assert_eq!(spec.request_deadline(&req), Some(Duration::from_millis(50)));
-/// ```
 #[cfg(feature = "http")]
 #[derive(Clone, Copy)]
 pub struct HttpSpec<F>(pub F);
@@ -214,7 +181,7 @@ where
     #[inline]
     fn request_deadline(&self, req: &http::Request<B>) -> Option<Duration> {
         req.extensions()
-            .get::<crate::integrations::RequestDeadline>()
+            .get::<crate::retry::RequestDeadline>()
             .map(|d| d.0)
     }
 }
@@ -226,11 +193,11 @@ impl<F> fmt::Debug for HttpSpec<F> {
     }
 }
 
-/// [`ObserveHttp`], and the layer's own refusals answered as responses an
+/// `ObserveHttp`, and the layer's own refusals answered as responses an
 /// HTTP client keeps (the shape of
-/// [`refusal_response`](crate::tower::refusal_response): 429, or 503 when
+/// [`Throttled::to_response`](crate::Throttled::to_response): 429, or 503 when
 /// closed, with `retry-after`, `retry-after-ms`, the
-/// [`REFUSAL_HEADER`](crate::tower::REFUSAL_HEADER) and a provider-style
+/// [`Throttled::REFUSAL_HEADER`](crate::Throttled::REFUSAL_HEADER) and a provider-style
 /// JSON error body carrying the `Throttled`'s fields). An LLM client that
 /// turns any error of its transport into "retry now" keeps a 429's status,
 /// headers and body. A refusal answered by an inner layer (it carries the
@@ -244,7 +211,7 @@ pub struct RefusalResponses;
 impl<B: From<Vec<u8>>> Observe<http::Response<B>> for RefusalResponses {
     fn observe(&self, result: &Result<http::Response<B>, BoxError>) -> Option<(u16, ServerHint)> {
         let response = result.as_ref().ok()?;
-        if crate::integrations::refusal::is_refusal(response.headers()) {
+        if crate::Throttled::is_refusal(response.headers()) {
             // Ours, not the server's: nothing to learn from it.
             return None;
         }
@@ -252,6 +219,6 @@ impl<B: From<Vec<u8>>> Observe<http::Response<B>> for RefusalResponses {
     }
 
     fn refusal(&self, refused: &crate::Throttled) -> Option<http::Response<B>> {
-        Some(crate::integrations::refusal::refusal_response(refused).map(B::from))
+        Some(refused.to_response().map(B::from))
     }
 }

@@ -1,9 +1,9 @@
-//! [`Deadline`]: the remaining budget of one call, and [`TimedOut`].
+//! [`Deadline`]: the remaining budget of one call.
 
-use core::fmt;
 use std::time::Duration;
 
 use crate::clock::saturating_nanos;
+use crate::throttled::{Status, Throttled};
 use crate::Clock;
 
 /// The remaining time budget of one call, on a [`Clock`].
@@ -24,8 +24,8 @@ use crate::Clock;
 /// assert!(deadline.charge(Duration::from_secs(4)).is_ok());
 /// clock.advance(Duration::from_secs(4)); // ... slept
 /// assert_eq!(deadline.remaining(), Duration::from_secs(6));
-/// let err = deadline.charge(Duration::from_secs(7)).unwrap_err();
-/// assert_eq!(err.remaining(), Duration::from_secs(6));
+/// let refused = deadline.charge(Duration::from_secs(7)).unwrap_err();
+/// assert_eq!(refused.status, backpressure::Status::TimedOut);
 /// assert_eq!(deadline.remaining(), Duration::from_secs(6)); // a refused wait costs nothing
 /// ```
 #[derive(Clone, Debug)]
@@ -162,9 +162,10 @@ impl<C: Clock> Deadline<C> {
     ///
     /// # Errors
     ///
-    /// [`TimedOut`] if the wait would end past the deadline, or the
-    /// deadline has already passed: the caller should stop now rather than
-    /// sleep into a timeout.
+    /// A [`Throttled`] `timed_out` (scope `deadline`) if the wait would end
+    /// past the deadline, or the deadline has already passed: the caller
+    /// should stop now rather than sleep into a timeout. Its hint names the
+    /// wait and what was left.
     ///
     /// # Examples
     ///
@@ -178,87 +179,25 @@ impl<C: Clock> Deadline<C> {
     /// assert!(d.charge(Duration::from_secs(2)).is_ok()); // exactly fits
     /// assert!(d.is_expired());
     /// assert!(d.charge(Duration::ZERO).is_err()); // no budget, no retry
+    ///
+    /// let mut d = Deadline::after(ManualClock::new(), Duration::from_secs(1));
+    /// let refused = d.charge(Duration::from_secs(2)).unwrap_err();
+    /// assert_eq!(refused.status, backpressure::Status::TimedOut);
+    /// assert_eq!(refused.hint, "a wait of 2s does not fit the 1s left before the deadline");
     /// ```
-    pub fn charge(&mut self, wait: Duration) -> Result<(), TimedOut> {
+    pub fn charge(&mut self, wait: Duration) -> Result<(), Throttled> {
         let start = self.start();
         let left = self.at.saturating_sub(start);
         let w = saturating_nanos(wait);
         // `left == 0` is an expired deadline: a zero wait would pass
         // `w > left` and grant a retry after the deadline.
         if left == 0 || w > left {
-            return Err(TimedOut {
-                wait,
-                remaining: Duration::from_nanos(left),
-            });
+            return Err(timed_out(wait, Duration::from_nanos(left)));
         }
         self.committed = start + w; // w <= at - start: no overflow
         Ok(())
     }
 }
-
-/// A wait refused because it would end past the deadline.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::retry::Deadline;
-/// use backpressure::ManualClock;
-/// use std::time::Duration;
-/// let mut d = Deadline::after(ManualClock::new(), Duration::from_secs(1));
-/// let err = d.charge(Duration::from_secs(2)).unwrap_err();
-/// assert_eq!(err.wait(), Duration::from_secs(2));
-/// assert_eq!(err.to_string(), "a wait of 2s does not fit the 1s left before the deadline");
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TimedOut {
-    wait: Duration,
-    remaining: Duration,
-}
-
-impl TimedOut {
-    /// The wait that was refused.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::retry::Deadline;
-    /// use backpressure::ManualClock;
-    /// use std::time::Duration;
-    /// let mut d = Deadline::after(ManualClock::new(), Duration::ZERO);
-    /// assert_eq!(d.charge(Duration::from_secs(1)).unwrap_err().wait(), Duration::from_secs(1));
-    /// ```
-    pub fn wait(&self) -> Duration {
-        self.wait
-    }
-
-    /// The budget that was left when the wait was refused.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::retry::Deadline;
-    /// use backpressure::ManualClock;
-    /// use std::time::Duration;
-    /// let mut d = Deadline::after(ManualClock::new(), Duration::from_secs(1));
-    /// let err = d.charge(Duration::from_secs(3)).unwrap_err();
-    /// assert_eq!(err.remaining(), Duration::from_secs(1));
-    /// ```
-    pub fn remaining(&self) -> Duration {
-        self.remaining
-    }
-}
-
-impl fmt::Display for TimedOut {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "a wait of {:?} does not fit the {:?} left before the deadline",
-            self.wait, self.remaining
-        )
-    }
-}
-
-impl std::error::Error for TimedOut {}
 
 #[cfg(all(test, not(feature = "loom")))]
 mod tests {
@@ -292,4 +231,14 @@ mod tests {
             "an expired deadline fits nothing, not even a zero wait"
         );
     }
+}
+
+/// The refusal of a wait that does not fit: out of line, off the hot path.
+#[cold]
+fn timed_out(wait: Duration, remaining: Duration) -> Throttled {
+    Throttled::new(
+        Status::TimedOut,
+        "deadline",
+        format!("a wait of {wait:?} does not fit the {remaining:?} left before the deadline"),
+    )
 }

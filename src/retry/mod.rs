@@ -1,18 +1,33 @@
-//! Jittered exponential backoff, deadline accounting, and a retry policy
-//! that turns a failure (plus the server's hint) into a decision.
+//! Retries charged to a deadline: jittered exponential backoff, deadline
+//! accounting, and a retry policy that turns a failure (plus the server's
+//! [hint](crate::headers::ServerHint)) into a decision.
 //!
 //! * [`Backoff`]: `min(cap, base * 2^attempt)` with [`Jitter`] (none, full,
 //!   equal, decorrelated), from a seedable RNG; saturating, so any attempt
 //!   number is fine.
-//! * [`Deadline`]: the remaining budget of a call on a [`Clock`].
+//! * [`Deadline`]: the remaining budget of a call on a [`Clock`](crate::Clock).
 //!   [`charge`](Deadline::charge) accepts a wait only if it fits: a retry
-//!   that would sleep past the deadline is refused with [`TimedOut`]
+//!   that would sleep past the deadline is refused (`timed_out`)
 //!   instead of sleeping.
 //! * [`RetryPolicy`]: the one owner of retry decisions. It classes an
-//!   answer ([`ReplyClass`]: capacity, transient, final), holds the retry
+//!   answer once (capacity, transient, final), holds the retry
 //!   cap, lets the server's wait (clamped) override the computed backoff,
 //!   and answers with a [`Decision`]; a retry it will not make now is a
 //!   [`Throttled`](crate::Throttled), the crate's one "not now".
+//! * [`RetryBudget`]: retries as a share of calls, across callers.
+//! * [`Attempts`] and [`RequestDeadline`]: the request count a response
+//!   carries and one request's own deadline, in `http::Extensions` (read
+//!   and written by the reqwest middleware and the tower layers).
+//!
+//! ```
+//! use backpressure::retry::{Backoff, Jitter};
+//! use std::time::Duration;
+//!
+//! let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5))
+//!     .jitter(Jitter::None);
+//! assert_eq!(backoff.delay(3), Duration::from_millis(800));
+//! assert_eq!(backoff.delay(60), Duration::from_secs(5));
+//! ```
 
 use std::time::Duration;
 
@@ -20,13 +35,16 @@ use crate::clock::saturating_nanos;
 
 mod budget;
 mod deadline;
-mod retry;
+mod extensions;
+mod policy;
 
 pub use budget::RetryBudget;
-pub use deadline::{Deadline, TimedOut};
+pub use deadline::Deadline;
+pub use extensions::{Attempts, RequestDeadline};
+pub(crate) use policy::ReplyClass;
 #[cfg(feature = "tower")]
-pub(crate) use retry::{reply_class, server_scope};
-pub use retry::{Decision, ReplyClass, RetryPolicy};
+pub(crate) use policy::{reply_class, server_scope};
+pub use policy::{Decision, RetryPolicy};
 
 /// How a backoff delay is randomised. With `v = min(cap, base * 2^attempt)`:
 ///

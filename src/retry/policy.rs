@@ -13,23 +13,11 @@ use crate::throttled::{Human, Status, Throttled};
 use crate::{headers::Advice, headers::Clamp, headers::ServerHint, Clock};
 
 /// How a [`RetryPolicy`] classes one attempt's answer (see
-/// [`RetryPolicy::classify`]).
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::headers::ServerHint;
-/// use backpressure::retry::{ReplyClass, RetryPolicy};
-/// let policy = RetryPolicy::default();
-/// let none = ServerHint::default();
-/// assert_eq!(policy.classify(Some(429), &none), ReplyClass::Capacity);
-/// assert_eq!(policy.classify(Some(503), &none), ReplyClass::Transient);
-/// assert_eq!(policy.classify(None, &none), ReplyClass::Transient); // transport error
-/// assert_eq!(policy.classify(Some(404), &none), ReplyClass::Final);
-/// ```
+/// `RetryPolicy::classify`). Crate-private: callers get the class's
+/// consequence from [`decide_reply`](RetryPolicy::decide_reply), so the
+/// policy classifies once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ReplyClass {
+pub(crate) enum ReplyClass {
     /// 2xx.
     Success,
     /// The server's capacity, not a fault: a 429, or a 503 with
@@ -79,14 +67,14 @@ pub enum Decision {
     /// The attempt cap is reached on a fault (a capacity answer is
     /// [`Surface`](Self::Surface)d as `rate_limited` instead).
     GiveUp,
-    /// Nothing to retry: the answer was a success, or final
-    /// ([`ReplyClass::Final`]).
+    /// Nothing to retry: the answer was a success, or final (a 4xx other
+    /// than 408 and 429, say).
     Stop,
 }
 
 /// Decides, after each failed attempt of one call, whether and when to
 /// retry. It owns every part of that decision: how an answer is classed
-/// ([`classify`](Self::classify)), the retry cap, the clamp on the
+/// (once, in [`decide_reply`](Self::decide_reply)), the retry cap, the clamp on the
 /// server's wait and the backoff. [`Runner`](crate::admission::Runner) asks it after
 /// every attempt that did not succeed and does what it says.
 ///
@@ -95,10 +83,10 @@ pub enum Decision {
 ///
 /// | answer | class | decision |
 /// | --- | --- | --- |
-/// | 2xx | [`Success`](ReplyClass::Success) | [`Stop`](Decision::Stop) |
-/// | 429, or 503 with `Retry-After` | [`Capacity`](ReplyClass::Capacity) | retry after the server's wait ([`BARE_429_HOLD`](Self::BARE_429_HOLD) if it gave none); `rate_limited` when the wait does not fit the clamp or the deadline, or the retries are spent |
-/// | 408, other 5xx, transport error | [`Transient`](ReplyClass::Transient) | as [`decide`](Self::decide) |
-/// | anything else | [`Final`](ReplyClass::Final) | [`Stop`](Decision::Stop) |
+/// | 2xx | success | [`Stop`](Decision::Stop) |
+/// | 429, or 503 with `Retry-After` | capacity | retry after the server's wait ([`BARE_429_HOLD`](Self::BARE_429_HOLD) if it gave none); `rate_limited` when the wait does not fit the clamp or the deadline, or the retries are spent |
+/// | 408, other 5xx, transport error | transient | as [`decide`](Self::decide) |
+/// | anything else | final | [`Stop`](Decision::Stop) |
 ///
 /// [`decide`](Self::decide) (a fault, given the server's hint), in order:
 /// past the attempt cap, [`Decision::GiveUp`]. Once the deadline has
@@ -124,7 +112,7 @@ pub enum Decision {
 /// # Examples
 ///
 /// ```
-/// use backpressure::headers::{Clamp, ServerHint};
+/// use backpressure::headers::ServerHint;
 /// use backpressure::retry::{Backoff, Deadline, Decision, RetryPolicy};
 /// use backpressure::ManualClock;
 /// use std::time::{Duration, SystemTime};
@@ -133,7 +121,7 @@ pub enum Decision {
 /// let mut deadline = Deadline::after(clock.clone(), Duration::from_secs(30));
 /// let mut policy = RetryPolicy::new(Backoff::new(Duration::from_millis(100), Duration::from_secs(5)).seed(1))
 ///     .max_retries(3)
-///     .clamp(Clamp::new(Duration::from_secs(20)));
+///     .clamp(Duration::from_secs(20));
 ///
 /// // A 429 with Retry-After: 2 -> wait 2 s (plus at most 100 ms of jitter).
 /// let hint = ServerHint::from_headers([("retry-after", "2")], SystemTime::now());
@@ -232,20 +220,20 @@ impl RetryPolicy {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::headers::{Clamp, ServerHint};
+    /// use backpressure::headers::ServerHint;
     /// use backpressure::retry::{Deadline, Decision, RetryPolicy};
-    /// use backpressure::throttled::Status;
+    /// use backpressure::Status;
     /// use backpressure::ManualClock;
     /// use std::time::{Duration, SystemTime};
-    /// let mut p = RetryPolicy::default().clamp(Clamp::new(Duration::from_secs(1)));
+    /// let mut p = RetryPolicy::default().clamp(Duration::from_secs(1));
     /// let mut d = Deadline::after(ManualClock::new(), Duration::from_secs(60));
     /// let hint = ServerHint::from_headers([("retry-after", "5")], SystemTime::now());
     /// let Decision::Surface(t) = p.decide(&hint, &mut d) else { panic!() };
     /// assert_eq!(t.status, Status::RateLimited);
     /// assert_eq!(t.retry_after(), Some(Duration::from_secs(5)));
     /// ```
-    pub fn clamp(mut self, clamp: Clamp) -> RetryPolicy {
-        self.clamp = clamp;
+    pub fn clamp(mut self, max: Duration) -> RetryPolicy {
+        self.clamp = Clamp::new(max);
         self
     }
 
@@ -331,20 +319,7 @@ impl RetryPolicy {
 
     /// Classes an attempt's answer: `status` is the server's status, or
     /// `None` for a transport error (no answer). See [`ReplyClass`].
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::headers::ServerHint;
-    /// use backpressure::retry::{ReplyClass, RetryPolicy};
-    /// use std::time::SystemTime;
-    /// let policy = RetryPolicy::default();
-    /// let told = ServerHint::from_headers([("retry-after", "2")], SystemTime::now());
-    /// assert_eq!(policy.classify(Some(503), &told), ReplyClass::Capacity);
-    /// assert_eq!(policy.classify(Some(408), &told), ReplyClass::Transient);
-    /// assert_eq!(policy.classify(Some(204), &told), ReplyClass::Success);
-    /// ```
-    pub fn classify(&self, status: Option<u16>, hint: &ServerHint) -> ReplyClass {
+    pub(crate) fn classify(&self, status: Option<u16>, hint: &ServerHint) -> ReplyClass {
         reply_class(status, hint)
     }
 
@@ -358,7 +333,7 @@ impl RetryPolicy {
     /// ```
     /// use backpressure::headers::ServerHint;
     /// use backpressure::retry::{Deadline, Decision, RetryPolicy};
-    /// use backpressure::throttled::Status;
+    /// use backpressure::Status;
     /// use backpressure::ManualClock;
     /// use std::time::{Duration, SystemTime};
     ///
@@ -417,7 +392,7 @@ impl RetryPolicy {
     /// ```
     /// use backpressure::headers::ServerHint;
     /// use backpressure::retry::{Deadline, Decision, RetryPolicy};
-    /// use backpressure::throttled::Status;
+    /// use backpressure::Status;
     /// use backpressure::ManualClock;
     /// use std::time::Duration;
     ///
@@ -461,9 +436,10 @@ impl RetryPolicy {
         }
 
         let wait = self.backoff.delay(attempt);
+        let remaining = deadline.remaining();
         match deadline.charge(wait) {
             Ok(()) => Decision::Retry { after: wait },
-            Err(e) => Decision::Surface(
+            Err(_) => Decision::Surface(
                 Throttled::new(
                     Status::TimedOut,
                     DEADLINE,
@@ -471,7 +447,7 @@ impl RetryPolicy {
                         "retry {} would wait {} but only {} is left before the deadline",
                         attempt + 1,
                         Human(wait),
-                        Human(e.remaining())
+                        Human(remaining)
                     ),
                 )
                 .with_retry_after(wait),
@@ -570,4 +546,40 @@ fn still_throttled(status: u16, wait: Duration, hint: &ServerHint, sent: u32) ->
         ),
     )
     .with_retry_after(wait)
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod classify_tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    /// Issue #12: the runner classified statuses itself (`is_capacity`,
+    /// `retryable`) beside the policy. The policy now owns the table.
+    #[test]
+    fn the_policy_classes_every_answer() {
+        use ReplyClass::{Capacity, Final, Success, Transient};
+        let policy = RetryPolicy::default();
+        let none = ServerHint::default();
+        let told = ServerHint::from_headers([("retry-after", "2")], SystemTime::UNIX_EPOCH);
+        let cases = [
+            (Some(200), &none, Success),
+            (Some(204), &told, Success),
+            (Some(429), &none, Capacity),
+            (Some(429), &told, Capacity),
+            (Some(503), &told, Capacity),
+            // A bare 503 is a fault, not a rate limit.
+            (Some(503), &none, Transient),
+            (Some(500), &told, Transient),
+            (Some(408), &none, Transient),
+            (Some(599), &none, Transient),
+            // A transport error (no answer) is never capacity.
+            (None, &none, Transient),
+            (Some(400), &none, Final),
+            (Some(404), &told, Final),
+            (Some(304), &none, Final),
+        ];
+        for (status, h, want) in cases {
+            assert_eq!(policy.classify(status, h), want, "{status:?} {h:?}");
+        }
+    }
 }
