@@ -43,33 +43,54 @@ pub(super) fn take_below(counter: &AtomicU32, limit: Option<u32>) -> bool {
         .is_ok()
 }
 
-/// Takes one unit of the run's budget and one of the tool's.
-#[inline]
-pub(super) fn claim<'a>(
-    run_used: &'a AtomicU32,
-    run_budget: Option<u32>,
-    tool: &'a ToolState,
-    tool_name: &str,
-) -> Result<BudgetClaim<'a>, Throttled> {
-    let mut claim = BudgetClaim {
-        run: None,
-        tool: None,
-    };
-    if !take_below(run_used, run_budget) {
-        return Err(Throttled::new(
-            Status::BudgetExhausted,
-            "run",
-            "this run's call budget is spent; finish with what you have",
-        ));
+/// The run's call budget (`Builder::run_budget`): what `reset_run`
+/// starts again.
+pub(super) struct RunBudget {
+    limit: Option<u32>,
+    used: AtomicU32,
+}
+
+impl RunBudget {
+    pub(super) fn new(limit: Option<u32>) -> Self {
+        Self {
+            limit,
+            used: AtomicU32::new(0),
+        }
     }
-    claim.run = run_budget.map(|_| run_used);
-    if !take_below(&tool.used, tool.budget) {
-        return Err(Throttled::new(
-            Status::BudgetExhausted,
-            format!("tool:{tool_name}"),
-            format!("this run's budget for {tool_name} is spent"),
-        ));
+
+    /// Takes one unit of the run's budget and one of `tool`'s.
+    #[inline]
+    pub(super) fn claim<'a>(
+        &'a self,
+        tool: &'a ToolState,
+        tool_name: &str,
+    ) -> Result<BudgetClaim<'a>, Throttled> {
+        let mut claim = BudgetClaim {
+            run: None,
+            tool: None,
+        };
+        if !take_below(&self.used, self.limit) {
+            return Err(Throttled::new(
+                Status::BudgetExhausted,
+                "run",
+                "this run's call budget is spent; finish with what you have",
+            ));
+        }
+        claim.run = self.limit.map(|_| &self.used);
+        if !take_below(&tool.used, tool.budget) {
+            return Err(Throttled::new(
+                Status::BudgetExhausted,
+                format!("tool:{tool_name}"),
+                format!("this run's budget for {tool_name} is spent"),
+            ));
+        }
+        claim.tool = tool.budget.map(|_| &tool.used);
+        Ok(claim)
     }
-    claim.tool = tool.budget.map(|_| &tool.used);
-    Ok(claim)
+
+    /// The run counts from zero again.
+    pub(super) fn reset(&self) {
+        // Relaxed: a counter.
+        self.used.store(0, Ordering::Relaxed);
+    }
 }

@@ -11,13 +11,15 @@ use crate::bucket::Quota;
 use crate::clock::{Clock, DefaultClock};
 use crate::keyed::Scoped;
 use crate::sleep::DefaultSleeper;
-use crate::sync::{AtomicBool, AtomicU32, AtomicUsize};
+use crate::sync::AtomicBool;
 
-use super::learned::Learned;
+use super::budget::RunBudget;
 use super::pools::{Pool, SlotPolicy};
-use super::provider::Provider;
-use super::rate::Resource;
-use super::shared::{Shared, SharedLimiter, SharedResolver};
+use super::rate::learned::Learned;
+use super::rate::shared::{Shared, SharedLimiter, SharedResolver};
+use super::rate::Provider;
+use super::rate::{Rates, Resource};
+use super::slots::Slots;
 use super::tools::{ToolConfig, Tools};
 use super::{Admission, Inner};
 use crate::limiter::RateLimiter;
@@ -675,35 +677,35 @@ impl<S, C> Builder<S, C> {
             inner: Arc::new(Inner {
                 sleeper: self.sleeper,
                 clock: self.clock,
-                global: Pool::new(self.cfg.global, self.cfg.expected_latency),
-                waiting: AtomicUsize::new(0),
-                queue_capacity: self.cfg.queue_capacity,
-                learned: Learned::new(
-                    self.cfg.adaptive,
-                    self.cfg.default_quota_set.then_some(self.cfg.default_quota),
-                    self.cfg.quotas.iter().cloned().collect(),
-                ),
-                tools: Tools::new(
-                    self.cfg.tools,
-                    self.cfg.default_tool,
-                    self.cfg.max_tools,
-                    self.cfg.expected_latency,
-                ),
-                credentials,
-                server_scopes,
-                resources,
-                inline_wait: self.cfg.inline_wait,
-                max_retry_after: self.cfg.max_retry_after,
-                run_budget: self.cfg.run_budget,
-                run_used: AtomicU32::new(0),
                 closed: AtomicBool::new(false),
-                admitted: Default::default(),
-                refused: Default::default(),
                 closed_signal: crate::semaphore::Semaphore::new(0),
-                shared: self.cfg.shared,
-                pending: parking_lot::Mutex::new(HashMap::new()),
-                stagger: Default::default(),
-                provider_window: self.cfg.provider.map(Provider::window),
+                budget: RunBudget::new(self.cfg.run_budget),
+                slots: Slots::new(
+                    Pool::new(self.cfg.global, self.cfg.expected_latency),
+                    self.cfg.queue_capacity,
+                    Tools::new(
+                        self.cfg.tools,
+                        self.cfg.default_tool,
+                        self.cfg.max_tools,
+                        self.cfg.expected_latency,
+                    ),
+                ),
+                rates: Rates::new(
+                    credentials,
+                    Learned::new(
+                        self.cfg.adaptive,
+                        self.cfg.default_quota_set.then_some(self.cfg.default_quota),
+                        self.cfg.quotas.iter().cloned().collect(),
+                    ),
+                    resources,
+                    server_scopes,
+                    self.cfg.inline_wait,
+                    self.cfg.max_retry_after,
+                    self.cfg.shared,
+                    self.cfg.provider.map(Provider::window),
+                ),
+                totals: Default::default(),
+                told: Default::default(),
             }),
         }
     }

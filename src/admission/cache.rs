@@ -1,5 +1,6 @@
 //! A per-thread cache in front of the two registries `admit` reads on
-//! every call (tools, credentials).
+//! every call (tools, credentials). Each registry keeps its own
+//! `thread_local!` of a [`Cache`]; this file knows neither.
 //!
 //! Both registries are copy-on-write maps behind an `ArcSwap`: a lookup
 //! is a load (the hybrid strategy's debt slot: a few sequentially
@@ -32,8 +33,6 @@ use std::cell::RefCell;
 use std::sync::{Arc, Weak};
 use std::thread::LocalKey;
 
-use super::learned::CredentialState;
-use super::tools::ToolState;
 use crate::sync::{AtomicU64, Ordering};
 
 /// Entries per thread and registry kind: a thread alternating between a
@@ -87,7 +86,8 @@ struct Entry<T> {
 }
 
 impl<T> Cache<T> {
-    const fn new() -> Self {
+    /// An empty cache, for a registry's `thread_local!`.
+    pub(crate) const fn new() -> Self {
         Self {
             entries: [const { None }; WAYS],
             next: 0,
@@ -134,12 +134,6 @@ fn same(a: &str, b: &str) -> bool {
         return a == b;
     }
     a.iter().zip(b).all(|(x, y)| x == y)
-}
-
-thread_local! {
-    pub(crate) static TOOLS: RefCell<Cache<ToolState>> = const { RefCell::new(Cache::new()) };
-    pub(crate) static CREDENTIALS: RefCell<Cache<CredentialState>> =
-        const { RefCell::new(Cache::new()) };
 }
 
 /// `name`'s state in the registry versioned by `generation`: from this

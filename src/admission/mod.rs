@@ -24,16 +24,12 @@
 mod budget;
 mod builder;
 mod cache;
-mod held;
-mod learned;
 #[cfg(feature = "metrics")]
 mod metrics_out;
-mod observe;
 pub(crate) mod pools;
-mod provider;
 mod rate;
 mod runner;
-mod shared;
+mod slots;
 mod spec;
 mod stagger;
 mod stats;
@@ -43,65 +39,46 @@ mod tools;
 use core::fmt;
 use core::future::Future;
 use core::time::Duration;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::clock::{saturating_nanos, Clock, DefaultClock};
-use crate::keyed::Scoped;
 use crate::semaphore::Semaphore;
 use crate::sleep::{DefaultSleeper, Sleeper};
-use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicBool, Ordering};
 
 pub use crate::failure::CallFailure;
 use crate::throttled::{Status, Throttled};
 pub use builder::Builder;
 pub use pools::SlotPolicy;
-pub use provider::Provider;
+pub use rate::Provider;
 pub use runner::{Call, CallResult, Reply, Runner};
-use shared::SharedLimiter;
 pub use spec::CallSpec;
 pub use stats::{AdmissionStats, CredentialStats, Refusals, ToolStats};
 pub use ticket::Ticket;
 
-use pools::{acquire_both, Pool};
-use tools::{ToolState, Tools};
+use tools::ToolState;
 
+/// The layer's state, one field per stage: each stage's type owns its
+/// state and is reached through its methods (`slots.rs`, `budget.rs`,
+/// `rate.rs`, `stats.rs`).
 struct Inner<S, C: Clock> {
     sleeper: S,
     clock: C,
-    global: Pool,
-    /// Calls waiting for any slot, against `queue_capacity`.
-    waiting: AtomicUsize,
-    queue_capacity: usize,
-    tools: Tools,
-    credentials: Scoped<String, C>,
-    /// The rates learned per credential (see `learned`).
-    learned: learned::Learned,
-    /// Weighted quotas every credential has (tokens, ...).
-    resources: Vec<rate::Resource<C>>,
-    server_scopes: Scoped<(String, String), C>,
-    inline_wait: Duration,
-    max_retry_after: Duration,
-    run_budget: Option<u32>,
-    run_used: AtomicU32,
     closed: AtomicBool,
-    /// Calls admitted, and refusals whether or not their tool or credential
-    /// was known (in flight is the global pool's).
-    admitted: AtomicU64,
-    refused: stats::Counters,
     /// Never holds a permit: `close` closes it, which wakes every call
     /// sleeping for a rate token or a retry (they race its `acquire`).
     closed_signal: Semaphore,
-    /// Credentials whose quota is shared with other processes.
-    shared: shared::Shared,
-    /// Penalties observed for shared credentials, applied (as "until" on
-    /// our clock) by the next admit on that credential.
-    pending: parking_lot::Mutex<HashMap<String, u64>>,
-    /// The retry instants told to refused calls, per limit.
-    stagger: stagger::Stagger,
-    /// The window of limits the server states without one (the
-    /// configured provider's, see `Provider`).
-    provider_window: Option<Duration>,
+    /// The run's call budget.
+    budget: budget::RunBudget,
+    /// The global pool, the tools' pools and budgets, the wait queue.
+    slots: slots::Slots,
+    /// Every rate the call draws on, and what the server says back.
+    rates: rate::Rates<C>,
+    /// Calls admitted and refused.
+    totals: stats::Totals,
+    /// The retry instants told to refused calls, per limit (slots and
+    /// rates both tell them).
+    told: stagger::Stagger,
 }
 
 /// The admission layer: concurrency pools, rate limits per credential,
@@ -211,8 +188,7 @@ where
         let inner = &*self.inner;
         match admitted {
             Ok(ticket) => {
-                // Relaxed: a statistic.
-                inner.admitted.fetch_add(1, Ordering::Relaxed);
+                inner.totals.admitted();
                 ticket.tool.counters.admitted();
                 ticket.credential.counters.admitted();
                 #[cfg(feature = "metrics")]
@@ -222,11 +198,11 @@ where
             Err(t) => {
                 #[cfg(feature = "metrics")]
                 metrics_out::refused(&spec.tool, t.status);
-                inner.refused.refused(t.status);
-                if let Some(tool) = inner.tools.peek(&spec.tool) {
+                inner.totals.refused(t.status);
+                if let Some(tool) = inner.slots.peek_tool(&spec.tool) {
                     tool.counters.refused(t.status);
                 }
-                if let Some(credential) = inner.learned.peek(&spec.credential) {
+                if let Some(credential) = inner.rates.peek_credential(&spec.credential) {
                     credential.counters.refused(t.status);
                 }
                 self.decided(spec, t);
@@ -244,38 +220,31 @@ where
         let tool = self.open_tool(spec)?;
 
         // 2. Budget: the run's and the tool's, given back unless kept.
-        let claim = budget::claim(&inner.run_used, inner.run_budget, &tool, &spec.tool)?;
+        let claim = inner.budget.claim(&tool, &spec.tool)?;
 
         // 3. Slots: the tool's, then the global one, until the deadline
         // (the timer is made only if a slot has to be waited for).
         // The instant the rate stage starts from: `started` unless a slot
         // had to be waited for (one clock read less on the fast path).
         let mut rate_from = Some(started);
-        let slots = match pools::try_both(&tool.pool, &inner.global) {
+        let slots = match inner.slots.try_both(&tool) {
             Some(slots) => slots,
             None => {
                 rate_from = None;
                 let remaining =
                     Duration::from_nanos(deadline_at.saturating_sub(inner.clock.now_nanos()));
                 let timeout = core::pin::pin!(inner.sleeper.sleep(remaining));
-                acquire_both(
-                    &tool.pool,
-                    &inner.global,
-                    tool.policy,
-                    &inner.waiting,
-                    inner.queue_capacity,
-                    timeout,
-                )
-                .await
-                .map_err(|(e, which)| self.slot_refusal(spec, &tool, e, which))?
+                inner
+                    .slots
+                    .acquire_both(&tool, timeout)
+                    .await
+                    .map_err(|(e, which)| self.slot_refusal(spec, &tool, e, which))?
             }
         };
 
         // 4. Rate: every quota the call draws on, all or nothing, slept
         // inline within the threshold and the deadline.
-        let credential = inner
-            .learned
-            .ensure(&spec.credential, &inner.credentials, &inner.clock);
+        let credential = inner.rates.credential(&spec.credential, &inner.clock);
         let (held, started_at) = self.take_rate(spec, &tool, deadline_at, rate_from).await?;
 
         claim.keep();
@@ -292,28 +261,6 @@ where
         })
     }
 
-    /// The refusal of a spec whose cost names a quota this layer does not
-    /// have (a misspelt `tokens`, say), if it does.
-    #[cold]
-    fn unknown_cost(&self, spec: &CallSpec) -> Option<Throttled> {
-        let resources = &self.inner.resources;
-        let (name, _) = spec.costs.iter().find(|(name, _)| {
-            name != rate::REQUESTS && !resources.iter().any(|r| r.name == *name)
-        })?;
-        let known: Vec<&str> = core::iter::once(rate::REQUESTS)
-            .chain(resources.iter().map(|r| r.name.as_str()))
-            .collect();
-        Some(Throttled::new(
-            Status::QuotaExhausted,
-            format!("quota:{name}"),
-            format!(
-                "this call costs units of \"{name}\", a quota this layer does not have (it has: {}); \
-                 it was refused rather than sent unmetered: fix the cost's name or declare the quota",
-                known.join(", ")
-            ),
-        ))
-    }
-
     /// Words a slot refusal; calls shed together by one pool are told
     /// instants one drain step apart (see `stagger.rs`), not one instant.
     #[cold]
@@ -327,13 +274,14 @@ where
         let inner = &*self.inner;
         let e = match e {
             pools::SlotError::Full { estimate } => {
-                let (limit, pool) = match which {
-                    pools::Which::Tool => (format!("tool:{}", spec.tool), &tool.pool),
-                    pools::Which::Global => ("global".to_string(), &inner.global),
+                let limit = match which {
+                    pools::Which::Tool => format!("tool:{}", spec.tool),
+                    pools::Which::Global => "global".to_string(),
                 };
+                let pool = inner.slots.pool(tool, which);
                 let now = inner.clock.now_nanos();
                 let ready = now.saturating_add(saturating_nanos(estimate));
-                let told = inner.stagger.tell(&limit, now, ready, pool.drain_step());
+                let told = inner.told.tell(&limit, now, ready, pool.drain_step());
                 pools::SlotError::Full {
                     estimate: Duration::from_nanos(told - now),
                 }
@@ -353,7 +301,7 @@ where
         // A cost on a quota the layer does not have would go unmetered:
         // refused, never sent free.
         if !spec.costs.is_empty()
-            && let Some(refused) = self.unknown_cost(spec)
+            && let Some(refused) = inner.rates.unknown_cost(spec)
         {
             return Some(Err(refused));
         }
@@ -361,20 +309,17 @@ where
             Ok(tool) => tool,
             Err(refused) => return Some(Err(refused)),
         };
-        let claim = match budget::claim(&inner.run_used, inner.run_budget, &tool, &spec.tool) {
+        let claim = match inner.budget.claim(&tool, &spec.tool) {
             Ok(claim) => claim,
             Err(refused) => return Some(Err(refused)),
         };
-        let tool_slot = tool.pool.sem.try_acquire().ok()?;
-        let global_slot = inner.global.sem.try_acquire().ok()?;
+        let (tool_slot, global_slot) = inner.slots.try_now(&tool)?;
         // Relaxed: only decides which path runs; the staged path loads it
         // again with Acquire before reading the scope.
-        if tool.scoped.load(Ordering::Relaxed) || inner.shared.contains(&spec.credential) {
+        if tool.scoped.load(Ordering::Relaxed) || inner.rates.is_shared(&spec.credential) {
             return None;
         }
-        let credential = inner
-            .learned
-            .ensure(&spec.credential, &inner.credentials, &inner.clock);
+        let credential = inner.rates.credential(&spec.credential, &inner.clock);
         // No wait allowed: a quota that would make the call wait refuses
         // with nothing consumed, and the staged path takes it from there.
         let at = rate::Instant {
@@ -382,7 +327,7 @@ where
             max_wait: Duration::ZERO,
             left: Duration::MAX,
         };
-        let mut reserved = held::Reserved::new(self, &spec.credential, None);
+        let mut reserved = rate::Reserved::new(self, &spec.credential, None);
         self.reserve_local(spec, true, None, at, &mut reserved)
             .ok()?;
         claim.keep();
@@ -407,7 +352,7 @@ where
         if inner.closed.load(Ordering::Relaxed) {
             return Err(self.closed_refusal());
         }
-        let tool = inner.tools.get(&spec.tool)?;
+        let tool = inner.slots.tool(&spec.tool)?;
         // Again: a tool created after `close` walked the map was not closed
         // by it, but its creation (under the map's write lock) happened
         // after `close`'s store, so this load sees it.
@@ -433,9 +378,8 @@ where
     /// # });
     /// ```
     pub fn reset_run(&self) {
-        // Relaxed: counters.
-        self.inner.run_used.store(0, Ordering::Relaxed);
-        self.inner.tools.reset_budgets();
+        self.inner.budget.reset();
+        self.inner.slots.reset_budgets();
     }
 
     /// Refuses every later call with `closed`. Admitted tickets stay valid.
@@ -458,8 +402,7 @@ where
         // created later (see `admit`, which checks again after creating
         // its tool); the semaphores below carry their own ordering.
         inner.closed.store(true, Ordering::Relaxed);
-        inner.tools.close_all();
-        inner.global.close();
+        inner.slots.close();
         inner.closed_signal.close();
     }
 
@@ -541,7 +484,7 @@ where
     /// # });
     /// ```
     pub fn learned_rate(&self, credential: &str) -> Option<f64> {
-        self.inner.learned.rate(credential)
+        self.inner.rates.learned_rate(credential)
     }
 
     /// How many units of the quota `name` (`"requests"`, or a weighted
@@ -566,16 +509,7 @@ where
     /// # });
     /// ```
     pub fn available(&self, credential: &str, name: &str) -> Option<u32> {
-        let inner = &*self.inner;
-        let key = credential.to_string();
-        if name == rate::REQUESTS {
-            return (!inner.shared.contains(credential)).then(|| inner.credentials.available(&key));
-        }
-        inner
-            .resources
-            .iter()
-            .find(|r| r.name == name)
-            .map(|r| r.buckets.available(&key))
+        self.inner.rates.available(credential, name)
     }
 
     /// The clock the layer's rate limits and deadlines run on.
@@ -598,17 +532,17 @@ where
     /// assert_eq!(Admission::builder().build().waiting(), 0);
     /// ```
     pub fn waiting(&self) -> usize {
-        // Relaxed: advisory.
-        self.inner.waiting.load(Ordering::Relaxed)
+        self.inner.slots.waiting()
     }
 }
 
 impl<S, C: Clock> fmt::Debug for Admission<S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (global_cap, queue_capacity) = self.inner.slots.bounds();
         f.debug_struct("Admission")
-            .field("global_cap", &self.inner.global.cap)
-            .field("waiting", &self.inner.waiting.load(Ordering::Relaxed))
-            .field("queue_capacity", &self.inner.queue_capacity)
+            .field("global_cap", &global_cap)
+            .field("waiting", &self.inner.slots.waiting())
+            .field("queue_capacity", &queue_capacity)
             .finish_non_exhaustive()
     }
 }

@@ -4,6 +4,9 @@
 use core::time::Duration;
 use std::borrow::Cow;
 
+/// The name of the request quota in [`CallSpec::cost`].
+pub(crate) const REQUESTS: &str = "requests";
+
 /// What `admit` needs to know about a call.
 ///
 /// # Examples

@@ -20,6 +20,27 @@ pub(crate) struct Counters {
     refused: [AtomicU64; 6],
 }
 
+/// The layer's own totals: calls admitted, and refusals whether or not
+/// their tool or credential was known (in flight is the slots').
+#[derive(Default)]
+pub(super) struct Totals {
+    admitted: AtomicU64,
+    refused: Counters,
+}
+
+impl Totals {
+    #[inline]
+    pub(super) fn admitted(&self) {
+        // Relaxed: a statistic.
+        self.admitted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    #[inline]
+    pub(super) fn refused(&self, status: Status) {
+        self.refused.refused(status);
+    }
+}
+
 impl Counters {
     /// A ticket was issued.
     pub(crate) fn admitted(&self) {
@@ -234,7 +255,8 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
     pub fn stats(&self) -> AdmissionStats {
         let inner = &*self.inner;
         let mut tools: Vec<ToolStats> = inner
-            .tools
+            .slots
+            .tools()
             .all()
             .into_iter()
             .map(|t| {
@@ -253,8 +275,8 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
             .collect();
         tools.sort_by(|a, b| a.name.cmp(&b.name));
         let mut credentials: Vec<CredentialStats> = inner
-            .learned
-            .all()
+            .rates
+            .all_credentials()
             .into_iter()
             .map(|c| CredentialStats {
                 credential: c.name.to_string(),
@@ -262,15 +284,15 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
                 admitted: c.counters.admitted.load(Ordering::Relaxed),
                 refused: c.counters.refusals(),
                 learned_rate: c.rate(),
-                available: self.available(&c.name, super::rate::REQUESTS),
+                available: self.available(&c.name, super::spec::REQUESTS),
             })
             .collect();
         credentials.sort_by(|a, b| a.credential.cmp(&b.credential));
         AdmissionStats {
-            in_flight: inner.global.in_flight(),
+            in_flight: inner.slots.in_flight(),
             waiting: self.waiting(),
-            admitted: inner.admitted.load(Ordering::Relaxed),
-            refused: inner.refused.refusals(),
+            admitted: inner.totals.admitted.load(Ordering::Relaxed),
+            refused: inner.totals.refused.refusals(),
             tools,
             credentials,
         }

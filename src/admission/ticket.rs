@@ -9,8 +9,8 @@ use crate::clock::{Clock, DefaultClock};
 use crate::headers::ServerHint;
 use crate::sleep::{DefaultSleeper, Sleeper};
 
-use super::held::Held;
-use super::learned::CredentialState;
+use super::rate::learned::CredentialState;
+use super::rate::Held;
 use super::tools::ToolState;
 use super::Admission;
 
@@ -192,10 +192,9 @@ impl<S: Sleeper, C: Clock> Drop for Ticket<S, C> {
         self.credential.counters.finished();
         #[cfg(feature = "metrics")]
         super::metrics_out::finished(&self.tool.name);
-        self.admission.inner.global.record_hold(held);
         // The slots `admit` took and forgot (see the `held` field).
         self.tool.pool.sem.release(1);
-        self.admission.inner.global.sem.release(1);
+        self.admission.inner.slots.release_global(held);
     }
 }
 

@@ -8,9 +8,15 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
 
-use super::cache::{self, Generation};
+use super::cache::{self, Cache, Generation};
 use super::pools::{Pool, SlotPolicy};
 use super::stats::Counters;
+
+thread_local! {
+    /// This thread's last few tool lookups (see `cache.rs`).
+    static TOOLS: std::cell::RefCell<Cache<ToolState>> =
+        const { std::cell::RefCell::new(Cache::new()) };
+}
 use crate::sync::{AtomicBool, AtomicU32, Ordering};
 use crate::throttled::{Status, Throttled};
 
@@ -127,7 +133,7 @@ impl Tools {
     /// `cache`).
     #[inline]
     pub(super) fn get(&self, tool: &str) -> Result<Arc<ToolState>, Throttled> {
-        cache::lookup(&cache::TOOLS, &self.generation, tool, || {
+        cache::lookup(&TOOLS, &self.generation, tool, || {
             // Every state the map gives is in the map: cacheable.
             let t = self.get_uncached(tool)?;
             let name = t.name.clone();

@@ -11,7 +11,7 @@
 
 use core::num::NonZeroU32;
 
-use super::Admission;
+use super::super::Admission;
 use crate::bucket::gcra::Ticket as Stamps;
 use crate::clock::Clock;
 use crate::sleep::Sleeper;
@@ -19,22 +19,52 @@ use crate::sleep::Sleeper;
 /// Which bucket a reservation came from: the credential's request quota,
 /// its server scope, or the index of a weighted quota.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Source {
+pub(in crate::admission) enum Source {
     Requests,
     Resource(usize),
     Scope,
 }
 
+impl Source {
+    /// Where a ticket keeps this source's reservation; a server scope's
+    /// cell is never settled, so it has no place.
+    #[inline]
+    pub(in crate::admission) fn place(self) -> Option<Place> {
+        match self {
+            Source::Requests => Some(Place(0)),
+            Source::Resource(i) => Some(Place(i.saturating_add(1))),
+            Source::Scope => None,
+        }
+    }
+}
+
+/// A quota's place in [`Held`]: the request quota at 0, weighted quota `i`
+/// at `1 + i`. Made only by [`Source::place`], read back by
+/// [`Place::source`]: the one spot that knows the layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::admission) struct Place(usize);
+
+impl Place {
+    /// The quota kept at this place.
+    #[inline]
+    fn source(self) -> Source {
+        match self.0 {
+            0 => Source::Requests,
+            i => Source::Resource(i - 1),
+        }
+    }
+}
+
 /// One reservation, 24 bytes: the cells and what gives them back.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Kept {
+pub(in crate::admission) struct Kept {
     before: u64,
     after: u64,
     /// The bucket's epoch + 1 (epochs are 31 bits): a niche, so that
     /// [`Held`] needs no tag of its own.
     epoch: NonZeroU32,
     /// 0: an empty place in [`Held`].
-    pub(super) cells: u32,
+    pub(in crate::admission) cells: u32,
 }
 
 impl Kept {
@@ -45,7 +75,7 @@ impl Kept {
         cells: 0,
     };
 
-    pub(super) fn new(stamps: Stamps, cells: u32) -> Kept {
+    pub(in crate::admission) fn new(stamps: Stamps, cells: u32) -> Kept {
         Kept {
             before: stamps.before,
             after: stamps.after,
@@ -56,7 +86,7 @@ impl Kept {
 
     /// `cells` already settled: counted, and never given back again (the
     /// stamps are gone; `EMPTY` is the same epoch with no cells).
-    pub(super) fn settled(cells: u32) -> Kept {
+    pub(in crate::admission) fn settled(cells: u32) -> Kept {
         Kept {
             cells,
             ..Kept::EMPTY
@@ -64,12 +94,12 @@ impl Kept {
     }
 
     /// Whether the stamps can still give the cells back (not settled).
-    pub(super) fn refundable(&self) -> bool {
+    pub(in crate::admission) fn refundable(&self) -> bool {
         self.epoch != NonZeroU32::MAX
     }
 
     /// The stamps to give the cells back with.
-    pub(super) fn stamps(&self) -> Stamps {
+    pub(in crate::admission) fn stamps(&self) -> Stamps {
         Stamps {
             before: self.before,
             after: self.after,
@@ -78,13 +108,12 @@ impl Kept {
     }
 }
 
-/// The reservations a ticket keeps, by place: the request quota at 0, the
-/// weighted quota `i` at `1 + i` (a server scope's cell is never settled,
-/// so it is not kept). Inline for up to three weighted quotas (96 bytes,
+/// The reservations a ticket keeps, by [`Place`] (a server scope's cell
+/// is never settled, so it is not kept). Inline for up to three weighted quotas (96 bytes,
 /// no tag: `Kept`'s niche tells the two apart); a layer with more spills
 /// to the heap.
 #[derive(Debug)]
-pub(super) enum Held {
+pub(in crate::admission) enum Held {
     Inline([Kept; 4]),
     Spilled(Box<[Kept]>),
 }
@@ -113,16 +142,16 @@ impl Held {
     /// or an empty place (nothing reserved, so any usage is excess). A
     /// place settled to 0 is still a place: a later settle charges what
     /// the server reports beyond it.
-    pub(super) fn place_mut(&mut self, place: usize) -> &mut Kept {
-        if place >= self.all().len() {
+    pub(in crate::admission) fn place_mut(&mut self, place: Place) -> &mut Kept {
+        if place.0 >= self.all().len() {
             self.set(place, Kept::EMPTY);
         }
-        &mut self.all_mut()[place]
+        &mut self.all_mut()[place.0]
     }
 
     /// Puts `kept` at `place`, spilling to the heap past the fourth.
     #[inline]
-    fn set(&mut self, place: usize, kept: Kept) {
+    fn set(&mut self, Place(place): Place, kept: Kept) {
         if place >= self.all().len() {
             let mut more = vec![Kept::EMPTY; place + 1];
             more[..self.all().len()].copy_from_slice(self.all());
@@ -130,25 +159,17 @@ impl Held {
         }
         self.all_mut()[place] = kept;
     }
-
-    /// The quota kept at `place`.
-    fn source(place: usize) -> Source {
-        match place {
-            0 => Source::Requests,
-            i => Source::Resource(i - 1),
-        }
-    }
 }
 
 /// The reservations of a call being admitted, by place as in [`Held`]
 /// (so keeping them moves them once). Until [`keep`](Self::keep),
 /// dropping it gives every one back (a refused or cancelled call consumes
 /// nothing the buckets can refund).
-pub(super) struct Reserved<'a, S: Sleeper, C: Clock> {
+pub(in crate::admission) struct Reserved<'a, S: Sleeper, C: Clock> {
     admission: &'a Admission<S, C>,
     credential: &'a str,
     /// The server scope's key, for a call that reserves a cell of it.
-    pub(super) scope: Option<&'a (String, String)>,
+    pub(in crate::admission) scope: Option<&'a (String, String)>,
     held: Held,
     /// The server scope's cell: given back if the call is not admitted,
     /// never settled.
@@ -156,7 +177,7 @@ pub(super) struct Reserved<'a, S: Sleeper, C: Clock> {
 }
 
 impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
-    pub(super) fn new(
+    pub(in crate::admission) fn new(
         admission: &'a Admission<S, C>,
         credential: &'a str,
         scope: Option<&'a (String, String)>,
@@ -170,19 +191,23 @@ impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
         }
     }
 
-    pub(super) fn push(&mut self, source: Source, stamps: Option<Stamps>, cells: u32) {
+    pub(in crate::admission) fn push(
+        &mut self,
+        source: Source,
+        stamps: Option<Stamps>,
+        cells: u32,
+    ) {
         // `None`: zero cells, nothing to give back.
         let Some(stamps) = stamps else { return };
         let kept = Kept::new(stamps, cells);
-        match source {
-            Source::Requests => self.held.set(0, kept),
-            Source::Resource(i) => self.held.set(i.saturating_add(1), kept),
-            Source::Scope => self.scoped = Some(kept),
+        match source.place() {
+            Some(place) => self.held.set(place, kept),
+            None => self.scoped = Some(kept),
         }
     }
 
     #[inline]
-    pub(super) fn cancel_all(&mut self) {
+    pub(in crate::admission) fn cancel_all(&mut self) {
         if self.scoped.is_none() && self.held.all().iter().all(|k| k.cells == 0) {
             return;
         }
@@ -194,7 +219,7 @@ impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
         let (admission, credential, scope) = (self.admission, self.credential, self.scope);
         for (place, kept) in self.held.all_mut().iter_mut().enumerate() {
             if kept.cells > 0 {
-                let _ = admission.undo(credential, scope, Held::source(place), kept);
+                let _ = admission.undo(credential, scope, Place(place).source(), kept);
                 *kept = Kept::EMPTY;
             }
         }
@@ -205,7 +230,7 @@ impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
 
     /// The cells are used now: hand them to the ticket, which may settle
     /// them against the actual usage.
-    pub(super) fn keep(&mut self) -> Held {
+    pub(in crate::admission) fn keep(&mut self) -> Held {
         self.scoped = None;
         core::mem::replace(&mut self.held, Held::EMPTY)
     }
@@ -215,7 +240,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
     /// Gives `kept` back to the bucket of `source` for `credential` (the
     /// server scope `scope`), if that bucket has taken nothing since (see
     /// `Scoped::cancel_stamps`).
-    pub(super) fn undo(
+    pub(in crate::admission) fn undo(
         &self,
         credential: &str,
         scope: Option<&(String, String)>,
@@ -225,9 +250,13 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         let inner = &*self.inner;
         let stamps = kept.stamps();
         match source {
-            Source::Requests => inner.credentials.cancel_stamps(credential, stamps),
-            Source::Resource(i) => inner.resources[i].buckets.cancel_stamps(credential, stamps),
-            Source::Scope => scope.is_some_and(|k| inner.server_scopes.cancel_stamps(k, stamps)),
+            Source::Requests => inner.rates.credentials.cancel_stamps(credential, stamps),
+            Source::Resource(i) => inner.rates.resources[i]
+                .buckets
+                .cancel_stamps(credential, stamps),
+            Source::Scope => {
+                scope.is_some_and(|k| inner.rates.server_scopes.cancel_stamps(k, stamps))
+            }
         }
     }
 }

@@ -5,8 +5,9 @@
 
 use core::time::Duration;
 
-use super::rate::{charge, Resource, REQUESTS};
-use super::Admission;
+use super::super::spec::REQUESTS;
+use super::super::Admission;
+use super::{charge, Resource};
 use crate::clock::{saturating_nanos, Clock};
 use crate::headers::ServerHint;
 use crate::sleep::Sleeper;
@@ -19,7 +20,7 @@ where
 {
     /// Applies a server's answer for `credential` (and `tool`) without a
     /// ticket, e.g. from a response of a call made outside this layer.
-    /// Returns the hold applied. See [`Ticket::observe`](super::Ticket::observe).
+    /// Returns the hold applied. See [`Ticket::observe`](crate::admission::Ticket::observe).
     ///
     /// # Examples
     ///
@@ -57,7 +58,7 @@ where
         let key = credential.to_string();
         // Told the provider: its limits count per minute.
         let filled;
-        let hint = match inner.provider_window {
+        let hint = match inner.rates.provider_window {
             Some(window) if needs_window(hint) => {
                 filled = with_window(hint, window);
                 &filled
@@ -72,15 +73,20 @@ where
         } else {
             None
         };
-        if !inner.shared.contains(credential) {
+        if !inner.rates.shared.contains(credential) {
             // The new rate before the hold (see `Learned::observe`). A 429
             // for another quota is no verdict on the rate (status 0: only
             // a request limit the reply states is taken).
             let status = if spent.is_some() { 0 } else { status };
             let now = inner.clock.now_nanos();
-            inner
-                .learned
-                .observe(credential, status, hint, sent_at, now, &inner.credentials);
+            inner.rates.learned.observe(
+                credential,
+                status,
+                hint,
+                sent_at,
+                now,
+                &inner.rates.credentials,
+            );
         }
         // A weighted quota the server reports on (a policy of the same
         // name): spent, it is held until its reset, alone; with less left
@@ -90,7 +96,7 @@ where
         // can only be stale by requests it has not seen yet, which the
         // local bucket already holds: taking the smaller never admits more
         // than the server has left.
-        for resource in inner.resources.iter() {
+        for resource in inner.rates.resources.iter() {
             let Some(policy) = hint.policies.iter().find(|p| {
                 p.name
                     .as_deref()
@@ -98,14 +104,14 @@ where
             }) else {
                 continue;
             };
-            if inner.learned.is_adaptive() || resource.learned {
+            if inner.rates.learned.is_adaptive() || resource.learned {
                 lower_to_server(resource, &key, policy);
             }
             match (policy.remaining, policy.reset_after) {
                 (Some(0), Some(reset)) => {
                     let _ = resource.buckets.penalize_told(
                         &key,
-                        reset.min(inner.max_retry_after),
+                        reset.min(inner.rates.max_retry_after),
                         reset,
                     );
                 }
@@ -130,16 +136,23 @@ where
                 .or(hint.retry_after)
                 .unwrap_or(crate::retry::RetryPolicy::BARE_429_HOLD);
             let name = policy.name.as_deref().unwrap_or_default();
-            if let Some(resource) = inner.resources.iter().find(|r| same_name(&r.name, name)) {
-                let _ = resource
-                    .buckets
-                    .penalize_told(&key, wait.min(inner.max_retry_after), wait);
+            if let Some(resource) = inner
+                .rates
+                .resources
+                .iter()
+                .find(|r| same_name(&r.name, name))
+            {
+                let _ = resource.buckets.penalize_told(
+                    &key,
+                    wait.min(inner.rates.max_retry_after),
+                    wait,
+                );
                 return Some(wait);
             }
             // The layer does not meter that quota: holding the requests is
             // the only way not to hear the same 429 again at once.
         }
-        let wait = match request_wait(hint, &inner.resources) {
+        let wait = match request_wait(hint, &inner.rates.resources) {
             Some(w) => w,
             // A 429 with no hint: hold the key back (a second) rather than
             // let the next call find out the same way; the retry policy
@@ -152,35 +165,36 @@ where
         // for decades. The reply's own wait is still returned, for the
         // retry decision.
         let told = wait;
-        let wait = wait.min(inner.max_retry_after);
+        let wait = wait.min(inner.rates.max_retry_after);
         match &hint.scope {
             Some(scope) => {
                 // The server named the limit: hold back only the calls that
                 // fall under it (this tool's, from now on).
                 let _ = inner
+                    .rates
                     .server_scopes
                     .penalize_told(&(key, scope.clone()), wait, told);
                 // A tool the registry cannot hold right now learns its
                 // scope on a later reply.
-                if let Ok(tool) = inner.tools.get(tool) {
+                if let Ok(tool) = inner.slots.tool(tool) {
                     *tool.server_scope.write() = Some(scope.clone());
                     // Release: see `take_rate`.
                     tool.scoped.store(true, Ordering::Release);
                 }
             }
-            None if inner.shared.contains(credential) => {
+            None if inner.rates.shared.contains(credential) => {
                 // Reaching the shared limiter needs an await: the next admit
                 // on this credential applies it before reserving.
                 let until = inner
                     .clock
                     .now_nanos()
                     .saturating_add(saturating_nanos(wait));
-                let mut pending = inner.pending.lock();
+                let mut pending = inner.rates.pending.lock();
                 let slot = pending.entry(key).or_insert(0);
                 *slot = (*slot).max(until);
             }
             None => {
-                let _ = inner.credentials.penalize_told(&key, wait, told);
+                let _ = inner.rates.credentials.penalize_told(&key, wait, told);
             }
         }
         Some(told)
@@ -210,11 +224,11 @@ where
     pub fn lift_hold(&self, credential: &str) {
         let inner = &*self.inner;
         let key = credential.to_string();
-        inner.credentials.reset(&key);
-        for resource in inner.resources.iter() {
+        inner.rates.credentials.reset(&key);
+        for resource in inner.rates.resources.iter() {
             resource.buckets.reset(&key);
         }
-        inner.pending.lock().remove(credential);
+        inner.rates.pending.lock().remove(credential);
     }
 }
 

@@ -42,21 +42,21 @@ impl<L: RateLimiter> SharedLimiter for L {
 }
 
 /// Finds the shared limiter of a credential not registered by name (see
-/// [`Builder::shared_quotas`](super::Builder::shared_quotas)).
+/// [`Builder::shared_quotas`](crate::admission::Builder::shared_quotas)).
 pub(crate) type SharedResolver = dyn Fn(&str) -> Option<Arc<dyn SharedLimiter>> + Send + Sync;
 
 /// The credentials admitted through a shared limiter: by name, then through
 /// the resolver.
 #[derive(Default)]
-pub(super) struct Shared {
-    pub(super) by_name: HashMap<String, Arc<dyn SharedLimiter>>,
-    pub(super) resolver: Option<Box<SharedResolver>>,
+pub(in crate::admission) struct Shared {
+    pub(in crate::admission) by_name: HashMap<String, Arc<dyn SharedLimiter>>,
+    pub(in crate::admission) resolver: Option<Box<SharedResolver>>,
 }
 
 impl Shared {
     /// `credential`'s shared limiter, if it has one.
     #[inline]
-    pub(super) fn get(&self, credential: &str) -> Option<Arc<dyn SharedLimiter>> {
+    pub(in crate::admission) fn get(&self, credential: &str) -> Option<Arc<dyn SharedLimiter>> {
         if let Some(l) = self.by_name.get(credential) {
             return Some(l.clone());
         }
@@ -65,7 +65,7 @@ impl Shared {
 
     /// Whether `credential` is admitted through a shared limiter.
     #[inline]
-    pub(super) fn contains(&self, credential: &str) -> bool {
+    pub(in crate::admission) fn contains(&self, credential: &str) -> bool {
         // Most layers share nothing: no lookup then.
         if self.by_name.is_empty() && self.resolver.is_none() {
             return false;

@@ -16,8 +16,16 @@
 use core::time::Duration;
 use std::borrow::Cow;
 
-use super::held::{Held, Kept, Reserved, Source};
-use super::spec::CallSpec;
+mod held;
+pub(super) mod learned;
+mod observe;
+mod provider;
+pub(super) mod shared;
+
+pub(in crate::admission) use held::{Held, Reserved};
+pub use provider::Provider;
+
+use super::spec::{CallSpec, REQUESTS};
 use super::tools::ToolState;
 use super::Admission;
 use crate::bucket::ReserveError;
@@ -26,12 +34,134 @@ use crate::keyed::Scoped;
 use crate::sleep::Sleeper;
 use crate::sync::Ordering;
 use crate::throttled::{Human, Status, Throttled};
+use held::{Kept, Source};
 
 /// The scope of a credential's own request quota in a [`Throttled`].
 pub(super) const API_KEY: &str = "api_key";
 
-/// The name of the request quota in [`CallSpec::cost`].
-pub(crate) const REQUESTS: &str = "requests";
+/// The rate stage's state: every bucket a call draws on, the rates
+/// learned per credential, the holds the server placed, and how refused
+/// calls are told their turns.
+pub(super) struct Rates<C: Clock> {
+    /// Each credential's request quota.
+    credentials: Scoped<String, C>,
+    /// The rates learned per credential (see `learned`).
+    learned: learned::Learned,
+    /// Weighted quotas every credential has (tokens, ...).
+    resources: Vec<Resource<C>>,
+    /// A cell per (credential, server scope) a tool was seen under.
+    server_scopes: Scoped<(String, String), C>,
+    /// The longest rate wait slept inline.
+    inline_wait: Duration,
+    /// The cap on every hold a server asks for.
+    max_retry_after: Duration,
+    /// Credentials whose quota is shared with other processes.
+    shared: shared::Shared,
+    /// Penalties observed for shared credentials, applied (as "until" on
+    /// our clock) by the next admit on that credential.
+    pending: parking_lot::Mutex<std::collections::HashMap<String, u64>>,
+    /// The window of limits the server states without one (the
+    /// configured provider's, see `Provider`).
+    provider_window: Option<Duration>,
+}
+
+impl<C: Clock> Rates<C> {
+    /// The rate stage of a layer (see the fields).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        credentials: Scoped<String, C>,
+        learned: learned::Learned,
+        resources: Vec<Resource<C>>,
+        server_scopes: Scoped<(String, String), C>,
+        inline_wait: Duration,
+        max_retry_after: Duration,
+        shared: shared::Shared,
+        provider_window: Option<Duration>,
+    ) -> Self {
+        Self {
+            credentials,
+            learned,
+            resources,
+            server_scopes,
+            inline_wait,
+            max_retry_after,
+            shared,
+            pending: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            provider_window,
+        }
+    }
+
+    /// `name`'s learned state, created on first use (its bucket in
+    /// `credentials` too).
+    #[inline]
+    pub(super) fn credential(
+        &self,
+        name: &str,
+        clock: &C,
+    ) -> std::sync::Arc<learned::CredentialState> {
+        self.learned.ensure(name, &self.credentials, clock)
+    }
+
+    /// `name`'s learned state if it exists; never creates one.
+    #[inline]
+    pub(super) fn peek_credential(
+        &self,
+        name: &str,
+    ) -> Option<std::sync::Arc<learned::CredentialState>> {
+        self.learned.peek(name)
+    }
+
+    /// Every credential's learned state (for the stats).
+    pub(super) fn all_credentials(&self) -> Vec<std::sync::Arc<learned::CredentialState>> {
+        self.learned.all()
+    }
+
+    /// The rate learned for `credential`; see `Admission::learned_rate`.
+    pub(super) fn learned_rate(&self, credential: &str) -> Option<f64> {
+        self.learned.rate(credential)
+    }
+
+    /// Whether `credential`'s quota is shared with other processes.
+    #[inline]
+    pub(super) fn is_shared(&self, credential: &str) -> bool {
+        self.shared.contains(credential)
+    }
+
+    /// See `Admission::available`.
+    pub(super) fn available(&self, credential: &str, name: &str) -> Option<u32> {
+        let key = credential.to_string();
+        if name == REQUESTS {
+            return (!self.shared.contains(credential)).then(|| self.credentials.available(&key));
+        }
+        self.resources
+            .iter()
+            .find(|r| r.name == name)
+            .map(|r| r.buckets.available(&key))
+    }
+
+    /// The refusal of a spec whose cost names a quota this layer does not
+    /// have (a misspelt `tokens`, say), if it does.
+    #[cold]
+    pub(super) fn unknown_cost(&self, spec: &CallSpec) -> Option<Throttled> {
+        let resources = &self.resources;
+        let (name, _) = spec
+            .costs
+            .iter()
+            .find(|(name, _)| name != REQUESTS && !resources.iter().any(|r| r.name == *name))?;
+        let known: Vec<&str> = core::iter::once(REQUESTS)
+            .chain(resources.iter().map(|r| r.name.as_str()))
+            .collect();
+        Some(Throttled::new(
+            Status::QuotaExhausted,
+            format!("quota:{name}"),
+            format!(
+                "this call costs units of \"{name}\", a quota this layer does not have (it has: {}); \
+                 it was refused rather than sent unmetered: fix the cost's name or declare the quota",
+                known.join(", ")
+            ),
+        ))
+    }
+}
 
 /// A weighted quota every credential has (tokens per minute, ...).
 pub(super) struct Resource<C: Clock> {
@@ -84,7 +214,7 @@ where
     ) -> Result<(Held, u64), Throttled> {
         let inner = &*self.inner;
         let mut now = now.unwrap_or_else(|| inner.clock.now_nanos());
-        let inline_end = now.saturating_add(saturating_nanos(inner.inline_wait));
+        let inline_end = now.saturating_add(saturating_nanos(inner.rates.inline_wait));
         // Acquire: pairs with the Release store in `observe_sent`, so the
         // scope written before it is seen.
         let scope = if tool.scoped.load(Ordering::Acquire) {
@@ -93,7 +223,7 @@ where
             None
         };
         let scope_key = scope.as_ref().map(|s| (spec.credential.clone(), s.clone()));
-        let shared = inner.shared.get(&spec.credential);
+        let shared = inner.rates.shared.get(&spec.credential);
         let mut reserved = Reserved::new(self, &spec.credential, scope_key.as_ref());
         loop {
             let left = Duration::from_nanos(deadline_at.saturating_sub(now));
@@ -182,15 +312,16 @@ where
         let request_cells = spec.cost_of(REQUESTS).unwrap_or(1);
         if requests
             && request_cells > 0
-            && let Err(e) = take(Source::Requests, &inner.credentials, request_cells)
+            && let Err(e) = take(Source::Requests, &inner.rates.credentials, request_cells)
         {
             // A learned rate climbing back from a guessed cut frees
             // the waiting calls' turns faster than its period now.
             let expected = inner
+                .rates
                 .learned
                 .expected_period(&spec.credential)
                 .map(|p| p.saturating_mul(u64::from(request_cells)));
-            let now_period = period(&inner.credentials, request_cells);
+            let now_period = period(&inner.rates.credentials, request_cells);
             return Err(Refusal {
                 e,
                 scope: Cow::Borrowed(API_KEY),
@@ -202,7 +333,7 @@ where
         let weighted = if spec.costs.is_empty() {
             &[][..]
         } else {
-            &inner.resources[..]
+            &inner.rates.resources[..]
         };
         for (i, resource) in weighted.iter().enumerate() {
             let cells = spec.cost_of(&resource.name).unwrap_or(0);
@@ -229,7 +360,11 @@ where
             }
         }
         if let Some((key, name)) = reserved.scope.zip(scope) {
-            match inner.server_scopes.reserve_stamps(key, 1, max_wait, now) {
+            match inner
+                .rates
+                .server_scopes
+                .reserve_stamps(key, 1, max_wait, now)
+            {
                 Ok(r) => {
                     wait = wait.max(Duration::from_nanos(r.ready_at - now));
                     reserved.push(Source::Scope, r.ticket, 1);
@@ -238,7 +373,7 @@ where
                     return Err(Refusal {
                         e,
                         scope: Cow::Owned(format!("server:{name}")),
-                        period: saturating_nanos(inner.server_scopes.period_of(key)),
+                        period: saturating_nanos(inner.rates.server_scopes.period_of(key)),
                     });
                 }
             }
@@ -261,7 +396,7 @@ where
         let staggered = |after: Duration| {
             let limit = format!("{scope}\u{0}{credential}");
             let ready = now.saturating_add(saturating_nanos(after));
-            let told = inner.stagger.tell(&limit, now, ready, period);
+            let told = inner.told.tell(&limit, now, ready, period);
             Duration::from_nanos(told - now)
         };
         if let ReserveError::Unavailable { retry_after } = e {
@@ -296,7 +431,7 @@ where
         // server said: past the cap, an operator's problem.
         let told = self.held_until(credential, None).saturating_sub(now);
         let e = match e.retry_after() {
-            Some(after) if told > saturating_nanos(inner.max_retry_after) => {
+            Some(after) if told > saturating_nanos(inner.rates.max_retry_after) => {
                 ReserveError::RateLimited {
                     retry_after: after.max(Duration::from_nanos(told)),
                 }
@@ -304,7 +439,7 @@ where
             _ => e,
         };
         match e.retry_after() {
-            Some(after) if after > inner.max_retry_after => Throttled::new(
+            Some(after) if after > inner.rates.max_retry_after => Throttled::new(
                 Status::QuotaExhausted,
                 scope,
                 format!(
@@ -353,33 +488,43 @@ where
     fn held_until(&self, credential: &str, scope: Option<&(String, String)>) -> u64 {
         let inner = &*self.inner;
         let key = credential.to_string();
-        let own = inner.credentials.held_until(&key);
+        let own = inner.rates.credentials.held_until(&key);
         let resources = inner
+            .rates
             .resources
             .iter()
             .map(|r| r.buckets.held_until(&key))
             .max()
             .unwrap_or(0);
-        let scoped = scope.map_or(0, |k| inner.server_scopes.held_until(k));
-        let shared = inner.pending.lock().get(credential).copied().unwrap_or(0);
+        let scoped = scope.map_or(0, |k| inner.rates.server_scopes.held_until(k));
+        let shared = inner
+            .rates
+            .pending
+            .lock()
+            .get(credential)
+            .copied()
+            .unwrap_or(0);
         own.max(resources).max(scoped).max(shared)
     }
 
-    /// See [`Ticket::settle`](super::Ticket::settle); `held` is the
+    /// See [`Ticket::settle`](crate::admission::Ticket::settle); `held` is the
     /// ticket's reservations.
     pub(super) fn settle(&self, credential: &str, held: &mut Held, name: &str, actual: u32) -> i64 {
         let inner = &*self.inner;
         let source = if name == REQUESTS {
             Source::Requests
         } else {
-            match inner.resources.iter().position(|r| r.name == name) {
+            match inner.rates.resources.iter().position(|r| r.name == name) {
                 Some(i) => Source::Resource(i),
                 None => return 0,
             }
         };
-        let (place, buckets) = match source {
-            Source::Resource(i) => (1 + i, &inner.resources[i].buckets),
-            _ => (0, &inner.credentials),
+        let buckets = match source {
+            Source::Resource(i) => &inner.rates.resources[i].buckets,
+            _ => &inner.rates.credentials,
+        };
+        let Some(place) = source.place() else {
+            return 0;
         };
         let h = held.place_mut(place);
         let key = credential.to_string();
@@ -407,11 +552,11 @@ where
     }
 
     /// Pushes the penalties observed on credentials with a shared quota
-    /// (see [`Builder::shared_quota`](super::Builder::shared_quota)) to
+    /// (see [`Builder::shared_quota`](crate::admission::Builder::shared_quota)) to
     /// their shared limiters, so other processes hold back too.
-    /// [`Ticket::observe`](super::Ticket::observe) cannot await, so it
+    /// [`Ticket::observe`](crate::admission::Ticket::observe) cannot await, so it
     /// records them; the next `admit` on the same credential pushes them,
-    /// and this pushes them all now ([`Runner`](super::Runner) calls it
+    /// and this pushes them all now ([`Runner`](crate::admission::Runner) calls it
     /// after every throttled reply).
     ///
     /// # Examples
@@ -434,9 +579,9 @@ where
     /// assert_eq!(shared.available(), 0); // held back for everyone
     /// ```
     pub async fn sync_shared(&self) {
-        let credentials: Vec<String> = self.inner.pending.lock().keys().cloned().collect();
+        let credentials: Vec<String> = self.inner.rates.pending.lock().keys().cloned().collect();
         for credential in credentials {
-            if let Some(shared) = self.inner.shared.get(&credential) {
+            if let Some(shared) = self.inner.rates.shared.get(&credential) {
                 self.push_penalty(&credential, shared.as_ref()).await;
             }
         }
@@ -444,13 +589,13 @@ where
 
     /// Pushes `credential`'s pending shared hold, if any.
     pub(super) async fn push_shared(&self, credential: &str) {
-        if let Some(shared) = self.inner.shared.get(credential) {
+        if let Some(shared) = self.inner.rates.shared.get(credential) {
             self.push_penalty(credential, shared.as_ref()).await;
         }
     }
 
-    async fn push_penalty(&self, credential: &str, shared: &dyn super::SharedLimiter) {
-        let pending = self.inner.pending.lock().remove(credential);
+    async fn push_penalty(&self, credential: &str, shared: &dyn shared::SharedLimiter) {
+        let pending = self.inner.rates.pending.lock().remove(credential);
         if let Some(until) = pending {
             let now = self.inner.clock.now_nanos();
             if until > now {

@@ -5,7 +5,7 @@
 use core::time::Duration;
 
 /// An API whose rate-limit headers the admission layer should read with
-/// that API's documented meaning ([`Builder::provider`](super::Builder::provider)).
+/// that API's documented meaning ([`Builder::provider`](crate::admission::Builder::provider)).
 ///
 /// | provider | headers | window | learned quotas |
 /// | --- | --- | --- | --- |
@@ -23,14 +23,14 @@ use core::time::Duration;
 ///   limits "may be quantized"), so a minute's worth at once would be
 ///   refused. A call costing more than that burst waits for a full one and
 ///   is then sent (it is charged the burst; its usage settles the rest);
-/// * a quota configured with [`resource`](super::Builder::resource) is
+/// * a quota configured with [`resource`](crate::admission::Builder::resource) is
 ///   kept, and lowered to the server's limit when the server's is lower;
 /// * what calls sent before the first reply used is not counted against
 ///   the learned quota (nothing metered them); the server's `remaining`,
 ///   when lower than what the layer believes is left, is charged as usual.
 ///
 /// A call draws on a learned quota only when it says what it costs
-/// ([`CallSpec::cost`](super::CallSpec::cost), the middleware's
+/// ([`CallSpec::cost`](crate::admission::CallSpec::cost), the middleware's
 /// `cost_from`); usage read from the reply
 /// (`AdmissionMiddleware::llm_usage`, feature `reqwest`) settles the estimate.
 ///
@@ -74,7 +74,7 @@ pub enum Provider {
 
 impl Provider {
     /// The window the provider's limit headers count over.
-    pub(super) const fn window(self) -> Duration {
+    pub(in crate::admission) const fn window(self) -> Duration {
         match self {
             Provider::OpenAi | Provider::Anthropic => Duration::from_secs(60),
         }
@@ -82,7 +82,7 @@ impl Provider {
 
     /// The weighted quotas the provider's headers report on, as the layer
     /// names them (`input-tokens` in a header is the quota `input_tokens`).
-    pub(super) const fn quotas(self) -> &'static [&'static str] {
+    pub(in crate::admission) const fn quotas(self) -> &'static [&'static str] {
         match self {
             Provider::OpenAi => &["tokens"],
             Provider::Anthropic => &["tokens", "input_tokens", "output_tokens"],
@@ -92,7 +92,7 @@ impl Provider {
 
 /// The burst a learned weighted quota gets at `rate` units a second: one
 /// second's worth, at least one unit, at most the server's whole `limit`.
-pub(super) fn learned_burst(rate: f64, limit: u64) -> u32 {
+pub(in crate::admission) fn learned_burst(rate: f64, limit: u64) -> u32 {
     let second = rate.ceil().max(1.0);
     let limit = limit.max(1) as f64;
     second.min(limit).min(f64::from(u32::MAX)) as u32

@@ -17,8 +17,14 @@ use crate::clock::Clock;
 use crate::headers::ServerHint;
 use crate::keyed::Scoped;
 
-use super::cache::{self, Generation};
-use super::stats::Counters;
+use super::super::cache::{self, Cache, Generation};
+use super::super::stats::Counters;
+
+thread_local! {
+    /// This thread's last few credential lookups (see `cache.rs`).
+    static CREDENTIALS: std::cell::RefCell<Cache<CredentialState>> =
+        const { std::cell::RefCell::new(Cache::new()) };
+}
 
 /// At most this many credentials are tracked (and learn a rate). Past it,
 /// the idle ones (no ticket, no hold, their bucket full again) are
@@ -77,7 +83,7 @@ impl Learned {
         buckets: &Scoped<String, C>,
         clock: &C,
     ) -> Arc<CredentialState> {
-        let found = cache::lookup(&cache::CREDENTIALS, &self.generation, credential, || {
+        let found = cache::lookup(&CREDENTIALS, &self.generation, credential, || {
             if let Some(state) = self.known.read().get(credential) {
                 let name = state.name.clone();
                 return Ok::<_, core::convert::Infallible>((state.clone(), Some(name)));
