@@ -5,30 +5,12 @@ use super::tools::ToolState;
 use crate::sync::{AtomicU32, Ordering};
 use crate::throttled::{Status, Throttled};
 
-/// Takes the run budget; gives it back on drop unless kept.
-pub(super) struct BudgetClaim<'a> {
-    pub(super) run: Option<&'a AtomicU32>,
-    pub(super) tool: Option<&'a AtomicU32>,
-}
-
-impl BudgetClaim<'_> {
-    #[inline]
-    pub(super) fn keep(mut self) {
-        self.run = None;
-        self.tool = None;
-    }
-}
-
-impl Drop for BudgetClaim<'_> {
-    fn drop(&mut self) {
-        // Relaxed: a counter; it guards no other memory.
-        if let Some(c) = self.run {
-            c.fetch_sub(1, Ordering::Relaxed);
-        }
-        if let Some(c) = self.tool {
-            c.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
+/// Which budget units a call holds: the run's and its tool's (each only
+/// when that budget is limited). Given back by [`RunBudget::give_back`].
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Units {
+    run: bool,
+    tool: bool,
 }
 
 /// Takes one unit of `counter` if it is below `limit`.
@@ -58,17 +40,9 @@ impl RunBudget {
         }
     }
 
-    /// Takes one unit of the run's budget and one of `tool`'s.
+    /// Takes one unit of the run's budget and one of `tool`'s, or neither.
     #[inline]
-    pub(super) fn claim<'a>(
-        &'a self,
-        tool: &'a ToolState,
-        tool_name: &str,
-    ) -> Result<BudgetClaim<'a>, Throttled> {
-        let mut claim = BudgetClaim {
-            run: None,
-            tool: None,
-        };
+    pub(super) fn claim(&self, tool: &ToolState, tool_name: &str) -> Result<Units, Throttled> {
         if !take_below(&self.used, self.limit) {
             return Err(Throttled::new(
                 Status::BudgetExhausted,
@@ -76,16 +50,37 @@ impl RunBudget {
                 "this run's call budget is spent; finish with what you have",
             ));
         }
-        claim.run = self.limit.map(|_| &self.used);
+        let units = Units {
+            run: self.limit.is_some(),
+            tool: tool.budget.is_some(),
+        };
         if !take_below(&tool.used, tool.budget) {
+            self.give_back(
+                tool,
+                Units {
+                    tool: false,
+                    ..units
+                },
+            );
             return Err(Throttled::new(
                 Status::BudgetExhausted,
                 format!("tool:{tool_name}"),
                 format!("this run's budget for {tool_name} is spent"),
             ));
         }
-        claim.tool = tool.budget.map(|_| &tool.used);
-        Ok(claim)
+        Ok(units)
+    }
+
+    /// Gives back the units `claim` took for a call that was not admitted.
+    #[inline]
+    pub(super) fn give_back(&self, tool: &ToolState, units: Units) {
+        // Relaxed: counters; they guard no other memory.
+        if units.run {
+            self.used.fetch_sub(1, Ordering::Relaxed);
+        }
+        if units.tool {
+            tool.used.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// The run counts from zero again.

@@ -81,6 +81,40 @@ struct Inner<S, C: Clock> {
     told: stagger::Stagger,
 }
 
+/// What a call being admitted holds so far: its tool, its budget units
+/// and (once `slots`) both slots, as counts. Dropped before
+/// [`keep`](Taken::keep), it gives them back: a refused or cancelled call
+/// consumes nothing. The fast path hands it to the staged path, which
+/// continues from the first stage it lacks.
+struct Taken<'a, S: Sleeper, C: Clock> {
+    admission: &'a Admission<S, C>,
+    tool: Arc<ToolState>,
+    units: budget::Units,
+    slots: bool,
+}
+
+impl<S: Sleeper, C: Clock> Taken<'_, S, C> {
+    /// The call is admitted: its ticket holds the slots and the budget
+    /// units from here on (its `Drop` releases the slots).
+    #[inline]
+    fn keep(self) -> Arc<ToolState> {
+        let this = core::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again, so the `Arc` is
+        // moved out exactly once.
+        unsafe { core::ptr::read(&this.tool) }
+    }
+}
+
+impl<S: Sleeper, C: Clock> Drop for Taken<'_, S, C> {
+    fn drop(&mut self) {
+        let inner = &*self.admission.inner;
+        if self.slots {
+            inner.slots.give_back(&self.tool);
+        }
+        inner.budget.give_back(&self.tool, self.units);
+    }
+}
+
 /// The admission layer: concurrency pools, rate limits per credential,
 /// a bounded wait queue and a run budget, answering every call with a
 /// [`Ticket`] or a structured [`Throttled`]. Cheap to clone (shared).
@@ -166,16 +200,17 @@ where
     pub async fn admit(&self, spec: &CallSpec) -> Result<Ticket<S, C>, Throttled> {
         let started = self.inner.clock.now_nanos();
         // Something to wait for (a slot, a rate token, a shared quota's
-        // round trip) sends the call down the staged path, boxed: the
-        // future of a call admitted at once stays a few words, and moving
-        // a large future would cost more than the admission. (A `let`, so
-        // the fast path's result is not kept across the `await`.)
+        // round trip) sends the call down the staged path, boxed, which
+        // continues from what the fast path took: the future of a call
+        // admitted at once stays a few words, and moving a large future
+        // would cost more than the admission. (A `let`, so the fast path's
+        // result is not kept across the `await`.)
         let waiting = match self.admit_now(spec, started) {
-            Some(decided) => {
+            Ok(decided) => {
                 self.record(spec, started, &decided);
                 return decided;
             }
-            None => Box::pin(self.stages(spec, started)),
+            Err(taken) => Box::pin(self.stages(spec, started, taken)),
         };
         let admitted = waiting.await;
         self.record(spec, started, &admitted);
@@ -210,54 +245,48 @@ where
         }
     }
 
-    /// The stages in order: open, budget, slots, rate; each gives back what
-    /// it took if a later one refuses (or the future is dropped).
-    async fn stages(&self, spec: &CallSpec, started: u64) -> Result<Ticket<S, C>, Throttled> {
+    /// The stages the fast path could not finish: the slots if it has
+    /// not taken them (waited for until the deadline), then the rate
+    /// (slept inline within the threshold and the deadline). What `taken`
+    /// holds is given back if a stage refuses or the future is dropped.
+    async fn stages(
+        &self,
+        spec: &CallSpec,
+        started: u64,
+        mut taken: Taken<'_, S, C>,
+    ) -> Result<Ticket<S, C>, Throttled> {
         let inner = &*self.inner;
         let deadline_at = started.saturating_add(saturating_nanos(spec.deadline));
 
-        // 1. Open: the layer is not closed, and the tool has a place.
-        let tool = self.open_tool(spec)?;
-
-        // 2. Budget: the run's and the tool's, given back unless kept.
-        let claim = inner.budget.claim(&tool, &spec.tool)?;
-
-        // 3. Slots: the tool's, then the global one, until the deadline
-        // (the timer is made only if a slot has to be waited for).
+        // 3. Slots: the tool's, then the global one, until the deadline.
         // The instant the rate stage starts from: `started` unless a slot
-        // had to be waited for (one clock read less on the fast path).
+        // had to be waited for (one clock read less otherwise).
         let mut rate_from = Some(started);
-        let slots = match inner.slots.try_both(&tool) {
-            Some(slots) => slots,
-            None => {
-                rate_from = None;
-                let remaining =
-                    Duration::from_nanos(deadline_at.saturating_sub(inner.clock.now_nanos()));
-                let timeout = core::pin::pin!(inner.sleeper.sleep(remaining));
-                inner
-                    .slots
-                    .acquire_both(&tool, timeout)
-                    .await
-                    .map_err(|(e, which)| self.slot_refusal(spec, &tool, e, which))?
-            }
-        };
+        if !taken.slots {
+            rate_from = None;
+            let remaining =
+                Duration::from_nanos(deadline_at.saturating_sub(inner.clock.now_nanos()));
+            let timeout = core::pin::pin!(inner.sleeper.sleep(remaining));
+            inner
+                .slots
+                .take(&taken.tool, timeout)
+                .await
+                .map_err(|(e, which)| self.slot_refusal(spec, &taken.tool, e, which))?;
+            taken.slots = true;
+        }
 
         // 4. Rate: every quota the call draws on, all or nothing, slept
         // inline within the threshold and the deadline.
         let credential = inner.rates.credential(&spec.credential, &inner.clock);
-        let (held, started_at) = self.take_rate(spec, &tool, deadline_at, rate_from).await?;
-
-        claim.keep();
-        // From here on the ticket holds the slots (its `Drop` releases them).
-        let (tool_slot, global_slot) = slots;
-        tool_slot.forget();
-        global_slot.forget();
+        let (held, started_at) = self
+            .take_rate(spec, &taken.tool, deadline_at, rate_from)
+            .await?;
         Ok(Ticket {
             admission: self.clone(),
             credential,
             started_at,
             held,
-            tool,
+            tool: taken.keep(),
         })
     }
 
@@ -291,55 +320,75 @@ where
         pools::slot_refusal(&spec.tool, e, which)
     }
 
-    /// The stages without a wait: `None` when one would have to wait (a
-    /// slot, a rate token), or when the call needs what only the staged
-    /// path does (a shared quota, a server scope); everything taken is
-    /// given back first. Refusals that need no wait are final here.
+    /// The stages in order (open, budget, slots, rate) with no wait
+    /// allowed: the decision, or (`Err`) what was taken before a stage
+    /// would have to wait (a slot, a rate token) or needs what only the
+    /// staged path does (a shared quota, a server scope), which
+    /// [`stages`](Self::stages) continues from. Refusals that need no wait
+    /// are final here.
     #[inline]
-    fn admit_now(&self, spec: &CallSpec, started: u64) -> Option<Result<Ticket<S, C>, Throttled>> {
+    fn admit_now(
+        &self,
+        spec: &CallSpec,
+        started: u64,
+    ) -> Result<Result<Ticket<S, C>, Throttled>, Taken<'_, S, C>> {
         let inner = &*self.inner;
         // A cost on a quota the layer does not have would go unmetered:
         // refused, never sent free.
         if !spec.costs.is_empty()
             && let Some(refused) = inner.rates.unknown_cost(spec)
         {
-            return Some(Err(refused));
+            return Ok(Err(refused));
         }
+        // 1. Open: the layer is not closed, and the tool has a place.
         let tool = match self.open_tool(spec) {
             Ok(tool) => tool,
-            Err(refused) => return Some(Err(refused)),
+            Err(refused) => return Ok(Err(refused)),
         };
-        let claim = match inner.budget.claim(&tool, &spec.tool) {
-            Ok(claim) => claim,
-            Err(refused) => return Some(Err(refused)),
+        // 2. Budget: the run's and the tool's, given back unless kept.
+        let units = match inner.budget.claim(&tool, &spec.tool) {
+            Ok(units) => units,
+            Err(refused) => return Ok(Err(refused)),
         };
-        let (tool_slot, global_slot) = inner.slots.try_now(&tool)?;
+        let mut taken = Taken {
+            admission: self,
+            tool,
+            units,
+            slots: false,
+        };
+        // 3. Slots, if both are free now.
+        if !inner.slots.try_take(&taken.tool) {
+            return Err(taken);
+        }
+        taken.slots = true;
         // Relaxed: only decides which path runs; the staged path loads it
         // again with Acquire before reading the scope.
-        if tool.scoped.load(Ordering::Relaxed) || inner.rates.is_shared(&spec.credential) {
-            return None;
+        if taken.tool.scoped.load(Ordering::Relaxed) || inner.rates.is_shared(&spec.credential) {
+            return Err(taken);
         }
+        // 4. Rate, with no wait allowed: a quota that would make the call
+        // wait refuses with nothing consumed, and the staged path takes it
+        // from there.
         let credential = inner.rates.credential(&spec.credential, &inner.clock);
-        // No wait allowed: a quota that would make the call wait refuses
-        // with nothing consumed, and the staged path takes it from there.
         let at = rate::Instant {
             now: started,
             max_wait: Duration::ZERO,
             left: Duration::MAX,
         };
         let mut reserved = rate::Reserved::new(self, &spec.credential, None);
-        self.reserve_local(spec, true, None, at, &mut reserved)
-            .ok()?;
-        claim.keep();
-        // From here on the ticket holds the slots (its `Drop` releases them).
-        tool_slot.forget();
-        global_slot.forget();
-        Some(Ok(Ticket {
+        if self
+            .reserve_local(spec, true, None, at, &mut reserved)
+            .is_err()
+        {
+            return Err(taken);
+        }
+        let held = reserved.keep();
+        Ok(Ok(Ticket {
             admission: self.clone(),
             credential,
             started_at: started,
-            held: reserved.keep(),
-            tool,
+            held,
+            tool: taken.keep(),
         }))
     }
 

@@ -189,19 +189,6 @@ impl Pool {
     }
 }
 
-/// Both slots now, without waiting, or `None` (nothing kept): the fast path
-/// of [`acquire_both`], which needs no timer. Neither `try_acquire` takes a
-/// slot a queued waiter is owed, so this never overtakes one.
-#[inline]
-pub(crate) fn try_both(
-    tool: &Pool,
-    global: &Pool,
-) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
-    let tool_slot = tool.sem.clone().try_acquire_owned().ok()?;
-    let global_slot = global.sem.clone().try_acquire_owned().ok()?;
-    Some((tool_slot, global_slot))
-}
-
 /// Takes the tool's slot, then the global one (see the module docs).
 pub(crate) async fn acquire_both<T: Future<Output = ()>>(
     tool: &Pool,

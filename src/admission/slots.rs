@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use super::pools::{self, Pool, SlotError, Which};
 use super::tools::{ToolState, Tools};
-use crate::semaphore::{OwnedSemaphorePermit, SemaphorePermit};
 use crate::sync::{AtomicUsize, Ordering};
 use crate::throttled::Throttled;
 
@@ -48,35 +47,40 @@ impl Slots {
         &self.tools
     }
 
-    /// Both slots now, borrowed (the fast path forgets them into the
-    /// ticket), or `None` with nothing kept.
+    /// Takes both slots now, or neither (`false`). Taken slots are held
+    /// as counts, not permits: a ticket gives them back in its `Drop`, a
+    /// call that is not admitted with [`give_back`](Self::give_back).
     #[inline]
-    pub(super) fn try_now<'a>(
-        &'a self,
-        tool: &'a ToolState,
-    ) -> Option<(SemaphorePermit<'a>, SemaphorePermit<'a>)> {
-        let tool_slot = tool.pool.sem.try_acquire().ok()?;
-        let global_slot = self.global.sem.try_acquire().ok()?;
-        Some((tool_slot, global_slot))
+    pub(super) fn try_take(&self, tool: &ToolState) -> bool {
+        let Ok(tool_slot) = tool.pool.sem.try_acquire() else {
+            return false;
+        };
+        let Ok(global_slot) = self.global.sem.try_acquire() else {
+            return false;
+        };
+        tool_slot.forget();
+        global_slot.forget();
+        true
     }
 
-    /// Both slots now, owned, or `None` with nothing kept.
-    #[inline]
-    pub(super) fn try_both(
-        &self,
-        tool: &ToolState,
-    ) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
-        pools::try_both(&tool.pool, &self.global)
+    /// Gives back both slots of a call that was not admitted (no hold
+    /// time is recorded).
+    #[cold]
+    pub(super) fn give_back(&self, tool: &ToolState) {
+        tool.pool.sem.release(1);
+        self.global.sem.release(1);
     }
 
-    /// Both slots, waiting for them (in FIFO order, within the tool's
-    /// policy and the shared queue bound) until `timeout` completes.
-    pub(super) async fn acquire_both<T: Future<Output = ()>>(
+    /// Takes both slots, waiting for them (in FIFO order, within the
+    /// tool's policy and the shared queue bound) until `timeout` completes;
+    /// held as counts, as by [`try_take`](Self::try_take). A refused or
+    /// dropped wait holds nothing.
+    pub(super) async fn take<T: Future<Output = ()>>(
         &self,
         tool: &ToolState,
         timeout: Pin<&mut T>,
-    ) -> Result<(OwnedSemaphorePermit, OwnedSemaphorePermit), (SlotError, Which)> {
-        pools::acquire_both(
+    ) -> Result<(), (SlotError, Which)> {
+        let (tool_slot, global_slot) = pools::acquire_both(
             &tool.pool,
             &self.global,
             tool.policy,
@@ -84,7 +88,10 @@ impl Slots {
             self.queue_capacity,
             timeout,
         )
-        .await
+        .await?;
+        tool_slot.forget();
+        global_slot.forget();
+        Ok(())
     }
 
     /// The pool that refused a call of `tool`.
