@@ -48,7 +48,7 @@ use std::sync::Arc;
 use crate::clock::Clock;
 use crate::failure::CallFailure;
 use crate::headers::ServerHint;
-use crate::retry::{Backoff, Deadline, Decision, Jitter, ReplyClass, RetryPolicy};
+use crate::retry::{Backoff, Deadline, Decision, Jitter, RetryPolicy};
 use crate::single_flight::{FlightError, Provenance, SingleFlight};
 use crate::sleep::Sleeper;
 
@@ -382,7 +382,8 @@ where
         let mut deadline = Deadline::after(self.admission.clock().clone(), call.spec.deadline);
         let mut policy = self.retry.lock().fork();
         // The previous attempt's failure, for when its retry is refused.
-        let mut last: Option<(CallFailure<E>, ReplyClass)> = None;
+        // The last failure, and whether it was the server's capacity.
+        let mut last: Option<(CallFailure<E>, bool)> = None;
         loop {
             let spec = call.spec.clone().deadline(deadline.remaining());
             let mut ticket = match self.admission.admit(&spec).await {
@@ -436,9 +437,8 @@ where
                 ),
             };
             drop(ticket);
-            let class = policy.classify(status, &hint);
             match policy.decide_reply(status, &hint, &mut deadline) {
-                Decision::Retry { after } => {
+                decision @ (Decision::Retry { after } | Decision::Readmit { after }) => {
                     #[cfg(feature = "tracing")]
                     tracing::event!(
                         tracing::Level::DEBUG,
@@ -450,7 +450,8 @@ where
                     );
                     #[cfg(not(feature = "tracing"))]
                     let _ = n;
-                    let last_failure = (error, class);
+                    let capacity = matches!(decision, Decision::Readmit { .. });
+                    let last_failure = (error, capacity);
                     if !self.admission.sleep_unless_closed(after).await {
                         let closed = Throttled::new(
                             Status::Closed,
@@ -463,13 +464,11 @@ where
                 }
                 // The server's capacity, not a fault: a rate limit, never
                 // `Failed`.
-                Decision::Surface(t) if class == ReplyClass::Capacity => {
-                    return Err(Ended::Throttled(t.with_attempts(n)))
-                }
+                Decision::Surface(t) => return Err(Ended::Throttled(t.with_attempts(n))),
                 // A fault the policy would not retry now: report it as it
                 // was, with the policy's reason (a transport error is never
                 // turned into a rate limit).
-                Decision::Surface(t) => {
+                Decision::NotRetried(t) => {
                     return Err(Ended::Failed {
                         error,
                         not_retried: Some(t),
@@ -491,9 +490,9 @@ where
 /// limit itself; after a transport error or a 5xx it is the original
 /// failure (the server is not known to be throttling), with the refusal as
 /// the reason it was not retried.
-fn refused_retry<E>(refused: Throttled, last: Option<(CallFailure<E>, ReplyClass)>) -> Ended<E> {
+fn refused_retry<E>(refused: Throttled, last: Option<(CallFailure<E>, bool)>) -> Ended<E> {
     match last {
-        Some((error, class)) if class != ReplyClass::Capacity => Ended::Failed {
+        Some((error, false)) => Ended::Failed {
             error,
             not_retried: Some(refused),
         },

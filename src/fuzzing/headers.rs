@@ -172,7 +172,7 @@ pub fn headers(mut data: &[u8]) {
                 }
                 clock.advance(after);
             }
-            Decision::Surface(s) => {
+            Decision::NotRetried(s) => {
                 // In whole milliseconds, rounded up: at least the wait.
                 let r = s.retry_after().expect("a surfaced decision says when");
                 match s.status {
@@ -198,6 +198,10 @@ pub fn headers(mut data: &[u8]) {
             }
             Decision::GiveUp => break,
             Decision::Stop => unreachable!("`decide` is about a failed attempt"),
+            // `decide` is about a fault: never the server's capacity.
+            d @ (Decision::Readmit { .. } | Decision::Surface(_)) => {
+                panic!("a fault decided as capacity: {d:?}")
+            }
         }
     }
 }

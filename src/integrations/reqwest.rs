@@ -17,7 +17,7 @@ use crate::sleep::{DefaultSleeper, Sleeper};
 use crate::throttled::{Human, Status};
 use crate::{
     admission::Admission, admission::CallSpec, headers::ServerHint, retry::Deadline,
-    retry::Decision, retry::ReplyClass, retry::RetryPolicy, Throttled,
+    retry::Decision, retry::RetryPolicy, Throttled,
 };
 
 type Derive = Arc<dyn Fn(&Request) -> String + Send + Sync>;
@@ -548,22 +548,15 @@ where
             };
             drop(ticket);
             let policy = policy.get_or_insert_with(|| self.retry.lock().fork());
-            let class = policy.classify(status, &hint);
-            match class {
-                ReplyClass::Success | ReplyClass::Final => return with_attempts(result, sent),
-                ReplyClass::Capacity | ReplyClass::Transient => {}
-            }
             match (policy.decide_reply(status, &hint, &mut deadline), copy) {
-                (Decision::Retry { after }, Some(copy)) => {
+                (Decision::Retry { after } | Decision::Readmit { after }, Some(copy)) => {
                     tokio::time::sleep(after).await;
                     req = copy;
                 }
                 // The server's capacity, and no retry: a rate limit with
                 // the server's wait, never a plain 429.
-                (Decision::Surface(t), _) if class == ReplyClass::Capacity => {
-                    return self.refuse(t.with_attempts(sent))
-                }
-                (Decision::Retry { after }, None) if class == ReplyClass::Capacity => {
+                (Decision::Surface(t), _) => return self.refuse(t.with_attempts(sent)),
+                (Decision::Readmit { after }, None) => {
                     return self.refuse(cannot_resend(status.unwrap_or(429), after, sent))
                 }
                 // A fault (a transport error, a 5xx) not retried: the last

@@ -57,13 +57,28 @@ pub(crate) enum ReplyClass {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Decision {
-    /// Sleep `after`, then try again; already charged to the deadline.
+    /// A fault (a transport error, a 5xx, a 408): sleep `after`, then try
+    /// again; already charged to the deadline.
     Retry {
         /// How long to wait.
         after: Duration,
     },
-    /// Do not retry now: hand this to the caller.
+    /// The server's capacity (a 429, a 503 with `Retry-After`): try again
+    /// after `after`, the server's wait (jittered), already charged to the
+    /// deadline. Under an admission layer its hold on the credential
+    /// enforces that wait for every call, not only this one.
+    Readmit {
+        /// How long to wait.
+        after: Duration,
+    },
+    /// The server's capacity, not retried (its wait does not fit the clamp
+    /// or the deadline, or the retries are spent): this `rate_limited` is
+    /// the call's answer, in place of the 429.
     Surface(Throttled),
+    /// A fault whose retry does not fit (the deadline, a server wait too
+    /// long for the clamp): the last answer stands, and this says why it
+    /// was not retried.
+    NotRetried(Throttled),
     /// The attempt cap is reached on a fault (a capacity answer is
     /// [`Surface`](Self::Surface)d as `rate_limited` instead).
     GiveUp,
@@ -84,15 +99,16 @@ pub enum Decision {
 /// | answer | class | decision |
 /// | --- | --- | --- |
 /// | 2xx | success | [`Stop`](Decision::Stop) |
-/// | 429, or 503 with `Retry-After` | capacity | retry after the server's wait ([`BARE_429_HOLD`](Self::BARE_429_HOLD) if it gave none); `rate_limited` when the wait does not fit the clamp or the deadline, or the retries are spent |
-/// | 408, other 5xx, transport error | transient | as [`decide`](Self::decide) |
+/// | 429, or 503 with `Retry-After` | capacity | [`Readmit`](Decision::Readmit) after the server's wait ([`BARE_429_HOLD`](Self::BARE_429_HOLD) if it gave none); [`Surface`](Decision::Surface) `rate_limited` when the wait does not fit the clamp or the deadline, or the retries are spent |
+/// | 408, other 5xx, transport error | transient | as [`decide`](Self::decide): [`Retry`](Decision::Retry), [`NotRetried`](Decision::NotRetried) or [`GiveUp`](Decision::GiveUp) |
 /// | anything else | final | [`Stop`](Decision::Stop) |
 ///
 /// [`decide`](Self::decide) (a fault, given the server's hint), in order:
 /// past the attempt cap, [`Decision::GiveUp`]. Once the deadline has
-/// passed, `timed_out`, whatever the wait (even zero). If the server gave a
-/// wait ([`ServerHint::wait`]) longer than the clamp or the remaining
-/// deadline, `rate_limited`; otherwise the server's wait overrides the
+/// passed, [`NotRetried`](Decision::NotRetried) `timed_out`, whatever the
+/// wait (even zero). If the server gave a wait ([`ServerHint::wait`])
+/// longer than the clamp or the remaining deadline, `NotRetried`
+/// `rate_limited`; otherwise the server's wait overrides the
 /// backoff, plus a jitter of up to `base` (dropped when only the exact wait
 /// fits) so clients told the same `Retry-After` do not come back in
 /// lockstep, and never earlier than asked. Without a server wait, the
@@ -125,7 +141,7 @@ pub enum Decision {
 ///
 /// // A 429 with Retry-After: 2 -> wait 2 s (plus at most 100 ms of jitter).
 /// let hint = ServerHint::from_headers([("retry-after", "2")], SystemTime::now());
-/// let Decision::Retry { after } = policy.decide_reply(Some(429), &hint, &mut deadline) else { panic!() };
+/// let Decision::Readmit { after } = policy.decide_reply(Some(429), &hint, &mut deadline) else { panic!() };
 /// assert!(after >= Duration::from_secs(2) && after <= Duration::from_millis(2_100));
 /// ```
 #[derive(Debug)]
@@ -228,7 +244,7 @@ impl RetryPolicy {
     /// let mut p = RetryPolicy::default().clamp(Duration::from_secs(1));
     /// let mut d = Deadline::after(ManualClock::new(), Duration::from_secs(60));
     /// let hint = ServerHint::from_headers([("retry-after", "5")], SystemTime::now());
-    /// let Decision::Surface(t) = p.decide(&hint, &mut d) else { panic!() };
+    /// let Decision::NotRetried(t) = p.decide(&hint, &mut d) else { panic!() };
     /// assert_eq!(t.status, Status::RateLimited);
     /// assert_eq!(t.retry_after(), Some(Duration::from_secs(5)));
     /// ```
@@ -340,7 +356,7 @@ impl RetryPolicy {
     /// let mut p = RetryPolicy::default().max_retries(1);
     /// let mut d = Deadline::after(ManualClock::new(), Duration::from_secs(30));
     /// let told = ServerHint::from_headers([("retry-after", "1")], SystemTime::now());
-    /// assert!(matches!(p.decide_reply(Some(429), &told, &mut d), Decision::Retry { .. }));
+    /// assert!(matches!(p.decide_reply(Some(429), &told, &mut d), Decision::Readmit { .. }));
     /// // Out of retries on a 429: a rate limit, never a plain give-up.
     /// let Decision::Surface(t) = p.decide_reply(Some(429), &told, &mut d) else { panic!() };
     /// assert_eq!((t.status, t.scope.as_str()), (Status::RateLimited, "api_key"));
@@ -376,6 +392,7 @@ impl RetryPolicy {
                     Decision::Retry { .. } if !self.budget_allows() => Decision::Surface(
                         still_throttled(status.unwrap_or(429), wait, hint, self.retries),
                     ),
+                    Decision::Retry { after } => Decision::Readmit { after },
                     decision => decision,
                 }
             }
@@ -399,13 +416,15 @@ impl RetryPolicy {
     /// let mut p = RetryPolicy::default();
     /// // No budget left: no retry, not even an immediate one.
     /// let mut d = Deadline::after(ManualClock::new(), Duration::ZERO);
-    /// let Decision::Surface(t) = p.decide(&ServerHint::default(), &mut d) else { panic!() };
+    /// let Decision::NotRetried(t) = p.decide(&ServerHint::default(), &mut d) else { panic!() };
     /// assert_eq!((t.status, t.scope.as_str()), (Status::TimedOut, "deadline"));
     /// ```
     pub fn decide<C: Clock>(&mut self, hint: &ServerHint, deadline: &mut Deadline<C>) -> Decision {
         match self.decide_fault(hint, deadline) {
             // Only a retry the call would make draws on the shared budget.
             Decision::Retry { .. } if !self.budget_allows() => Decision::GiveUp,
+            // A fault's retry that does not fit: the fault stands.
+            Decision::Surface(t) => Decision::NotRetried(t),
             decision => decision,
         }
     }

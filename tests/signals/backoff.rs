@@ -145,7 +145,7 @@ fn a_retry_past_the_deadline_is_refused_not_slept() {
                 slept.push(after);
                 clock.advance(after);
             }
-            Decision::Surface(s) => break s,
+            Decision::NotRetried(s) => break s,
             other => panic!("{other:?}"),
         }
     };
@@ -185,7 +185,7 @@ fn an_hour_against_thirty_seconds_is_the_server_saying_stop() {
     let mut deadline = Deadline::after(clock, Duration::from_secs(30));
     let mut policy = RetryPolicy::default().clamp(Duration::from_secs(600));
     let told = hint(&[("retry-after", "3600"), ("x-ratelimit-scope", "org")]);
-    let Decision::Surface(s) = policy.decide(&told, &mut deadline) else {
+    let Decision::NotRetried(s) = policy.decide(&told, &mut deadline) else {
         panic!()
     };
     assert_eq!(s.status, Status::RateLimited);
@@ -205,7 +205,8 @@ fn an_hour_against_thirty_seconds_is_the_server_saying_stop() {
     // Within the deadline but beyond the clamp: still stop.
     let mut deadline = Deadline::never(ManualClock::new());
     let mut policy = RetryPolicy::default().clamp(Duration::from_secs(5));
-    let Decision::Surface(s) = policy.decide(&hint(&[("retry-after", "6")]), &mut deadline) else {
+    let Decision::NotRetried(s) = policy.decide(&hint(&[("retry-after", "6")]), &mut deadline)
+    else {
         panic!()
     };
     assert_eq!(s.status, Status::RateLimited);
@@ -276,7 +277,7 @@ fn expired_deadline_grants_no_zero_wait_retry() {
     for _ in 0..10 {
         for h in [hint(&[("retry-after", "0")]), ServerHint::default()] {
             match policy.decide(&h, &mut deadline) {
-                Decision::Surface(s) => assert_eq!(s.status, Status::TimedOut),
+                Decision::NotRetried(s) => assert_eq!(s.status, Status::TimedOut),
                 other => panic!("a retry after the deadline: {other:?}"),
             }
         }
@@ -306,7 +307,8 @@ fn a_capacity_answer_outlasting_the_cap_is_rate_limited_not_give_up() {
     let mut policy = RetryPolicy::new(backoff(Jitter::None, 1)).max_retries(2);
     let told = hint(&[("retry-after", "1"), ("x-ratelimit-scope", "org")]);
     for _ in 0..2 {
-        let Decision::Retry { after } = policy.decide_reply(Some(429), &told, &mut deadline) else {
+        let Decision::Readmit { after } = policy.decide_reply(Some(429), &told, &mut deadline)
+        else {
             panic!("1 s fits")
         };
         assert!(after >= Duration::from_secs(1));
@@ -341,7 +343,7 @@ fn a_capacity_answer_outlasting_the_cap_is_rate_limited_not_give_up() {
 fn a_bare_429_waits_the_same_second_as_the_hold() {
     let mut deadline = Deadline::never(ManualClock::new());
     let mut policy = RetryPolicy::new(backoff(Jitter::None, 1));
-    let Decision::Retry { after } =
+    let Decision::Readmit { after } =
         policy.decide_reply(Some(429), &ServerHint::default(), &mut deadline)
     else {
         panic!()

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use crate::clock::{Clock, DefaultClock};
 use crate::sleep::{DefaultSleeper, Sleeper};
 use crate::{headers::ServerHint, Throttled};
-use crate::{retry::Deadline, retry::Decision, retry::ReplyClass, retry::RetryPolicy};
+use crate::{retry::Deadline, retry::Decision, retry::RetryPolicy};
 
 /// A [`tower::retry::Policy`](::tower::retry::Policy) that decides through
 /// the crate's [`RetryPolicy`] and charges every wait to a [`Deadline`].
@@ -302,12 +302,12 @@ where
         let template = &self.template;
         let policy = self.policy.get_or_insert_with(|| template.lock().fork());
         let (status, hint) = (self.classify)(result)?;
-        let capacity = policy.classify(status, &hint) == ReplyClass::Capacity;
-        let decision = policy.decide_reply(status, &hint, &mut self.deadline);
-        match decision {
-            Decision::Retry { after } => Some(self.sleeper.sleep(after)),
+        match policy.decide_reply(status, &hint, &mut self.deadline) {
+            Decision::Retry { after } | Decision::Readmit { after } => {
+                Some(self.sleeper.sleep(after))
+            }
             // The server's capacity, not retried: a rate limit.
-            Decision::Surface(t) if capacity => {
+            Decision::Surface(t) => {
                 *result = Err(E::from(t.with_attempts(policy.retries() + 1)));
                 None
             }
