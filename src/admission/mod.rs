@@ -198,6 +198,18 @@ where
     /// # });
     /// ```
     pub async fn admit(&self, spec: &CallSpec) -> Result<Ticket<S, C>, Throttled> {
+        self.admit_within(spec, Duration::ZERO).await
+    }
+
+    /// [`admit`](Self::admit), sleeping a rate wait of up to `inline`
+    /// even past the layer's inline wait: the retry of a capacity answer
+    /// (`Decision::Readmit`), whose wait the retry policy already judged
+    /// (its clamp, the deadline) and which the credential's hold enforces.
+    pub(crate) async fn admit_within(
+        &self,
+        spec: &CallSpec,
+        inline: Duration,
+    ) -> Result<Ticket<S, C>, Throttled> {
         let started = self.inner.clock.now_nanos();
         // Something to wait for (a slot, a rate token, a shared quota's
         // round trip) sends the call down the staged path, boxed, which
@@ -210,7 +222,7 @@ where
                 self.record(spec, started, &decided);
                 return decided;
             }
-            Err(taken) => Box::pin(self.stages(spec, started, taken)),
+            Err(taken) => Box::pin(self.stages(spec, started, inline, taken)),
         };
         let admitted = waiting.await;
         self.record(spec, started, &admitted);
@@ -253,6 +265,7 @@ where
         &self,
         spec: &CallSpec,
         started: u64,
+        inline: Duration,
         mut taken: Taken<'_, S, C>,
     ) -> Result<Ticket<S, C>, Throttled> {
         let inner = &*self.inner;
@@ -279,7 +292,7 @@ where
         // inline within the threshold and the deadline.
         let credential = inner.rates.credential(&spec.credential, &inner.clock);
         let (held, started_at) = self
-            .take_rate(spec, &taken.tool, deadline_at, rate_from)
+            .take_rate(spec, &taken.tool, deadline_at, rate_from, inline)
             .await?;
         Ok(Ticket {
             admission: self.clone(),

@@ -146,10 +146,11 @@ where
     C: Clock + Clone,
     E: Send + Sync + 'static,
 {
-    /// The clamp of the default policy: server waits up to this are slept
-    /// before the retry, longer ones returned as `rate_limited` (the same
-    /// 2 s as [`Builder::inline_wait`](super::Builder::inline_wait)'s
-    /// default, so a call and the calls held behind its 429 sleep alike).
+    /// The clamp of the default policy: a server wait up to this is
+    /// waited out (the retry is re-admitted and waits behind the
+    /// credential's hold), a longer one returned as `rate_limited` (the
+    /// same 2 s as [`Builder::inline_wait`](super::Builder::inline_wait)'s
+    /// default, so a call and the calls held behind its 429 wait alike).
     pub const DEFAULT_CLAMP: Duration = Duration::from_secs(2);
 
     /// A runner over `admission` whose read cache keeps results for
@@ -384,9 +385,16 @@ where
         // The previous attempt's failure, for when its retry is refused.
         // The last failure, and whether it was the server's capacity.
         let mut last: Option<(CallFailure<E>, bool)> = None;
+        // The server's wait a `Readmit` charged to the deadline: the next
+        // admit spends it waiting behind the hold, so it is still its own.
+        let mut readmit = Duration::ZERO;
         loop {
-            let spec = call.spec.clone().deadline(deadline.remaining());
-            let mut ticket = match self.admission.admit(&spec).await {
+            let left = deadline.remaining().saturating_add(readmit);
+            let inline = core::mem::take(&mut readmit);
+            let spec = call.spec.clone().deadline(left);
+            // A capacity retry sleeps behind the hold for as long as the
+            // policy judged its wait fits (`readmit`), past the inline wait.
+            let mut ticket = match self.admission.admit_within(&spec, inline).await {
                 Ok(t) => t,
                 Err(refused) => {
                     let refused = refused.with_attempts(sent.load(Relaxed));
@@ -438,7 +446,23 @@ where
             };
             drop(ticket);
             match policy.decide_reply(status, &hint, &mut deadline) {
-                decision @ (Decision::Retry { after } | Decision::Readmit { after }) => {
+                // The server's capacity: its wait is the credential's hold,
+                // which the next admit waits behind (or refuses past the
+                // inline wait); no second sleep here.
+                Decision::Readmit { after } => {
+                    #[cfg(feature = "tracing")]
+                    tracing::event!(
+                        tracing::Level::DEBUG,
+                        tool = %call.spec.tool,
+                        status = status.unwrap_or(0),
+                        attempt = n,
+                        wait_ms = after.as_millis() as u64,
+                        "backpressure: re-admitted"
+                    );
+                    readmit = after;
+                    last = Some((error, true));
+                }
+                Decision::Retry { after } => {
                     #[cfg(feature = "tracing")]
                     tracing::event!(
                         tracing::Level::DEBUG,
@@ -450,8 +474,7 @@ where
                     );
                     #[cfg(not(feature = "tracing"))]
                     let _ = n;
-                    let capacity = matches!(decision, Decision::Readmit { .. });
-                    let last_failure = (error, capacity);
+                    let last_failure = (error, false);
                     if !self.admission.sleep_unless_closed(after).await {
                         let closed = Throttled::new(
                             Status::Closed,

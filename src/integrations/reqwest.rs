@@ -488,13 +488,19 @@ where
         let mut policy: Option<RetryPolicy> = None;
         let mut sent = 0u32;
         let mut req = req;
+        // The server's wait a `Readmit` charged to the deadline: the next
+        // admit spends it waiting behind the credential's hold.
+        let mut readmit = Duration::ZERO;
         loop {
-            let mut spec =
-                CallSpec::new(tool.as_str(), credential.as_str()).deadline(deadline.remaining());
+            let left = deadline.remaining().saturating_add(readmit);
+            let inline = core::mem::take(&mut readmit);
+            let mut spec = CallSpec::new(tool.as_str(), credential.as_str()).deadline(left);
             for (name, units) in &costs {
                 spec = spec.cost(name.clone(), *units);
             }
-            let mut ticket = match self.admission.admit(&spec).await {
+            // A capacity retry sleeps behind the hold for as long as the
+            // policy judged its wait fits (`readmit`), past the inline wait.
+            let mut ticket = match self.admission.admit_within(&spec, inline).await {
                 Ok(ticket) => ticket,
                 Err(refused) => return self.refuse(refused.with_attempts(sent)),
             };
@@ -549,8 +555,14 @@ where
             drop(ticket);
             let policy = policy.get_or_insert_with(|| self.retry.lock().fork());
             match (policy.decide_reply(status, &hint, &mut deadline), copy) {
-                (Decision::Retry { after } | Decision::Readmit { after }, Some(copy)) => {
+                (Decision::Retry { after }, Some(copy)) => {
                     tokio::time::sleep(after).await;
+                    req = copy;
+                }
+                // The server's capacity: the next admit waits behind the
+                // credential's hold (or refuses past the inline wait).
+                (Decision::Readmit { after }, Some(copy)) => {
+                    readmit = after;
                     req = copy;
                 }
                 // The server's capacity, and no retry: a rate limit with

@@ -41,6 +41,7 @@ mod policy;
 pub use budget::RetryBudget;
 pub use deadline::Deadline;
 pub use extensions::{Attempts, RequestDeadline};
+#[cfg(feature = "tower")]
 pub(crate) use policy::ReplyClass;
 #[cfg(feature = "tower")]
 pub(crate) use policy::{reply_class, server_scope};

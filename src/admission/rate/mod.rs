@@ -211,10 +211,12 @@ where
         tool: &ToolState,
         deadline_at: u64,
         now: Option<u64>,
+        inline: Duration,
     ) -> Result<(Held, u64), Throttled> {
         let inner = &*self.inner;
         let mut now = now.unwrap_or_else(|| inner.clock.now_nanos());
-        let inline_end = now.saturating_add(saturating_nanos(inner.rates.inline_wait));
+        let inline = inner.rates.inline_wait.max(inline);
+        let inline_end = now.saturating_add(saturating_nanos(inline));
         // Acquire: pairs with the Release store in `observe_sent`, so the
         // scope written before it is seen.
         let scope = if tool.scoped.load(Ordering::Acquire) {
