@@ -197,8 +197,11 @@ where
     /// # drop(first);
     /// # });
     /// ```
-    pub async fn admit(&self, spec: &CallSpec) -> Result<Ticket<S, C>, Throttled> {
-        self.admit_within(spec, Duration::ZERO).await
+    // Not an `async fn`: it hands out `admit_within`'s own future, so an
+    // admission at once is not wrapped in a second state machine.
+    #[inline]
+    pub fn admit(&self, spec: &CallSpec) -> impl Future<Output = Result<Ticket<S, C>, Throttled>> {
+        self.admit_within(spec, Duration::ZERO)
     }
 
     /// [`admit`](Self::admit), sleeping a rate wait of up to `inline`
