@@ -446,10 +446,11 @@ where
             };
             drop(ticket);
             match policy.decide_reply(status, &hint, &mut deadline) {
-                // The server's capacity: its wait is the credential's hold,
-                // which the next admit waits behind (or refuses past the
-                // inline wait); no second sleep here.
-                Decision::Readmit { after } => {
+                decision @ (Decision::Readmit { after } | Decision::Retry { after }) => {
+                    // The server's capacity: its wait is the credential's
+                    // hold, which the next admit waits behind (no second
+                    // sleep here). A fault's backoff is slept below.
+                    let capacity = matches!(decision, Decision::Readmit { .. });
                     #[cfg(feature = "tracing")]
                     tracing::event!(
                         tracing::Level::DEBUG,
@@ -457,23 +458,16 @@ where
                         status = status.unwrap_or(0),
                         attempt = n,
                         wait_ms = after.as_millis() as u64,
-                        "backpressure: re-admitted"
-                    );
-                    readmit = after;
-                    last = Some((error, true));
-                }
-                Decision::Retry { after } => {
-                    #[cfg(feature = "tracing")]
-                    tracing::event!(
-                        tracing::Level::DEBUG,
-                        tool = %call.spec.tool,
-                        status = status.unwrap_or(0),
-                        attempt = n,
-                        wait_ms = after.as_millis() as u64,
-                        "backpressure: retried"
+                        "backpressure: {}",
+                        if capacity { "re-admitted" } else { "retried" }
                     );
                     #[cfg(not(feature = "tracing"))]
                     let _ = n;
+                    if capacity {
+                        readmit = after;
+                        last = Some((error, true));
+                        continue;
+                    }
                     let last_failure = (error, false);
                     if !self.admission.sleep_unless_closed(after).await {
                         let closed = Throttled::new(
