@@ -8,5 +8,6 @@ mod admission_layer;
 mod admission_metrics;
 mod admission_stats;
 mod admission_weighted;
+mod rate_stage;
 mod runner;
 mod runner_outcomes;

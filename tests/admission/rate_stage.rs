@@ -1,0 +1,152 @@
+//! The rate stage's waits and refusals, on a manual clock that starts far
+//! from zero. cargo-mutants (issue #21, item 13) found a wait computed as
+//! `ready_at + now` instead of `ready_at - now` undetected: every test
+//! before started its clock at 0, where the two agree.
+
+use std::num::NonZeroU32;
+use std::time::{Duration, SystemTime};
+
+use backpressure::admission::{Admission, CallSpec};
+use backpressure::headers::ServerHint;
+use backpressure::{ManualClock, Quota, Status, TokenBucket};
+use futures::FutureExt;
+
+/// A million seconds in: far from the origin.
+const LATE: u64 = 1_000_000 * 1_000_000_000;
+const MS: Duration = Duration::from_millis(1);
+
+fn nz(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).unwrap()
+}
+
+/// 10 calls a second for the credential `k`, one at a time (no learning).
+fn layer(clock: &ManualClock) -> Admission<ManualClock, ManualClock> {
+    Admission::builder()
+        .sleeper(clock.clone())
+        .clock(clock.clone())
+        .quota("k", Quota::per_second(nz(10)).allow_burst(nz(1)))
+        .fixed_rates()
+        .build()
+}
+
+#[test]
+fn a_call_waiting_for_its_cell_goes_at_the_cells_instant_on_a_late_clock() {
+    let clock = ManualClock::starting_at(LATE);
+    let a = layer(&clock);
+    let first = a.admit(&CallSpec::new("t", "k")).now_or_never().unwrap();
+    assert!(first.is_ok());
+    let spec = CallSpec::new("t", "k");
+    let mut second = Box::pin(a.admit(&spec));
+    assert!(
+        second.as_mut().now_or_never().is_none(),
+        "its cell is 100 ms away"
+    );
+    clock.advance(99 * MS);
+    assert!(
+        second.as_mut().now_or_never().is_none(),
+        "not before its cell"
+    );
+    clock.advance(MS);
+    assert!(
+        matches!(second.as_mut().now_or_never(), Some(Ok(_))),
+        "at its cell"
+    );
+}
+
+#[test]
+fn a_server_scopes_hold_is_waited_from_now_on_a_late_clock() {
+    let clock = ManualClock::starting_at(LATE);
+    let a = Admission::builder()
+        .sleeper(clock.clone())
+        .clock(clock.clone())
+        .fixed_rates()
+        .build();
+    let ticket = a
+        .admit(&CallSpec::new("search", "k"))
+        .now_or_never()
+        .unwrap()
+        .unwrap();
+    // The server names the limit: the hold covers this tool's calls.
+    let hint = ServerHint::from_headers(
+        [("retry-after", "1"), ("x-ratelimit-scope", "search")],
+        SystemTime::now(),
+    );
+    assert_eq!(hint.scope.as_deref(), Some("search"));
+    ticket.observe(429, &hint);
+    drop(ticket);
+    let spec = CallSpec::new("search", "k");
+    let mut next = Box::pin(a.admit(&spec));
+    assert!(next.as_mut().now_or_never().is_none(), "held for a second");
+    clock.advance(999 * MS);
+    assert!(
+        next.as_mut().now_or_never().is_none(),
+        "not before the hold ends"
+    );
+    clock.advance(MS);
+    assert!(
+        matches!(next.as_mut().now_or_never(), Some(Ok(_))),
+        "when it ends"
+    );
+}
+
+#[test]
+fn a_wait_past_the_deadline_says_so_and_one_past_the_inline_wait_says_that() {
+    let clock = ManualClock::starting_at(LATE);
+    let a = Admission::builder()
+        .sleeper(clock.clone())
+        .clock(clock.clone())
+        .quota("k", Quota::per_minute(nz(1)))
+        .fixed_rates()
+        .build();
+    drop(
+        a.admit(&CallSpec::new("t", "k"))
+            .now_or_never()
+            .unwrap()
+            .unwrap(),
+    );
+    // The next cell is a minute away: past a 10 s deadline...
+    let short = CallSpec::new("t", "k").deadline(Duration::from_secs(10));
+    let t = a.admit(&short).now_or_never().unwrap().unwrap_err();
+    assert_eq!(t.status, Status::RateLimited);
+    assert!(t.hint.contains("after its deadline"), "{}", t.hint);
+    // ... and within a 2 min one, but past the 2 s inline wait.
+    let long = CallSpec::new("t", "k").deadline(Duration::from_secs(120));
+    let t = a.admit(&long).now_or_never().unwrap().unwrap_err();
+    assert_eq!(t.status, Status::RateLimited);
+    assert!(t.hint.contains("could still wait inline"), "{}", t.hint);
+    // The second call refused on this limit is told the turn after the
+    // first one's (a minute later), not the same instant.
+    let told = t.retry_after().unwrap();
+    assert!(
+        told >= Duration::from_secs(119) && told <= Duration::from_secs(121),
+        "{told:?}"
+    );
+}
+
+#[test]
+fn a_shared_quota_is_enforced_on_the_fast_path() {
+    // The shared limiter allows one call a minute; the credential's local
+    // default (10/s) would admit more. Both calls need no wait, so both
+    // take the fast path unless it knows the credential is shared.
+    let clock = ManualClock::starting_at(LATE);
+    let shared = TokenBucket::with_clock(Quota::per_minute(nz(1)), clock.clone());
+    let a = Admission::builder()
+        .sleeper(clock.clone())
+        .clock(clock.clone())
+        .shared_quota("k", shared)
+        .inline_wait(Duration::ZERO)
+        .build();
+    assert!(a
+        .admit(&CallSpec::new("t", "k"))
+        .now_or_never()
+        .unwrap()
+        .is_ok());
+    let refused = a.admit(&CallSpec::new("t", "k")).now_or_never().unwrap();
+    assert_eq!(refused.unwrap_err().status, Status::RateLimited);
+    // Another credential is local, and admitted.
+    assert!(a
+        .admit(&CallSpec::new("t", "other"))
+        .now_or_never()
+        .unwrap()
+        .is_ok());
+}
