@@ -18,6 +18,11 @@
 //! (`SEM_BENCH_WORKERS=1`) none of that happens and what is left above the
 //! floor is the semaphore's own cost.
 //!
+//! The same cases then run on a current-thread runtime, where no task
+//! moves between workers and what differs between the semaphores is their
+//! own hand-off (issue #24, item 3a). Each table gives the per-round ratio
+//! to futures-intrusive and to the best peer of that round.
+//!
 //! Run: `cargo bench --bench semaphore -- interleaved`
 //! (`SEM_BENCH_ONLY=<substring>` keeps the matching cases, for a profiler;
 //! `SEM_BENCH_WORKERS=<n>` sets the number of worker threads, default 2.)
@@ -65,6 +70,15 @@ pub fn main() {
         .worker_threads(workers)
         .build()
         .unwrap();
+    table(&rt, &format!("{workers} workers"));
+    let current = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    table(&current, "a current-thread runtime");
+}
+
+/// Every case on `rt`, interleaved round after round; prints one table.
+fn table(rt: &tokio::runtime::Runtime, label: &str) {
     let ours = Arc::new(backpressure::Semaphore::new(4));
     let tokio_sem = Arc::new(tokio::sync::Semaphore::new(4));
     let al = Arc::new(async_lock::Semaphore::new(4));
@@ -110,12 +124,12 @@ pub fn main() {
     }
     // Warm-up round, not recorded.
     for (_, case) in &cases {
-        case(&rt);
+        case(rt);
     }
     let mut times = vec![Vec::with_capacity(ROUNDS); cases.len()];
     for _ in 0..ROUNDS {
         for (k, (_, case)) in cases.iter().enumerate() {
-            times[k].push(case(&rt));
+            times[k].push(case(rt));
         }
     }
     let median = |v: &mut Vec<f64>| {
@@ -123,19 +137,37 @@ pub fn main() {
         v[v.len() / 2]
     };
     let peer = cases.iter().position(|(n, _)| *n == "futures-intrusive");
-    println!(
-        "64 tasks / 4 permits / {workers} workers, ns per acquisition, {ROUNDS} interleaved rounds"
-    );
+    let peers: Vec<usize> = cases
+        .iter()
+        .enumerate()
+        .filter(|(_, (n, _))| matches!(*n, "futures-intrusive" | "tokio" | "async-lock"))
+        .map(|(k, _)| k)
+        .collect();
+    println!("64 tasks / 4 permits / {label}, ns per acquisition, {ROUNDS} interleaved rounds");
     for (k, (name, _)) in cases.iter().enumerate() {
         let mut ratios: Vec<f64> = match peer {
             Some(p) => times[k].iter().zip(&times[p]).map(|(a, b)| a / b).collect(),
             None => vec![f64::NAN],
         };
+        // The round's best peer, round by round.
+        let mut to_best: Vec<f64> = (0..times[k].len())
+            .map(|r| {
+                let best = peers
+                    .iter()
+                    .map(|&p| times[p][r])
+                    .fold(f64::MAX, f64::min);
+                times[k][r] / best
+            })
+            .collect();
+        if peers.is_empty() {
+            to_best = vec![f64::NAN];
+        }
         let best = times[k].iter().copied().fold(f64::MAX, f64::min);
         let med = median(&mut times[k].clone());
         println!(
-            "{name:34} best {best:6.1}  median {med:6.1}  ratio to futures-intrusive (median of rounds) {:5.2}x",
-            median(&mut ratios)
+            "{name:34} best {best:6.1}  median {med:6.1}  ratio (median of rounds) to futures-intrusive {:5.2}x, to the best peer {:5.2}x",
+            median(&mut ratios),
+            median(&mut to_best)
         );
     }
 }
