@@ -152,10 +152,7 @@ fn table(rt: &tokio::runtime::Runtime, label: &str) {
         // The round's best peer, round by round.
         let mut to_best: Vec<f64> = (0..times[k].len())
             .map(|r| {
-                let best = peers
-                    .iter()
-                    .map(|&p| times[p][r])
-                    .fold(f64::MAX, f64::min);
+                let best = peers.iter().map(|&p| times[p][r]).fold(f64::MAX, f64::min);
                 times[k][r] / best
             })
             .collect();

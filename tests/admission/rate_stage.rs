@@ -150,3 +150,101 @@ fn a_shared_quota_is_enforced_on_the_fast_path() {
         .unwrap()
         .is_ok());
 }
+
+#[test]
+fn a_wait_of_exactly_the_remaining_deadline_fits_it() {
+    // The boundary of "past the deadline": a wait equal to what is left
+    // fits the deadline; only the inline wait refuses it.
+    let clock = ManualClock::starting_at(LATE);
+    let a = Admission::builder()
+        .sleeper(clock.clone())
+        .clock(clock.clone())
+        .quota("k", Quota::per_minute(nz(1)))
+        .fixed_rates()
+        .build();
+    drop(
+        a.admit(&CallSpec::new("t", "k"))
+            .now_or_never()
+            .unwrap()
+            .unwrap(),
+    );
+    let exact = CallSpec::new("t", "k").deadline(Duration::from_secs(60));
+    let t = a.admit(&exact).now_or_never().unwrap().unwrap_err();
+    assert_eq!(t.status, Status::RateLimited);
+    assert!(t.hint.contains("could still wait inline"), "{}", t.hint);
+}
+
+#[test]
+fn a_hold_of_exactly_the_cap_is_rate_limited_not_quota_exhausted() {
+    // `max_retry_after` is the longest hold worth waiting for: a server
+    // wait of exactly that is still a rate limit; only a longer one is the
+    // operator's problem.
+    let clock = ManualClock::starting_at(LATE);
+    let a = Admission::builder()
+        .sleeper(clock.clone())
+        .clock(clock.clone())
+        .max_retry_after(Duration::from_secs(10))
+        .fixed_rates()
+        .build();
+    let ticket = a
+        .admit(&CallSpec::new("t", "k"))
+        .now_or_never()
+        .unwrap()
+        .unwrap();
+    ticket.observe(
+        429,
+        &ServerHint::from_headers([("retry-after", "10")], SystemTime::now()),
+    );
+    drop(ticket);
+    let t = a
+        .admit(&CallSpec::new("t", "k"))
+        .now_or_never()
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(t.status, Status::RateLimited, "{t}");
+    assert_eq!(t.retry_after(), Some(Duration::from_secs(10)));
+    // One second more is past the cap.
+    let ticket = a
+        .admit(&CallSpec::new("t", "j"))
+        .now_or_never()
+        .unwrap()
+        .unwrap();
+    ticket.observe(
+        429,
+        &ServerHint::from_headers([("retry-after", "11")], SystemTime::now()),
+    );
+    drop(ticket);
+    let t = a
+        .admit(&CallSpec::new("t", "j"))
+        .now_or_never()
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(t.status, Status::QuotaExhausted, "{t}");
+}
+
+#[test]
+fn a_hold_that_ends_before_a_sleepers_instant_does_not_move_it() {
+    // A call sleeps towards its cell 100 ms away; a 429 meanwhile holds
+    // the key for 50 ms, which ends before that instant: the call still
+    // goes at its cell, not a cell later.
+    let clock = ManualClock::starting_at(LATE);
+    let a = layer(&clock);
+    let first = a
+        .admit(&CallSpec::new("t", "k"))
+        .now_or_never()
+        .unwrap()
+        .unwrap();
+    let spec = CallSpec::new("t", "k");
+    let mut second = Box::pin(a.admit(&spec));
+    assert!(second.as_mut().now_or_never().is_none());
+    clock.advance(10 * MS);
+    let mut short = ServerHint::default();
+    short.retry_after = Some(50 * MS);
+    first.observe(429, &short);
+    drop(first);
+    clock.advance(90 * MS);
+    assert!(
+        matches!(second.as_mut().now_or_never(), Some(Ok(_))),
+        "at its cell"
+    );
+}
