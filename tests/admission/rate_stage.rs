@@ -248,3 +248,85 @@ fn a_hold_that_ends_before_a_sleepers_instant_does_not_move_it() {
         "at its cell"
     );
 }
+
+/// Two layers (two processes, say) whose credential `k` shares one limiter.
+fn two_sharing(clock: &ManualClock) -> [Admission<ManualClock, ManualClock>; 2] {
+    let shared = std::sync::Arc::new(TokenBucket::with_clock(
+        Quota::per_second(nz(100)),
+        clock.clone(),
+    ));
+    let layer = || {
+        Admission::builder()
+            .sleeper(clock.clone())
+            .clock(clock.clone())
+            .shared_quota("k", shared.clone())
+            .inline_wait(Duration::ZERO)
+            .build()
+    };
+    [layer(), layer()]
+}
+
+#[test]
+fn a_429_seen_by_one_layer_holds_every_layer_sharing_the_key() {
+    let clock = ManualClock::starting_at(LATE);
+    let [a, b] = two_sharing(&clock);
+    let ticket = a
+        .admit(&CallSpec::new("t", "k"))
+        .now_or_never()
+        .unwrap()
+        .unwrap();
+    ticket.observe(
+        429,
+        &ServerHint::from_headers([("retry-after", "2")], SystemTime::now()),
+    );
+    drop(ticket);
+    // `a`'s next admit pushes the hold to the shared limiter first.
+    let t = a
+        .admit(&CallSpec::new("t", "k"))
+        .now_or_never()
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(t.status, Status::RateLimited);
+    // `b` never saw the 429, and is held too, for the same two seconds.
+    let t = b
+        .admit(&CallSpec::new("t", "k"))
+        .now_or_never()
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(t.status, Status::RateLimited);
+    let told = t.retry_after().unwrap();
+    assert!(
+        told > Duration::from_millis(1_900) && told <= Duration::from_secs(2),
+        "{told:?}"
+    );
+    clock.advance(Duration::from_secs(2));
+    assert!(b
+        .admit(&CallSpec::new("t", "k"))
+        .now_or_never()
+        .unwrap()
+        .is_ok());
+}
+
+#[test]
+fn a_runner_pushes_a_shared_hold_as_soon_as_the_call_ends() {
+    use backpressure::admission::{Call, CallResult, Reply, Runner};
+    use backpressure::retry::RetryPolicy;
+    let clock = ManualClock::starting_at(LATE);
+    let [a, b] = two_sharing(&clock);
+    let runner: Runner<(), String, _, _> =
+        Runner::new(a, Duration::ZERO).retry_policy(RetryPolicy::default().max_retries(0));
+    let call = Call::new(CallSpec::new("t", "k"), || async {
+        let hint = ServerHint::from_headers([("retry-after", "2")], SystemTime::now());
+        Ok(Reply::new(429, ()).with_hint(hint))
+    });
+    let result = runner.one(call).now_or_never().unwrap();
+    assert!(matches!(result, CallResult::Throttled(_)), "{result:?}");
+    // No later admit on the runner's layer: the hold reached the shared
+    // limiter when the call ended.
+    let t = b
+        .admit(&CallSpec::new("t", "k"))
+        .now_or_never()
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(t.status, Status::RateLimited);
+}
