@@ -573,6 +573,23 @@ fn ttl_cache_serves_until_expiry_on_the_manual_clock() {
     assert_eq!(flights.len(), 1);
 }
 
+/// cargo-mutants: the count of cached entries was not decremented when an
+/// expired entry is run again, and no test noticed. A full cache that
+/// re-runs one expired key keeps its other entries: the count stays at
+/// the capacity, and nothing live is evicted.
+#[test]
+fn re_running_an_expired_entry_evicts_nothing_live() {
+    let (flights, clock) = cached_map(3, 2);
+    assert_eq!(run_now(&flights, 1, 10), (10, Provenance::Leader));
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(run_now(&flights, 2, 20), (20, Provenance::Leader));
+    clock.advance(Duration::from_secs(1)); // 1 expires, 2 does not
+    assert_eq!(run_now(&flights, 1, 11), (11, Provenance::Leader));
+    assert_eq!(run_now(&flights, 2, 0), (20, Provenance::Cached), "2 kept");
+    assert_eq!(run_now(&flights, 1, 0), (11, Provenance::Cached), "1 kept");
+    assert_eq!(flights.len(), 2);
+}
+
 #[test]
 fn followers_of_a_cached_flight_get_the_value_and_later_calls_hit() {
     let (flights, _clock) = cached_map(3, 100);
