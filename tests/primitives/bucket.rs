@@ -632,3 +632,16 @@ fn a_period_of_2_62_ns_grants_its_capped_burst_and_an_honest_wait() {
         }
     }
 }
+
+/// cargo-mutants: nothing read a bucket's `Debug`. It is what a user
+/// logging a bucket sees: the quota and the state word, in units.
+#[test]
+fn debug_shows_the_quota_and_the_state() {
+    let (b, clock) = bucket();
+    clock.advance(Duration::from_secs(1));
+    b.try_acquire(1).unwrap();
+    let s = format!("{b:?}");
+    for part in ["TokenBucket", "period: 100000000", "burst: 3", "tat: "] {
+        assert!(s.contains(part), "{part:?} missing from {s}");
+    }
+}
