@@ -384,3 +384,26 @@ fn a_million_idle_keys_give_their_memory_back() {
     println!("a million idle keys: {peak} bytes at the peak, {after} after");
     assert!(after < 1_000_000, "{after} bytes left of {peak}");
 }
+
+/// cargo-mutants: the getters, `Display` and `Debug` of the registry had
+/// no test of their own (their doctests are not in a mutants run).
+#[test]
+fn the_registry_reports_its_cap_its_keys_and_its_refusals() {
+    let limits: Scoped<u32, ManualClock> =
+        Scoped::with_clock(Quota::per_second(nz(1)), ManualClock::new()).with_max_keys(5);
+    assert_eq!(limits.max_keys(), 5);
+    assert!(limits.is_empty());
+    limits.try_acquire(&7, 1).unwrap();
+    assert!(!limits.is_empty());
+    assert_eq!(limits.len(), 1);
+    let shown = format!("{limits:?}");
+    assert!(
+        shown.contains("Scoped") && shown.contains("max_keys: 5"),
+        "{shown}"
+    );
+    let full = backpressure::TooManyKeys { limit: 5 };
+    assert_eq!(
+        full.to_string(),
+        "too many keys: the registry is full at 5 keys"
+    );
+}

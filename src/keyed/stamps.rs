@@ -181,5 +181,11 @@ mod tests {
         assert_eq!(floor, 0, "an epoch behind the floor leaves it");
         raise_floor(&mut floor, &Gcra::with_epoch(quota, 7));
         assert_eq!(floor, 8);
+        // Half the circle ahead is not ahead (cargo-mutants: `<` to `<=`).
+        let mut floor = 0;
+        raise_floor(&mut floor, &Gcra::with_epoch(quota, EPOCH_HALF - 1));
+        assert_eq!(floor, 0, "an epoch half the circle away is behind");
+        raise_floor(&mut floor, &Gcra::with_epoch(quota, EPOCH_HALF - 2));
+        assert_eq!(floor, EPOCH_HALF - 1, "just under half is ahead");
     }
 }
