@@ -330,3 +330,72 @@ fn a_runner_pushes_a_shared_hold_as_soon_as_the_call_ends() {
         .unwrap_err();
     assert_eq!(t.status, Status::RateLimited);
 }
+
+#[test]
+fn past_4096_credentials_one_with_a_hold_keeps_what_it_learned() {
+    // A full registry forgets only idle credentials (full buckets, no
+    // hold). `x` was cut by a 429 and is held: it keeps its learned rate
+    // however many new credentials arrive (cargo-mutants: `is_full_at`
+    // answering `true` forgot it).
+    let clock = ManualClock::starting_at(LATE);
+    let a = Admission::builder()
+        .sleeper(clock.clone())
+        .clock(clock.clone())
+        .build();
+    let ticket = a
+        .admit(&CallSpec::new("t", "x"))
+        .now_or_never()
+        .unwrap()
+        .unwrap();
+    ticket.observe(
+        429,
+        &ServerHint::from_headers([("retry-after", "5")], SystemTime::now()),
+    );
+    drop(ticket);
+    let learned = a.learned_rate("x").expect("x is tracked");
+    assert!(learned < 10.0, "the 429 cut the guess: {learned}");
+    for i in 0..5_000 {
+        let spec = CallSpec::new("t", format!("tenant-{i}"));
+        drop(a.admit(&spec).now_or_never().unwrap().unwrap());
+    }
+    assert_eq!(
+        a.learned_rate("x"),
+        Some(learned),
+        "x was forgotten while held"
+    );
+}
+
+#[test]
+fn past_4096_credentials_one_in_debt_keeps_what_it_learned() {
+    // No hold this time: `y` learned the server's stated rate from a 200
+    // and has spent a cell (its bucket is not full yet). It is not idle,
+    // and a full registry keeps it (cargo-mutants: `&&` to `||` in
+    // `is_full_at` forgot it).
+    let clock = ManualClock::starting_at(LATE);
+    let a = Admission::builder()
+        .sleeper(clock.clone())
+        .clock(clock.clone())
+        .build();
+    let ticket = a
+        .admit(&CallSpec::new("t", "y"))
+        .now_or_never()
+        .unwrap()
+        .unwrap();
+    let stated = ServerHint::from_headers([("x-ratelimit-limit-minute", "180")], SystemTime::now());
+    ticket.observe(200, &stated);
+    drop(ticket);
+    let learned = a.learned_rate("y").expect("y is tracked");
+    assert!(
+        (learned - 3.0).abs() < 0.01,
+        "180 a minute is 3/s: {learned}"
+    );
+    for i in 0..5_000 {
+        let spec = CallSpec::new("t", format!("tenant-{i}"));
+        drop(a.admit(&spec).now_or_never().unwrap().unwrap());
+    }
+    assert_eq!(
+        a.learned_rate("y"),
+        Some(learned),
+        "y was forgotten while in debt"
+    );
+}
