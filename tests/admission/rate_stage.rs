@@ -6,7 +6,7 @@
 use std::num::NonZeroU32;
 use std::time::{Duration, SystemTime};
 
-use backpressure::admission::{Admission, CallSpec};
+use backpressure::admission::{Admission, Builder, CallSpec};
 use backpressure::headers::ServerHint;
 use backpressure::{ManualClock, Quota, Status, TokenBucket};
 use futures::FutureExt;
@@ -19,14 +19,79 @@ fn nz(n: u32) -> NonZeroU32 {
     NonZeroU32::new(n).unwrap()
 }
 
-/// 10 calls a second for the credential `k`, one at a time (no learning).
-fn layer(clock: &ManualClock) -> Admission<ManualClock, ManualClock> {
+/// A builder whose sleeps and rates both run on `clock`.
+fn on(clock: &ManualClock) -> Builder<ManualClock, ManualClock> {
     Admission::builder()
         .sleeper(clock.clone())
         .clock(clock.clone())
+}
+
+/// 10 calls a second for the credential `k`, one at a time (no learning).
+fn layer(clock: &ManualClock) -> Admission<ManualClock, ManualClock> {
+    on(clock)
         .quota("k", Quota::per_second(nz(10)).allow_burst(nz(1)))
         .fixed_rates()
         .build()
+}
+
+/// `credential`'s call answered 429 with `Retry-After: retry_after`.
+fn answered_429(a: &Admission<ManualClock, ManualClock>, credential: &str, retry_after: &str) {
+    let ticket = a
+        .admit(&CallSpec::new("t", credential))
+        .now_or_never()
+        .unwrap()
+        .unwrap();
+    let hint = ServerHint::from_headers([("retry-after", retry_after)], SystemTime::now());
+    ticket.observe(429, &hint);
+}
+
+/// `credential`'s next call, decided at once.
+fn admit_now(
+    a: &Admission<ManualClock, ManualClock>,
+    credential: &str,
+) -> Result<backpressure::admission::Ticket<ManualClock, ManualClock>, backpressure::Throttled> {
+    a.admit(&CallSpec::new("t", credential))
+        .now_or_never()
+        .expect("decided without a wait")
+}
+
+/// `call` (not polled yet) waits, is still waiting a millisecond before
+/// `at` from now, and is admitted at `at`.
+fn admitted_at<T, F: std::future::Future<Output = Result<T, backpressure::Throttled>>>(
+    mut call: std::pin::Pin<&mut F>,
+    clock: &ManualClock,
+    at: Duration,
+) {
+    assert!(call.as_mut().now_or_never().is_none(), "it waits");
+    clock.advance(at - MS);
+    assert!(call.as_mut().now_or_never().is_none(), "not before {at:?}");
+    clock.advance(MS);
+    assert!(
+        matches!(call.as_mut().now_or_never(), Some(Ok(_))),
+        "at {at:?}"
+    );
+}
+
+/// 5,000 new credentials, one call each: past the registry's 4,096.
+fn flood(a: &Admission<ManualClock, ManualClock>) {
+    for i in 0..5_000 {
+        drop(admit_now(a, &format!("tenant-{i}")).unwrap());
+    }
+}
+
+/// One call a minute for `k`, and nothing learned; `k`'s first call taken.
+fn one_a_minute_spent(clock: &ManualClock) -> Admission<ManualClock, ManualClock> {
+    let a = on(clock)
+        .quota("k", Quota::per_minute(nz(1)))
+        .fixed_rates()
+        .build();
+    drop(
+        a.admit(&CallSpec::new("t", "k"))
+            .now_or_never()
+            .unwrap()
+            .unwrap(),
+    );
+    a
 }
 
 #[test]
@@ -36,31 +101,13 @@ fn a_call_waiting_for_its_cell_goes_at_the_cells_instant_on_a_late_clock() {
     let first = a.admit(&CallSpec::new("t", "k")).now_or_never().unwrap();
     assert!(first.is_ok());
     let spec = CallSpec::new("t", "k");
-    let mut second = Box::pin(a.admit(&spec));
-    assert!(
-        second.as_mut().now_or_never().is_none(),
-        "its cell is 100 ms away"
-    );
-    clock.advance(99 * MS);
-    assert!(
-        second.as_mut().now_or_never().is_none(),
-        "not before its cell"
-    );
-    clock.advance(MS);
-    assert!(
-        matches!(second.as_mut().now_or_never(), Some(Ok(_))),
-        "at its cell"
-    );
+    admitted_at(std::pin::pin!(a.admit(&spec)), &clock, 100 * MS);
 }
 
 #[test]
 fn a_server_scopes_hold_is_waited_from_now_on_a_late_clock() {
     let clock = ManualClock::starting_at(LATE);
-    let a = Admission::builder()
-        .sleeper(clock.clone())
-        .clock(clock.clone())
-        .fixed_rates()
-        .build();
+    let a = on(&clock).fixed_rates().build();
     let ticket = a
         .admit(&CallSpec::new("search", "k"))
         .now_or_never()
@@ -75,35 +122,14 @@ fn a_server_scopes_hold_is_waited_from_now_on_a_late_clock() {
     ticket.observe(429, &hint);
     drop(ticket);
     let spec = CallSpec::new("search", "k");
-    let mut next = Box::pin(a.admit(&spec));
-    assert!(next.as_mut().now_or_never().is_none(), "held for a second");
-    clock.advance(999 * MS);
-    assert!(
-        next.as_mut().now_or_never().is_none(),
-        "not before the hold ends"
-    );
-    clock.advance(MS);
-    assert!(
-        matches!(next.as_mut().now_or_never(), Some(Ok(_))),
-        "when it ends"
-    );
+    // Held for a second.
+    admitted_at(std::pin::pin!(a.admit(&spec)), &clock, 1_000 * MS);
 }
 
 #[test]
 fn a_wait_past_the_deadline_says_so_and_one_past_the_inline_wait_says_that() {
     let clock = ManualClock::starting_at(LATE);
-    let a = Admission::builder()
-        .sleeper(clock.clone())
-        .clock(clock.clone())
-        .quota("k", Quota::per_minute(nz(1)))
-        .fixed_rates()
-        .build();
-    drop(
-        a.admit(&CallSpec::new("t", "k"))
-            .now_or_never()
-            .unwrap()
-            .unwrap(),
-    );
+    let a = one_a_minute_spent(&clock);
     // The next cell is a minute away: past a 10 s deadline...
     let short = CallSpec::new("t", "k").deadline(Duration::from_secs(10));
     let t = a.admit(&short).now_or_never().unwrap().unwrap_err();
@@ -130,9 +156,7 @@ fn a_shared_quota_is_enforced_on_the_fast_path() {
     // take the fast path unless it knows the credential is shared.
     let clock = ManualClock::starting_at(LATE);
     let shared = TokenBucket::with_clock(Quota::per_minute(nz(1)), clock.clone());
-    let a = Admission::builder()
-        .sleeper(clock.clone())
-        .clock(clock.clone())
+    let a = on(&clock)
         .shared_quota("k", shared)
         .inline_wait(Duration::ZERO)
         .build();
@@ -156,18 +180,7 @@ fn a_wait_of_exactly_the_remaining_deadline_fits_it() {
     // The boundary of "past the deadline": a wait equal to what is left
     // fits the deadline; only the inline wait refuses it.
     let clock = ManualClock::starting_at(LATE);
-    let a = Admission::builder()
-        .sleeper(clock.clone())
-        .clock(clock.clone())
-        .quota("k", Quota::per_minute(nz(1)))
-        .fixed_rates()
-        .build();
-    drop(
-        a.admit(&CallSpec::new("t", "k"))
-            .now_or_never()
-            .unwrap()
-            .unwrap(),
-    );
+    let a = one_a_minute_spent(&clock);
     let exact = CallSpec::new("t", "k").deadline(Duration::from_secs(60));
     let t = a.admit(&exact).now_or_never().unwrap().unwrap_err();
     assert_eq!(t.status, Status::RateLimited);
@@ -180,45 +193,17 @@ fn a_hold_of_exactly_the_cap_is_rate_limited_not_quota_exhausted() {
     // wait of exactly that is still a rate limit; only a longer one is the
     // operator's problem.
     let clock = ManualClock::starting_at(LATE);
-    let a = Admission::builder()
-        .sleeper(clock.clone())
-        .clock(clock.clone())
+    let a = on(&clock)
         .max_retry_after(Duration::from_secs(10))
         .fixed_rates()
         .build();
-    let ticket = a
-        .admit(&CallSpec::new("t", "k"))
-        .now_or_never()
-        .unwrap()
-        .unwrap();
-    ticket.observe(
-        429,
-        &ServerHint::from_headers([("retry-after", "10")], SystemTime::now()),
-    );
-    drop(ticket);
-    let t = a
-        .admit(&CallSpec::new("t", "k"))
-        .now_or_never()
-        .unwrap()
-        .unwrap_err();
+    answered_429(&a, "k", "10");
+    let t = admit_now(&a, "k").unwrap_err();
     assert_eq!(t.status, Status::RateLimited, "{t}");
     assert_eq!(t.retry_after(), Some(Duration::from_secs(10)));
     // One second more is past the cap.
-    let ticket = a
-        .admit(&CallSpec::new("t", "j"))
-        .now_or_never()
-        .unwrap()
-        .unwrap();
-    ticket.observe(
-        429,
-        &ServerHint::from_headers([("retry-after", "11")], SystemTime::now()),
-    );
-    drop(ticket);
-    let t = a
-        .admit(&CallSpec::new("t", "j"))
-        .now_or_never()
-        .unwrap()
-        .unwrap_err();
+    answered_429(&a, "j", "11");
+    let t = admit_now(&a, "j").unwrap_err();
     assert_eq!(t.status, Status::QuotaExhausted, "{t}");
 }
 
@@ -256,9 +241,7 @@ fn two_sharing(clock: &ManualClock) -> [Admission<ManualClock, ManualClock>; 2] 
         clock.clone(),
     ));
     let layer = || {
-        Admission::builder()
-            .sleeper(clock.clone())
-            .clock(clock.clone())
+        on(clock)
             .shared_quota("k", shared.clone())
             .inline_wait(Duration::ZERO)
             .build()
@@ -338,26 +321,11 @@ fn past_4096_credentials_one_with_a_hold_keeps_what_it_learned() {
     // however many new credentials arrive (cargo-mutants: `is_full_at`
     // answering `true` forgot it).
     let clock = ManualClock::starting_at(LATE);
-    let a = Admission::builder()
-        .sleeper(clock.clone())
-        .clock(clock.clone())
-        .build();
-    let ticket = a
-        .admit(&CallSpec::new("t", "x"))
-        .now_or_never()
-        .unwrap()
-        .unwrap();
-    ticket.observe(
-        429,
-        &ServerHint::from_headers([("retry-after", "5")], SystemTime::now()),
-    );
-    drop(ticket);
+    let a = on(&clock).build();
+    answered_429(&a, "x", "5");
     let learned = a.learned_rate("x").expect("x is tracked");
     assert!(learned < 10.0, "the 429 cut the guess: {learned}");
-    for i in 0..5_000 {
-        let spec = CallSpec::new("t", format!("tenant-{i}"));
-        drop(a.admit(&spec).now_or_never().unwrap().unwrap());
-    }
+    flood(&a);
     assert_eq!(
         a.learned_rate("x"),
         Some(learned),
@@ -372,15 +340,8 @@ fn past_4096_credentials_one_in_debt_keeps_what_it_learned() {
     // and a full registry keeps it (cargo-mutants: `&&` to `||` in
     // `is_full_at` forgot it).
     let clock = ManualClock::starting_at(LATE);
-    let a = Admission::builder()
-        .sleeper(clock.clone())
-        .clock(clock.clone())
-        .build();
-    let ticket = a
-        .admit(&CallSpec::new("t", "y"))
-        .now_or_never()
-        .unwrap()
-        .unwrap();
+    let a = on(&clock).build();
+    let ticket = admit_now(&a, "y").unwrap();
     let stated = ServerHint::from_headers([("x-ratelimit-limit-minute", "180")], SystemTime::now());
     ticket.observe(200, &stated);
     drop(ticket);
@@ -389,10 +350,7 @@ fn past_4096_credentials_one_in_debt_keeps_what_it_learned() {
         (learned - 3.0).abs() < 0.01,
         "180 a minute is 3/s: {learned}"
     );
-    for i in 0..5_000 {
-        let spec = CallSpec::new("t", format!("tenant-{i}"));
-        drop(a.admit(&spec).now_or_never().unwrap().unwrap());
-    }
+    flood(&a);
     assert_eq!(
         a.learned_rate("y"),
         Some(learned),
