@@ -20,10 +20,12 @@ mod held;
 pub(super) mod learned;
 mod observe;
 mod provider;
+mod refusal;
 pub(super) mod shared;
 
 pub(in crate::admission) use held::{Held, Reserved};
 pub use provider::Provider;
+use refusal::Refusal;
 
 use super::spec::{CallSpec, REQUESTS};
 use super::tools::ToolState;
@@ -33,7 +35,7 @@ use crate::clock::{saturating_nanos, Clock};
 use crate::keyed::Scoped;
 use crate::sleep::Sleeper;
 use crate::sync::Ordering;
-use crate::throttled::{Human, Status, Throttled};
+use crate::throttled::{Status, Throttled};
 use held::{Kept, Source};
 
 /// The scope of a credential's own request quota in a [`Throttled`].
@@ -172,19 +174,6 @@ pub(super) struct Resource<C: Clock> {
     /// a second's worth of burst, and a call never costs it more than
     /// that burst (see `Provider`).
     pub(super) learned: bool,
-}
-
-/// A quota that would not reserve: why, which limit (its scope in the
-/// [`Throttled`]), and how long that limit takes to free what the call
-/// asked for (to stagger the calls it refuses together). Built without
-/// allocating: the fast path drops it and tries again on the staged path,
-/// which words it (see `Admission::rate_refusal`).
-#[derive(Debug)]
-pub(super) struct Refusal {
-    e: ReserveError,
-    scope: Cow<'static, str>,
-    /// Nanoseconds the limit needs to free the cells this call asked for.
-    period: u64,
 }
 
 /// When a call reserves: `now`, the longest wait it accepts, and what is
@@ -381,132 +370,6 @@ where
             }
         }
         Ok(wait)
-    }
-
-    /// Words a quota's refusal of `credential`'s call at `at`. Calls that a
-    /// limit refuses together are told staggered instants (see
-    /// `stagger.rs`): the k-th is told the limit's next slot plus k - 1
-    /// times what the limit takes to free such a call's cells.
-    fn rate_refusal(&self, refusal: Refusal, credential: &str, at: Instant) -> Throttled {
-        let inner = &*self.inner;
-        let Refusal { e, scope, period } = refusal;
-        let Instant {
-            now,
-            max_wait,
-            left,
-        } = at;
-        let staggered = |after: Duration| {
-            let limit = format!("{scope}\u{0}{credential}");
-            let ready = now.saturating_add(saturating_nanos(after));
-            let told = inner.told.tell(&limit, now, ready, period);
-            Duration::from_nanos(told - now)
-        };
-        if let ReserveError::Unavailable { retry_after } = e {
-            // Not a quota: the store that keeps the shared one is down (its
-            // fail policy is closed). Say so, with its configured wait.
-            return Throttled::new(
-                Status::RateLimited,
-                scope,
-                format!(
-                    "the shared quota store did not answer; retry after {}",
-                    Human(retry_after)
-                ),
-            )
-            .with_retry_after(retry_after);
-        }
-        if let ReserveError::InsufficientCapacity {
-            requested,
-            capacity,
-        } = e
-        {
-            return Throttled::new(
-                Status::QuotaExhausted,
-                scope,
-                format!(
-                    "this call costs {requested}, more than the quota ever allows at once ({capacity}); \
-                     split it or raise the quota"
-                ),
-            );
-        }
-        // A server hold is capped at `max_retry_after` (the key is probed
-        // again then), but while it lasts a refusal reports what the
-        // server said: past the cap, an operator's problem.
-        let told = self.held_until(credential, None).saturating_sub(now);
-        let e = match e.retry_after() {
-            Some(after) if told > saturating_nanos(inner.rates.max_retry_after) => {
-                ReserveError::RateLimited {
-                    retry_after: after.max(Duration::from_nanos(told)),
-                }
-            }
-            _ => e,
-        };
-        match e.retry_after() {
-            Some(after) if after > inner.rates.max_retry_after => Throttled::new(
-                Status::QuotaExhausted,
-                scope,
-                format!(
-                    "the limit resets in {}, longer than any retry is worth; tell the operator",
-                    Human(after)
-                ),
-            )
-            .with_retry_after(after),
-            Some(after) if after > left => {
-                let after = staggered(after);
-                Throttled::new(
-                    Status::RateLimited,
-                    scope,
-                    format!(
-                        "this call's slot is in {}, after its deadline ({} left); retry later or drop the call",
-                        Human(after),
-                        Human(left)
-                    ),
-                )
-                .with_retry_after(after)
-            }
-            Some(after) => {
-                let after = staggered(after);
-                Throttled::new(
-                    Status::RateLimited,
-                    scope,
-                    format!(
-                        "this call's slot is in {}, longer than the {} it could still wait inline; retry after that",
-                        Human(after),
-                        Human(max_wait)
-                    ),
-                )
-                .with_retry_after(after)
-            }
-            None => Throttled::new(
-                Status::RateLimited,
-                scope,
-                format!("cannot take a rate-limit slot: {e}"),
-            ),
-        }
-    }
-
-    /// The end of the latest server hold that covers `credential`'s calls
-    /// (its own, its weighted quotas', its shared quota's as last observed
-    /// here, and the server scope `scope` it falls under).
-    fn held_until(&self, credential: &str, scope: Option<&(String, String)>) -> u64 {
-        let inner = &*self.inner;
-        let key = credential.to_string();
-        let own = inner.rates.credentials.held_until(&key);
-        let resources = inner
-            .rates
-            .resources
-            .iter()
-            .map(|r| r.buckets.held_until(&key))
-            .max()
-            .unwrap_or(0);
-        let scoped = scope.map_or(0, |k| inner.rates.server_scopes.held_until(k));
-        let shared = inner
-            .rates
-            .pending
-            .lock()
-            .get(credential)
-            .copied()
-            .unwrap_or(0);
-        own.max(resources).max(scoped).max(shared)
     }
 
     /// See [`Ticket::settle`](crate::admission::Ticket::settle); `held` is the
