@@ -6,6 +6,7 @@
 
 mod adaptive;
 mod admission;
+mod breaker;
 mod bucket;
 mod keyed;
 mod retry_budget;

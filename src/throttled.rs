@@ -45,6 +45,10 @@ pub enum Status {
     /// The server's limit resets later than any retry is worth (a daily
     /// quota, say): surface it to the operator, do not retry.
     QuotaExhausted,
+    /// The server kept failing (5xx, transport errors): its circuit is
+    /// open and nothing was sent; retry after `retry_after_ms` (see
+    /// [`CircuitBreaker`](crate::admission::CircuitBreaker)).
+    Unavailable,
 }
 
 impl Status {
@@ -64,6 +68,7 @@ impl Status {
             Status::Closed => "closed",
             Status::BudgetExhausted => "budget_exhausted",
             Status::QuotaExhausted => "quota_exhausted",
+            Status::Unavailable => "unavailable",
         }
     }
 
@@ -77,7 +82,10 @@ impl Status {
     /// assert!(!Status::BudgetExhausted.is_retryable());
     /// ```
     pub fn is_retryable(self) -> bool {
-        matches!(self, Status::RateLimited | Status::Shed | Status::TimedOut)
+        matches!(
+            self,
+            Status::RateLimited | Status::Shed | Status::TimedOut | Status::Unavailable
+        )
     }
 }
 

@@ -13,6 +13,7 @@ use crate::keyed::Scoped;
 use crate::sleep::DefaultSleeper;
 use crate::sync::AtomicBool;
 
+use super::breaker::{Breakers, CircuitBreaker};
 use super::budget::RunBudget;
 use super::pools::{Pool, SlotPolicy};
 use super::rate::learned::Learned;
@@ -37,6 +38,7 @@ use crate::limiter::RateLimiter;
 /// | max honoured Retry-After | 5 min (longer: `quota_exhausted`) |
 /// | expected latency (drain estimates before any call finished) | 1 s |
 /// | run budget | none |
+/// | circuit breaker | none ([`circuit_breaker`](Builder::circuit_breaker)) |
 /// | tools not configured by name | at most 1,024 tracked (idle ones evicted; then `shed`) |
 ///
 /// # Examples
@@ -86,6 +88,7 @@ struct Settings {
     shared: Shared,
     /// The API whose headers are read with its documented meaning.
     provider: Option<Provider>,
+    breaker: Option<CircuitBreaker>,
 }
 
 impl Builder {
@@ -128,6 +131,7 @@ impl Builder {
                 quotas: Vec::new(),
                 resources: Vec::new(),
                 queue_capacity: 256,
+                breaker: None,
                 inline_wait: Duration::from_secs(2),
                 max_retry_after: Duration::from_secs(300),
                 expected_latency: Duration::from_secs(1),
@@ -540,6 +544,26 @@ impl<S, C> Builder<S, C> {
         self
     }
 
+    /// Keeps a circuit breaker per (tool, credential): a server that
+    /// keeps failing is sent nothing for a cool-down, then one trial call
+    /// (see [`CircuitBreaker`] for what counts as a failure). Refusals are
+    /// [`Status::Unavailable`](crate::Status::Unavailable). Off by default.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, CircuitBreaker};
+    /// use std::time::Duration;
+    /// let admission = Admission::builder()
+    ///     .circuit_breaker(CircuitBreaker::new().consecutive_failures(3).cool_down(Duration::from_secs(10)))
+    ///     .build();
+    /// # let _ = admission;
+    /// ```
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.cfg.breaker = Some(breaker);
+        self
+    }
+
     /// Admits `credential` through `limiter`, a quota shared with other
     /// processes (a `RedisBucket` with the `redis` feature), instead of a
     /// local bucket. A 429 observed on it holds back every process.
@@ -706,6 +730,7 @@ impl<S, C> Builder<S, C> {
                 ),
                 totals: Default::default(),
                 told: Default::default(),
+                breakers: self.cfg.breaker.map(Breakers::new),
             }),
         }
     }

@@ -21,6 +21,7 @@
 //! server scope), and `remaining: 0` waits for the reset instead of for the
 //! next 429.
 
+pub(crate) mod breaker;
 mod budget;
 mod builder;
 mod cache;
@@ -48,6 +49,7 @@ use crate::sync::{AtomicBool, Ordering};
 
 pub use crate::failure::CallFailure;
 use crate::throttled::{Status, Throttled};
+pub use breaker::CircuitBreaker;
 pub use builder::Builder;
 pub use pools::SlotPolicy;
 pub use rate::Provider;
@@ -79,6 +81,8 @@ struct Inner<S, C: Clock> {
     /// The retry instants told to refused calls, per limit (slots and
     /// rates both tell them).
     told: stagger::Stagger,
+    /// The circuit of every (tool, credential), if the layer keeps them.
+    breakers: Option<breaker::Breakers>,
 }
 
 /// What a call being admitted holds so far: its tool, its budget units
@@ -89,19 +93,28 @@ struct Inner<S, C: Clock> {
 struct Taken<'a, S: Sleeper, C: Clock> {
     admission: &'a Admission<S, C>,
     tool: Arc<ToolState>,
+    /// The call's place in its circuit (a trial is released if the call
+    /// is not admitted after all).
+    pass: Option<breaker::Pass>,
     units: budget::Units,
     slots: bool,
 }
 
 impl<S: Sleeper, C: Clock> Taken<'_, S, C> {
     /// The call is admitted: its ticket holds the slots and the budget
-    /// units from here on (its `Drop` releases the slots).
+    /// units from here on (its `Drop` releases the slots), and a trial of
+    /// its circuit stays out.
     #[inline]
     fn keep(self) -> Arc<ToolState> {
         let this = core::mem::ManuallyDrop::new(self);
-        // SAFETY: `this` is never used or dropped again, so the `Arc` is
-        // moved out exactly once.
-        unsafe { core::ptr::read(&this.tool) }
+        // SAFETY: `this` is never used or dropped again, so each field is
+        // moved out exactly once, and the others (a reference, plain
+        // counts) need no drop.
+        let (tool, pass) = unsafe { (core::ptr::read(&this.tool), core::ptr::read(&this.pass)) };
+        if let Some(pass) = pass {
+            pass.keep();
+        }
+        tool
     }
 }
 
@@ -361,6 +374,14 @@ where
             Ok(tool) => tool,
             Err(refused) => return Ok(Err(refused)),
         };
+        // The circuit: a server that keeps failing is sent nothing.
+        let pass = match inner.breakers.as_ref() {
+            None => None,
+            Some(breakers) => match self.circuit(breakers, spec, &tool, started) {
+                Ok(pass) => Some(pass),
+                Err(refused) => return Ok(Err(refused)),
+            },
+        };
         // 2. Budget: the run's and the tool's, given back unless kept.
         let units = match inner.budget.claim(&tool, &spec.tool) {
             Ok(units) => units,
@@ -369,6 +390,7 @@ where
         let mut taken = Taken {
             admission: self,
             tool,
+            pass,
             units,
             slots: false,
         };
@@ -406,6 +428,92 @@ where
             held,
             tool: taken.keep(),
         }))
+    }
+
+    /// The call's place in the circuit of its (tool, credential): closed,
+    /// or the trial; refused while open or while another trial is out.
+    #[inline(never)]
+    fn circuit(
+        &self,
+        breakers: &breaker::Breakers,
+        spec: &CallSpec,
+        tool: &ToolState,
+        now: u64,
+    ) -> Result<breaker::Pass, Throttled> {
+        let circuit = breakers.circuit(&tool.name, &spec.credential);
+        // A trial is out until answered, for a cool-down at most (its
+        // deadline, if shorter).
+        let trial_for = breakers
+            .config
+            .cool_down_nanos()
+            .min(saturating_nanos(spec.deadline));
+        match circuit.admit(now, trial_for) {
+            breaker::Admit::Closed => Ok(breaker::Pass { circuit, trial: 0 }),
+            breaker::Admit::Trial(trial) => Ok(breaker::Pass { circuit, trial }),
+            breaker::Admit::Refused { until, trial } => {
+                Err(self.circuit_refusal(&breakers.config, spec, now, until, trial))
+            }
+        }
+    }
+
+    /// Words an open circuit's refusal. Calls refused together are told
+    /// instants a tenth of the cool-down apart (see `stagger.rs`): once
+    /// the trial succeeds they come back spread, not as one wave.
+    #[cold]
+    fn circuit_refusal(
+        &self,
+        config: &CircuitBreaker,
+        spec: &CallSpec,
+        now: u64,
+        until: u64,
+        trial: bool,
+    ) -> Throttled {
+        let inner = &*self.inner;
+        let step = config.cool_down_nanos() / 10;
+        // A trial out is answered within its latency, usually well before
+        // it lapses (`until`): come back a step later, not at the lapse.
+        let ready = if trial {
+            now.saturating_add(step).min(until)
+        } else {
+            until
+        };
+        let limit = format!("circuit\u{0}{}\u{0}{}", spec.tool, spec.credential);
+        let after = Duration::from_nanos(inner.told.tell(&limit, now, ready, step) - now);
+        let hint = if trial {
+            format!(
+                "the server kept failing and one trial call is testing it now; retry after {}",
+                crate::throttled::Human(after)
+            )
+        } else {
+            format!(
+                "the server kept failing (5xx or no answer); nothing is sent for {}, then one trial call; retry after {}",
+                crate::throttled::Human(Duration::from_nanos(until - now)),
+                crate::throttled::Human(after)
+            )
+        };
+        Throttled::new(Status::Unavailable, format!("circuit:{}", spec.tool), hint)
+            .with_retry_after(after)
+    }
+
+    /// Feeds a call's outcome to the circuit of (`tool`, `credential`),
+    /// if the layer keeps circuits.
+    #[inline]
+    pub(super) fn circuit_outcome(
+        &self,
+        tool: &Arc<str>,
+        credential: &str,
+        outcome: breaker::Outcome,
+    ) {
+        if let Some(breakers) = &self.inner.breakers {
+            // The clock is read only for a failure (it may open the circuit).
+            let now = match outcome {
+                breaker::Outcome::Failed => self.inner.clock.now_nanos(),
+                _ => 0,
+            };
+            breakers
+                .circuit(tool, credential)
+                .record(&breakers.config, outcome, now);
+        }
     }
 
     /// Stage 1: refuses at once when closed; the tool's state (created on

@@ -417,6 +417,8 @@ where
                 .await
             };
             let Some(attempt) = attempt else {
+                // No answer by the deadline: a failure for the circuit.
+                ticket.observe_error();
                 return Err(Ended::Throttled(crate::throttled::request_timed_out(
                     call.spec.deadline,
                     n,
@@ -438,11 +440,14 @@ where
                     let error = CallFailure::Status { status: r.status };
                     (Some(r.status), r.hint, error)
                 }
-                Err(e) => (
-                    None,
-                    ServerHint::default(),
-                    CallFailure::Transport(Arc::new(e)),
-                ),
+                Err(e) => {
+                    ticket.observe_error();
+                    (
+                        None,
+                        ServerHint::default(),
+                        CallFailure::Transport(Arc::new(e)),
+                    )
+                }
             };
             drop(ticket);
             match policy.decide_reply(status, &hint, &mut deadline) {

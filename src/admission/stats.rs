@@ -17,7 +17,7 @@ pub(crate) struct Counters {
     /// Tickets dropped (a credential's: in flight is `admitted -
     /// finished`, one add per edge instead of two).
     finished: AtomicU64,
-    refused: [AtomicU64; 6],
+    refused: [AtomicU64; 7],
 }
 
 /// The layer's own totals: calls admitted, and refusals whether or not
@@ -76,6 +76,7 @@ impl Counters {
             closed: n(Status::Closed),
             budget_exhausted: n(Status::BudgetExhausted),
             quota_exhausted: n(Status::QuotaExhausted),
+            unavailable: n(Status::Unavailable),
         }
     }
 }
@@ -88,6 +89,7 @@ fn index(status: Status) -> usize {
         Status::Closed => 3,
         Status::BudgetExhausted => 4,
         Status::QuotaExhausted => 5,
+        Status::Unavailable => 6,
     }
 }
 
@@ -123,6 +125,8 @@ pub struct Refusals {
     pub budget_exhausted: u64,
     /// `quota_exhausted`.
     pub quota_exhausted: u64,
+    /// `unavailable` (an open circuit).
+    pub unavailable: u64,
 }
 
 impl Refusals {
@@ -143,6 +147,7 @@ impl Refusals {
             Status::Closed => self.closed,
             Status::BudgetExhausted => self.budget_exhausted,
             Status::QuotaExhausted => self.quota_exhausted,
+            Status::Unavailable => self.unavailable,
         }
     }
 
@@ -161,6 +166,7 @@ impl Refusals {
             + self.closed
             + self.budget_exhausted
             + self.quota_exhausted
+            + self.unavailable
     }
 }
 

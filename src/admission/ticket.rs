@@ -9,6 +9,7 @@ use crate::clock::{Clock, DefaultClock};
 use crate::headers::ServerHint;
 use crate::sleep::{DefaultSleeper, Sleeper};
 
+use super::breaker;
 use super::rate::learned::CredentialState;
 use super::rate::Held;
 use super::tools::ToolState;
@@ -79,6 +80,11 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
     /// # });
     /// ```
     pub fn observe(&self, status: u16, hint: &ServerHint) -> Option<Duration> {
+        self.admission.circuit_outcome(
+            &self.tool.name,
+            &self.credential.name,
+            breaker::outcome(Some(status), hint),
+        );
         self.admission.observe_sent(
             &self.tool.name,
             &self.credential.name,
@@ -86,6 +92,36 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
             hint,
             self.started_at,
         )
+    }
+
+    /// The call got no answer: a transport error (refused connection,
+    /// reset, TLS failure), or it was dropped at its deadline. Counts as a
+    /// failure of the (tool, credential)'s circuit, if the layer keeps
+    /// circuits ([`Builder::circuit_breaker`](super::Builder::circuit_breaker));
+    /// it says nothing about rates. `Runner`, the reqwest middleware and
+    /// the tower `AdmissionLayer` call it for you.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, CallSpec, CircuitBreaker};
+    /// use backpressure::Status;
+    /// # futures::executor::block_on(async {
+    /// let admission = Admission::builder()
+    ///     .circuit_breaker(CircuitBreaker::new().consecutive_failures(1))
+    ///     .build();
+    /// let spec = CallSpec::new("search", "key");
+    /// admission.admit(&spec).await.unwrap().observe_error(); // connection refused
+    /// let refused = admission.admit(&spec).await.unwrap_err();
+    /// assert_eq!(refused.status, Status::Unavailable);
+    /// # });
+    /// ```
+    pub fn observe_error(&self) {
+        self.admission.circuit_outcome(
+            &self.tool.name,
+            &self.credential.name,
+            breaker::Outcome::Failed,
+        );
     }
 
     /// [`observe`](Self::observe), and for a credential whose quota is

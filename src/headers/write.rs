@@ -304,7 +304,7 @@ impl Throttled {
     /// ```
     pub fn http_status(&self) -> u16 {
         match self.status {
-            Status::Shed | Status::Closed => 503,
+            Status::Shed | Status::Closed | Status::Unavailable => 503,
             Status::TimedOut => 504,
             _ => 429,
         }

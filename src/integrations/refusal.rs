@@ -51,7 +51,7 @@ impl Throttled {
     /// ```
     pub fn to_response(&self) -> http::Response<Vec<u8>> {
         let status = match self.status {
-            Status::Closed => 503,
+            Status::Closed | Status::Unavailable => 503,
             _ => 429,
         };
         let body = serde_json::json!({

@@ -511,6 +511,8 @@ where
             let attempt =
                 tokio::time::timeout(deadline.remaining(), next.clone().run(req, extensions));
             let Ok(mut result) = attempt.await else {
+                // No answer by the deadline: a failure for the circuit.
+                ticket.observe_error();
                 return self.refuse(crate::throttled::request_timed_out(budget, sent));
             };
             if let Some(read) = &self.body_usage {
@@ -550,7 +552,15 @@ where
                     }
                     (Some(status), hint)
                 }
-                Err(_) => (None, ServerHint::default()),
+                // A refusal of an admission layer further in is final, and
+                // no failure of the server.
+                Err(Error::Middleware(e)) if e.downcast_ref::<Throttled>().is_some() => {
+                    return with_attempts(result, sent)
+                }
+                Err(_) => {
+                    ticket.observe_error();
+                    (None, ServerHint::default())
+                }
             };
             drop(ticket);
             let policy = policy.get_or_insert_with(|| self.retry.lock().fork());

@@ -42,9 +42,8 @@ pub use budget::RetryBudget;
 pub use deadline::Deadline;
 pub use extensions::{Attempts, RequestDeadline};
 #[cfg(feature = "tower")]
-pub(crate) use policy::ReplyClass;
-#[cfg(feature = "tower")]
-pub(crate) use policy::{reply_class, server_scope};
+pub(crate) use policy::server_scope;
+pub(crate) use policy::{reply_class, ReplyClass};
 pub use policy::{Decision, RetryPolicy};
 
 /// How a backoff delay is randomised. With `v = min(cap, base * 2^attempt)`:

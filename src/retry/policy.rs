@@ -500,7 +500,7 @@ impl RetryPolicy {
 }
 
 /// The one classification of an answer (see [`ReplyClass`]); the tower
-/// `AdmissionLayer` asks it without a policy.
+/// `AdmissionLayer` and the circuit breaker ask it without a policy.
 pub(crate) fn reply_class(status: Option<u16>, hint: &ServerHint) -> ReplyClass {
     match status {
         None => ReplyClass::Transient,

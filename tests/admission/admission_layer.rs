@@ -387,6 +387,21 @@ fn throttled_serializes_as_the_model_reads_it() {
         serde_json::to_string(&shed).unwrap(),
         r#"{"status":"budget_exhausted","scope":"run","hint":"done"}"#
     );
+    // Every status serializes as its wire name, and reads back.
+    for status in [
+        Status::RateLimited,
+        Status::Shed,
+        Status::TimedOut,
+        Status::Closed,
+        Status::BudgetExhausted,
+        Status::QuotaExhausted,
+        Status::Unavailable,
+    ] {
+        let json = serde_json::to_string(&status).unwrap();
+        assert_eq!(json, format!("\"{}\"", status.as_str()));
+        assert_eq!(serde_json::from_str::<Status>(&json).unwrap(), status);
+    }
+    assert_eq!(Status::Unavailable.as_str(), "unavailable");
 }
 
 /// Six calls refused together on one bucket used to be told the same
@@ -539,5 +554,63 @@ fn past_4096_credentials_idle_ones_make_room_for_new_ones() {
         );
         let tracked = admission.stats().credentials.len();
         assert!(tracked <= 4_096, "{tracked} credentials tracked");
+    });
+}
+
+/// Issue #23 item 3: a trial that a later stage refuses (its tool is
+/// busy) is given back at once, so the next call is the trial; a trial
+/// that is never answered (its ticket dropped) is out for one cool-down
+/// at most. Without that, the circuit would refuse every call for good.
+#[test]
+fn a_circuit_trial_refused_later_or_dropped_unanswered_is_given_back() {
+    use backpressure::admission::CircuitBreaker;
+    use backpressure::ManualClock;
+    futures::executor::block_on(async {
+        let clock = ManualClock::new();
+        let admission = Admission::builder()
+            .clock(clock.clone())
+            .tool("search", 1, SlotPolicy::FailFast)
+            .circuit_breaker(
+                CircuitBreaker::new()
+                    .consecutive_failures(1)
+                    .cool_down(Duration::from_secs(1)),
+            )
+            .build();
+        let spec = CallSpec::new("search", "key");
+        let other = CallSpec::new("search", "other-key");
+        admission
+            .admit(&spec)
+            .await
+            .unwrap()
+            .observe(502, &ServerHint::default());
+        // Another credential's call holds the tool's only slot.
+        let busy = admission.admit(&other).await.unwrap();
+        clock.advance(Duration::from_secs(1));
+        let shed = admission.admit(&spec).await.unwrap_err();
+        assert_eq!(shed.status, Status::Shed, "the trial, refused by the slots");
+        drop(busy);
+        // Given back: this call is the trial; dropped unanswered.
+        drop(admission.admit(&spec).await.unwrap());
+        // Out for one cool-down: calls are refused, told to come back a
+        // tenth of it later (the trial is usually answered by then).
+        let refused = admission.admit(&spec).await.unwrap_err();
+        assert_eq!(refused.status, Status::Unavailable);
+        assert_eq!(refused.scope, "circuit:search");
+        assert_eq!(refused.retry_after_ms, Some(100));
+        clock.advance(Duration::from_secs(1));
+        // Lapsed: this one is the trial, and the only one.
+        let trial = admission.admit(&spec).await.unwrap();
+        assert_eq!(
+            admission.admit(&spec).await.unwrap_err().status,
+            Status::Unavailable
+        );
+        // A 429 is the server up: closed (the 429 holds the key for 1 s).
+        trial.observe(429, &ServerHint::default());
+        drop(trial);
+        clock.advance(Duration::from_secs(1));
+        assert!(admission.admit(&spec).await.is_ok());
+        assert_eq!(admission.stats().refused.unavailable, 2);
+        // Another credential has its own circuit, closed all along.
+        assert!(admission.admit(&other).await.is_ok());
     });
 }

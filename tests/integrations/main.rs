@@ -21,3 +21,12 @@ mod tower_layers;
 ))]
 #[path = "../support/window_server.rs"]
 mod window_server;
+
+/// A server that is down for a while, then recovers (the circuit-breaker
+/// twins of the reqwest and tower modules).
+#[cfg(all(
+    feature = "testing",
+    any(feature = "reqwest", all(feature = "tower", feature = "http"))
+))]
+#[path = "../support/down_server.rs"]
+mod down_server;

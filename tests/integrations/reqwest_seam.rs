@@ -486,3 +486,76 @@ async fn fixed_reply_server(reply: String) -> (std::net::SocketAddr, Arc<AtomicU
     });
     (addr, served)
 }
+
+/// Issue #23 item 3, through the middleware: a server down for 2 s is
+/// sent nothing while its circuit is open, one trial per cool-down, and
+/// traffic is back with the first trial that is answered.
+#[tokio::test]
+async fn a_failing_server_is_sent_nothing_while_its_circuit_is_open_through_the_middleware() {
+    use crate::down_server::{self, Seen};
+    let started = Instant::now();
+    let server = down_server::down_server().await;
+    let admission = Admission::builder()
+        .circuit_breaker(down_server::breaker())
+        .build();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            AdmissionMiddleware::new(admission.clone())
+                .retry_policy(RetryPolicy::default().max_retries(0)),
+        )
+        .build();
+    let url = server.url();
+    let seen = down_server::drive(started, || {
+        let request = client.get(&url).header("authorization", "Bearer key-a");
+        async move {
+            match request.send().await {
+                Ok(r) => Ok(r.status().as_u16()),
+                Err(reqwest_middleware::Error::Middleware(e)) => {
+                    Err(e.downcast_ref::<Throttled>().expect("a Throttled").clone())
+                }
+                Err(e) => panic!("transport error: {e}"),
+            }
+        }
+    })
+    .await;
+    down_server::check(&server, "key-a", &seen);
+    let refused = seen
+        .iter()
+        .filter(|s| matches!(s, Seen::Refused(..)))
+        .count();
+    assert_eq!(admission.stats().refused.unavailable, refused as u64);
+}
+
+/// Issue #23 item 3, through `Runner`: the same promises.
+#[tokio::test]
+async fn a_failing_server_is_sent_nothing_while_its_circuit_is_open_through_runner() {
+    use crate::down_server;
+    use backpressure::admission::{Call, CallResult, CallSpec, Runner};
+    let started = Instant::now();
+    let server = down_server::down_server().await;
+    let admission = Admission::builder()
+        .circuit_breaker(down_server::breaker())
+        .build();
+    let runner: Runner<http::Response<Vec<u8>>, reqwest_middleware::Error> =
+        Runner::new(admission, Duration::ZERO).retry_policy(RetryPolicy::default().max_retries(0));
+    let client = ClientWithMiddleware::from(reqwest::Client::new());
+    let url = server.url();
+    let seen = down_server::drive(started, || {
+        let request = client.get(&url).header("authorization", "Bearer key-a");
+        let call = Call::request(CallSpec::new("search", "key-a"), request);
+        let runner = &runner;
+        async move {
+            match runner.one(call).await {
+                CallResult::Done { value, .. } => Ok(value.status().as_u16()),
+                CallResult::Failed {
+                    error: backpressure::admission::CallFailure::Status { status },
+                    ..
+                } => Ok(status),
+                CallResult::Throttled(t) => Err(t),
+                other => panic!("{other:?}"),
+            }
+        }
+    })
+    .await;
+    down_server::check(&server, "key-a", &seen);
+}

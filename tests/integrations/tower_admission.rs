@@ -383,3 +383,57 @@ async fn refusals_as_responses_answer_429s_a_client_keeps() {
     let body: serde_json::Value = serde_json::from_slice(timed_out.body()).unwrap();
     assert_eq!(body["error"]["type"], "timed_out", "{body}");
 }
+
+/// Issue #23 item 3, through the tower layer: a server down for 2 s is
+/// sent nothing while its circuit is open, one trial per cool-down, and
+/// traffic is back with the first trial that is answered.
+#[tokio::test]
+async fn a_failing_server_is_sent_nothing_while_its_circuit_is_open_through_the_layer() {
+    use crate::down_server;
+    let started = std::time::Instant::now();
+    let server = down_server::down_server().await;
+    let admission = Admission::builder()
+        .circuit_breaker(down_server::breaker())
+        .build();
+    let svc = client(admission, server.addr());
+    let seen = down_server::drive(started, || {
+        let svc = svc.clone();
+        async move {
+            match svc.oneshot(get("/v1/search")).await {
+                Ok(r) => Ok(r.status().as_u16()),
+                Err(e) => Err(throttled(&e).clone()),
+            }
+        }
+    })
+    .await;
+    down_server::check(&server, "key-a", &seen);
+}
+
+/// A request the server never answers counts against its circuit: with
+/// one failure to open, the second call is refused and nothing more is sent.
+#[tokio::test]
+async fn a_request_dropped_at_its_deadline_opens_the_circuit() {
+    use backpressure::admission::CircuitBreaker;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    let _silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            held.push(s); // accepts, never answers
+        }
+    });
+    let admission = Admission::builder()
+        .circuit_breaker(CircuitBreaker::new().consecutive_failures(1))
+        .build();
+    let svc = AdmissionLayer::http(admission, spec as Spec)
+        .deadline(Duration::from_millis(200))
+        .layer(HttpClient(addr));
+    let first = svc.clone().oneshot(get("/v1/search")).await.unwrap_err();
+    assert_eq!(throttled(&first).status, Status::TimedOut);
+    let second = svc.clone().oneshot(get("/v1/search")).await.unwrap_err();
+    assert_eq!(throttled(&second).status, Status::Unavailable);
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

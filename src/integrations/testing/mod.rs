@@ -128,6 +128,8 @@ struct Config {
     latency: Duration,
     fail_first: Option<(usize, Duration)>,
     capacity: Option<(usize, Overload)>,
+    /// Answers 500 to everything this long after `start`.
+    down_for: Duration,
 }
 
 impl Builder {
@@ -247,6 +249,24 @@ impl Builder {
         self
     }
 
+    /// Answers every request with `500 Internal Server Error` (no
+    /// `Retry-After`) for `d` after [`start`](Self::start), then serves
+    /// normally: a server that is down, then recovers (to test a circuit
+    /// breaker). [`ThrottlingServer::failed`] counts those answers.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::testing::ThrottlingServer;
+    /// use std::time::Duration;
+    /// let b = ThrottlingServer::builder().down_for(Duration::from_secs(2));
+    /// # drop(b);
+    /// ```
+    pub fn down_for(mut self, d: Duration) -> Self {
+        self.config.down_for = d;
+        self
+    }
+
     /// At most `capacity` requests served at once (across keys); beyond
     /// it, latency grows by `per_request` for each request in flight past
     /// the capacity (a queue building up).
@@ -353,6 +373,7 @@ impl ThrottlingServer {
                 latency: Duration::ZERO,
                 fail_first: None,
                 capacity: None,
+                down_for: Duration::ZERO,
             },
         }
     }
@@ -411,6 +432,21 @@ impl ThrottlingServer {
     /// ```
     pub fn throttled(&self, key: &str) -> usize {
         self.with_key(key, |k| k.throttled)
+    }
+
+    /// Requests with `key` answered 500 while the server was down (see
+    /// [`Builder::down_for`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
+    /// assert_eq!(server.failed("never-seen"), 0);
+    /// # });
+    /// ```
+    pub fn failed(&self, key: &str) -> usize {
+        self.with_key(key, |k| k.failed)
     }
 
     /// When each request with `key` started (its headers were read), in
@@ -514,13 +550,17 @@ impl Drop for ThrottlingServer {
 #[derive(Debug)]
 struct Shared {
     config: Config,
+    /// Until when it answers 500 (see `down_for`).
+    down_until: Instant,
     limiter: Mutex<Option<limit::Limiter>>,
     stats: Mutex<Stats>,
 }
 
 impl Shared {
     fn new(config: Config) -> Self {
+        let now = Instant::now();
         Shared {
+            down_until: now.checked_add(config.down_for).unwrap_or(now),
             limiter: Mutex::new(config.limit.map(limit::Limiter::new)),
             config,
             stats: Mutex::new(Stats::default()),
@@ -540,6 +580,7 @@ struct Stats {
 struct KeyStats {
     starts: Vec<Instant>,
     throttled: usize,
+    failed: usize,
     in_flight: usize,
     max_in_flight: usize,
 }

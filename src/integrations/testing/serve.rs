@@ -46,6 +46,8 @@ enum Answer {
     Unavailable {
         retry_after: Duration,
     },
+    /// Down: a 500.
+    Down,
 }
 
 /// Decrements the in-flight counts when an admitted request ends (or its
@@ -117,6 +119,9 @@ async fn serve(stream: TcpStream, shared: Arc<Shared>) -> io::Result<()> {
             r.push_str("Content-Length: 0\r\nConnection: close\r\n\r\n");
             r
         }
+        Answer::Down => "HTTP/1.1 500 Internal Server Error\r\n\
+             Content-Length: 0\r\nConnection: close\r\n\r\n"
+            .to_string(),
         Answer::Unavailable { retry_after } => format!(
             "HTTP/1.1 503 Service Unavailable\r\nRetry-After: {}\r\n\
              Content-Length: 0\r\nConnection: close\r\n\r\n",
@@ -142,7 +147,9 @@ fn decide(shared: &Arc<Shared>, key: &str, now: Instant) -> (Answer, Option<InFl
         .starts
         .push(now);
 
-    let answer = if let Some((_, retry_after)) = config.fail_first.filter(|&(k, _)| nth <= k) {
+    let answer = if now < shared.down_until {
+        Answer::Down
+    } else if let Some((_, retry_after)) = config.fail_first.filter(|&(k, _)| nth <= k) {
         Answer::TooMany {
             retry_after,
             verdict: None,
@@ -183,6 +190,12 @@ fn decide(shared: &Arc<Shared>, key: &str, now: Instant) -> (Answer, Option<InFl
                 shared: shared.clone(),
                 key: key.to_string(),
             })
+        }
+        Answer::Down => {
+            if let Some(k) = stats.keys.get_mut(key) {
+                k.failed += 1;
+            }
+            None
         }
         _ => {
             if let Some(k) = stats.keys.get_mut(key) {

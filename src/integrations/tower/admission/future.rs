@@ -165,7 +165,11 @@ where
                         Poll::Ready(r) => r.map_err(Into::into),
                         Poll::Pending => {
                             ready!(timeout.poll(cx));
-                            // Dropped at the deadline, unobserved.
+                            // Dropped at the deadline: no verdict on the
+                            // rate, a failure for the circuit.
+                            if let Some(ticket) = ticket.take() {
+                                ticket.observe_error();
+                            }
                             this.state.set(State::Done);
                             let t = crate::throttled::request_timed_out(*this.budget, 1);
                             return Poll::Ready(answer(this.observe, t));
@@ -177,6 +181,13 @@ where
                         for (name, units) in this.observe.usage(&result) {
                             t.settle(&name, units);
                         }
+                    }
+                    // An error that is no refusal of a layer further in: no
+                    // answer, a failure for the circuit.
+                    if let (Some(ticket), Err(e)) = (&ticket, &result)
+                        && !e.is::<Throttled>()
+                    {
+                        ticket.observe_error();
                     }
                     if let Some(ticket) = ticket
                         && let Some((status, hint)) = this.observe.observe(&result)

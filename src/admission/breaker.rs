@@ -1,0 +1,615 @@
+//! The circuit breaker per (tool, credential): a server that keeps
+//! failing (5xx, transport errors, no answer by the deadline) is not sent
+//! more calls until a cool-down has passed, then one trial call tests it.
+//!
+//! A 429, or a 503 with `Retry-After`, is the server's capacity, not a
+//! fault: it neither trips nor resets the breaker (its hold already makes
+//! callers wait). Any other answer (a 2xx, a 4xx) says the server is up.
+//!
+//! Each circuit is one atomic word, changed by compare-and-swap:
+//!
+//! | tag (bits 62-63) | low 62 bits |
+//! | --- | --- |
+//! | `CLOSED` | failures in a row (bits 0-20), answers (21-41) and failures (42-61) in the current ratio window |
+//! | `OPEN` | the instant (layer clock, ns) the cool-down ends |
+//! | `TRIAL` | the instant the trial out lapses |
+//!
+//! A trial is out until it is answered, or for at most one cool-down (or
+//! its deadline, if shorter): a trial whose ticket is dropped unanswered
+//! delays the next trial by that much, never for good. A trial that a
+//! later stage of admission refuses is given back at once. Tickets carry
+//! nothing for this (an answer finds its circuit by name), so a layer
+//! without a breaker pays one branch per call.
+
+use core::time::Duration;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::clock::saturating_nanos;
+use crate::sync::{AtomicU64, Ordering};
+
+/// When a circuit opens, and for how long: see
+/// [`Builder::circuit_breaker`](super::Builder::circuit_breaker).
+///
+/// A circuit is kept per (tool, credential). It opens after
+/// [`consecutive_failures`](Self::consecutive_failures) failures in a row,
+/// or (if set) when at least [`failure_ratio`](Self::failure_ratio)'s
+/// share of a window of answers failed. A failure is a 5xx (but a 503
+/// with `Retry-After`), a transport error, or no answer by the deadline.
+/// 429s never count: they are the server's capacity, and hold the
+/// credential instead.
+///
+/// While open, calls are refused at once with
+/// [`Status::Unavailable`](crate::Status::Unavailable) and `retry_after_ms`
+/// set to the cool-down left; nothing is sent. After the cool-down one
+/// call goes out as a trial (the others are still refused): an answer
+/// closes the circuit, a failure opens it for another cool-down. A trial
+/// is out until it is answered, or for one cool-down at most (its
+/// deadline, if shorter): a trial dropped unanswered only delays the
+/// next one.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::admission::{Admission, CallSpec, CircuitBreaker};
+/// use backpressure::headers::ServerHint;
+/// use backpressure::{ManualClock, Status};
+/// use std::time::Duration;
+/// # futures::executor::block_on(async {
+/// let clock = ManualClock::new();
+/// let admission = Admission::builder()
+///     .clock(clock.clone())
+///     .circuit_breaker(CircuitBreaker::new().consecutive_failures(2).cool_down(Duration::from_secs(5)))
+///     .build();
+/// let spec = CallSpec::new("search", "key");
+/// for _ in 0..2 {
+///     let ticket = admission.admit(&spec).await.unwrap();
+///     ticket.observe(500, &ServerHint::default());
+/// }
+/// let refused = admission.admit(&spec).await.unwrap_err();
+/// assert_eq!(refused.status, Status::Unavailable);
+/// assert_eq!(refused.retry_after_ms, Some(5_000));
+///
+/// clock.advance(Duration::from_secs(5));
+/// let trial = admission.admit(&spec).await.unwrap(); // one trial
+/// assert_eq!(admission.admit(&spec).await.unwrap_err().status, Status::Unavailable);
+/// trial.observe(200, &ServerHint::default());
+/// drop(trial);
+/// assert!(admission.admit(&spec).await.is_ok()); // closed again
+/// # });
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CircuitBreaker {
+    consecutive: u32,
+    /// The share of failed answers, and the window of answers it is
+    /// judged over.
+    ratio: Option<(f64, u32)>,
+    cool_down: Duration,
+}
+
+impl CircuitBreaker {
+    /// The most failures in a row, and the largest ratio window, a
+    /// circuit counts (the fields of its word); larger settings are
+    /// clamped to it.
+    pub const MAX_COUNT: u32 = (1 << 20) - 1;
+
+    /// Opens after 5 failures in a row, for 5 s; no failure ratio.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::CircuitBreaker;
+    /// let breaker = CircuitBreaker::new();
+    /// # let _ = breaker;
+    /// ```
+    pub fn new() -> Self {
+        Self {
+            consecutive: 5,
+            ratio: None,
+            cool_down: Duration::from_secs(5),
+        }
+    }
+
+    /// Opens after `n` failures in a row (clamped to `1..=MAX_COUNT`).
+    pub fn consecutive_failures(mut self, n: u32) -> Self {
+        self.consecutive = n.clamp(1, Self::MAX_COUNT);
+        self
+    }
+
+    /// Also opens when, over a window of `window` answers (clamped to
+    /// `1..=MAX_COUNT`), at least `ratio` of them failed. A ratio that is
+    /// not a number in `(0, 1]` turns the ratio off (0 or less would open
+    /// on every window; above 1 never could).
+    ///
+    /// Windows are counted back to back (tumbling), not sliding: each is
+    /// judged when its last answer arrives, then counted afresh.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::CircuitBreaker;
+    /// // Half of any 20 answers failed: open.
+    /// let breaker = CircuitBreaker::new().failure_ratio(0.5, 20);
+    /// # let _ = breaker;
+    /// ```
+    pub fn failure_ratio(mut self, ratio: f64, window: u32) -> Self {
+        self.ratio =
+            (ratio > 0.0 && ratio <= 1.0).then(|| (ratio, window.clamp(1, Self::MAX_COUNT)));
+        self
+    }
+
+    /// How long a circuit stays open before a trial (clamped to at least
+    /// 1 ms, and to about 73 years).
+    pub fn cool_down(mut self, d: Duration) -> Self {
+        self.cool_down = d.clamp(Duration::from_millis(1), Duration::from_nanos(VALUE));
+        self
+    }
+
+    /// The cool-down, after the clamp.
+    pub(super) fn cool_down_nanos(&self) -> u64 {
+        saturating_nanos(self.cool_down)
+    }
+}
+
+impl Default for CircuitBreaker {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+const TAG: u64 = 0b11 << 62;
+const CLOSED: u64 = 0;
+const OPEN: u64 = 0b01 << 62;
+const TRIAL: u64 = 0b10 << 62;
+/// The low bits: an instant (an instant past it, some 146 years of
+/// uptime, saturates).
+const VALUE: u64 = !TAG;
+const FIELD: u64 = (1 << 21) - 1;
+const CALLS_SHIFT: u32 = 21;
+const FAILED_SHIFT: u32 = 42;
+
+/// What an answer says about the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// It answered (a 2xx, a 4xx): the server is up.
+    Answered,
+    /// A 5xx, a transport error, no answer by the deadline.
+    Failed,
+    /// Its capacity (a 429, a 503 with `Retry-After`): no verdict while
+    /// closed, but an answer all the same while a trial is out.
+    Capacity,
+}
+
+/// What an answer (`None`: no answer) says about the server, in the
+/// retry policy's one classification.
+pub(crate) fn outcome(status: Option<u16>, hint: &crate::headers::ServerHint) -> Outcome {
+    use crate::retry::ReplyClass;
+    match crate::retry::reply_class(status, hint) {
+        ReplyClass::Capacity => Outcome::Capacity,
+        // A 408 is the client's slowness, not the server failing.
+        ReplyClass::Transient if status != Some(408) => Outcome::Failed,
+        _ => Outcome::Answered,
+    }
+}
+
+/// What [`Circuit::admit`] lets through.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Admit {
+    /// The circuit is closed.
+    Closed,
+    /// The trial call, out until this instant at the latest.
+    Trial(u64),
+    /// Open until this instant (layer clock, ns); `trial` when a trial is
+    /// out (until then at the latest).
+    Refused { until: u64, trial: bool },
+}
+
+/// One (tool, credential)'s breaker state (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Circuit {
+    word: AtomicU64,
+}
+
+impl Default for Circuit {
+    /// Closed, nothing counted.
+    fn default() -> Self {
+        Self {
+            word: AtomicU64::new(CLOSED),
+        }
+    }
+}
+
+impl Circuit {
+    /// Whether a call may go now (`now` on the layer clock); a trial is
+    /// out for at most `trial_for` nanoseconds.
+    pub(crate) fn admit(&self, now: u64, trial_for: u64) -> Admit {
+        // Relaxed loads and CASes throughout: the word is the only state a
+        // circuit has, and no other memory is published through it.
+        let mut word = self.word.load(Ordering::Relaxed);
+        loop {
+            let (tag, at) = (word & TAG, word & VALUE);
+            match tag {
+                CLOSED => return Admit::Closed,
+                _ if now < at => {
+                    return Admit::Refused {
+                        until: at,
+                        trial: tag == TRIAL,
+                    }
+                }
+                // Due, or the trial out has lapsed: this call is the trial.
+                _ => {
+                    let lapse = now.saturating_add(trial_for).min(VALUE);
+                    match self.word.compare_exchange_weak(
+                        word,
+                        TRIAL | lapse,
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    ) {
+                        Ok(_) => return Admit::Trial(lapse),
+                        Err(w) => word = w,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records an answer. While a trial is out, any answer closes the
+    /// circuit and a failure reopens it (the trial's, or a late one of a
+    /// call sent before the circuit opened: either says how the server
+    /// is now). While open, nothing counts: the cool-down runs out.
+    pub(crate) fn record(&self, cfg: &CircuitBreaker, outcome: Outcome, now: u64) {
+        let mut word = self.word.load(Ordering::Relaxed);
+        loop {
+            let next = match word & TAG {
+                TRIAL => match outcome {
+                    Outcome::Failed => open_until(now, cfg),
+                    Outcome::Answered | Outcome::Capacity => CLOSED,
+                },
+                CLOSED => match closed_next(word, cfg, outcome, now) {
+                    Some(next) => next,
+                    None => return,
+                },
+                _ => return,
+            };
+            match self
+                .word
+                .compare_exchange_weak(word, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(w) => word = w,
+            }
+        }
+    }
+
+    /// The trial out until `lapse` was not sent after all (a later stage
+    /// of admission refused it, or its admission was cancelled): the
+    /// circuit is due at once, so the next call is the trial.
+    pub(crate) fn release(&self, lapse: u64) {
+        // A failed CAS: an answer was recorded meanwhile, or the circuit
+        // moved on; either way there is nothing to give back.
+        let _ =
+            self.word
+                .compare_exchange(TRIAL | lapse, OPEN, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// Closed, with nothing counted: forgetting it loses nothing.
+    fn is_clean(&self) -> bool {
+        self.word.load(Ordering::Relaxed) == CLOSED
+    }
+}
+
+fn open_until(now: u64, cfg: &CircuitBreaker) -> u64 {
+    OPEN | now.saturating_add(cfg.cool_down_nanos()).min(VALUE)
+}
+
+/// A closed circuit's next word after `outcome`, or `None` when it does
+/// not change (an answer with nothing to reset: no write on the hot path).
+fn closed_next(word: u64, cfg: &CircuitBreaker, outcome: Outcome, now: u64) -> Option<u64> {
+    let mut run = word & FIELD;
+    let mut calls = (word >> CALLS_SHIFT) & FIELD;
+    let mut failed = (word >> FAILED_SHIFT) & FIELD;
+    match outcome {
+        Outcome::Capacity => return None,
+        Outcome::Answered => run = 0,
+        Outcome::Failed => {
+            run += 1;
+            failed += 1;
+            if run >= u64::from(cfg.consecutive) {
+                return Some(open_until(now, cfg));
+            }
+        }
+    }
+    if let Some((ratio, window)) = cfg.ratio {
+        calls += 1;
+        if calls >= u64::from(window) {
+            #[allow(clippy::cast_precision_loss)] // both below 2^21
+            if failed as f64 >= ratio * calls as f64 {
+                return Some(open_until(now, cfg));
+            }
+            calls = 0;
+            failed = 0;
+        }
+    } else {
+        calls = 0;
+        failed = 0;
+    }
+    let next = CLOSED | run | (calls << CALLS_SHIFT) | (failed << FAILED_SHIFT);
+    (next != word).then_some(next)
+}
+
+/// One tool's circuits, by credential.
+type Circuits = HashMap<Arc<str>, Arc<Circuit>>;
+
+/// The layer's circuits, per tool then credential: one mutex-guarded map
+/// (consulted only when a breaker is configured), bounded by forgetting
+/// clean circuits nobody holds.
+#[derive(Debug)]
+pub(super) struct Breakers {
+    pub(super) config: CircuitBreaker,
+    map: Mutex<HashMap<Arc<str>, Circuits>>,
+}
+
+/// At most this many circuits are tracked. Past it the clean ones nobody
+/// holds are forgotten; if none is, a new pair runs unguarded (a fresh
+/// circuit per call, which never opens) rather than refused.
+pub(super) const MAX_CIRCUITS: usize = 16_384;
+
+impl Breakers {
+    pub(super) fn new(config: CircuitBreaker) -> Self {
+        Self {
+            config,
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The circuit of (`tool`, `credential`), created closed.
+    pub(super) fn circuit(&self, tool: &Arc<str>, credential: &str) -> Arc<Circuit> {
+        let mut map = self.map.lock();
+        if let Some(c) = map.get(&**tool).and_then(|t| t.get(credential)) {
+            return c.clone();
+        }
+        let mut len: usize = map.values().map(HashMap::len).sum();
+        if len >= MAX_CIRCUITS {
+            for credentials in map.values_mut() {
+                credentials.retain(|_, c| Arc::strong_count(c) > 1 || !c.is_clean());
+            }
+            map.retain(|_, credentials| !credentials.is_empty());
+            len = map.values().map(HashMap::len).sum();
+            if len >= MAX_CIRCUITS {
+                return Arc::default();
+            }
+        }
+        let circuit = Arc::<Circuit>::default();
+        map.entry(tool.clone())
+            .or_default()
+            .insert(Arc::from(credential), circuit.clone());
+        circuit
+    }
+
+    /// Circuits tracked now.
+    #[cfg(all(test, not(feature = "loom")))]
+    pub(super) fn len(&self) -> usize {
+        self.map.lock().values().map(HashMap::len).sum()
+    }
+}
+
+/// A call's place in its circuit while it is being admitted: a trial
+/// that a later stage refuses (or whose admission is dropped) is given
+/// back. Its ticket keeps nothing: an answer finds the circuit by name.
+#[derive(Debug)]
+pub(crate) struct Pass {
+    pub(crate) circuit: Arc<Circuit>,
+    /// The trial's lapse instant, or 0 (not a trial, or kept).
+    pub(crate) trial: u64,
+}
+
+impl Pass {
+    /// The call is admitted: a trial stays out.
+    pub(crate) fn keep(mut self) {
+        self.trial = 0;
+    }
+}
+
+impl Drop for Pass {
+    fn drop(&mut self) {
+        if self.trial != 0 {
+            self.circuit.release(self.trial);
+        }
+    }
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn cfg(n: u32) -> CircuitBreaker {
+        CircuitBreaker::new()
+            .consecutive_failures(n)
+            .cool_down(Duration::from_millis(1))
+    }
+
+    #[test]
+    fn opens_after_the_failures_in_a_row_and_an_answer_resets_the_run() {
+        let c = Circuit::default();
+        let cfg = cfg(3);
+        c.record(&cfg, Outcome::Failed, 0);
+        c.record(&cfg, Outcome::Failed, 0);
+        c.record(&cfg, Outcome::Answered, 0);
+        c.record(&cfg, Outcome::Failed, 0);
+        c.record(&cfg, Outcome::Failed, 0);
+        assert_eq!(c.admit(10, MS), Admit::Closed, "an answer broke the run");
+        // 429s are no verdict either way.
+        c.record(&cfg, Outcome::Capacity, 0);
+        c.record(&cfg, Outcome::Failed, 10);
+        assert_eq!(
+            c.admit(11, MS),
+            Admit::Refused {
+                until: MS + 10,
+                trial: false
+            }
+        );
+    }
+
+    #[test]
+    fn one_trial_after_the_cool_down_and_its_failure_reopens() {
+        let c = Circuit::default();
+        let cfg = cfg(1);
+        c.record(&cfg, Outcome::Failed, 0);
+        // Open: answers count for nothing until the cool-down is over.
+        c.record(&cfg, Outcome::Answered, 1);
+        assert!(matches!(
+            c.admit(MS - 1, MS),
+            Admit::Refused {
+                until: MS,
+                trial: false
+            }
+        ));
+        assert_eq!(c.admit(MS, 5 * MS), Admit::Trial(6 * MS));
+        assert_eq!(
+            c.admit(MS + 1, 5 * MS),
+            Admit::Refused {
+                until: 6 * MS,
+                trial: true
+            }
+        );
+        c.record(&cfg, Outcome::Failed, 2 * MS);
+        assert_eq!(
+            c.admit(3 * MS - 1, MS),
+            Admit::Refused {
+                until: 3 * MS,
+                trial: false
+            }
+        );
+        assert!(matches!(c.admit(3 * MS, MS), Admit::Trial(_)));
+        c.record(&cfg, Outcome::Capacity, 3 * MS + 1);
+        assert_eq!(
+            c.admit(3 * MS + 1, MS),
+            Admit::Closed,
+            "a 429 proves the server up"
+        );
+    }
+
+    #[test]
+    fn a_trial_given_back_or_lapsed_makes_the_next_call_the_trial() {
+        let c = Circuit::default();
+        let cfg = cfg(1);
+        c.record(&cfg, Outcome::Failed, 0);
+        let Admit::Trial(lapse) = c.admit(2 * MS, MS) else {
+            panic!("due")
+        };
+        c.release(lapse);
+        let Admit::Trial(second) = c.admit(2 * MS + 1, MS) else {
+            panic!("given back: due at once")
+        };
+        // A stale release (the first trial's) does not free the second.
+        c.release(lapse);
+        assert!(matches!(
+            c.admit(2 * MS + 2, MS),
+            Admit::Refused { trial: true, .. }
+        ));
+        // Never answered: it lapses, and the next call is the trial.
+        assert!(matches!(c.admit(second, MS), Admit::Trial(_)));
+        // Answered: a release after it changes nothing.
+        c.record(&cfg, Outcome::Answered, second);
+        c.release(second + MS);
+        assert_eq!(c.admit(second, MS), Admit::Closed);
+    }
+
+    #[test]
+    fn a_pass_gives_its_trial_back_unless_kept() {
+        let c = Arc::new(Circuit::default());
+        c.record(&cfg(1), Outcome::Failed, 0);
+        let Admit::Trial(lapse) = c.admit(MS, MS) else {
+            panic!("due")
+        };
+        drop(Pass {
+            circuit: c.clone(),
+            trial: lapse,
+        });
+        let Admit::Trial(lapse) = c.admit(MS, MS) else {
+            panic!("given back")
+        };
+        Pass {
+            circuit: c.clone(),
+            trial: lapse,
+        }
+        .keep();
+        assert!(matches!(
+            c.admit(MS, MS),
+            Admit::Refused { trial: true, .. }
+        ));
+    }
+
+    #[test]
+    fn the_ratio_opens_on_a_window_that_failed_enough() {
+        let c = Circuit::default();
+        let cfg = cfg(100).failure_ratio(0.5, 4);
+        // 1 of 4: closed, and the window starts afresh.
+        for o in [
+            Outcome::Failed,
+            Outcome::Answered,
+            Outcome::Answered,
+            Outcome::Answered,
+        ] {
+            c.record(&cfg, o, 0);
+        }
+        assert_eq!(c.admit(0, MS), Admit::Closed);
+        // 2 of 4 (never 2 in a row): open.
+        for o in [
+            Outcome::Failed,
+            Outcome::Answered,
+            Outcome::Failed,
+            Outcome::Answered,
+        ] {
+            assert_eq!(c.admit(0, MS), Admit::Closed);
+            c.record(&cfg, o, 5);
+        }
+        assert!(matches!(c.admit(5, MS), Admit::Refused { until, .. } if until == MS + 5));
+    }
+
+    #[test]
+    fn bad_settings_are_clamped() {
+        let b = CircuitBreaker::new()
+            .consecutive_failures(0)
+            .failure_ratio(f64::NAN, 0)
+            .cool_down(Duration::ZERO);
+        assert_eq!(b.consecutive, 1);
+        assert_eq!(b.ratio, None);
+        assert_eq!(b.cool_down, Duration::from_millis(1));
+        assert_eq!(CircuitBreaker::new().failure_ratio(1.5, 10).ratio, None);
+        assert_eq!(CircuitBreaker::new().failure_ratio(-0.5, 10).ratio, None);
+        let b = CircuitBreaker::new()
+            .consecutive_failures(u32::MAX)
+            .failure_ratio(1.0, u32::MAX)
+            .cool_down(Duration::MAX);
+        assert_eq!(b.consecutive, CircuitBreaker::MAX_COUNT);
+        assert_eq!(b.ratio, Some((1.0, CircuitBreaker::MAX_COUNT)));
+        // Instants saturate instead of wrapping into the tag.
+        let c = Circuit::default();
+        c.record(&b.consecutive_failures(1), Outcome::Failed, u64::MAX);
+        assert!(matches!(c.admit(u64::MAX, u64::MAX), Admit::Trial(VALUE)));
+    }
+
+    #[test]
+    fn the_map_stays_bounded_and_keeps_what_it_must() {
+        let b = Breakers::new(cfg(1));
+        let tool: Arc<str> = Arc::from("t");
+        let held = b.circuit(&tool, "held");
+        let open = b.circuit(&tool, "open");
+        open.record(&b.config, Outcome::Failed, 0);
+        drop(open);
+        for i in 0..MAX_CIRCUITS + 10 {
+            drop(b.circuit(&tool, &i.to_string()));
+        }
+        assert!(b.len() <= MAX_CIRCUITS);
+        assert!(Arc::ptr_eq(&held, &b.circuit(&tool, "held")));
+        assert!(matches!(
+            b.circuit(&tool, "open").admit(1, MS),
+            Admit::Refused { .. }
+        ));
+    }
+}

@@ -1,0 +1,117 @@
+//! A server that is down (500 to everything) for `DOWN`, then recovers,
+//! and the one check every path's circuit-breaker test makes against it
+//! (issue #23 item 3): the server's record of request start times, and
+//! what the caller was told.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use backpressure::admission::CircuitBreaker;
+use backpressure::testing::ThrottlingServer;
+use backpressure::{Status, Throttled};
+
+/// How long the server answers 500.
+pub const DOWN: Duration = Duration::from_secs(2);
+/// The breaker's cool-down.
+pub const COOL_DOWN: Duration = Duration::from_millis(400);
+/// Failures in a row that open it.
+pub const FAILURES: usize = 3;
+/// The caller sends a call this often, whatever it was told (a flood).
+const EVERY: Duration = Duration::from_millis(40);
+/// And stops this long after the server started.
+const UNTIL: Duration = Duration::from_millis(3_000);
+
+pub async fn down_server() -> ThrottlingServer {
+    ThrottlingServer::builder()
+        .down_for(DOWN)
+        .start()
+        .await
+        .unwrap()
+}
+
+pub fn breaker() -> CircuitBreaker {
+    CircuitBreaker::new()
+        .consecutive_failures(FAILURES as u32)
+        .cool_down(COOL_DOWN)
+}
+
+/// What one call came back with.
+#[derive(Debug)]
+pub enum Seen {
+    /// The server's status.
+    Status(u16),
+    /// A refusal, and the instant it told the caller to come back.
+    Refused(Throttled, Instant),
+}
+
+/// One call at a time, every `EVERY`, until `UNTIL` after `started`.
+pub async fn drive<F, Fut>(started: Instant, mut call: F) -> Vec<Seen>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<u16, Throttled>>,
+{
+    let mut seen = Vec::new();
+    while started.elapsed() < UNTIL {
+        let outcome = call().await;
+        let at = Instant::now();
+        seen.push(match outcome {
+            Ok(status) => Seen::Status(status),
+            Err(t) => {
+                let told = at + Duration::from_millis(t.retry_after_ms.unwrap_or(0));
+                Seen::Refused(t, told)
+            }
+        });
+        tokio::time::sleep(EVERY).await;
+    }
+    seen
+}
+
+/// The breaker's promises, on the server's record and the caller's.
+pub fn check(server: &ThrottlingServer, key: &str, seen: &[Seen]) {
+    let starts = server.request_starts(key);
+    let failed = server.failed(key);
+    // Down, then back: it failed at least the breaker's run, and served after.
+    assert!(
+        failed >= FAILURES && failed < starts.len(),
+        "{failed} failed of {}",
+        starts.len()
+    );
+    // No request is sent while the breaker is open: from the run that opened
+    // it on, each request (a trial) starts a cool-down after the one before.
+    for i in FAILURES..=failed {
+        let gap = starts[i] - starts[i - 1];
+        assert!(gap >= COOL_DOWN, "request {i} came {gap:?} after the last");
+    }
+    // One trial per cool-down while the server is down.
+    let trials = (DOWN.as_millis() / COOL_DOWN.as_millis()) as usize + 1;
+    assert!(failed <= FAILURES + trials, "{failed} failed requests");
+    // Nothing refused was sent.
+    let answered = seen.iter().filter(|s| matches!(s, Seen::Status(_))).count();
+    assert_eq!(answered, starts.len(), "{seen:?}");
+    // Traffic is back within one trial: after the first answer, every call
+    // is answered.
+    let first_ok = seen
+        .iter()
+        .position(|s| matches!(s, Seen::Status(200)))
+        .expect("the server recovered");
+    for s in &seen[first_ok..] {
+        assert!(matches!(s, Seen::Status(200)), "after recovery: {s:?}");
+    }
+    // Refusals: `unavailable`, scoped to the circuit, each told its own
+    // instant (never one wave).
+    let mut last_told = None;
+    let mut refused = 0;
+    for s in &seen[..first_ok] {
+        if let Seen::Refused(t, told) = s {
+            refused += 1;
+            assert_eq!(t.status, Status::Unavailable, "{t:?}");
+            assert!(t.scope.starts_with("circuit:"), "{t:?}");
+            assert!(t.retry_after_ms.is_some_and(|ms| ms > 0), "{t:?}");
+            if let Some(last) = last_told {
+                assert!(*told > last, "two refusals told the same instant: {seen:?}");
+            }
+            last_told = Some(*told);
+        }
+    }
+    assert!(refused > 0, "the breaker never opened: {seen:?}");
+}
