@@ -14,7 +14,23 @@ use loom::sync::atomic::AtomicUsize;
 use loom::sync::Arc;
 use loom::thread;
 
-use crate::admission::pools::{acquire_both, Pool, SlotError, SlotPolicy, Which};
+use crate::admission::lanes::Priority;
+use crate::admission::pools::{acquire_both, Caller, Pool, SlotError, SlotPolicy, Which};
+
+/// An interactive call under `policy`.
+fn call(policy: SlotPolicy) -> Caller<'static> {
+    Caller {
+        policy,
+        priority: Priority::INTERACTIVE,
+        tenant: "k",
+    }
+}
+
+/// Gives back the slots of a call admitted on `tool` (held as counts).
+fn release(tool: &Pool, global: &Pool) {
+    tool.release(false);
+    global.release(false);
+}
 
 /// A timeout that never fires.
 fn never() -> impl Future<Output = ()> {
@@ -44,10 +60,10 @@ fn waiting_for_a_tool_holds_no_global_slot() {
     b.check(|| {
         let p = pools();
         // A is running on X.
-        let a = block_on(acquire_both(
+        block_on(acquire_both(
             &p.x,
             &p.global,
-            SlotPolicy::Wait,
+            call(SlotPolicy::Wait),
             &p.waiting,
             8,
             pin!(never()),
@@ -58,26 +74,29 @@ fn waiting_for_a_tool_holds_no_global_slot() {
             let got = block_on(acquire_both(
                 &p2.x,
                 &p2.global,
-                SlotPolicy::Wait,
+                call(SlotPolicy::Wait),
                 &p2.waiting,
                 8,
                 pin!(never()),
             ));
+            if got.is_ok() {
+                release(&p2.x, &p2.global);
+            }
             got.is_ok()
         });
         // C on Y completes while A still runs and B waits (or has not
         // started): B holds no global slot.
-        let c = block_on(acquire_both(
+        block_on(acquire_both(
             &p.y,
             &p.global,
-            SlotPolicy::Wait,
+            call(SlotPolicy::Wait),
             &p.waiting,
             8,
             pin!(never()),
         ))
         .unwrap();
-        drop(c);
-        drop(a);
+        release(&p.y, &p.global); // C
+        release(&p.x, &p.global); // A
         assert!(b_call.join().unwrap());
         assert_eq!(p.global.sem.available_permits(), 2);
         assert_eq!(p.x.sem.available_permits(), 1);
@@ -100,17 +119,17 @@ fn fail_fast_sheds_without_keeping_the_tool_slot() {
             block_on(acquire_both(
                 &p2.y,
                 &p2.global,
-                SlotPolicy::FailFast,
+                call(SlotPolicy::FailFast),
                 &p2.waiting,
                 8,
                 pin!(never()),
             ))
-            .map(drop)
+            .map(|()| release(&p2.y, &p2.global))
         });
         let mine = block_on(acquire_both(
             &p.x,
             &p.global,
-            SlotPolicy::FailFast,
+            call(SlotPolicy::FailFast),
             &p.waiting,
             8,
             pin!(never()),
@@ -124,7 +143,9 @@ fn fail_fast_sheds_without_keeping_the_tool_slot() {
             | (Err((SlotError::Full { .. }, Which::Global)), Ok(_)) => {}
             other => panic!("unexpected outcome {other:?}"),
         }
-        drop(mine);
+        if mine.is_ok() {
+            release(&p.x, &p.global);
+        }
         assert_eq!(p.x.sem.available_permits(), 1);
         assert_eq!(p.y.sem.available_permits(), 1);
         assert_eq!(p.global.sem.available_permits(), 1);
@@ -146,10 +167,10 @@ fn close_wakes_a_waiter_on_either_pool() {
     b.check(|| {
         let p = pools();
         // A runs on X and holds the only X slot; C runs on Y.
-        let a = block_on(acquire_both(
+        block_on(acquire_both(
             &p.x,
             &p.global,
-            SlotPolicy::Wait,
+            call(SlotPolicy::Wait),
             &p.waiting,
             8,
             pin!(never()),
@@ -161,12 +182,12 @@ fn close_wakes_a_waiter_on_either_pool() {
             block_on(acquire_both(
                 &p2.x,
                 &p2.global,
-                SlotPolicy::Wait,
+                call(SlotPolicy::Wait),
                 &p2.waiting,
                 8,
                 pin!(never()),
             ))
-            .map(drop)
+            .map(|()| release(&p2.x, &p2.global))
         });
         let p3 = p.clone();
         let closer = thread::spawn(move || {
@@ -181,7 +202,7 @@ fn close_wakes_a_waiter_on_either_pool() {
             matches!(got, Err((SlotError::Closed, Which::Tool))),
             "{got:?}"
         );
-        drop(a);
+        release(&p.x, &p.global); // A
         assert_eq!(p.x.sem.available_permits(), 1);
         assert_eq!(p.global.sem.available_permits(), 2);
     });

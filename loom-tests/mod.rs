@@ -9,6 +9,7 @@ mod admission;
 mod breaker;
 mod bucket;
 mod keyed;
+mod lanes;
 mod retry_budget;
 mod semaphore;
 mod single_flight;

@@ -89,6 +89,9 @@ struct Settings {
     /// The API whose headers are read with its documented meaning.
     provider: Option<Provider>,
     breaker: Option<CircuitBreaker>,
+    /// With priority lanes: the share of the global slots background
+    /// calls may hold.
+    background_share: Option<f64>,
 }
 
 impl Builder {
@@ -123,6 +126,7 @@ impl Builder {
                     cap: 4,
                     policy: SlotPolicy::Wait,
                     budget: None,
+                    lanes: false,
                 },
                 tools: HashMap::new(),
                 default_quota: Quota::per_second(NonZeroU32::new(10).expect("10 > 0")),
@@ -132,6 +136,7 @@ impl Builder {
                 resources: Vec::new(),
                 queue_capacity: 256,
                 breaker: None,
+                background_share: None,
                 inline_wait: Duration::from_secs(2),
                 max_retry_after: Duration::from_secs(300),
                 expected_latency: Duration::from_secs(1),
@@ -544,6 +549,46 @@ impl<S, C> Builder<S, C> {
         self
     }
 
+    /// Serves waiting calls by [`Priority`](super::Priority)
+    /// ([`CallSpec::priority`](super::CallSpec::priority)): a waiting
+    /// interactive call takes the next free slot (of its tool and the
+    /// global pool) before any background one; within a priority, the
+    /// credential handed a slot from the queue least recently goes next;
+    /// within a credential, arrival order. Background calls hold at most `background_share` of
+    /// the global slots (at least one; a share outside `[0, 1]` is clamped,
+    /// not a number is 1), so an interactive call always finds the rest
+    /// free of them. A background call still ends by its deadline: it is
+    /// refused `timed_out` (scope `global:background` when the cap held it
+    /// back), never left waiting. Off by default (first come, first
+    /// served).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, CallSpec, Priority};
+    /// # futures::executor::block_on(async {
+    /// let admission = Admission::builder()
+    ///     .global_concurrency(4)
+    ///     .priority_lanes(0.5) // background calls: 2 of the 4 global slots at most
+    ///     .build();
+    /// let background = CallSpec::new("crawl", "key").priority(Priority::BACKGROUND);
+    /// let a = admission.admit(&background).await.unwrap();
+    /// let b = admission.admit(&background).await.unwrap();
+    /// // The other two slots are kept for interactive calls.
+    /// let interactive = admission.admit(&CallSpec::new("search", "key")).await.unwrap();
+    /// # drop((a, b, interactive));
+    /// # });
+    /// ```
+    pub fn priority_lanes(mut self, background_share: f64) -> Self {
+        let share = if background_share.is_nan() {
+            1.0
+        } else {
+            background_share.clamp(0.0, 1.0)
+        };
+        self.cfg.background_share = Some(share);
+        self
+    }
+
     /// Keeps a circuit breaker per (tool, credential): a server that
     /// keeps failing is sent nothing for a cool-down, then one trial call
     /// (see [`CircuitBreaker`] for what counts as a failure). Refusals are
@@ -662,6 +707,20 @@ impl<S, C> Builder<S, C> {
     where
         C: Clock + Clone,
     {
+        let mut global = Pool::new(self.cfg.global, self.cfg.expected_latency);
+        let mut tools = self.cfg.tools;
+        let mut default_tool = self.cfg.default_tool;
+        if let Some(share) = self.cfg.background_share {
+            // At least one slot, so a background call can ever run; at
+            // most all of them.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let cap = ((self.cfg.global as f64 * share).floor() as usize).clamp(1, self.cfg.global);
+            global = global.with_lanes(cap);
+            default_tool.lanes = true;
+            for cfg in tools.values_mut() {
+                cfg.lanes = true;
+            }
+        }
         let credentials = Scoped::with_clock(self.cfg.default_quota, self.clock.clone());
         for (cred, q) in &self.cfg.quotas {
             // Refused only past the registry's key limit (2^20 credentials
@@ -705,11 +764,11 @@ impl<S, C> Builder<S, C> {
                 closed_signal: crate::semaphore::Semaphore::new(0),
                 budget: RunBudget::new(self.cfg.run_budget),
                 slots: Slots::new(
-                    Pool::new(self.cfg.global, self.cfg.expected_latency),
+                    global,
                     self.cfg.queue_capacity,
                     Tools::new(
-                        self.cfg.tools,
-                        self.cfg.default_tool,
+                        tools,
+                        default_tool,
                         self.cfg.max_tools,
                         self.cfg.expected_latency,
                     ),

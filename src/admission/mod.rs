@@ -25,6 +25,7 @@ pub(crate) mod breaker;
 mod budget;
 mod builder;
 mod cache;
+pub(crate) mod lanes;
 #[cfg(feature = "metrics")]
 mod metrics_out;
 pub(crate) mod pools;
@@ -51,6 +52,7 @@ pub use crate::failure::CallFailure;
 use crate::throttled::{Status, Throttled};
 pub use breaker::CircuitBreaker;
 pub use builder::Builder;
+pub use lanes::Priority;
 pub use pools::SlotPolicy;
 pub use rate::Provider;
 pub use runner::{Call, CallResult, Reply, Runner};
@@ -98,6 +100,7 @@ struct Taken<'a, S: Sleeper, C: Clock> {
     pass: Option<breaker::Pass>,
     units: budget::Units,
     slots: bool,
+    priority: Priority,
 }
 
 impl<S: Sleeper, C: Clock> Taken<'_, S, C> {
@@ -122,7 +125,7 @@ impl<S: Sleeper, C: Clock> Drop for Taken<'_, S, C> {
     fn drop(&mut self) {
         let inner = &*self.admission.inner;
         if self.slots {
-            inner.slots.give_back(&self.tool);
+            inner.slots.give_back(&self.tool, self.priority);
         }
         inner.budget.give_back(&self.tool, self.units);
     }
@@ -255,8 +258,8 @@ where
                 ticket.tool.counters.admitted();
                 ticket.credential.counters.admitted();
                 #[cfg(feature = "metrics")]
-                metrics_out::admitted(&ticket.tool.name, started, ticket.started_at);
-                self.decided_ok(spec, started, ticket.started_at);
+                metrics_out::admitted(&ticket.tool.name, started, ticket.started());
+                self.decided_ok(spec, started, ticket.started());
             }
             Err(t) => {
                 #[cfg(feature = "metrics")]
@@ -298,7 +301,7 @@ where
             let timeout = core::pin::pin!(inner.sleeper.sleep(remaining));
             inner
                 .slots
-                .take(&taken.tool, timeout)
+                .take(&taken.tool, spec.priority, &spec.credential, timeout)
                 .await
                 .map_err(|(e, which)| self.slot_refusal(spec, &taken.tool, e, which))?;
             taken.slots = true;
@@ -313,7 +316,7 @@ where
         Ok(Ticket {
             admission: self.clone(),
             credential,
-            started_at,
+            started_at: ticket::stamp(started_at, spec.priority),
             held,
             tool: taken.keep(),
         })
@@ -343,6 +346,23 @@ where
                 pools::SlotError::Full {
                     estimate: Duration::from_nanos(told - now),
                 }
+            }
+            // A background call held back for its class says so.
+            pools::SlotError::TimedOut
+                if spec.priority.is_background() && which == pools::Which::Global =>
+            {
+                if let Some(cap) = inner.slots.global().background_cap() {
+                    return Throttled::new(
+                        Status::TimedOut,
+                        "global:background",
+                        format!(
+                            "background calls hold at most {cap} of the {} global slots and yield to \
+                             interactive ones; none came free before the call's deadline",
+                            inner.slots.global().cap
+                        ),
+                    );
+                }
+                e
             }
             e => e,
         };
@@ -393,9 +413,10 @@ where
             pass,
             units,
             slots: false,
+            priority: spec.priority,
         };
         // 3. Slots, if both are free now.
-        if !inner.slots.try_take(&taken.tool) {
+        if !inner.slots.try_take(&taken.tool, spec.priority) {
             return Err(taken);
         }
         taken.slots = true;
@@ -424,7 +445,7 @@ where
         Ok(Ok(Ticket {
             admission: self.clone(),
             credential,
-            started_at: started,
+            started_at: ticket::stamp(started, spec.priority),
             held,
             tool: taken.keep(),
         }))

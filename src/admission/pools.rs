@@ -14,7 +14,8 @@ use core::task::Poll;
 use core::time::Duration;
 use std::sync::Arc;
 
-use crate::semaphore::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
+use super::lanes::{Lanes, Priority, Wait};
+use crate::semaphore::Semaphore;
 use crate::sync::{AtomicU64, AtomicUsize, Ordering};
 use crate::throttled::{Status, Throttled};
 
@@ -53,6 +54,11 @@ pub(crate) struct Pool {
     waiting: AtomicUsize,
     /// Exponentially weighted mean of how long a slot is held, in nanos.
     hold_ns: AtomicU64,
+    /// With priority lanes, the waiting calls (the semaphore then has no
+    /// waiters of its own: every slot is taken and given back here).
+    /// Boxed: a pool without lanes stays small (the tool state's hot
+    /// fields keep their cache lines).
+    lanes: Option<Box<Lanes>>,
 }
 
 /// Why slots were not granted.
@@ -85,6 +91,41 @@ impl Pool {
             cap,
             waiting: AtomicUsize::new(0),
             hold_ns: AtomicU64::new(crate::clock::saturating_nanos(expected_hold)),
+            lanes: None,
+        }
+    }
+
+    /// Serves its waiting calls by priority (see `lanes.rs`), with at most
+    /// `background_cap` slots held by background calls.
+    pub(crate) fn with_lanes(mut self, background_cap: usize) -> Self {
+        self.lanes = Some(Box::new(Lanes::new(background_cap)));
+        self
+    }
+
+    /// The most slots background calls may hold, if capped.
+    pub(crate) fn background_cap(&self) -> Option<usize> {
+        self.lanes
+            .as_ref()
+            .map(|l| l.background_cap())
+            .filter(|&c| c < self.cap)
+    }
+
+    /// Takes a slot now, if one is free to a call of `priority`; held as a
+    /// count, given back with [`release`](Self::release).
+    #[inline]
+    pub(crate) fn try_take(&self, priority: Priority) -> bool {
+        match &self.lanes {
+            None => self.sem.try_take(1).is_ok(),
+            Some(lanes) => lanes.try_take(&self.sem, priority),
+        }
+    }
+
+    /// Gives back a slot a call of a background priority (or not) held.
+    #[inline]
+    pub(crate) fn release(&self, background: bool) {
+        match &self.lanes {
+            None => self.sem.release(1),
+            Some(lanes) => lanes.release(&self.sem, background),
         }
     }
 
@@ -92,6 +133,9 @@ impl Pool {
     /// [`SlotError::Closed`]; slots already held stay valid.
     pub(crate) fn close(&self) {
         self.sem.close();
+        if let Some(lanes) = &self.lanes {
+            lanes.close();
+        }
     }
 
     /// Calls holding a slot now.
@@ -142,23 +186,26 @@ impl Pool {
     }
 
     /// Takes one slot now, or waits for it within the policy's queue bound
-    /// and until `timeout` completes.
+    /// and until `timeout` completes; held as a count (see
+    /// [`try_take`](Self::try_take)). A refused or dropped wait holds
+    /// nothing.
     ///
     /// `shared_waiting` is the admission-wide count of waiting calls and
     /// `shared_cap` its capacity.
     pub(crate) async fn acquire<T: Future<Output = ()>>(
         &self,
-        policy: SlotPolicy,
+        call: Caller<'_>,
         shared_waiting: &AtomicUsize,
         shared_cap: usize,
         timeout: Pin<&mut T>,
-    ) -> Result<OwnedSemaphorePermit, SlotError> {
-        match self.sem.clone().try_acquire_owned() {
-            Ok(p) => return Ok(p),
-            Err(TryAcquireError::Closed) => return Err(SlotError::Closed),
-            Err(TryAcquireError::NoPermits) => {}
+    ) -> Result<(), SlotError> {
+        if self.try_take(call.priority) {
+            return Ok(());
         }
-        let own_cap = match policy {
+        if self.sem.is_closed() {
+            return Err(SlotError::Closed);
+        }
+        let own_cap = match call.policy {
             SlotPolicy::FailFast => 0,
             SlotPolicy::Wait => usize::MAX,
             SlotPolicy::Queue(n) => n,
@@ -174,45 +221,147 @@ impl Pool {
                 estimate: self.drain_estimate(ahead),
             });
         }
-        let mut acquire = core::pin::pin!(self.sem.clone().acquire_owned());
         let mut timeout = timeout;
-        core::future::poll_fn(|cx| {
-            if let Poll::Ready(r) = acquire.as_mut().poll(cx) {
-                return Poll::Ready(r.map_err(|_| SlotError::Closed));
+        let Some(lanes) = &self.lanes else {
+            let mut acquire = core::pin::pin!(self.sem.acquire());
+            return core::future::poll_fn(|cx| {
+                if let Poll::Ready(r) = acquire.as_mut().poll(cx) {
+                    return Poll::Ready(r.map(|p| p.forget()).map_err(|_| SlotError::Closed));
+                }
+                match timeout.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(SlotError::TimedOut)),
+                    Poll::Pending => Poll::Pending,
+                }
+            })
+            .await;
+        };
+        let waiter = match lanes.take_or_wait(&self.sem, call.priority, call.tenant) {
+            None => return Err(SlotError::Closed),
+            Some(Ok(())) => return Ok(()),
+            Some(Err(waiter)) => waiter,
+        };
+        // Out of its lane however the wait ends (a slot handed to it after
+        // it stopped waiting is passed on), unless it got one.
+        let mut guard = LaneGuard {
+            lanes,
+            sem: &self.sem,
+            waiter: &waiter,
+            done: false,
+        };
+        let mut wait = core::pin::pin!(Wait { waiter: &waiter });
+        let got = core::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = wait.as_mut().poll(cx) {
+                return Poll::Ready(r.map_err(|()| SlotError::Closed));
             }
             match timeout.as_mut().poll(cx) {
                 Poll::Ready(()) => Poll::Ready(Err(SlotError::TimedOut)),
                 Poll::Pending => Poll::Pending,
             }
         })
-        .await
+        .await;
+        guard.done = got.is_ok();
+        got
     }
 }
 
-/// Takes the tool's slot, then the global one (see the module docs).
+/// Who is asking for a slot: the tool's policy, the call's priority and
+/// the credential it is fair among.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Caller<'a> {
+    pub(crate) policy: SlotPolicy,
+    pub(crate) priority: Priority,
+    pub(crate) tenant: &'a str,
+}
+
+/// Takes a waiter out of its lane when its wait ends without a slot.
+struct LaneGuard<'a> {
+    lanes: &'a Lanes,
+    sem: &'a Semaphore,
+    waiter: &'a Arc<super::lanes::Waiter>,
+    done: bool,
+}
+
+impl Drop for LaneGuard<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.lanes.cancel(self.sem, self.waiter);
+        }
+    }
+}
+
+/// A slot held as a count while the call takes its next one: given back
+/// if it is dropped before [`keep`](Self::keep).
+struct Taken<'a> {
+    pool: &'a Pool,
+    background: bool,
+}
+
+impl Taken<'_> {
+    fn keep(self) {
+        core::mem::forget(self);
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        self.pool.release(self.background);
+    }
+}
+
+/// Takes the tool's slot, then the global one (see the module docs); both
+/// held as counts.
 pub(crate) async fn acquire_both<T: Future<Output = ()>>(
     tool: &Pool,
     global: &Pool,
-    policy: SlotPolicy,
+    call: Caller<'_>,
     shared_waiting: &AtomicUsize,
     shared_cap: usize,
     mut timeout: Pin<&mut T>,
-) -> Result<(OwnedSemaphorePermit, OwnedSemaphorePermit), (SlotError, Which)> {
-    let tool_slot = tool
-        .acquire(policy, shared_waiting, shared_cap, timeout.as_mut())
+) -> Result<(), (SlotError, Which)> {
+    // A background call under a cap takes its global slot first: waiting
+    // for the cap, it holds none of its tool's slots, which stay free for
+    // interactive calls. (It may then hold a global slot while it waits
+    // for its tool; the cap leaves the other global slots to interactive
+    // calls, which take their tool's slot first, so no wait cycle forms.)
+    if call.priority.is_background() && global.background_cap().is_some() {
+        global
+            .acquire(call, shared_waiting, shared_cap, timeout.as_mut())
+            .await
+            .map_err(|e| (e, Which::Global))?;
+        let global_slot = Taken {
+            pool: global,
+            background: true,
+        };
+        tool.acquire(call, shared_waiting, shared_cap, timeout)
+            .await
+            .map_err(|e| (e, Which::Tool))?;
+        global_slot.keep();
+        return Ok(());
+    }
+    tool.acquire(call, shared_waiting, shared_cap, timeout.as_mut())
         .await
         .map_err(|e| (e, Which::Tool))?;
+    let tool_slot = Taken {
+        pool: tool,
+        background: call.priority.is_background(),
+    };
     // The global pool has no per-tool policy: a call that holds its tool's
-    // slot waits for a global one in FIFO order, within the shared bound.
-    let global_policy = match policy {
+    // slot waits for a global one in its lane's order, within the shared
+    // bound.
+    let global_policy = match call.policy {
         SlotPolicy::FailFast => SlotPolicy::FailFast,
         _ => SlotPolicy::Wait,
     };
-    let global_slot = global
-        .acquire(global_policy, shared_waiting, shared_cap, timeout)
+    let global_call = Caller {
+        policy: global_policy,
+        ..call
+    };
+    global
+        .acquire(global_call, shared_waiting, shared_cap, timeout)
         .await
         .map_err(|e| (e, Which::Global))?;
-    Ok((tool_slot, global_slot))
+    tool_slot.keep();
+    Ok(())
 }
 
 /// Which pool refused.

@@ -6,7 +6,8 @@ use core::future::Future;
 use core::pin::Pin;
 use std::sync::Arc;
 
-use super::pools::{self, Pool, SlotError, Which};
+use super::lanes::Priority;
+use super::pools::{self, Caller, Pool, SlotError, Which};
 use super::tools::{ToolState, Tools};
 use crate::sync::{AtomicUsize, Ordering};
 use crate::throttled::Throttled;
@@ -51,24 +52,23 @@ impl Slots {
     /// as counts, not permits: a ticket gives them back in its `Drop`, a
     /// call that is not admitted with [`give_back`](Self::give_back).
     #[inline]
-    pub(super) fn try_take(&self, tool: &ToolState) -> bool {
-        let Ok(tool_slot) = tool.pool.sem.try_acquire() else {
+    pub(super) fn try_take(&self, tool: &ToolState, priority: Priority) -> bool {
+        if !tool.pool.try_take(priority) {
             return false;
-        };
-        let Ok(global_slot) = self.global.sem.try_acquire() else {
+        }
+        if !self.global.try_take(priority) {
+            tool.pool.release(priority.is_background());
             return false;
-        };
-        tool_slot.forget();
-        global_slot.forget();
+        }
         true
     }
 
-    /// Gives back both slots of a call that was not admitted (no hold
-    /// time is recorded).
+    /// Gives back both slots of a call of `priority` that was not
+    /// admitted (no hold time is recorded).
     #[cold]
-    pub(super) fn give_back(&self, tool: &ToolState) {
-        tool.pool.sem.release(1);
-        self.global.sem.release(1);
+    pub(super) fn give_back(&self, tool: &ToolState, priority: Priority) {
+        tool.pool.release(priority.is_background());
+        self.global.release(priority.is_background());
     }
 
     /// Takes both slots, waiting for them (in FIFO order, within the
@@ -78,20 +78,24 @@ impl Slots {
     pub(super) async fn take<T: Future<Output = ()>>(
         &self,
         tool: &ToolState,
+        priority: Priority,
+        tenant: &str,
         timeout: Pin<&mut T>,
     ) -> Result<(), (SlotError, Which)> {
-        let (tool_slot, global_slot) = pools::acquire_both(
+        let call = Caller {
+            policy: tool.policy,
+            priority,
+            tenant,
+        };
+        pools::acquire_both(
             &tool.pool,
             &self.global,
-            tool.policy,
+            call,
             &self.waiting,
             self.queue_capacity,
             timeout,
         )
-        .await?;
-        tool_slot.forget();
-        global_slot.forget();
-        Ok(())
+        .await
     }
 
     /// The pool that refused a call of `tool`.
@@ -102,11 +106,17 @@ impl Slots {
         }
     }
 
-    /// A ticket's global slot, held `held` ns, given back.
+    /// A ticket's global slot, held `held` ns by a call of a background
+    /// priority or not, given back.
     #[inline]
-    pub(super) fn release_global(&self, held: u64) {
+    pub(super) fn release_global(&self, held: u64, background: bool) {
         self.global.record_hold(held);
-        self.global.sem.release(1);
+        self.global.release(background);
+    }
+
+    /// The global pool (its background cap, for a refusal's words).
+    pub(super) fn global(&self) -> &Pool {
+        &self.global
     }
 
     /// Calls in flight (holding a global slot).

@@ -4,6 +4,8 @@
 use core::time::Duration;
 use std::borrow::Cow;
 
+use super::lanes::Priority;
+
 /// The name of the request quota in [`CallSpec::cost`].
 pub(crate) const REQUESTS: &str = "requests";
 
@@ -42,6 +44,11 @@ pub struct CallSpec {
     /// a longer one is returned at once as `rate_limited` with
     /// `retry_after_ms`, so a long deadline never means a long sleep.
     pub deadline: Duration,
+    /// Which calls go first when calls wait for slots, with
+    /// [`Builder::priority_lanes`](super::Builder::priority_lanes):
+    /// [`Priority::INTERACTIVE`] (the default) or
+    /// [`Priority::BACKGROUND`], or any level between and beyond.
+    pub priority: Priority,
 }
 
 impl CallSpec {
@@ -61,6 +68,7 @@ impl CallSpec {
             write: false,
             costs: Vec::new(),
             deadline: Duration::from_secs(30),
+            priority: Priority::INTERACTIVE,
         }
     }
 
@@ -75,6 +83,21 @@ impl CallSpec {
     /// ```
     pub fn write(mut self) -> Self {
         self.write = true;
+        self
+    }
+
+    /// The call's priority (see
+    /// [`Builder::priority_lanes`](super::Builder::priority_lanes)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{CallSpec, Priority};
+    /// let spec = CallSpec::new("crawl", "k").priority(Priority::BACKGROUND);
+    /// assert!(spec.priority.is_background());
+    /// ```
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
         self
     }
 

@@ -44,6 +44,8 @@ where
     pub(super) admission: Admission<S, C>,
     pub(super) tool: Arc<ToolState>,
     pub(super) credential: Arc<CredentialState>,
+    /// When it was admitted (layer clock, ns), with
+    /// [`BACKGROUND`] set for a background call (see [`stamp`]).
     pub(super) started_at: u64,
     /// The cells reserved for the call, for `settle`.
     pub(super) held: Held,
@@ -90,7 +92,7 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
             &self.credential.name,
             status,
             hint,
-            self.started_at,
+            self.started(),
         )
     }
 
@@ -223,14 +225,15 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
 impl<S: Sleeper, C: Clock> Drop for Ticket<S, C> {
     fn drop(&mut self) {
         let now = self.admission.inner.clock.now_nanos();
-        let held = now.saturating_sub(self.started_at);
+        let held = now.saturating_sub(self.started());
         self.tool.pool.record_hold(held);
         self.credential.counters.finished();
         #[cfg(feature = "metrics")]
         super::metrics_out::finished(&self.tool.name);
         // The slots `admit` took and forgot (see the `held` field).
-        self.tool.pool.sem.release(1);
-        self.admission.inner.slots.release_global(held);
+        let background = self.started_at & BACKGROUND != 0;
+        self.tool.pool.release(background);
+        self.admission.inner.slots.release_global(held, background);
     }
 }
 
@@ -243,7 +246,30 @@ impl<S: Sleeper, C: Clock> fmt::Debug for Ticket<S, C> {
     }
 }
 
+/// The top bit of a ticket's `started_at`: a background call's (its
+/// slots are given back as such). An instant on the layer clock reaches
+/// it after 292 years; the ticket stays 128 bytes, the size its moves
+/// stay inline at.
+pub(super) const BACKGROUND: u64 = 1 << 63;
+
+/// `started_at` for a call of `priority` admitted at `at`.
+#[inline]
+pub(super) fn stamp(at: u64, priority: super::Priority) -> u64 {
+    let at = at & !BACKGROUND;
+    if priority.is_background() {
+        at | BACKGROUND
+    } else {
+        at
+    }
+}
+
 impl<S: Sleeper, C: Clock> Ticket<S, C> {
+    /// When it was admitted (layer clock, ns).
+    #[inline]
+    pub(super) fn started(&self) -> u64 {
+        self.started_at & !BACKGROUND
+    }
+
     /// The admission layer that granted this ticket.
     #[cfg(feature = "tower")]
     pub(crate) fn admission(&self) -> &Admission<S, C> {

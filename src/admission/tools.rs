@@ -26,6 +26,8 @@ pub(super) struct ToolConfig {
     pub(super) cap: usize,
     pub(super) policy: SlotPolicy,
     pub(super) budget: Option<u32>,
+    /// Whether the tool's waiting calls are served by priority.
+    pub(super) lanes: bool,
 }
 
 pub(super) struct ToolState {
@@ -69,7 +71,12 @@ impl ToolState {
         Self {
             name: Arc::from(name),
             dynamic,
-            pool: Pool::new(cfg.cap, expected_latency),
+            pool: match cfg.lanes {
+                // No cap on a tool's pool: background calls are capped on
+                // the global one.
+                true => Pool::new(cfg.cap, expected_latency).with_lanes(usize::MAX),
+                false => Pool::new(cfg.cap, expected_latency),
+            },
             policy: cfg.policy,
             used: AtomicU32::new(0),
             budget: cfg.budget,

@@ -16,8 +16,8 @@ use crate::retry::{Attempts, RequestDeadline};
 use crate::sleep::{DefaultSleeper, Sleeper};
 use crate::throttled::{Human, Status};
 use crate::{
-    admission::Admission, admission::CallSpec, headers::ServerHint, retry::Deadline,
-    retry::Decision, retry::RetryPolicy, Throttled,
+    admission::Admission, admission::CallSpec, admission::Priority, headers::ServerHint,
+    retry::Deadline, retry::Decision, retry::RetryPolicy, Throttled,
 };
 
 type Derive = Arc<dyn Fn(&Request) -> String + Send + Sync>;
@@ -56,6 +56,10 @@ mod usage;
 /// * The **deadline** is [`RequestDeadline`](crate::retry::RequestDeadline) from the request's
 ///   extensions, else the default (30 s). Admission waits, the requests,
 ///   retries and their backoff are all charged to it.
+/// * The **priority** is a [`Priority`](crate::admission::Priority) in the
+///   request's extensions (`.with_extension(Priority::BACKGROUND)`), else
+///   interactive; it orders waiting calls on a layer with
+///   [`priority_lanes`](crate::admission::Builder::priority_lanes).
 /// * A bare or unparsable 429 waits [`RetryPolicy::BARE_429_HOLD`] (the
 ///   same hold admission puts on the credential), not the backoff.
 /// * **Costs**: [`cost_from`](Self::cost_from) says what a request draws
@@ -485,6 +489,8 @@ where
         let tool = (self.tool)(&req);
         let credential = (self.credential)(&req);
         let costs = self.cost.as_ref().map(|f| f(&req)).unwrap_or_default();
+        // A request's priority travels as an extension, like its deadline.
+        let priority = extensions.get::<Priority>().copied().unwrap_or_default();
         let mut policy: Option<RetryPolicy> = None;
         let mut sent = 0u32;
         let mut req = req;
@@ -494,7 +500,9 @@ where
         loop {
             let left = deadline.remaining().saturating_add(readmit);
             let inline = core::mem::take(&mut readmit);
-            let mut spec = CallSpec::new(tool.as_str(), credential.as_str()).deadline(left);
+            let mut spec = CallSpec::new(tool.as_str(), credential.as_str())
+                .deadline(left)
+                .priority(priority);
             for (name, units) in &costs {
                 spec = spec.cost(name.clone(), *units);
             }

@@ -617,7 +617,6 @@ impl Semaphore {
     /// that tracks them itself and gives them back with
     /// [`release`](Self::release) (the tower layer's one-pointer permit).
     #[inline]
-    #[cfg(feature = "tower")]
     pub(crate) fn try_take(&self, n: usize) -> Result<(), TryAcquireError> {
         self.raw.try_acquire(n)
     }

@@ -614,3 +614,50 @@ fn a_circuit_trial_refused_later_or_dropped_unanswered_is_given_back() {
         assert!(admission.admit(&other).await.is_ok());
     });
 }
+
+/// Issue #23 item 1: with priority lanes, calls waiting at one priority
+/// are served fairly across credentials (the one handed a slot from the
+/// queue least recently goes next), not in arrival order: a credential
+/// that queued three calls first does not make another's one call wait
+/// behind all three.
+/// Without lanes the same calls go first come, first served.
+#[tokio::test(flavor = "current_thread")]
+async fn waiting_calls_are_served_fairly_across_credentials() {
+    async fn order(lanes: bool) -> Vec<&'static str> {
+        let mut builder = Admission::builder().global_concurrency(1);
+        if lanes {
+            builder = builder.priority_lanes(1.0);
+        }
+        let admission = builder
+            .fixed_rates()
+            .default_quota(Quota::per_second(
+                std::num::NonZeroU32::new(1_000_000).unwrap(),
+            ))
+            .build();
+        let first = admission.admit(&CallSpec::new("t", "a")).await.unwrap();
+        let served = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for credential in ["a", "a", "a", "b"] {
+            let (layer, served) = (admission.clone(), served.clone());
+            tasks.push(tokio::spawn(async move {
+                let ticket = layer.admit(&CallSpec::new("t", credential)).await.unwrap();
+                served.lock().unwrap().push(credential);
+                tokio::task::yield_now().await;
+                drop(ticket);
+            }));
+            // Each call queued before the next arrives.
+            while admission.waiting() < tasks.len() {
+                tokio::task::yield_now().await;
+            }
+        }
+        drop(first);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        Arc::try_unwrap(served).unwrap().into_inner().unwrap()
+    }
+    // Neither was handed a slot from the queue yet: arrival order first;
+    // then b, served least recently, before a's next two.
+    assert_eq!(order(true).await, ["a", "b", "a", "a"]);
+    assert_eq!(order(false).await, ["a", "a", "a", "b"]);
+}

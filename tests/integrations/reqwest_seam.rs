@@ -559,3 +559,124 @@ async fn a_failing_server_is_sent_nothing_while_its_circuit_is_open_through_runn
     .await;
     down_server::check(&server, "key-a", &seen);
 }
+
+/// Issue #23 item 1: 100 background calls flood a layer with priority
+/// lanes (4 global slots, background at most `share` of them), then 4
+/// interactive calls arrive. On the server's record, no more background
+/// requests start between the interactive calls' arrival and the last of
+/// their starts than the background cap (already handed their slots):
+/// the interactive ones go first. Every background call ends with an
+/// answer or a structured refusal.
+async fn interactive_calls_go_before_a_flood(share: f64, bg_cap: usize) {
+    use backpressure::admission::Priority;
+    let server = ThrottlingServer::builder()
+        .latency(Duration::from_millis(150))
+        .start()
+        .await
+        .unwrap();
+    let admission = Admission::builder()
+        .global_concurrency(4)
+        .priority_lanes(share)
+        .build();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            AdmissionMiddleware::new(admission.clone())
+                .retry_policy(RetryPolicy::default().max_retries(0)),
+        )
+        .build();
+    let send = |key: &'static str, priority: Priority, deadline: Duration| {
+        let request = client
+            .get(server.url())
+            .header("authorization", format!("Bearer {key}"))
+            .with_extension(priority)
+            .with_extension(RequestDeadline(deadline));
+        async move {
+            match request.send().await {
+                Ok(r) => Ok(r.status().as_u16()),
+                Err(reqwest_middleware::Error::Middleware(e)) => {
+                    Err(e.downcast_ref::<Throttled>().expect("a Throttled").clone())
+                }
+                Err(e) => panic!("transport error: {e}"),
+            }
+        }
+    };
+    let background: Vec<_> = (0..100)
+        .map(|_| tokio::spawn(send("bg", Priority::BACKGROUND, Duration::from_secs(2))))
+        .collect();
+    // The flood is queued and running.
+    while server.count("bg") < 2 || admission.waiting() < 90 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let arrived = Instant::now();
+    let interactive: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(send("fg", Priority::INTERACTIVE, Duration::from_secs(2))))
+        .collect();
+    for call in interactive {
+        assert_eq!(call.await.unwrap(), Ok(200));
+    }
+    let fg = server.request_starts("fg");
+    assert_eq!(fg.len(), 4);
+    let last_fg = *fg.iter().max().unwrap();
+    let bg_meanwhile = server
+        .request_starts("bg")
+        .iter()
+        .filter(|&&t| t > arrived && t < last_fg)
+        .count();
+    assert!(
+        bg_meanwhile <= bg_cap,
+        "{bg_meanwhile} background requests went first"
+    );
+    let (mut done, mut dropped, mut held_back) = (0, 0, 0);
+    for call in background {
+        match tokio::time::timeout(Duration::from_secs(10), call)
+            .await
+            .expect("ended")
+            .unwrap()
+        {
+            Ok(200) => done += 1,
+            Ok(status) => panic!("status {status}"),
+            // Its credential's rate (learned from 10/s) would not fit.
+            Err(t) if t.status == Status::RateLimited => assert_eq!(t.attempts, 0),
+            Err(t) => {
+                assert_eq!(t.status, Status::TimedOut, "{t:?}");
+                match t.attempts {
+                    // Sent, and still running at its deadline.
+                    1 => {
+                        assert_eq!(t.scope, "deadline", "{t:?}");
+                        dropped += 1;
+                    }
+                    // Never sent: held back for its class (under a cap),
+                    // or waiting for its tool behind the calls before it.
+                    _ if t.scope == "global:background" => held_back += 1,
+                    _ => assert!(t.scope.starts_with("tool:"), "{t:?}"),
+                }
+            }
+        }
+    }
+    assert_eq!(
+        done + dropped,
+        server.count("bg"),
+        "every request sent is accounted for"
+    );
+    assert!(done >= 4, "background calls still ran: {done}");
+    assert_eq!(server.max_in_flight("bg"), bg_cap, "the background cap");
+    assert_eq!(
+        held_back > 0,
+        bg_cap < 4,
+        "refused for its class: {held_back}"
+    );
+}
+
+/// Capped at half the global slots: the interactive calls find the
+/// other half free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interactive_calls_go_before_a_flood_of_background_ones_held_to_half_the_slots() {
+    interactive_calls_go_before_a_flood(0.5, 2).await;
+}
+
+/// No cap: the background calls hold every slot, and each slot freed goes
+/// to an interactive call first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interactive_calls_go_before_a_flood_of_background_ones_holding_every_slot() {
+    interactive_calls_go_before_a_flood(1.0, 4).await;
+}
