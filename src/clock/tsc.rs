@@ -38,6 +38,10 @@ impl Tsc {
     /// `DefaultClock::new` runs on per-request paths (a `Deadline`), where
     /// three CPUIDs (each a VM exit under a hypervisor) would cost more
     /// than the reads they speed up.
+    /// Reads through quanta (no TSC of its own).
+    #[cfg(miri)]
+    pub(super) const OS: Self = Self { scale: 0 };
+
     pub(super) fn detect(clock: &quanta::Clock) -> Self {
         static SCALE: OnceLock<u64> = OnceLock::new();
         let scale = *SCALE.get_or_init(|| Self::probe(clock));
