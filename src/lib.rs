@@ -59,6 +59,7 @@ mod sleep;
 mod sync;
 mod throttled;
 mod wait_list;
+mod window;
 
 pub use bucket::{CheckError, Quota, QuotaError, Reservation, ReserveError, TokenBucket};
 pub use clock::{Clock, ManualClock};
@@ -81,6 +82,7 @@ pub use semaphore::{
 };
 pub use sleep::{DefaultSleeper, Sleeper};
 pub use throttled::{Status, Throttled};
+pub use window::RollingWindow;
 
 /// The README's Rust examples run as doctests.
 #[cfg(doctest)]

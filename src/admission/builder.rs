@@ -611,7 +611,10 @@ impl<S, C> Builder<S, C> {
 
     /// Admits `credential` through `limiter`, a quota shared with other
     /// processes (a `RedisBucket` with the `redis` feature), instead of a
-    /// local bucket. A 429 observed on it holds back every process.
+    /// local bucket. A 429 observed on it holds back every process. Any
+    /// [`RateLimiter`] will do: a [`RollingWindow`](crate::RollingWindow)
+    /// matches a server that counts "T per rolling W" exactly (rates are
+    /// then not learned for the credential; the limiter is the quota).
     ///
     /// # Examples
     ///

@@ -680,3 +680,52 @@ async fn interactive_calls_go_before_a_flood_of_background_ones_held_to_half_the
 async fn interactive_calls_go_before_a_flood_of_background_ones_holding_every_slot() {
     interactive_calls_go_before_a_flood(1.0, 4).await;
 }
+
+/// Issue #23 item 6: a server that counts "10 per rolling 250 ms" (a
+/// sliding log), met by a `RollingWindow` standing for the credential's
+/// request quota: 30 parallel calls, no 429, and on the server's record
+/// never more than 10 in any 250 ms. The client's window is 300 ms: the
+/// margin absorbs the jitter between a reserved instant and the
+/// request's arrival (a GCRA quota would need `burst + rate x W <= 10`
+/// instead, e.g. burst 2 at 32/s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_window_quota_meets_a_sliding_log_server_without_a_429() {
+    use backpressure::RollingWindow;
+    use std::num::NonZeroU32;
+    let window = Duration::from_millis(250);
+    let server = ThrottlingServer::builder()
+        .limit(Limit::Window {
+            requests: 10,
+            window,
+        })
+        .start()
+        .await
+        .unwrap();
+    let credential = AdmissionMiddleware::credential_of(b"Bearer key-a");
+    let admission = Admission::builder()
+        .shared_quota(
+            credential,
+            RollingWindow::new(NonZeroU32::new(10).unwrap(), Duration::from_millis(300)),
+        )
+        .inline_wait(Duration::from_secs(30))
+        .build();
+    let outcomes = fan_out(client(admission), server.url()).await;
+    assert!(outcomes.iter().all(|o| o == &Ok(200)), "{outcomes:?}");
+    assert_eq!(server.throttled("key-a"), 0);
+    let starts = server.request_starts("key-a");
+    assert_eq!(starts.len(), 30);
+    let most = starts
+        .iter()
+        .map(|&t| starts.iter().filter(|&&u| u >= t && u < t + window).count())
+        .max()
+        .unwrap();
+    assert!(most <= 10, "{most} requests in one window");
+    // The whole limit went at once: the window is not halved into a burst.
+    assert_eq!(
+        starts
+            .iter()
+            .filter(|&&u| u < starts[0] + Duration::from_millis(100))
+            .count(),
+        10
+    );
+}
