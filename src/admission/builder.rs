@@ -92,6 +92,8 @@ struct Settings {
     /// With priority lanes: the share of the global slots background
     /// calls may hold.
     background_share: Option<f64>,
+    /// The share of each limit the server states that this layer takes.
+    key_share: Option<f64>,
 }
 
 impl Builder {
@@ -137,6 +139,7 @@ impl Builder {
                 queue_capacity: 256,
                 breaker: None,
                 background_share: None,
+                key_share: None,
                 inline_wait: Duration::from_secs(2),
                 max_retry_after: Duration::from_secs(300),
                 expected_latency: Duration::from_secs(1),
@@ -580,12 +583,44 @@ impl<S, C> Builder<S, C> {
     /// # });
     /// ```
     pub fn priority_lanes(mut self, background_share: f64) -> Self {
-        let share = if background_share.is_nan() {
-            1.0
-        } else {
-            background_share.clamp(0.0, 1.0)
-        };
-        self.cfg.background_share = Some(share);
+        self.cfg.background_share = Some(clamp_share(background_share));
+        self
+    }
+
+    /// Takes at most `share` of every limit the server states for a key
+    /// (`RateLimit-Policy`, `X-RateLimit-Limit`, a provider's limit
+    /// headers), leaving the rest to the key's other users (a production
+    /// job on the org's key): a stated limit `L` is read as
+    /// `floor(L x share)`, so the learned rate and the weighted quotas take
+    /// that part; and once the server reports less left than the headroom
+    /// `L - floor(L x share)`, this layer holds the key back until the
+    /// reset, before the others hear a 429. A share outside `[0, 1]` is
+    /// clamped (at least one request of each limit is taken), not a number
+    /// is 1.
+    ///
+    /// A server that states no limit gives no part to take: a rate learned
+    /// from 429s alone already runs on what the others leave, and this
+    /// changes nothing for it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::headers::ServerHint;
+    /// use std::time::SystemTime;
+    /// # futures::executor::block_on(async {
+    /// let admission = Admission::builder().key_share(0.5).build();
+    /// let ticket = admission.admit(&CallSpec::new("search", "org-key")).await.unwrap();
+    /// // The key's limit is 100 a minute and 40 are left: below the 50 kept for the others.
+    /// let hint = ServerHint::from_headers(
+    ///     [("ratelimit-policy", r#""key";q=100;w=60"#), ("ratelimit", r#""key";r=40;t=30"#)],
+    ///     SystemTime::now(),
+    /// );
+    /// assert_eq!(ticket.observe(200, &hint), Some(std::time::Duration::from_secs(30)));
+    /// # });
+    /// ```
+    pub fn key_share(mut self, share: f64) -> Self {
+        self.cfg.key_share = Some(clamp_share(share));
         self
     }
 
@@ -789,7 +824,8 @@ impl<S, C> Builder<S, C> {
                     self.cfg.max_retry_after,
                     self.cfg.shared,
                     self.cfg.provider.map(Provider::window),
-                ),
+                )
+                .with_key_share(self.cfg.key_share),
                 totals: Default::default(),
                 told: Default::default(),
                 breakers: self.cfg.breaker.map(Breakers::new),
@@ -806,6 +842,15 @@ impl<S: fmt::Debug, C: fmt::Debug> fmt::Debug for Builder<S, C> {
             .field("queue_capacity", &self.cfg.queue_capacity)
             .field("inline_wait", &self.cfg.inline_wait)
             .finish_non_exhaustive()
+    }
+}
+
+/// A share, clamped into `[0, 1]`; not a number is 1.
+fn clamp_share(share: f64) -> f64 {
+    if share.is_nan() {
+        1.0
+    } else {
+        share.clamp(0.0, 1.0)
     }
 }
 

@@ -729,3 +729,84 @@ async fn a_rolling_window_quota_meets_a_sliding_log_server_without_a_429() {
         10
     );
 }
+
+/// Issue #23 item 2: a harness that shares the org's key with a
+/// production job (20 requests per 2 s window, stated in `RateLimit`
+/// headers) takes half of it. The job has spent 12; the harness's first
+/// call reads 7 left, below the 10 kept for the job, and holds back: its
+/// next four calls are refused at once (nothing sent) and the job's next
+/// 7 requests all pass. Without the share, the harness's calls take the
+/// key's last requests and the job hears four 429s.
+#[tokio::test]
+async fn a_key_share_leaves_the_other_users_of_the_key_their_headroom() {
+    async fn run(share: Option<f64>) -> (Vec<Result<u16, Throttled>>, usize) {
+        let server = ThrottlingServer::builder()
+            .limit(Limit::Window {
+                requests: 20,
+                window: Duration::from_secs(2),
+            })
+            .ietf_headers()
+            .start()
+            .await
+            .unwrap();
+        let job = reqwest::Client::new();
+        let job_sends = |n: usize| {
+            let (job, url) = (job.clone(), server.url());
+            async move {
+                let mut refused = 0;
+                for _ in 0..n {
+                    let r = job.get(&url).bearer_auth("org").send().await.unwrap();
+                    refused += usize::from(r.status() == 429);
+                }
+                refused
+            }
+        };
+        assert_eq!(job_sends(12).await, 0);
+        // Rate waits are slept (up to 1 s); the 2 s hold is not.
+        let mut builder = Admission::builder().inline_wait(Duration::from_secs(1));
+        if let Some(share) = share {
+            builder = builder.key_share(share);
+        }
+        let client = ClientBuilder::new(reqwest::Client::new())
+            .with(
+                AdmissionMiddleware::new(builder.build())
+                    .retry_policy(RetryPolicy::default().max_retries(0)),
+            )
+            .build();
+        let mut mine = Vec::new();
+        for _ in 0..5 {
+            mine.push(
+                match client.get(server.url()).bearer_auth("org").send().await {
+                    Ok(r) => Ok(r.status().as_u16()),
+                    Err(reqwest_middleware::Error::Middleware(e)) => {
+                        Err(e.downcast_ref::<Throttled>().expect("a Throttled").clone())
+                    }
+                    Err(e) => panic!("transport error: {e}"),
+                },
+            );
+        }
+        let job_refused = job_sends(7).await;
+        assert_eq!(
+            server.count("org"),
+            12 + mine.iter().filter(|m| m.is_ok()).count() + 7
+        );
+        (mine, job_refused)
+    }
+    let (mine, job_refused) = run(Some(0.5)).await;
+    assert_eq!(mine[0], Ok(200));
+    // Held until the window resets (within 2 s), each told its own turn.
+    let told: Vec<u64> = mine[1..]
+        .iter()
+        .map(|m| {
+            let t = m.as_ref().expect_err("held back");
+            assert_eq!(t.status, Status::RateLimited, "{t:?}");
+            t.retry_after_ms.expect("a wait")
+        })
+        .collect();
+    assert!(told[0] > 0 && told[0] <= 2_000, "{told:?}");
+    assert!(told.windows(2).all(|w| w[0] < w[1]), "{told:?}");
+    assert_eq!(job_refused, 0, "the job kept its headroom");
+    let (mine, job_refused) = run(None).await;
+    assert!(mine.iter().all(|m| m == &Ok(200)), "{mine:?}");
+    assert_eq!(job_refused, 4, "without the share the job pays");
+}

@@ -65,6 +65,9 @@ pub(super) struct Rates<C: Clock> {
     /// The window of limits the server states without one (the
     /// configured provider's, see `Provider`).
     provider_window: Option<Duration>,
+    /// The share of each limit the server states that this layer takes
+    /// (`Builder::key_share`).
+    key_share: Option<f64>,
 }
 
 impl<C: Clock> Rates<C> {
@@ -90,7 +93,15 @@ impl<C: Clock> Rates<C> {
             shared,
             pending: parking_lot::Mutex::new(std::collections::HashMap::new()),
             provider_window,
+            key_share: None,
         }
+    }
+
+    /// Takes `share` of every limit the server states (see
+    /// `Builder::key_share`).
+    pub(super) fn with_key_share(mut self, share: Option<f64>) -> Self {
+        self.key_share = share;
+        self
     }
 
     /// `name`'s learned state, created on first use (its bucket in

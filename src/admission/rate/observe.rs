@@ -65,6 +65,15 @@ where
             }
             _ => hint,
         };
+        // A key shared with others: this layer's part of each limit.
+        let shared_key;
+        let hint = match inner.rates.key_share {
+            Some(share) if states_limits(hint) => {
+                shared_key = with_share(hint, share);
+                &shared_key
+            }
+            _ => hint,
+        };
         // A 429 for another quota than requests (tokens spent, requests
         // left) says nothing about the request rate: it is not fed to it,
         // and it holds that quota alone when the layer has it.
@@ -255,6 +264,43 @@ fn needs_window(hint: &ServerHint) -> bool {
         .any(|p| p.name.is_some() && p.quota.is_some() && p.window.is_none())
 }
 
+/// Whether `hint` states a limit (a share of it can be taken).
+fn states_limits(hint: &ServerHint) -> bool {
+    hint.limit.is_some() || hint.policies.iter().any(|p| p.quota.is_some())
+}
+
+/// `hint` as this layer's part of the key: each stated limit `L` becomes
+/// `floor(L x share)` (at least 1), and what is left of it is what is
+/// left beyond the headroom `L - floor(L x share)` kept for the key's
+/// other users. Spent below the headroom, it reads 0 left: the layer
+/// holds back until the reset before the others are refused.
+fn with_share(hint: &ServerHint, share: f64) -> ServerHint {
+    let part = |limit: u64| -> u64 {
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
+        let mine = ((limit as f64) * share).floor() as u64;
+        // A limit of 0 stays 0 (nothing to share); any other keeps at least 1.
+        mine.clamp(limit.min(1), limit)
+    };
+    let mut hint = hint.clone();
+    if let Some(limit) = hint.limit {
+        let mine = part(limit);
+        hint.remaining = hint.remaining.map(|r| r.saturating_sub(limit - mine));
+        hint.limit = Some(mine);
+    }
+    for p in &mut hint.policies {
+        if let Some(limit) = p.quota {
+            let mine = part(limit);
+            p.remaining = p.remaining.map(|r| r.saturating_sub(limit - mine));
+            p.quota = Some(mine);
+        }
+    }
+    hint
+}
+
 /// `hint` with `window` on every named limit that states none.
 fn with_window(hint: &ServerHint, window: Duration) -> ServerHint {
     let mut hint = hint.clone();
@@ -365,4 +411,41 @@ fn request_wait<C: Clock>(hint: &ServerHint, resources: &[Resource<C>]) -> Optio
         .filter(|p| p.remaining == Some(0) && !is_resource(p.name.as_deref()))
         .filter_map(|p| p.reset_after);
     top.into_iter().chain(policies).max()
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::*;
+
+    fn hint(limit: u64, remaining: u64) -> ServerHint {
+        ServerHint {
+            limit: Some(limit),
+            remaining: Some(remaining),
+            policies: vec![crate::headers::Policy {
+                quota: Some(limit),
+                remaining: Some(remaining),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_share_of_a_limit_leaves_its_headroom_to_the_others() {
+        let h = with_share(&hint(100, 60), 0.5);
+        assert_eq!((h.limit, h.remaining), (Some(50), Some(10)));
+        assert_eq!(
+            (h.policies[0].quota, h.policies[0].remaining),
+            (Some(50), Some(10))
+        );
+        // Below the headroom: none left for this layer.
+        assert_eq!(with_share(&hint(100, 30), 0.5).remaining, Some(0));
+        // At least one request of a limit; a limit of 0 stays 0.
+        let h = with_share(&hint(10, 10), 0.0);
+        assert_eq!((h.limit, h.remaining), (Some(1), Some(1)));
+        let h = with_share(&hint(0, 0), 0.5);
+        assert_eq!((h.limit, h.remaining), (Some(0), Some(0)));
+        // The whole key.
+        assert_eq!(with_share(&hint(7, 3), 1.0).remaining, Some(3));
+    }
 }
