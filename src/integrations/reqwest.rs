@@ -26,6 +26,7 @@ type Usage = Arc<dyn Fn(&Response) -> Vec<(String, u32)> + Send + Sync>;
 type BodyUsage = Arc<dyn Fn(&[u8]) -> Vec<(String, u32)> + Send + Sync>;
 
 mod call;
+mod stream;
 mod usage;
 
 /// Admits every request through an [`Admission`] before it is sent,
@@ -93,6 +94,8 @@ pub struct AdmissionMiddleware<S: Sleeper = DefaultSleeper, C: Clock = DefaultCl
     usage: Option<Usage>,
     /// What a successful, non-streamed body says was used.
     body_usage: Option<BodyUsage>,
+    /// What each event of a streamed body says was used.
+    stream_usage: Option<Arc<stream::EventUsage>>,
     /// Refusals answered as synthetic 429 responses, not errors.
     responses: bool,
 }
@@ -119,6 +122,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
             cost: None,
             usage: None,
             body_usage: None,
+            stream_usage: None,
             responses: false,
         }
     }
@@ -268,7 +272,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     /// [`usage_from`](Self::usage_from). The body is read once, here, and
     /// the caller gets a response with the same status, headers,
     /// extensions, URL and body; a streamed body (`text/event-stream`) is
-    /// left alone, unread.
+    /// left alone here (see [`usage_from_stream`](Self::usage_from_stream)).
     ///
     /// # Examples
     ///
@@ -290,6 +294,36 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
         f: impl Fn(&[u8]) -> Vec<(String, u32)> + Send + Sync + 'static,
     ) -> Self {
         self.body_usage = Some(Arc::new(f));
+        self
+    }
+
+    /// What a streamed reply (`text/event-stream`) says it used: `f` reads
+    /// each event's data ([`llm_event_usage`](AdmissionMiddleware::llm_event_usage)
+    /// reads OpenAI's final `usage` chunk and Anthropic's `message_start`
+    /// and `message_delta`), the largest count per name is kept, and when
+    /// the body is read to its end the request's ticket is settled with
+    /// them (`tokens` is at least `input_tokens + output_tokens`).
+    ///
+    /// A streamed reply keeps its ticket (its tool slot and global slot)
+    /// until its body is read to the end or dropped, with or without this:
+    /// the concurrency limits count the streams still being read, not
+    /// only the requests waiting for their headers. A stream cut off by an
+    /// error counts against the circuit, and settles nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::Admission;
+    /// use backpressure::reqwest::AdmissionMiddleware;
+    /// let m = AdmissionMiddleware::new(Admission::builder().build())
+    ///     .usage_from_stream(AdmissionMiddleware::llm_event_usage);
+    /// # drop(m);
+    /// ```
+    pub fn usage_from_stream(
+        mut self,
+        f: impl Fn(&[u8]) -> Vec<(String, u32)> + Send + Sync + 'static,
+    ) -> Self {
+        self.stream_usage = Some(Arc::new(f));
         self
     }
 
@@ -378,6 +412,28 @@ impl AdmissionMiddleware {
     /// ```
     pub fn llm_usage(body: &[u8]) -> Vec<(String, u32)> {
         usage::llm_usage(body)
+    }
+
+    /// What one event of an LLM's streamed reply says it used (for
+    /// [`usage_from_stream`](Self::usage_from_stream)): the fields present,
+    /// as `input_tokens`, `output_tokens` and `tokens`. OpenAI sends
+    /// `usage` in its last chunk (with `stream_options.include_usage`);
+    /// Anthropic sends the input in `message_start` (under `message`) and
+    /// the output so far in each `message_delta`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::reqwest::AdmissionMiddleware;
+    /// let read = AdmissionMiddleware::llm_event_usage;
+    /// let start = br#"{"type":"message_start","message":{"usage":{"input_tokens":700,"output_tokens":1}}}"#;
+    /// let delta = br#"{"type":"message_delta","usage":{"output_tokens":105}}"#;
+    /// assert_eq!(read(start), [("input_tokens".to_string(), 700), ("output_tokens".to_string(), 1)]);
+    /// assert_eq!(read(delta), [("output_tokens".to_string(), 105)]);
+    /// assert!(read(b"[DONE]").is_empty());
+    /// ```
+    pub fn llm_event_usage(data: &[u8]) -> Vec<(String, u32)> {
+        stream::llm_event_usage(data)
     }
 }
 
@@ -570,6 +626,21 @@ where
                     (None, ServerHint::default())
                 }
             };
+            // A streamed reply carries its ticket until its body ends.
+            if let Ok(response) = &result
+                && response.status().is_success()
+                && usage::is_stream(response)
+            {
+                let Ok(response) = result else {
+                    unreachable!("matched Ok above")
+                };
+                return Ok(stream::hold(
+                    response,
+                    ticket,
+                    self.stream_usage.clone(),
+                    sent,
+                ));
+            }
             drop(ticket);
             let policy = policy.get_or_insert_with(|| self.retry.lock().fork());
             match (policy.decide_reply(status, &hint, &mut deadline), copy) {

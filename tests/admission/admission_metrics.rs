@@ -109,3 +109,47 @@ fn metrics_report_every_decision() {
         drop(b);
     });
 }
+
+/// An open circuit's refusals (issue #23 item 3) reach the recorder as
+/// `status="unavailable"`, and `Admission::stats` counts them.
+#[test]
+fn an_open_circuit_refusal_is_counted_as_unavailable() {
+    use backpressure::admission::CircuitBreaker;
+    use backpressure::headers::ServerHint;
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let clock = ManualClock::new();
+        let admission = Admission::builder()
+            .sleeper(clock.clone())
+            .clock(clock)
+            .circuit_breaker(CircuitBreaker::new().consecutive_failures(1))
+            .build();
+        let spec = CallSpec::new("search", "k");
+        let Poll::Ready(Ok(t)) = now(admission.admit(&spec)) else {
+            panic!()
+        };
+        t.observe(500, &ServerHint::default());
+        drop(t);
+        for _ in 0..2 {
+            let Poll::Ready(Err(refused)) = now(admission.admit(&spec)) else {
+                panic!()
+            };
+            assert_eq!(refused.status, Status::Unavailable);
+        }
+        let snap = snapshotter.snapshot().into_vec();
+        assert_eq!(
+            value(
+                &snap,
+                MetricKind::Counter,
+                "backpressure_refused_total",
+                &[("tool", "search"), ("status", "unavailable")]
+            ),
+            Some(&DebugValue::Counter(2))
+        );
+        let stats = admission.stats();
+        assert_eq!(stats.refused.unavailable, 2);
+        assert_eq!(stats.refused.get(Status::Unavailable), 2);
+        assert_eq!(stats.refused.total(), 2);
+    });
+}
