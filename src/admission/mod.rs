@@ -25,6 +25,7 @@ pub(crate) mod breaker;
 mod budget;
 mod builder;
 mod cache;
+mod circuit;
 pub(crate) mod lanes;
 #[cfg(feature = "metrics")]
 mod metrics_out;
@@ -451,92 +452,6 @@ where
         }))
     }
 
-    /// The call's place in the circuit of its (tool, credential): closed,
-    /// or the trial; refused while open or while another trial is out.
-    #[inline(never)]
-    fn circuit(
-        &self,
-        breakers: &breaker::Breakers,
-        spec: &CallSpec,
-        tool: &ToolState,
-        now: u64,
-    ) -> Result<breaker::Pass, Throttled> {
-        let circuit = breakers.circuit(&tool.name, &spec.credential);
-        // A trial is out until answered, for a cool-down at most (its
-        // deadline, if shorter).
-        let trial_for = breakers
-            .config
-            .cool_down_nanos()
-            .min(saturating_nanos(spec.deadline));
-        match circuit.admit(now, trial_for) {
-            breaker::Admit::Closed => Ok(breaker::Pass { circuit, trial: 0 }),
-            breaker::Admit::Trial(trial) => Ok(breaker::Pass { circuit, trial }),
-            breaker::Admit::Refused { until, trial } => {
-                Err(self.circuit_refusal(&breakers.config, spec, now, until, trial))
-            }
-        }
-    }
-
-    /// Words an open circuit's refusal. Calls refused together are told
-    /// instants a tenth of the cool-down apart (see `stagger.rs`): once
-    /// the trial succeeds they come back spread, not as one wave.
-    #[cold]
-    fn circuit_refusal(
-        &self,
-        config: &CircuitBreaker,
-        spec: &CallSpec,
-        now: u64,
-        until: u64,
-        trial: bool,
-    ) -> Throttled {
-        let inner = &*self.inner;
-        let step = config.cool_down_nanos() / 10;
-        // A trial out is answered within its latency, usually well before
-        // it lapses (`until`): come back a step later, not at the lapse.
-        let ready = if trial {
-            now.saturating_add(step).min(until)
-        } else {
-            until
-        };
-        let limit = format!("circuit\u{0}{}\u{0}{}", spec.tool, spec.credential);
-        let after = Duration::from_nanos(inner.told.tell(&limit, now, ready, step) - now);
-        let hint = if trial {
-            format!(
-                "the server kept failing and one trial call is testing it now; retry after {}",
-                crate::throttled::Human(after)
-            )
-        } else {
-            format!(
-                "the server kept failing (5xx or no answer); nothing is sent for {}, then one trial call; retry after {}",
-                crate::throttled::Human(Duration::from_nanos(until - now)),
-                crate::throttled::Human(after)
-            )
-        };
-        Throttled::new(Status::Unavailable, format!("circuit:{}", spec.tool), hint)
-            .with_retry_after(after)
-    }
-
-    /// Feeds a call's outcome to the circuit of (`tool`, `credential`),
-    /// if the layer keeps circuits.
-    #[inline]
-    pub(super) fn circuit_outcome(
-        &self,
-        tool: &Arc<str>,
-        credential: &str,
-        outcome: breaker::Outcome,
-    ) {
-        if let Some(breakers) = &self.inner.breakers {
-            // The clock is read only for a failure (it may open the circuit).
-            let now = match outcome {
-                breaker::Outcome::Failed => self.inner.clock.now_nanos(),
-                _ => 0,
-            };
-            breakers
-                .circuit(tool, credential)
-                .record(&breakers.config, outcome, now);
-        }
-    }
-
     /// Stage 1: refuses at once when closed; the tool's state (created on
     /// first use).
     #[inline]
@@ -741,82 +656,5 @@ impl<S, C: Clock> fmt::Debug for Admission<S, C> {
     }
 }
 
-/// The `Taken` hand-off (its `keep` moves fields out with `ptr::read`):
-/// run under miri in CI. A call admitted at once, one that waits for a
-/// slot, one refused after taking slots and a circuit trial, and one
-/// whose admission is dropped mid-wait: every slot, budget unit and trial
-/// comes back exactly once.
 #[cfg(all(test, not(feature = "loom")))]
-mod taken {
-    use super::*;
-    use crate::clock::ManualClock;
-    use core::task::{Context, Poll};
-
-    fn poll<F: Future>(f: core::pin::Pin<&mut F>) -> Poll<F::Output> {
-        f.poll(&mut Context::from_waker(futures::task::noop_waker_ref()))
-    }
-
-    #[test]
-    fn every_path_through_taken_gives_back_or_keeps_exactly_once() {
-        let clock = ManualClock::new();
-        let admission = Admission::builder()
-            .clock(clock.clone())
-            .sleeper(clock.clone())
-            .global_concurrency(1)
-            .run_budget(10)
-            .fixed_rates()
-            .default_quota(crate::Quota::per_second(
-                core::num::NonZeroU32::new(1_000).expect("non-zero"),
-            ))
-            .circuit_breaker(CircuitBreaker::new().consecutive_failures(1))
-            .build();
-        let spec = CallSpec::new("t", "k");
-        // At once: kept by the ticket.
-        let first = futures::executor::block_on(admission.admit(&spec)).unwrap();
-        // Waits for the slot (staged path), then is dropped mid-wait.
-        {
-            let mut waiting = core::pin::pin!(admission.admit(&spec));
-            assert!(poll(waiting.as_mut()).is_pending());
-            assert_eq!(admission.waiting(), 1);
-        }
-        assert_eq!(admission.waiting(), 0);
-        // Waits, then is handed the slot.
-        let mut next = Box::pin(admission.admit(&spec));
-        assert!(poll(next.as_mut()).is_pending());
-        drop(first);
-        let second = match poll(next.as_mut()) {
-            Poll::Ready(Ok(t)) => t,
-            other => panic!("handed the freed slot: {other:?}"),
-        };
-        second.observe(500, &crate::headers::ServerHint::default());
-        drop(second);
-        // The circuit opened; after its cool-down the trial is refused by
-        // the rate stage (a hold), so the trial and the slots come back.
-        clock.advance(Duration::from_secs(5));
-        let hint = crate::headers::ServerHint::from_headers(
-            [("retry-after", "600")],
-            std::time::UNIX_EPOCH, // a delay in seconds: no wall clock needed
-        );
-        admission.observe("t", "k", 429, &hint);
-        let refused = futures::executor::block_on(admission.admit(&spec)).unwrap_err();
-        assert_eq!(refused.status, Status::QuotaExhausted);
-        assert!(admission.inner.slots.try_take(
-            &admission.inner.slots.tool("t").unwrap(),
-            Priority::INTERACTIVE
-        ));
-        let tool = admission.inner.slots.tool("t").unwrap();
-        admission
-            .inner
-            .slots
-            .give_back(&tool, Priority::INTERACTIVE);
-        // The trial came back too: with the hold lifted, this call is it.
-        admission.lift_hold("k");
-        let trial = futures::executor::block_on(admission.admit(&spec)).unwrap();
-        let during = futures::executor::block_on(admission.admit(&spec)).unwrap_err();
-        assert_eq!(during.status, Status::Unavailable, "the trial is out");
-        assert!(during.hint.contains("trial"), "{during:?}");
-        drop(trial);
-        // 3 kept; the refused and the dropped ones given back.
-        assert_eq!(admission.stats().admitted, 3);
-    }
-}
+mod taken;

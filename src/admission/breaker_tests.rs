@@ -1,0 +1,192 @@
+//! Unit tests of `breaker.rs`.
+
+use super::*;
+
+const MS: u64 = 1_000_000;
+
+fn cfg(n: u32) -> CircuitBreaker {
+    CircuitBreaker::new()
+        .consecutive_failures(n)
+        .cool_down(Duration::from_millis(1))
+}
+
+#[test]
+fn opens_after_the_failures_in_a_row_and_an_answer_resets_the_run() {
+    let c = Circuit::default();
+    let cfg = cfg(3);
+    c.record(&cfg, Outcome::Failed, 0);
+    c.record(&cfg, Outcome::Failed, 0);
+    c.record(&cfg, Outcome::Answered, 0);
+    c.record(&cfg, Outcome::Failed, 0);
+    c.record(&cfg, Outcome::Failed, 0);
+    assert_eq!(c.admit(10, MS), Admit::Closed, "an answer broke the run");
+    // 429s are no verdict either way.
+    c.record(&cfg, Outcome::Capacity, 0);
+    c.record(&cfg, Outcome::Failed, 10);
+    assert_eq!(
+        c.admit(11, MS),
+        Admit::Refused {
+            until: MS + 10,
+            trial: false
+        }
+    );
+}
+
+#[test]
+fn one_trial_after_the_cool_down_and_its_failure_reopens() {
+    let c = Circuit::default();
+    let cfg = cfg(1);
+    c.record(&cfg, Outcome::Failed, 0);
+    // Open: answers count for nothing until the cool-down is over.
+    c.record(&cfg, Outcome::Answered, 1);
+    assert!(matches!(
+        c.admit(MS - 1, MS),
+        Admit::Refused {
+            until: MS,
+            trial: false
+        }
+    ));
+    assert_eq!(c.admit(MS, 5 * MS), Admit::Trial(6 * MS));
+    assert_eq!(
+        c.admit(MS + 1, 5 * MS),
+        Admit::Refused {
+            until: 6 * MS,
+            trial: true
+        }
+    );
+    c.record(&cfg, Outcome::Failed, 2 * MS);
+    assert_eq!(
+        c.admit(3 * MS - 1, MS),
+        Admit::Refused {
+            until: 3 * MS,
+            trial: false
+        }
+    );
+    assert!(matches!(c.admit(3 * MS, MS), Admit::Trial(_)));
+    c.record(&cfg, Outcome::Capacity, 3 * MS + 1);
+    assert_eq!(
+        c.admit(3 * MS + 1, MS),
+        Admit::Closed,
+        "a 429 proves the server up"
+    );
+}
+
+#[test]
+fn a_trial_given_back_or_lapsed_makes_the_next_call_the_trial() {
+    let c = Circuit::default();
+    let cfg = cfg(1);
+    c.record(&cfg, Outcome::Failed, 0);
+    let Admit::Trial(lapse) = c.admit(2 * MS, MS) else {
+        panic!("due")
+    };
+    c.release(lapse);
+    let Admit::Trial(second) = c.admit(2 * MS + 1, MS) else {
+        panic!("given back: due at once")
+    };
+    // A stale release (the first trial's) does not free the second.
+    c.release(lapse);
+    assert!(matches!(
+        c.admit(2 * MS + 2, MS),
+        Admit::Refused { trial: true, .. }
+    ));
+    // Never answered: it lapses, and the next call is the trial.
+    assert!(matches!(c.admit(second, MS), Admit::Trial(_)));
+    // Answered: a release after it changes nothing.
+    c.record(&cfg, Outcome::Answered, second);
+    c.release(second + MS);
+    assert_eq!(c.admit(second, MS), Admit::Closed);
+}
+
+#[test]
+fn a_pass_gives_its_trial_back_unless_kept() {
+    let c = Arc::new(Circuit::default());
+    c.record(&cfg(1), Outcome::Failed, 0);
+    let Admit::Trial(lapse) = c.admit(MS, MS) else {
+        panic!("due")
+    };
+    drop(Pass {
+        circuit: c.clone(),
+        trial: lapse,
+    });
+    let Admit::Trial(lapse) = c.admit(MS, MS) else {
+        panic!("given back")
+    };
+    Pass {
+        circuit: c.clone(),
+        trial: lapse,
+    }
+    .keep();
+    assert!(matches!(
+        c.admit(MS, MS),
+        Admit::Refused { trial: true, .. }
+    ));
+}
+
+#[test]
+fn the_ratio_opens_on_a_window_that_failed_enough() {
+    let c = Circuit::default();
+    let cfg = cfg(100).failure_ratio(0.5, 4);
+    // 1 of 4: closed, and the window starts afresh.
+    for o in [
+        Outcome::Failed,
+        Outcome::Answered,
+        Outcome::Answered,
+        Outcome::Answered,
+    ] {
+        c.record(&cfg, o, 0);
+    }
+    assert_eq!(c.admit(0, MS), Admit::Closed);
+    // 2 of 4 (never 2 in a row): open.
+    for o in [
+        Outcome::Failed,
+        Outcome::Answered,
+        Outcome::Failed,
+        Outcome::Answered,
+    ] {
+        assert_eq!(c.admit(0, MS), Admit::Closed);
+        c.record(&cfg, o, 5);
+    }
+    assert!(matches!(c.admit(5, MS), Admit::Refused { until, .. } if until == MS + 5));
+}
+
+#[test]
+fn bad_settings_are_clamped() {
+    let b = CircuitBreaker::new()
+        .consecutive_failures(0)
+        .failure_ratio(f64::NAN, 0)
+        .cool_down(Duration::ZERO);
+    assert_eq!(b.consecutive, 1);
+    assert_eq!(b.ratio, None);
+    assert_eq!(b.cool_down, Duration::from_millis(1));
+    assert_eq!(CircuitBreaker::new().failure_ratio(1.5, 10).ratio, None);
+    assert_eq!(CircuitBreaker::new().failure_ratio(-0.5, 10).ratio, None);
+    let b = CircuitBreaker::new()
+        .consecutive_failures(u32::MAX)
+        .failure_ratio(1.0, u32::MAX)
+        .cool_down(Duration::MAX);
+    assert_eq!(b.consecutive, CircuitBreaker::MAX_COUNT);
+    assert_eq!(b.ratio, Some((1.0, CircuitBreaker::MAX_COUNT)));
+    // Instants saturate instead of wrapping into the tag.
+    let c = Circuit::default();
+    c.record(&b.consecutive_failures(1), Outcome::Failed, u64::MAX);
+    assert!(matches!(c.admit(u64::MAX, u64::MAX), Admit::Trial(VALUE)));
+}
+
+#[test]
+fn the_map_stays_bounded_and_keeps_what_it_must() {
+    let b = Breakers::new(cfg(1));
+    let tool: Arc<str> = Arc::from("t");
+    let held = b.circuit(&tool, "held");
+    let open = b.circuit(&tool, "open");
+    open.record(&b.config, Outcome::Failed, 0);
+    drop(open);
+    for i in 0..MAX_CIRCUITS + 10 {
+        drop(b.circuit(&tool, &i.to_string()));
+    }
+    assert!(b.len() <= MAX_CIRCUITS);
+    assert!(Arc::ptr_eq(&held, &b.circuit(&tool, "held")));
+    assert!(matches!(
+        b.circuit(&tool, "open").admit(1, MS),
+        Admit::Refused { .. }
+    ));
+}
