@@ -498,9 +498,7 @@ async fn a_failing_server_is_sent_nothing_while_its_circuit_is_open_through_the_
     use crate::down_server::{self, Seen};
     let started = Instant::now();
     let server = down_server::down_server().await;
-    let admission = Admission::builder()
-        .circuit_breaker(down_server::breaker())
-        .build();
+    let admission = down_server::admission();
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(
             AdmissionMiddleware::new(admission.clone())
@@ -528,9 +526,7 @@ async fn a_failing_server_is_sent_nothing_while_its_circuit_is_open_through_runn
     use backpressure::admission::{Call, CallResult, CallSpec, Runner};
     let started = Instant::now();
     let server = down_server::down_server().await;
-    let admission = Admission::builder()
-        .circuit_breaker(down_server::breaker())
-        .build();
+    let admission = down_server::admission();
     let runner: Runner<http::Response<Vec<u8>>, reqwest_middleware::Error> =
         Runner::new(admission, Duration::ZERO).retry_policy(RetryPolicy::default().max_retries(0));
     let client = ClientWithMiddleware::from(reqwest::Client::new());

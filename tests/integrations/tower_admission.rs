@@ -392,9 +392,7 @@ async fn a_failing_server_is_sent_nothing_while_its_circuit_is_open_through_the_
     use crate::down_server;
     let started = std::time::Instant::now();
     let server = down_server::down_server().await;
-    let admission = Admission::builder()
-        .circuit_breaker(down_server::breaker())
-        .build();
+    let admission = down_server::admission();
     let svc = client(admission, server.addr());
     let seen = down_server::drive(started, || {
         let svc = svc.clone();

@@ -29,6 +29,13 @@ pub async fn down_server() -> ThrottlingServer {
         .unwrap()
 }
 
+/// An admission layer with the breaker, as every path's twin uses it.
+pub fn admission() -> backpressure::admission::Admission {
+    backpressure::admission::Admission::builder()
+        .circuit_breaker(breaker())
+        .build()
+}
+
 pub fn breaker() -> CircuitBreaker {
     CircuitBreaker::new()
         .consecutive_failures(FAILURES as u32)
