@@ -10,6 +10,8 @@ mod refusal;
 pub mod reqwest;
 #[cfg(feature = "testing")]
 pub mod testing;
+#[cfg(any(feature = "reqwest", all(feature = "tower", feature = "http")))]
+mod ticket_body;
 #[cfg(feature = "tower")]
 pub mod tower;
 

@@ -13,6 +13,8 @@ mod tower_admission;
 mod tower_concurrency;
 #[cfg(feature = "tower")]
 mod tower_layers;
+#[cfg(all(feature = "tower", feature = "reqwest"))]
+mod tower_streams;
 
 /// A loopback server with rolling-window limits, shared by the modules above.
 #[cfg(all(
@@ -30,3 +32,9 @@ mod window_server;
 ))]
 #[path = "../support/down_server.rs"]
 mod down_server;
+
+/// A loopback LLM that streams (the streamed-reply twins of the reqwest and
+/// tower modules).
+#[cfg(feature = "reqwest")]
+#[path = "../support/stream_server.rs"]
+mod stream_server;

@@ -53,6 +53,7 @@ async fn sent(request: reqwest_middleware::RequestBuilder) -> Result<u16, Thrott
     }
 }
 
+use crate::stream_server;
 use crate::window_server;
 use window_server::window_server as server;
 
@@ -786,48 +787,6 @@ async fn a_key_share_leaves_the_other_users_of_the_key_their_headroom() {
     assert_eq!(job_refused, 4, "without the share the job pays");
 }
 
-/// A loopback LLM that streams (server-sent events): each request gets its
-/// headers and a first event at once, then waits for `finish` to send the
-/// final `usage` event and `[DONE]`, and closes. Returns its address and
-/// the number of requests it accepted.
-async fn streaming_server(
-    finish: Arc<tokio::sync::Notify>,
-) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let count = accepted.clone();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            count.fetch_add(1, Ordering::SeqCst);
-            let finish = finish.clone();
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    let n = s.read(&mut buf).await.unwrap_or(0);
-                    if n == 0 {
-                        return;
-                    }
-                    head.extend_from_slice(&buf[..n]);
-                }
-                let first = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n\
-                             data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n";
-                if s.write_all(first.as_bytes()).await.is_err() {
-                    return;
-                }
-                finish.notified().await;
-                let rest = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":700,\"completion_tokens\":105,\"total_tokens\":805}}\n\n\
-                            data: [DONE]\n\n";
-                let _ = s.write_all(rest.as_bytes()).await;
-                let _ = s.shutdown().await;
-            });
-        }
-    });
-    (addr, accepted)
-}
-
 /// Issue #23 item 5: a streamed reply holds its call's slot until its body
 /// is read to the end (a probe call needing the one global slot is shed
 /// meanwhile), and the `usage` event at the stream's end settles the
@@ -839,7 +798,7 @@ async fn a_streamed_reply_holds_its_slot_until_read_and_settles_its_usage() {
     use backpressure::{ManualClock, Quota};
     use std::num::NonZeroU32;
     let finish = Arc::new(tokio::sync::Notify::new());
-    let (addr, accepted) = streaming_server(finish.clone()).await;
+    let (addr, accepted) = stream_server::streaming_server(finish.clone()).await;
     let admission = Admission::builder()
         .clock(ManualClock::new())
         .global_concurrency(1)

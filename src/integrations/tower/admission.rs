@@ -4,6 +4,7 @@
 
 mod future;
 mod hooks;
+mod release;
 
 use core::fmt;
 use core::task::{Context, Poll};
@@ -16,11 +17,13 @@ use crate::admission::Admission;
 use crate::clock::{Clock, DefaultClock};
 use crate::sleep::{DefaultSleeper, Sleeper};
 
-use future::AdmissionFuture;
+pub use future::AdmissionFuture;
 #[cfg(feature = "http")]
-use hooks::{HttpSpec, ObserveHttp, RefusalResponses};
-pub use hooks::{MakeSpec, Observe};
-use hooks::{ObserveOk, UsageFrom};
+pub use hooks::{HttpSpec, ObserveHttp, RefusalResponses};
+pub use hooks::{MakeSpec, Observe, ObserveOk, UsageFrom};
+#[cfg(feature = "http")]
+pub use release::AtBodyEnd;
+pub use release::{AtHead, Release};
 
 /// Admits each request through one shared [`Admission`] (its concurrency
 /// pools, rate limits per credential, budgets and the holds servers
@@ -48,8 +51,9 @@ use hooks::{ObserveOk, UsageFrom};
 ///   `ObserveHttp` with `AdmissionLayer::http` (status and limit
 ///   headers: a 429 with `Retry-After` holds back the credential), or a
 ///   closure of yours ([`observe_with`](Self::observe_with)). Then the ticket is
-///   dropped. For a streamed body, the ticket covers the call until the
-///   response head, not the body. A shared credential's hold is pushed to
+///   dropped: it covers the call until the response head, or, with
+///   [`hold_bodies`](Self::hold_bodies), until the body is read to its end
+///   or dropped (a streamed reply holds its slot while it streams). A shared credential's hold is pushed to
 ///   the shared limiter by its next `admit` (see
 ///   [`Ticket::report`](crate::admission::Ticket::report)).
 /// * **Refusal.** A [`Throttled`](crate::Throttled) inside the
@@ -101,10 +105,17 @@ use hooks::{ObserveOk, UsageFrom};
 /// assert_eq!(admission.stats().in_flight, 0); // the ticket came back
 /// # });
 /// ```
-pub struct AdmissionLayer<M, O = ObserveOk, Sl = DefaultSleeper, C: Clock = DefaultClock> {
+pub struct AdmissionLayer<
+    M,
+    O = ObserveOk,
+    Sl = DefaultSleeper,
+    C: Clock = DefaultClock,
+    R = AtHead,
+> {
     admission: Admission<Sl, C>,
     spec: M,
     observe: O,
+    release: R,
     deadline: Option<Duration>,
     raw: bool,
 }
@@ -127,6 +138,7 @@ impl<M, Sl, C: Clock> AdmissionLayer<M, ObserveOk, Sl, C> {
             admission,
             spec,
             observe: ObserveOk,
+            release: AtHead,
             deadline: None,
             raw: false,
         }
@@ -157,6 +169,7 @@ impl<F, Sl, C: Clock> AdmissionLayer<HttpSpec<F>, ObserveHttp, Sl, C> {
             admission,
             spec: HttpSpec(spec),
             observe: ObserveHttp,
+            release: AtHead,
             deadline: None,
             raw: false,
         }
@@ -164,7 +177,7 @@ impl<F, Sl, C: Clock> AdmissionLayer<HttpSpec<F>, ObserveHttp, Sl, C> {
 }
 
 #[cfg(feature = "http")]
-impl<M, Sl, C: Clock> AdmissionLayer<M, ObserveHttp, Sl, C> {
+impl<M, Sl, C: Clock, R> AdmissionLayer<M, ObserveHttp, Sl, C, R> {
     /// Answers the layer's own refusals (not admitted, past the deadline,
     /// or the server's 429 past what the call could wait) as a synthetic
     /// 429 response (503 when closed) an HTTP client keeps, instead of an
@@ -201,12 +214,12 @@ impl<M, Sl, C: Clock> AdmissionLayer<M, ObserveHttp, Sl, C> {
     /// assert!(Throttled::is_refusal(refused.headers()));
     /// # });
     /// ```
-    pub fn refusals_as_responses(self) -> AdmissionLayer<M, RefusalResponses, Sl, C> {
+    pub fn refusals_as_responses(self) -> AdmissionLayer<M, RefusalResponses, Sl, C, R> {
         self.observe_with(RefusalResponses)
     }
 }
 
-impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C> {
+impl<M, O, Sl, C: Clock, R> AdmissionLayer<M, O, Sl, C, R> {
     /// The deadline of every request, replacing the one its spec has
     /// (a request's own `RequestDeadline` still beats it).
     ///
@@ -241,11 +254,12 @@ impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C> {
     ///     .observe_with(|r: &Result<u16, BoxError>| r.as_ref().ok().map(|s| (*s, ServerHint::default())));
     /// # drop(layer);
     /// ```
-    pub fn observe_with<O2>(self, observe: O2) -> AdmissionLayer<M, O2, Sl, C> {
+    pub fn observe_with<O2>(self, observe: O2) -> AdmissionLayer<M, O2, Sl, C, R> {
         AdmissionLayer {
             admission: self.admission,
             spec: self.spec,
             observe,
+            release: self.release,
             deadline: self.deadline,
             raw: self.raw,
         }
@@ -286,7 +300,7 @@ impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C> {
     /// assert_eq!(admission.available("key", "tokens"), Some(10_000 - 805));
     /// # });
     /// ```
-    pub fn usage_from<F>(self, usage: F) -> AdmissionLayer<M, UsageFrom<O, F>, Sl, C> {
+    pub fn usage_from<F>(self, usage: F) -> AdmissionLayer<M, UsageFrom<O, F>, Sl, C, R> {
         AdmissionLayer {
             admission: self.admission,
             spec: self.spec,
@@ -294,6 +308,7 @@ impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C> {
                 observe: self.observe,
                 usage,
             },
+            release: self.release,
             deadline: self.deadline,
             raw: self.raw,
         }
@@ -348,19 +363,100 @@ impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C> {
     }
 }
 
-impl<M: Clone, O: Clone, Sl, C: Clock> Clone for AdmissionLayer<M, O, Sl, C> {
-    fn clone(&self) -> Self {
+#[cfg(feature = "http")]
+impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C, AtHead> {
+    /// Holds each call's ticket (its tool slot and global slot) in the
+    /// response's body, a [`TicketBody`](super::TicketBody), until the body
+    /// is read to its end, fails or is dropped, instead of releasing it
+    /// with the response head: the concurrency limits count the replies
+    /// still streaming, as an LLM router must. With
+    /// [`usage_from_stream`](AdmissionLayer::usage_from_stream), the usage
+    /// the stream reports at its end settles the call's estimate. A body
+    /// cut off by an error counts against the circuit. For
+    /// `http::Response`s; a refusal answered as a response holds nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::tower::{llm_event_usage, AdmissionLayer};
+    /// use backpressure::{ManualClock, Quota};
+    /// use http_body_util::BodyExt;
+    /// use std::num::NonZeroU32;
+    /// use tower::{service_fn, Layer, ServiceExt};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let admission = Admission::builder()
+    ///     .clock(ManualClock::new())
+    ///     .resource("tokens", Quota::per_minute(NonZeroU32::new(10_000).unwrap()))
+    ///     .build();
+    /// let svc = AdmissionLayer::http(admission.clone(), |_: &http::Request<()>| {
+    ///     CallSpec::new("chat", "key").cost("tokens", 4_000) // an estimate
+    /// })
+    /// .hold_bodies()
+    /// .usage_from_stream(llm_event_usage)
+    /// .layer(service_fn(|_req: http::Request<()>| async {
+    ///     // An OpenAI-style stream whose last chunk reports the usage.
+    ///     let sse = "data: {\"choices\":[]}\n\ndata: {\"usage\":{\"prompt_tokens\":700,\"completion_tokens\":105}}\n\n";
+    ///     Ok::<_, std::io::Error>(http::Response::new(sse.to_string()))
+    /// }));
+    /// let response = svc.oneshot(http::Request::new(())).await.unwrap();
+    /// assert!(response.body().holds_ticket());
+    /// assert_eq!(admission.stats().in_flight, 1); // the stream holds its slot
+    /// let body = response.into_body().collect().await.unwrap().to_bytes();
+    /// assert!(body.starts_with(b"data: "));
+    /// assert_eq!(admission.stats().in_flight, 0);
+    /// assert_eq!(admission.available("key", "tokens"), Some(10_000 - 805));
+    /// # });
+    /// ```
+    pub fn hold_bodies(self) -> AdmissionLayer<M, O, Sl, C, AtBodyEnd> {
         AdmissionLayer {
-            admission: self.admission.clone(),
-            spec: self.spec.clone(),
-            observe: self.observe.clone(),
+            admission: self.admission,
+            spec: self.spec,
+            observe: self.observe,
+            release: AtBodyEnd::default(),
             deadline: self.deadline,
             raw: self.raw,
         }
     }
 }
 
-impl<M, O, Sl, C: Clock> fmt::Debug for AdmissionLayer<M, O, Sl, C> {
+#[cfg(feature = "http")]
+impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C, AtBodyEnd> {
+    /// What a held body's stream (server-sent events) says the call used:
+    /// `f` reads each `data:` line ([`llm_event_usage`](super::llm_event_usage)
+    /// reads OpenAI's final `usage` chunk and Anthropic's `message_start`
+    /// and `message_delta`), the largest count per quota name is kept, and
+    /// when the body is read to its end the call's ticket is settled with
+    /// them (`tokens` is at least `input_tokens + output_tokens`). A body
+    /// dropped before its end settles nothing: the estimate stands.
+    ///
+    /// # Examples
+    ///
+    /// See [`hold_bodies`](AdmissionLayer::hold_bodies).
+    pub fn usage_from_stream(
+        mut self,
+        f: impl Fn(&[u8]) -> Vec<(String, u32)> + Send + Sync + 'static,
+    ) -> Self {
+        self.release.usage = Some(std::sync::Arc::new(f));
+        self
+    }
+}
+
+impl<M: Clone, O: Clone, Sl, C: Clock, R: Clone> Clone for AdmissionLayer<M, O, Sl, C, R> {
+    fn clone(&self) -> Self {
+        AdmissionLayer {
+            admission: self.admission.clone(),
+            spec: self.spec.clone(),
+            observe: self.observe.clone(),
+            release: self.release.clone(),
+            deadline: self.deadline,
+            raw: self.raw,
+        }
+    }
+}
+
+impl<M, O, Sl, C: Clock, R> fmt::Debug for AdmissionLayer<M, O, Sl, C, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AdmissionLayer")
             .field("admission", &self.admission)
@@ -369,8 +465,8 @@ impl<M, O, Sl, C: Clock> fmt::Debug for AdmissionLayer<M, O, Sl, C> {
     }
 }
 
-impl<S, M: Clone, O: Clone, Sl, C: Clock> Layer<S> for AdmissionLayer<M, O, Sl, C> {
-    type Service = AdmissionService<S, M, O, Sl, C>;
+impl<S, M: Clone, O: Clone, Sl, C: Clock, R: Clone> Layer<S> for AdmissionLayer<M, O, Sl, C, R> {
+    type Service = AdmissionService<S, M, O, Sl, C, R>;
 
     fn layer(&self, inner: S) -> Self::Service {
         AdmissionService {
@@ -397,12 +493,19 @@ impl<S, M: Clone, O: Clone, Sl, C: Clock> Layer<S> for AdmissionLayer<M, O, Sl, 
 /// assert_eq!(admission.stats().admitted, 1);
 /// # });
 /// ```
-pub struct AdmissionService<S, M, O = ObserveOk, Sl = DefaultSleeper, C: Clock = DefaultClock> {
+pub struct AdmissionService<
+    S,
+    M,
+    O = ObserveOk,
+    Sl = DefaultSleeper,
+    C: Clock = DefaultClock,
+    R = AtHead,
+> {
     inner: S,
-    layer: AdmissionLayer<M, O, Sl, C>,
+    layer: AdmissionLayer<M, O, Sl, C, R>,
 }
 
-impl<S, M, O, Sl, C: Clock> AdmissionService<S, M, O, Sl, C> {
+impl<S, M, O, Sl, C: Clock, R> AdmissionService<S, M, O, Sl, C, R> {
     /// The wrapped service.
     ///
     /// # Examples
@@ -419,7 +522,7 @@ impl<S, M, O, Sl, C: Clock> AdmissionService<S, M, O, Sl, C> {
     }
 }
 
-impl<S, M, O, Sl, C, Req> Service<Req> for AdmissionService<S, M, O, Sl, C>
+impl<S, M, O, Sl, C, R, Req> Service<Req> for AdmissionService<S, M, O, Sl, C, R>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
@@ -428,10 +531,11 @@ where
     Sl: Sleeper + Send + Sync + 'static,
     Sl::Sleep: Send,
     C: Clock + 'static,
+    R: Release<S::Response, Sl, C> + Clone,
 {
-    type Response = S::Response;
+    type Response = R::Response;
     type Error = BoxError;
-    type Future = AdmissionFuture<S, Req, O, Sl, C>;
+    type Future = AdmissionFuture<S, Req, O, Sl, C, R>;
 
     /// The inner service's readiness: the admission needs the request.
     #[inline]
@@ -462,14 +566,16 @@ where
             admit,
             ready,
             req,
-            layer.observe.clone(),
+            (layer.observe.clone(), layer.release.clone()),
             (deadline_at, budget),
             layer.raw,
         )
     }
 }
 
-impl<S: Clone, M: Clone, O: Clone, Sl, C: Clock> Clone for AdmissionService<S, M, O, Sl, C> {
+impl<S: Clone, M: Clone, O: Clone, Sl, C: Clock, R: Clone> Clone
+    for AdmissionService<S, M, O, Sl, C, R>
+{
     fn clone(&self) -> Self {
         AdmissionService {
             inner: self.inner.clone(),
@@ -478,7 +584,7 @@ impl<S: Clone, M: Clone, O: Clone, Sl, C: Clock> Clone for AdmissionService<S, M
     }
 }
 
-impl<S: fmt::Debug, M, O, Sl, C: Clock> fmt::Debug for AdmissionService<S, M, O, Sl, C> {
+impl<S: fmt::Debug, M, O, Sl, C: Clock, R> fmt::Debug for AdmissionService<S, M, O, Sl, C, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AdmissionService")
             .field("inner", &self.inner)

@@ -9,7 +9,7 @@ use core::task::{ready, Context, Poll};
 use ::tower::Service;
 
 use super::super::BoxError;
-use super::Observe;
+use super::{Observe, Release};
 use core::time::Duration;
 
 use crate::clock::Clock;
@@ -36,7 +36,7 @@ pin_project_lite::pin_project! {
     /// reserved cells, budget); dropped while the inner call runs, it drops
     /// the ticket (its slots return) with the inner future, unobserved.
     #[must_use = "futures do nothing unless you `.await` or poll them"]
-    pub struct AdmissionFuture<S, Req, O, Sl, C>
+    pub struct AdmissionFuture<S, Req, O, Sl, C, R = super::AtHead>
     where
         S: Service<Req>,
         Sl: Sleeper,
@@ -45,6 +45,8 @@ pin_project_lite::pin_project! {
         #[pin]
         state: State<S, Req, Sl, C>,
         observe: O,
+        // When the ticket is given back: with the head, or with the body.
+        release: R,
         // When the call's deadline passes, on the layer's clock, and the
         // deadline itself (to word a timeout).
         deadline_at: u64,
@@ -82,7 +84,7 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<S, Req, O, Sl, C> AdmissionFuture<S, Req, O, Sl, C>
+impl<S, Req, O, Sl, C, R> AdmissionFuture<S, Req, O, Sl, C, R>
 where
     S: Service<Req>,
     Sl: Sleeper,
@@ -92,7 +94,7 @@ where
         admit: Admit<Sl, C>,
         service: S,
         req: Req,
-        observe: O,
+        (observe, release): (O, R),
         deadline: (u64, Duration),
         raw: bool,
     ) -> Self {
@@ -103,6 +105,7 @@ where
                 req: Some(req),
             },
             observe,
+            release,
             deadline_at: deadline.0,
             budget: deadline.1,
             raw,
@@ -110,15 +113,16 @@ where
     }
 }
 
-impl<S, Req, O, Sl, C> Future for AdmissionFuture<S, Req, O, Sl, C>
+impl<S, Req, O, Sl, C, R> Future for AdmissionFuture<S, Req, O, Sl, C, R>
 where
     S: Service<Req>,
     S::Error: Into<BoxError>,
     O: Observe<S::Response>,
     Sl: Sleeper,
     C: Clock,
+    R: Release<S::Response, Sl, C>,
 {
-    type Output = Result<S::Response, BoxError>;
+    type Output = Result<R::Response, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -134,7 +138,8 @@ where
                         (Ok(ticket), Some(service), Some(req)) => (ticket, service, req),
                         (Err(refused), _, _) => {
                             this.state.set(State::Done);
-                            return Poll::Ready(answer(this.observe, refused));
+                            let answered = answer(this.observe, refused);
+                            return Poll::Ready(answered.map(|r| this.release.release(r, None)));
                         }
                         // Unreachable: both are taken only here, just
                         // before leaving this state.
@@ -172,7 +177,8 @@ where
                             }
                             this.state.set(State::Done);
                             let t = crate::throttled::request_timed_out(*this.budget, 1);
-                            return Poll::Ready(answer(this.observe, t));
+                            let answered = answer(this.observe, t);
+                            return Poll::Ready(answered.map(|r| this.release.release(r, None)));
                         }
                     };
                     let mut result = result;
@@ -189,17 +195,21 @@ where
                     {
                         ticket.observe_error();
                     }
-                    if let Some(ticket) = ticket
+                    if let Some(held) = &ticket
                         && let Some((status, hint)) = this.observe.observe(&result)
                     {
-                        let hold = ticket.observe(status, &hint);
+                        let hold = held.observe(status, &hint);
                         let class = crate::retry::reply_class(Some(status), &hint);
                         if class == ReplyClass::Capacity && !*this.raw {
+                            // A refusal, not the server's body: nothing
+                            // left to hold the slot for.
+                            drop(ticket.take());
                             result = answer(this.observe, capacity(status, &hint, hold));
                         }
                     }
                     this.state.set(State::Done);
-                    return Poll::Ready(result);
+                    // The ticket goes now, or with the body.
+                    return Poll::Ready(result.map(|r| this.release.release(r, ticket)));
                 }
                 StateProj::Done => return Poll::Ready(Err(polled_after_completion())),
             }
@@ -239,7 +249,7 @@ fn polled_after_completion() -> BoxError {
     "AdmissionFuture polled after completion".into()
 }
 
-impl<S, Req, O, Sl, C> fmt::Debug for AdmissionFuture<S, Req, O, Sl, C>
+impl<S, Req, O, Sl, C, R> fmt::Debug for AdmissionFuture<S, Req, O, Sl, C, R>
 where
     S: Service<Req>,
     Sl: Sleeper,

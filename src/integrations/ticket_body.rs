@@ -1,0 +1,288 @@
+//! [`TicketBody`]: a response body that holds its call's ticket, so the
+//! slots stay held until the body is read to its end or dropped (the
+//! concurrency limits count the streams still being read), and the usage
+//! the stream reports (an LLM's final `usage` event) settles the call's
+//! estimate when it ends. The reqwest middleware wraps streamed replies in
+//! it; the tower `AdmissionLayer` every body, with `hold_bodies`.
+
+use core::fmt;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+use std::sync::Arc;
+
+use bytes::Buf;
+use http_body::{Body, Frame, SizeHint};
+
+use crate::admission::Ticket;
+use crate::clock::{Clock, DefaultClock};
+use crate::sleep::{DefaultSleeper, Sleeper};
+
+/// Reads what one event's data says it used.
+pub(crate) type EventUsage = dyn Fn(&[u8]) -> Vec<(String, u32)> + Send + Sync;
+
+/// A line longer than this is not an event this reads (its usage is
+/// skipped, the bytes still pass through): memory stays bounded whatever
+/// the server sends.
+const MAX_LINE: usize = 1 << 20;
+
+pin_project_lite::pin_project! {
+    /// A response body holding its call's
+    /// [`Ticket`](crate::admission::Ticket): the call's tool slot and global
+    /// slot are released when the body ends, fails or is dropped, not when
+    /// the response head arrives.
+    ///
+    /// Its frames are the inner body's, unchanged. When built to read
+    /// usage, each `data:` line of the stream (server-sent events) is
+    /// handed to the reader; the largest count per quota name is kept and
+    /// settles the ticket when the body ends (`tokens` is at least
+    /// `input_tokens + output_tokens`). A body cut off by an error counts
+    /// against the circuit and settles nothing. A line over 1 MiB is passed
+    /// through unread, so memory stays bounded.
+    ///
+    /// Made by the tower
+    /// [`AdmissionLayer::hold_bodies`](crate::tower::AdmissionLayer::hold_bodies)
+    /// (and, wrapped in a `reqwest::Body`, by the reqwest middleware for a
+    /// streamed reply).
+    pub struct TicketBody<B, S = DefaultSleeper, C = DefaultClock>
+    where
+        S: Sleeper,
+        C: Clock,
+    {
+        #[pin]
+        inner: B,
+        held: Option<Held<S, C>>,
+    }
+}
+
+/// What a body holds for its call until it ends.
+struct Held<S: Sleeper, C: Clock> {
+    ticket: Ticket<S, C>,
+    usage: Option<Arc<EventUsage>>,
+    /// The event line being read, across frames.
+    line: Vec<u8>,
+    /// Whether the current line outgrew `MAX_LINE` (skipped to its end).
+    skipping: bool,
+    /// The most each quota name was reported to use.
+    used: Vec<(String, u32)>,
+}
+
+impl<B, S: Sleeper, C: Clock> TicketBody<B, S, C> {
+    /// `inner`, holding `ticket` until it ends (and reading `usage` from
+    /// its events), or holding nothing.
+    pub(crate) fn new(
+        inner: B,
+        ticket: Option<Ticket<S, C>>,
+        usage: Option<Arc<EventUsage>>,
+    ) -> Self {
+        TicketBody {
+            inner,
+            held: ticket.map(|ticket| Held {
+                ticket,
+                usage,
+                line: Vec::new(),
+                skipping: false,
+                used: Vec::new(),
+            }),
+        }
+    }
+
+    /// Whether the body still holds its call's ticket (it has neither
+    /// ended nor failed; a refusal answered as a response never held one).
+    ///
+    /// # Examples
+    ///
+    /// See [`AdmissionLayer::hold_bodies`](crate::tower::AdmissionLayer::hold_bodies).
+    #[cfg(feature = "tower")]
+    pub fn holds_ticket(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// The inner body.
+    #[cfg(feature = "tower")]
+    pub fn get_ref(&self) -> &B {
+        &self.inner
+    }
+}
+
+impl<S: Sleeper, C: Clock> Held<S, C> {
+    fn scan(&mut self, data: &[u8]) {
+        for part in data.split_inclusive(|&b| b == b'\n') {
+            let (bytes, ended) = match part.strip_suffix(b"\n") {
+                Some(bytes) => (bytes, true),
+                None => (part, false),
+            };
+            if !self.skipping {
+                if self.line.len() + bytes.len() > MAX_LINE {
+                    self.skipping = true;
+                    self.line.clear();
+                } else {
+                    self.line.extend_from_slice(bytes);
+                }
+            }
+            if ended {
+                if !self.skipping {
+                    self.event_line();
+                }
+                self.line.clear();
+                self.skipping = false;
+            }
+        }
+    }
+
+    /// Every chunk of a frame's data, without consuming it.
+    fn scan_buf(&mut self, data: &impl Buf) {
+        const SLICES: usize = 16;
+        let mut slices = [std::io::IoSlice::new(&[]); SLICES];
+        let n = data.chunks_vectored(&mut slices);
+        let seen: usize = slices[..n].iter().map(|s| s.len()).sum();
+        for slice in &slices[..n] {
+            self.scan(slice);
+        }
+        if seen < data.remaining() {
+            // More chunks than one look shows (no `Buf` in use here has
+            // them): the line they end is not read.
+            self.skipping = true;
+            self.line.clear();
+        }
+    }
+
+    /// One complete line: a `data:` line is handed to the usage reader.
+    fn event_line(&mut self) {
+        let line = self.line.strip_suffix(b"\r").unwrap_or(&self.line);
+        let Some(data) = line.strip_prefix(b"data:") else {
+            return;
+        };
+        let data = data.strip_prefix(b" ").unwrap_or(data);
+        let Some(read) = &self.usage else { return };
+        for (name, units) in read(data) {
+            match self.used.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, most)) => *most = (*most).max(units),
+                None => self.used.push((name, units)),
+            }
+        }
+    }
+
+    /// The body ended: the usage it reported settles the ticket, which is
+    /// then released.
+    fn finish(mut self) {
+        // A last line with no newline.
+        if !self.line.is_empty() && !self.skipping {
+            self.event_line();
+        }
+        // Counts reported in parts (input at the start, output at the end)
+        // add up to at least their total.
+        let get = |used: &[(String, u32)], n: &str| {
+            used.iter().find(|(name, _)| name == n).map(|(_, u)| *u)
+        };
+        if let (Some(input), Some(output)) = (
+            get(&self.used, "input_tokens"),
+            get(&self.used, "output_tokens"),
+        ) {
+            let sum = input.saturating_add(output);
+            match self.used.iter_mut().find(|(n, _)| n == "tokens") {
+                Some((_, total)) => *total = (*total).max(sum),
+                None => self.used.push(("tokens".to_string(), sum)),
+            }
+        }
+        for (name, units) in &self.used {
+            self.ticket.settle(name, *units);
+        }
+    }
+}
+
+impl<B, S, C> Body for TicketBody<B, S, C>
+where
+    B: Body,
+    S: Sleeper,
+    C: Clock,
+{
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let this = self.project();
+        let polled = this.inner.poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(held), Some(data)) = (this.held.as_mut(), frame.data_ref())
+                    && held.usage.is_some()
+                {
+                    held.scan_buf(data);
+                }
+            }
+            Poll::Ready(Some(Err(_))) => {
+                // Cut off mid-stream: no answer to settle with, and a
+                // failure for the circuit.
+                if let Some(held) = this.held.take() {
+                    held.ticket.observe_error();
+                }
+            }
+            Poll::Ready(None) => {
+                if let Some(held) = this.held.take() {
+                    held.finish();
+                }
+            }
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<B: fmt::Debug, S: Sleeper, C: Clock> fmt::Debug for TicketBody<B, S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TicketBody")
+            .field("inner", &self.inner)
+            .field("holds_ticket", &self.held.is_some())
+            .finish()
+    }
+}
+
+/// What one server-sent event of an LLM stream says it used: the fields
+/// present of an OpenAI final chunk's `usage` (`prompt_tokens`,
+/// `completion_tokens`, `total_tokens`) or of Anthropic's `usage` in
+/// `message_start` (under `message`) and `message_delta`
+/// (`input_tokens` with the cache counts, `output_tokens`).
+pub(crate) fn llm_event_usage(data: &[u8]) -> Vec<(String, u32)> {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else {
+        return Vec::new();
+    };
+    let Some(usage) = value
+        .get("usage")
+        .or_else(|| value.get("message").and_then(|m| m.get("usage")))
+        .filter(|u| u.is_object())
+    else {
+        return Vec::new();
+    };
+    let field = |name: &str| usage.get(name).and_then(serde_json::Value::as_u64);
+    let units = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+    let mut out = Vec::new();
+    let input = field("prompt_tokens").or_else(|| {
+        field("input_tokens").map(|input| {
+            ["cache_creation_input_tokens", "cache_read_input_tokens"]
+                .into_iter()
+                .filter_map(field)
+                .fold(input, u64::saturating_add)
+        })
+    });
+    if let Some(input) = input {
+        out.push(("input_tokens".to_string(), units(input)));
+    }
+    if let Some(output) = field("completion_tokens").or_else(|| field("output_tokens")) {
+        out.push(("output_tokens".to_string(), units(output)));
+    }
+    if let Some(total) = field("total_tokens") {
+        out.push(("tokens".to_string(), units(total)));
+    }
+    out
+}
