@@ -92,6 +92,7 @@ struct Settings {
     /// With priority lanes: the share of the global slots background
     /// calls may hold.
     background_share: Option<f64>,
+    background_rate_share: Option<f64>,
     /// The share of each limit the server states that this layer takes.
     key_share: Option<f64>,
 }
@@ -139,6 +140,7 @@ impl Builder {
                 queue_capacity: 256,
                 breaker: None,
                 background_share: None,
+                background_rate_share: None,
                 key_share: None,
                 inline_wait: Duration::from_secs(2),
                 max_retry_after: Duration::from_secs(300),
@@ -560,10 +562,11 @@ impl<S, C> Builder<S, C> {
     /// within a credential, arrival order. Background calls hold at most `background_share` of
     /// the global slots (at least one; a share outside `[0, 1]` is clamped,
     /// not a number is 1), so an interactive call always finds the rest
-    /// free of them. A background call still ends by its deadline: it is
-    /// refused `timed_out` (scope `global:background` when the cap held it
-    /// back), never left waiting. Off by default (first come, first
-    /// served).
+    /// free of them (for their share of a key's rate, see
+    /// [`background_rate_share`](Self::background_rate_share)). A
+    /// background call still ends by its deadline: it is refused
+    /// `timed_out` (scope `global:background` when the cap held it back),
+    /// never left waiting. Off by default (first come, first served).
     ///
     /// # Examples
     ///
@@ -584,6 +587,55 @@ impl<S, C> Builder<S, C> {
     /// ```
     pub fn priority_lanes(mut self, background_share: f64) -> Self {
         self.cfg.background_share = Some(clamp_share(background_share));
+        self
+    }
+
+    /// Background calls ([`Priority::BACKGROUND`](super::Priority::BACKGROUND)
+    /// and below) draw at most `share` of each credential's request rate: its
+    /// quota, configured or learned, as it is at each call, with a burst of
+    /// `floor(burst x share)`, at least one. A background call first waits
+    /// for its turn in that share, holding no slot and booking none of the
+    /// credential's own cells, then is admitted like any call. So a flood of
+    /// background calls never books a key's cells ahead of the interactive
+    /// ones: an interactive call waits at most one cell behind them, and
+    /// gets the rest of the rate. A turn past the call's deadline or the
+    /// inline wait is refused at once, `rate_limited` with scope
+    /// `api_key:background`; a turn taken by a call refused later is given
+    /// back. A share outside `[0, 1]` is clamped (0 leaves background calls
+    /// next to nothing), not a number is 1 (off). Weighted quotas and a
+    /// credential shared across processes are not split. Interactive calls
+    /// pay nothing for it; a background call, two lookups and a bucket.
+    /// Off by default.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, CallSpec, Priority};
+    /// use backpressure::{ManualClock, Quota, Status};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// # futures::executor::block_on(async {
+    /// let admission = Admission::builder()
+    ///     .clock(ManualClock::new())
+    ///     .quota("key", Quota::per_second(NonZeroU32::new(10).unwrap()))
+    ///     .fixed_rates()
+    ///     .background_rate_share(0.2) // 2 a second, at most 2 at once
+    ///     .build();
+    /// let crawl = CallSpec::new("crawl", "key")
+    ///     .priority(Priority::BACKGROUND)
+    ///     .deadline(Duration::from_millis(100));
+    /// let a = admission.admit(&crawl).await.unwrap();
+    /// let b = admission.admit(&crawl).await.unwrap();
+    /// let refused = admission.admit(&crawl).await.unwrap_err();
+    /// assert_eq!(refused.status, Status::RateLimited); // its turn is in 500 ms
+    /// assert_eq!(refused.scope, "api_key:background");
+    /// // The other 8 of the burst are the interactive calls'.
+    /// assert_eq!(admission.available("key", "requests"), Some(8));
+    /// # drop((a, b));
+    /// # });
+    /// ```
+    pub fn background_rate_share(mut self, share: f64) -> Self {
+        self.cfg.background_rate_share = Some(clamp_share(share));
         self
     }
 
@@ -794,6 +846,7 @@ impl<S, C> Builder<S, C> {
                 }
             })
             .collect();
+        let background_clock = self.clock.clone();
         Admission {
             inner: Arc::new(Inner {
                 sleeper: self.sleeper,
@@ -825,7 +878,8 @@ impl<S, C> Builder<S, C> {
                     self.cfg.shared,
                     self.cfg.provider.map(Provider::window),
                 )
-                .with_key_share(self.cfg.key_share),
+                .with_key_share(self.cfg.key_share)
+                .with_background_share(self.cfg.background_rate_share, background_clock),
                 totals: Default::default(),
                 told: Default::default(),
                 breakers: self.cfg.breaker.map(Breakers::new),

@@ -33,7 +33,9 @@ use crate::sync::Mutex;
 /// A call's priority: lower is served first. Calls at
 /// [`BACKGROUND`](Self::BACKGROUND) or above are background calls, which
 /// [`Builder::priority_lanes`](super::Builder::priority_lanes) can cap to a
-/// share of the global slots.
+/// share of the global slots and
+/// [`Builder::background_rate_share`](super::Builder::background_rate_share)
+/// to a share of each key's rate.
 ///
 /// # Examples
 ///

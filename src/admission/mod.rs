@@ -95,6 +95,9 @@ struct Inner<S, C: Clock> {
 /// continues from the first stage it lacks.
 struct Taken<'a, S: Sleeper, C: Clock> {
     admission: &'a Admission<S, C>,
+    /// A background call's turn in its share of the credential's rate
+    /// (given back if the call is not admitted; see `background_turn`).
+    turn: Option<(&'a str, rate::Kept)>,
     tool: Arc<ToolState>,
     /// The call's place in its circuit (a trial is released if the call
     /// is not admitted after all).
@@ -129,6 +132,9 @@ impl<S: Sleeper, C: Clock> Drop for Taken<'_, S, C> {
             inner.slots.give_back(&self.tool, self.priority);
         }
         inner.budget.give_back(&self.tool, self.units);
+        if let Some((credential, kept)) = &self.turn {
+            self.admission.give_back_turn(credential, kept);
+        }
     }
 }
 
@@ -281,15 +287,37 @@ where
     /// not taken them (waited for until the deadline), then the rate
     /// (slept inline within the threshold and the deadline). What `taken`
     /// holds is given back if a stage refuses or the future is dropped.
-    async fn stages(
-        &self,
-        spec: &CallSpec,
+    async fn stages<'a>(
+        &'a self,
+        spec: &'a CallSpec,
         started: u64,
         inline: Duration,
-        mut taken: Taken<'_, S, C>,
+        mut taken: Taken<'a, S, C>,
     ) -> Result<Ticket<S, C>, Throttled> {
         let inner = &*self.inner;
         let deadline_at = started.saturating_add(saturating_nanos(spec.deadline));
+
+        // A background call's turn in its class's share of the rate,
+        // waited for (within the inline wait and the deadline) holding no
+        // slot and no cell of the credential's own.
+        if spec.priority.is_background() && taken.turn.is_none() && !taken.slots {
+            let now = inner.clock.now_nanos();
+            let inline_end = now.saturating_add(saturating_nanos(self.inline_wait(inline)));
+            let at = rate::Instant {
+                now,
+                max_wait: Duration::from_nanos(inline_end.min(deadline_at).saturating_sub(now)),
+                left: Duration::from_nanos(deadline_at.saturating_sub(now)),
+            };
+            let turn = self
+                .background_turn(spec, at)
+                .map_err(|r| self.rate_refusal(r, &spec.credential, at))?;
+            if let Some((kept, wait)) = turn {
+                taken.turn = Some((&spec.credential, kept));
+                if !wait.is_zero() && !self.sleep_unless_closed(wait).await {
+                    return Err(self.closed_refusal());
+                }
+            }
+        }
 
         // 3. Slots: the tool's, then the global one, until the deadline.
         // The instant the rate stage starts from: `started` unless a slot
@@ -377,11 +405,11 @@ where
     /// [`stages`](Self::stages) continues from. Refusals that need no wait
     /// are final here.
     #[inline]
-    fn admit_now(
-        &self,
-        spec: &CallSpec,
+    fn admit_now<'a>(
+        &'a self,
+        spec: &'a CallSpec,
         started: u64,
-    ) -> Result<Result<Ticket<S, C>, Throttled>, Taken<'_, S, C>> {
+    ) -> Result<Result<Ticket<S, C>, Throttled>, Taken<'a, S, C>> {
         let inner = &*self.inner;
         // A cost on a quota the layer does not have would go unmetered:
         // refused, never sent free.
@@ -410,12 +438,27 @@ where
         };
         let mut taken = Taken {
             admission: self,
+            turn: None,
             tool,
             pass,
             units,
             slots: false,
             priority: spec.priority,
         };
+        // A background call's turn in its share of the rate, if it is
+        // now; one to wait for is waited for before the slots.
+        if spec.priority.is_background() {
+            let at = rate::Instant {
+                now: started,
+                max_wait: Duration::ZERO,
+                left: Duration::MAX,
+            };
+            match self.background_turn(spec, at) {
+                Ok(None) => {}
+                Ok(Some((kept, _))) => taken.turn = Some((&spec.credential, kept)),
+                Err(_) => return Err(taken),
+            }
+        }
         // 3. Slots, if both are free now.
         if !inner.slots.try_take(&taken.tool, spec.priority) {
             return Err(taken);

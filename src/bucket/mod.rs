@@ -3,7 +3,7 @@
 
 mod error;
 pub(crate) mod gcra;
-mod quota;
+pub(crate) mod quota;
 mod reservation;
 
 use core::fmt;

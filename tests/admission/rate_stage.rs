@@ -357,3 +357,116 @@ fn past_4096_credentials_one_in_debt_keeps_what_it_learned() {
         "y was forgotten while in debt"
     );
 }
+
+/// Issue #23 item 1, the rate: 40 background calls arrive at once on a
+/// 10/s key, then an interactive call every 200 ms (the half the
+/// background share leaves). Stepped 10 ms at a time on the manual clock:
+/// returns when each interactive call was admitted after its arrival, and
+/// how many background calls were admitted in the first 4 s.
+fn background_flood_then_interactive(share: f64) -> (Vec<Duration>, usize) {
+    let clock = ManualClock::starting_at(LATE);
+    let a = on(&clock)
+        .quota("k", Quota::per_second(nz(10)).allow_burst(nz(1)))
+        .fixed_rates()
+        .inline_wait(Duration::from_secs(10))
+        .priority_lanes(1.0)
+        .background_rate_share(share)
+        .build();
+    let background = CallSpec::new("t", "k")
+        .priority(backpressure::admission::Priority::BACKGROUND)
+        .deadline(Duration::from_secs(10));
+    let interactive = CallSpec::new("t", "k").deadline(Duration::from_secs(10));
+    let mut flood: Vec<_> = (0..40).map(|_| Box::pin(a.admit(&background))).collect();
+    let mut waiting = Vec::new();
+    let mut waits = Vec::new();
+    let mut background_admitted = 0;
+    // 4 s of arrivals, and 200 ms more to admit the last one.
+    for step in 0..420u32 {
+        let now = Duration::from_millis(10) * step;
+        // Polled first: the flood is queued before anyone else arrives.
+        flood.retain_mut(|call| match call.as_mut().now_or_never() {
+            Some(Ok(_ticket)) => {
+                background_admitted += usize::from(step < 400);
+                false
+            }
+            Some(Err(t)) => panic!("a background call refused within its wait: {t:?}"),
+            None => true,
+        });
+        if step % 20 == 10 && step < 400 {
+            waiting.push((now, Box::pin(a.admit(&interactive))));
+        }
+        waiting.retain_mut(|(arrived, call)| match call.as_mut().now_or_never() {
+            Some(Ok(_ticket)) => {
+                waits.push(now - *arrived);
+                false
+            }
+            Some(Err(t)) => panic!("{t:?}"),
+            None => true,
+        });
+        clock.advance(Duration::from_millis(10));
+    }
+    (waits, background_admitted)
+}
+
+#[test]
+fn background_calls_take_at_most_their_share_of_a_keys_rate() {
+    let (waits, background) = background_flood_then_interactive(0.5);
+    assert_eq!(waits.len(), 20, "every interactive call was admitted");
+    // Half of 10/s for 4 s, plus the one the share's burst holds.
+    assert!(
+        (19..=21).contains(&background),
+        "{background} background calls"
+    );
+    assert!(
+        waits.iter().all(|w| *w <= 100 * MS),
+        "an interactive call waits at most one cell behind a background one: {waits:?}"
+    );
+    // Off (a share of 1): all of the rate open to the background calls: the four holding the
+    // tool's slots have booked the next cells, and every interactive call
+    // waits behind them (first in line for a slot, not for a cell).
+    let (waits, background) = background_flood_then_interactive(1.0);
+    assert!(background > 21, "{background} background calls");
+    assert!(waits.iter().all(|w| *w >= 400 * MS), "{waits:?}");
+}
+
+/// A background call refused for its class's share says so, and a turn
+/// taken by a call that is then refused (its tool's one slot is busy)
+/// comes back for the next background call.
+#[test]
+fn a_background_share_refuses_in_its_own_scope_and_gets_unused_turns_back() {
+    use backpressure::admission::{Priority, SlotPolicy};
+    let clock = ManualClock::starting_at(LATE);
+    let a = on(&clock)
+        .quota("k", Quota::per_second(nz(10)).allow_burst(nz(1)))
+        .fixed_rates()
+        .tool("t", 1, SlotPolicy::FailFast)
+        .background_rate_share(0.1) // one background call a second
+        .build();
+    let background = CallSpec::new("t", "k")
+        .priority(Priority::BACKGROUND)
+        .deadline(Duration::from_millis(500));
+    let holder = admit_now(&a, "other").unwrap();
+    let shed = a.admit(&background).now_or_never().unwrap().unwrap_err();
+    assert_eq!(shed.status, Status::Shed, "{shed:?}");
+    drop(holder);
+    let first = a
+        .admit(&background)
+        .now_or_never()
+        .expect("the shed call's turn came back: no wait")
+        .unwrap();
+    drop(first);
+    clock.advance(100 * MS); // the key's own cell is free again
+    let refused = a.admit(&background).now_or_never().unwrap().unwrap_err();
+    assert_eq!(refused.status, Status::RateLimited, "{refused:?}");
+    assert_eq!(refused.scope, "api_key:background");
+    assert!(
+        refused
+            .hint
+            .starts_with("background calls draw on their share"),
+        "{refused:?}"
+    );
+    let after = refused.retry_after().unwrap();
+    assert!(after > 800 * MS && after <= 900 * MS, "{after:?}");
+    // An interactive call on the same key is not held to the share.
+    drop(admit_now(&a, "k").unwrap());
+}

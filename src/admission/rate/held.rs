@@ -23,6 +23,8 @@ pub(in crate::admission) enum Source {
     Requests,
     Resource(usize),
     Scope,
+    /// The background share of the request quota (never settled).
+    Background,
 }
 
 impl Source {
@@ -33,7 +35,7 @@ impl Source {
         match self {
             Source::Requests => Some(Place(0)),
             Source::Resource(i) => Some(Place(i.saturating_add(1))),
-            Source::Scope => None,
+            Source::Scope | Source::Background => None,
         }
     }
 }
@@ -257,6 +259,11 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
             Source::Scope => {
                 scope.is_some_and(|k| inner.rates.server_scopes.cancel_stamps(k, stamps))
             }
+            Source::Background => inner
+                .rates
+                .background
+                .as_ref()
+                .is_some_and(|b| b.buckets.cancel_stamps(credential, stamps)),
         }
     }
 }

@@ -16,6 +16,7 @@
 use core::time::Duration;
 use std::borrow::Cow;
 
+mod background;
 mod held;
 pub(super) mod learned;
 mod observe;
@@ -23,7 +24,7 @@ mod provider;
 mod refusal;
 pub(super) mod shared;
 
-pub(in crate::admission) use held::{Held, Reserved};
+pub(in crate::admission) use held::{Held, Kept, Reserved};
 pub use provider::Provider;
 use refusal::Refusal;
 
@@ -36,10 +37,13 @@ use crate::keyed::Scoped;
 use crate::sleep::Sleeper;
 use crate::sync::Ordering;
 use crate::throttled::{Status, Throttled};
-use held::{Kept, Source};
+use held::Source;
 
 /// The scope of a credential's own request quota in a [`Throttled`].
 pub(super) const API_KEY: &str = "api_key";
+
+/// The scope of the background share of a credential's request quota.
+pub(super) const BACKGROUND: &str = "api_key:background";
 
 /// The rate stage's state: every bucket a call draws on, the rates
 /// learned per credential, the holds the server placed, and how refused
@@ -68,6 +72,9 @@ pub(super) struct Rates<C: Clock> {
     /// The share of each limit the server states that this layer takes
     /// (`Builder::key_share`).
     key_share: Option<f64>,
+    /// Background calls' share of each credential's request rate
+    /// (`Builder::priority_lanes`), if below all of it.
+    background: Option<background::Background<C>>,
 }
 
 impl<C: Clock> Rates<C> {
@@ -94,7 +101,17 @@ impl<C: Clock> Rates<C> {
             pending: parking_lot::Mutex::new(std::collections::HashMap::new()),
             provider_window,
             key_share: None,
+            background: None,
         }
+    }
+
+    /// Background calls take at most `share` of each credential's request
+    /// rate (see `Builder::priority_lanes`).
+    pub(super) fn with_background_share(mut self, share: Option<f64>, clock: C) -> Self {
+        self.background = share
+            .filter(|s| *s < 1.0)
+            .map(|s| background::Background::new(s, &self.credentials, clock));
+        self
     }
 
     /// Takes `share` of every limit the server states (see
@@ -215,7 +232,7 @@ where
     ) -> Result<(Held, u64), Throttled> {
         let inner = &*self.inner;
         let mut now = now.unwrap_or_else(|| inner.clock.now_nanos());
-        let inline = inner.rates.inline_wait.max(inline);
+        let inline = self.inline_wait(inline);
         let inline_end = now.saturating_add(saturating_nanos(inline));
         // Acquire: pairs with the Release store in `observe_sent`, so the
         // scope written before it is seen.
@@ -280,6 +297,63 @@ where
             // behind the hold, within what is left of the budgets.
             reserved.cancel_all();
         }
+    }
+
+    /// A background call's turn within its class's share of its
+    /// credential's request rate (`Builder::priority_lanes`): a cell of
+    /// the credential's background bucket reserved at `at.now` within
+    /// `at.max_wait`, and the wait until it. The call waits for its turn
+    /// before it takes a slot or its credential's own cell, so it neither
+    /// holds a slot nor books a cell of the shared rate ahead of
+    /// interactive calls while it waits. `None` when the call draws on no
+    /// share (interactive, a credential shared across processes, no
+    /// share configured).
+    pub(super) fn background_turn(
+        &self,
+        spec: &CallSpec,
+        at: Instant,
+    ) -> Result<Option<(Kept, Duration)>, Refusal> {
+        let inner = &*self.inner;
+        let Some(background) = &inner.rates.background else {
+            return Ok(None);
+        };
+        let cells = spec.cost_of(REQUESTS).unwrap_or(1);
+        if cells == 0 || !spec.priority.is_background() || self.rates_shared(&spec.credential) {
+            return Ok(None);
+        }
+        background.follow(&inner.rates.credentials, &spec.credential);
+        let buckets = &background.buckets;
+        match buckets.reserve_stamps(&spec.credential, cells, at.max_wait, at.now) {
+            // Zero cells is ruled out above: the stamps are there.
+            Ok(r) => Ok(r.ticket.map(|stamps| {
+                (
+                    Kept::new(stamps, cells),
+                    Duration::from_nanos(r.ready_at - at.now),
+                )
+            })),
+            Err(e) => Err(Refusal {
+                e,
+                scope: Cow::Borrowed(BACKGROUND),
+                period: saturating_nanos(buckets.period_of(&spec.credential))
+                    .saturating_mul(u64::from(cells)),
+            }),
+        }
+    }
+
+    /// Whether `credential`'s quota is shared with other processes.
+    fn rates_shared(&self, credential: &str) -> bool {
+        self.inner.rates.is_shared(credential)
+    }
+
+    /// Gives back a turn `background_turn` reserved for a call that was
+    /// not admitted (if the bucket has taken nothing since).
+    pub(super) fn give_back_turn(&self, credential: &str, kept: &Kept) {
+        let _ = self.undo(credential, None, Source::Background, kept);
+    }
+
+    /// The longest rate wait slept inline for a call allowed `inline`.
+    pub(super) fn inline_wait(&self, inline: Duration) -> Duration {
+        self.inner.rates.inline_wait.max(inline)
     }
 
     /// Reserves, all or nothing at `now`, every local quota the call draws

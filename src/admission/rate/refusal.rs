@@ -34,12 +34,24 @@ where
     /// limit refuses together are told staggered instants (see
     /// `stagger.rs`): the k-th is told the limit's next slot plus k - 1
     /// times what the limit takes to free such a call's cells.
-    pub(super) fn rate_refusal(
+    pub(in crate::admission) fn rate_refusal(
         &self,
         refusal: Refusal,
         credential: &str,
         at: Instant,
     ) -> Throttled {
+        let background = refusal.scope == super::BACKGROUND;
+        let mut refused = self.word_rate_refusal(refusal, credential, at);
+        if background {
+            refused.hint = format!(
+                "background calls draw on their share of this key's rate; {}",
+                refused.hint
+            );
+        }
+        refused
+    }
+
+    fn word_rate_refusal(&self, refusal: Refusal, credential: &str, at: Instant) -> Throttled {
         let inner = &*self.inner;
         let Refusal { e, scope, period } = refusal;
         let Instant {
