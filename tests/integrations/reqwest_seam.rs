@@ -794,20 +794,10 @@ async fn a_key_share_leaves_the_other_users_of_the_key_their_headroom() {
 /// the slot too, and settles nothing.
 #[tokio::test]
 async fn a_streamed_reply_holds_its_slot_until_read_and_settles_its_usage() {
-    use backpressure::admission::{CallSpec, SlotPolicy};
-    use backpressure::{ManualClock, Quota};
-    use std::num::NonZeroU32;
+    use backpressure::admission::CallSpec;
     let finish = Arc::new(tokio::sync::Notify::new());
     let (addr, accepted) = stream_server::streaming_server(finish.clone()).await;
-    let admission = Admission::builder()
-        .clock(ManualClock::new())
-        .global_concurrency(1)
-        .tool("probe", 1, SlotPolicy::FailFast)
-        .resource(
-            "tokens",
-            Quota::per_minute(NonZeroU32::new(10_000).unwrap()),
-        )
-        .build();
+    let admission = stream_server::admission();
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(
             AdmissionMiddleware::new(admission.clone())

@@ -2,17 +2,16 @@
 //! reply from a loopback LLM, through a tower service over a reqwest
 //! client, holds its call's slot until its body ends or is dropped.
 
-use std::num::NonZeroU32;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use backpressure::admission::{Admission, CallSpec, SlotPolicy};
+use backpressure::admission::CallSpec;
 use backpressure::tower::{llm_event_usage, AdmissionLayer};
-use backpressure::{ManualClock, Quota, Status};
+use backpressure::Status;
 use http_body_util::BodyExt;
 use tower::{service_fn, Layer, ServiceExt};
 
-use crate::stream_server::streaming_server;
+use crate::stream_server::{admission, streaming_server};
 
 type Req = http::Request<()>;
 
@@ -34,18 +33,6 @@ fn client(
             Ok(http::Response::<reqwest::Body>::from(response))
         }
     })
-}
-
-fn admission() -> Admission<backpressure::DefaultSleeper, ManualClock> {
-    Admission::builder()
-        .clock(ManualClock::new())
-        .global_concurrency(1)
-        .tool("probe", 1, SlotPolicy::FailFast)
-        .resource(
-            "tokens",
-            Quota::per_minute(NonZeroU32::new(10_000).unwrap()),
-        )
-        .build()
 }
 
 /// Issue #23 item 5 on tower: with `hold_bodies` a streamed reply holds

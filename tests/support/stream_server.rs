@@ -1,8 +1,27 @@
 //! A loopback LLM that streams its replies (server-sent events), for the
 //! streamed-reply tests of the reqwest middleware and the tower layer.
 
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+use backpressure::admission::{Admission, SlotPolicy};
+use backpressure::{DefaultSleeper, ManualClock, Quota};
+
+/// The layer both twins stream through: one global slot (a `probe` tool
+/// call shows whether a stream holds it) and a 10,000 tokens-a-minute
+/// quota (its estimate settled by the stream's usage).
+pub fn admission() -> Admission<DefaultSleeper, ManualClock> {
+    Admission::builder()
+        .clock(ManualClock::new())
+        .global_concurrency(1)
+        .tool("probe", 1, SlotPolicy::FailFast)
+        .resource(
+            "tokens",
+            Quota::per_minute(NonZeroU32::new(10_000).unwrap()),
+        )
+        .build()
+}
 
 /// A loopback LLM that streams (server-sent events): each request gets its
 /// headers and a first event at once, then waits for `finish` to send the
