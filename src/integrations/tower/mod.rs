@@ -5,7 +5,7 @@
 //! | [`ConcurrencyLimitLayer`] | one shared [`Semaphore`](crate::Semaphore) | queue (FIFO) in `poll_ready`, or shed |
 //! | [`RateLimitLayer`] | one shared [`TokenBucket`](crate::TokenBucket) | wait up to a budget in `poll_ready`, or reject |
 //! | [`KeyedRateLimitLayer`] | a [`Scoped`](crate::Scoped) registry and a key closure | wait up to a budget in the response future, or reject |
-//! | [`AdmissionLayer`] | an [`Admission`](crate::admission::Admission) and a spec closure; the [`Ticket`](crate::admission::Ticket) held by the response future, which observes the response | wait up to the request's deadline in the response future, or refuse |
+//! | [`AdmissionLayer`] | an [`Admission`](crate::admission::Admission) and a spec closure; the [`Ticket`](crate::admission::Ticket) held by the response future, which observes the response (with `hold_bodies`, by the response body until it ends) | wait up to the request's deadline in the response future, or refuse |
 //! | [`HintRetry`] (a `tower::retry::Policy`) | [`RetryPolicy`](crate::retry::RetryPolicy) and [`Deadline`](crate::retry::Deadline) | honours `Retry-After`; gives up with a [`Throttled`] instead of sleeping past the deadline |
 //!
 //! Every layer's services are `Clone` and share their limiter, so a stack
