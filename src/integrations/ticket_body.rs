@@ -286,3 +286,105 @@ pub(crate) fn llm_event_usage(data: &[u8]) -> Vec<(String, u32)> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::{Admission, CallSpec, CircuitBreaker};
+    use crate::clock::ManualClock;
+    use crate::throttled::Status;
+    use crate::Quota;
+    use bytes::Bytes;
+    use futures::FutureExt;
+    use std::collections::VecDeque;
+
+    /// A body that yields its frames in order: data, or an error.
+    struct Frames(VecDeque<Result<&'static [u8], &'static str>>);
+
+    impl Body for Frames {
+        type Data = Bytes;
+        type Error = &'static str;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, &'static str>>> {
+            Poll::Ready(
+                self.0
+                    .pop_front()
+                    .map(|f| f.map(|data| Frame::data(Bytes::from_static(data)))),
+            )
+        }
+    }
+
+    fn layer() -> Admission<ManualClock, ManualClock> {
+        let clock = ManualClock::new();
+        Admission::builder()
+            .clock(clock.clone())
+            .sleeper(clock)
+            .resource(
+                "tokens",
+                Quota::per_minute(core::num::NonZeroU32::new(10_000).expect("non-zero")),
+            )
+            .fixed_rates()
+            .default_quota(Quota::per_second(
+                core::num::NonZeroU32::new(1_000).expect("non-zero"),
+            ))
+            .circuit_breaker(CircuitBreaker::new().consecutive_failures(1))
+            .build()
+    }
+
+    fn read_all<B: Body + Unpin>(mut body: B) -> (usize, Option<B::Error>) {
+        let (mut frames, mut cx) = (0, Context::from_waker(futures::task::noop_waker_ref()));
+        loop {
+            match Pin::new(&mut body).poll_frame(&mut cx) {
+                Poll::Ready(Some(Ok(_))) => frames += 1,
+                Poll::Ready(Some(Err(e))) => return (frames, Some(e)),
+                Poll::Ready(None) => return (frames, None),
+                Poll::Pending => unreachable!("the frames are all there"),
+            }
+        }
+    }
+
+    #[test]
+    fn usage_split_across_frames_settles_and_a_cut_stream_opens_the_circuit() {
+        let admission = layer();
+        let spec = CallSpec::new("chat", "key").cost("tokens", 500);
+        let admit = || admission.admit(&spec).now_or_never().expect("at once");
+        // The usage event arrives in three frames, split mid-line and
+        // mid-number; a line past 1 MiB before it is skipped, not read.
+        let long: &'static [u8] = Box::leak(vec![b'x'; MAX_LINE + 1].into_boxed_slice());
+        let frames = Frames(VecDeque::from([
+            Ok(&b"data: {\"choices\":[]}\n\n"[..]),
+            Ok(long),
+            Ok(&b"\ndata: {\"usage\":{\"prompt_tokens\":7"[..]),
+            Ok(&b"00,\"completion_tokens\":10"[..]),
+            Ok(&b"5}}\r\n\ndata: [DONE]"[..]),
+        ]));
+        let body = TicketBody::new(
+            frames,
+            Some(admit().unwrap()),
+            Some(Arc::new(llm_event_usage)),
+        );
+        assert_eq!(admission.stats().in_flight, 1);
+        assert_eq!(admission.available("key", "tokens"), Some(9_500));
+        assert_eq!(read_all(body), (5, None), "every frame passes through");
+        assert_eq!(admission.stats().in_flight, 0);
+        assert_eq!(admission.available("key", "tokens"), Some(10_000 - 805));
+
+        // Cut off mid-stream: the estimate stands, the circuit counts it.
+        let frames = Frames(VecDeque::from([Ok(&b"data: {}\n"[..]), Err("reset")]));
+        let body = TicketBody::new(
+            frames,
+            Some(admit().unwrap()),
+            Some(Arc::new(llm_event_usage)),
+        );
+        assert_eq!(read_all(body), (1, Some("reset")));
+        assert_eq!(admission.stats().in_flight, 0);
+        assert_eq!(
+            admission.available("key", "tokens"),
+            Some(10_000 - 805 - 500)
+        );
+        assert_eq!(admit().unwrap_err().status, Status::Unavailable);
+    }
+}
