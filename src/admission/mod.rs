@@ -297,26 +297,10 @@ where
         let inner = &*self.inner;
         let deadline_at = started.saturating_add(saturating_nanos(spec.deadline));
 
-        // A background call's turn in its class's share of the rate,
-        // waited for (within the inline wait and the deadline) holding no
-        // slot and no cell of the credential's own.
+        // A background call's turn in its class's share of the rate.
         if spec.priority.is_background() && taken.turn.is_none() && !taken.slots {
-            let now = inner.clock.now_nanos();
-            let inline_end = now.saturating_add(saturating_nanos(self.inline_wait(inline)));
-            let at = rate::Instant {
-                now,
-                max_wait: Duration::from_nanos(inline_end.min(deadline_at).saturating_sub(now)),
-                left: Duration::from_nanos(deadline_at.saturating_sub(now)),
-            };
-            let turn = self
-                .background_turn(spec, at)
-                .map_err(|r| self.rate_refusal(r, &spec.credential, at))?;
-            if let Some((kept, wait)) = turn {
-                taken.turn = Some((&spec.credential, kept));
-                if !wait.is_zero() && !self.sleep_unless_closed(wait).await {
-                    return Err(self.closed_refusal());
-                }
-            }
+            self.wait_turn(spec, deadline_at, inline, &mut taken)
+                .await?;
         }
 
         // 3. Slots: the tool's, then the global one, until the deadline.
@@ -447,17 +431,8 @@ where
         };
         // A background call's turn in its share of the rate, if it is
         // now; one to wait for is waited for before the slots.
-        if spec.priority.is_background() {
-            let at = rate::Instant {
-                now: started,
-                max_wait: Duration::ZERO,
-                left: Duration::MAX,
-            };
-            match self.background_turn(spec, at) {
-                Ok(None) => {}
-                Ok(Some((kept, _))) => taken.turn = Some((&spec.credential, kept)),
-                Err(_) => return Err(taken),
-            }
+        if spec.priority.is_background() && !self.turn_now(spec, started, &mut taken) {
+            return Err(taken);
         }
         // 3. Slots, if both are free now.
         if !inner.slots.try_take(&taken.tool, spec.priority) {

@@ -6,12 +6,20 @@
 //! reserve ahead (queued inline for their turn) leave the rest of the
 //! rate to interactive calls, which never touch this bucket.
 
-use crate::bucket::quota::MAX_TOLERANCE;
-use crate::bucket::Quota;
-use crate::clock::Clock;
-use crate::keyed::Scoped;
 use core::num::NonZeroU32;
 use core::time::Duration;
+use std::borrow::Cow;
+
+use super::refusal::Refusal;
+use super::{Instant, Kept, Source, BACKGROUND};
+use crate::admission::spec::{CallSpec, REQUESTS};
+use crate::admission::{Admission, Taken};
+use crate::bucket::quota::MAX_TOLERANCE;
+use crate::bucket::Quota;
+use crate::clock::{saturating_nanos, Clock};
+use crate::keyed::Scoped;
+use crate::sleep::Sleeper;
+use crate::throttled::Throttled;
 
 /// The background buckets, one per credential, each following its
 /// credential's request quota (configured, learned or the server's).
@@ -40,6 +48,114 @@ impl<C: Clock> Background<C> {
             // calls then share the default's part.
             let _ = self.buckets.set_quota(credential, want);
         }
+    }
+}
+
+impl<S: Sleeper, C: Clock> Admission<S, C> {
+    /// The fast path's turn: taken into `taken` if it is now (or the call
+    /// draws on no share); `false` if it must be waited for (the staged
+    /// path does, before the slots).
+    #[inline]
+    pub(in crate::admission) fn turn_now<'a>(
+        &'a self,
+        spec: &'a CallSpec,
+        started: u64,
+        taken: &mut Taken<'a, S, C>,
+    ) -> bool {
+        let at = Instant {
+            now: started,
+            max_wait: Duration::ZERO,
+            left: Duration::MAX,
+        };
+        match self.background_turn(spec, at) {
+            Ok(None) => true,
+            Ok(Some((kept, _))) => {
+                taken.turn = Some((&spec.credential, kept));
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// The staged path's turn: reserved within the inline wait and the
+    /// deadline, and slept for holding no slot and no cell of the
+    /// credential's own.
+    pub(in crate::admission) async fn wait_turn<'a>(
+        &'a self,
+        spec: &'a CallSpec,
+        deadline_at: u64,
+        inline: Duration,
+        taken: &mut Taken<'a, S, C>,
+    ) -> Result<(), Throttled> {
+        let now = self.inner.clock.now_nanos();
+        let inline_end = now.saturating_add(saturating_nanos(self.inline_wait(inline)));
+        let at = Instant {
+            now,
+            max_wait: Duration::from_nanos(inline_end.min(deadline_at).saturating_sub(now)),
+            left: Duration::from_nanos(deadline_at.saturating_sub(now)),
+        };
+        let turn = self
+            .background_turn(spec, at)
+            .map_err(|r| self.rate_refusal(r, &spec.credential, at))?;
+        if let Some((kept, wait)) = turn {
+            taken.turn = Some((&spec.credential, kept));
+            if !wait.is_zero() && !self.sleep_unless_closed(wait).await {
+                return Err(self.closed_refusal());
+            }
+        }
+        Ok(())
+    }
+
+    /// A background call's turn within its class's share of its
+    /// credential's request rate (`Builder::priority_lanes`): a cell of
+    /// the credential's background bucket reserved at `at.now` within
+    /// `at.max_wait`, and the wait until it. The call waits for its turn
+    /// before it takes a slot or its credential's own cell, so it neither
+    /// holds a slot nor books a cell of the shared rate ahead of
+    /// interactive calls while it waits. `None` when the call draws on no
+    /// share (interactive, a credential shared across processes, no
+    /// share configured).
+    fn background_turn(
+        &self,
+        spec: &CallSpec,
+        at: Instant,
+    ) -> Result<Option<(Kept, Duration)>, Refusal> {
+        let inner = &*self.inner;
+        let Some(background) = &inner.rates.background else {
+            return Ok(None);
+        };
+        let cells = spec.cost_of(REQUESTS).unwrap_or(1);
+        if cells == 0 || !spec.priority.is_background() || self.rates_shared(&spec.credential) {
+            return Ok(None);
+        }
+        background.follow(&inner.rates.credentials, &spec.credential);
+        let buckets = &background.buckets;
+        match buckets.reserve_stamps(&spec.credential, cells, at.max_wait, at.now) {
+            // Zero cells is ruled out above: the stamps are there.
+            Ok(r) => Ok(r.ticket.map(|stamps| {
+                (
+                    Kept::new(stamps, cells),
+                    Duration::from_nanos(r.ready_at - at.now),
+                )
+            })),
+            Err(e) => Err(Refusal {
+                e,
+                scope: Cow::Borrowed(BACKGROUND),
+                period: saturating_nanos(buckets.period_of(&spec.credential))
+                    .saturating_mul(u64::from(cells)),
+            }),
+        }
+    }
+
+    /// Whether `credential`'s quota is shared with other processes.
+    fn rates_shared(&self, credential: &str) -> bool {
+        self.inner.rates.is_shared(credential)
+    }
+
+    /// Gives back a turn `background_turn` reserved for a call that was
+    /// not admitted (if the bucket has taken nothing since).
+    pub(in crate::admission) fn give_back_turn(&self, credential: &str, kept: &Kept) {
+        let _ = self.undo(credential, None, Source::Background, kept);
     }
 }
 

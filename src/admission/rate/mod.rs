@@ -299,58 +299,6 @@ where
         }
     }
 
-    /// A background call's turn within its class's share of its
-    /// credential's request rate (`Builder::priority_lanes`): a cell of
-    /// the credential's background bucket reserved at `at.now` within
-    /// `at.max_wait`, and the wait until it. The call waits for its turn
-    /// before it takes a slot or its credential's own cell, so it neither
-    /// holds a slot nor books a cell of the shared rate ahead of
-    /// interactive calls while it waits. `None` when the call draws on no
-    /// share (interactive, a credential shared across processes, no
-    /// share configured).
-    pub(super) fn background_turn(
-        &self,
-        spec: &CallSpec,
-        at: Instant,
-    ) -> Result<Option<(Kept, Duration)>, Refusal> {
-        let inner = &*self.inner;
-        let Some(background) = &inner.rates.background else {
-            return Ok(None);
-        };
-        let cells = spec.cost_of(REQUESTS).unwrap_or(1);
-        if cells == 0 || !spec.priority.is_background() || self.rates_shared(&spec.credential) {
-            return Ok(None);
-        }
-        background.follow(&inner.rates.credentials, &spec.credential);
-        let buckets = &background.buckets;
-        match buckets.reserve_stamps(&spec.credential, cells, at.max_wait, at.now) {
-            // Zero cells is ruled out above: the stamps are there.
-            Ok(r) => Ok(r.ticket.map(|stamps| {
-                (
-                    Kept::new(stamps, cells),
-                    Duration::from_nanos(r.ready_at - at.now),
-                )
-            })),
-            Err(e) => Err(Refusal {
-                e,
-                scope: Cow::Borrowed(BACKGROUND),
-                period: saturating_nanos(buckets.period_of(&spec.credential))
-                    .saturating_mul(u64::from(cells)),
-            }),
-        }
-    }
-
-    /// Whether `credential`'s quota is shared with other processes.
-    fn rates_shared(&self, credential: &str) -> bool {
-        self.inner.rates.is_shared(credential)
-    }
-
-    /// Gives back a turn `background_turn` reserved for a call that was
-    /// not admitted (if the bucket has taken nothing since).
-    pub(super) fn give_back_turn(&self, credential: &str, kept: &Kept) {
-        let _ = self.undo(credential, None, Source::Background, kept);
-    }
-
     /// The longest rate wait slept inline for a call allowed `inline`.
     pub(super) fn inline_wait(&self, inline: Duration) -> Duration {
         self.inner.rates.inline_wait.max(inline)
