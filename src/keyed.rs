@@ -69,7 +69,7 @@ use hashbrown::HashTable;
 mod stamps;
 mod table;
 
-use crate::bucket::gcra::Gcra;
+use crate::bucket::gcra::{Gcra, Rescale};
 use crate::bucket::{CheckError, Quota, Reservation, ReserveError};
 use crate::clock::{saturating_nanos, Clock, DefaultClock};
 use crate::sleep::Sleeper;
@@ -532,7 +532,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// limits.set_quota(&"startup", paid).unwrap();
     /// ```
     pub fn set_quota(&self, key: &K, quota: Quota) -> Result<(), TooManyKeys> {
-        self.requota(key, quota, false)
+        self.requota(key, quota, Learned::No).map(|_| ())
     }
 
     /// [`set_quota`](Scoped::set_quota) for a learned rate's change (the
@@ -540,10 +540,27 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// queued past its burst keep their instants (see the bucket's
     /// `convert_keeping_queue`).
     pub(crate) fn set_learned_quota(&self, key: &K, quota: Quota) -> Result<(), TooManyKeys> {
-        self.requota(key, quota, true)
+        self.requota(key, quota, Learned::KeepQueue).map(|_| ())
     }
 
-    fn requota(&self, key: &K, quota: Quota, keeping_queue: bool) -> Result<(), TooManyKeys> {
+    /// [`set_learned_quota`](Scoped::set_learned_quota), except that a
+    /// change of rate alone with no hold running moves the cells already
+    /// queued to the new rate too (see `Gcra::rescale_learned_quota`),
+    /// and is returned.
+    pub(crate) fn rescale_learned_quota(
+        &self,
+        key: &K,
+        quota: Quota,
+    ) -> Result<Option<Rescale>, TooManyKeys> {
+        self.requota(key, quota, Learned::Rescale)
+    }
+
+    fn requota(
+        &self,
+        key: &K,
+        quota: Quota,
+        learned: Learned,
+    ) -> Result<Option<Rescale>, TooManyKeys> {
         let hash = self.hasher.hash_one(key);
         let now = self.clock.now_nanos();
         let mut shard = self.shard(hash).write();
@@ -573,14 +590,21 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
                     .insert_unique(hash, (key.clone(), quota), |(k, _)| self.hasher.hash_one(k));
             }
         }
-        if let Some(e) = shard.buckets.find(hash, |e| e.key == *key) {
-            if keeping_queue {
-                e.bucket.gcra().set_learned_quota(quota, now);
-            } else {
-                e.bucket.gcra().set_quota(quota, now);
+        let Some(e) = shard.buckets.find(hash, |e| e.key == *key) else {
+            return Ok(None);
+        };
+        let gcra = e.bucket.gcra();
+        Ok(match learned {
+            Learned::No => {
+                gcra.set_quota(quota, now);
+                None
             }
-        }
-        Ok(())
+            Learned::KeepQueue => {
+                gcra.set_learned_quota(quota, now);
+                None
+            }
+            Learned::Rescale => gcra.rescale_learned_quota(quota, now),
+        })
     }
 
     /// How many keys have a quota of their own (see
@@ -742,6 +766,17 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         }
         self.insert(shard, hash, key, now, shared, f)
     }
+}
+
+/// Which conversion a quota change on a key uses (see `Scoped::requota`).
+#[derive(Clone, Copy)]
+enum Learned {
+    /// A quota set by the user: the debt in cells.
+    No,
+    /// A learned rate's change, the queue keeping its instants.
+    KeepQueue,
+    /// A learned rate's change, moving the queue with it.
+    Rescale,
 }
 
 impl<K, C: Clock> fmt::Debug for Scoped<K, C> {

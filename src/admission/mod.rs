@@ -322,9 +322,18 @@ where
 
         // 4. Rate: every quota the call draws on, all or nothing, slept
         // inline within the threshold and the deadline.
-        let credential = inner.rates.credential(&spec.credential, &inner.clock);
+        let credential = inner
+            .rates
+            .credential(&spec.credential, inner.clock.now_nanos());
         let (held, started_at) = self
-            .take_rate(spec, &taken.tool, deadline_at, rate_from, inline)
+            .take_rate(
+                spec,
+                &taken.tool,
+                &credential,
+                deadline_at,
+                rate_from,
+                inline,
+            )
             .await?;
         Ok(Ticket {
             admission: self.clone(),
@@ -447,7 +456,10 @@ where
         // 4. Rate, with no wait allowed: a quota that would make the call
         // wait refuses with nothing consumed, and the staged path takes it
         // from there.
-        let credential = inner.rates.credential(&spec.credential, &inner.clock);
+        // As of `started`, the ticket's send time: a controller created
+        // after it would take the credential's first request for one sent
+        // before its epoch and learn nothing from it.
+        let credential = inner.rates.credential(&spec.credential, started);
         let at = rate::Instant {
             now: started,
             max_wait: Duration::ZERO,

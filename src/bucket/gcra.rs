@@ -95,6 +95,7 @@ mod admin;
 mod convert;
 
 use crate::sync::{AtomicU64, Backoff, Ordering};
+pub(crate) use admin::Rescale;
 pub(crate) use convert::{convert, convert_keeping_queue};
 
 const LOCKED: u64 = 1;

@@ -6,3 +6,4 @@
 mod adaptive_admission;
 mod adaptive_concurrency;
 mod adaptive_rate;
+mod learned_queue;

@@ -630,20 +630,30 @@ async fn interactive_calls_go_before_a_flood(share: f64, bg_cap: usize) {
                         dropped += 1;
                     }
                     // Never sent: held back for its class (under a cap),
-                    // or waiting for its tool behind the calls before it.
+                    // or waiting for a global slot or its tool behind the
+                    // calls before it.
                     _ if t.scope == "global:background" => held_back += 1,
-                    _ => assert!(t.scope.starts_with("tool:"), "{t:?}"),
+                    _ => assert!(t.scope == "global" || t.scope.starts_with("tool:"), "{t:?}"),
                 }
             }
         }
     }
-    assert_eq!(
-        done + dropped,
-        server.count("bg"),
-        "every request sent is accounted for"
+    // Every request the server saw was answered or dropped at its
+    // deadline; one dropped just after it left may not have reached the
+    // server yet.
+    let seen = server.count("bg");
+    assert!(
+        done <= seen && seen <= done + dropped,
+        "every request sent is accounted for: {done} done, {dropped} dropped, {seen} seen"
     );
     assert!(done >= 4, "background calls still ran: {done}");
-    assert_eq!(server.max_in_flight("bg"), bg_cap, "the background cap");
+    // A request dropped at its deadline frees its slot at once, and the
+    // server may still be working on it: one more in flight per drop.
+    let max = server.max_in_flight("bg");
+    assert!(
+        (bg_cap..=bg_cap + dropped).contains(&max),
+        "the background cap: {max} in flight, {dropped} dropped"
+    );
     // Only a cap refuses for the class (under load the calls held back may
     // end on their credential's rate first, so a cap need not show one).
     if bg_cap == 4 {

@@ -72,7 +72,8 @@ impl Learned {
 
     /// The interned name of `credential`, registering it on first use: with
     /// adaptive rates, its controller is created and its starting quota
-    /// applied to `buckets` before the first token is taken. Past
+    /// applied to `buckets` (as of `now`: no later than the asking call's
+    /// start) before the first token is taken. Past
     /// [`MAX_LEARNED`] credentials a fresh name is returned and nothing is
     /// learned for it. A thread that looked `credential` up lately finds
     /// it in its cache (see `cache`).
@@ -81,14 +82,14 @@ impl Learned {
         &self,
         credential: &str,
         buckets: &Scoped<String, C>,
-        clock: &C,
+        now: u64,
     ) -> Arc<CredentialState> {
         let found = cache::lookup(&CREDENTIALS, &self.generation, credential, || {
             if let Some(state) = self.known.read().get(credential) {
                 let name = state.name.clone();
                 return Ok::<_, core::convert::Infallible>((state.clone(), Some(name)));
             }
-            Ok(self.create(credential, buckets, clock.now_nanos()))
+            Ok(self.create(credential, buckets, now))
         });
         match found {
             Ok(state) => state,
@@ -170,13 +171,14 @@ impl Learned {
     /// the caller's penalty. Penalizing first would have the quota change
     /// convert the hold's debt at the lower rate and stretch it.
     ///
-    /// A cut does not reset the bucket. The reservations taken at the old
-    /// rate keep their cells, converted to the new rate: those whose
-    /// instant falls inside the hold are absorbed by it (their calls wake,
-    /// see the hold and queue again behind it), and those past it go at
-    /// their instant, still counted. A reset would forget the latter's
-    /// cells while they still go, and the bucket would admit its full burst
-    /// beside them when the hold ends: one more 429 per cut.
+    /// A change does not reset the bucket. The reservations taken at the
+    /// old rate keep their cells, converted to the new rate with the
+    /// calls that hold them (see `rescales`): after a cut, those whose
+    /// new instant falls inside the hold are absorbed by it (their calls
+    /// wake, see the hold and queue again behind it), and those past it
+    /// go at their new instant, still counted. A reset would forget the
+    /// latter's cells while they still go, and the bucket would admit its
+    /// full burst beside them when the hold ends: one more 429 per cut.
     pub(crate) fn observe<C: Clock>(
         &self,
         credential: &str,
@@ -191,20 +193,21 @@ impl Learned {
             // held, not learned as the credential's rate.
             return;
         }
-        let Some(controller) = self
-            .known
-            .read()
-            .get(credential)
-            .and_then(|s| s.controller.clone())
-        else {
+        let Some(state) = self.known.read().get(credential).cloned() else {
+            return;
+        };
+        let Some(controller) = &state.controller else {
             return;
         };
         let outcome = outcome(status, hint);
         if let Some(quota) = controller.on_reply(now, sent_at, outcome) {
             let key = credential.to_string();
             // The credential has a custom quota already (set on creation),
-            // so this replaces it and cannot be refused for room.
-            let _ = buckets.set_learned_quota(&key, quota);
+            // so this replaces it and cannot be refused for room. A change
+            // moves the calls already queued with it (see `rescales`).
+            if let Ok(Some(change)) = buckets.rescale_learned_quota(&key, quota) {
+                state.rescales.push(change);
+            }
         }
     }
 
@@ -244,6 +247,17 @@ pub(crate) struct CredentialState {
     pub(crate) name: Arc<str>,
     controller: Option<Arc<RateController>>,
     pub(crate) counters: Counters,
+    /// Its learned rate's changes, for the calls waiting on it (see
+    /// `rescales`).
+    pub(crate) rescales: super::rescales::Rescales,
+}
+
+impl CredentialState {
+    /// Whether its rate is learned (calls sleeping on it then follow its
+    /// rate changes).
+    pub(crate) fn is_learned(&self) -> bool {
+        self.controller.is_some()
+    }
 }
 
 impl CredentialState {
@@ -252,6 +266,7 @@ impl CredentialState {
             name,
             controller,
             counters: Counters::default(),
+            rescales: super::rescales::Rescales::default(),
         }
     }
 

@@ -13,6 +13,7 @@
 //! keeps. Credentials shared across processes keep their pending penalty
 //! here until it is pushed to the shared limiter.
 
+use core::task::Poll;
 use core::time::Duration;
 use std::borrow::Cow;
 
@@ -22,6 +23,7 @@ pub(super) mod learned;
 mod observe;
 mod provider;
 mod refusal;
+mod rescales;
 pub(super) mod shared;
 
 pub(in crate::admission) use held::{Held, Kept, Reserved};
@@ -122,14 +124,16 @@ impl<C: Clock> Rates<C> {
     }
 
     /// `name`'s learned state, created on first use (its bucket in
-    /// `credentials` too).
+    /// `credentials` too) as of `now`: no later than the instant the
+    /// call that asks was started, which is when its request counts as
+    /// sent.
     #[inline]
     pub(super) fn credential(
         &self,
         name: &str,
-        clock: &C,
+        now: u64,
     ) -> std::sync::Arc<learned::CredentialState> {
-        self.learned.ensure(name, &self.credentials, clock)
+        self.learned.ensure(name, &self.credentials, now)
     }
 
     /// `name`'s learned state if it exists; never creates one.
@@ -204,6 +208,34 @@ pub(super) struct Resource<C: Clock> {
     pub(super) learned: bool,
 }
 
+/// What a call's reservations make it wait for.
+pub(super) struct Wait {
+    /// The longest wait of all.
+    pub(super) longest: Duration,
+    /// The longest wait of every quota but the request quota.
+    pub(super) others: Duration,
+    /// The request quota's cell, if one was taken.
+    pub(super) requests: Option<RequestCell>,
+}
+
+/// How a sleep towards a turn that may move ended.
+enum Slept {
+    /// At the turn's instant.
+    To(u64),
+    /// The layer closed.
+    Closed,
+    /// A cut moved the turn past the call's deadline.
+    PastDeadline,
+}
+
+/// A cell of a credential's request quota: when it may be used, and the
+/// bucket epoch it was reserved under.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RequestCell {
+    pub(super) ready_at: u64,
+    pub(super) epoch: u32,
+}
+
 /// When a call reserves: `now`, the longest wait it accepts, and what is
 /// left of its deadline (to word a refusal).
 #[derive(Clone, Copy, Debug)]
@@ -222,10 +254,12 @@ where
     /// instant (within the inline wait and the deadline), starting from
     /// `now` if the caller has just read the clock. Returns the
     /// reservations and that instant.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn take_rate(
         &self,
         spec: &CallSpec,
         tool: &ToolState,
+        credential: &learned::CredentialState,
         deadline_at: u64,
         now: Option<u64>,
         inline: Duration,
@@ -254,16 +288,24 @@ where
                 max_wait,
                 left,
             };
-            let mut wait = self
+            let Wait {
+                longest,
+                mut others,
+                requests,
+            } = self
                 .reserve_local(spec, shared.is_none(), scope.as_deref(), at, &mut reserved)
                 .map_err(|r| self.rate_refusal(r, &spec.credential, at))?;
+            let mut wait = longest;
             if let Some(shared) = &shared {
                 // Last, so a refusal here cancels the local reservations
                 // above (a shared cell cannot be given back without a round
                 // trip).
                 self.push_penalty(&spec.credential, shared.as_ref()).await;
                 match shared.reserve_one(max_wait).await {
-                    Ok(w) => wait = wait.max(w),
+                    Ok(w) => {
+                        wait = wait.max(w);
+                        others = others.max(w);
+                    }
                     Err(e) => {
                         let refusal = Refusal {
                             e,
@@ -283,9 +325,37 @@ where
             // than what the bucket enforces); only one placed during the
             // sleep sends the call back.
             let held_before = self.held_until(&spec.credential, scope_key.as_ref());
-            if !self.sleep_unless_closed(wait).await {
-                return Err(self.closed_refusal());
-            }
+            let others_at = now.saturating_add(saturating_nanos(others));
+            let ready_at = match requests {
+                // The request cell's instant moves if the learned rate
+                // rises while the call sleeps (see `rescales`).
+                Some(turn) if turn.ready_at > now && credential.is_learned() => {
+                    let turn = credential.rescales.turn(turn.ready_at, turn.epoch);
+                    match self
+                        .sleep_turn(credential, turn, others_at, ready_at, deadline_at)
+                        .await
+                    {
+                        Slept::To(at) => at,
+                        Slept::Closed => return Err(self.closed_refusal()),
+                        Slept::PastDeadline => {
+                            // A cut moved the turn past the deadline: ask
+                            // again from now, as behind a hold, which
+                            // refuses it with an honest wait unless the
+                            // cell comes back (a refund holds only for the
+                            // latest cell: the others stay unused).
+                            now = inner.clock.now_nanos();
+                            reserved.cancel_all();
+                            continue;
+                        }
+                    }
+                }
+                _ => {
+                    if !self.sleep_unless_closed(wait).await {
+                        return Err(self.closed_refusal());
+                    }
+                    ready_at
+                }
+            };
             now = inner.clock.now_nanos();
             let held = self.held_until(&spec.credential, scope_key.as_ref());
             if held <= ready_at || held == held_before {
@@ -296,6 +366,56 @@ where
             // refund, which errs towards admitting less) and queue again
             // behind the hold, within what is left of the budgets.
             reserved.cancel_all();
+        }
+    }
+
+    /// Sleeps towards the request cell's `turn` (and `others_at`, the
+    /// other quotas' instant, `planned` both together), moving the turn
+    /// by every change of the learned rate logged meanwhile; returns the
+    /// instant slept to, or why it stopped before: the layer closed, or a
+    /// cut moved the turn past `deadline_at`. (A cut may stretch a wait
+    /// past the inline threshold it was admitted under: refusing the call
+    /// then would leave its cell unused, and the threshold is a choice of
+    /// how long to wait, the deadline a promise.)
+    async fn sleep_turn(
+        &self,
+        credential: &learned::CredentialState,
+        mut turn: rescales::Turn,
+        others_at: u64,
+        planned: u64,
+        deadline_at: u64,
+    ) -> Slept {
+        let inner = &*self.inner;
+        let mut ready_at = planned;
+        loop {
+            let now = inner.clock.now_nanos();
+            if now >= ready_at {
+                return Slept::To(ready_at);
+            }
+            if ready_at > deadline_at {
+                return Slept::PastDeadline;
+            }
+            let mut sleep =
+                core::pin::pin!(inner.sleeper.sleep(Duration::from_nanos(ready_at - now)));
+            let mut closed = core::pin::pin!(inner.closed_signal.acquire());
+            let woke = core::future::poll_fn(|cx| {
+                // The signal never has a permit: it completes only when closed.
+                if closed.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(None);
+                }
+                if credential.rescales.changed(&turn, cx.waker()) {
+                    return Poll::Ready(Some(false));
+                }
+                sleep.as_mut().poll(cx).map(|()| Some(true))
+            })
+            .await;
+            match woke {
+                None => return Slept::Closed,
+                Some(true) => return Slept::To(ready_at),
+                Some(false) => {}
+            }
+            credential.rescales.catch_up(&mut turn);
+            ready_at = turn.ready_at.max(others_at);
         }
     }
 
@@ -319,13 +439,25 @@ where
         scope: Option<&str>,
         at: Instant,
         reserved: &mut Reserved<'_, S, C>,
-    ) -> Result<Duration, Refusal> {
+    ) -> Result<Wait, Refusal> {
         let Instant { now, max_wait, .. } = at;
         let inner = &*self.inner;
         let mut wait = Duration::ZERO;
+        let mut others = Duration::ZERO;
+        let mut cell = None;
         let mut take = |source: Source, buckets: &Scoped<String, C>, cells: u32| {
             let r = buckets.reserve_stamps(&spec.credential, cells, max_wait, now)?;
-            wait = wait.max(Duration::from_nanos(r.ready_at - now));
+            let w = Duration::from_nanos(r.ready_at - now);
+            wait = wait.max(w);
+            match (source, r.ticket) {
+                (Source::Requests, Some(ticket)) => {
+                    cell = Some(RequestCell {
+                        ready_at: r.ready_at,
+                        epoch: ticket.epoch,
+                    });
+                }
+                _ => others = others.max(w),
+            }
             reserved.push(source, r.ticket, cells);
             Ok::<(), ReserveError>(())
         };
@@ -390,7 +522,9 @@ where
                 .reserve_stamps(key, 1, max_wait, now)
             {
                 Ok(r) => {
-                    wait = wait.max(Duration::from_nanos(r.ready_at - now));
+                    let w = Duration::from_nanos(r.ready_at - now);
+                    wait = wait.max(w);
+                    others = others.max(w);
                     reserved.push(Source::Scope, r.ticket, 1);
                 }
                 Err(e) => {
@@ -402,7 +536,11 @@ where
                 }
             }
         }
-        Ok(wait)
+        Ok(Wait {
+            longest: wait,
+            others,
+            requests: cell,
+        })
     }
 
     /// See [`Ticket::settle`](crate::admission::Ticket::settle); `held` is the

@@ -100,17 +100,28 @@ impl Gcra {
     /// debt in cells is kept (none forgiven), a full bucket stays full, and
     /// a server hold keeps its end.
     pub(crate) fn set_quota(&self, quota: Quota, now: u64) {
-        self.requota(quota, now, false);
+        self.requota(quota, now, Requota::Cells);
     }
 
     /// [`set_quota`](Self::set_quota) for a learned rate's change: the
     /// state converted as [`convert_keeping_queue`] says (calls already
     /// queued past the burst keep their instants).
     pub(crate) fn set_learned_quota(&self, quota: Quota, now: u64) {
-        self.requota(quota, now, true);
+        self.requota(quota, now, Requota::KeepQueue);
     }
 
-    fn requota(&self, quota: Quota, now: u64, keeping_queue: bool) {
+    /// [`set_learned_quota`](Self::set_learned_quota), except that a
+    /// change of rate alone (the same burst) with no server hold running
+    /// converts the debt as cells ([`convert`]): the cells already queued
+    /// come at the new rate too, sooner after a raise, later after a cut.
+    /// Returns the change, for the holders of those cells to move their
+    /// instants the same way (see [`Rescale`]); `None` when it was
+    /// converted keeping the queue.
+    pub(crate) fn rescale_learned_quota(&self, quota: Quota, now: u64) -> Option<Rescale> {
+        self.requota(quota, now, Requota::Rescale)
+    }
+
+    fn requota(&self, quota: Quota, now: u64, how: Requota) -> Option<Rescale> {
         let quota = quota.clamped();
         let word = self.lock();
         let old = Quota {
@@ -121,7 +132,7 @@ impl Gcra {
         };
         if old == quota {
             self.unlock(word);
-            return;
+            return None;
         }
         // Relaxed: as `period` above.
         let skew = self.skew.load(Ordering::Relaxed);
@@ -130,17 +141,21 @@ impl Gcra {
         // Acquire: the freshest `stamp` to convert; the CAS retries anyway
         // (decisions read before the lock may still land).
         let mut stamp = self.stamp.load(Ordering::Acquire);
-        let new_tat = loop {
+        let rate_alone = how == Requota::Rescale && quota.burst == old.burst;
+        let (new_tat, rescaled) = loop {
             // Relaxed, after the Acquire that read `stamp`: a penalty whose
             // `tat` this stamp holds stored its end before its Release CAS,
             // so it is seen here; one landing later fails its CAS against
             // ours and raises the converted `tat` itself.
             let held_until = self.held_until.load(Ordering::Relaxed);
             let tat = stamp.wrapping_sub(skew);
-            let new_tat = if keeping_queue {
-                convert_keeping_queue(tat, now, old, quota)
-            } else {
-                convert(tat, now, old, quota, held_until)
+            let rescaled = rate_alone && held_until <= now;
+            let new_tat = match how {
+                Requota::Cells => convert(tat, now, old, quota, held_until),
+                Requota::Rescale if rescaled => convert(tat, now, old, quota, 0),
+                Requota::KeepQueue | Requota::Rescale => {
+                    convert_keeping_queue(tat, now, old, quota)
+                }
             };
             // `stamp + 1`: never a value the word held before, so every
             // decision in flight under the old quota fails its CAS.
@@ -151,7 +166,7 @@ impl Gcra {
                 Ordering::Release,
                 Ordering::Acquire,
             ) {
-                Ok(_) => break new_tat,
+                Ok(_) => break (new_tat, rescaled),
                 Err(actual) => stamp = actual,
             }
         };
@@ -160,7 +175,56 @@ impl Gcra {
             stamp.wrapping_add(1).wrapping_sub(new_tat),
             Ordering::Release,
         );
-        let word = ((quota.burst.get() as u64) << BURST_SHIFT) | (word & EPOCH_MASK);
-        self.unlock(bump_epoch(word));
+        let word = bump_epoch(((quota.burst.get() as u64) << BURST_SHIFT) | (word & EPOCH_MASK));
+        self.unlock(word);
+        rescaled.then_some(Rescale {
+            at: now,
+            old_period: old.period,
+            new_period: quota.period,
+            epoch: ((word & EPOCH_MASK) >> 1) as u32,
+        })
+    }
+}
+
+/// How [`Gcra::requota`] converts the state.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Requota {
+    /// [`convert`]: the debt in cells.
+    Cells,
+    /// [`convert_keeping_queue`].
+    KeepQueue,
+    /// A change of rate alone with no hold running as [`convert`]
+    /// without a hold, any other change as [`convert_keeping_queue`].
+    Rescale,
+}
+
+/// A learned rate's change applied to the cells already queued
+/// ([`Gcra::rescale_learned_quota`]): every instant past `at` reserved
+/// before it (a ticket of an epoch before `epoch`) now comes at
+/// `at + (instant - at) × new_period / old_period`, rounded up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Rescale {
+    /// When the change was applied, on the bucket's clock.
+    pub(crate) at: u64,
+    pub(crate) old_period: u64,
+    pub(crate) new_period: u64,
+    /// The bucket's epoch from the change on: reservations carrying an
+    /// earlier one were taken at the old rate.
+    pub(crate) epoch: u32,
+}
+
+impl Rescale {
+    /// Where an instant `ready_at` reserved before the change lies after
+    /// it: the same number of cells past `at`, at the new period. (The
+    /// bucket's `tat` and a queued cell's instant differ by the tolerance,
+    /// which scales the same way: both move alike.)
+    pub(crate) fn moved(&self, ready_at: u64) -> u64 {
+        if ready_at <= self.at {
+            return ready_at;
+        }
+        let cells = u128::from(ready_at - self.at) * u128::from(self.new_period);
+        let moved = cells.div_ceil(u128::from(self.old_period.max(1)));
+        self.at
+            .saturating_add(moved.min(u128::from(u64::MAX)) as u64)
     }
 }

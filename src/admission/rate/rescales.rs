@@ -1,0 +1,201 @@
+//! Changes of a learned rate that reach the calls already waiting.
+//!
+//! A call reserves its cell, then sleeps until the cell's instant. When a
+//! learned rate changes while calls sleep, the bucket converts the queued
+//! cells to the new rate (`Gcra::rescale_learned_quota`) and the change
+//! is logged here; it wakes each sleeper, which moves its instant the
+//! same way and sleeps on. Without it the queue drained at the old rate:
+//! eight callers queued at the 10/s starting guess kept the next 800 ms
+//! at 10/s while the rate was learned up to 25/s (a third of slow
+//! start's time lost), and after a cut the cells queued during a climb
+//! went at the climb's rate right after the hold, and drew a 429.
+//!
+//! Every call sleeping on a learned credential's request cell follows
+//! the changes: one that kept its old instant would go in another cell's
+//! slot, and send one request too many in that window.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Waker;
+
+use parking_lot::Mutex;
+
+use crate::bucket::gcra::Rescale;
+
+/// Changes kept. Every sleeper is woken by each change and catches up
+/// when it runs, so it would take this many changes while one sleeper
+/// waits to be polled for it to miss one (it then keeps the instant it
+/// had before the missed ones).
+const LOG: usize = 64;
+
+/// Epochs are 31 bits and count up mod 2³¹ (see `bucket::gcra`).
+const EPOCH_MAX: u32 = u32::MAX >> 1;
+const EPOCH_HALF: u32 = 1 << 30;
+
+/// One credential's learned rate changes.
+#[derive(Default)]
+pub(crate) struct Rescales {
+    /// How many changes were ever logged: a sleeper that saw this count
+    /// has nothing to catch up on.
+    logged: AtomicU64,
+    /// The latest changes, oldest first.
+    log: Mutex<VecDeque<Rescale>>,
+    /// The calls sleeping towards a cell, woken by the next change (and
+    /// then dropped: each registers again as it sleeps on).
+    wakers: Mutex<Vec<Waker>>,
+}
+
+/// A sleeper's turn on its credential's request quota.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Turn {
+    /// When its cell may be used, on the bucket's clock.
+    pub(crate) ready_at: u64,
+    /// The bucket epoch its cell was reserved under, or moved to.
+    epoch: u32,
+    /// `Rescales::logged` when it last caught up (`u64::MAX`: never).
+    seen: u64,
+}
+
+impl Rescales {
+    /// Logs `change` and wakes every call sleeping towards a cell.
+    pub(crate) fn push(&self, change: Rescale) {
+        {
+            let mut log = self.log.lock();
+            if log.len() == LOG {
+                log.pop_front();
+            }
+            log.push_back(change);
+            // Release: pairs with the Acquire in `changed`; the lock orders
+            // the log itself.
+            self.logged.fetch_add(1, Ordering::Release);
+        }
+        // After the count: a sleeper registering from here on sees it
+        // (`changed` reads it under this lock), one registered before is
+        // woken here.
+        let wakers = core::mem::take(&mut *self.wakers.lock());
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+
+    /// Whether a change was logged since `turn` last caught up; if not,
+    /// `waker` is woken by the next one.
+    pub(crate) fn changed(&self, turn: &Turn, waker: &Waker) -> bool {
+        let mut wakers = self.wakers.lock();
+        // Acquire: see `push`. Read under the lock `push` drains under, so
+        // a change counted after this read wakes the waker pushed here.
+        if self.logged.load(Ordering::Acquire) != turn.seen {
+            return true;
+        }
+        if !wakers.iter().any(|w| w.will_wake(waker)) {
+            wakers.push(waker.clone());
+        }
+        false
+    }
+
+    /// The turn of a cell usable at `ready_at`, reserved under `epoch`.
+    pub(crate) fn turn(&self, ready_at: u64, epoch: u32) -> Turn {
+        Turn {
+            ready_at,
+            epoch,
+            // Not a count yet: the first `catch_up` reads the log, so a
+            // change logged between the reservation and now is not missed
+            // (the epochs tell which changes came after the cell).
+            seen: u64::MAX,
+        }
+    }
+
+    /// Moves `turn` by every logged change applied after its cell was
+    /// reserved. Returns whether it moved.
+    pub(crate) fn catch_up(&self, turn: &mut Turn) -> bool {
+        // Acquire: see `push`.
+        let logged = self.logged.load(Ordering::Acquire);
+        if logged == turn.seen {
+            return false;
+        }
+        let before = turn.ready_at;
+        for change in self.log.lock().iter() {
+            if after(change.epoch, turn.epoch) {
+                turn.ready_at = change.moved(turn.ready_at);
+                turn.epoch = change.epoch;
+            }
+        }
+        turn.seen = logged;
+        turn.ready_at != before
+    }
+}
+
+/// Whether epoch `a` comes after `b` (by less than half the circle).
+fn after(a: u32, b: u32) -> bool {
+    let d = a.wrapping_sub(b) & EPOCH_MAX;
+    d != 0 && d < EPOCH_HALF
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn change(at: u64, old_ms: u64, new_ms: u64, epoch: u32) -> Rescale {
+        Rescale {
+            at: at * MS,
+            old_period: old_ms * MS,
+            new_period: new_ms * MS,
+            epoch,
+        }
+    }
+
+    #[test]
+    fn a_turn_moves_by_the_changes_after_its_epoch_only() {
+        let changes = Rescales::default();
+        let mut early = changes.turn(800 * MS, 3);
+        changes.push(change(0, 100, 50, 4));
+        let mut late = changes.turn(500 * MS, 4);
+        changes.push(change(100, 50, 25, 5));
+        assert!(changes.catch_up(&mut early));
+        // 800 ms at 100 ms a cell is 8 cells: at 50 ms they end at 400 ms,
+        // then the 6 cells past 100 ms at 25 ms end at 250 ms.
+        assert_eq!(early.ready_at, 250 * MS);
+        assert!(changes.catch_up(&mut late));
+        assert_eq!(late.ready_at, 300 * MS);
+        // Nothing new: nothing moves.
+        assert!(!changes.catch_up(&mut early));
+        assert_eq!(early.ready_at, 250 * MS);
+    }
+
+    #[test]
+    fn a_cut_moves_a_turn_later() {
+        let changes = Rescales::default();
+        let mut turn = changes.turn(300 * MS, 1);
+        changes.push(change(100, 50, 100, 2));
+        assert!(changes.catch_up(&mut turn));
+        assert_eq!(turn.ready_at, 500 * MS);
+    }
+
+    #[test]
+    fn an_instant_before_the_change_stays() {
+        let changes = Rescales::default();
+        let mut turn = changes.turn(80 * MS, 1);
+        changes.push(change(100, 100, 10, 2));
+        assert!(!changes.catch_up(&mut turn));
+        assert_eq!(turn.ready_at, 80 * MS);
+    }
+
+    #[test]
+    fn a_change_that_fell_out_of_the_log_leaves_the_turn_where_it_was() {
+        let changes = Rescales::default();
+        let mut turn = changes.turn(10_000 * MS, 0);
+        changes.push(change(0, 100, 50, 1));
+        for e in 2..=(LOG as u32 + 1) {
+            changes.push(change(0, 100, 100, e));
+        }
+        // The change that would have moved it is gone, the ones kept do not
+        // (the same period): it stays where it was, never earlier.
+        changes.catch_up(&mut turn);
+        assert_eq!(turn.ready_at, 10_000 * MS);
+        assert!(after(0, EPOCH_MAX));
+        assert!(!after(EPOCH_MAX, 0));
+        assert!(!after(7, 7));
+    }
+}
