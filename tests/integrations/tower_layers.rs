@@ -523,6 +523,37 @@ async fn keyed_rate_limit_waiters_go_one_period_apart() {
     assert_eq!(starts, want, "one per period, in line order");
 }
 
+/// A waiter beaten to its cell by a newcomer tries again with what is left
+/// of its budget, not the whole budget again: its next turn past the
+/// budget refuses it then (cargo-mutants: `Scoped::now_nanos -> 0`
+/// survived every test before this one).
+#[tokio::test]
+async fn keyed_rate_limit_waiter_passed_by_a_newcomer_keeps_its_budget() {
+    let (clock, sleeper, limits) = ten_per_second_no_burst();
+    let probe = Probe::default();
+    let svc = KeyedRateLimitLayer::new(limits.clone(), |_: &u32| "k")
+        .wait_up_to(Duration::from_millis(150), sleeper.clone())
+        .layer(probe.service(|_| async {}));
+    svc.clone().oneshot(0).await.unwrap();
+    let mut waiting = Box::pin(svc.clone().oneshot(1));
+    assert!(waiting.as_mut().now_or_never().is_none(), "it waits 100 ms");
+    clock.advance(Duration::from_millis(100));
+    // A newcomer takes the cell the waiter slept towards.
+    limits.try_acquire(&"k", 1).unwrap();
+    let err = waiting
+        .as_mut()
+        .now_or_never()
+        .expect("decided at once")
+        .unwrap_err();
+    // Its next turn is at 200 ms, past the 150 ms it was allowed.
+    assert_eq!(throttled(&err).scope, "rate:key");
+    assert_eq!(
+        throttled(&err).retry_after(),
+        Some(Duration::from_millis(100))
+    );
+    assert_eq!(probe.calls(), 1);
+}
+
 // ---------------------------------------------------------------------------
 // HintRetry
 
