@@ -407,3 +407,40 @@ fn the_registry_reports_its_cap_its_keys_and_its_refusals() {
         "too many keys: the registry is full at 5 keys"
     );
 }
+
+thread_local! {
+    /// Whether `Touchy::clone` panics (per thread: tests run in parallel).
+    static CLONE_PANICS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A key whose `clone` panics while `CLONE_PANICS` is set: user code that
+/// runs while a new key goes into the table.
+#[derive(PartialEq, Eq, Hash)]
+struct Touchy(u32);
+
+impl Clone for Touchy {
+    fn clone(&self) -> Self {
+        assert!(!CLONE_PANICS.with(Cell::get), "clone of key {}", self.0);
+        Touchy(self.0)
+    }
+}
+
+/// A new key's slot under the cap is given back when user code panics
+/// before its bucket is in the table (cargo-mutants: `KeySlot`'s drop
+/// made a no-op survived; the leaked slot refused every later key).
+#[test]
+fn a_key_whose_clone_panics_gives_its_slot_back() {
+    let clock = ManualClock::new();
+    let q = Quota::per_second(nz(10)).allow_burst(nz(2));
+    let s: Scoped<Touchy, _> = Scoped::with_clock(q, clock).with_max_keys(1);
+    CLONE_PANICS.with(|p| p.set(true));
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = s.try_acquire(&Touchy(1), 1);
+    }));
+    CLONE_PANICS.with(|p| p.set(false));
+    assert!(panicked.is_err(), "the clone ran and panicked");
+    assert_eq!(s.len(), 0);
+    s.try_acquire(&Touchy(2), 1)
+        .expect("the one slot came back");
+    assert_eq!(s.len(), 1);
+}

@@ -13,7 +13,6 @@
 //! keeps. Credentials shared across processes keep their pending penalty
 //! here until it is pushed to the shared limiter.
 
-use core::task::Poll;
 use core::time::Duration;
 use std::borrow::Cow;
 
@@ -218,16 +217,6 @@ pub(super) struct Wait {
     pub(super) requests: Option<RequestCell>,
 }
 
-/// How a sleep towards a turn that may move ended.
-enum Slept {
-    /// At the turn's instant.
-    To(u64),
-    /// The layer closed.
-    Closed,
-    /// A cut moved the turn past the call's deadline.
-    PastDeadline,
-}
-
 /// A cell of a credential's request quota: when it may be used, and the
 /// bucket epoch it was reserved under.
 #[derive(Clone, Copy, Debug)]
@@ -335,9 +324,9 @@ where
                         .sleep_turn(credential, turn, others_at, ready_at, deadline_at)
                         .await
                     {
-                        Slept::To(at) => at,
-                        Slept::Closed => return Err(self.closed_refusal()),
-                        Slept::PastDeadline => {
+                        rescales::Slept::To(at) => at,
+                        rescales::Slept::Closed => return Err(self.closed_refusal()),
+                        rescales::Slept::PastDeadline => {
                             // A cut moved the turn past the deadline: ask
                             // again from now, as behind a hold, which
                             // refuses it with an honest wait unless the
@@ -366,56 +355,6 @@ where
             // refund, which errs towards admitting less) and queue again
             // behind the hold, within what is left of the budgets.
             reserved.cancel_all();
-        }
-    }
-
-    /// Sleeps towards the request cell's `turn` (and `others_at`, the
-    /// other quotas' instant, `planned` both together), moving the turn
-    /// by every change of the learned rate logged meanwhile; returns the
-    /// instant slept to, or why it stopped before: the layer closed, or a
-    /// cut moved the turn past `deadline_at`. (A cut may stretch a wait
-    /// past the inline threshold it was admitted under: refusing the call
-    /// then would leave its cell unused, and the threshold is a choice of
-    /// how long to wait, the deadline a promise.)
-    async fn sleep_turn(
-        &self,
-        credential: &learned::CredentialState,
-        mut turn: rescales::Turn,
-        others_at: u64,
-        planned: u64,
-        deadline_at: u64,
-    ) -> Slept {
-        let inner = &*self.inner;
-        let mut ready_at = planned;
-        loop {
-            let now = inner.clock.now_nanos();
-            if now >= ready_at {
-                return Slept::To(ready_at);
-            }
-            if ready_at > deadline_at {
-                return Slept::PastDeadline;
-            }
-            let mut sleep =
-                core::pin::pin!(inner.sleeper.sleep(Duration::from_nanos(ready_at - now)));
-            let mut closed = core::pin::pin!(inner.closed_signal.acquire());
-            let woke = core::future::poll_fn(|cx| {
-                // The signal never has a permit: it completes only when closed.
-                if closed.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(None);
-                }
-                if credential.rescales.changed(&turn, cx.waker()) {
-                    return Poll::Ready(Some(false));
-                }
-                sleep.as_mut().poll(cx).map(|()| Some(true))
-            })
-            .await;
-            match woke {
-                None => return Slept::Closed,
-                Some(true) => return Slept::To(ready_at),
-                Some(false) => {}
-            }
-            credential.rescales.catch_up(&mut turn);
-            ready_at = turn.ready_at.max(others_at);
         }
     }
 
@@ -585,59 +524,6 @@ where
         charge(buckets, &key, actual, now);
         *h = Kept::settled(actual);
         -i64::from(counted - actual)
-    }
-
-    /// Pushes the penalties observed on credentials with a shared quota
-    /// (see [`Builder::shared_quota`](crate::admission::Builder::shared_quota)) to
-    /// their shared limiters, so other processes hold back too.
-    /// [`Ticket::observe`](crate::admission::Ticket::observe) cannot await, so it
-    /// records them; the next `admit` on the same credential pushes them,
-    /// and this pushes them all now ([`Runner`](crate::admission::Runner) calls it
-    /// after every throttled reply).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// use backpressure::headers::ServerHint;
-    /// use backpressure::{ManualClock, Quota, TokenBucket};
-    /// use std::num::NonZeroU32;
-    /// use std::time::SystemTime;
-    ///
-    /// let shared = std::sync::Arc::new(TokenBucket::with_clock(
-    ///     Quota::per_second(NonZeroU32::new(5).unwrap()),
-    ///     ManualClock::new(),
-    /// ));
-    /// let admission = Admission::builder().shared_quota("org-key", shared.clone()).build();
-    /// let hint = ServerHint::from_headers([("retry-after", "30")], SystemTime::now());
-    /// admission.observe("search", "org-key", 429, &hint);
-    /// futures::executor::block_on(admission.sync_shared());
-    /// assert_eq!(shared.available(), 0); // held back for everyone
-    /// ```
-    pub async fn sync_shared(&self) {
-        let credentials: Vec<String> = self.inner.rates.pending.lock().keys().cloned().collect();
-        for credential in credentials {
-            if let Some(shared) = self.inner.rates.shared.get(&credential) {
-                self.push_penalty(&credential, shared.as_ref()).await;
-            }
-        }
-    }
-
-    /// Pushes `credential`'s pending shared hold, if any.
-    pub(super) async fn push_shared(&self, credential: &str) {
-        if let Some(shared) = self.inner.rates.shared.get(credential) {
-            self.push_penalty(credential, shared.as_ref()).await;
-        }
-    }
-
-    async fn push_penalty(&self, credential: &str, shared: &dyn shared::SharedLimiter) {
-        let pending = self.inner.rates.pending.lock().remove(credential);
-        if let Some(until) = pending {
-            let now = self.inner.clock.now_nanos();
-            if until > now {
-                shared.penalize_all(Duration::from_nanos(until - now)).await;
-            }
-        }
     }
 }
 

@@ -10,6 +10,9 @@
 //! start's time lost), and after a cut the cells queued during a climb
 //! went at the climb's rate right after the hold, and drew a 429.
 //!
+//! The log is [`Rescales`]; a call sleeps towards its cell in
+//! `Admission::sleep_turn`.
+//!
 //! Every call sleeping on a learned credential's request cell follows
 //! the changes: one that kept its old instant would go in another cell's
 //! slot, and send one request too many in that window.
@@ -20,7 +23,14 @@ use std::task::Waker;
 
 use parking_lot::Mutex;
 
+use core::task::Poll;
+use core::time::Duration;
+
+use super::learned::CredentialState;
+use crate::admission::Admission;
 use crate::bucket::gcra::Rescale;
+use crate::clock::Clock;
+use crate::sleep::Sleeper;
 
 /// Changes kept. Every sleeper is woken by each change and catches up
 /// when it runs, so it would take this many changes while one sleeper
@@ -122,6 +132,68 @@ impl Rescales {
         }
         turn.seen = logged;
         turn.ready_at != before
+    }
+}
+
+/// How a sleep towards a turn that may move ended.
+pub(super) enum Slept {
+    /// At the turn's instant.
+    To(u64),
+    /// The layer closed.
+    Closed,
+    /// A cut moved the turn past the call's deadline.
+    PastDeadline,
+}
+
+impl<S: Sleeper, C: Clock> Admission<S, C> {
+    /// Sleeps towards the request cell's `turn` (and `others_at`, the
+    /// other quotas' instant, `planned` both together), moving the turn
+    /// by every change of the learned rate logged meanwhile; returns the
+    /// instant slept to, or why it stopped before: the layer closed, or a
+    /// cut moved the turn past `deadline_at`. (A cut may stretch a wait
+    /// past the inline threshold it was admitted under: refusing the call
+    /// then would leave its cell unused, and the threshold is a choice of
+    /// how long to wait, the deadline a promise.)
+    pub(super) async fn sleep_turn(
+        &self,
+        credential: &CredentialState,
+        mut turn: Turn,
+        others_at: u64,
+        planned: u64,
+        deadline_at: u64,
+    ) -> Slept {
+        let inner = &*self.inner;
+        let mut ready_at = planned;
+        loop {
+            let now = inner.clock.now_nanos();
+            if now >= ready_at {
+                return Slept::To(ready_at);
+            }
+            if ready_at > deadline_at {
+                return Slept::PastDeadline;
+            }
+            let mut sleep =
+                core::pin::pin!(inner.sleeper.sleep(Duration::from_nanos(ready_at - now)));
+            let mut closed = core::pin::pin!(inner.closed_signal.acquire());
+            let woke = core::future::poll_fn(|cx| {
+                // The signal never has a permit: it completes only when closed.
+                if closed.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(None);
+                }
+                if credential.rescales.changed(&turn, cx.waker()) {
+                    return Poll::Ready(Some(false));
+                }
+                sleep.as_mut().poll(cx).map(|()| Some(true))
+            })
+            .await;
+            match woke {
+                None => return Slept::Closed,
+                Some(true) => return Slept::To(ready_at),
+                Some(false) => {}
+            }
+            credential.rescales.catch_up(&mut turn);
+            ready_at = turn.ready_at.max(others_at);
+        }
     }
 }
 

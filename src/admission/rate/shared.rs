@@ -9,8 +9,11 @@ use core::time::Duration;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::admission::Admission;
 use crate::bucket::ReserveError;
+use crate::clock::Clock;
 use crate::limiter::RateLimiter;
+use crate::sleep::Sleeper;
 
 /// A boxed future borrowing the limiter.
 pub(crate) type SharedFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -71,5 +74,60 @@ impl Shared {
             return false;
         }
         self.by_name.contains_key(credential) || self.get(credential).is_some()
+    }
+}
+
+impl<S: Sleeper, C: Clock> Admission<S, C> {
+    /// Pushes the penalties observed on credentials with a shared quota
+    /// (see [`Builder::shared_quota`](crate::admission::Builder::shared_quota)) to
+    /// their shared limiters, so other processes hold back too.
+    /// [`Ticket::observe`](crate::admission::Ticket::observe) cannot await, so it
+    /// records them; the next `admit` on the same credential pushes them,
+    /// and this pushes them all now ([`Runner`](crate::admission::Runner) calls it
+    /// after every throttled reply).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::Admission;
+    /// use backpressure::headers::ServerHint;
+    /// use backpressure::{ManualClock, Quota, TokenBucket};
+    /// use std::num::NonZeroU32;
+    /// use std::time::SystemTime;
+    ///
+    /// let shared = std::sync::Arc::new(TokenBucket::with_clock(
+    ///     Quota::per_second(NonZeroU32::new(5).unwrap()),
+    ///     ManualClock::new(),
+    /// ));
+    /// let admission = Admission::builder().shared_quota("org-key", shared.clone()).build();
+    /// let hint = ServerHint::from_headers([("retry-after", "30")], SystemTime::now());
+    /// admission.observe("search", "org-key", 429, &hint);
+    /// futures::executor::block_on(admission.sync_shared());
+    /// assert_eq!(shared.available(), 0); // held back for everyone
+    /// ```
+    pub async fn sync_shared(&self) {
+        let credentials: Vec<String> = self.inner.rates.pending.lock().keys().cloned().collect();
+        for credential in credentials {
+            if let Some(shared) = self.inner.rates.shared.get(&credential) {
+                self.push_penalty(&credential, shared.as_ref()).await;
+            }
+        }
+    }
+
+    /// Pushes `credential`'s pending shared hold, if any.
+    pub(in crate::admission) async fn push_shared(&self, credential: &str) {
+        if let Some(shared) = self.inner.rates.shared.get(credential) {
+            self.push_penalty(credential, shared.as_ref()).await;
+        }
+    }
+
+    pub(super) async fn push_penalty(&self, credential: &str, shared: &dyn SharedLimiter) {
+        let pending = self.inner.rates.pending.lock().remove(credential);
+        if let Some(until) = pending {
+            let now = self.inner.clock.now_nanos();
+            if until > now {
+                shared.penalize_all(Duration::from_nanos(until - now)).await;
+            }
+        }
     }
 }
