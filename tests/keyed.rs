@@ -444,3 +444,23 @@ fn a_key_whose_clone_panics_gives_its_slot_back() {
         .expect("the one slot came back");
     assert_eq!(s.len(), 1);
 }
+
+/// A sweep drops full keys nobody touched for a grace period, never one
+/// still in debt: dropping it would forgive the debt (cargo-mutants:
+/// `!is_full` to `is_full` in `Shard::sweep` survived every test).
+#[test]
+fn a_sweep_never_drops_a_key_in_debt() {
+    let clock = ManualClock::new();
+    let s: Scoped<u32, _> = Scoped::with_clock(Quota::per_minute(nz(1)), clock.clone());
+    s.try_acquire(&1, 1).unwrap();
+    s.try_acquire(&2, 1).unwrap();
+    clock.advance(Duration::from_secs(1));
+    s.sweep();
+    clock.advance(Duration::from_secs(1));
+    s.sweep();
+    assert_eq!(s.len(), 2, "a key in debt was dropped");
+    assert!(matches!(
+        s.try_acquire(&1, 1),
+        Err(CheckError::NotUntil { .. })
+    ));
+}

@@ -358,6 +358,29 @@ fn past_4096_credentials_one_in_debt_keeps_what_it_learned() {
     );
 }
 
+#[test]
+fn past_4096_credentials_idle_ones_whose_buckets_remain_make_room() {
+    // 4,096 credentials each spend a cell, then a second passes: their
+    // buckets are full again, and still in the registry (a sweep has only
+    // cleared their second-chance bits), and nothing holds them. The next
+    // credential finds room and learns a rate of its own. (The 10,000
+    // tenant test of `admission_layer.rs` waits until the buckets are
+    // swept out, which hid a mutant: `held_until() <= now` to `>` in
+    // `is_full_at` kept every idle credential whose bucket remained.)
+    let clock = ManualClock::starting_at(LATE);
+    let a = on(&clock).build();
+    for i in 0..4_096 {
+        drop(admit_now(&a, &format!("tenant-{i}")).unwrap());
+    }
+    assert_eq!(a.learned_rate("tenant-0"), Some(10.0));
+    drop(admit_now(&a, "busy").unwrap());
+    assert_eq!(a.learned_rate("busy"), None, "full: every tenant is busy");
+    clock.advance(Duration::from_secs(1));
+    drop(admit_now(&a, "late").unwrap());
+    assert_eq!(a.learned_rate("late"), Some(10.0), "no room was made");
+    assert_eq!(a.learned_rate("tenant-0"), None, "an idle one was kept");
+}
+
 /// Issue #23 item 1, the rate: 40 background calls arrive at once on a
 /// 10/s key, then an interactive call every 200 ms (the half the
 /// background share leaves). Stepped 10 ms at a time on the manual clock:

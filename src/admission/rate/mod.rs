@@ -316,8 +316,8 @@ where
             let held_before = self.held_until(&spec.credential, scope_key.as_ref());
             let others_at = now.saturating_add(saturating_nanos(others));
             let ready_at = match requests {
-                // The request cell's instant moves if the learned rate
-                // rises while the call sleeps (see `rescales`).
+                // The request cell's instant moves with the learned rate
+                // if it changes while the call sleeps (see `rescales`).
                 Some(turn) if turn.ready_at > now && credential.is_learned() => {
                     let turn = credential.rescales.turn(turn.ready_at, turn.epoch);
                     match self
