@@ -103,6 +103,17 @@ const EPOCH_ONE: u64 = 1 << 1;
 const EPOCH_MASK: u64 = 0xFFFF_FFFE;
 const BURST_SHIFT: u32 = 32;
 
+/// The largest epoch: epochs are 31 bits and count up mod 2³¹.
+pub(crate) const EPOCH_MAX: u32 = u32::MAX >> 1;
+/// Half the epoch circle: an epoch less than this far past another is
+/// ahead of it.
+pub(crate) const EPOCH_HALF: u32 = 1 << 30;
+
+/// How far epoch `a` is past `b`, mod 2³¹ (see `EPOCH_HALF`).
+pub(crate) fn epoch_distance(a: u32, b: u32) -> u32 {
+    a.wrapping_sub(b) & EPOCH_MAX
+}
+
 /// The `tat` a fresh or reset bucket holds: full at any `now`.
 const FULL: u64 = 0;
 

@@ -14,20 +14,18 @@ use core::hash::Hash;
 use core::time::Duration;
 
 use super::{Scoped, TooManyKeys};
-use crate::bucket::gcra::{Gcra, Reserved, Ticket as Stamps};
+use crate::bucket::gcra::{
+    epoch_distance, Gcra, Reserved, Ticket as Stamps, EPOCH_HALF, EPOCH_MAX,
+};
 use crate::bucket::ReserveError;
 use crate::clock::{saturating_nanos, Clock};
-
-/// Epochs are 31 bits (see `bucket::gcra`).
-const EPOCH_MAX: u32 = u32::MAX >> 1;
-const EPOCH_HALF: u32 = 1 << 30;
 
 /// Raises `floor` past the epoch of `dropped`, a bucket the sweep drops.
 /// Epochs count up mod 2³¹ from the floor: one past it by less than half
 /// the circle is ahead of it.
 pub(super) fn raise_floor(floor: &mut u32, dropped: &Gcra) {
     let past = dropped.epoch_now().wrapping_add(1) & EPOCH_MAX;
-    if past.wrapping_sub(*floor) & EPOCH_MAX < EPOCH_HALF {
+    if epoch_distance(past, *floor) < EPOCH_HALF {
         *floor = past;
     }
 }

@@ -28,7 +28,7 @@ use core::time::Duration;
 
 use super::learned::CredentialState;
 use crate::admission::Admission;
-use crate::bucket::gcra::Rescale;
+use crate::bucket::gcra::{epoch_distance, Rescale, EPOCH_HALF};
 use crate::clock::Clock;
 use crate::sleep::Sleeper;
 
@@ -37,10 +37,6 @@ use crate::sleep::Sleeper;
 /// waits to be polled for it to miss one (it then keeps the instant it
 /// had before the missed ones).
 const LOG: usize = 64;
-
-/// Epochs are 31 bits and count up mod 2³¹ (see `bucket::gcra`).
-const EPOCH_MAX: u32 = u32::MAX >> 1;
-const EPOCH_HALF: u32 = 1 << 30;
 
 /// One credential's learned rate changes.
 #[derive(Default)]
@@ -199,7 +195,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
 
 /// Whether epoch `a` comes after `b` (by less than half the circle).
 fn after(a: u32, b: u32) -> bool {
-    let d = a.wrapping_sub(b) & EPOCH_MAX;
+    let d = epoch_distance(a, b);
     d != 0 && d < EPOCH_HALF
 }
 
@@ -266,8 +262,8 @@ mod tests {
         // (the same period): it stays where it was, never earlier.
         changes.catch_up(&mut turn);
         assert_eq!(turn.ready_at, 10_000 * MS);
-        assert!(after(0, EPOCH_MAX));
-        assert!(!after(EPOCH_MAX, 0));
+        assert!(after(0, crate::bucket::gcra::EPOCH_MAX));
+        assert!(!after(crate::bucket::gcra::EPOCH_MAX, 0));
         assert!(!after(7, 7));
     }
 }
