@@ -599,4 +599,24 @@ mod tests {
         // Dropped with a waker still in it: `Drop` wakes it.
         assert_eq!(count.woken.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
+
+    /// `Debug` shows what can be read without the list's lock: a node's
+    /// state word, whether the list is empty, a batch's length; never the
+    /// links (cargo-mutants: the three impls were untested).
+    #[test]
+    fn debug_shows_what_is_safe_to_read() {
+        let n = node(0);
+        assert_eq!(format!("{:?}", n.pointers), "Pointers { .. }");
+        let mut list = WaitList::new();
+        assert_eq!(format!("{list:?}"), "WaitList { is_empty: true }");
+        // SAFETY: the node is live and in no list.
+        unsafe { list.push_back(ptr(&n)) };
+        assert_eq!(format!("{list:?}"), "WaitList { is_empty: false }");
+        assert_eq!(list.pop_front(), Some(ptr(&n)));
+        let w = WaitNode::new(6);
+        assert_eq!(format!("{w:?}"), "WaitNode { state: 6, .. }");
+        let mut batch = WakeBatch::new();
+        batch.push(test_waker(false).1);
+        assert_eq!(format!("{batch:?}"), "WakeBatch { len: 1 }");
+    }
 }

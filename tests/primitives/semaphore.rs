@@ -162,6 +162,24 @@ fn release_past_max_permits_after_add_permits_panics_like_tokio() {
         .starts_with("cannot add more than MAX_PERMITS permits"));
 }
 
+/// Exactly `MAX_PERMITS` added on top of one available permit: the count
+/// would pass the bound by one, and the message names the addition (the
+/// "more than MAX_PERMITS" one is for a single addition that cannot fit
+/// even an empty semaphore). cargo-mutants: `added > MAX_PERMITS` to `>=`
+/// in `overflow` survived.
+#[test]
+fn adding_max_permits_to_a_nonempty_semaphore_panics_like_tokio() {
+    const MAX: usize = Semaphore::MAX_PERMITS;
+    let theirs = caught(|| tokio::sync::Semaphore::new(1).add_permits(MAX));
+    let sem = Semaphore::new(1);
+    let ours = caught(|| sem.add_permits(MAX));
+    assert_eq!(sem.available_permits(), 1, "the addition is refused whole");
+    assert_eq!(ours, theirs);
+    assert!(ours.as_deref().unwrap().starts_with(&format!(
+        "number of added permits ({MAX}) would overflow MAX_PERMITS"
+    )));
+}
+
 /// The overflowing drop happens while the thread already unwinds: a second
 /// panic would abort the process (tokio's does). The permits are refused
 /// quietly and the first panic carries on.
@@ -769,4 +787,40 @@ fn cancellation_storm_conserves_permits() {
         // The semaphore is still fully usable afterwards.
         assert!(sem.try_acquire_many(START as u32).is_ok());
     }
+}
+
+/// `Debug` shows the state word's three parts and a future's phase, so a
+/// stuck program's dump says who waits for what (cargo-mutants: the
+/// semaphore's and the waiter's `Debug` were untested).
+#[test]
+fn debug_shows_permits_closed_queued_and_the_waiters_phase() {
+    let sem = Semaphore::new(3);
+    assert_eq!(
+        format!("{sem:?}"),
+        "Semaphore { permits: 3, closed: false, queued: false }"
+    );
+    let held = sem.try_acquire_many(2).unwrap();
+    let mut waiting = pin!(sem.acquire_many(2));
+    assert_eq!(
+        format!("{waiting:?}"),
+        "Acquire { sem: Semaphore { permits: 1, closed: false, queued: false }, \
+         waiter: Waiter { needed: 2, phase: Idle } }"
+    );
+    let cx = &mut Context::from_waker(Waker::noop());
+    assert!(waiting.as_mut().poll(cx).is_pending());
+    // The one available permit went to the waiter, which is owed one more.
+    assert_eq!(
+        format!("{waiting:?}"),
+        "Acquire { sem: Semaphore { permits: 0, closed: false, queued: true }, \
+         waiter: Waiter { needed: 2, phase: Queued } }"
+    );
+    sem.close();
+    // The waiter's one permit comes back when it hears of the close.
+    assert_eq!(
+        format!("{sem:?}"),
+        "Semaphore { permits: 0, closed: true, queued: false }"
+    );
+    drop(held);
+    assert!(matches!(waiting.as_mut().poll(cx), Poll::Ready(Err(_))));
+    assert_eq!(sem.available_permits(), 3);
 }
