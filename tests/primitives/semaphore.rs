@@ -799,6 +799,11 @@ fn debug_shows_permits_closed_queued_and_the_waiters_phase() {
         format!("{sem:?}"),
         "Semaphore { permits: 3, closed: false, queued: false }"
     );
+    // A word of 0 is neither closed nor queued.
+    assert_eq!(
+        format!("{:?}", Semaphore::new(0)),
+        "Semaphore { permits: 0, closed: false, queued: false }"
+    );
     let held = sem.try_acquire_many(2).unwrap();
     let mut waiting = pin!(sem.acquire_many(2));
     assert_eq!(
