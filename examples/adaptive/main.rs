@@ -23,6 +23,11 @@
 //! ```sh
 //! cargo run --release --example adaptive -- --seconds 20
 //! ```
+//!
+//! `ADAPTIVE_TRACE=1` prints, for the rate servers, every request's
+//! arrival (ms since the server started) and its answer to stderr: where a
+//! run loses its share of R (a hold, a guessed cut, a slow climb) shows in
+//! the gaps between them.
 
 mod concurrency;
 mod server;

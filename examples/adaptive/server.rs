@@ -53,6 +53,8 @@ pub struct RateState {
     epoch: Instant,
     tat: Mutex<u64>,
     pub counts: Counts,
+    /// `ADAPTIVE_TRACE` set: every request's arrival and answer to stderr.
+    trace: bool,
 }
 
 impl RateState {
@@ -77,13 +79,19 @@ pub async fn rate(rate: f64) -> Server<RateState> {
         epoch: Instant::now(),
         tat: Mutex::new(0),
         counts: Counts::default(),
+        trace: std::env::var_os("ADAPTIVE_TRACE").is_some(),
     });
     let st = state.clone();
     let addr = listen(move |_path| {
         let st = st.clone();
         async move {
             st.counts.requests.fetch_add(1, Ordering::SeqCst);
-            if st.check() {
+            let admitted = st.check();
+            if st.trace {
+                let ms = st.epoch.elapsed().as_secs_f64() * 1e3;
+                eprintln!("{ms:9.1} ms {}", if admitted { "200" } else { "429" });
+            }
+            if admitted {
                 st.counts.ok.fetch_add(1, Ordering::SeqCst);
                 // A little work, so requests overlap as real ones do.
                 tokio::time::sleep(Duration::from_millis(5)).await;
