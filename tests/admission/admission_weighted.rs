@@ -106,6 +106,51 @@ fn a_dropped_admit_gives_every_reservation_back() {
     assert_eq!(left(&a), [0, 10_000, 6_000], "every reservation came back");
 }
 
+/// The same with three weighted quotas, so the request cell and the three
+/// quotas fill every inline place of the call's reservations: each comes
+/// back (cargo-mutants: `k.cells == 0` to `!=` in `Reserved::cancel_all`,
+/// whose fast path then returned with every place full and gave nothing
+/// back, survived while no test filled all four).
+#[test]
+fn a_dropped_admit_with_every_place_filled_gives_every_reservation_back() {
+    let clock = ManualClock::new();
+    let a = Admission::builder()
+        .sleeper(clock.clone())
+        .clock(clock.clone())
+        .fixed_rates()
+        .default_quota(Quota::per_second(NonZeroU32::new(10).unwrap()))
+        .resource("tokens", per_minute(10_000))
+        .resource("input_tokens", per_minute(6_000))
+        .resource("output_tokens", per_minute(4_000))
+        .build();
+    let spec = drained(&a).cost("output_tokens", 500);
+    let all = |a: &Admission<ManualClock, ManualClock>| {
+        let [requests, tokens, input] = left(a);
+        [
+            requests,
+            tokens,
+            input,
+            a.available("key", "output_tokens").unwrap(),
+        ]
+    };
+    {
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut admit = pin!(a.admit(&spec));
+        assert!(admit.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(
+            all(&a),
+            [0, 8_000, 5_000, 3_500],
+            "reserved while it sleeps"
+        );
+    }
+    assert_eq!(
+        all(&a),
+        [0, 10_000, 6_000, 4_000],
+        "every reservation came back"
+    );
+}
+
 #[test]
 fn settle_charges_the_excess_and_refunds_the_surplus() {
     let (_s, a) = layer();
