@@ -602,7 +602,7 @@ mod tests {
 
     /// `Debug` shows what can be read without the list's lock: a node's
     /// state word, whether the list is empty, a batch's length; never the
-    /// links (cargo-mutants: the three impls were untested).
+    /// links (cargo-mutants: the four impls were untested).
     #[test]
     fn debug_shows_what_is_safe_to_read() {
         let n = node(0);
