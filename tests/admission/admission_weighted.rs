@@ -9,7 +9,7 @@ use std::pin::pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
-use backpressure::admission::{Admission, CallSpec, Provider};
+use backpressure::admission::{Admission, Builder, CallSpec, Provider};
 use backpressure::headers::ServerHint;
 use backpressure::Status;
 use backpressure::{ManualClock, Quota};
@@ -18,18 +18,22 @@ fn per_minute(n: u32) -> Quota {
     Quota::per_minute(NonZeroU32::new(n).unwrap())
 }
 
-fn layer() -> (ManualClock, Admission<ManualClock, ManualClock>) {
-    let clock = ManualClock::new();
-    let sleeper = clock.clone();
-    let admission = Admission::builder()
-        .sleeper(sleeper.clone())
-        .clock(clock)
+/// 10 requests a second, 10,000 tokens and 6,000 input tokens a minute
+/// (fixed rates), on one manual clock.
+fn builder(clock: &ManualClock) -> Builder<ManualClock, ManualClock> {
+    Admission::builder()
+        .sleeper(clock.clone())
+        .clock(clock.clone())
         .fixed_rates()
         .default_quota(Quota::per_second(NonZeroU32::new(10).unwrap()))
         .resource("tokens", per_minute(10_000))
         .resource("input_tokens", per_minute(6_000))
-        .build();
-    (sleeper, admission)
+}
+
+fn layer() -> (ManualClock, Admission<ManualClock, ManualClock>) {
+    let clock = ManualClock::new();
+    let admission = builder(&clock).build();
+    (clock, admission)
 }
 
 fn left(a: &Admission<ManualClock, ManualClock>) -> [u32; 3] {
@@ -114,13 +118,7 @@ fn a_dropped_admit_gives_every_reservation_back() {
 #[test]
 fn a_dropped_admit_with_every_place_filled_gives_every_reservation_back() {
     let clock = ManualClock::new();
-    let a = Admission::builder()
-        .sleeper(clock.clone())
-        .clock(clock.clone())
-        .fixed_rates()
-        .default_quota(Quota::per_second(NonZeroU32::new(10).unwrap()))
-        .resource("tokens", per_minute(10_000))
-        .resource("input_tokens", per_minute(6_000))
+    let a = builder(&clock)
         .resource("output_tokens", per_minute(4_000))
         .build();
     let spec = drained(&a).cost("output_tokens", 500);
