@@ -13,3 +13,4 @@ mod lanes;
 mod retry_budget;
 mod semaphore;
 mod single_flight;
+mod spin_lock;

@@ -17,6 +17,27 @@
 
 pub(crate) use imp::*;
 
+mod spin;
+pub(crate) use spin::{SpinGuard, SpinLock};
+
+/// The semaphore's wait-list lock: the spin lock in the shipped build.
+///
+/// Under loom it is loom's mutex instead. The spin lock is checked alone
+/// (`loom-tests/spin_lock.rs`); inside the semaphore's models its spins,
+/// once loom's preemption budget is spent, run past loom's branch limit
+/// without ever reaching a different state, so those models check the
+/// protocol on the lock's contract (mutual exclusion, unlock ordered before
+/// the next lock), which both locks provide.
+#[cfg(not(all(test, feature = "loom")))]
+pub(crate) type ListLock<T> = SpinLock<T>;
+/// The guard of [`ListLock`].
+#[cfg(not(all(test, feature = "loom")))]
+pub(crate) type ListGuard<'a, T> = SpinGuard<'a, T>;
+#[cfg(all(test, feature = "loom"))]
+pub(crate) type ListLock<T> = Mutex<T>;
+#[cfg(all(test, feature = "loom"))]
+pub(crate) type ListGuard<'a, T> = MutexGuard<'a, T>;
+
 /// Blocking primitives for the `ThreadSleeper` timer thread, which loom
 /// does not model: never switched.
 pub(crate) use parking_lot::{Condvar as ThreadCondvar, Mutex as ThreadMutex};
@@ -49,6 +70,30 @@ mod imp {
         #[inline]
         pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
             f(self.0.get())
+        }
+
+        /// A mutable pointer to the contents that, under loom, counts as
+        /// an access for as long as it lives (loom's `get_mut`).
+        #[inline]
+        pub(crate) fn get_mut(&self) -> MutPtr<T> {
+            MutPtr(self.0.get())
+        }
+    }
+
+    /// loom's `MutPtr`: here just the pointer.
+    #[derive(Debug)]
+    pub(crate) struct MutPtr<T>(*mut T);
+
+    impl<T> MutPtr<T> {
+        /// # Safety
+        ///
+        /// As for dereferencing the raw pointer: the contents are live and
+        /// nothing else accesses them while the reference lives.
+        #[inline]
+        #[allow(clippy::mut_from_ref)]
+        pub(crate) unsafe fn deref(&self) -> &mut T {
+            // SAFETY: the caller's contract.
+            unsafe { &mut *self.0 }
         }
     }
 
@@ -86,7 +131,7 @@ mod imp {
 
 #[cfg(all(test, feature = "loom"))]
 mod imp {
-    pub(crate) use loom::cell::UnsafeCell;
+    pub(crate) use loom::cell::{MutPtr, UnsafeCell};
     pub(crate) use loom::sync::atomic::{
         fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
     };

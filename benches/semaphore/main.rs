@@ -120,6 +120,10 @@ fn contended(c: &mut Criterion) {
     g.bench_function("async-lock", |b| {
         b.iter_custom(|iters| two_threads(iters, &al, |s| s.try_acquire().is_some()))
     });
+    let fi = futures_intrusive::sync::Semaphore::new(true, 1);
+    g.bench_function("futures-intrusive", |b| {
+        b.iter_custom(|iters| two_threads(iters, &fi, |s| s.try_acquire(1).is_some()))
+    });
     g.finish();
 
     // 64 tasks on a 2-worker runtime, 4 permits, each holding its permit

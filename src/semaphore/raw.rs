@@ -58,7 +58,7 @@ use core::pin::Pin;
 use core::ptr::NonNull;
 use core::task::{Context, Poll};
 
-use crate::sync::{AtomicUsize, Backoff, Mutex, MutexGuard, Ordering};
+use crate::sync::{AtomicUsize, Backoff, ListGuard, ListLock, Ordering};
 use crate::wait_list::{Panic, WaitList, WaitNode, WakeBatch};
 
 use super::{AcquireError, TryAcquireError};
@@ -75,7 +75,7 @@ pub(crate) const MAX_PERMITS: usize = usize::MAX >> 3;
 pub(crate) struct RawSemaphore {
     /// See the module docs for the layout.
     state: AtomicUsize,
-    waiters: Mutex<WaitList<Node>>,
+    waiters: ListLock<WaitList<Node>>,
 }
 
 /// The semaphore's waiter node; its `state` is `remaining << 1 |
@@ -117,7 +117,7 @@ impl RawSemaphore {
     pub(crate) const fn new(permits: usize) -> Self {
         Self {
             state: AtomicUsize::new(permits << SHIFT),
-            waiters: Mutex::new(WaitList::new()),
+            waiters: ListLock::new(WaitList::new()),
         }
     }
 
@@ -125,7 +125,7 @@ impl RawSemaphore {
     pub(crate) fn new(permits: usize) -> Self {
         Self {
             state: AtomicUsize::new(permits << SHIFT),
-            waiters: Mutex::new(WaitList::new()),
+            waiters: ListLock::new(WaitList::new()),
         }
     }
 
@@ -253,7 +253,7 @@ impl RawSemaphore {
     /// pass `MAX_PERMITS` is refused and reported after the lock is
     /// released and every satisfied waiter woken.
     #[track_caller]
-    fn release_locked<'a>(&'a self, mut rem: usize, mut guard: MutexGuard<'a, WaitList<Node>>) {
+    fn release_locked<'a>(&'a self, mut rem: usize, mut guard: ListGuard<'a, WaitList<Node>>) {
         let mut wakers = WakeBatch::new();
         let mut panicked: Option<Panic> = None;
         // Whether the leftover was refused.
