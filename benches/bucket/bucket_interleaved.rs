@@ -6,7 +6,9 @@
 //!
 //! Both sides read the quanta clock on every call; the `clock read` pair
 //! is the floor both sit on (on this kind of machine `rdtsc` alone takes
-//! about as long as the whole check, so these pairs come out even). The
+//! about as long as the whole check, so these pairs come out even), and
+//! `floor: clock read + CAS`, beside an admitting check, is the floor of
+//! an admission. The
 //! `manual clock` pairs take the clock out: each side with its own
 //! test clock (an atomic load), the same arithmetic and CAS, so they show
 //! the algorithms' own cost.
@@ -15,6 +17,7 @@
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use backpressure::{Clock, ManualClock, Quota, TokenBucket};
@@ -53,7 +56,28 @@ pub fn main() {
         governor::clock::FakeRelativeClock::default(),
     );
     g_m_deny.check().unwrap();
+    // The floor under an admitting check: the clock read and one CAS of
+    // a stamp computed from it (the least GCRA does), paired with a second
+    // admitting bucket.
+    let floor_clock = ours_bucket.clock().clone();
+    let floor_tat = AtomicU64::new(0);
+    let admit_again = TokenBucket::new(admitting);
     let cases: Vec<Case> = vec![
+        (
+            "floor: clock read + CAS",
+            Box::new(move || {
+                let now = floor_clock.now_nanos();
+                let tat = floor_tat.load(Ordering::Relaxed);
+                let next = tat.max(now) + 1;
+                floor_tat
+                    .compare_exchange(tat, next, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            }),
+        ),
+        (
+            "check admitting: backpressure",
+            Box::new(move || black_box(admit_again.try_acquire(1)).is_ok()),
+        ),
         (
             "clock read: backpressure",
             Box::new(move || {

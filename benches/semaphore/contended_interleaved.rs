@@ -20,7 +20,9 @@
 //!
 //! The same cases then run on a current-thread runtime, where no task
 //! moves between workers and what differs between the semaphores is their
-//! own hand-off (issue #24, item 3a). Each table gives the per-round ratio
+//! own hand-off (issue #24, item 3a), and then once more, counting how
+//! many acquisitions never park and when the tasks finish (`fairness`).
+//! Each table gives the per-round ratio
 //! to futures-intrusive and to the best peer of that round.
 //!
 //! Run: `cargo bench --bench semaphore -- interleaved`
@@ -75,6 +77,89 @@ pub fn main() {
         .build()
         .unwrap();
     table(&current, "a current-thread runtime");
+    fairness(&current);
+}
+
+/// Counts the polls of the acquire future it wraps.
+struct Polls<F> {
+    fut: F,
+    polls: u32,
+}
+
+impl<F: std::future::Future + Unpin> std::future::Future for Polls<F> {
+    type Output = (F::Output, u32);
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.polls += 1;
+        let polls = self.polls;
+        std::pin::Pin::new(&mut self.fut)
+            .poll(cx)
+            .map(|out| (out, polls))
+    }
+}
+
+/// What the current-thread table's ratios are made of: how many
+/// acquisitions complete on their first poll (never park) and when the
+/// first and the last of the 64 tasks finish. A FIFO semaphore parks
+/// nearly every acquisition and its tasks finish together; one that lets
+/// the releasing task take its permit straight back parks almost none, and
+/// its tasks finish in waves of 4.
+fn fairness(rt: &tokio::runtime::Runtime) {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    use std::sync::Mutex;
+    println!("the same 64 tasks on a current-thread runtime, one run each:");
+    macro_rules! case {
+        ($name:expr, $sem:expr, $acquire:ident($($arg:expr),*)) => {{
+            let sem = Arc::new($sem);
+            let first_poll = Arc::new(AtomicU64::new(0));
+            let finished = Arc::new(Mutex::new(Vec::new()));
+            let start = Instant::now();
+            rt.block_on(async {
+                let handles: Vec<_> = (0..TASKS)
+                    .map(|_| {
+                        let (sem, first_poll, finished) =
+                            (sem.clone(), first_poll.clone(), finished.clone());
+                        tokio::spawn(async move {
+                            for _ in 0..PER_TASK {
+                                let fut = Box::pin(sem.$acquire($($arg),*));
+                                let (permit, polls) = Polls { fut, polls: 0 }.await;
+                                if polls == 1 {
+                                    first_poll.fetch_add(1, Relaxed);
+                                }
+                                tokio::task::yield_now().await;
+                                drop(permit);
+                            }
+                            finished.lock().unwrap().push(start.elapsed());
+                        })
+                    })
+                    .collect();
+                for h in handles {
+                    h.await.unwrap();
+                }
+            });
+            let finished = finished.lock().unwrap();
+            let first = finished.iter().min().unwrap();
+            let last = finished.iter().max().unwrap();
+            println!(
+                "{:20} ready on the first poll {:5.1}% of acquisitions; first task done at {:5.1} ms, last at {:5.1} ms",
+                $name,
+                100.0 * first_poll.load(Relaxed) as f64 / (TASKS * PER_TASK) as f64,
+                first.as_secs_f64() * 1e3,
+                last.as_secs_f64() * 1e3,
+            );
+        }};
+    }
+    case!("backpressure", backpressure::Semaphore::new(4), acquire());
+    case!(
+        "futures-intrusive",
+        futures_intrusive::sync::Semaphore::new(true, 4),
+        acquire(1)
+    );
+    case!("tokio", tokio::sync::Semaphore::new(4), acquire());
+    case!("async-lock", async_lock::Semaphore::new(4), acquire());
 }
 
 /// Every case on `rt`, interleaved round after round; prints one table.
