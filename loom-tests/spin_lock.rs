@@ -27,24 +27,18 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
 fn updates_under_the_lock_are_exclusive_and_ordered() {
     model(|| {
         let lock = Arc::new(SpinLock::new(0usize));
-        let handles: Vec<_> = (0..1)
-            .map(|_| {
-                let lock = lock.clone();
-                thread::spawn(move || {
-                    let mut g = lock.lock();
-                    let seen = *g;
-                    *g = seen + 1;
-                })
-            })
-            .collect();
+        let other = lock.clone();
+        let t = thread::spawn(move || {
+            let mut g = other.lock();
+            let seen = *g;
+            *g = seen + 1;
+        });
         {
             let mut g = lock.lock();
             let seen = *g;
             *g = seen + 1;
         }
-        for h in handles {
-            h.join().unwrap();
-        }
+        t.join().unwrap();
         assert_eq!(*lock.lock(), 2);
     });
 }

@@ -85,6 +85,12 @@ mod imp {
     pub(crate) struct MutPtr<T>(*mut T);
 
     impl<T> MutPtr<T> {
+        /// Runs `f` with the raw pointer (loom's `MutPtr::with`).
+        #[inline]
+        pub(crate) fn with<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+            f(self.0)
+        }
+
         /// # Safety
         ///
         /// As for dereferencing the raw pointer: the contents are live and
