@@ -737,10 +737,22 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         &self.shards[(hash >> 32) as usize & self.mask]
     }
 
-    /// Runs `f` on `key`'s bucket, creating it if needed.
+    /// Runs `f` on `key`'s bucket, creating it if needed, at a time read
+    /// once the bucket is found: the read lock's RMW is a full barrier
+    /// on x86, so a clock read before it would not overlap the probe's
+    /// loads, and read after it, it does.
     #[inline]
     fn with_bucket<R>(&self, key: &K, f: impl FnOnce(&Slot, u64) -> R) -> Result<R, TooManyKeys> {
-        self.with_bucket_at(key, self.clock.now_nanos(), false, f)
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash);
+        {
+            let guard = shard.read();
+            if let Some(e) = guard.buckets.find(hash, |e| e.key == *key) {
+                e.touch();
+                return Ok(f(&e.bucket, self.clock.now_nanos()));
+            }
+        }
+        self.insert(shard, hash, key, self.clock.now_nanos(), false, f)
     }
 
     /// As `with_bucket`, at `now`; with `shared`, the bucket is behind an
