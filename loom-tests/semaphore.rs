@@ -4,8 +4,9 @@
 //! cancel, batch, release during a partly assigned acquire, concurrent
 //! permit updates) and the ones tokio lacks: `add_permits` racing `close`,
 //! cancelling a partly assigned `acquire_many` during a release, waker
-//! replacement on re-poll, the QUEUED bit racing a lock-free release, and
-//! more wakes than one batch (`WAKE_BATCH` is 2 under loom), and
+//! replacement on re-poll, the QUEUED bit racing a lock-free release
+//! (with the word loaded, and with a permit's guess), guessed releases
+//! racing each other, more wakes than one batch (`WAKE_BATCH` is 2 under loom), and
 //! concurrent `add_permits` near `MAX_PERMITS` (lock-free and through the
 //! wait list).
 //!
@@ -93,6 +94,41 @@ fn queued_bit_races_lock_free_release() {
         let p = block_on(sem.acquire()).unwrap();
         releaser.join().unwrap();
         drop(p);
+        assert_eq!(sem.available_permits(), 1);
+    });
+}
+
+/// Two permits dropped at once, each release expecting the word its own
+/// acquire left: at most one guess still holds, and the other release's
+/// CAS fails and retries on the word it returned. A release that
+/// believed its guess would leave fewer than 2 permits.
+#[test]
+fn guessed_releases_race_each_other() {
+    model(|| {
+        let sem = Arc::new(Semaphore::new(2));
+        let s = sem.clone();
+        let t = thread::spawn(move || drop(s.try_acquire().unwrap()));
+        drop(sem.try_acquire().unwrap());
+        t.join().unwrap();
+        assert_eq!(sem.available_permits(), 2);
+    });
+}
+
+/// The holder's drop expects the word its acquire left (no permits,
+/// nothing queued) and tries its CAS without a load, while a waiter may be
+/// setting QUEUED: the guess holds (the release lands first) or the CAS
+/// fails on the queued word and the permit is handed over under the lock.
+/// A release that believed its guess would strand the waiter, and loom
+/// reports the deadlock.
+#[test]
+fn guessed_release_races_a_waiter_queuing() {
+    model(|| {
+        let sem = Arc::new(Semaphore::new(1));
+        let held = sem.try_acquire().unwrap();
+        let s = sem.clone();
+        let waiter = thread::spawn(move || drop(block_on(s.acquire()).unwrap()));
+        drop(held);
+        waiter.join().unwrap();
         assert_eq!(sem.available_permits(), 1);
     });
 }

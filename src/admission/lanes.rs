@@ -223,7 +223,7 @@ impl Lanes {
                 }
             }
             if slot {
-                sem.release(1);
+                sem.release(1, crate::semaphore::Guess::NONE);
             }
         }
         for w in woken {

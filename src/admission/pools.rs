@@ -124,7 +124,7 @@ impl Pool {
     #[inline]
     pub(crate) fn release(&self, background: bool) {
         match &self.lanes {
-            None => self.sem.release(1),
+            None => self.sem.release(1, crate::semaphore::Guess::NONE),
             Some(lanes) => lanes.release(&self.sem, background),
         }
     }

@@ -67,9 +67,9 @@ impl<'a> Future for Acquire<'a> {
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let (sem, waiter) = self.project();
-        let n = waiter.needed() as usize;
+        let n = waiter.needed();
         match sem.raw.poll_acquire(waiter, cx) {
-            Poll::Ready(Ok(())) => Poll::Ready(Ok(SemaphorePermit::new(sem, n))),
+            Poll::Ready(Ok(guess)) => Poll::Ready(Ok(SemaphorePermit::new(sem, n, guess))),
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => Poll::Pending,
         }
@@ -111,13 +111,13 @@ impl Future for AcquireOwned {
             .sem
             .as_ref()
             .expect("`AcquireOwned` polled after completion");
-        let n = this.waiter.needed() as usize;
+        let n = this.waiter.needed();
         // SAFETY: as above.
         let waiter = unsafe { Pin::new_unchecked(&mut this.waiter) };
         match sem.raw.poll_acquire(waiter, cx) {
             Poll::Ready(result) => {
                 let sem = this.sem.take().expect("checked above");
-                Poll::Ready(result.map(|()| OwnedSemaphorePermit::new(sem, n)))
+                Poll::Ready(result.map(|guess| OwnedSemaphorePermit::new(sem, n, guess)))
             }
             Poll::Pending => Poll::Pending,
         }

@@ -25,6 +25,7 @@ use std::sync::Arc;
 pub(crate) use acquire::{Acquire, AcquireOwned};
 pub use permit::{OwnedSemaphorePermit, SemaphorePermit};
 
+pub(crate) use raw::Guess;
 use raw::RawSemaphore;
 
 /// A counting semaphore that hands out permits in FIFO order.
@@ -395,8 +396,8 @@ impl Semaphore {
     /// ```
     #[inline]
     pub fn try_acquire(&self) -> Result<SemaphorePermit<'_>, TryAcquireError> {
-        self.raw.try_acquire(1)?;
-        Ok(SemaphorePermit::new(self, 1))
+        let guess = self.raw.try_acquire(1)?;
+        Ok(SemaphorePermit::new(self, 1, guess))
     }
 
     /// Acquires `n` permits if they are free and no earlier waiter is owed
@@ -417,8 +418,8 @@ impl Semaphore {
     /// ```
     #[inline]
     pub fn try_acquire_many(&self, n: u32) -> Result<SemaphorePermit<'_>, TryAcquireError> {
-        self.raw.try_acquire(n as usize)?;
-        Ok(SemaphorePermit::new(self, n as usize))
+        let guess = self.raw.try_acquire(n as usize)?;
+        Ok(SemaphorePermit::new(self, n, guess))
     }
 
     /// Acquires one permit for an `Arc<Semaphore>`; the permit owns a clone
@@ -493,8 +494,8 @@ impl Semaphore {
     /// ```
     #[inline]
     pub fn try_acquire_owned(self: Arc<Self>) -> Result<OwnedSemaphorePermit, TryAcquireError> {
-        self.raw.try_acquire(1)?;
-        Ok(OwnedSemaphorePermit::new(self, 1))
+        let guess = self.raw.try_acquire(1)?;
+        Ok(OwnedSemaphorePermit::new(self, 1, guess))
     }
 
     /// Acquires `n` permits for an `Arc<Semaphore>` if they are free.
@@ -518,8 +519,8 @@ impl Semaphore {
         self: Arc<Self>,
         n: u32,
     ) -> Result<OwnedSemaphorePermit, TryAcquireError> {
-        self.raw.try_acquire(n as usize)?;
-        Ok(OwnedSemaphorePermit::new(self, n as usize))
+        let guess = self.raw.try_acquire(n as usize)?;
+        Ok(OwnedSemaphorePermit::new(self, n, guess))
     }
 
     /// Acquires one permit, blocking the current thread until it is free.
@@ -618,13 +619,14 @@ impl Semaphore {
     /// [`release`](Self::release) (the tower layer's one-pointer permit).
     #[inline]
     pub(crate) fn try_take(&self, n: usize) -> Result<(), TryAcquireError> {
-        self.raw.try_acquire(n)
+        self.raw.try_acquire(n).map(|_| ())
     }
 
-    /// Returns `n` permits (used by permit drops).
+    /// Returns `n` permits; the first CAS expects `guess` (see `raw`'s
+    /// "Releasing"; `Guess::NONE` loads the word first).
     #[inline]
-    pub(crate) fn release(&self, n: usize) {
-        self.raw.release(n);
+    pub(crate) fn release(&self, n: usize, guess: Guess) {
+        self.raw.release(n, guess);
     }
 }
 
@@ -651,7 +653,7 @@ mod tests {
     use super::*;
     use std::future::Future;
     use std::pin::pin;
-    use std::task::{Context, Waker};
+    use std::task::{Context, Poll, Waker};
 
     #[test]
     fn threads_acquire_cancel_and_release() {
@@ -676,6 +678,67 @@ mod tests {
             }
         });
         assert_eq!(sem.available_permits(), 2);
+    }
+
+    #[test]
+    fn permits_released_out_of_order_release_exactly() {
+        // Each drop's guess is stale (the other permit moved the word), so
+        // each release's first CAS fails and it retries on the word.
+        let sem = Semaphore::new(3);
+        let a = sem.try_acquire().unwrap();
+        let b = sem.try_acquire_many(2).unwrap();
+        assert_eq!(sem.available_permits(), 0);
+        drop(a);
+        assert_eq!(sem.available_permits(), 1);
+        let c = sem.try_acquire().unwrap();
+        drop(b);
+        assert_eq!(sem.available_permits(), 2);
+        sem.add_permits(5);
+        sem.forget_permits(1);
+        drop(c);
+        assert_eq!(sem.available_permits(), 7);
+    }
+
+    #[test]
+    fn a_guess_made_before_a_waiter_queued_hands_the_permit_over() {
+        let sem = Semaphore::new(1);
+        let held = sem.try_acquire().unwrap();
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut waiting = pin!(sem.acquire());
+        assert!(waiting.as_mut().poll(&mut cx).is_pending());
+        // `held` expects the word it left (no permits, nothing queued); the
+        // word now says queued, so the permit must go to the waiter.
+        drop(held);
+        assert_eq!(sem.available_permits(), 0);
+        let Poll::Ready(Ok(p)) = waiting.as_mut().poll(&mut cx) else {
+            panic!("the released permit was not handed to the waiter")
+        };
+        drop(p);
+        assert_eq!(sem.available_permits(), 1);
+    }
+
+    #[test]
+    fn a_release_after_close_keeps_its_permits() {
+        let sem = Semaphore::new(2);
+        let p = sem.try_acquire().unwrap();
+        sem.close();
+        drop(p); // the guess has no CLOSED bit: the first CAS fails
+        assert_eq!(sem.available_permits(), 2);
+        assert!(sem.is_closed());
+    }
+
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn a_word_too_wide_to_guess_is_read() {
+        let big = 1usize << 40;
+        let sem = Semaphore::new(big);
+        let mut p = sem.try_acquire_many(3).unwrap();
+        let q = p.split(2).unwrap();
+        drop(p);
+        assert_eq!(sem.available_permits(), big - 2);
+        drop(q);
+        assert_eq!(sem.available_permits(), big);
+        assert_eq!(raw::Guess::of(big << 2), raw::Guess::NONE);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use core::fmt;
 use std::sync::Arc;
 
-use super::Semaphore;
+use super::{Guess, Semaphore};
 
 /// Permits borrowed from a [`Semaphore`]; dropping it releases them.
 ///
@@ -22,7 +22,10 @@ use super::Semaphore;
 #[clippy::has_significant_drop]
 pub struct SemaphorePermit<'a> {
     sem: &'a Semaphore,
-    permits: usize,
+    permits: u32,
+    /// What the release's CAS expects the state word to be (in the four
+    /// bytes the pointer's alignment leaves spare).
+    guess: Guess,
 }
 
 /// Permits owned from an `Arc<Semaphore>`; dropping it releases them.
@@ -44,13 +47,19 @@ pub struct SemaphorePermit<'a> {
 #[clippy::has_significant_drop]
 pub struct OwnedSemaphorePermit {
     sem: Arc<Semaphore>,
-    permits: usize,
+    permits: u32,
+    /// As in [`SemaphorePermit`].
+    guess: Guess,
 }
 
 impl<'a> SemaphorePermit<'a> {
     #[inline]
-    pub(crate) fn new(sem: &'a Semaphore, permits: usize) -> Self {
-        Self { sem, permits }
+    pub(crate) fn new(sem: &'a Semaphore, permits: u32, guess: Guess) -> Self {
+        Self {
+            sem,
+            permits,
+            guess,
+        }
     }
 
     /// Forgets the permits without releasing them: the semaphore has that
@@ -111,13 +120,12 @@ impl<'a> SemaphorePermit<'a> {
     /// assert!(a.split(5).is_none());
     /// ```
     pub fn split(&mut self, n: usize) -> Option<Self> {
-        if n > self.permits {
-            return None;
-        }
+        let n = u32::try_from(n).ok().filter(|&n| n <= self.permits)?;
         self.permits -= n;
         Some(Self {
             sem: self.sem,
             permits: n,
+            guess: self.guess,
         })
     }
 
@@ -145,14 +153,18 @@ impl<'a> SemaphorePermit<'a> {
     /// assert_eq!(semaphore.try_acquire_many(2).unwrap().num_permits(), 2);
     /// ```
     pub fn num_permits(&self) -> usize {
-        self.permits
+        self.permits as usize
     }
 }
 
 impl OwnedSemaphorePermit {
     #[inline]
-    pub(crate) fn new(sem: Arc<Semaphore>, permits: usize) -> Self {
-        Self { sem, permits }
+    pub(crate) fn new(sem: Arc<Semaphore>, permits: u32, guess: Guess) -> Self {
+        Self {
+            sem,
+            permits,
+            guess,
+        }
     }
 
     /// Forgets the permits without releasing them.
@@ -214,13 +226,12 @@ impl OwnedSemaphorePermit {
     /// assert_eq!(b.num_permits(), 1);
     /// ```
     pub fn split(&mut self, n: usize) -> Option<Self> {
-        if n > self.permits {
-            return None;
-        }
+        let n = u32::try_from(n).ok().filter(|&n| n <= self.permits)?;
         self.permits -= n;
         Some(Self {
             sem: self.sem.clone(),
             permits: n,
+            guess: self.guess,
         })
     }
 
@@ -250,21 +261,21 @@ impl OwnedSemaphorePermit {
     /// assert_eq!(semaphore.try_acquire_owned().unwrap().num_permits(), 1);
     /// ```
     pub fn num_permits(&self) -> usize {
-        self.permits
+        self.permits as usize
     }
 }
 
 impl Drop for SemaphorePermit<'_> {
     #[inline]
     fn drop(&mut self) {
-        self.sem.release(self.permits);
+        self.sem.release(self.permits as usize, self.guess);
     }
 }
 
 impl Drop for OwnedSemaphorePermit {
     #[inline]
     fn drop(&mut self) {
-        self.sem.release(self.permits);
+        self.sem.release(self.permits as usize, self.guess);
     }
 }
 

@@ -34,6 +34,18 @@
 //! checked, so the count can never pass the bound (see [`overflow`] for
 //! when that panics, and how it matches tokio).
 //!
+//! A permit's drop does not load the word before that CAS: it expects the
+//! value its own acquire left (a [`Guess`], kept in the permit's spare
+//! four bytes). When nothing changed the word meanwhile (one permit
+//! passing between threads, or one task's acquire and release) the CAS
+//! is the only access, and on another core's line that is one transfer
+//! instead of two (a load fetches the line shared, the CAS then has to
+//! upgrade it). A wrong guess costs a failed CAS, which returns the word,
+//! and the loop goes on from there as it would from a load. The guess is
+//! never believed on its own: it is only the CAS's expected value, and a
+//! guess that would decide anything without a CAS (`QUEUED` set, the
+//! bound reached) is replaced by a load first.
+//!
 //! The locked path wakes in batches after unlocking. A waker that panics
 //! strands nothing: the rest of its batch is woken, the remaining waiters
 //! are served and the leftover stored, and then the panic is resumed
@@ -68,6 +80,24 @@ const QUEUED: usize = 2;
 const SHIFT: usize = 2;
 
 const NODE_CLOSED: usize = 1;
+
+/// What a release expects the state word to be (see "Releasing" in the
+/// module docs): the word as the permit's acquire left it, if that fits
+/// in 32 bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Guess(u32);
+
+impl Guess {
+    /// No guess: the release loads the word. Has `QUEUED` set, which a
+    /// release never acts on without a load.
+    pub(crate) const NONE: Guess = Guess(u32::MAX);
+
+    /// The word `word`, if it fits (else no guess).
+    #[inline]
+    pub(super) fn of(word: usize) -> Guess {
+        u32::try_from(word).map_or(Guess::NONE, Guess)
+    }
+}
 
 /// Same bound as tokio: the count must fit the word with room for flags.
 pub(crate) const MAX_PERMITS: usize = usize::MAX >> 3;
@@ -142,9 +172,10 @@ impl RawSemaphore {
     }
 
     /// Takes `n` permits now or fails; never queues and never writes the
-    /// state word on failure.
+    /// state word on failure. On success, the word it left, for the
+    /// release.
     #[inline]
-    pub(crate) fn try_acquire(&self, n: usize) -> Result<(), TryAcquireError> {
+    pub(crate) fn try_acquire(&self, n: usize) -> Result<Guess, TryAcquireError> {
         assert_max(n);
         let n_shifted = n << SHIFT;
         // Relaxed: only the successful CAS below needs to synchronize.
@@ -160,7 +191,7 @@ impl RawSemaphore {
                 return Err(TryAcquireError::NoPermits);
             }
             if n == 0 {
-                return Ok(());
+                return Ok(Guess::of(curr));
             }
             // Acquire on success: pairs with the Release of whichever
             // release made these permits available.
@@ -170,7 +201,7 @@ impl RawSemaphore {
                 Ordering::Acquire,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return Ok(()),
+                Ok(_) => return Ok(Guess::of(curr - n_shifted)),
                 Err(actual) => {
                     curr = actual;
                     backoff.spin();
@@ -186,11 +217,11 @@ impl RawSemaphore {
     /// [`overflow`]); the count is then left as it was.
     #[inline]
     #[track_caller]
-    pub(crate) fn release(&self, n: usize) {
+    pub(crate) fn release(&self, n: usize, guess: Guess) {
         if n == 0 {
             return;
         }
-        match self.add_unqueued(n) {
+        match self.add_unqueued(n, guess) {
             Added::Done => {}
             Added::Queued => self.release_slow(n),
             Added::Overflow => overflow(n),
@@ -201,10 +232,17 @@ impl RawSemaphore {
     /// is set or the count would pass `MAX_PERMITS`. The bound is checked
     /// on the very value the CAS is conditioned on, so two concurrent
     /// additions can never both pass it, and it costs no extra atomic.
+    /// The first CAS expects `guess` (see "Releasing" in the module docs).
     #[inline]
-    fn add_unqueued(&self, n: usize) -> Added {
-        // Relaxed: the CAS below carries the ordering.
-        let mut curr = self.state.load(Ordering::Relaxed);
+    fn add_unqueued(&self, n: usize, guess: Guess) -> Added {
+        let mut curr = guess.0 as usize;
+        // A guess is only the expected value of the CAS: if it would
+        // decide on its own (`QUEUED`, the bound), read the word instead.
+        // No underflow: a guess's count is below 2^30.
+        if curr & QUEUED == QUEUED || n > MAX_PERMITS - (curr >> SHIFT) {
+            // Relaxed: the CAS below carries the ordering.
+            curr = self.state.load(Ordering::Relaxed);
+        }
         let backoff = Backoff::new();
         loop {
             if curr & QUEUED == QUEUED {
@@ -264,7 +302,7 @@ impl RawSemaphore {
                 // Nobody waits (invariant 1), so the permits go to the word.
                 // The batch is empty here (woken at the end of the last
                 // round). Lock-free paths still move the count, so CAS.
-                let added = self.add_unqueued(rem);
+                let added = self.add_unqueued(rem, Guess::NONE);
                 drop(guard);
                 match added {
                     Added::Done => break false,
@@ -337,7 +375,7 @@ impl RawSemaphore {
     #[inline]
     #[track_caller]
     pub(crate) fn add_permits(&self, n: usize) {
-        self.release(n);
+        self.release(n, Guess::NONE);
     }
 
     /// Removes up to `n` available permits; returns how many it removed.

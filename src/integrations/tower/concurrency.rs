@@ -45,7 +45,7 @@ impl Permit {
 impl Drop for Permit {
     #[inline]
     fn drop(&mut self) {
-        self.0.release(1);
+        self.0.release(1, crate::semaphore::Guess::NONE);
     }
 }
 

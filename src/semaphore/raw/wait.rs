@@ -7,28 +7,31 @@ use super::*;
 
 impl RawSemaphore {
     /// Polls for `waiter.needed` permits. On `Ready(Ok)` the caller owns
-    /// them; on `Ready(Err)` it owns none.
+    /// them (and has its release's guess); on `Ready(Err)` it owns none.
     #[inline]
     pub(crate) fn poll_acquire(
         &self,
         waiter: Pin<&mut Waiter>,
         cx: &mut Context<'_>,
-    ) -> Poll<Result<(), AcquireError>> {
+    ) -> Poll<Result<Guess, AcquireError>> {
         // SAFETY: nothing is moved out of `waiter`; the node stays pinned.
         let waiter = unsafe { waiter.get_unchecked_mut() };
         match waiter.phase {
             Phase::Idle => match self.try_acquire(waiter.needed as usize) {
-                Ok(()) => {
+                Ok(guess) => {
                     waiter.phase = Phase::Done;
-                    Poll::Ready(Ok(()))
+                    Poll::Ready(Ok(guess))
                 }
                 Err(TryAcquireError::Closed) => {
                     waiter.phase = Phase::Done;
                     Poll::Ready(Err(AcquireError::closed()))
                 }
-                Err(TryAcquireError::NoPermits) => self.enqueue(waiter, cx),
+                // After a wait the word has moved on: no guess.
+                Err(TryAcquireError::NoPermits) => {
+                    self.enqueue(waiter, cx).map_ok(|()| Guess::NONE)
+                }
             },
-            Phase::Queued => self.repoll(waiter, cx),
+            Phase::Queued => self.repoll(waiter, cx).map_ok(|()| Guess::NONE),
             Phase::Done => polled_after_completion(),
         }
     }
@@ -156,7 +159,7 @@ impl RawSemaphore {
         }
         // Closed (like tokio, a closed semaphore fails even a waiter whose
         // permits were all assigned): hand back what was assigned.
-        self.release(needed - (st >> 1));
+        self.release(needed - (st >> 1), Guess::NONE);
         Some(Poll::Ready(Err(AcquireError::closed())))
     }
 
@@ -174,7 +177,7 @@ impl RawSemaphore {
         // Acquire: pairs with the Release store of a terminal state.
         let st = waiter.node.state.load(Ordering::Acquire);
         if is_terminal(st) {
-            self.release(needed - (st >> 1));
+            self.release(needed - (st >> 1), Guess::NONE);
             return;
         }
         self.drop_waiter_slow(waiter, needed);
