@@ -9,7 +9,15 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// Held while a cluster picks its ports and starts: `free_port` only says a
+/// port is free now, so two clusters starting at once (tests run in
+/// parallel) could pick the same one. The loser's `redis-server` then
+/// exits, the winner's node answers for it, and `--cluster create` waits
+/// forever for a node that is not there.
+static STARTING: Mutex<()> = Mutex::new(());
 
 /// Three masters, no replicas.
 pub struct RedisCluster {
@@ -51,6 +59,33 @@ fn free_port() -> u16 {
     }
 }
 
+/// `cli`, killed (and the test failed) if it has not finished within
+/// `limit`: `--cluster create` waits without end for a node that never
+/// joins, and a hung test is worse than a failed one.
+fn cli_within(port: u16, args: &[&str], limit: Duration) -> Output {
+    let mut child = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run redis-cli");
+    let start = Instant::now();
+    while child.try_wait().expect("poll redis-cli").is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("reap redis-cli");
+            panic!(
+                "redis-cli {args:?} did not finish within {limit:?}: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("read redis-cli's output")
+}
+
 fn cli(port: u16, args: &[&str]) -> Output {
     Command::new("redis-cli")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
@@ -70,6 +105,7 @@ impl RedisCluster {
             free_port()
         ));
         std::fs::create_dir_all(&dir).expect("make the cluster's directory");
+        let starting = STARTING.lock().unwrap_or_else(|e| e.into_inner());
         let mut nodes = Vec::new();
         for _ in 0..3 {
             let port = free_port();
@@ -88,9 +124,13 @@ impl RedisCluster {
             nodes.push((port, child));
         }
         let cluster = RedisCluster { nodes, dir };
-        for &port in &cluster.ports() {
-            cluster.wait_for(port, "PONG", &["PING"]);
+        // Each port must be served by the process started for it (a PONG
+        // alone could come from anyone's server on a reused port).
+        for (port, child) in &cluster.nodes {
+            let pid = format!("process_id:{}", child.id());
+            cluster.wait_for(*port, &pid, &["INFO", "server"]);
         }
+        drop(starting);
         let addrs: Vec<String> = cluster
             .ports()
             .iter()
@@ -99,7 +139,7 @@ impl RedisCluster {
         let mut args = vec!["--cluster", "create"];
         args.extend(addrs.iter().map(String::as_str));
         args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
-        let out = cli(cluster.ports()[0], &args);
+        let out = cli_within(cluster.ports()[0], &args, Duration::from_secs(60));
         assert!(
             out.status.success(),
             "redis-cli --cluster create failed: {}",
