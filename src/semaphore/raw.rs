@@ -97,6 +97,19 @@ impl Guess {
     pub(super) fn of(word: usize) -> Guess {
         u32::try_from(word).map_or(Guess::NONE, Guess)
     }
+
+    /// For a permit to pack (any bits are a sound guess: it is only ever a
+    /// CAS's expected value).
+    #[inline]
+    pub(crate) const fn to_bits(self) -> u32 {
+        self.0
+    }
+
+    /// The inverse of [`Guess::to_bits`].
+    #[inline]
+    pub(crate) const fn from_bits(bits: u32) -> Guess {
+        Guess(bits)
+    }
 }
 
 /// Same bound as tokio: the count must fit the word with room for flags.
@@ -113,7 +126,13 @@ pub(crate) struct RawSemaphore {
 type Node = WaitNode;
 
 /// Where an acquire future is in its life.
+///
+/// Four bytes, like `needed` beside it: a new future's two constant
+/// fields are then one 8-byte store, which the 8-byte load of its move
+/// into an `.await` (or a `pin!`) forwards from; a 1-byte phase is a
+/// second, narrower store, and that load waits for both to drain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
 enum Phase {
     /// Not polled yet, or polled and completed on the fast path.
     Idle,

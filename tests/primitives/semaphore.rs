@@ -598,6 +598,22 @@ fn types_are_send_sync_and_not_bigger_than_tokio() {
     let ours_owned = std::mem::size_of_val(&sem.clone().acquire_owned());
     let their_owned = std::mem::size_of_val(&theirs.clone().acquire_owned());
     assert!(ours_owned <= their_owned, "{ours_owned} vs {their_owned}");
+
+    // The permit is a pointer and one word, as tokio's: two scalars, which
+    // a call returns in registers (not through memory, where the caller's
+    // wide load would wait for the callee's narrow stores).
+    use std::mem::size_of;
+    let word = size_of::<usize>();
+    assert_eq!(size_of::<backpressure::SemaphorePermit<'_>>(), 2 * word);
+    assert_eq!(
+        size_of::<Result<backpressure::SemaphorePermit<'_>, backpressure::AcquireError>>(),
+        2 * word
+    );
+    assert_eq!(size_of::<backpressure::OwnedSemaphorePermit>(), 2 * word);
+    assert_eq!(
+        size_of::<backpressure::SemaphorePermit<'_>>(),
+        size_of::<tokio::sync::SemaphorePermit<'_>>()
+    );
 }
 
 #[test]
