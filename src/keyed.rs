@@ -743,16 +743,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// loads, and read after it, it does.
     #[inline]
     fn with_bucket<R>(&self, key: &K, f: impl FnOnce(&Slot, u64) -> R) -> Result<R, TooManyKeys> {
-        let hash = self.hasher.hash_one(key);
-        let shard = self.shard(hash);
-        {
-            let guard = shard.read();
-            if let Some(e) = guard.buckets.find(hash, |e| e.key == *key) {
-                e.touch();
-                return Ok(f(&e.bucket, self.clock.now_nanos()));
-            }
-        }
-        self.insert(shard, hash, key, self.clock.now_nanos(), false, f)
+        self.find_or_insert(key, || self.clock.now_nanos(), false, f)
     }
 
     /// As `with_bucket`, at `now`; with `shared`, the bucket is behind an
@@ -765,6 +756,21 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         shared: bool,
         f: impl FnOnce(&Slot, u64) -> R,
     ) -> Result<R, TooManyKeys> {
+        self.find_or_insert(key, || now, shared, f)
+    }
+
+    /// Both of the above: `now` is called once, after the probe (under the
+    /// read lock on a hit, after it on a miss). The clock is monotonic and
+    /// no sweep runs under a read lock, so reading it there decides as
+    /// reading it first would.
+    #[inline(always)]
+    fn find_or_insert<R>(
+        &self,
+        key: &K,
+        now: impl FnOnce() -> u64,
+        shared: bool,
+        f: impl FnOnce(&Slot, u64) -> R,
+    ) -> Result<R, TooManyKeys> {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
         {
@@ -773,10 +779,10 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
                 && (!shared || e.bucket.shared().is_some())
             {
                 e.touch();
-                return Ok(f(&e.bucket, now));
+                return Ok(f(&e.bucket, now()));
             }
         }
-        self.insert(shard, hash, key, now, shared, f)
+        self.insert(shard, hash, key, now(), shared, f)
     }
 }
 
