@@ -599,21 +599,24 @@ fn types_are_send_sync_and_not_bigger_than_tokio() {
     let their_owned = std::mem::size_of_val(&theirs.clone().acquire_owned());
     assert!(ours_owned <= their_owned, "{ours_owned} vs {their_owned}");
 
-    // The permit is a pointer and one word, as tokio's: two scalars, which
-    // a call returns in registers (not through memory, where the caller's
-    // wide load would wait for the callee's narrow stores).
-    use std::mem::size_of;
-    let word = size_of::<usize>();
-    assert_eq!(size_of::<backpressure::SemaphorePermit<'_>>(), 2 * word);
-    assert_eq!(
-        size_of::<Result<backpressure::SemaphorePermit<'_>, backpressure::AcquireError>>(),
-        2 * word
-    );
-    assert_eq!(size_of::<backpressure::OwnedSemaphorePermit>(), 2 * word);
-    assert_eq!(
-        size_of::<backpressure::SemaphorePermit<'_>>(),
-        size_of::<tokio::sync::SemaphorePermit<'_>>()
-    );
+    // On 64-bit targets the permit is a pointer and one 8-byte word, as
+    // tokio's: two scalars, which a call returns in registers (not through
+    // memory, where the caller's wide load would wait for the callee's
+    // narrow stores).
+    #[cfg(target_pointer_width = "64")]
+    {
+        use std::mem::size_of;
+        assert_eq!(size_of::<backpressure::SemaphorePermit<'_>>(), 16);
+        assert_eq!(
+            size_of::<Result<backpressure::SemaphorePermit<'_>, backpressure::AcquireError>>(),
+            16
+        );
+        assert_eq!(size_of::<backpressure::OwnedSemaphorePermit>(), 16);
+        assert_eq!(
+            size_of::<backpressure::SemaphorePermit<'_>>(),
+            size_of::<tokio::sync::SemaphorePermit<'_>>()
+        );
+    }
 }
 
 #[test]
