@@ -21,6 +21,7 @@
 //! server scope), and `remaining: 0` waits for the reset instead of for the
 //! next 429.
 
+pub(crate) mod attempt;
 pub(crate) mod breaker;
 mod budget;
 mod builder;

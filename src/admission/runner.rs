@@ -47,12 +47,12 @@ use std::sync::Arc;
 
 use crate::clock::Clock;
 use crate::failure::CallFailure;
-use crate::headers::ServerHint;
-use crate::retry::{Backoff, Deadline, Decision, Jitter, RetryPolicy};
+use crate::retry::{Backoff, RetryPolicy};
 use crate::single_flight::{FlightError, Provenance, SingleFlight};
 use crate::sleep::Sleeper;
 
-use super::{Admission, Status, Throttled};
+use super::attempt;
+use super::{Admission, Throttled};
 
 mod call;
 mod result;
@@ -151,7 +151,7 @@ where
     /// credential's hold), a longer one returned as `rate_limited` (the
     /// same 2 s as [`Builder::inline_wait`](super::Builder::inline_wait)'s
     /// default, so a call and the calls held behind its 429 wait alike).
-    pub const DEFAULT_CLAMP: Duration = Duration::from_secs(2);
+    pub const DEFAULT_CLAMP: Duration = attempt::DEFAULT_CLAMP;
 
     /// A runner over `admission` whose read cache keeps results for
     /// `cache_ttl` (zero disables the cache; coalescing of reads in flight
@@ -173,15 +173,10 @@ where
         if !cache_ttl.is_zero() {
             flights = flights.cache(cache_ttl, 4096);
         }
-        let backoff =
-            Backoff::new(Duration::from_millis(100), Duration::from_secs(5)).jitter(Jitter::Full);
-        let policy = RetryPolicy::new(backoff)
-            .max_retries(3)
-            .clamp(Self::DEFAULT_CLAMP);
         Self {
             admission,
             flights: flights.build(),
-            retry: Arc::new(parking_lot::Mutex::new(policy)),
+            retry: Arc::new(parking_lot::Mutex::new(attempt::default_policy())),
         }
     }
 
@@ -376,149 +371,93 @@ where
         .await
     }
 
-    /// Admits and sends one call until it succeeds, or the policy, the
-    /// deadline or the admission layer stops it. `sent` counts the
+    /// One call through the admission's attempt loop; `sent` counts the
     /// requests sent.
     async fn attempts(&self, call: &Call<V, E>, sent: &AtomicU32) -> Result<V, Ended<E>> {
-        let mut deadline = Deadline::after(self.admission.clock().clone(), call.spec.deadline);
-        let mut policy = self.retry.lock().fork();
-        // The previous attempt's failure, for when its retry is refused.
-        // The last failure, and whether it was the server's capacity.
-        let mut last: Option<(CallFailure<E>, bool)> = None;
-        // The server's wait a `Readmit` charged to the deadline: the next
-        // admit spends it waiting behind the hold, so it is still its own.
-        let mut readmit = Duration::ZERO;
-        loop {
-            let left = deadline.remaining().saturating_add(readmit);
-            let inline = core::mem::take(&mut readmit);
-            let spec = call.spec.clone().deadline(left);
-            // A capacity retry sleeps behind the hold for as long as the
-            // policy judged its wait fits (`readmit`), past the inline wait.
-            let mut ticket = match self.admission.admit_within(&spec, inline).await {
-                Ok(t) => t,
-                Err(refused) => {
-                    let refused = refused.with_attempts(sent.load(Relaxed));
-                    return Err(refused_retry(refused, last));
+        let policy = self.retry.lock().fork();
+        let mut exchange = Attempt { call };
+        let (failure, attempts) = match self
+            .admission
+            .drive(&call.spec, policy, &mut exchange)
+            .await
+        {
+            attempt::Ended::Answered {
+                result, attempts, ..
+            } => match result {
+                Ok(reply) if reply.is_success() => {
+                    // Relaxed: a count read by this call's own task afterwards.
+                    sent.store(attempts, Relaxed);
+                    return Ok(reply.value);
                 }
-            };
-            // Relaxed: a count read by this call's own task afterwards.
-            let n = sent.fetch_add(1, Relaxed) + 1;
-            // The deadline bounds the request itself: an attempt still
-            // running at it is dropped (with its ticket) and the call is
-            // `timed_out`, whatever came before.
-            let attempt = {
-                let mut attempt = core::pin::pin!((call.make)());
-                let mut timeout =
-                    core::pin::pin!(self.admission.sleeper().sleep(deadline.remaining()));
-                core::future::poll_fn(|cx| match attempt.as_mut().poll(cx) {
-                    Poll::Ready(r) => Poll::Ready(Some(r)),
-                    Poll::Pending => timeout.as_mut().poll(cx).map(|()| None),
-                })
-                .await
-            };
-            let Some(attempt) = attempt else {
-                // No answer by the deadline: a failure for the circuit.
-                ticket.observe_error();
-                return Err(Ended::Throttled(crate::throttled::request_timed_out(
-                    call.spec.deadline,
-                    n,
-                )));
-            };
-            let (status, hint, error) = match attempt {
-                Ok(r) => {
-                    // The admission layer learns from every answer (it
-                    // holds the credential for everyone on a 429).
-                    ticket.observe(r.status, &r.hint);
-                    // What the server counted, whatever the status.
-                    for (name, used) in &r.usage {
-                        ticket.settle(name, *used);
-                    }
-                    if r.is_success() {
-                        return Ok(r.value);
-                    }
-                    self.admission.sync_shared().await;
-                    let error = CallFailure::Status { status: r.status };
-                    (Some(r.status), r.hint, error)
-                }
-                Err(e) => {
-                    ticket.observe_error();
-                    (
-                        None,
-                        ServerHint::default(),
-                        CallFailure::Transport(Arc::new(e)),
-                    )
-                }
-            };
-            drop(ticket);
-            match policy.decide_reply(status, &hint, &mut deadline) {
-                decision @ (Decision::Readmit { after } | Decision::Retry { after }) => {
-                    // The server's capacity: its wait is the credential's
-                    // hold, which the next admit waits behind (no second
-                    // sleep here). A fault's backoff is slept below.
-                    let capacity = matches!(decision, Decision::Readmit { .. });
-                    #[cfg(feature = "tracing")]
-                    tracing::event!(
-                        tracing::Level::DEBUG,
-                        tool = %call.spec.tool,
-                        status = status.unwrap_or(0),
-                        attempt = n,
-                        wait_ms = after.as_millis() as u64,
-                        "backpressure: {}",
-                        if capacity { "re-admitted" } else { "retried" }
-                    );
-                    #[cfg(not(feature = "tracing"))]
-                    let _ = n;
-                    if capacity {
-                        readmit = after;
-                        last = Some((error, true));
-                        continue;
-                    }
-                    let last_failure = (error, false);
-                    if !self.admission.sleep_unless_closed(after).await {
-                        let closed = Throttled::new(
-                            Status::Closed,
-                            "admission",
-                            "the admission layer closed before the retry",
-                        );
-                        return Err(refused_retry(closed, Some(last_failure)));
-                    }
-                    last = Some(last_failure);
-                }
-                // The server's capacity, not a fault: a rate limit, never
-                // `Failed`.
-                Decision::Surface(t) => return Err(Ended::Throttled(t.with_attempts(n))),
-                // A fault the policy would not retry now: report it as it
-                // was, with the policy's reason (a transport error is never
-                // turned into a rate limit).
-                Decision::NotRetried(t) => {
-                    return Err(Ended::Failed {
-                        error,
-                        not_retried: Some(t),
-                    })
-                }
-                _ => {
-                    return Err(Ended::Failed {
-                        error,
+                // A final status (a 404): retrying cannot change it.
+                Ok(reply) => (
+                    Ended::Failed {
+                        error: CallFailure::Status {
+                            status: reply.status,
+                        },
                         not_retried: None,
-                    })
-                }
+                    },
+                    attempts,
+                ),
+                Err(e) => (
+                    Ended::Failed {
+                        error: CallFailure::Transport(Arc::new(e)),
+                        not_retried: None,
+                    },
+                    attempts,
+                ),
+            },
+            attempt::Ended::Throttled(t) => {
+                let attempts = t.attempts;
+                (Ended::Throttled(t), attempts)
             }
-        }
+            attempt::Ended::Failed {
+                result,
+                not_retried,
+                attempts,
+            } => {
+                let error = match result {
+                    Ok(reply) => CallFailure::Status {
+                        status: reply.status,
+                    },
+                    Err(e) => CallFailure::Transport(Arc::new(e)),
+                };
+                (Ended::Failed { error, not_retried }, attempts)
+            }
+        };
+        sent.store(attempts, Relaxed);
+        Err(failure)
     }
 }
 
-/// A retry refused (by admission, or by `close` during its wait) ends the
-/// call with what it means: after a capacity answer the refusal is the rate
-/// limit itself; after a transport error or a 5xx it is the original
-/// failure (the server is not known to be throttling), with the refusal as
-/// the reason it was not retried.
-fn refused_retry<E>(refused: Throttled, last: Option<(CallFailure<E>, bool)>) -> Ended<E> {
-    match last {
-        Some((error, false)) => Ended::Failed {
-            error,
-            not_retried: Some(refused),
-        },
-        _ => Ended::Throttled(refused),
+/// A [`Call`] as the attempt loop sends it: each attempt is the call's
+/// closure, its [`Reply`] read as the server's answer and an `Err` as no
+/// answer.
+struct Attempt<'a, V, E> {
+    call: &'a Call<V, E>,
+}
+
+impl<V, E> attempt::Exchange for Attempt<'_, V, E> {
+    type Output = Reply<V>;
+    type Error = E;
+
+    fn can_send(&self) -> bool {
+        true
+    }
+
+    fn send(&mut self) -> impl Future<Output = Result<Reply<V>, E>> {
+        (self.call.make)()
+    }
+
+    fn read(&self, result: &Result<Reply<V>, E>) -> attempt::Read {
+        match result {
+            Ok(r) => attempt::Read::Answer {
+                status: r.status,
+                hint: r.hint.clone(),
+                usage: r.usage.clone(),
+            },
+            Err(_) => attempt::Read::NoAnswer,
+        }
     }
 }
 

@@ -269,10 +269,4 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
     pub(super) fn started(&self) -> u64 {
         self.started_at & !BACKGROUND
     }
-
-    /// The admission layer that granted this ticket.
-    #[cfg(feature = "tower")]
-    pub(crate) fn admission(&self) -> &Admission<S, C> {
-        &self.admission
-    }
 }

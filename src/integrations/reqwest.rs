@@ -11,13 +11,15 @@ use ::reqwest::{Request, Response};
 use ::reqwest_middleware::{Error, Middleware, Next, Result};
 use parking_lot::Mutex;
 
+use std::borrow::Cow;
+
+use crate::admission::attempt::{Ended, Read};
 use crate::clock::{Clock, DefaultClock};
 use crate::retry::{Attempts, RequestDeadline};
 use crate::sleep::{DefaultSleeper, Sleeper};
-use crate::throttled::{Human, Status};
 use crate::{
     admission::Admission, admission::CallSpec, admission::Priority, headers::ServerHint,
-    retry::Deadline, retry::Decision, retry::RetryPolicy, Throttled,
+    retry::RetryPolicy, Throttled,
 };
 
 type Derive = Arc<dyn Fn(&Request) -> String + Send + Sync>;
@@ -118,7 +120,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
             tool: Arc::new(default_tool),
             credential: credential_from_header("authorization".to_string()),
             deadline: Duration::from_secs(30),
-            retry: Arc::new(Mutex::new(RetryPolicy::default())),
+            retry: Arc::new(Mutex::new(crate::admission::attempt::default_policy())),
             cost: None,
             usage: None,
             body_usage: None,
@@ -530,7 +532,7 @@ impl<S, C> Middleware for AdmissionMiddleware<S, C>
 where
     S: Sleeper + Send + Sync + 'static,
     S::Sleep: Send,
-    C: Clock + 'static,
+    C: Clock + Clone + 'static,
 {
     async fn handle(
         &self,
@@ -541,134 +543,48 @@ where
         let budget = extensions
             .get::<RequestDeadline>()
             .map_or(self.deadline, |d| d.0);
-        let mut deadline = Deadline::after(DefaultClock::new(), budget);
-        let tool = (self.tool)(&req);
-        let credential = (self.credential)(&req);
-        let costs = self.cost.as_ref().map(|f| f(&req)).unwrap_or_default();
         // A request's priority travels as an extension, like its deadline.
         let priority = extensions.get::<Priority>().copied().unwrap_or_default();
-        let mut policy: Option<RetryPolicy> = None;
-        let mut sent = 0u32;
-        let mut req = req;
-        // The server's wait a `Readmit` charged to the deadline: the next
-        // admit spends it waiting behind the credential's hold.
-        let mut readmit = Duration::ZERO;
-        loop {
-            let left = deadline.remaining().saturating_add(readmit);
-            let inline = core::mem::take(&mut readmit);
-            let mut spec = CallSpec::new(tool.as_str(), credential.as_str())
-                .deadline(left)
-                .priority(priority);
-            for (name, units) in &costs {
-                spec = spec.cost(name.clone(), *units);
+        let mut spec = CallSpec::new((self.tool)(&req), (self.credential)(&req))
+            .deadline(budget)
+            .priority(priority);
+        for (name, units) in self.cost.as_ref().map(|f| f(&req)).unwrap_or_default() {
+            spec = spec.cost(name, units);
+        }
+        let policy = self.retry.lock().fork();
+        let mut exchange = Exchange {
+            req: Some(req),
+            extensions,
+            next,
+            usage: self.usage.as_ref(),
+            body_usage: self.body_usage.as_ref(),
+        };
+        match self.admission.drive(&spec, policy, &mut exchange).await {
+            Ended::Answered {
+                result,
+                ticket,
+                attempts,
+            } => {
+                let response = result?.response;
+                // A streamed reply carries its ticket until its body ends.
+                if let Some(ticket) = ticket
+                    && usage::is_stream(&response)
+                {
+                    return Ok(stream::hold(
+                        response,
+                        ticket,
+                        self.stream_usage.clone(),
+                        attempts,
+                    ));
+                }
+                Ok(with_attempts(response, attempts))
             }
-            // A capacity retry sleeps behind the hold for as long as the
-            // policy judged its wait fits (`readmit`), past the inline wait.
-            let mut ticket = match self.admission.admit_within(&spec, inline).await {
-                Ok(ticket) => ticket,
-                Err(refused) => return self.refuse(refused.with_attempts(sent)),
-            };
-            let copy = req.try_clone();
-            sent += 1;
-            // The deadline bounds the request itself, not only the waits
-            // around it: a server that never answers is dropped at it.
-            let attempt =
-                tokio::time::timeout(deadline.remaining(), next.clone().run(req, extensions));
-            let Ok(mut result) = attempt.await else {
-                // No answer by the deadline: a failure for the circuit.
-                ticket.observe_error();
-                return self.refuse(crate::throttled::request_timed_out(budget, sent));
-            };
-            if let Some(read) = &self.body_usage {
-                result = match result {
-                    Ok(response)
-                        if response.status().is_success()
-                            && !usage::is_stream(&response)
-                            && !crate::Throttled::is_refusal(response.headers()) =>
-                    {
-                        match usage::buffered(response, |body| read(body)).await {
-                            Ok((response, used)) => {
-                                for (name, units) in used {
-                                    ticket.settle(&name, units);
-                                }
-                                Ok(response)
-                            }
-                            Err(e) => Err(Error::Reqwest(e)),
-                        }
-                    }
-                    other => other,
-                };
-            }
-            let (status, hint) = match &result {
-                // A refusal of an admission layer further in: not the
-                // server's answer, so nothing to learn from, and final.
-                Ok(response) if crate::Throttled::is_refusal(response.headers()) => {
-                    return with_attempts(result, sent)
-                }
-                Ok(response) => {
-                    let status = response.status().as_u16();
-                    let hint = ServerHint::from_header_map(response.headers(), SystemTime::now());
-                    ticket.observe(status, &hint);
-                    if let Some(usage) = &self.usage {
-                        for (name, used) in usage(response) {
-                            ticket.settle(&name, used);
-                        }
-                    }
-                    (Some(status), hint)
-                }
-                // A refusal of an admission layer further in is final, and
-                // no failure of the server.
-                Err(Error::Middleware(e)) if e.downcast_ref::<Throttled>().is_some() => {
-                    return with_attempts(result, sent)
-                }
-                Err(_) => {
-                    ticket.observe_error();
-                    (None, ServerHint::default())
-                }
-            };
-            // A streamed reply carries its ticket until its body ends.
-            if let Ok(response) = &result
-                && response.status().is_success()
-                && usage::is_stream(response)
-            {
-                let Ok(response) = result else {
-                    unreachable!("matched Ok above")
-                };
-                return Ok(stream::hold(
-                    response,
-                    ticket,
-                    self.stream_usage.clone(),
-                    sent,
-                ));
-            }
-            drop(ticket);
-            let policy = policy.get_or_insert_with(|| self.retry.lock().fork());
-            match (policy.decide_reply(status, &hint, &mut deadline), copy) {
-                (Decision::Retry { after }, Some(copy)) => {
-                    tokio::time::sleep(after).await;
-                    req = copy;
-                }
-                // The server's capacity: the next admit waits behind the
-                // credential's hold (or refuses past the inline wait).
-                (Decision::Readmit { after }, Some(copy)) => {
-                    readmit = after;
-                    req = copy;
-                }
-                // The server's capacity, and no retry: a rate limit with
-                // the server's wait, never a plain 429.
-                (Decision::Surface(t), _) => return self.refuse(t.with_attempts(sent)),
-                (Decision::Readmit { after }, None) => {
-                    return self.refuse(cannot_resend(status.unwrap_or(429), after, sent))
-                }
-                // A fault (a transport error, a 5xx) not retried: the last
-                // answer stands, as what it was.
-                _ => {
-                    if let Ok(response) = &mut result {
-                        response.extensions_mut().insert(Attempts(sent));
-                    }
-                    return result;
-                }
-            }
+            Ended::Throttled(refused) => self.refuse(refused),
+            // A fault (a transport error, a 5xx) not retried: the last
+            // answer stands, as what it was.
+            Ended::Failed {
+                result, attempts, ..
+            } => Ok(with_attempts(result?.response, attempts)),
         }
     }
 }
@@ -685,26 +601,102 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     }
 }
 
-fn with_attempts(mut result: Result<Response>, sent: u32) -> Result<Response> {
-    if let Ok(response) = &mut result {
-        response.extensions_mut().insert(Attempts(sent));
-    }
-    result
+fn with_attempts(mut response: Response, sent: u32) -> Response {
+    response.extensions_mut().insert(Attempts(sent));
+    response
 }
 
-/// A capacity answer whose request cannot be sent again (its body is a
-/// stream): the server's wait, as a rate limit.
-#[cold]
-fn cannot_resend(status: u16, after: Duration, sent: u32) -> Throttled {
-    Throttled::new(
-        Status::RateLimited,
-        "api_key",
-        format!(
-            "the server answered {status} and this request cannot be sent again (its body is a stream); \
-             retry after {}",
-            Human(after)
-        ),
-    )
-    .with_retry_after(after)
-    .with_attempts(sent)
+/// A response, and what its body said the request used.
+struct Sent {
+    response: Response,
+    used: Vec<(String, u32)>,
 }
+
+/// One request through the rest of the middleware chain, as the attempt
+/// loop sends it: each attempt a clone of the request (a streamed body
+/// is sent once).
+struct Exchange<'a, 'n> {
+    /// The next attempt's request.
+    req: Option<Request>,
+    extensions: &'a mut http::Extensions,
+    next: Next<'n>,
+    usage: Option<&'a Usage>,
+    body_usage: Option<&'a BodyUsage>,
+}
+
+impl crate::admission::attempt::Exchange for Exchange<'_, '_> {
+    type Output = Sent;
+    type Error = Error;
+
+    fn can_send(&self) -> bool {
+        self.req.is_some()
+    }
+
+    fn send(&mut self) -> impl core::future::Future<Output = Result<Sent>> {
+        let req = self.req.take();
+        self.req = req.as_ref().and_then(Request::try_clone);
+        let next = self.next.clone();
+        let extensions = &mut *self.extensions;
+        let body_usage = self.body_usage;
+        async move {
+            let Some(req) = req else {
+                return Err(Error::middleware(Unsendable));
+            };
+            let response = next.run(req, extensions).await?;
+            match body_usage {
+                // The body is read here, once, whatever the status: the
+                // caller gets a response with the same body.
+                Some(read)
+                    if !usage::is_stream(&response)
+                        && !crate::Throttled::is_refusal(response.headers()) =>
+                {
+                    let (response, used) = usage::buffered(response, |body| read(body))
+                        .await
+                        .map_err(Error::Reqwest)?;
+                    Ok(Sent { response, used })
+                }
+                _ => Ok(Sent {
+                    response,
+                    used: Vec::new(),
+                }),
+            }
+        }
+    }
+
+    fn read(&self, result: &Result<Sent>) -> Read {
+        match result {
+            // A refusal of an admission layer further in: not the server's
+            // answer, so nothing to learn from, and final.
+            Ok(sent) if crate::Throttled::is_refusal(sent.response.headers()) => Read::Refusal,
+            Err(Error::Middleware(e)) if e.downcast_ref::<Throttled>().is_some() => Read::Refusal,
+            Ok(Sent { response, used }) => {
+                let mut usage: Vec<(Cow<'static, str>, u32)> = used
+                    .iter()
+                    .map(|(name, units)| (Cow::Owned(name.clone()), *units))
+                    .collect();
+                if let Some(read) = self.usage {
+                    usage.extend(read(response).into_iter().map(|(n, u)| (Cow::Owned(n), u)));
+                }
+                Read::Answer {
+                    status: response.status().as_u16(),
+                    hint: ServerHint::from_header_map(response.headers(), SystemTime::now()),
+                    usage,
+                }
+            }
+            Err(_) => Read::NoAnswer,
+        }
+    }
+}
+
+/// A request the attempt loop was asked to send again after its only
+/// copy went out (never: `can_send` is asked first).
+#[derive(Debug)]
+struct Unsendable;
+
+impl fmt::Display for Unsendable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the request's body is a stream and cannot be sent again")
+    }
+}
+
+impl std::error::Error for Unsendable {}

@@ -2,22 +2,27 @@
 //! [`Admission`], its [`Ticket`](crate::admission::Ticket) held for the life of the
 //! response future, and the response observed.
 
-mod future;
+mod exchange;
 mod hooks;
 mod release;
 
 use core::fmt;
+use core::future::Future;
+use core::pin::Pin;
 use core::task::{Context, Poll};
 use core::time::Duration;
+use std::sync::Arc;
 
 use ::tower::{Layer, Service};
+use parking_lot::Mutex;
 
 use super::BoxError;
+use crate::admission::attempt::Ended;
 use crate::admission::Admission;
 use crate::clock::{Clock, DefaultClock};
+use crate::retry::RetryPolicy;
 use crate::sleep::{DefaultSleeper, Sleeper};
 
-pub use future::AdmissionFuture;
 #[cfg(feature = "http")]
 pub use hooks::{HttpSpec, ObserveHttp, RefusalResponses};
 pub use hooks::{MakeSpec, Observe, ObserveOk, UsageFrom};
@@ -44,31 +49,34 @@ pub use release::{AtHead, Release};
 ///   response future (leaving a fresh clone behind, so the services must
 ///   be `Clone`), which admits and then calls it the instant the ticket
 ///   is granted: the request goes out when its rate cell was reserved
-///   for, not after another wait. The inner readiness (a connection, a
-///   buffer slot) is held while the call waits for admission.
-/// * **Observe.** When the inner future is ready, the result goes through
-///   an [`Observe`]: by default any `Ok` is a 200 and an error feeds nothing,
-///   `ObserveHttp` with `AdmissionLayer::http` (status and limit
-///   headers: a 429 with `Retry-After` holds back the credential), or a
-///   closure of yours ([`observe_with`](Self::observe_with)). Then the ticket is
-///   dropped: it covers the call until the response head, or, with
-///   [`hold_bodies`](Self::hold_bodies), until the body is read to its end
-///   or dropped (a streamed reply holds its slot while it streams). A shared credential's hold is pushed to
-///   the shared limiter by its next `admit` (see
-///   [`Ticket::report`](crate::admission::Ticket::report)).
+///   for, not after another wait. A retry polls the service ready again.
+/// * **One attempt loop.** The response future runs the admission's
+///   attempt loop, the one `Runner` and the reqwest middleware run: each
+///   attempt is admitted, sent (a clone of the request, so `Req: Clone`),
+///   observed through an [`Observe`] (by default any `Ok` is a 200 and an
+///   error is no answer; `ObserveHttp` with `AdmissionLayer::http` reads
+///   the status and limit headers; or a closure of yours,
+///   [`observe_with`](Self::observe_with)), its usage settled, and the
+///   layer's [`retry_policy`](Self::retry_policy) decides: a short server
+///   wait (a 429 with `Retry-After: 1`) is waited out behind the
+///   credential's hold, a fault retried after a jittered backoff, both
+///   within the one deadline. The ticket covers the call until the
+///   response head, or, with [`hold_bodies`](Self::hold_bodies), until
+///   the body is read to its end or dropped.
 /// * **Refusal.** A [`Throttled`](crate::Throttled) inside the
-///   `tower::BoxError`; the inner service is not called.
-/// * **The server's "not now".** An observed 429 (or 503 with
-///   `Retry-After`) holds the credential back and reaches the caller as a
-///   `Throttled` `rate_limited` with that wait and `attempts: 1`, not as
-///   a plain 429 ([`raw_capacity_responses`](Self::raw_capacity_responses)
-///   keeps the response).
+///   `tower::BoxError` (or a 429 response, with `refusals_as_responses`).
+///   A 429 past the clamp, the deadline or the retries is `rate_limited`
+///   with the server's wait, never a plain 429; a fault past its retries
+///   is the last answer as it was (a 5xx response, or the inner error).
 /// * **The deadline bounds the request**: an inner call still running at
 ///   the call's deadline is dropped, and the answer is a `timed_out`.
+/// * **Not under `HintRetry`.** The layer retries itself; a `HintRetry`
+///   around it reads its answers as final (`HintRetry::http` sees the
+///   `Attempts` extension the layer puts on each response).
 /// * **Cancellation.** Dropping the response future gives back what
 ///   `admit` took so far, or the ticket.
 ///
-/// Each request allocates its spec and one boxed `admit` future.
+/// Each request allocates its spec and one boxed response future.
 ///
 /// # Examples
 ///
@@ -117,7 +125,7 @@ pub struct AdmissionLayer<
     observe: O,
     release: R,
     deadline: Option<Duration>,
-    raw: bool,
+    retry: Arc<Mutex<RetryPolicy>>,
 }
 
 impl<M, Sl, C: Clock> AdmissionLayer<M, ObserveOk, Sl, C> {
@@ -140,7 +148,7 @@ impl<M, Sl, C: Clock> AdmissionLayer<M, ObserveOk, Sl, C> {
             observe: ObserveOk,
             release: AtHead,
             deadline: None,
-            raw: false,
+            retry: Arc::new(Mutex::new(crate::admission::attempt::default_policy())),
         }
     }
 }
@@ -171,7 +179,7 @@ impl<F, Sl, C: Clock> AdmissionLayer<HttpSpec<F>, ObserveHttp, Sl, C> {
             observe: ObserveHttp,
             release: AtHead,
             deadline: None,
-            raw: false,
+            retry: Arc::new(Mutex::new(crate::admission::attempt::default_policy())),
         }
     }
 }
@@ -261,7 +269,7 @@ impl<M, O, Sl, C: Clock, R> AdmissionLayer<M, O, Sl, C, R> {
             observe,
             release: self.release,
             deadline: self.deadline,
-            raw: self.raw,
+            retry: self.retry,
         }
     }
 
@@ -310,27 +318,28 @@ impl<M, O, Sl, C: Clock, R> AdmissionLayer<M, O, Sl, C, R> {
             },
             release: self.release,
             deadline: self.deadline,
-            raw: self.raw,
+            retry: self.retry,
         }
     }
 
-    /// Returns the server's capacity answers (a 429, a 503 with
-    /// `Retry-After`) as the responses they are. By default such an answer
-    /// is observed (it holds the credential back) and then returned as a
-    /// `Throttled` `rate_limited` with the hold's wait, as `Runner` and the
-    /// reqwest middleware answer it.
+    /// The retry policy (each request forks its own): which answers are
+    /// retried, how often, and the longest server wait slept. The default
+    /// is `Runner`'s and the reqwest middleware's: 3 retries, full jitter
+    /// from 100 ms to 5 s, server waits slept up to 2 s. `max_retries(0)`
+    /// sends each request once.
     ///
     /// # Examples
     ///
     /// ```
     /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::retry::RetryPolicy;
     /// use backpressure::tower::AdmissionLayer;
     /// let layer = AdmissionLayer::new(Admission::builder().build(), |_: &()| CallSpec::new("t", "k"))
-    ///     .raw_capacity_responses();
+    ///     .retry_policy(RetryPolicy::default().max_retries(1));
     /// # drop(layer);
     /// ```
-    pub fn raw_capacity_responses(mut self) -> Self {
-        self.raw = true;
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.retry = Arc::new(Mutex::new(policy));
         self
     }
 
@@ -416,7 +425,7 @@ impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C, AtHead> {
             observe: self.observe,
             release: AtBodyEnd::default(),
             deadline: self.deadline,
-            raw: self.raw,
+            retry: self.retry,
         }
     }
 }
@@ -451,7 +460,7 @@ impl<M: Clone, O: Clone, Sl, C: Clock, R: Clone> Clone for AdmissionLayer<M, O, 
             observe: self.observe.clone(),
             release: self.release.clone(),
             deadline: self.deadline,
-            raw: self.raw,
+            retry: self.retry.clone(),
         }
     }
 }
@@ -524,18 +533,21 @@ impl<S, M, O, Sl, C: Clock, R> AdmissionService<S, M, O, Sl, C, R> {
 
 impl<S, M, O, Sl, C, R, Req> Service<Req> for AdmissionService<S, M, O, Sl, C, R>
 where
-    S: Service<Req> + Clone,
+    S: Service<Req> + Clone + Send + 'static,
     S::Error: Into<BoxError>,
+    S::Future: Send,
+    S::Response: Send,
+    Req: Clone + Send + 'static,
     M: MakeSpec<Req>,
-    O: Observe<S::Response> + Clone,
+    O: Observe<S::Response> + Clone + Send + Sync + 'static,
     Sl: Sleeper + Send + Sync + 'static,
     Sl::Sleep: Send,
-    C: Clock + 'static,
-    R: Release<S::Response, Sl, C> + Clone,
+    C: Clock + Clone + Send + Sync + 'static,
+    R: Release<S::Response, Sl, C> + Clone + Send + 'static,
 {
     type Response = R::Response;
     type Error = BoxError;
-    type Future = AdmissionFuture<S, Req, O, Sl, C, R>;
+    type Future = Pin<Box<dyn Future<Output = Result<R::Response, BoxError>> + Send>>;
 
     /// The inner service's readiness: the admission needs the request.
     #[inline]
@@ -549,27 +561,30 @@ where
         if let Some(deadline) = layer.spec.request_deadline(&req).or(layer.deadline) {
             spec.deadline = deadline;
         }
-        let deadline_at = layer
-            .admission
-            .clock()
-            .now_nanos()
-            .saturating_add(crate::clock::saturating_nanos(spec.deadline));
-        let budget = spec.deadline;
         let admission = layer.admission.clone();
-        let admit: future::Admit<Sl, C> = Box::pin(async move { admission.admit(&spec).await });
+        let policy = layer.retry.lock().fork();
+        let (observe, release) = (layer.observe.clone(), layer.release.clone());
         // The ready service goes with the request (tower's contract: `call`
         // on the service that said ready); this one keeps a fresh clone
         // that must be polled ready again.
         let fresh = self.inner.clone();
         let ready = core::mem::replace(&mut self.inner, fresh);
-        AdmissionFuture::new(
-            admit,
-            ready,
-            req,
-            (layer.observe.clone(), layer.release.clone()),
-            (deadline_at, budget),
-            layer.raw,
-        )
+        Box::pin(async move {
+            let mut exchange = exchange::Exchange::new(ready, req, observe);
+            match admission.drive(&spec, policy, &mut exchange).await {
+                Ended::Answered {
+                    result,
+                    ticket,
+                    attempts,
+                } => result.map(|r| release.release(exchange.mark(r, attempts), ticket)),
+                Ended::Throttled(refused) => {
+                    exchange.refusal(refused).map(|r| release.release(r, None))
+                }
+                Ended::Failed {
+                    result, attempts, ..
+                } => result.map(|r| release.release(exchange.mark(r, attempts), None)),
+            }
+        })
     }
 }
 

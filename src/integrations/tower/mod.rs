@@ -47,8 +47,7 @@ mod retry;
 #[cfg(feature = "http")]
 pub use crate::integrations::ticket_body::TicketBody;
 pub use admission::{
-    AdmissionFuture, AdmissionLayer, AdmissionService, AtHead, MakeSpec, Observe, ObserveOk,
-    Release, UsageFrom,
+    AdmissionLayer, AdmissionService, AtHead, MakeSpec, Observe, ObserveOk, Release, UsageFrom,
 };
 #[cfg(feature = "http")]
 pub use admission::{AtBodyEnd, HttpSpec, ObserveHttp, RefusalResponses};

@@ -246,6 +246,8 @@ fn classify_http<B>(
 ) -> Option<(Option<u16>, ServerHint)> {
     match result {
         Ok(r) if crate::Throttled::is_refusal(r.headers()) => None,
+        // The answer of an `AdmissionLayer`, which retried it already.
+        Ok(r) if r.extensions().get::<crate::retry::Attempts>().is_some() => None,
         Ok(r) => Some((
             Some(r.status().as_u16()),
             ServerHint::from_header_map(r.headers(), std::time::SystemTime::now()),

@@ -91,6 +91,13 @@ pub trait Observe<Resp> {
         let _ = result;
         Vec::new()
     }
+
+    /// Records on `response` how many requests the call sent, where its
+    /// type has room (`ObserveHttp` inserts an
+    /// [`Attempts`](crate::retry::Attempts) extension). Nothing by default.
+    fn attempts(&self, response: &mut Resp, attempts: u32) {
+        let _ = (response, attempts);
+    }
 }
 
 /// An observer that also reads what each call used: `observe`'s answers
@@ -118,6 +125,10 @@ where
 
     fn usage(&self, result: &Result<Resp, BoxError>) -> Vec<(String, u32)> {
         result.as_ref().map_or_else(|_| Vec::new(), &self.usage)
+    }
+
+    fn attempts(&self, response: &mut Resp, attempts: u32) {
+        self.observe.attempts(response, attempts);
     }
 }
 
@@ -157,6 +168,12 @@ impl<B> Observe<http::Response<B>> for ObserveHttp {
         let response = result.as_ref().ok()?;
         let hint = ServerHint::from_header_map(response.headers(), std::time::SystemTime::now());
         Some((response.status().as_u16(), hint))
+    }
+
+    fn attempts(&self, response: &mut http::Response<B>, attempts: u32) {
+        response
+            .extensions_mut()
+            .insert(crate::retry::Attempts(attempts));
     }
 }
 
@@ -220,5 +237,9 @@ impl<B: From<Vec<u8>>> Observe<http::Response<B>> for RefusalResponses {
 
     fn refusal(&self, refused: &crate::Throttled) -> Option<http::Response<B>> {
         Some(refused.to_response().map(B::from))
+    }
+
+    fn attempts(&self, response: &mut http::Response<B>, attempts: u32) {
+        ObserveHttp.attempts(response, attempts);
     }
 }

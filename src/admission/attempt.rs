@@ -1,0 +1,303 @@
+//! The one attempt loop behind every seam: admit → send → observe →
+//! settle → decide → readmit, sleep or surface.
+//!
+//! `Runner`, the reqwest middleware and the tower `AdmissionLayer` are
+//! adapters: each implements [`Exchange`] (how to send one attempt of its
+//! request and what its answer says) and maps the [`Ended`] it gets back
+//! to its own types. Every rule of the contract lives here, once:
+//!
+//! * one deadline, on the admission's clock, bounds every wait, every
+//!   retry and the request itself (an attempt still running at it is
+//!   dropped: `timed_out`);
+//! * the [`RetryPolicy`] alone classifies the answer and decides; a
+//!   capacity answer's wait is the credential's hold, which the next
+//!   admit waits behind ([`Decision::Readmit`]), a fault's backoff is
+//!   slept on the admission's sleeper and cut short by `close()`;
+//! * a refused retry after a fault keeps the fault (`Failed`, with why it
+//!   was not retried), never `rate_limited`; after a capacity answer the
+//!   refusal is the rate limit itself;
+//! * every answer is observed and its usage settled, whatever its status;
+//!   a non-2xx pushes a shared credential's holds before the next admit.
+
+use core::future::Future;
+use core::task::Poll;
+use core::time::Duration;
+use std::borrow::Cow;
+
+use crate::clock::Clock;
+use crate::headers::ServerHint;
+use crate::retry::{Backoff, Deadline, Decision, Jitter, RetryPolicy};
+use crate::sleep::Sleeper;
+use crate::throttled::Human;
+
+use super::{Admission, CallSpec, Status, Throttled, Ticket};
+
+/// What an attempt's result says, as its seam reads it.
+#[derive(Debug)]
+pub(crate) enum Read {
+    /// The server answered: its status, its limit headers, and what it
+    /// says the call used of each weighted quota.
+    Answer {
+        status: u16,
+        hint: ServerHint,
+        usage: Vec<(Cow<'static, str>, u32)>,
+    },
+    /// No answer: a transport error (refused, reset, TLS, ...).
+    NoAnswer,
+    /// A refusal of an admission layer further in: the call's answer as
+    /// it is, nothing to learn from it, never retried.
+    Refusal,
+}
+
+/// One seam's request: how to send an attempt of it, and how to read the
+/// attempt's result.
+pub(crate) trait Exchange {
+    /// What an attempt gives back when the server answered.
+    type Output;
+    /// What an attempt gives back when it did not.
+    type Error;
+
+    /// Whether another attempt can be sent (a request whose body is a
+    /// stream is sent once).
+    fn can_send(&self) -> bool;
+
+    /// Starts one attempt; called right after its admission, and only
+    /// while [`can_send`](Self::can_send).
+    fn send(&mut self) -> impl Future<Output = Result<Self::Output, Self::Error>>;
+
+    /// What the attempt's result says.
+    fn read(&self, result: &Result<Self::Output, Self::Error>) -> Read;
+}
+
+/// How a call ended, for its seam to answer with.
+#[derive(Debug)]
+pub(crate) enum Ended<T, E, S: Sleeper, C: Clock> {
+    /// The server's answer stands: a success (with its ticket, for a
+    /// seam that holds it while the body streams), a final status (a
+    /// 404: retrying cannot change it), or a refusal of a layer further
+    /// in (no ticket for either).
+    Answered {
+        result: Result<T, E>,
+        ticket: Option<Ticket<S, C>>,
+        attempts: u32,
+    },
+    /// Not now: refused by admission, the server's capacity past what
+    /// the call could wait, or no answer by the deadline. `attempts` is
+    /// set in it.
+    Throttled(Throttled),
+    /// A fault (a 5xx, a transport error) that outlasted its retries, or
+    /// whose retry was refused (`not_retried` says why): the last answer,
+    /// as it was.
+    Failed {
+        result: Result<T, E>,
+        not_retried: Option<Throttled>,
+        attempts: u32,
+    },
+}
+
+/// The policy every seam starts from unless told otherwise: 3 retries,
+/// full jitter from 100 ms to 5 s, server waits slept up to
+/// [`DEFAULT_CLAMP`] (the same 2 s as the admission's default inline
+/// wait, so a call and the calls held behind its 429 wait alike).
+pub(crate) fn default_policy() -> RetryPolicy {
+    let backoff =
+        Backoff::new(Duration::from_millis(100), Duration::from_secs(5)).jitter(Jitter::Full);
+    RetryPolicy::new(backoff)
+        .max_retries(3)
+        .clamp(DEFAULT_CLAMP)
+}
+
+/// The clamp of [`default_policy`].
+pub(crate) const DEFAULT_CLAMP: Duration = Duration::from_secs(2);
+
+impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
+    /// Runs one call to its end: admits each attempt as `spec` (whose
+    /// deadline is the call's, from now, on this layer's clock), sends it
+    /// through `exchange`, observes and settles its answer, and does what
+    /// `policy` (forked for this call) decides.
+    pub(crate) async fn drive<X: Exchange>(
+        &self,
+        spec: &CallSpec,
+        mut policy: RetryPolicy,
+        exchange: &mut X,
+    ) -> Ended<X::Output, X::Error, S, C> {
+        let budget = spec.deadline;
+        let mut deadline = Deadline::after(self.clock().clone(), budget);
+        let mut sent = 0u32;
+        // The last answer, and whether it was the server's capacity: what
+        // a refused retry ends as.
+        let mut last: Option<(Result<X::Output, X::Error>, bool)> = None;
+        // The server's wait a `Readmit` charged to the deadline: the next
+        // admit spends it waiting behind the hold, so it is still the
+        // call's own to wait.
+        let mut readmit = Duration::ZERO;
+        loop {
+            let left = deadline.remaining().saturating_add(readmit);
+            let inline = core::mem::take(&mut readmit);
+            let spec = spec.clone().deadline(left);
+            let mut ticket = match self.admit_within(&spec, inline).await {
+                Ok(t) => t,
+                Err(refused) => return refused_retry(refused.with_attempts(sent), last, sent),
+            };
+            sent += 1;
+            let attempt = {
+                let mut attempt = core::pin::pin!(exchange.send());
+                let mut timeout = core::pin::pin!(self.sleeper().sleep(deadline.remaining()));
+                core::future::poll_fn(|cx| match attempt.as_mut().poll(cx) {
+                    Poll::Ready(r) => Poll::Ready(Some(r)),
+                    Poll::Pending => timeout.as_mut().poll(cx).map(|()| None),
+                })
+                .await
+            };
+            let Some(result) = attempt else {
+                // No answer by the deadline: a failure for the circuit,
+                // no verdict on the rate.
+                ticket.observe_error();
+                return Ended::Throttled(crate::throttled::request_timed_out(budget, sent));
+            };
+            let (status, hint) = match exchange.read(&result) {
+                Read::Refusal => {
+                    return Ended::Answered {
+                        result,
+                        ticket: None,
+                        attempts: sent,
+                    }
+                }
+                Read::NoAnswer => {
+                    ticket.observe_error();
+                    (None, ServerHint::default())
+                }
+                Read::Answer {
+                    status,
+                    hint,
+                    usage,
+                } => {
+                    // The layer learns from every answer (a 429 holds the
+                    // credential for everyone), and charges what the
+                    // server counted, whatever the status.
+                    ticket.observe(status, &hint);
+                    for (name, used) in &usage {
+                        ticket.settle(name, *used);
+                    }
+                    if (200..300).contains(&status) {
+                        return Ended::Answered {
+                            result,
+                            ticket: Some(ticket),
+                            attempts: sent,
+                        };
+                    }
+                    self.sync_shared().await;
+                    (Some(status), hint)
+                }
+            };
+            drop(ticket);
+            let decision = policy.decide_reply(status, &hint, &mut deadline);
+            #[cfg(feature = "tracing")]
+            if let Decision::Readmit { after } | Decision::Retry { after } = &decision {
+                tracing::event!(
+                    tracing::Level::DEBUG,
+                    tool = %spec.tool,
+                    status = status.unwrap_or(0),
+                    attempt = sent,
+                    wait_ms = after.as_millis() as u64,
+                    "backpressure: retrying"
+                );
+            }
+            match decision {
+                // The server's capacity: its wait is the credential's
+                // hold, which the next admit waits behind.
+                Decision::Readmit { after } => {
+                    if !exchange.can_send() {
+                        let status = status.unwrap_or(429);
+                        return Ended::Throttled(cannot_resend(status, &hint, after, sent));
+                    }
+                    readmit = after;
+                    last = Some((result, true));
+                }
+                // A fault's backoff, slept here (cut short by `close`).
+                Decision::Retry { after } => {
+                    if !exchange.can_send() {
+                        return Ended::Failed {
+                            result,
+                            not_retried: None,
+                            attempts: sent,
+                        };
+                    }
+                    if !self.sleep_unless_closed(after).await {
+                        let closed = Throttled::new(
+                            Status::Closed,
+                            "admission",
+                            "the admission layer closed before the retry",
+                        )
+                        .with_attempts(sent);
+                        return refused_retry(closed, Some((result, false)), sent);
+                    }
+                    last = Some((result, false));
+                }
+                // The server's capacity, not retried: a rate limit, never
+                // a plain 429 or a failure.
+                Decision::Surface(t) => return Ended::Throttled(t.with_attempts(sent)),
+                // A fault the policy would not retry now: the fault
+                // stands, with the policy's reason.
+                Decision::NotRetried(t) => {
+                    return Ended::Failed {
+                        result,
+                        not_retried: Some(t),
+                        attempts: sent,
+                    }
+                }
+                Decision::GiveUp => {
+                    return Ended::Failed {
+                        result,
+                        not_retried: None,
+                        attempts: sent,
+                    }
+                }
+                // A final answer (a 404): retrying cannot change it.
+                _ => {
+                    return Ended::Answered {
+                        result,
+                        ticket: None,
+                        attempts: sent,
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A retry refused (by admission, or by `close` during its wait) ends the
+/// call with what it means: after a capacity answer the refusal is the
+/// rate limit itself; after a fault it is the fault, with the refusal as
+/// the reason it was not retried.
+fn refused_retry<T, E, S: Sleeper, C: Clock>(
+    refused: Throttled,
+    last: Option<(Result<T, E>, bool)>,
+    sent: u32,
+) -> Ended<T, E, S, C> {
+    match last {
+        Some((result, false)) => Ended::Failed {
+            result,
+            not_retried: Some(refused),
+            attempts: sent,
+        },
+        _ => Ended::Throttled(refused),
+    }
+}
+
+/// A capacity answer whose request cannot be sent again (its body is a
+/// stream): the server's wait, as a rate limit.
+#[cold]
+fn cannot_resend(status: u16, hint: &ServerHint, after: Duration, sent: u32) -> Throttled {
+    Throttled::new(
+        Status::RateLimited,
+        crate::retry::server_scope(hint),
+        format!(
+            "the server answered {status} and this request cannot be sent again (its body is a stream); \
+             retry after {}",
+            Human(after)
+        ),
+    )
+    .with_retry_after(after)
+    .with_attempts(sent)
+}
