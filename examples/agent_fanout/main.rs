@@ -19,7 +19,11 @@
 //!   quota and its tokens quota (each call reserves its tool's estimate and
 //!   is settled with what the server reports it used), the server's limit
 //!   headers obeyed, waits up to 2 s kept invisible, longer
-//!   ones returned as a structured `rate_limited` the model plans with.
+//!   ones returned as a structured `rate_limited` the model plans with;
+//! * with `--features reqwest`, the same calls again through the reqwest
+//!   middleware (`AdmissionMiddleware` + `call_result`), with the same
+//!   admission and retry policy: the one attempt loop behind both, so the
+//!   two columns read the same.
 //!
 //! ```sh
 //! cargo run --release --example agent_fanout -- --rate 10 --tokens 4000 --turn 8 --seed 7
@@ -38,6 +42,7 @@ use backpressure::admission::{
     Admission, Call, CallFailure, CallResult, CallSpec, Reply, Runner, SlotPolicy,
 };
 use backpressure::headers::ServerHint;
+use backpressure::retry::{Backoff, RetryPolicy};
 use backpressure::Provenance;
 use backpressure::Quota;
 
@@ -60,6 +65,20 @@ impl ToolCall {
 
     /// What the harness reserves before the call: a per-tool estimate on
     /// the high side (the server's real use is settled after the reply).
+    /// The call a path names (its tool; the arguments do not matter here).
+    #[cfg(feature = "reqwest")]
+    fn tool_of(path: &str) -> ToolCall {
+        let tool = match path.trim_start_matches('/') {
+            "search_tickets" => "search_tickets",
+            "get_usage" => "get_usage",
+            _ => "list_customers",
+        };
+        ToolCall {
+            tool,
+            args: String::new(),
+        }
+    }
+
     fn token_estimate(&self) -> u32 {
         match self.tool {
             "search_tickets" => 1_100,
@@ -254,35 +273,9 @@ async fn naive(rate: u32, tokens: u32, turn: &[ToolCall]) -> Row {
 async fn with_backpressure(rate: u32, tokens: u32, turn: &[ToolCall], seed: u64) -> Row {
     let stage = Stage::start(rate, tokens).await;
 
-    // The harness knows the API's published rate and the latency it sees;
-    // Little's law gives the concurrency that rate can keep busy.
-    let cap =
-        backpressure::admission::Builder::concurrency_for(rate as f64, Duration::from_millis(150))
-            as usize;
-    let admission = Admission::builder()
-        .global_concurrency(cap.max(2))
-        .default_tool(cap.max(1), SlotPolicy::Wait)
-        .default_quota(
-            Quota::per_second(NonZeroU32::new(rate).unwrap())
-                .allow_burst(NonZeroU32::new((rate / 2).max(1)).unwrap()),
-        )
-        // The key's tokens per second, as the API publishes them: every
-        // call reserves its estimate, all or nothing with its request. A
-        // rolling window of T per second allows at most T in any second,
-        // while a GCRA admits `burst + rate x t`: half as burst, half as
-        // rate keeps every second within T.
-        .resource(
-            "tokens",
-            Quota::per_second(NonZeroU32::new((tokens / 2).max(1)).unwrap())
-                .allow_burst(NonZeroU32::new((tokens / 2).max(1)).unwrap()),
-        )
-        .expected_latency(Duration::from_millis(150))
-        .build();
-    let runner: Harness = Runner::new(admission, Duration::from_secs(3)).retries(
-        backpressure::retry::Backoff::new(Duration::from_millis(100), Duration::from_secs(2))
-            .seed(seed),
-        3,
-    );
+    let admission = harness_admission(rate, tokens);
+    let runner: Harness =
+        Runner::new(admission, Duration::from_secs(3)).retry_policy(harness_policy(seed));
     let mut row = Row::default();
     let mut round = turn.to_vec();
     for _ in 0..2 {
@@ -316,30 +309,128 @@ async fn with_backpressure(rate: u32, tokens: u32, turn: &[ToolCall], seed: u64)
             })
             .collect();
         let results = runner.execute(calls).await;
-        let mut failed = Vec::new();
-        for (call, result) in round.iter().zip(&results) {
-            match result {
-                CallResult::Done { provenance, .. } if *provenance != Provenance::Leader => {
-                    row.coalesced += 1
-                }
-                CallResult::Done { .. } => {}
-                // Structured: the model sees `retry_after_ms` and plans
-                // with it instead of calling again right away.
-                CallResult::Throttled(t) => {
-                    row.surfaced_rate_limited += 1;
-                    println!("  surfaced to the model: {}", json(t));
-                }
-                CallResult::Failed {
-                    error: CallFailure::Transport(e),
-                    ..
-                } => {
-                    println!("  {} got no answer: {e} ({:?})", call.path(), e.kind());
-                    failed.push(call.clone())
-                }
-                _ => failed.push(call.clone()),
-            }
+        let failed = tally(&mut row, &round, &results);
+        if failed.is_empty() {
+            break;
         }
-        row.generic_failures += failed.len();
+        round = follow_ups(&failed);
+    }
+    stage.finish(&mut row).await;
+    row
+}
+
+/// The harness's admission: what it knows of the API, the same for every
+/// seam it runs through.
+fn harness_admission(rate: u32, tokens: u32) -> Admission {
+    // The harness knows the API's published rate and the latency it sees;
+    // Little's law gives the concurrency that rate can keep busy.
+    let cap =
+        backpressure::admission::Builder::concurrency_for(rate as f64, Duration::from_millis(150))
+            as usize;
+    Admission::builder()
+        .global_concurrency(cap.max(2))
+        .default_tool(cap.max(1), SlotPolicy::Wait)
+        .default_quota(
+            Quota::per_second(NonZeroU32::new(rate).unwrap())
+                .allow_burst(NonZeroU32::new((rate / 2).max(1)).unwrap()),
+        )
+        // The key's tokens per second, as the API publishes them: every
+        // call reserves its estimate, all or nothing with its request. A
+        // rolling window of T per second allows at most T in any second,
+        // while a GCRA admits `burst + rate x t`: half as burst, half as
+        // rate keeps every second within T.
+        .resource(
+            "tokens",
+            Quota::per_second(NonZeroU32::new((tokens / 2).max(1)).unwrap())
+                .allow_burst(NonZeroU32::new((tokens / 2).max(1)).unwrap()),
+        )
+        .expected_latency(Duration::from_millis(150))
+        .build()
+}
+
+/// The harness's retries, the same for every seam: 3, jittered from
+/// 100 ms to 2 s, server waits slept up to 2 s.
+fn harness_policy(seed: u64) -> RetryPolicy {
+    RetryPolicy::new(Backoff::new(Duration::from_millis(100), Duration::from_secs(2)).seed(seed))
+        .max_retries(3)
+        .clamp(Duration::from_secs(2))
+}
+
+/// Counts a round's results into `row`; the calls the model would see as
+/// failed (and call again).
+fn tally<V, E: std::fmt::Display>(
+    row: &mut Row,
+    round: &[ToolCall],
+    results: &[CallResult<V, E>],
+) -> Vec<ToolCall> {
+    let mut failed = Vec::new();
+    for (call, result) in round.iter().zip(results) {
+        match result {
+            CallResult::Done { provenance, .. } if *provenance != Provenance::Leader => {
+                row.coalesced += 1
+            }
+            CallResult::Done { .. } => {}
+            // Structured: the model sees `retry_after_ms` and plans
+            // with it instead of calling again right away.
+            CallResult::Throttled(t) => {
+                row.surfaced_rate_limited += 1;
+                println!("  surfaced to the model: {}", json(t));
+            }
+            CallResult::Failed {
+                error: CallFailure::Transport(e),
+                ..
+            } => {
+                println!("  {} got no answer: {e}", call.path());
+                failed.push(call.clone())
+            }
+            _ => failed.push(call.clone()),
+        }
+    }
+    row.generic_failures += failed.len();
+    failed
+}
+
+/// The same turn through the reqwest middleware (feature `reqwest`): the
+/// same admission, the same retries, the same answers.
+#[cfg(feature = "reqwest")]
+async fn through_middleware(rate: u32, tokens: u32, turn: &[ToolCall], seed: u64) -> Row {
+    use backpressure::reqwest::{call_result, AdmissionMiddleware};
+    let stage = Stage::start(rate, tokens).await;
+    let middleware = AdmissionMiddleware::new(harness_admission(rate, tokens))
+        .retry_policy(harness_policy(seed))
+        .deadline(Duration::from_secs(20))
+        // The tool is the path's first segment, as the runner names it.
+        .tool_from(|req| req.url().path().trim_start_matches('/').to_string())
+        .credential_from(|_| KEY.to_string())
+        .cost_from(|req| {
+            let tool = ToolCall::tool_of(req.url().path());
+            vec![("tokens".to_string(), tool.token_estimate())]
+        })
+        // What the server counted replaces the estimate.
+        .usage_from(|resp| {
+            let used = resp
+                .headers()
+                .get("x-usage-tokens")
+                .and_then(|v| v.to_str().ok()?.parse().ok());
+            vec![("tokens".to_string(), used.unwrap_or(0))]
+        });
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(middleware)
+        .build();
+    let mut row = Row::default();
+    let mut round = turn.to_vec();
+    for _ in 0..2 {
+        let calls = round.iter().map(|c| {
+            let url = format!("http://{}{}", stage.srv.addr, c.path());
+            call_result(
+                client
+                    .get(url)
+                    .bearer_auth(KEY)
+                    .header("x-client", "harness"),
+            )
+        });
+        let results = futures::future::join_all(calls).await;
+        let failed = tally(&mut row, &round, &results);
         if failed.is_empty() {
             break;
         }
@@ -430,11 +521,40 @@ fn main() {
     let naive = rt.block_on(naive(rate, tokens, &turn));
     println!("backpressure run ...");
     let bp = rt.block_on(with_backpressure(rate, tokens, &turn, seed));
+    #[cfg(feature = "reqwest")]
+    let seams = {
+        println!("backpressure run through the reqwest middleware ...");
+        vec![
+            ("Runner", bp),
+            (
+                "middleware",
+                rt.block_on(through_middleware(rate, tokens, &turn, seed)),
+            ),
+        ]
+    };
+    #[cfg(not(feature = "reqwest"))]
+    let seams = vec![("backpressure", bp)];
 
     println!();
-    println!("| {:<38} | {:>8} | {:>12} |", "", "naive", "backpressure");
-    println!("|{:-<40}|{:->10}|{:->14}|", "", "", "");
-    for ((label, a), b) in Row::LABELS.iter().zip(naive.cells()).zip(bp.cells()) {
-        println!("| {label:<38} | {a:>8} | {b:>12} |");
+    print!("| {:<38} | {:>8} |", "", "naive");
+    for (name, _) in &seams {
+        print!(" {name:>12} |");
     }
+    print!("\n|{:-<40}|{:->10}|", "", "");
+    for _ in &seams {
+        print!("{:->14}|", "");
+    }
+    println!();
+    let cells: Vec<[String; 10]> = seams.iter().map(|(_, row)| row.cells()).collect();
+    for (i, (label, a)) in Row::LABELS.iter().zip(naive.cells()).enumerate() {
+        print!("| {label:<38} | {a:>8} |");
+        for c in &cells {
+            print!(" {:>12} |", c[i]);
+        }
+        println!();
+    }
+    #[cfg(not(feature = "reqwest"))]
+    println!(
+        "\n(with `--features reqwest`, the same turn also runs through the reqwest middleware)"
+    );
 }

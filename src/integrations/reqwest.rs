@@ -5,21 +5,17 @@ use core::fmt;
 use core::hash::{BuildHasher, Hasher};
 use core::time::Duration;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use ::reqwest::{Request, Response};
 use ::reqwest_middleware::{Error, Middleware, Next, Result};
 use parking_lot::Mutex;
 
-use std::borrow::Cow;
-
-use crate::admission::attempt::{Ended, Read};
+use crate::admission::attempt::Ended;
 use crate::clock::{Clock, DefaultClock};
 use crate::retry::{Attempts, RequestDeadline};
 use crate::sleep::{DefaultSleeper, Sleeper};
 use crate::{
-    admission::Admission, admission::CallSpec, admission::Priority, headers::ServerHint,
-    retry::RetryPolicy, Throttled,
+    admission::Admission, admission::CallSpec, admission::Priority, retry::RetryPolicy, Throttled,
 };
 
 type Derive = Arc<dyn Fn(&Request) -> String + Send + Sync>;
@@ -28,8 +24,15 @@ type Usage = Arc<dyn Fn(&Response) -> Vec<(String, u32)> + Send + Sync>;
 type BodyUsage = Arc<dyn Fn(&[u8]) -> Vec<(String, u32)> + Send + Sync>;
 
 mod call;
+mod exchange;
+mod outcome;
 mod stream;
 mod usage;
+
+use crate::admission::attempt::reads::{self, Joined, Reads};
+use exchange::Exchange;
+pub use outcome::call_result;
+use outcome::Outcome;
 
 /// Admits every request through an [`Admission`] before it is sent,
 /// observes the response (status and headers: a 429 holds back the
@@ -100,6 +103,9 @@ pub struct AdmissionMiddleware<S: Sleeper = DefaultSleeper, C: Clock = DefaultCl
     stream_usage: Option<Arc<stream::EventUsage>>,
     /// Refusals answered as synthetic 429 responses, not errors.
     responses: bool,
+    /// Identical reads in flight at once share one request.
+    coalesce: bool,
+    reads: Reads<String, Result<Response>, outcome::Copy, C>,
 }
 
 impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
@@ -114,7 +120,11 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     /// let m = AdmissionMiddleware::new(Admission::builder().build());
     /// assert_eq!(m.default_deadline().as_secs(), 30);
     /// ```
-    pub fn new(admission: Admission<S, C>) -> Self {
+    pub fn new(admission: Admission<S, C>) -> Self
+    where
+        C: Clone,
+    {
+        let admission_clock = admission.clock().clone();
         AdmissionMiddleware {
             admission,
             tool: Arc::new(default_tool),
@@ -126,6 +136,8 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
             body_usage: None,
             stream_usage: None,
             responses: false,
+            coalesce: true,
+            reads: Reads::builder().clock(admission_clock).build(),
         }
     }
 
@@ -350,6 +362,27 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
         self
     }
 
+    /// Whether identical reads in flight at once share one request (on
+    /// by default): a `GET` or `HEAD` with the same URL and credential as
+    /// one already in flight waits for it and gets a copy of its answer
+    /// (its body read whole; `attempts: 0`), as [`Runner`](crate::admission::Runner)'s
+    /// calls do. A streamed reply is not copied: each caller that joined
+    /// it sends its own request.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::Admission;
+    /// use backpressure::reqwest::AdmissionMiddleware;
+    /// // Every request goes out, identical or not.
+    /// let m = AdmissionMiddleware::new(Admission::builder().build()).coalesce_reads(false);
+    /// # drop(m);
+    /// ```
+    pub fn coalesce_reads(mut self, on: bool) -> Self {
+        self.coalesce = on;
+        self
+    }
+
     /// The default deadline.
     ///
     /// # Examples
@@ -551,41 +584,98 @@ where
         for (name, units) in self.cost.as_ref().map(|f| f(&req)).unwrap_or_default() {
             spec = spec.cost(name, units);
         }
+        let Some(key) = self.read_key(&req, &spec) else {
+            return self.run(&spec, req, extensions, next).await;
+        };
+        let led = reads::coalesce(&self.reads, key, || async {
+            let result = self.run(&spec, req, &mut *extensions, next).await;
+            outcome::share(result, extensions.get::<Outcome>().cloned()).await
+        })
+        .await;
+        match led {
+            Joined::Own(result) => result,
+            Joined::Copy(copy) => {
+                let (result, outcome) = copy.answer();
+                extensions.insert(outcome);
+                result
+            }
+        }
+    }
+}
+
+impl<S, C> AdmissionMiddleware<S, C>
+where
+    S: Sleeper + Send + Sync + 'static,
+    S::Sleep: Send,
+    C: Clock + Clone + 'static,
+{
+    /// One request through the admission's attempt loop; how it ended goes
+    /// into `extensions` (read by [`call_result`]).
+    async fn run(
+        &self,
+        spec: &CallSpec,
+        req: Request,
+        extensions: &mut http::Extensions,
+        next: Next<'_>,
+    ) -> Result<Response> {
         let policy = self.retry.lock().fork();
         let mut exchange = Exchange {
             req: Some(req),
-            extensions,
+            extensions: &mut *extensions,
             next,
             usage: self.usage.as_ref(),
             body_usage: self.body_usage.as_ref(),
         };
-        match self.admission.drive(&spec, policy, &mut exchange).await {
+        let ended = self.admission.drive(spec, policy, &mut exchange).await;
+        drop(exchange);
+        let (result, outcome) = match ended {
             Ended::Answered {
                 result,
                 ticket,
                 attempts,
             } => {
-                let response = result?.response;
-                // A streamed reply carries its ticket until its body ends.
-                if let Some(ticket) = ticket
-                    && usage::is_stream(&response)
-                {
-                    return Ok(stream::hold(
-                        response,
-                        ticket,
-                        self.stream_usage.clone(),
-                        attempts,
-                    ));
-                }
-                Ok(with_attempts(response, attempts))
+                let result = result.map(|sent| match ticket {
+                    // A streamed reply carries its ticket until its body ends.
+                    Some(ticket) if usage::is_stream(&sent.response) => {
+                        let usage = self.stream_usage.clone();
+                        stream::hold(sent.response, ticket, usage, attempts)
+                    }
+                    _ => with_attempts(sent.response, attempts),
+                });
+                (result, Outcome::new(attempts))
             }
-            Ended::Throttled(refused) => self.refuse(refused),
+            Ended::Throttled(refused) => {
+                let outcome = Outcome {
+                    refused: Some(refused.clone()),
+                    ..Outcome::new(refused.attempts)
+                };
+                (self.refuse(refused), outcome)
+            }
             // A fault (a transport error, a 5xx) not retried: the last
             // answer stands, as what it was.
             Ended::Failed {
-                result, attempts, ..
-            } => Ok(with_attempts(result?.response, attempts)),
-        }
+                result,
+                not_retried,
+                attempts,
+            } => {
+                let result = result.map(|sent| with_attempts(sent.response, attempts));
+                let outcome = Outcome {
+                    not_retried,
+                    ..Outcome::new(attempts)
+                };
+                (result, outcome)
+            }
+        };
+        extensions.insert(outcome);
+        result
+    }
+
+    /// The key identical reads in flight share: `GET` and `HEAD` requests
+    /// by method, URL and credential, unless coalescing is off.
+    fn read_key(&self, req: &Request, spec: &CallSpec) -> Option<String> {
+        let read = req.method() == http::Method::GET || req.method() == http::Method::HEAD;
+        (self.coalesce && read && !spec.write)
+            .then(|| format!("{} {} {}", req.method(), req.url(), spec.credential))
     }
 }
 
@@ -605,98 +695,3 @@ fn with_attempts(mut response: Response, sent: u32) -> Response {
     response.extensions_mut().insert(Attempts(sent));
     response
 }
-
-/// A response, and what its body said the request used.
-struct Sent {
-    response: Response,
-    used: Vec<(String, u32)>,
-}
-
-/// One request through the rest of the middleware chain, as the attempt
-/// loop sends it: each attempt a clone of the request (a streamed body
-/// is sent once).
-struct Exchange<'a, 'n> {
-    /// The next attempt's request.
-    req: Option<Request>,
-    extensions: &'a mut http::Extensions,
-    next: Next<'n>,
-    usage: Option<&'a Usage>,
-    body_usage: Option<&'a BodyUsage>,
-}
-
-impl crate::admission::attempt::Exchange for Exchange<'_, '_> {
-    type Output = Sent;
-    type Error = Error;
-
-    fn can_send(&self) -> bool {
-        self.req.is_some()
-    }
-
-    fn send(&mut self) -> impl core::future::Future<Output = Result<Sent>> {
-        let req = self.req.take();
-        self.req = req.as_ref().and_then(Request::try_clone);
-        let next = self.next.clone();
-        let extensions = &mut *self.extensions;
-        let body_usage = self.body_usage;
-        async move {
-            let Some(req) = req else {
-                return Err(Error::middleware(Unsendable));
-            };
-            let response = next.run(req, extensions).await?;
-            match body_usage {
-                // The body is read here, once, whatever the status: the
-                // caller gets a response with the same body.
-                Some(read)
-                    if !usage::is_stream(&response)
-                        && !crate::Throttled::is_refusal(response.headers()) =>
-                {
-                    let (response, used) = usage::buffered(response, |body| read(body))
-                        .await
-                        .map_err(Error::Reqwest)?;
-                    Ok(Sent { response, used })
-                }
-                _ => Ok(Sent {
-                    response,
-                    used: Vec::new(),
-                }),
-            }
-        }
-    }
-
-    fn read(&self, result: &Result<Sent>) -> Read {
-        match result {
-            // A refusal of an admission layer further in: not the server's
-            // answer, so nothing to learn from, and final.
-            Ok(sent) if crate::Throttled::is_refusal(sent.response.headers()) => Read::Refusal,
-            Err(Error::Middleware(e)) if e.downcast_ref::<Throttled>().is_some() => Read::Refusal,
-            Ok(Sent { response, used }) => {
-                let mut usage: Vec<(Cow<'static, str>, u32)> = used
-                    .iter()
-                    .map(|(name, units)| (Cow::Owned(name.clone()), *units))
-                    .collect();
-                if let Some(read) = self.usage {
-                    usage.extend(read(response).into_iter().map(|(n, u)| (Cow::Owned(n), u)));
-                }
-                Read::Answer {
-                    status: response.status().as_u16(),
-                    hint: ServerHint::from_header_map(response.headers(), SystemTime::now()),
-                    usage,
-                }
-            }
-            Err(_) => Read::NoAnswer,
-        }
-    }
-}
-
-/// A request the attempt loop was asked to send again after its only
-/// copy went out (never: `can_send` is asked first).
-#[derive(Debug)]
-struct Unsendable;
-
-impl fmt::Display for Unsendable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("the request's body is a stream and cannot be sent again")
-    }
-}
-
-impl std::error::Error for Unsendable {}

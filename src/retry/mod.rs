@@ -41,7 +41,6 @@ mod policy;
 pub use budget::RetryBudget;
 pub use deadline::Deadline;
 pub use extensions::{Attempts, RequestDeadline};
-#[cfg(feature = "tower")]
 pub(crate) use policy::server_scope;
 pub(crate) use policy::{reply_class, ReplyClass};
 pub use policy::{Decision, RetryPolicy};

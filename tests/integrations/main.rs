@@ -3,6 +3,8 @@
 //! One test binary per area (each links once); each module was its own
 //! binary before and keeps its own docs.
 
+#[cfg(all(feature = "reqwest", feature = "tower"))]
+mod conformance;
 #[cfg(all(feature = "reqwest", feature = "testing"))]
 mod reqwest_seam;
 #[cfg(feature = "testing")]
@@ -38,3 +40,8 @@ mod down_server;
 #[cfg(feature = "reqwest")]
 #[path = "../support/stream_server.rs"]
 mod stream_server;
+
+/// A loopback server that answers from a script (the conformance table).
+#[cfg(all(feature = "reqwest", feature = "tower"))]
+#[path = "../support/scripted_server.rs"]
+mod scripted_server;

@@ -453,7 +453,11 @@ async fn a_retry_budget_holds_the_middleware_to_its_ratio() {
             .with(AdmissionMiddleware::new(admission).retry_policy(policy(budget.clone())))
             .build();
         let url = format!("http://{addr}/v1/x");
-        let replies = futures::future::join_all((0..CALLS).map(|_| client.get(&url).send())).await;
+        // Distinct URLs: identical reads in flight would share one request.
+        let replies = futures::future::join_all(
+            (0..CALLS).map(|i| client.get(format!("{url}?i={i}")).send()),
+        )
+        .await;
         for r in replies {
             assert_eq!(r.unwrap().status(), 503, "the last answer stands");
         }
@@ -576,16 +580,17 @@ async fn interactive_calls_go_before_a_flood(share: f64, bg_cap: usize) {
                 .retry_policy(RetryPolicy::default().max_retries(0)),
         )
         .build();
-    let send = |key: &'static str, priority: Priority, deadline: Duration| {
+    // Distinct URLs: identical reads in flight would share one request.
+    let send = |key: &'static str, i: usize, priority: Priority, deadline: Duration| {
         let request = client
-            .get(server.url())
+            .get(format!("{}?i={i}", server.url()))
             .header("authorization", format!("Bearer {key}"))
             .with_extension(priority)
             .with_extension(RequestDeadline(deadline));
         sent(request)
     };
     let background: Vec<_> = (0..100)
-        .map(|_| tokio::spawn(send("bg", Priority::BACKGROUND, Duration::from_secs(2))))
+        .map(|i| tokio::spawn(send("bg", i, Priority::BACKGROUND, Duration::from_secs(2))))
         .collect();
     // The flood is queued and running.
     while server.count("bg") < 2 || admission.waiting() < 90 {
@@ -593,7 +598,7 @@ async fn interactive_calls_go_before_a_flood(share: f64, bg_cap: usize) {
     }
     let arrived = Instant::now();
     let interactive: Vec<_> = (0..4)
-        .map(|_| tokio::spawn(send("fg", Priority::INTERACTIVE, Duration::from_secs(2))))
+        .map(|i| tokio::spawn(send("fg", i, Priority::INTERACTIVE, Duration::from_secs(2))))
         .collect();
     for call in interactive {
         assert_eq!(call.await.unwrap(), Ok(200));

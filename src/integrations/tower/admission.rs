@@ -4,6 +4,8 @@
 
 mod exchange;
 mod hooks;
+#[cfg(feature = "http")]
+mod outcome;
 mod release;
 
 use core::fmt;
@@ -17,15 +19,18 @@ use ::tower::{Layer, Service};
 use parking_lot::Mutex;
 
 use super::BoxError;
-use crate::admission::attempt::Ended;
+use crate::admission::attempt::reads::{self, Joined};
 use crate::admission::Admission;
 use crate::clock::{Clock, DefaultClock};
 use crate::retry::RetryPolicy;
 use crate::sleep::{DefaultSleeper, Sleeper};
 
+pub use exchange::Unanswered;
 #[cfg(feature = "http")]
 pub use hooks::{HttpSpec, ObserveHttp, RefusalResponses};
 pub use hooks::{MakeSpec, Observe, ObserveOk, UsageFrom};
+#[cfg(feature = "http")]
+pub use outcome::call_result;
 #[cfg(feature = "http")]
 pub use release::AtBodyEnd;
 pub use release::{AtHead, Release};
@@ -126,6 +131,8 @@ pub struct AdmissionLayer<
     release: R,
     deadline: Option<Duration>,
     retry: Arc<Mutex<RetryPolicy>>,
+    /// The reads in flight, when identical reads share one request.
+    reads: Option<Arc<exchange::Reads>>,
 }
 
 impl<M, Sl, C: Clock> AdmissionLayer<M, ObserveOk, Sl, C> {
@@ -149,6 +156,7 @@ impl<M, Sl, C: Clock> AdmissionLayer<M, ObserveOk, Sl, C> {
             release: AtHead,
             deadline: None,
             retry: Arc::new(Mutex::new(crate::admission::attempt::default_policy())),
+            reads: None,
         }
     }
 }
@@ -180,6 +188,7 @@ impl<F, Sl, C: Clock> AdmissionLayer<HttpSpec<F>, ObserveHttp, Sl, C> {
             release: AtHead,
             deadline: None,
             retry: Arc::new(Mutex::new(crate::admission::attempt::default_policy())),
+            reads: None,
         }
     }
 }
@@ -270,6 +279,7 @@ impl<M, O, Sl, C: Clock, R> AdmissionLayer<M, O, Sl, C, R> {
             release: self.release,
             deadline: self.deadline,
             retry: self.retry,
+            reads: self.reads,
         }
     }
 
@@ -319,6 +329,7 @@ impl<M, O, Sl, C: Clock, R> AdmissionLayer<M, O, Sl, C, R> {
             release: self.release,
             deadline: self.deadline,
             retry: self.retry,
+            reads: self.reads,
         }
     }
 
@@ -341,6 +352,58 @@ impl<M, O, Sl, C: Clock, R> AdmissionLayer<M, O, Sl, C, R> {
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
         self.retry = Arc::new(Mutex::new(policy));
         self
+    }
+
+    /// Identical reads in flight at once share one request: a call whose
+    /// request has the same read key (`AdmissionLayer::http`: a `GET` or
+    /// `HEAD` with the same URI) and credential as one in flight waits
+    /// for it and gets a clone of its answer (`Attempts(0)`), as
+    /// `Runner`'s calls and the reqwest middleware's do. The response
+    /// type must be `Clone` (`http::Response<B>` with `B: Clone`:
+    /// `Vec<u8>`, `String`, `Bytes`, `Full<Bytes>`); a streamed body is
+    /// not, so leave this off for streams. Call it after
+    /// [`observe_with`](Self::observe_with) and
+    /// `refusals_as_responses`, which replace the observer.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::tower::AdmissionLayer;
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use std::sync::Arc;
+    /// use tower::{service_fn, Layer, ServiceExt};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let sent = Arc::new(AtomicUsize::new(0));
+    /// let counter = sent.clone();
+    /// let svc = AdmissionLayer::http(Admission::builder().build(), |_: &http::Request<()>| {
+    ///     CallSpec::new("search", "key")
+    /// })
+    /// .coalesce_reads()
+    /// .layer(service_fn(move |_req: http::Request<()>| {
+    ///     counter.fetch_add(1, Ordering::SeqCst);
+    ///     async {
+    ///         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    ///         Ok::<_, std::io::Error>(http::Response::new(b"[#1]".to_vec()))
+    ///     }
+    /// }));
+    /// let get = || http::Request::get("/search?q=refund").body(()).unwrap();
+    /// let (a, b) = tokio::join!(svc.clone().oneshot(get()), svc.clone().oneshot(get()));
+    /// assert_eq!(a.unwrap().body(), b.unwrap().body());
+    /// assert_eq!(sent.load(Ordering::SeqCst), 1); // one request for two identical reads
+    /// # });
+    /// ```
+    pub fn coalesce_reads(self) -> AdmissionLayer<M, hooks::Copies<O>, Sl, C, R> {
+        AdmissionLayer {
+            admission: self.admission,
+            spec: self.spec,
+            observe: hooks::Copies(self.observe),
+            release: self.release,
+            deadline: self.deadline,
+            retry: self.retry,
+            reads: Some(Arc::new(exchange::Reads::new())),
+        }
     }
 
     /// The layer's deadline, if [`deadline`](Self::deadline) set one.
@@ -426,6 +489,7 @@ impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C, AtHead> {
             release: AtBodyEnd::default(),
             deadline: self.deadline,
             retry: self.retry,
+            reads: self.reads,
         }
     }
 }
@@ -461,6 +525,7 @@ impl<M: Clone, O: Clone, Sl, C: Clock, R: Clone> Clone for AdmissionLayer<M, O, 
             release: self.release.clone(),
             deadline: self.deadline,
             retry: self.retry.clone(),
+            reads: self.reads.clone(),
         }
     }
 }
@@ -536,14 +601,15 @@ where
     S: Service<Req> + Clone + Send + 'static,
     S::Error: Into<BoxError>,
     S::Future: Send,
-    S::Response: Send,
+    S::Response: Send + 'static,
+    R::Response: Send + 'static,
     Req: Clone + Send + 'static,
     M: MakeSpec<Req>,
     O: Observe<S::Response> + Clone + Send + Sync + 'static,
     Sl: Sleeper + Send + Sync + 'static,
     Sl::Sleep: Send,
     C: Clock + Clone + Send + Sync + 'static,
-    R: Release<S::Response, Sl, C> + Clone + Send + 'static,
+    R: Release<S::Response, Sl, C> + Clone + Send + Sync + 'static,
 {
     type Response = R::Response;
     type Error = BoxError;
@@ -569,20 +635,29 @@ where
         // that must be polled ready again.
         let fresh = self.inner.clone();
         let ready = core::mem::replace(&mut self.inner, fresh);
+        let key = layer.reads.as_ref().and_then(|flights| {
+            let key = layer.spec.read_key(&req)?;
+            Some((flights.clone(), format!("{key} {}", spec.credential)))
+        });
         Box::pin(async move {
-            let mut exchange = exchange::Exchange::new(ready, req, observe);
-            match admission.drive(&spec, policy, &mut exchange).await {
-                Ended::Answered {
-                    result,
-                    ticket,
-                    attempts,
-                } => result.map(|r| release.release(exchange.mark(r, attempts), ticket)),
-                Ended::Throttled(refused) => {
-                    exchange.refusal(refused).map(|r| release.release(r, None))
+            let exchange = exchange::Exchange::new(ready, req, observe.clone());
+            let Some((flights, key)) = key else {
+                return exchange.answer(&admission, &spec, policy, &release).await.0;
+            };
+            let led = reads::coalesce(&flights, key, || async {
+                let (own, copy) = exchange.answer(&admission, &spec, policy, &release).await;
+                let own: exchange::Erased = Box::new(own);
+                let copy = copy.map(|c| Arc::new(Mutex::new(c)) as exchange::ErasedCopy);
+                (own, copy)
+            })
+            .await;
+            match led {
+                Joined::Own(own) => *own
+                    .downcast::<Result<R::Response, BoxError>>()
+                    .expect("a read's own answer has the layer's response type"),
+                Joined::Copy(copy) => {
+                    exchange::joined::<S::Response, _, _, _, _>(&*copy, &observe, &release)
                 }
-                Ended::Failed {
-                    result, attempts, ..
-                } => result.map(|r| release.release(exchange.mark(r, attempts), None)),
             }
         })
     }

@@ -46,11 +46,12 @@ mod retry;
 
 #[cfg(feature = "http")]
 pub use crate::integrations::ticket_body::TicketBody;
-pub use admission::{
-    AdmissionLayer, AdmissionService, AtHead, MakeSpec, Observe, ObserveOk, Release, UsageFrom,
-};
 #[cfg(feature = "http")]
-pub use admission::{AtBodyEnd, HttpSpec, ObserveHttp, RefusalResponses};
+pub use admission::{call_result, AtBodyEnd, HttpSpec, ObserveHttp, RefusalResponses};
+pub use admission::{
+    AdmissionLayer, AdmissionService, AtHead, MakeSpec, Observe, ObserveOk, Release, Unanswered,
+    UsageFrom,
+};
 pub use concurrency::ConcurrencyLimitLayer;
 pub use keyed::KeyedRateLimitLayer;
 pub use rate::RateLimitLayer;

@@ -253,6 +253,8 @@ fn classify_http<B>(
             ServerHint::from_header_map(r.headers(), std::time::SystemTime::now()),
         )),
         Err(e) if e.downcast_ref::<Throttled>().is_some() => None,
+        // A fault an `AdmissionLayer` retried already.
+        Err(e) if e.is::<super::Unanswered>() => None,
         Err(_) => Some((None, ServerHint::default())),
     }
 }

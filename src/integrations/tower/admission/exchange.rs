@@ -2,15 +2,111 @@
 //! polls the inner service ready and calls it with a clone of the
 //! request; the layer's [`Observe`] reads what came back.
 
+use core::any::Any;
 use core::future::Future;
 use std::borrow::Cow;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use ::tower::Service;
 
 use super::super::BoxError;
-use super::Observe;
-use crate::admission::attempt::{self, Read};
+use super::{Observe, Release};
+use crate::admission::attempt::{self, Ended, Read};
+use crate::admission::{Admission, CallSpec};
+use crate::clock::Clock;
+use crate::retry::RetryPolicy;
+use crate::sleep::Sleeper;
 use crate::Throttled;
+
+/// A coalesced read's own answer, its type erased so the layer's reads
+/// in flight need not name the service's response type.
+pub(super) type Erased = Box<dyn Any + Send>;
+/// The copy of a read's answer the calls that joined it make theirs
+/// from: a [`Copy`] of the service's response type, erased.
+pub(super) type ErasedCopy = Arc<dyn Any + Send + Sync>;
+
+/// A layer's reads in flight (the reads' own clock is never read: no
+/// cache).
+pub(super) type Reads =
+    attempt::reads::Reads<String, Erased, ErasedCopy, crate::clock::DefaultClock>;
+
+/// What the calls that joined a read get of its answer.
+pub(super) enum Copy<Resp> {
+    /// The server's answer (copied by the observer), and why a fault was
+    /// not retried.
+    Answer(Resp, Option<Throttled>),
+    /// A refusal.
+    Refused(Throttled),
+    /// No answer: the error's message.
+    Failed(String),
+}
+
+/// The error of a call through an [`AdmissionLayer`](super::AdmissionLayer)
+/// whose last attempt got no answer (the inner service's error: a refused
+/// connection, a reset, ...) and that was not retried again: its retries
+/// ran out, or something refused the retry ([`not_retried`](Self::not_retried)).
+/// The inner error is its [`source`](std::error::Error::source). An outer
+/// `HintRetry` reads it as final: the layer retried it already.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::admission::{Admission, CallSpec};
+/// use backpressure::retry::RetryPolicy;
+/// use backpressure::tower::{AdmissionLayer, Unanswered};
+/// use tower::{service_fn, Layer, ServiceExt};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let svc = AdmissionLayer::new(Admission::builder().build(), |_: &()| CallSpec::new("t", "k"))
+///     .retry_policy(RetryPolicy::default().max_retries(1))
+///     .layer(service_fn(|()| async {
+///         Err::<(), _>(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+///     }));
+/// let err = svc.oneshot(()).await.unwrap_err();
+/// let failed = err.downcast_ref::<Unanswered>().unwrap();
+/// assert_eq!(failed.attempts(), 2);
+/// let source = std::error::Error::source(failed).unwrap();
+/// assert!(source.is::<std::io::Error>());
+/// # });
+/// ```
+#[derive(Debug)]
+pub struct Unanswered {
+    attempts: u32,
+    not_retried: Option<Throttled>,
+    source: BoxError,
+}
+
+impl Unanswered {
+    /// The requests the call sent.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// Why the last fault was not retried, when something refused the
+    /// retry (the deadline, the admission layer, `close`); `None` when
+    /// the retries ran out.
+    pub fn not_retried(&self) -> Option<&Throttled> {
+        self.not_retried.as_ref()
+    }
+}
+
+impl core::fmt::Display for Unanswered {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "no answer after {} requests: {}",
+            self.attempts, self.source
+        )
+    }
+}
+
+impl std::error::Error for Unanswered {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
 
 pub(super) struct Exchange<S, Req, O> {
     service: S,
@@ -35,19 +131,147 @@ impl<S, Req, O> Exchange<S, Req, O> {
         O: Observe<Resp>,
     {
         match self.observe.refusal(&refused) {
-            Some(response) => Ok(response),
+            Some(mut response) => {
+                // The refusal travels with its response, for `call_result`.
+                let attempts = refused.attempts;
+                self.observe.record(&mut response, attempts, Some(&refused));
+                Ok(response)
+            }
             None => Err(Box::new(refused)),
         }
     }
 
-    /// `response`, carrying the requests the call sent where its type
-    /// can (an `http::Response`'s extensions).
-    pub(super) fn mark<Resp>(&self, mut response: Resp, attempts: u32) -> Resp
+    /// The call's last answer, carrying how it ended where its type can
+    /// (an `http::Response`'s extensions); a last error wrapped in an
+    /// [`Unanswered`] that says so.
+    pub(super) fn ended<Resp>(
+        &self,
+        result: Result<Resp, BoxError>,
+        attempts: u32,
+        not_retried: Option<Throttled>,
+        fault: bool,
+    ) -> Result<Resp, BoxError>
     where
         O: Observe<Resp>,
     {
-        self.observe.attempts(&mut response, attempts);
-        response
+        match result {
+            Ok(mut response) => {
+                self.observe
+                    .record(&mut response, attempts, not_retried.as_ref());
+                Ok(response)
+            }
+            Err(e) if fault => Err(Box::new(Unanswered {
+                attempts,
+                not_retried,
+                source: e,
+            })),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl<S, Req, O> Exchange<S, Req, O>
+where
+    S: tower::Service<Req>,
+    S::Error: Into<BoxError>,
+    Req: Clone,
+    O: Observe<S::Response>,
+{
+    /// The call through the admission's attempt loop: its answer, the
+    /// ticket released with it (or carried in its body), and a copy of
+    /// it for the calls that joined it, when the observer makes one.
+    pub(super) async fn answer<Sl, C, R>(
+        mut self,
+        admission: &Admission<Sl, C>,
+        spec: &CallSpec,
+        policy: RetryPolicy,
+        release: &R,
+    ) -> (Result<R::Response, BoxError>, Option<Copy<S::Response>>)
+    where
+        Sl: Sleeper,
+        C: Clock + Clone,
+        R: Release<S::Response, Sl, C>,
+    {
+        match admission.drive(spec, policy, &mut self).await {
+            Ended::Answered {
+                result,
+                ticket,
+                attempts,
+            } => {
+                let copy = self.copy_of(&result, None);
+                let own = self
+                    .ended(result, attempts, None, false)
+                    .map(|r| release.release(r, ticket));
+                (own, copy)
+            }
+            Ended::Throttled(refused) => {
+                let copy = Copy::Refused(refused.clone().with_attempts(0));
+                let own = self.refusal(refused).map(|r| release.release(r, None));
+                (own, Some(copy))
+            }
+            Ended::Failed {
+                result,
+                not_retried,
+                attempts,
+            } => {
+                let copy = self.copy_of(&result, not_retried.clone());
+                let own = self
+                    .ended(result, attempts, not_retried, true)
+                    .map(|r| release.release(r, None));
+                (own, copy)
+            }
+        }
+    }
+
+    fn copy_of(
+        &self,
+        result: &Result<S::Response, BoxError>,
+        not_retried: Option<Throttled>,
+    ) -> Option<Copy<S::Response>> {
+        match result {
+            Ok(response) => Some(Copy::Answer(self.observe.copy(response)?, not_retried)),
+            Err(e) => Some(Copy::Failed(e.to_string())),
+        }
+    }
+}
+
+/// The answer of a call that joined an identical read: the copy its
+/// leader left (`attempts: 0`).
+pub(super) fn joined<Resp, O, R, Sl, C>(
+    copy: &(dyn Any + Send + Sync),
+    observe: &O,
+    release: &R,
+) -> Result<R::Response, BoxError>
+where
+    Resp: 'static,
+    O: Observe<Resp>,
+    R: Release<Resp, Sl, C>,
+    Sl: Sleeper,
+    C: Clock,
+{
+    let copy = copy
+        .downcast_ref::<Mutex<Copy<Resp>>>()
+        .expect("a read's copy has the layer's response type");
+    match &*copy.lock() {
+        Copy::Answer(response, not_retried) => {
+            let mut response = observe
+                .copy(response)
+                .expect("an observer that copied a response copies it again");
+            observe.record(&mut response, 0, not_retried.as_ref());
+            Ok(release.release(response, None))
+        }
+        Copy::Refused(t) => match observe.refusal(t) {
+            Some(mut response) => {
+                observe.record(&mut response, 0, Some(t));
+                Ok(release.release(response, None))
+            }
+            None => Err(Box::new(t.clone())),
+        },
+        Copy::Failed(message) => Err(Box::new(Unanswered {
+            attempts: 0,
+            not_retried: None,
+            source: format!("the identical request this one joined failed: {message}").into(),
+        })),
     }
 }
 

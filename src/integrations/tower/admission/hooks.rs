@@ -34,6 +34,16 @@ pub trait MakeSpec<Req> {
         let _ = req;
         None
     }
+
+    /// The key under which identical reads in flight at once share one
+    /// request, when the layer coalesces reads
+    /// ([`coalesce_reads`](super::AdmissionLayer::coalesce_reads)); the
+    /// layer adds the credential. `None` (the default): never shared.
+    /// `HttpSpec` answers a `GET` or `HEAD` with its method and URI.
+    fn read_key(&self, req: &Req) -> Option<String> {
+        let _ = req;
+        None
+    }
 }
 
 impl<F, Req> MakeSpec<Req> for F
@@ -92,11 +102,22 @@ pub trait Observe<Resp> {
         Vec::new()
     }
 
-    /// Records on `response` how many requests the call sent, where its
-    /// type has room (`ObserveHttp` inserts an
-    /// [`Attempts`](crate::retry::Attempts) extension). Nothing by default.
-    fn attempts(&self, response: &mut Resp, attempts: u32) {
-        let _ = (response, attempts);
+    /// A copy of `response` for a call that joined an identical read in
+    /// flight (see [`coalesce_reads`](super::AdmissionLayer::coalesce_reads),
+    /// whose observer clones it). `None` (the default): the joining call
+    /// sends its own request.
+    fn copy(&self, response: &Resp) -> Option<Resp> {
+        let _ = response;
+        None
+    }
+
+    /// Records on `response` how the call ended, where its type has room:
+    /// the requests it sent, and the refusal that stopped the retry of
+    /// its last fault, if one did (`ObserveHttp` inserts an
+    /// [`Attempts`](crate::retry::Attempts) extension and that
+    /// [`Throttled`](crate::Throttled)). Nothing by default.
+    fn record(&self, response: &mut Resp, attempts: u32, not_retried: Option<&crate::Throttled>) {
+        let _ = (response, attempts, not_retried);
     }
 }
 
@@ -127,8 +148,12 @@ where
         result.as_ref().map_or_else(|_| Vec::new(), &self.usage)
     }
 
-    fn attempts(&self, response: &mut Resp, attempts: u32) {
-        self.observe.attempts(response, attempts);
+    fn copy(&self, response: &Resp) -> Option<Resp> {
+        self.observe.copy(response)
+    }
+
+    fn record(&self, response: &mut Resp, attempts: u32, not_retried: Option<&crate::Throttled>) {
+        self.observe.record(response, attempts, not_retried);
     }
 }
 
@@ -170,10 +195,17 @@ impl<B> Observe<http::Response<B>> for ObserveHttp {
         Some((response.status().as_u16(), hint))
     }
 
-    fn attempts(&self, response: &mut http::Response<B>, attempts: u32) {
-        response
-            .extensions_mut()
-            .insert(crate::retry::Attempts(attempts));
+    fn record(
+        &self,
+        response: &mut http::Response<B>,
+        attempts: u32,
+        not_retried: Option<&crate::Throttled>,
+    ) {
+        let extensions = response.extensions_mut();
+        extensions.insert(crate::retry::Attempts(attempts));
+        if let Some(t) = not_retried {
+            extensions.insert(t.clone());
+        }
     }
 }
 
@@ -200,6 +232,11 @@ where
         req.extensions()
             .get::<crate::retry::RequestDeadline>()
             .map(|d| d.0)
+    }
+
+    fn read_key(&self, req: &http::Request<B>) -> Option<String> {
+        let read = req.method() == http::Method::GET || req.method() == http::Method::HEAD;
+        read.then(|| format!("{} {}", req.method(), req.uri()))
     }
 }
 
@@ -239,7 +276,44 @@ impl<B: From<Vec<u8>>> Observe<http::Response<B>> for RefusalResponses {
         Some(refused.to_response().map(B::from))
     }
 
-    fn attempts(&self, response: &mut http::Response<B>, attempts: u32) {
-        ObserveHttp.attempts(response, attempts);
+    fn record(
+        &self,
+        response: &mut http::Response<B>,
+        attempts: u32,
+        not_retried: Option<&crate::Throttled>,
+    ) {
+        ObserveHttp.record(response, attempts, not_retried);
+    }
+}
+
+/// An observer whose responses are cloned for the calls that joined an
+/// identical read in flight. Made by
+/// [`AdmissionLayer::coalesce_reads`](super::AdmissionLayer::coalesce_reads).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Copies<O>(pub(crate) O);
+
+impl<O, Resp: Clone> Observe<Resp> for Copies<O>
+where
+    O: Observe<Resp>,
+{
+    #[inline]
+    fn observe(&self, result: &Result<Resp, BoxError>) -> Option<(u16, ServerHint)> {
+        self.0.observe(result)
+    }
+
+    fn refusal(&self, refused: &crate::Throttled) -> Option<Resp> {
+        self.0.refusal(refused)
+    }
+
+    fn usage(&self, result: &Result<Resp, BoxError>) -> Vec<(String, u32)> {
+        self.0.usage(result)
+    }
+
+    fn copy(&self, response: &Resp) -> Option<Resp> {
+        Some(response.clone())
+    }
+
+    fn record(&self, response: &mut Resp, attempts: u32, not_retried: Option<&crate::Throttled>) {
+        self.0.record(response, attempts, not_retried);
     }
 }

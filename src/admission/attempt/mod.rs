@@ -32,6 +32,9 @@ use crate::throttled::Human;
 
 use super::{Admission, CallSpec, Status, Throttled, Ticket};
 
+#[cfg(any(feature = "reqwest", feature = "tower"))]
+pub(crate) mod reads;
+
 /// What an attempt's result says, as its seam reads it.
 #[derive(Debug)]
 pub(crate) enum Read {
@@ -45,7 +48,9 @@ pub(crate) enum Read {
     /// No answer: a transport error (refused, reset, TLS, ...).
     NoAnswer,
     /// A refusal of an admission layer further in: the call's answer as
-    /// it is, nothing to learn from it, never retried.
+    /// it is, nothing to learn from it, never retried. (Only the HTTP
+    /// seams can see one.)
+    #[cfg_attr(not(any(feature = "reqwest", feature = "tower")), allow(dead_code))]
     Refusal,
 }
 
@@ -78,6 +83,7 @@ pub(crate) enum Ended<T, E, S: Sleeper, C: Clock> {
     /// in (no ticket for either).
     Answered {
         result: Result<T, E>,
+        #[cfg_attr(not(any(feature = "reqwest", feature = "tower")), allow(dead_code))]
         ticket: Option<Ticket<S, C>>,
         attempts: u32,
     },
@@ -94,6 +100,12 @@ pub(crate) enum Ended<T, E, S: Sleeper, C: Clock> {
         attempts: u32,
     },
 }
+
+/// An attempt's result, and whether it was the server's capacity.
+type Last<X> = (
+    Result<<X as Exchange>::Output, <X as Exchange>::Error>,
+    bool,
+);
 
 /// The policy every seam starts from unless told otherwise: 3 retries,
 /// full jitter from 100 ms to 5 s, server waits slept up to
@@ -126,13 +138,18 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
         let mut sent = 0u32;
         // The last answer, and whether it was the server's capacity: what
         // a refused retry ends as.
-        let mut last: Option<(Result<X::Output, X::Error>, bool)> = None;
+        let mut last: Option<Last<X>> = None;
         // The server's wait a `Readmit` charged to the deadline: the next
         // admit spends it waiting behind the hold, so it is still the
         // call's own to wait.
         let mut readmit = Duration::ZERO;
         loop {
             let left = deadline.remaining().saturating_add(readmit);
+            if left.is_zero() {
+                // No time to send anything: nothing is admitted (no slot,
+                // no rate cell) and nothing sent.
+                return refused_retry(no_time_left(budget, sent), last, sent);
+            }
             let inline = core::mem::take(&mut readmit);
             let spec = spec.clone().deadline(left);
             let mut ticket = match self.admit_within(&spec, inline).await {
@@ -283,6 +300,21 @@ fn refused_retry<T, E, S: Sleeper, C: Clock>(
         },
         _ => Ended::Throttled(refused),
     }
+}
+
+/// The deadline has passed before an attempt could be admitted.
+#[cold]
+fn no_time_left(budget: Duration, sent: u32) -> Throttled {
+    Throttled::new(
+        Status::TimedOut,
+        "deadline",
+        format!(
+            "the call's deadline ({} in all) left no time to send the request; \
+             retry with a longer deadline",
+            Human(budget)
+        ),
+    )
+    .with_attempts(sent)
 }
 
 /// A capacity answer whose request cannot be sent again (its body is a

@@ -1,0 +1,253 @@
+//! How a request through the middleware ended, beyond what a
+//! `reqwest::Response` or `reqwest_middleware::Error` can say (the
+//! requests sent, why a fault was not retried, whether it joined an
+//! identical read), carried in the request's extensions; and the copy of
+//! a coalesced read's answer each caller that joined it gets.
+
+use std::sync::Arc;
+
+use ::reqwest::{Response, ResponseBuilderExt};
+use ::reqwest_middleware::{Error, RequestBuilder, Result};
+use bytes::Bytes;
+
+use crate::admission::{CallFailure, CallResult};
+use crate::retry::Attempts;
+use crate::single_flight::Provenance;
+use crate::Throttled;
+
+/// Written into the request's extensions by the middleware when the
+/// request ends; read by [`call_result`].
+#[derive(Clone, Debug)]
+pub(super) struct Outcome {
+    pub(super) attempts: u32,
+    /// Why the last fault was not retried, when something refused it.
+    pub(super) not_retried: Option<Throttled>,
+    /// The refusal the request ended as (an error, or a synthetic 429).
+    pub(super) refused: Option<Throttled>,
+    pub(super) provenance: Provenance,
+}
+
+impl Outcome {
+    pub(super) fn new(attempts: u32) -> Self {
+        Outcome {
+            attempts,
+            not_retried: None,
+            refused: None,
+            provenance: Provenance::Leader,
+        }
+    }
+
+    /// The outcome of a caller that joined this one's read.
+    fn joined(&self) -> Self {
+        Outcome {
+            attempts: 0,
+            provenance: Provenance::Joined,
+            ..self.clone()
+        }
+    }
+}
+
+/// A coalesced read's answer, as the callers that joined it get it.
+#[derive(Clone, Debug)]
+pub(super) struct Copy {
+    outcome: Outcome,
+    answer: Answer,
+}
+
+#[derive(Clone, Debug)]
+enum Answer {
+    /// A response, its body read whole.
+    Response(Head, Bytes),
+    /// A refusal, as an error.
+    Refused(Throttled),
+    /// No answer: the transport error's message.
+    Failed(String),
+}
+
+/// A response without its body.
+#[derive(Clone, Debug)]
+struct Head {
+    status: http::StatusCode,
+    version: http::Version,
+    headers: http::HeaderMap,
+    url: ::reqwest::Url,
+    extensions: http::Extensions,
+}
+
+impl Head {
+    fn response(&self, body: Bytes) -> Response {
+        let mut rebuilt = http::Response::builder()
+            .status(self.status)
+            .version(self.version)
+            .url(self.url.clone())
+            .body(body)
+            .expect("the status and version came from a response");
+        *rebuilt.headers_mut() = self.headers.clone();
+        rebuilt.extensions_mut().extend(self.extensions.clone());
+        Response::from(rebuilt)
+    }
+}
+
+/// The leader's answer, and a copy of it for the callers that joined its
+/// read: its body is read whole here (a streamed reply is not copied: each
+/// caller that joined it sends its own request).
+pub(super) async fn share(
+    result: Result<Response>,
+    outcome: Option<Outcome>,
+) -> (Result<Response>, Option<Copy>) {
+    let outcome = outcome.unwrap_or_else(|| Outcome::new(1));
+    match result {
+        Ok(response) if super::usage::is_stream(&response) => (Ok(response), None),
+        Ok(mut response) => {
+            let head = Head {
+                status: response.status(),
+                version: response.version(),
+                url: response.url().clone(),
+                headers: core::mem::take(response.headers_mut()),
+                extensions: core::mem::take(response.extensions_mut()),
+            };
+            match response.bytes().await {
+                Ok(body) => {
+                    let own = head.response(body.clone());
+                    let answer = Answer::Response(head, body);
+                    (Ok(own), Some(Copy { outcome, answer }))
+                }
+                Err(e) => (Err(Error::Reqwest(e)), None),
+            }
+        }
+        Err(Error::Middleware(e)) => {
+            let answer = match e.downcast_ref::<Throttled>() {
+                Some(t) => Answer::Refused(t.clone()),
+                None => Answer::Failed(e.to_string()),
+            };
+            (Err(Error::Middleware(e)), Some(Copy { outcome, answer }))
+        }
+        Err(e) => {
+            let answer = Answer::Failed(e.to_string());
+            (Err(e), Some(Copy { outcome, answer }))
+        }
+    }
+}
+
+impl Copy {
+    /// This copy as the answer of a caller that joined the read, and the
+    /// outcome to write into its extensions.
+    pub(super) fn answer(self) -> (Result<Response>, Outcome) {
+        let outcome = self.outcome.joined();
+        let result = match self.answer {
+            Answer::Response(mut head, body) => {
+                head.extensions.insert(Attempts(0));
+                Ok(head.response(body))
+            }
+            Answer::Refused(t) => Err(Error::middleware(t)),
+            Answer::Failed(message) => Err(Error::middleware(Joined(message))),
+        };
+        (result, outcome)
+    }
+}
+
+/// The failure of the request an identical read joined.
+#[derive(Debug)]
+struct Joined(String);
+
+impl core::fmt::Display for Joined {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "the identical request this one joined failed: {}",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for Joined {}
+
+/// Sends `request` (from a client whose middleware includes an
+/// [`AdmissionMiddleware`](super::AdmissionMiddleware)) and answers as
+/// [`Runner`](crate::admission::Runner) does: [`CallResult::Done`] with a
+/// 2xx response, [`CallResult::Throttled`] with a refusal (an error, or
+/// the synthetic 429 of `refusals_as_responses`), [`CallResult::Failed`]
+/// with any other status or a transport error, each with the requests the
+/// call sent (0 when it joined an identical read) and why a fault was not
+/// retried. Serialized (feature `serde`), it is the JSON a model reads.
+///
+/// # Examples
+///
+/// ```
+/// use backpressure::admission::{Admission, CallResult};
+/// use backpressure::reqwest::{call_result, AdmissionMiddleware};
+/// use backpressure::retry::RequestDeadline;
+/// use std::time::Duration;
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// // Nothing listens on port 9 of loopback: the connection is refused.
+/// let middleware = AdmissionMiddleware::new(Admission::builder().build())
+///     .retry_policy(backpressure::retry::RetryPolicy::default().max_retries(1));
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(middleware).build();
+/// let request = client
+///     .get("http://127.0.0.1:9/search")
+///     .with_extension(RequestDeadline(Duration::from_secs(5)));
+/// match call_result(request).await {
+///     // A transport error stays one (never `rate_limited`), with its attempts.
+///     CallResult::Failed { error, attempts, .. } => {
+///         assert!(error.is_transport());
+///         assert_eq!(attempts, 2);
+///     }
+///     other => panic!("{other:?}"),
+/// }
+/// # });
+/// ```
+pub async fn call_result(mut request: RequestBuilder) -> CallResult<Response, Error> {
+    let mut extensions = core::mem::take(request.extensions());
+    let (client, built) = request.build_split();
+    let built = match built {
+        Ok(built) => built,
+        Err(e) => {
+            return CallResult::Failed {
+                error: CallFailure::Transport(Arc::new(Error::Reqwest(e))),
+                not_retried: None,
+                attempts: 0,
+            }
+        }
+    };
+    let result = client.execute_with_extensions(built, &mut extensions).await;
+    let outcome = extensions.get::<Outcome>().cloned();
+    to_call_result(result, outcome)
+}
+
+fn to_call_result(
+    result: Result<Response>,
+    outcome: Option<Outcome>,
+) -> CallResult<Response, Error> {
+    // Without the middleware: one request, as it came back.
+    let outcome = outcome.unwrap_or_else(|| Outcome::new(1));
+    if let Some(refused) = outcome.refused {
+        return CallResult::Throttled(refused);
+    }
+    match result {
+        Ok(response) if response.status().is_success() => CallResult::Done {
+            value: response,
+            provenance: outcome.provenance,
+            attempts: outcome.attempts,
+        },
+        Ok(response) => CallResult::Failed {
+            error: CallFailure::Status {
+                status: response.status().as_u16(),
+            },
+            not_retried: outcome.not_retried,
+            attempts: outcome.attempts,
+        },
+        Err(Error::Middleware(e)) if e.downcast_ref::<Throttled>().is_some() => {
+            let t = e
+                .downcast_ref::<Throttled>()
+                .cloned()
+                .expect("checked above");
+            CallResult::Throttled(t)
+        }
+        Err(e) => CallResult::Failed {
+            error: CallFailure::Transport(Arc::new(e)),
+            not_retried: outcome.not_retried,
+            attempts: outcome.attempts,
+        },
+    }
+}
