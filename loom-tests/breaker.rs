@@ -29,7 +29,7 @@ fn cfg(failures: u32) -> CircuitBreaker {
 /// Open, and due at instant `DUE`.
 fn due() -> Arc<Circuit> {
     let c = Arc::new(Circuit::default());
-    c.record(&cfg(1), Outcome::Failed, 0);
+    c.record(&cfg(1), Outcome::Failed, 0, false);
     c
 }
 
@@ -58,8 +58,8 @@ fn two_failures_racing_in_a_closed_circuit_both_count() {
     builder().check(|| {
         let c = Arc::new(Circuit::default());
         let other = c.clone();
-        let failer = loom::thread::spawn(move || other.record(&cfg(2), Outcome::Failed, 0));
-        c.record(&cfg(2), Outcome::Failed, 0);
+        let failer = loom::thread::spawn(move || other.record(&cfg(2), Outcome::Failed, 0, false));
+        c.record(&cfg(2), Outcome::Failed, 0, false);
         failer.join().unwrap();
         assert!(
             matches!(c.admit(0, OUT), Admit::Refused { trial: false, .. }),
@@ -103,13 +103,33 @@ fn a_trial_answer_racing_a_call_closes_the_circuit() {
             panic!("due")
         };
         let other = c.clone();
-        let trial = loom::thread::spawn(move || other.record(&cfg(1), Outcome::Answered, DUE));
+        let trial =
+            loom::thread::spawn(move || other.record(&cfg(1), Outcome::Answered, DUE, true));
         let during = c.admit(DUE, OUT);
         trial.join().unwrap();
         assert!(
             matches!(during, Admit::Closed | Admit::Refused { trial: true, .. }),
             "{during:?}"
         );
+        assert_eq!(c.admit(DUE, OUT), Admit::Closed);
+    });
+}
+
+/// Issue #40 item 4: a stale failure (a call admitted before the circuit
+/// opened) racing the trial's own success: whatever the order, the trial
+/// decides, and the circuit ends closed (two failures in a row open it,
+/// so a stale one landing after the close only counts one).
+#[test]
+fn a_stale_failure_racing_the_trials_answer_leaves_the_trial_to_decide() {
+    builder().check(|| {
+        let c = due();
+        let Admit::Trial(_) = c.admit(DUE, OUT) else {
+            panic!("due")
+        };
+        let other = c.clone();
+        let stale = loom::thread::spawn(move || other.record(&cfg(2), Outcome::Failed, DUE, false));
+        c.record(&cfg(2), Outcome::Answered, DUE, true);
+        stale.join().unwrap();
         assert_eq!(c.admit(DUE, OUT), Admit::Closed);
     });
 }

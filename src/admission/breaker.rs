@@ -255,14 +255,19 @@ impl Circuit {
         }
     }
 
-    /// Records an answer. While a trial is out, any answer closes the
-    /// circuit and a failure reopens it (the trial's, or a late one of a
-    /// call sent before the circuit opened: either says how the server
-    /// is now). While open, nothing counts: the cool-down runs out.
-    pub(crate) fn record(&self, cfg: &CircuitBreaker, outcome: Outcome, now: u64) {
+    /// Records an answer (`trial`: the answer of a call admitted as the
+    /// circuit's trial). While a trial is out, only a trial's answer
+    /// decides: an answer closes the circuit and a failure reopens it; a
+    /// late answer of a call sent before the circuit opened says how the
+    /// server was, not how it is, and counts for nothing (issue #40: a
+    /// stale 200 closed the circuit while the trial was out, and a stale
+    /// 500 reopened it so the trial's own 200 could not close it). While
+    /// open, nothing counts: the cool-down runs out.
+    pub(crate) fn record(&self, cfg: &CircuitBreaker, outcome: Outcome, now: u64, trial: bool) {
         let mut word = self.word.load(Ordering::Relaxed);
         loop {
             let next = match word & TAG {
+                TRIAL if !trial => return,
                 TRIAL => match outcome {
                     Outcome::Failed => open_until(now, cfg),
                     Outcome::Answered | Outcome::Capacity => CLOSED,
@@ -294,9 +299,10 @@ impl Circuit {
                 .compare_exchange(TRIAL | lapse, OPEN, Ordering::Relaxed, Ordering::Relaxed);
     }
 
-    /// Closed, with nothing counted: forgetting it loses nothing.
-    fn is_clean(&self) -> bool {
-        self.word.load(Ordering::Relaxed) == CLOSED
+    /// Closed (counting or not): forgetting it loses a count of
+    /// failures at most, never a refusal.
+    fn is_closed(&self) -> bool {
+        self.word.load(Ordering::Relaxed) & TAG == CLOSED
     }
 }
 
@@ -351,9 +357,14 @@ pub(super) struct Breakers {
     map: Mutex<HashMap<Arc<str>, Circuits>>,
 }
 
-/// At most this many circuits are tracked. Past it the clean ones nobody
-/// holds are forgotten; if none is, a new pair runs unguarded (a fresh
-/// circuit per call, which never opens) rather than refused.
+/// At most this many circuits are tracked. Past it the closed ones nobody
+/// holds are forgotten (a closed circuit's count of failures is all they
+/// lose), and if that leaves more than three quarters, open ones nobody
+/// holds too, down to three quarters: a sweep frees a quarter of the map
+/// at least, so its cost is spread over that many new pairs, and every
+/// pair has a circuit that can open (issue #40: a map full of circuits
+/// that had seen a failure scanned itself on every call and handed new
+/// pairs a circuit that never opened).
 pub(super) const MAX_CIRCUITS: usize = 16_384;
 
 impl Breakers {
@@ -370,22 +381,38 @@ impl Breakers {
         if let Some(c) = map.get(&**tool).and_then(|t| t.get(credential)) {
             return c.clone();
         }
-        let mut len: usize = map.values().map(HashMap::len).sum();
+        let len: usize = map.values().map(HashMap::len).sum();
         if len >= MAX_CIRCUITS {
-            for credentials in map.values_mut() {
-                credentials.retain(|_, c| Arc::strong_count(c) > 1 || !c.is_clean());
-            }
-            map.retain(|_, credentials| !credentials.is_empty());
-            len = map.values().map(HashMap::len).sum();
-            if len >= MAX_CIRCUITS {
-                return Arc::default();
-            }
+            Self::sweep(&mut map);
         }
         let circuit = Arc::<Circuit>::default();
         map.entry(tool.clone())
             .or_default()
             .insert(Arc::from(credential), circuit.clone());
         circuit
+    }
+
+    /// Makes room: forgets the closed circuits nobody holds, then, while
+    /// more than three quarters of the map remain, open ones nobody holds.
+    #[cold]
+    fn sweep(map: &mut HashMap<Arc<str>, Circuits>) {
+        let unheld = |c: &Arc<Circuit>| Arc::strong_count(c) == 1;
+        for credentials in map.values_mut() {
+            credentials.retain(|_, c| !(unheld(c) && c.is_closed()));
+        }
+        let mut len: usize = map.values().map(HashMap::len).sum();
+        let target = MAX_CIRCUITS / 4 * 3;
+        for credentials in map.values_mut() {
+            if len <= target {
+                break;
+            }
+            credentials.retain(|_, c| {
+                let forget = len > target && unheld(c);
+                len -= usize::from(forget);
+                !forget
+            });
+        }
+        map.retain(|_, credentials| !credentials.is_empty());
     }
 
     /// Circuits tracked now.
@@ -406,9 +433,10 @@ pub(crate) struct Pass {
 }
 
 impl Pass {
-    /// The call is admitted: a trial stays out.
-    pub(crate) fn keep(mut self) {
-        self.trial = 0;
+    /// The call is admitted: a trial stays out. Returns whether the call
+    /// is the trial.
+    pub(crate) fn keep(mut self) -> bool {
+        core::mem::take(&mut self.trial) != 0
     }
 }
 

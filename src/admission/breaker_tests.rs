@@ -14,15 +14,15 @@ fn cfg(n: u32) -> CircuitBreaker {
 fn opens_after_the_failures_in_a_row_and_an_answer_resets_the_run() {
     let c = Circuit::default();
     let cfg = cfg(3);
-    c.record(&cfg, Outcome::Failed, 0);
-    c.record(&cfg, Outcome::Failed, 0);
-    c.record(&cfg, Outcome::Answered, 0);
-    c.record(&cfg, Outcome::Failed, 0);
-    c.record(&cfg, Outcome::Failed, 0);
+    c.record(&cfg, Outcome::Failed, 0, true);
+    c.record(&cfg, Outcome::Failed, 0, true);
+    c.record(&cfg, Outcome::Answered, 0, true);
+    c.record(&cfg, Outcome::Failed, 0, true);
+    c.record(&cfg, Outcome::Failed, 0, true);
     assert_eq!(c.admit(10, MS), Admit::Closed, "an answer broke the run");
     // 429s are no verdict either way.
-    c.record(&cfg, Outcome::Capacity, 0);
-    c.record(&cfg, Outcome::Failed, 10);
+    c.record(&cfg, Outcome::Capacity, 0, true);
+    c.record(&cfg, Outcome::Failed, 10, true);
     assert_eq!(
         c.admit(11, MS),
         Admit::Refused {
@@ -36,9 +36,9 @@ fn opens_after_the_failures_in_a_row_and_an_answer_resets_the_run() {
 fn one_trial_after_the_cool_down_and_its_failure_reopens() {
     let c = Circuit::default();
     let cfg = cfg(1);
-    c.record(&cfg, Outcome::Failed, 0);
+    c.record(&cfg, Outcome::Failed, 0, true);
     // Open: answers count for nothing until the cool-down is over.
-    c.record(&cfg, Outcome::Answered, 1);
+    c.record(&cfg, Outcome::Answered, 1, true);
     assert!(matches!(
         c.admit(MS - 1, MS),
         Admit::Refused {
@@ -54,7 +54,7 @@ fn one_trial_after_the_cool_down_and_its_failure_reopens() {
             trial: true
         }
     );
-    c.record(&cfg, Outcome::Failed, 2 * MS);
+    c.record(&cfg, Outcome::Failed, 2 * MS, true);
     assert_eq!(
         c.admit(3 * MS - 1, MS),
         Admit::Refused {
@@ -63,7 +63,7 @@ fn one_trial_after_the_cool_down_and_its_failure_reopens() {
         }
     );
     assert!(matches!(c.admit(3 * MS, MS), Admit::Trial(_)));
-    c.record(&cfg, Outcome::Capacity, 3 * MS + 1);
+    c.record(&cfg, Outcome::Capacity, 3 * MS + 1, true);
     assert_eq!(
         c.admit(3 * MS + 1, MS),
         Admit::Closed,
@@ -75,7 +75,7 @@ fn one_trial_after_the_cool_down_and_its_failure_reopens() {
 fn a_trial_given_back_or_lapsed_makes_the_next_call_the_trial() {
     let c = Circuit::default();
     let cfg = cfg(1);
-    c.record(&cfg, Outcome::Failed, 0);
+    c.record(&cfg, Outcome::Failed, 0, true);
     let Admit::Trial(lapse) = c.admit(2 * MS, MS) else {
         panic!("due")
     };
@@ -92,7 +92,7 @@ fn a_trial_given_back_or_lapsed_makes_the_next_call_the_trial() {
     // Never answered: it lapses, and the next call is the trial.
     assert!(matches!(c.admit(second, MS), Admit::Trial(_)));
     // Answered: a release after it changes nothing.
-    c.record(&cfg, Outcome::Answered, second);
+    c.record(&cfg, Outcome::Answered, second, true);
     c.release(second + MS);
     assert_eq!(c.admit(second, MS), Admit::Closed);
 }
@@ -100,7 +100,7 @@ fn a_trial_given_back_or_lapsed_makes_the_next_call_the_trial() {
 #[test]
 fn a_pass_gives_its_trial_back_unless_kept() {
     let c = Arc::new(Circuit::default());
-    c.record(&cfg(1), Outcome::Failed, 0);
+    c.record(&cfg(1), Outcome::Failed, 0, true);
     let Admit::Trial(lapse) = c.admit(MS, MS) else {
         panic!("due")
     };
@@ -133,7 +133,7 @@ fn the_ratio_opens_on_a_window_that_failed_enough() {
         Outcome::Answered,
         Outcome::Answered,
     ] {
-        c.record(&cfg, o, 0);
+        c.record(&cfg, o, 0, true);
     }
     assert_eq!(c.admit(0, MS), Admit::Closed);
     // 2 of 4 (never 2 in a row): open.
@@ -144,7 +144,7 @@ fn the_ratio_opens_on_a_window_that_failed_enough() {
         Outcome::Answered,
     ] {
         assert_eq!(c.admit(0, MS), Admit::Closed);
-        c.record(&cfg, o, 5);
+        c.record(&cfg, o, 5, true);
     }
     assert!(matches!(c.admit(5, MS), Admit::Refused { until, .. } if until == MS + 5));
 }
@@ -168,7 +168,7 @@ fn bad_settings_are_clamped() {
     assert_eq!(b.ratio, Some((1.0, CircuitBreaker::MAX_COUNT)));
     // Instants saturate instead of wrapping into the tag.
     let c = Circuit::default();
-    c.record(&b.consecutive_failures(1), Outcome::Failed, u64::MAX);
+    c.record(&b.consecutive_failures(1), Outcome::Failed, u64::MAX, true);
     assert!(matches!(c.admit(u64::MAX, u64::MAX), Admit::Trial(VALUE)));
 }
 
@@ -178,7 +178,7 @@ fn the_map_stays_bounded_and_keeps_what_it_must() {
     let tool: Arc<str> = Arc::from("t");
     let held = b.circuit(&tool, "held");
     let open = b.circuit(&tool, "open");
-    open.record(&b.config, Outcome::Failed, 0);
+    open.record(&b.config, Outcome::Failed, 0, true);
     drop(open);
     for i in 0..MAX_CIRCUITS + 10 {
         drop(b.circuit(&tool, &i.to_string()));
@@ -189,4 +189,54 @@ fn the_map_stays_bounded_and_keeps_what_it_must() {
         b.circuit(&tool, "open").admit(1, MS),
         Admit::Refused { .. }
     ));
+}
+
+/// Issue #40 item 4: while the trial was out, a 200 from a call admitted
+/// before the circuit opened closed it, and a stale 500 reopened it so
+/// the trial's own 200 could not close it. Only the trial decides.
+#[test]
+fn a_stale_answer_does_not_decide_the_half_open_state() {
+    let c = Circuit::default();
+    let cfg = cfg(1);
+    c.record(&cfg, Outcome::Failed, 0, false);
+    assert_eq!(c.admit(MS, MS), Admit::Trial(2 * MS));
+    // A stale success: the trial is still out.
+    c.record(&cfg, Outcome::Answered, MS + 1, false);
+    assert!(matches!(
+        c.admit(MS + 2, MS),
+        Admit::Refused { trial: true, .. }
+    ));
+    // A stale failure: no fresh cool-down either.
+    c.record(&cfg, Outcome::Failed, MS + 3, false);
+    assert!(matches!(
+        c.admit(MS + 4, MS),
+        Admit::Refused { trial: true, .. }
+    ));
+    // The trial's own answer closes it.
+    c.record(&cfg, Outcome::Answered, MS + 5, true);
+    assert_eq!(c.admit(MS + 6, MS), Admit::Closed);
+}
+
+/// Issue #40 item 5: past 16,384 circuits that had each seen a failure,
+/// every lookup scanned the whole map and handed a new pair a fresh
+/// circuit that was never registered, so it never opened.
+#[test]
+fn no_breaker_past_16384_failing_pairs_is_fixed_a_new_pair_still_opens() {
+    let b = Breakers::new(cfg(2));
+    let tool: Arc<str> = Arc::from("t");
+    for i in 0..MAX_CIRCUITS {
+        // One failure each: closed, but not clean.
+        b.circuit(&tool, &i.to_string())
+            .record(&b.config, Outcome::Failed, 0, false);
+    }
+    for _ in 0..2 {
+        b.circuit(&tool, "new")
+            .record(&b.config, Outcome::Failed, 0, false);
+    }
+    assert!(matches!(
+        b.circuit(&tool, "new").admit(1, MS),
+        Admit::Refused { .. }
+    ));
+    // The sweep freed room in one go: the map is well below its bound.
+    assert!(b.len() <= MAX_CIRCUITS / 4 * 3 + 1, "{}", b.len());
 }

@@ -30,11 +30,15 @@ where
     ) -> Result<breaker::Pass, Throttled> {
         let circuit = breakers.circuit(&tool.name, &spec.credential);
         // A trial is out until answered, for a cool-down at most (its
-        // deadline, if shorter).
-        let trial_for = breakers
-            .config
-            .cool_down_nanos()
-            .min(saturating_nanos(spec.deadline));
+        // deadline, if shorter), and for a tenth of one at least: a trial
+        // with no time of its own must not make the very next call a
+        // trial too (issue #40: 100 calls with deadline 0 let 4 trials
+        // through at one instant).
+        let cool_down = breakers.config.cool_down_nanos();
+        let trial_for = cool_down
+            .min(saturating_nanos(spec.deadline))
+            .max(cool_down / 10)
+            .max(1);
         match circuit.admit(now, trial_for) {
             breaker::Admit::Closed => Ok(breaker::Pass { circuit, trial: 0 }),
             breaker::Admit::Trial(trial) => Ok(breaker::Pass { circuit, trial }),
@@ -66,7 +70,7 @@ where
             until
         };
         let limit = format!("circuit\u{0}{}\u{0}{}", spec.tool, spec.credential);
-        let after = Duration::from_nanos(inner.told.tell(&limit, now, ready, step) - now);
+        let after = Duration::from_nanos(inner.told.tell(&limit, now, ready, step, Some(10)) - now);
         let hint = if trial {
             format!(
                 "the server kept failing and one trial call is testing it now; retry after {}",
@@ -91,6 +95,7 @@ where
         tool: &Arc<str>,
         credential: &str,
         outcome: breaker::Outcome,
+        trial: bool,
     ) {
         if let Some(breakers) = &self.inner.breakers {
             // The clock is read only for a failure (it may open the circuit).
@@ -100,7 +105,7 @@ where
             };
             breakers
                 .circuit(tool, credential)
-                .record(&breakers.config, outcome, now);
+                .record(&breakers.config, outcome, now, trial);
         }
     }
 }

@@ -112,17 +112,16 @@ impl<S: Sleeper, C: Clock> Taken<'_, S, C> {
     /// The call is admitted: its ticket holds the slots and the budget
     /// units from here on (its `Drop` releases the slots), and a trial of
     /// its circuit stays out.
+    /// Returns the tool, and whether the call is its circuit's trial.
     #[inline]
-    fn keep(self) -> Arc<ToolState> {
+    fn keep(self) -> (Arc<ToolState>, bool) {
         let this = core::mem::ManuallyDrop::new(self);
         // SAFETY: `this` is never used or dropped again, so each field is
         // moved out exactly once, and the others (a reference, plain
         // counts) need no drop.
         let (tool, pass) = unsafe { (core::ptr::read(&this.tool), core::ptr::read(&this.pass)) };
-        if let Some(pass) = pass {
-            pass.keep();
-        }
-        tool
+        let trial = pass.is_some_and(breaker::Pass::keep);
+        (tool, trial)
     }
 }
 
@@ -336,12 +335,13 @@ where
                 inline,
             )
             .await?;
+        let (tool, trial) = taken.keep();
         Ok(Ticket {
             admission: self.clone(),
             credential,
-            started_at: ticket::stamp(started_at, spec.priority),
+            started_at: ticket::stamp(started_at, spec.priority, trial),
             held,
-            tool: taken.keep(),
+            tool,
         })
     }
 
@@ -365,7 +365,7 @@ where
                 let pool = inner.slots.pool(tool, which);
                 let now = inner.clock.now_nanos();
                 let ready = now.saturating_add(saturating_nanos(estimate));
-                let told = inner.told.tell(&limit, now, ready, pool.drain_step());
+                let told = inner.told.tell(&limit, now, ready, pool.drain_step(), None);
                 pools::SlotError::Full {
                     estimate: Duration::from_nanos(told - now),
                 }
@@ -474,12 +474,13 @@ where
             return Err(taken);
         }
         let held = reserved.keep();
+        let (tool, trial) = taken.keep();
         Ok(Ok(Ticket {
             admission: self.clone(),
             credential,
-            started_at: ticket::stamp(started, spec.priority),
+            started_at: ticket::stamp(started, spec.priority, trial),
             held,
-            tool: taken.keep(),
+            tool,
         }))
     }
 

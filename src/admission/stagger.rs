@@ -8,54 +8,99 @@
 //! come if the k - 1 before it take theirs: the next slot plus k - 1
 //! periods of the limit (or, for a full queue, k - 1 drain steps).
 //!
-//! `Stagger` keeps, per limit, the latest instant it has told; a new
-//! refusal is told `max(ready, last + period)`. Once that instant has
-//! passed the limit starts afresh from its real next slot. Nothing is
-//! reserved: a promise is advice, and a caller that comes back early is
-//! simply refused again, later.
+//! "Together" is one burst: the refusals on a limit within one period of
+//! the first of them. A refusal a period or more after the burst began
+//! starts a new one, told the limit's real next slot: a lone caller that
+//! asks again and again is told, each time, when it would be admitted,
+//! never a step later per ask (issue #40: a caller asking every 100 ms of
+//! a 1 s cool-down was told 1,000 ms each time, and a flood of refusals
+//! drifted to 109.6 s). A limit whose turns are not real places (an open
+//! circuit: the calls after its trial all go together) spreads a burst
+//! over a fixed number of steps, round and round, instead of queueing it.
+//!
+//! Nothing is reserved: a promise is advice, and a caller that comes back
+//! early is simply refused again.
 //!
 //! It sits on the refusal path only (cold): a mutex-guarded map, bounded
-//! by pruning the promises already in the past.
+//! by pruning the bursts already over.
 
 use std::collections::HashMap;
 
 use parking_lot::Mutex;
 
-/// At most this many limits are remembered; past it, the promises already
-/// in the past are dropped, and if none are, the oldest-told limit goes.
+/// At most this many limits are remembered; past it, the bursts already
+/// over are dropped, and if none are, the oldest limit goes.
 const MAX_LIMITS: usize = 4096;
+
+/// One limit's current burst of refusals.
+#[derive(Clone, Copy, Debug)]
+struct Burst {
+    /// When its first refusal was told (layer clock, nanoseconds).
+    began: u64,
+    /// The next slot its first refusal was told.
+    ready: u64,
+    /// Refusals told in it before the latest.
+    told: u64,
+    /// The latest instant told in it.
+    last: u64,
+}
 
 #[derive(Debug, Default)]
 pub(super) struct Stagger {
-    /// The latest instant told per limit (layer clock, nanoseconds).
-    told: Mutex<HashMap<String, u64>>,
+    bursts: Mutex<HashMap<String, Burst>>,
 }
 
 impl Stagger {
     /// The instant to tell a call refused now on `limit`, whose own next
     /// chance is `ready`, on a limit that frees one place per `period`
-    /// nanoseconds. Never earlier than `ready`.
-    pub(super) fn tell(&self, limit: &str, now: u64, ready: u64, period: u64) -> u64 {
-        let mut told = self.told.lock();
-        if told.len() >= MAX_LIMITS && !told.contains_key(limit) {
-            told.retain(|_, at| *at > now);
-            if told.len() >= MAX_LIMITS
-                && let Some(oldest) = told
+    /// nanoseconds. Never earlier than `ready`; with `spread`, never more
+    /// than `spread - 1` periods past it.
+    pub(super) fn tell(
+        &self,
+        limit: &str,
+        now: u64,
+        ready: u64,
+        period: u64,
+        spread: Option<u64>,
+    ) -> u64 {
+        let mut bursts = self.bursts.lock();
+        if bursts.len() >= MAX_LIMITS && !bursts.contains_key(limit) {
+            bursts.retain(|_, b| now < b.began.saturating_add(period.max(1)));
+            if bursts.len() >= MAX_LIMITS
+                && let Some(oldest) = bursts
                     .iter()
-                    .min_by_key(|(_, at)| **at)
+                    .min_by_key(|(_, b)| b.began)
                     .map(|(k, _)| k.clone())
             {
-                told.remove(&oldest);
+                bursts.remove(&oldest);
             }
         }
-        // A promise still ahead queues this call behind it; one already
-        // passed says nothing about the limit now.
-        let at = match told.get(limit) {
-            Some(&last) if last > now => ready.max(last.saturating_add(period)),
-            _ => ready,
+        let burst = match bursts.get(limit) {
+            // Within a period of the burst's first refusal: queued behind
+            // the ones told before it (or spread round its steps).
+            Some(b) if now < b.began.saturating_add(period.max(1)) => {
+                let told = b.told + 1;
+                let last = match spread {
+                    Some(n) => b
+                        .ready
+                        .saturating_add(period.saturating_mul(told % n.max(1))),
+                    None => b.last.saturating_add(period),
+                };
+                Burst {
+                    told,
+                    last: ready.max(last),
+                    ..*b
+                }
+            }
+            _ => Burst {
+                began: now,
+                ready,
+                told: 0,
+                last: ready,
+            },
         };
-        told.insert(limit.to_string(), at);
-        at
+        bursts.insert(limit.to_string(), burst);
+        burst.last
     }
 }
 
@@ -66,31 +111,68 @@ mod tests {
     #[test]
     fn calls_refused_together_are_told_one_period_apart() {
         let s = Stagger::default();
-        let told: Vec<u64> = (0..4).map(|_| s.tell("k", 0, 1_000, 250)).collect();
+        let told: Vec<u64> = (0..4).map(|_| s.tell("k", 0, 1_000, 250, None)).collect();
         assert_eq!(told, [1_000, 1_250, 1_500, 1_750]);
         // Another limit has its own queue of promises.
-        assert_eq!(s.tell("other", 0, 1_000, 250), 1_000);
+        assert_eq!(s.tell("other", 0, 1_000, 250, None), 1_000);
     }
 
     #[test]
     fn a_limit_whose_promises_have_passed_starts_from_its_real_next_slot() {
         let s = Stagger::default();
-        assert_eq!(s.tell("k", 0, 1_000, 250), 1_000);
-        assert_eq!(s.tell("k", 0, 1_000, 250), 1_250);
-        // Once the promises have passed, the limit's own next slot.
-        assert_eq!(s.tell("k", 2_000, 3_000, 250), 3_000);
+        assert_eq!(s.tell("k", 0, 1_000, 250, None), 1_000);
+        assert_eq!(s.tell("k", 0, 1_000, 250, None), 1_250);
+        // Once the burst is over, the limit's own next slot.
+        assert_eq!(s.tell("k", 2_000, 3_000, 250, None), 3_000);
         // A next slot later than the promises is never told earlier.
-        assert_eq!(s.tell("k", 2_000, 5_000, 250), 5_000);
-        // The clock moves between two refusals: still one period apart.
-        assert_eq!(s.tell("k", 2_100, 5_100, 250), 5_250);
+        assert_eq!(s.tell("k", 2_000, 5_000, 250, None), 5_000);
+        // The clock moves within the burst: still one period apart.
+        assert_eq!(s.tell("k", 2_100, 3_100, 250, None), 5_250);
     }
 
     #[test]
     fn the_map_stays_bounded() {
         let s = Stagger::default();
         for i in 0..(MAX_LIMITS as u64 + 10) {
-            s.tell(&i.to_string(), i, i + 1_000_000, 1);
+            s.tell(&i.to_string(), i, i + 1_000_000, 1, None);
         }
-        assert!(s.told.lock().len() <= MAX_LIMITS);
+        assert!(s.bursts.lock().len() <= MAX_LIMITS);
+    }
+
+    /// Issue #40 item 2: a lone caller asking every 100 ms of a 1 s
+    /// cool-down was told 1,000 ms each time (each promise still ahead
+    /// pushed the next one a step further). Asked a step or more apart,
+    /// it is told its real next chance each time.
+    #[test]
+    fn a_lone_caller_is_told_the_cool_down_left_not_a_step_more_per_ask() {
+        let s = Stagger::default();
+        let (until, step) = (1_000, 100);
+        for now in (0..until).step_by(100) {
+            assert_eq!(
+                s.tell("circuit", now, until, step, Some(10)),
+                until,
+                "at {now}"
+            );
+        }
+    }
+
+    /// Issue #40 item 2: a flood of refusals drifted to 109.6 s for a 1 s
+    /// cool-down. A spread limit tells a burst at most `spread - 1`
+    /// steps past its next chance, round and round.
+    #[test]
+    fn a_flood_on_a_spread_limit_stays_within_its_spread() {
+        let s = Stagger::default();
+        let (until, step) = (1_000, 100);
+        let told: Vec<u64> = (0..1_000)
+            .map(|i| s.tell("circuit", i / 10, until, step, Some(10)))
+            .collect();
+        assert!(told
+            .iter()
+            .all(|&t| (until..until + 10 * step).contains(&t)));
+        // Still staggered: ten instants, a step apart, none told twice in a row.
+        assert_eq!(
+            &told[..11],
+            &[1_000, 1_100, 1_200, 1_300, 1_400, 1_500, 1_600, 1_700, 1_800, 1_900, 1_000]
+        );
     }
 }

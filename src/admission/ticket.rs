@@ -86,6 +86,7 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
             &self.tool.name,
             &self.credential.name,
             breaker::outcome(Some(status), hint),
+            self.is_trial(),
         );
         self.admission.observe_sent(
             &self.tool.name,
@@ -123,6 +124,7 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
             &self.tool.name,
             &self.credential.name,
             breaker::Outcome::Failed,
+            self.is_trial(),
         );
     }
 
@@ -252,21 +254,34 @@ impl<S: Sleeper, C: Clock> fmt::Debug for Ticket<S, C> {
 /// stay inline at.
 pub(super) const BACKGROUND: u64 = 1 << 63;
 
-/// `started_at` for a call of `priority` admitted at `at`.
+/// Bit 62 of a ticket's `started_at`: the call is its circuit's trial
+/// (only its answer decides a half-open circuit).
+pub(super) const TRIAL: u64 = 1 << 62;
+
+/// `started_at` for a call of `priority` admitted at `at`, the trial of
+/// its circuit or not.
 #[inline]
-pub(super) fn stamp(at: u64, priority: super::Priority) -> u64 {
-    let at = at & !BACKGROUND;
+pub(super) fn stamp(at: u64, priority: super::Priority, trial: bool) -> u64 {
+    let mut at = at & !(BACKGROUND | TRIAL);
     if priority.is_background() {
-        at | BACKGROUND
-    } else {
-        at
+        at |= BACKGROUND;
     }
+    if trial {
+        at |= TRIAL;
+    }
+    at
 }
 
 impl<S: Sleeper, C: Clock> Ticket<S, C> {
     /// When it was admitted (layer clock, ns).
     #[inline]
     pub(super) fn started(&self) -> u64 {
-        self.started_at & !BACKGROUND
+        self.started_at & !(BACKGROUND | TRIAL)
+    }
+
+    /// Whether the call is its circuit's trial.
+    #[inline]
+    fn is_trial(&self) -> bool {
+        self.started_at & TRIAL != 0
     }
 }

@@ -203,14 +203,23 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        let this = self.project();
-        let polled = this.inner.poll_frame(cx);
+        let mut this = self.project();
+        let polled = this.inner.as_mut().poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let (Some(held), Some(data)) = (this.held.as_mut(), frame.data_ref())
                     && held.usage.is_some()
                 {
                     held.scan_buf(data);
+                }
+                // A consumer may stop at `is_end_stream` (hyper's encoder
+                // does) and never poll the `None`: the body has ended all
+                // the same (issue #40: the slot was held to the drop and
+                // the usage never settled).
+                if this.inner.is_end_stream()
+                    && let Some(held) = this.held.take()
+                {
+                    held.finish();
                 }
             }
             Poll::Ready(Some(Err(_))) => {
@@ -248,44 +257,7 @@ impl<B: fmt::Debug, S: Sleeper, C: Clock> fmt::Debug for TicketBody<B, S, C> {
     }
 }
 
-/// What one server-sent event of an LLM stream says it used: the fields
-/// present of an OpenAI final chunk's `usage` (`prompt_tokens`,
-/// `completion_tokens`, `total_tokens`) or of Anthropic's `usage` in
-/// `message_start` (under `message`) and `message_delta`
-/// (`input_tokens` with the cache counts, `output_tokens`).
-pub(crate) fn llm_event_usage(data: &[u8]) -> Vec<(String, u32)> {
-    let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else {
-        return Vec::new();
-    };
-    let Some(usage) = value
-        .get("usage")
-        .or_else(|| value.get("message").and_then(|m| m.get("usage")))
-        .filter(|u| u.is_object())
-    else {
-        return Vec::new();
-    };
-    let field = |name: &str| usage.get(name).and_then(serde_json::Value::as_u64);
-    let units = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
-    let mut out = Vec::new();
-    let input = field("prompt_tokens").or_else(|| {
-        field("input_tokens").map(|input| {
-            ["cache_creation_input_tokens", "cache_read_input_tokens"]
-                .into_iter()
-                .filter_map(field)
-                .fold(input, u64::saturating_add)
-        })
-    });
-    if let Some(input) = input {
-        out.push(("input_tokens".to_string(), units(input)));
-    }
-    if let Some(output) = field("completion_tokens").or_else(|| field("output_tokens")) {
-        out.push(("output_tokens".to_string(), units(output)));
-    }
-    if let Some(total) = field("total_tokens") {
-        out.push(("tokens".to_string(), units(total)));
-    }
-    out
-}
+pub(crate) use super::llm_usage::llm_event_usage;
 
 #[cfg(test)]
 mod tests {
@@ -304,6 +276,10 @@ mod tests {
     impl Body for Frames {
         type Data = Bytes;
         type Error = &'static str;
+
+        fn is_end_stream(&self) -> bool {
+            self.0.is_empty()
+        }
 
         fn poll_frame(
             mut self: Pin<&mut Self>,
@@ -386,5 +362,33 @@ mod tests {
             Some(10_000 - 805 - 500)
         );
         assert_eq!(admit().unwrap_err().status, Status::Unavailable);
+    }
+
+    /// Issue #40 item 6: a consumer that stops at `is_end_stream` (hyper's
+    /// encoder does) never polls `Ready(None)`: the slot was held until
+    /// the body was dropped and the usage never settled (9,500 tokens
+    /// available instead of 9,195).
+    #[test]
+    fn ticket_body_settles_only_on_ready_none_is_fixed() {
+        let admission = layer();
+        let spec = CallSpec::new("chat", "key").cost("tokens", 500);
+        let ticket = admission.admit(&spec).now_or_never().expect("at once");
+        let frames = Frames(VecDeque::from([Ok(
+            &b"data: {\"usage\":{\"prompt_tokens\":700,\"completion_tokens\":105}}\n\n"[..],
+        )]));
+        let mut body = TicketBody::new(
+            frames,
+            Some(ticket.unwrap()),
+            Some(Arc::new(llm_event_usage)),
+        );
+        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+        assert!(matches!(
+            Pin::new(&mut body).poll_frame(&mut cx),
+            Poll::Ready(Some(Ok(_)))
+        ));
+        assert!(body.is_end_stream(), "the consumer stops here");
+        assert_eq!(admission.stats().in_flight, 0, "the slot came back");
+        assert_eq!(admission.available("key", "tokens"), Some(10_000 - 805));
+        drop(body);
     }
 }

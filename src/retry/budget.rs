@@ -27,6 +27,11 @@ use crate::sync::{AtomicU64, Ordering};
 /// Thousandths of a retry per unit of balance.
 const MILLI: f64 = 1_000.0;
 
+/// How far ahead of a thread's `now` another thread's stamp can be (it
+/// read the clock later, and won the race to write): a minute is far more
+/// than any such race, and far less than the 49.7 days the stamp wraps at.
+const BEHIND_MS: u32 = 60_000;
+
 /// A process-wide retry budget (the Finagle / tower `retry::budget` idea):
 /// over a sliding window, retries are at most `ratio` × first attempts,
 /// plus a floor of `min_per_sec`. Share one through
@@ -170,7 +175,13 @@ impl<C: Clock + Clone> RetryBudget<C> {
     /// nothing).
     fn decayed(&self, balance: u32, stamp: u32, now: u32) -> u32 {
         let elapsed = now.wrapping_sub(stamp);
-        if elapsed == 0 || elapsed > u32::MAX / 2 {
+        // The clock never goes back, but a thread may read `now` just
+        // before another one stamps a later instant: a stamp at most
+        // `BEHIND` ahead is that race, and decays nothing. Any other
+        // difference is time that passed (the 32-bit stamp wraps after
+        // 49.7 days: an idle of more than 24.8 days read as the clock
+        // going back left the balance undecayed for good, issue #40).
+        if elapsed == 0 || elapsed > u32::MAX - BEHIND_MS {
             return balance;
         }
         let kept = (-f64::from(elapsed) / self.window_ms).exp();
@@ -236,6 +247,23 @@ mod tests {
         }
         // Saturated, not wrapped: still a large balance.
         assert!(huge.available() > 4_000_000.0);
+    }
+
+    /// Issue #40 item 10: after ~25 idle days the elapsed time (over
+    /// `u32::MAX / 2` ms) was read as the clock going backwards, and the
+    /// balance never decayed again.
+    #[test]
+    fn retry_budget_forgets_to_decay_after_25_idle_days_is_fixed() {
+        let c = ManualClock::new();
+        let b = RetryBudget::with_clock(1.0, 0, Duration::from_secs(10), c.clone());
+        for _ in 0..100 {
+            b.deposit();
+        }
+        c.advance(Duration::from_secs(26 * 24 * 3600));
+        assert!(b.available() < 1.0, "{}", b.available());
+        assert!(!b.try_withdraw());
+        // A stamp a few ms ahead of a stale `now` is a race, not an idle.
+        assert_eq!(b.decayed(1_000, 10, 5), 1_000);
     }
 
     #[test]

@@ -57,29 +57,73 @@ pub struct OwnedSemaphorePermit {
 /// for the callee's three narrower stores to drain (a failed store
 /// forward): perf put a third of an uncontended `acquire().await` + drop
 /// on that load.
+///
+/// | bit 63 | bits 32-62 | bits 0-31 |
+/// | --- | --- | --- |
+/// | 0 (narrow) | the guess (its bit 31 is 0) | the count |
+/// | 1 (wide) | the count's high bits | the count's low bits; no guess |
+///
+/// A count past `u32::MAX` (merged permits: tokio's counts are `usize`)
+/// or a guess with bit 31 set (`Guess::NONE`, or a word of 2^29 permits or
+/// more) is wide: the release loads the word, as with no guess.
 #[derive(Clone, Copy)]
 struct Held(u64);
 
+/// The wide form's tag (see [`Held`]).
+const WIDE: u64 = 1 << 63;
+/// A guess's bit that a narrow form cannot hold.
+const GUESS_HIGH: u32 = 1 << 31;
+
 impl Held {
     #[inline]
-    fn new(permits: u32, guess: Guess) -> Self {
-        Held(u64::from(permits) | u64::from(guess.to_bits()) << 32)
+    fn new(permits: u64, guess: Guess) -> Self {
+        let bits = guess.to_bits();
+        if permits <= u64::from(u32::MAX) && bits & GUESS_HIGH == 0 {
+            Held(permits | u64::from(bits) << 32)
+        } else {
+            // At most `MAX_PERMITS` (< 2^61): the tag bit is free.
+            Held(WIDE | permits)
+        }
     }
 
     #[inline]
-    fn permits(self) -> u32 {
-        // Truncation intended: the low half is the count.
-        self.0 as u32
+    fn permits(self) -> u64 {
+        if self.0 & WIDE == 0 {
+            // Truncation intended: the low half is the count.
+            u64::from(self.0 as u32)
+        } else {
+            self.0 & !WIDE
+        }
     }
 
     #[inline]
     fn guess(self) -> Guess {
-        Guess::from_bits((self.0 >> 32) as u32)
+        if self.0 & WIDE == 0 {
+            Guess::from_bits((self.0 >> 32) as u32)
+        } else {
+            Guess::NONE
+        }
     }
 
     #[inline]
-    fn with_permits(self, permits: u32) -> Self {
+    fn with_permits(self, permits: u64) -> Self {
         Held::new(permits, self.guess())
+    }
+
+    /// The count of two permits merged; at most what a semaphore can hold.
+    #[track_caller]
+    fn merged(self, other: Held) -> u64 {
+        self.permits()
+            .checked_add(other.permits())
+            .filter(|&sum| sum <= super::Semaphore::MAX_PERMITS as u64)
+            .expect("number of permits overflowed")
+    }
+
+    /// `n` of the permits, if it holds that many.
+    fn take(self, n: usize) -> Option<(u64, u64)> {
+        let have = self.permits();
+        let n = u64::try_from(n).ok().filter(|&n| n <= have)?;
+        Some((have - n, n))
     }
 }
 
@@ -88,7 +132,7 @@ impl<'a> SemaphorePermit<'a> {
     pub(crate) fn new(sem: &'a Semaphore, permits: u32, guess: Guess) -> Self {
         Self {
             sem,
-            held: Held::new(permits, guess),
+            held: Held::new(u64::from(permits), guess),
         }
     }
 
@@ -130,11 +174,7 @@ impl<'a> SemaphorePermit<'a> {
             std::ptr::eq(self.sem, other.sem),
             "merging permits from different semaphore instances"
         );
-        let sum = self
-            .held
-            .permits()
-            .checked_add(other.held.permits())
-            .expect("number of permits overflowed");
+        let sum = self.held.merged(other.held);
         self.held = self.held.with_permits(sum);
         other.held = other.held.with_permits(0);
     }
@@ -152,9 +192,8 @@ impl<'a> SemaphorePermit<'a> {
     /// assert!(a.split(5).is_none());
     /// ```
     pub fn split(&mut self, n: usize) -> Option<Self> {
-        let have = self.held.permits();
-        let n = u32::try_from(n).ok().filter(|&n| n <= have)?;
-        self.held = self.held.with_permits(have - n);
+        let (left, n) = self.held.take(n)?;
+        self.held = self.held.with_permits(left);
         Some(Self {
             sem: self.sem,
             held: self.held.with_permits(n),
@@ -194,7 +233,7 @@ impl OwnedSemaphorePermit {
     pub(crate) fn new(sem: Arc<Semaphore>, permits: u32, guess: Guess) -> Self {
         Self {
             sem,
-            held: Held::new(permits, guess),
+            held: Held::new(u64::from(permits), guess),
         }
     }
 
@@ -237,11 +276,7 @@ impl OwnedSemaphorePermit {
             Arc::ptr_eq(&self.sem, &other.sem),
             "merging permits from different semaphore instances"
         );
-        let sum = self
-            .held
-            .permits()
-            .checked_add(other.held.permits())
-            .expect("number of permits overflowed");
+        let sum = self.held.merged(other.held);
         self.held = self.held.with_permits(sum);
         other.held = other.held.with_permits(0);
     }
@@ -259,9 +294,8 @@ impl OwnedSemaphorePermit {
     /// assert_eq!(b.num_permits(), 1);
     /// ```
     pub fn split(&mut self, n: usize) -> Option<Self> {
-        let have = self.held.permits();
-        let n = u32::try_from(n).ok().filter(|&n| n <= have)?;
-        self.held = self.held.with_permits(have - n);
+        let (left, n) = self.held.take(n)?;
+        self.held = self.held.with_permits(left);
         Some(Self {
             sem: self.sem.clone(),
             held: self.held.with_permits(n),
@@ -334,24 +368,35 @@ impl fmt::Debug for OwnedSemaphorePermit {
 
 #[cfg(test)]
 mod tests {
-    use super::{Guess, Held};
+    use super::{Guess, Held, GUESS_HIGH};
 
     #[test]
     fn the_count_and_the_guess_do_not_bleed_into_each_other() {
         for (n, g) in [
             (0, 0),
-            (u32::MAX, 0),
+            (u64::from(u32::MAX), 0),
             (0, u32::MAX),
-            (u32::MAX, u32::MAX),
+            (u64::from(u32::MAX), u32::MAX),
             (7, 0x5a5a),
+            (7, 0x7fff_fffc),
+            (6_000_000_000, 0x5a5a),
+            (1 << 60, 0),
         ] {
             let held = Held::new(n, Guess::from_bits(g));
             assert_eq!(held.permits(), n);
-            assert_eq!(held.guess(), Guess::from_bits(g));
+            // A guess with bit 31 set is no guess (the wide form).
+            let want = if g & GUESS_HIGH == 0 && n <= u64::from(u32::MAX) {
+                Guess::from_bits(g)
+            } else {
+                Guess::NONE
+            };
+            assert_eq!(held.guess(), want);
             let other = if n == 0 { 1 } else { n - 1 };
             let changed = held.with_permits(other);
             assert_eq!(changed.permits(), other);
-            assert_eq!(changed.guess(), Guess::from_bits(g), "count {n} -> {other}");
+            if other <= u64::from(u32::MAX) {
+                assert_eq!(changed.guess(), want, "count {n} -> {other}");
+            }
         }
         assert_eq!(Held::new(3, Guess::NONE).guess(), Guess::NONE);
     }

@@ -488,16 +488,18 @@ fn a_hostile_retry_after_holds_at_most_max_retry_after_and_can_be_lifted() {
         .build();
     let spec = CallSpec::new("search", "key");
     let hint = ServerHint::from_headers([("retry-after", "999999999")], SystemTime::now());
-    // The server's own wait is what observe reports.
+    // The hold applied is what observe reports (issue #40 item 7).
     assert_eq!(
         admission.observe("search", "key", 429, &hint),
-        Some(Duration::from_secs(999_999_999))
+        Some(Duration::from_secs(300))
     );
     futures::executor::block_on(async {
-        // While it lasts, a refusal says what the server said: an
-        // operator's problem, not a retry.
+        // While it lasts, a refusal says what the server said (an
+        // operator's problem, not a retry), and tells when it would be
+        // admitted: the capped hold.
         let t = admission.admit(&spec).await.unwrap_err();
         assert_eq!(t.status, Status::QuotaExhausted, "{t}");
+        assert_eq!(t.retry_after(), Some(Duration::from_secs(300)), "{t}");
         // But the key is held for the cap only, then probed again.
         // (3 s before its end: longer than the 2 s waited inline.)
         clock.advance(Duration::from_secs(297));
@@ -660,4 +662,197 @@ async fn waiting_calls_are_served_fairly_across_credentials() {
     // then b, served least recently, before a's next two.
     assert_eq!(order(true).await, ["a", "b", "a", "a"]);
     assert_eq!(order(false).await, ["a", "a", "a", "b"]);
+}
+
+/// Issue #40 item 3: a trial's lapse was `min(cool_down, deadline)`, and
+/// a lapse equal to now counted as due: 100 calls with `deadline(0)` in
+/// the half-open state let several trials through at one instant.
+#[test]
+fn several_half_open_trials_at_once_is_fixed_one_trial_per_instant() {
+    use backpressure::admission::CircuitBreaker;
+    use backpressure::ManualClock;
+    futures::executor::block_on(async {
+        let clock = ManualClock::new();
+        let admission = Admission::builder()
+            .clock(clock.clone())
+            .sleeper(clock.clone())
+            // No rate limit in the way: every refusal is the circuit's.
+            .fixed_rates()
+            .default_quota(Quota::per_second(
+                std::num::NonZeroU32::new(1_000_000).unwrap(),
+            ))
+            .circuit_breaker(
+                CircuitBreaker::new()
+                    .consecutive_failures(1)
+                    .cool_down(Duration::from_secs(1)),
+            )
+            .build();
+        let spec = CallSpec::new("search", "key").deadline(Duration::ZERO);
+        let ticket = admission.admit(&spec).await.unwrap();
+        ticket.observe(500, &ServerHint::default());
+        drop(ticket);
+        clock.advance(Duration::from_secs(1));
+        let mut trials = Vec::new();
+        for _ in 0..100 {
+            // All at one instant.
+            if let Ok(t) = admission.admit(&spec).await {
+                trials.push(t);
+            }
+        }
+        assert_eq!(trials.len(), 1, "trials let through");
+    });
+}
+
+/// Issue #40 item 2: every refusal of an open circuit went through the
+/// stagger, and a promise still ahead pushed each later refusal a step
+/// further: a lone caller asking every 100 ms of a 1 s cool-down was
+/// told 1,000 ms each time. It is told the cool-down left.
+#[test]
+fn the_breaker_tells_a_lone_caller_the_cool_down_left_not_more() {
+    use backpressure::admission::CircuitBreaker;
+    use backpressure::ManualClock;
+    futures::executor::block_on(async {
+        let clock = ManualClock::new();
+        let admission = Admission::builder()
+            .clock(clock.clone())
+            .sleeper(clock.clone())
+            .circuit_breaker(
+                CircuitBreaker::new()
+                    .consecutive_failures(1)
+                    .cool_down(Duration::from_secs(1)),
+            )
+            .build();
+        let spec = CallSpec::new("search", "key");
+        let ticket = admission.admit(&spec).await.unwrap();
+        ticket.observe(500, &ServerHint::default());
+        drop(ticket);
+        for left in (1..=10).rev() {
+            let refused = admission.admit(&spec).await.unwrap_err();
+            assert_eq!(
+                refused.retry_after_ms,
+                Some(left * 100),
+                "with {left}00 ms left"
+            );
+            clock.advance(Duration::from_millis(100));
+        }
+    });
+}
+
+/// Issue #40 item 7: `Ticket::observe` says it returns the hold applied,
+/// but returned the server's wait: 999,999,999 s for a key held 300 s.
+#[test]
+fn observe_returns_the_servers_wait_not_the_hold_applied_is_fixed() {
+    futures::executor::block_on(async {
+        let admission = Admission::builder()
+            .clock(backpressure::ManualClock::new())
+            .build();
+        let ticket = admission
+            .admit(&CallSpec::new("search", "key"))
+            .await
+            .unwrap();
+        let hint = ServerHint::from_headers([("retry-after", "999999999")], SystemTime::now());
+        assert_eq!(ticket.observe(429, &hint), Some(Duration::from_secs(300)));
+    });
+}
+
+/// Issue #40 item 8: a reset of 99,999,999,999 s on a 200 held the key
+/// 300 s (`max_retry_after`), but callers were told 136 years.
+#[test]
+fn told_136_years_for_a_300_s_hold_is_fixed() {
+    futures::executor::block_on(async {
+        let clock = backpressure::ManualClock::new();
+        let admission = Admission::builder().clock(clock.clone()).build();
+        let ticket = admission
+            .admit(&CallSpec::new("search", "key"))
+            .await
+            .unwrap();
+        let hint = ServerHint::from_headers(
+            [
+                ("ratelimit-remaining", "0"),
+                ("ratelimit-reset", "99999999999"),
+            ],
+            SystemTime::now(),
+        );
+        ticket.observe(200, &hint);
+        drop(ticket);
+        let refused = admission
+            .admit(&CallSpec::new("search", "key"))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.status, Status::QuotaExhausted, "{refused}");
+        let told = refused.retry_after().unwrap();
+        assert!(told <= Duration::from_secs(300), "told {told:?}");
+        // And it is true: admitted once the capped hold is over.
+        clock.advance(told);
+        assert!(admission
+            .admit(&CallSpec::new("search", "key"))
+            .await
+            .is_ok());
+    });
+}
+
+/// Issue #40 item 9: a reported usage of 2^40 tokens settled as
+/// `u32::MAX` and held a 2,000/s quota at 0 for some 24 days. One settle
+/// holds the key no longer than a server's hold may (300 s).
+#[test]
+fn a_bogus_usage_pins_a_quota_for_weeks_is_fixed() {
+    futures::executor::block_on(async {
+        let clock = backpressure::ManualClock::new();
+        let admission = Admission::builder()
+            .clock(clock.clone())
+            .sleeper(clock.clone())
+            .resource(
+                "tokens",
+                Quota::per_second(std::num::NonZeroU32::new(2_000).unwrap()),
+            )
+            .build();
+        let spec = CallSpec::new("complete", "key").cost("tokens", 100);
+        let mut ticket = admission.admit(&spec).await.unwrap();
+        ticket.settle("tokens", u32::MAX);
+        drop(ticket);
+        assert!(admission.admit(&spec).await.is_err());
+        clock.advance(Duration::from_secs(301));
+        assert!(
+            admission.admit(&spec).await.is_ok(),
+            "still held 301 s later"
+        );
+    });
+}
+
+/// Calls an open circuit refuses together are told distinct instants a
+/// tenth of the cool-down apart, all within one cool-down past its end:
+/// no wave when it closes, and no drift (issue #40 item 2).
+#[test]
+fn calls_refused_together_by_an_open_circuit_are_spread_within_one_cool_down() {
+    use backpressure::admission::CircuitBreaker;
+    futures::executor::block_on(async {
+        let clock = backpressure::ManualClock::new();
+        let admission = Admission::builder()
+            .clock(clock.clone())
+            .circuit_breaker(
+                CircuitBreaker::new()
+                    .consecutive_failures(1)
+                    .cool_down(Duration::from_secs(1)),
+            )
+            .build();
+        let spec = CallSpec::new("search", "key");
+        admission
+            .admit(&spec)
+            .await
+            .unwrap()
+            .observe(500, &ServerHint::default());
+        let mut told = Vec::new();
+        for _ in 0..25 {
+            let refused = admission.admit(&spec).await.unwrap_err();
+            told.push(refused.retry_after_ms.unwrap());
+        }
+        assert_eq!(
+            &told[..10],
+            &[1_000, 1_100, 1_200, 1_300, 1_400, 1_500, 1_600, 1_700, 1_800, 1_900]
+        );
+        assert!(
+            told.iter().all(|&ms| (1_000..2_000).contains(&ms)),
+            "{told:?}"
+        );
+    });
 }

@@ -848,3 +848,33 @@ fn debug_shows_permits_closed_queued_and_the_waiters_phase() {
     assert!(matches!(waiting.as_mut().poll(cx), Poll::Ready(Err(_))));
     assert_eq!(sem.available_permits(), 3);
 }
+
+/// Issue #40 item 1: since a permit packed its count into 32 bits,
+/// merging two permits of 3,000,000,000 panicked ("number of permits
+/// overflowed"), where tokio's `usize` counts hold the sum.
+#[test]
+fn tokio_parity_lost_past_u32_max_permits_is_fixed() {
+    let sem = Arc::new(Semaphore::new(6_000_000_000));
+    let mut a = sem.try_acquire_many(3_000_000_000).unwrap();
+    let b = sem.try_acquire_many(3_000_000_000).unwrap();
+    assert_eq!(sem.available_permits(), 0);
+    a.merge(b);
+    assert_eq!(a.num_permits(), 6_000_000_000);
+    let c = a.split(1_000_000_000).unwrap();
+    assert_eq!(
+        (a.num_permits(), c.num_permits()),
+        (5_000_000_000, 1_000_000_000)
+    );
+    drop(c);
+    assert_eq!(sem.available_permits(), 1_000_000_000);
+    drop(a);
+    assert_eq!(sem.available_permits(), 6_000_000_000);
+
+    // The owned permits, the same.
+    let mut a = sem.clone().try_acquire_many_owned(3_000_000_000).unwrap();
+    a.merge(sem.clone().try_acquire_many_owned(3_000_000_000).unwrap());
+    assert_eq!(a.num_permits(), 6_000_000_000);
+    assert_eq!(sem.available_permits(), 0);
+    drop(a);
+    assert_eq!(sem.available_permits(), 6_000_000_000);
+}

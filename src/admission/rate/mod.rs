@@ -508,7 +508,13 @@ where
         // earlier settle left.
         let counted = h.cells;
         if actual > counted {
-            charge(buckets, &key, actual - counted, now);
+            charge(
+                buckets,
+                &key,
+                actual - counted,
+                now,
+                inner.rates.max_retry_after,
+            );
             *h = Kept::settled(actual);
             return i64::from(actual - counted);
         }
@@ -521,17 +527,26 @@ where
             *h = Kept::settled(counted);
             return 0;
         }
-        charge(buckets, &key, actual, now);
+        charge(buckets, &key, actual, now, inner.rates.max_retry_after);
         *h = Kept::settled(actual);
         -i64::from(counted - actual)
     }
 }
 
 /// Takes `units` from `key`'s bucket now, whatever the wait and the burst:
-/// debt that the next calls wait for. O(1) in `units`: a usage a hostile
-/// or buggy reply reports (`u32::MAX` tokens) costs one CAS, and shows as
-/// a long wait (`quota_exhausted` past the longest retry worth making).
-pub(super) fn charge<C: Clock>(buckets: &Scoped<String, C>, key: &String, units: u32, now: u64) {
+/// debt that the next calls wait for. O(1) in `units`: one CAS. One
+/// charge is at most `cap`'s worth of the quota's rate: a usage a hostile
+/// or buggy reply reports (2^40 tokens) holds the key no longer than a
+/// server's hold may (`max_retry_after`), not for weeks (issue #40).
+pub(super) fn charge<C: Clock>(
+    buckets: &Scoped<String, C>,
+    key: &String,
+    units: u32,
+    now: u64,
+    cap: Duration,
+) {
+    let period = saturating_nanos(buckets.period_of(key)).max(1);
+    let most = (saturating_nanos(cap) / period).max(1);
     // Too many keys: nothing can be charged to a bucket that cannot exist.
-    let _ = buckets.charge(key, u64::from(units), now);
+    let _ = buckets.charge(key, u64::from(units).min(most), now);
 }

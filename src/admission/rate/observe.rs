@@ -133,6 +133,7 @@ where
                             &key,
                             believed - left,
                             inner.clock.now_nanos(),
+                            inner.rates.max_retry_after,
                         );
                     }
                 }
@@ -151,12 +152,9 @@ where
                 .iter()
                 .find(|r| same_name(&r.name, name))
             {
-                let _ = resource.buckets.penalize_told(
-                    &key,
-                    wait.min(inner.rates.max_retry_after),
-                    wait,
-                );
-                return Some(wait);
+                let held = wait.min(inner.rates.max_retry_after);
+                let _ = resource.buckets.penalize_told(&key, held, wait);
+                return Some(held);
             }
             // The layer does not meter that quota: holding the requests is
             // the only way not to hear the same 429 again at once.
@@ -171,8 +169,8 @@ where
         };
         // Every hold is capped alike (a weighted quota's above): a hostile
         // `Retry-After: 999999999` holds the key for `max_retry_after`, not
-        // for decades. The reply's own wait is still returned, for the
-        // retry decision.
+        // for decades, and that hold is what is returned (issue #40: the
+        // server's 999,999,999 s came back while the key was held 300 s).
         let told = wait;
         let wait = wait.min(inner.rates.max_retry_after);
         match &hint.scope {
@@ -206,7 +204,7 @@ where
                 let _ = inner.rates.credentials.penalize_told(&key, wait, told);
             }
         }
-        Some(told)
+        Some(wait)
     }
 
     /// Lifts every server hold on `credential` (its request quota and its

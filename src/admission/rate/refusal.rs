@@ -62,7 +62,7 @@ where
         let staggered = |after: Duration| {
             let limit = format!("{scope}\u{0}{credential}");
             let ready = now.saturating_add(saturating_nanos(after));
-            let told = inner.told.tell(&limit, now, ready, period);
+            let told = inner.told.tell(&limit, now, ready, period, None);
             Duration::from_nanos(told - now)
         };
         if let ReserveError::Unavailable { retry_after } = e {
@@ -93,17 +93,27 @@ where
             );
         }
         // A server hold is capped at `max_retry_after` (the key is probed
-        // again then), but while it lasts a refusal reports what the
-        // server said: past the cap, an operator's problem.
+        // again then). While it lasts, a refusal says what the server said
+        // (past the cap, an operator's problem) but tells the caller when
+        // it would be admitted: the capped hold, never the server's
+        // 136 years (issue #40).
         let told = self.held_until(credential, None).saturating_sub(now);
-        let e = match e.retry_after() {
+        match e.retry_after() {
             Some(after) if told > saturating_nanos(inner.rates.max_retry_after) => {
-                ReserveError::RateLimited {
-                    retry_after: after.max(Duration::from_nanos(told)),
-                }
+                return Throttled::new(
+                    Status::QuotaExhausted,
+                    scope,
+                    format!(
+                        "the server said the limit resets in {}, longer than any retry is worth; \
+                         this layer asks it again in {}; tell the operator",
+                        Human(Duration::from_nanos(told)),
+                        Human(after)
+                    ),
+                )
+                .with_retry_after(after);
             }
-            _ => e,
-        };
+            _ => {}
+        }
         match e.retry_after() {
             Some(after) if after > inner.rates.max_retry_after => Throttled::new(
                 Status::QuotaExhausted,

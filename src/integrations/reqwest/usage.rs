@@ -1,39 +1,10 @@
-//! What a response's body says the request used: `llm_usage` reads the
-//! `usage` object of an OpenAI or Anthropic reply, and [`buffered`] reads
-//! a body once and hands the caller a response with the same body.
+//! A response's body for its usage: [`buffered`] reads a body once and
+//! hands the caller a response with the same body (the `usage` object
+//! itself is read by `integrations::llm_usage`).
 
 use ::reqwest::{Response, ResponseBuilderExt};
 
-/// See [`AdmissionMiddleware::llm_usage`](super::AdmissionMiddleware::llm_usage).
-pub(super) fn llm_usage(body: &[u8]) -> Vec<(String, u32)> {
-    let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
-        return Vec::new();
-    };
-    let Some(usage) = value.get("usage") else {
-        return Vec::new();
-    };
-    let field = |name: &str| usage.get(name).and_then(serde_json::Value::as_u64);
-    let (input, output, total) = if let Some(prompt) = field("prompt_tokens") {
-        let output = field("completion_tokens").unwrap_or(0);
-        let total = field("total_tokens").unwrap_or(prompt.saturating_add(output));
-        (prompt, output, total)
-    } else if let Some(input) = field("input_tokens") {
-        let input = ["cache_creation_input_tokens", "cache_read_input_tokens"]
-            .into_iter()
-            .filter_map(field)
-            .fold(input, u64::saturating_add);
-        let output = field("output_tokens").unwrap_or(0);
-        (input, output, input.saturating_add(output))
-    } else {
-        return Vec::new();
-    };
-    let units = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
-    vec![
-        ("input_tokens".to_string(), units(input)),
-        ("output_tokens".to_string(), units(output)),
-        ("tokens".to_string(), units(total)),
-    ]
-}
+pub(super) use crate::integrations::llm_usage::llm_usage;
 
 /// Whether a response's body is a stream (server-sent events), which is
 /// read as it comes and never buffered here.
