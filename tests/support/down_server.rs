@@ -47,8 +47,8 @@ pub fn breaker() -> CircuitBreaker {
 pub enum Seen {
     /// The server's status.
     Status(u16),
-    /// A refusal, and the instant it told the caller to come back.
-    Refused(Throttled, Instant),
+    /// A refusal.
+    Refused(Throttled),
 }
 
 /// One call at a time, every `EVERY`, until `UNTIL` after `started`.
@@ -59,14 +59,9 @@ where
 {
     let mut seen = Vec::new();
     while started.elapsed() < UNTIL {
-        let outcome = call().await;
-        let at = Instant::now();
-        seen.push(match outcome {
+        seen.push(match call().await {
             Ok(status) => Seen::Status(status),
-            Err(t) => {
-                let told = at + Duration::from_millis(t.retry_after_ms.unwrap_or(0));
-                Seen::Refused(t, told)
-            }
+            Err(t) => Seen::Refused(t),
         });
         tokio::time::sleep(EVERY).await;
     }
@@ -111,7 +106,7 @@ pub fn check(server: &ThrottlingServer, key: &str, seen: &[Seen]) {
     // instants it is told never move past the end of the cool-down.
     let mut refused = 0;
     for s in &seen[..first_ok] {
-        if let Seen::Refused(t, _) = s {
+        if let Seen::Refused(t) = s {
             refused += 1;
             assert_eq!(t.status, Status::Unavailable, "{t:?}");
             assert!(t.scope.starts_with("circuit:"), "{t:?}");
