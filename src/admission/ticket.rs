@@ -89,7 +89,7 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
             self.is_trial(),
         );
         self.admission.observe_sent(
-            &self.tool.name,
+            super::rate::Tool::Held(&self.tool),
             &self.credential.name,
             status,
             hint,

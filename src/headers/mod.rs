@@ -7,9 +7,13 @@
 //! The formats, time rules and precedence are documented on [`ServerHint`].
 
 mod parse;
+#[cfg(feature = "http")]
+mod usage;
 mod value;
 mod write;
 
+#[cfg(feature = "http")]
+pub use usage::{llm_event_usage, llm_usage};
 #[cfg(feature = "testing")]
 pub(crate) use write::retry_after_secs;
 pub use write::RateLimitHeaders;

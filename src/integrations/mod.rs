@@ -3,8 +3,6 @@
 //! server for tests (feature `testing`), and [`PollSemaphore`] for
 //! hand-written `poll_*` code.
 
-#[cfg(any(feature = "reqwest", all(feature = "tower", feature = "http")))]
-pub(crate) mod llm_usage;
 mod poll_semaphore;
 #[cfg(feature = "http")]
 mod refusal;

@@ -281,7 +281,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     }
 
     /// What a successful response's body says the request used, as
-    /// `(quota name, units)` ([`llm_usage`](AdmissionMiddleware::llm_usage) reads OpenAI's and Anthropic's
+    /// `(quota name, units)` ([`llm_usage`](crate::headers::llm_usage) reads OpenAI's and Anthropic's
     /// `usage` object), settled on the request's ticket like
     /// [`usage_from`](Self::usage_from). The body is read once, here, and
     /// the caller gets a response with the same status, headers,
@@ -300,7 +300,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     ///     .build();
     /// let m = AdmissionMiddleware::new(admission)
     ///     .cost_from(|_req| vec![("tokens".to_string(), 1_000)])
-    ///     .usage_from_body(AdmissionMiddleware::llm_usage);
+    ///     .usage_from_body(backpressure::headers::llm_usage);
     /// # drop(m);
     /// ```
     pub fn usage_from_body(
@@ -312,7 +312,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     }
 
     /// What a streamed reply (`text/event-stream`) says it used: `f` reads
-    /// each event's data ([`llm_event_usage`](AdmissionMiddleware::llm_event_usage)
+    /// each event's data ([`llm_event_usage`](crate::headers::llm_event_usage)
     /// reads OpenAI's final `usage` chunk and Anthropic's `message_start`
     /// and `message_delta`), the largest count per name is kept, and when
     /// the body is read to its end the request's ticket is settled with
@@ -330,7 +330,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     /// use backpressure::admission::Admission;
     /// use backpressure::reqwest::AdmissionMiddleware;
     /// let m = AdmissionMiddleware::new(Admission::builder().build())
-    ///     .usage_from_stream(AdmissionMiddleware::llm_event_usage);
+    ///     .usage_from_stream(backpressure::headers::llm_event_usage);
     /// # drop(m);
     /// ```
     pub fn usage_from_stream(
@@ -415,60 +415,6 @@ impl AdmissionMiddleware {
     /// ```
     pub fn credential_of(value: &[u8]) -> String {
         hash_credential(value)
-    }
-
-    /// The token usage an LLM provider reports in a (non-streamed) JSON reply,
-    /// as `(quota name, units)` for
-    /// [`usage_from_body`](AdmissionMiddleware::usage_from_body)
-    /// (or [`Ticket::settle`](crate::admission::Ticket::settle)):
-    ///
-    /// | provider | `usage` fields | reported as |
-    /// | --- | --- | --- |
-    /// | OpenAI (and compatible servers) | `prompt_tokens`, `completion_tokens`, `total_tokens` | `input_tokens`, `output_tokens`, `tokens` |
-    /// | Anthropic | `input_tokens`, `output_tokens` (+ `cache_creation_input_tokens`, `cache_read_input_tokens`) | `input_tokens` (all input), `output_tokens`, `tokens` (their sum) |
-    ///
-    /// A body that is not JSON, or has no `usage`, reports nothing; a count
-    /// past `u32::MAX` is clamped to it. Names the layer has no quota for are
-    /// ignored by the settle, so the three can always be reported.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::reqwest::AdmissionMiddleware;
-    /// let llm_usage = AdmissionMiddleware::llm_usage;
-    /// let openai = br#"{"usage": {"prompt_tokens": 700, "completion_tokens": 105, "total_tokens": 805}}"#;
-    /// assert_eq!(
-    ///     llm_usage(openai),
-    ///     [("input_tokens".to_string(), 700), ("output_tokens".to_string(), 105), ("tokens".to_string(), 805)]
-    /// );
-    /// let anthropic = br#"{"usage": {"input_tokens": 10, "cache_read_input_tokens": 90, "output_tokens": 5}}"#;
-    /// assert_eq!(llm_usage(anthropic)[2], ("tokens".to_string(), 105));
-    /// assert!(llm_usage(b"not json").is_empty());
-    /// ```
-    pub fn llm_usage(body: &[u8]) -> Vec<(String, u32)> {
-        usage::llm_usage(body)
-    }
-
-    /// What one event of an LLM's streamed reply says it used (for
-    /// [`usage_from_stream`](Self::usage_from_stream)): the fields present,
-    /// as `input_tokens`, `output_tokens` and `tokens`. OpenAI sends
-    /// `usage` in its last chunk (with `stream_options.include_usage`);
-    /// Anthropic sends the input in `message_start` (under `message`) and
-    /// the output so far in each `message_delta`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::reqwest::AdmissionMiddleware;
-    /// let read = AdmissionMiddleware::llm_event_usage;
-    /// let start = br#"{"type":"message_start","message":{"usage":{"input_tokens":700,"output_tokens":1}}}"#;
-    /// let delta = br#"{"type":"message_delta","usage":{"output_tokens":105}}"#;
-    /// assert_eq!(read(start), [("input_tokens".to_string(), 700), ("output_tokens".to_string(), 1)]);
-    /// assert_eq!(read(delta), [("output_tokens".to_string(), 105)]);
-    /// assert!(read(b"[DONE]").is_empty());
-    /// ```
-    pub fn llm_event_usage(data: &[u8]) -> Vec<(String, u32)> {
-        stream::llm_event_usage(data)
     }
 }
 

@@ -257,13 +257,12 @@ impl<B: fmt::Debug, S: Sleeper, C: Clock> fmt::Debug for TicketBody<B, S, C> {
     }
 }
 
-pub(crate) use super::llm_usage::llm_event_usage;
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::admission::{Admission, CallSpec, CircuitBreaker};
     use crate::clock::ManualClock;
+    use crate::headers::llm_event_usage;
     use crate::throttled::Status;
     use crate::Quota;
     use bytes::Bytes;

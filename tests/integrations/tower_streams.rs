@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use backpressure::admission::CallSpec;
-use backpressure::tower::{llm_event_usage, AdmissionLayer};
+use backpressure::headers::llm_event_usage;
+use backpressure::tower::AdmissionLayer;
 use backpressure::Status;
 use http_body_util::BodyExt;
 use tower::{service_fn, Layer, ServiceExt};

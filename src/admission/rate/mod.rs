@@ -26,6 +26,7 @@ mod rescales;
 pub(super) mod shared;
 
 pub(in crate::admission) use held::{Held, Kept, Reserved};
+pub(in crate::admission) use observe::Tool;
 pub use provider::Provider;
 use refusal::Refusal;
 
@@ -257,7 +258,7 @@ where
         let mut now = now.unwrap_or_else(|| inner.clock.now_nanos());
         let inline = self.inline_wait(inline);
         let inline_end = now.saturating_add(saturating_nanos(inline));
-        // Acquire: pairs with the Release store in `observe_sent`, so the
+        // Acquire: pairs with the Release store in `hold_requests`, so the
         // scope written before it is seen.
         let scope = if tool.scoped.load(Ordering::Acquire) {
             tool.server_scope.read().clone()

@@ -4,14 +4,24 @@
 //! rate. The one place a server's wait is turned into a hold.
 
 use core::time::Duration;
+use std::borrow::Cow;
+use std::sync::Arc;
 
 use super::super::spec::REQUESTS;
+use super::super::tools::ToolState;
 use super::super::Admission;
 use super::{charge, Resource};
 use crate::clock::{saturating_nanos, Clock};
 use crate::headers::ServerHint;
 use crate::sleep::Sleeper;
 use crate::sync::Ordering;
+
+/// The tool of an answer: the state a ticket holds, or a name to look up.
+#[derive(Clone, Copy)]
+pub(in crate::admission) enum Tool<'a> {
+    Held(&'a Arc<ToolState>),
+    Named(&'a str),
+}
 
 impl<S, C> Admission<S, C>
 where
@@ -40,40 +50,29 @@ where
         hint: &ServerHint,
     ) -> Option<Duration> {
         let now = self.inner.clock.now_nanos();
-        self.observe_sent(tool, credential, status, hint, now)
+        self.observe_sent(Tool::Named(tool), credential, status, hint, now)
     }
 
     /// [`observe`](Self::observe) for a request sent at `sent_at` (on the
     /// layer's clock): the learned rate ignores 429s of requests sent
-    /// before its last decrease.
-    pub(crate) fn observe_sent(
+    /// before its last decrease. `tool` is the call's tool state when the
+    /// caller holds it (a ticket does), else it is looked up by name.
+    ///
+    /// In order: the hint as this layer reads it (the provider's window,
+    /// its share of the key), the learned rate, the weighted quotas the
+    /// server reports on, a spent weighted quota's hold, then the
+    /// requests' hold (on a server scope, a shared credential or the
+    /// credential).
+    pub(in crate::admission) fn observe_sent(
         &self,
-        tool: &str,
+        tool: Tool<'_>,
         credential: &str,
         status: u16,
         hint: &ServerHint,
         sent_at: u64,
     ) -> Option<Duration> {
-        let inner = &*self.inner;
-        let key = credential.to_string();
-        // Told the provider: its limits count per minute.
-        let filled;
-        let hint = match inner.rates.provider_window {
-            Some(window) if needs_window(hint) => {
-                filled = with_window(hint, window);
-                &filled
-            }
-            _ => hint,
-        };
-        // A key shared with others: this layer's part of each limit.
-        let shared_key;
-        let hint = match inner.rates.key_share {
-            Some(share) if states_limits(hint) => {
-                shared_key = with_share(hint, share);
-                &shared_key
-            }
-            _ => hint,
-        };
+        let hint = self.as_read(hint);
+        let hint = &*hint;
         // A 429 for another quota than requests (tokens spent, requests
         // left) says nothing about the request rate: it is not fed to it,
         // and it holds that quota alone when the layer has it.
@@ -82,29 +81,81 @@ where
         } else {
             None
         };
-        if !inner.rates.shared.contains(credential) {
-            // The new rate before the hold (see `Learned::observe`). A 429
-            // for another quota is no verdict on the rate (status 0: only
-            // a request limit the reply states is taken).
-            let status = if spent.is_some() { 0 } else { status };
-            let now = inner.clock.now_nanos();
-            inner.rates.learned.observe(
-                credential,
-                status,
-                hint,
-                sent_at,
-                now,
-                &inner.rates.credentials,
-            );
+        self.learn(credential, status, spent.is_some(), hint, sent_at);
+        self.follow_weighted_quotas(credential, hint);
+        if let Some(policy) = spent
+            && let Some(held) = self.hold_spent_quota(credential, policy, hint)
+        {
+            return Some(held);
         }
-        // A weighted quota the server reports on (a policy of the same
-        // name): spent, it is held until its reset, alone; with less left
-        // than this process believes (another process, or a job, spends
-        // the same key), the difference is charged here, so the next calls
-        // wait for what the server will really allow. The server's count
-        // can only be stale by requests it has not seen yet, which the
-        // local bucket already holds: taking the smaller never admits more
-        // than the server has left.
+        let wait = match request_wait(hint, &self.inner.rates.resources) {
+            Some(w) => w,
+            // A 429 with no hint: hold the key back (a second) rather than
+            // let the next call find out the same way; the retry policy
+            // waits the same hold.
+            None if status == 429 => crate::retry::RetryPolicy::BARE_429_HOLD,
+            None => return None,
+        };
+        Some(self.hold_requests(tool, credential, hint, wait))
+    }
+
+    /// The hint as this layer reads it: told the provider, its limits
+    /// count per minute; on a key shared with others, this layer's part
+    /// of each limit.
+    fn as_read<'h>(&self, hint: &'h ServerHint) -> Cow<'h, ServerHint> {
+        let rates = &self.inner.rates;
+        let mut hint = Cow::Borrowed(hint);
+        if let Some(window) = rates.provider_window
+            && needs_window(&hint)
+        {
+            hint = Cow::Owned(with_window(&hint, window));
+        }
+        if let Some(share) = rates.key_share
+            && states_limits(&hint)
+        {
+            hint = Cow::Owned(with_share(&hint, share));
+        }
+        hint
+    }
+
+    /// Feeds the learned rate (a local credential's; a shared one is not
+    /// adapted). The new rate is set before any hold (see
+    /// `Learned::observe`); a 429 for another quota is no verdict on the
+    /// rate (status 0: only a request limit the reply states is taken).
+    fn learn(
+        &self,
+        credential: &str,
+        status: u16,
+        other_quota: bool,
+        hint: &ServerHint,
+        sent_at: u64,
+    ) {
+        let inner = &*self.inner;
+        if inner.rates.shared.contains(credential) {
+            return;
+        }
+        let status = if other_quota { 0 } else { status };
+        inner.rates.learned.observe(
+            credential,
+            status,
+            hint,
+            sent_at,
+            inner.clock.now_nanos(),
+            &inner.rates.credentials,
+        );
+    }
+
+    /// A weighted quota the server reports on (a policy of the same
+    /// name): spent, it is held until its reset, alone; with less left
+    /// than this process believes (another process, or a job, spends the
+    /// same key), the difference is charged here, so the next calls wait
+    /// for what the server will really allow. The server's count can only
+    /// be stale by requests it has not seen yet, which the local bucket
+    /// already holds: taking the smaller never admits more than the
+    /// server has left.
+    fn follow_weighted_quotas(&self, credential: &str, hint: &ServerHint) {
+        let inner = &*self.inner;
+        let key = credential.to_string();
         for resource in inner.rates.resources.iter() {
             let Some(policy) = hint.policies.iter().find(|p| {
                 p.name
@@ -140,39 +191,52 @@ where
                 _ => {}
             }
         }
-        if let Some(policy) = spent {
-            let wait = policy
-                .reset_after
-                .or(hint.retry_after)
-                .unwrap_or(crate::retry::RetryPolicy::BARE_429_HOLD);
-            let name = policy.name.as_deref().unwrap_or_default();
-            if let Some(resource) = inner
-                .rates
-                .resources
-                .iter()
-                .find(|r| same_name(&r.name, name))
-            {
-                let held = wait.min(inner.rates.max_retry_after);
-                let _ = resource.buckets.penalize_told(&key, held, wait);
-                return Some(held);
-            }
-            // The layer does not meter that quota: holding the requests is
-            // the only way not to hear the same 429 again at once.
-        }
-        let wait = match request_wait(hint, &inner.rates.resources) {
-            Some(w) => w,
-            // A 429 with no hint: hold the key back (a second) rather than
-            // let the next call find out the same way; the retry policy
-            // waits the same hold.
-            None if status == 429 => crate::retry::RetryPolicy::BARE_429_HOLD,
-            None => return None,
-        };
-        // Every hold is capped alike (a weighted quota's above): a hostile
-        // `Retry-After: 999999999` holds the key for `max_retry_after`, not
-        // for decades, and that hold is what is returned (issue #40: the
-        // server's 999,999,999 s came back while the key was held 300 s).
-        let told = wait;
-        let wait = wait.min(inner.rates.max_retry_after);
+    }
+
+    /// A 429 for a weighted quota the layer meters holds that quota alone
+    /// (until its reset, capped): the hold applied. `None` when the layer
+    /// does not meter it: holding the requests is then the only way not
+    /// to hear the same 429 again at once.
+    fn hold_spent_quota(
+        &self,
+        credential: &str,
+        policy: &crate::headers::Policy,
+        hint: &ServerHint,
+    ) -> Option<Duration> {
+        let inner = &*self.inner;
+        let wait = policy
+            .reset_after
+            .or(hint.retry_after)
+            .unwrap_or(crate::retry::RetryPolicy::BARE_429_HOLD);
+        let name = policy.name.as_deref().unwrap_or_default();
+        let resource = inner
+            .rates
+            .resources
+            .iter()
+            .find(|r| same_name(&r.name, name))?;
+        let held = wait.min(inner.rates.max_retry_after);
+        let _ = resource
+            .buckets
+            .penalize_told(&credential.to_string(), held, wait);
+        Some(held)
+    }
+
+    /// Holds the requests for the server's `wait`, capped alike for every
+    /// hold: a hostile `Retry-After: 999999999` holds the key for
+    /// `max_retry_after`, not for decades, and that hold is what is
+    /// returned (issue #40: the server's 999,999,999 s came back while
+    /// the key was held 300 s). A named limit holds only the calls under
+    /// its scope; a shared credential's hold is pushed by its next admit.
+    fn hold_requests(
+        &self,
+        tool: Tool<'_>,
+        credential: &str,
+        hint: &ServerHint,
+        told: Duration,
+    ) -> Duration {
+        let inner = &*self.inner;
+        let key = credential.to_string();
+        let wait = told.min(inner.rates.max_retry_after);
         match &hint.scope {
             Some(scope) => {
                 // The server named the limit: hold back only the calls that
@@ -181,12 +245,16 @@ where
                     .rates
                     .server_scopes
                     .penalize_told(&(key, scope.clone()), wait, told);
-                // A tool the registry cannot hold right now learns its
-                // scope on a later reply.
-                if let Ok(tool) = inner.slots.tool(tool) {
-                    *tool.server_scope.write() = Some(scope.clone());
+                let state = match tool {
+                    Tool::Held(state) => Some(state.clone()),
+                    // A tool the registry cannot hold right now learns its
+                    // scope on a later reply.
+                    Tool::Named(name) => inner.slots.tool(name).ok(),
+                };
+                if let Some(state) = state {
+                    *state.server_scope.write() = Some(scope.clone());
                     // Release: see `take_rate`.
-                    tool.scoped.store(true, Ordering::Release);
+                    state.scoped.store(true, Ordering::Release);
                 }
             }
             None if inner.rates.shared.contains(credential) => {
@@ -204,7 +272,7 @@ where
                 let _ = inner.rates.credentials.penalize_told(&key, wait, told);
             }
         }
-        Some(wait)
+        wait
     }
 
     /// Lifts every server hold on `credential` (its request quota and its

@@ -32,7 +32,7 @@ use core::time::Duration;
 /// A call draws on a learned quota only when it says what it costs
 /// ([`CallSpec::cost`](crate::admission::CallSpec::cost), the middleware's
 /// `cost_from`); usage read from the reply
-/// (`AdmissionMiddleware::llm_usage`, feature `reqwest`) settles the estimate.
+/// (`headers::llm_usage`, feature `http`) settles the estimate.
 ///
 /// Without this, OpenAI's names are still read for holds (`remaining: 0`
 /// with its reset, a 429 charged to the quota that is spent) but set no

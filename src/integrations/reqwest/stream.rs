@@ -10,8 +10,8 @@ use reqwest::Response;
 
 use crate::admission::Ticket;
 use crate::clock::Clock;
+pub(super) use crate::integrations::ticket_body::EventUsage;
 use crate::integrations::ticket_body::TicketBody;
-pub(super) use crate::integrations::ticket_body::{llm_event_usage, EventUsage};
 use crate::retry::Attempts;
 use crate::sleep::Sleeper;
 

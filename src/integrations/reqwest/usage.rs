@@ -1,10 +1,8 @@
 //! A response's body for its usage: [`buffered`] reads a body once and
 //! hands the caller a response with the same body (the `usage` object
-//! itself is read by `integrations::llm_usage`).
+//! itself is read by `headers::llm_usage`).
 
 use ::reqwest::{Response, ResponseBuilderExt};
-
-pub(super) use crate::integrations::llm_usage::llm_usage;
 
 /// Whether a response's body is a stream (server-sent events), which is
 /// read as it comes and never buffered here.

@@ -451,7 +451,8 @@ impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C, AtHead> {
     ///
     /// ```
     /// use backpressure::admission::{Admission, CallSpec};
-    /// use backpressure::tower::{llm_event_usage, AdmissionLayer};
+    /// use backpressure::headers::llm_event_usage;
+    /// use backpressure::tower::AdmissionLayer;
     /// use backpressure::{ManualClock, Quota};
     /// use http_body_util::BodyExt;
     /// use std::num::NonZeroU32;
@@ -497,7 +498,7 @@ impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C, AtHead> {
 #[cfg(feature = "http")]
 impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C, AtBodyEnd> {
     /// What a held body's stream (server-sent events) says the call used:
-    /// `f` reads each `data:` line ([`llm_event_usage`](super::llm_event_usage)
+    /// `f` reads each `data:` line ([`llm_event_usage`](crate::headers::llm_event_usage)
     /// reads OpenAI's final `usage` chunk and Anthropic's `message_start`
     /// and `message_delta`), the largest count per quota name is kept, and
     /// when the body is read to its end the call's ticket is settled with

@@ -59,26 +59,6 @@ pub use retry::HintRetry;
 
 pub(crate) use limit_future::LimitFuture;
 
-/// What one server-sent event of an LLM stream says it used, for
-/// [`AdmissionLayer::usage_from_stream`]: the fields present of an OpenAI
-/// final chunk's `usage` (`prompt_tokens` as `input_tokens`,
-/// `completion_tokens` as `output_tokens`, `total_tokens` as `tokens`) or
-/// of Anthropic's `usage` in `message_start` and `message_delta`
-/// (`input_tokens` with the cache counts, `output_tokens`).
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::tower::llm_event_usage;
-/// let used = llm_event_usage(br#"{"type":"message_delta","usage":{"output_tokens":42}}"#);
-/// assert_eq!(used, vec![("output_tokens".to_string(), 42)]);
-/// assert!(llm_event_usage(b"[DONE]").is_empty());
-/// ```
-#[cfg(feature = "http")]
-pub fn llm_event_usage(data: &[u8]) -> Vec<(String, u32)> {
-    crate::integrations::ticket_body::llm_event_usage(data)
-}
-
 use crate::bucket::{CheckError, ReserveError};
 use crate::{throttled::Status, Throttled};
 
