@@ -21,7 +21,7 @@
 //!   headers obeyed, waits up to 2 s kept invisible, longer
 //!   ones returned as a structured `rate_limited` the model plans with;
 //! * with `--features reqwest`, the same calls again through the reqwest
-//!   middleware (`AdmissionMiddleware` + `call_result`), with the same
+//!   middleware (`AdmissionMiddleware::call_result`), with the same
 //!   admission and retry policy: the one attempt loop behind both, so the
 //!   two columns read the same.
 //!
@@ -394,7 +394,7 @@ fn tally<V, E: std::fmt::Display>(
 /// same admission, the same retries, the same answers.
 #[cfg(feature = "reqwest")]
 async fn through_middleware(rate: u32, tokens: u32, turn: &[ToolCall], seed: u64) -> Row {
-    use backpressure::reqwest::{call_result, AdmissionMiddleware};
+    use backpressure::reqwest::AdmissionMiddleware;
     let stage = Stage::start(rate, tokens).await;
     let middleware = AdmissionMiddleware::new(harness_admission(rate, tokens))
         .retry_policy(harness_policy(seed))
@@ -422,7 +422,7 @@ async fn through_middleware(rate: u32, tokens: u32, turn: &[ToolCall], seed: u64
     for _ in 0..2 {
         let calls = round.iter().map(|c| {
             let url = format!("http://{}{}", stage.srv.addr, c.path());
-            call_result(
+            AdmissionMiddleware::call_result(
                 client
                     .get(url)
                     .bearer_auth(KEY)

@@ -59,7 +59,7 @@ fn middleware(admission: &Admission, credential_header: &str) -> AdmissionMiddle
     AdmissionMiddleware::new(admission.clone())
         .credential_header(credential_header)
         .cost_from(estimate)
-        .usage_from_body(backpressure::headers::llm_usage)
+        .usage_from_body(backpressure::admission::Provider::usage_in_body)
         .refusals_as_responses()
 }
 
@@ -228,7 +228,7 @@ async fn three_turns(flavor: Flavor, credential_header: &str) {
     let impatient = AdmissionMiddleware::new(admission.clone())
         .credential_header(credential_header)
         .cost_from(estimate)
-        .usage_from_body(backpressure::headers::llm_usage)
+        .usage_from_body(backpressure::admission::Provider::usage_in_body)
         .refusals_as_responses()
         .deadline(Duration::from_millis(300));
     let model = Model::new(flavor, &server, impatient, "key-a");

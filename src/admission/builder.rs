@@ -852,6 +852,7 @@ impl<S, C> Builder<S, C> {
                 sleeper: self.sleeper,
                 clock: self.clock,
                 closed: AtomicBool::new(false),
+                turns_waiting: crate::sync::AtomicUsize::new(0),
                 closed_signal: crate::semaphore::Semaphore::new(0),
                 budget: RunBudget::new(self.cfg.run_budget),
                 slots: Slots::new(

@@ -48,7 +48,7 @@ use std::sync::Arc;
 use crate::clock::{saturating_nanos, Clock, DefaultClock};
 use crate::semaphore::Semaphore;
 use crate::sleep::{DefaultSleeper, Sleeper};
-use crate::sync::{AtomicBool, Ordering};
+use crate::sync::{AtomicBool, AtomicUsize, Ordering};
 
 pub use crate::failure::CallFailure;
 use crate::throttled::{Status, Throttled};
@@ -87,6 +87,9 @@ struct Inner<S, C: Clock> {
     told: stagger::Stagger,
     /// The circuit of every (tool, credential), if the layer keeps them.
     breakers: Option<breaker::Breakers>,
+    /// Background calls sleeping for their turn in their class's share of
+    /// a rate (`waiting` counts them with the calls queued for a slot).
+    turns_waiting: AtomicUsize,
 }
 
 /// What a call being admitted holds so far: its tool, its budget units
@@ -318,6 +321,18 @@ where
                 .await
                 .map_err(|(e, which)| self.slot_refusal(spec, &taken.tool, e, which))?;
             taken.slots = true;
+        }
+
+        // A slot that came free only at the deadline leaves no time for
+        // the rate: the call timed out waiting (issue #40: it was refused
+        // `rate_limited`, "slot is in 699 ms, after its deadline").
+        if rate_from.is_none() && inner.clock.now_nanos() >= deadline_at {
+            return Err(Throttled::new(
+                Status::TimedOut,
+                format!("tool:{}", spec.tool),
+                "a slot came free only at the call's deadline, with no time left to send it; \
+                 retry with a longer deadline or later",
+            ));
         }
 
         // 4. Rate: every quota the call draws on, all or nothing, slept
@@ -664,7 +679,8 @@ where
         &self.inner.sleeper
     }
 
-    /// Calls waiting for a slot right now.
+    /// Calls waiting right now: queued for a slot, or (background calls)
+    /// sleeping for their turn in their class's share of a rate.
     ///
     /// # Examples
     ///
@@ -673,7 +689,8 @@ where
     /// assert_eq!(Admission::builder().build().waiting(), 0);
     /// ```
     pub fn waiting(&self) -> usize {
-        self.inner.slots.waiting()
+        // Relaxed: advisory, a snapshot of two counters.
+        self.inner.slots.waiting() + self.inner.turns_waiting.load(Ordering::Relaxed)
     }
 }
 

@@ -13,7 +13,7 @@ mod value;
 mod write;
 
 #[cfg(feature = "http")]
-pub use usage::{llm_event_usage, llm_usage};
+pub(crate) use usage::{llm_event_usage, llm_usage};
 #[cfg(feature = "testing")]
 pub(crate) use write::retry_after_secs;
 pub use write::RateLimitHeaders;

@@ -16,51 +16,15 @@
 //! `message_start` has the input, each `message_delta` the output so
 //! far), and the stream adds them up when it ends.
 
-/// What a whole (non-streamed) JSON reply of an LLM provider says the
-/// call used, as `(quota name, units)`: `input_tokens`, `output_tokens`
-/// and `tokens` (see the table in the [module docs](self)). For the
-/// reqwest middleware's `usage_from_body`, or
-/// [`Ticket::settle`](crate::admission::Ticket::settle). A body that is
-/// not JSON, or has no `usage`, reports nothing; a count past `u32::MAX`
-/// is clamped to it. Names the layer has no quota for are ignored by the
-/// settle, so the three can always be reported.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::headers::llm_usage;
-/// let openai = br#"{"usage": {"prompt_tokens": 700, "completion_tokens": 105, "total_tokens": 805}}"#;
-/// assert_eq!(
-///     llm_usage(openai),
-///     [("input_tokens".to_string(), 700), ("output_tokens".to_string(), 105), ("tokens".to_string(), 805)]
-/// );
-/// let anthropic = br#"{"usage": {"input_tokens": 10, "cache_read_input_tokens": 90, "output_tokens": 5}}"#;
-/// assert_eq!(llm_usage(anthropic)[2], ("tokens".to_string(), 105));
-/// assert!(llm_usage(b"not json").is_empty());
-/// ```
-pub fn llm_usage(body: &[u8]) -> Vec<(String, u32)> {
+/// What a whole (non-streamed) JSON reply says it used: see
+/// [`Provider::usage_in_body`](crate::admission::Provider::usage_in_body).
+pub(crate) fn llm_usage(body: &[u8]) -> Vec<(String, u32)> {
     parse(body, Whole::Reply)
 }
 
-/// What one event of an LLM's streamed reply says it used (for
-/// `usage_from_stream` on the reqwest middleware or the tower layer):
-/// the fields it carries. OpenAI sends `usage` in its last chunk (with
-/// `stream_options.include_usage`); Anthropic sends the input in
-/// `message_start` (under `message`) and the output so far in each
-/// `message_delta`. The stream keeps the largest count per name and,
-/// when it ends, `tokens` is at least `input_tokens + output_tokens`.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::headers::llm_event_usage;
-/// let start = br#"{"type":"message_start","message":{"usage":{"input_tokens":700}}}"#;
-/// let delta = br#"{"type":"message_delta","usage":{"output_tokens":105}}"#;
-/// assert_eq!(llm_event_usage(start), [("input_tokens".to_string(), 700)]);
-/// assert_eq!(llm_event_usage(delta), [("output_tokens".to_string(), 105)]);
-/// assert!(llm_event_usage(b"[DONE]").is_empty());
-/// ```
-pub fn llm_event_usage(data: &[u8]) -> Vec<(String, u32)> {
+/// What one event of a streamed reply says it used: see
+/// [`Provider::usage_in_event`](crate::admission::Provider::usage_in_event).
+pub(crate) fn llm_event_usage(data: &[u8]) -> Vec<(String, u32)> {
     parse(data, Whole::Event)
 }
 

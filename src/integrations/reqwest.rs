@@ -31,7 +31,6 @@ mod usage;
 
 use crate::admission::attempt::reads::{self, Joined, Reads};
 use exchange::Exchange;
-pub use outcome::call_result;
 use outcome::Outcome;
 
 /// Admits every request through an [`Admission`] before it is sent,
@@ -281,7 +280,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     }
 
     /// What a successful response's body says the request used, as
-    /// `(quota name, units)` ([`llm_usage`](crate::headers::llm_usage) reads OpenAI's and Anthropic's
+    /// `(quota name, units)` ([`Provider::usage_in_body`](crate::admission::Provider::usage_in_body) reads OpenAI's and Anthropic's
     /// `usage` object), settled on the request's ticket like
     /// [`usage_from`](Self::usage_from). The body is read once, here, and
     /// the caller gets a response with the same status, headers,
@@ -300,7 +299,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     ///     .build();
     /// let m = AdmissionMiddleware::new(admission)
     ///     .cost_from(|_req| vec![("tokens".to_string(), 1_000)])
-    ///     .usage_from_body(backpressure::headers::llm_usage);
+    ///     .usage_from_body(backpressure::admission::Provider::usage_in_body);
     /// # drop(m);
     /// ```
     pub fn usage_from_body(
@@ -312,7 +311,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     }
 
     /// What a streamed reply (`text/event-stream`) says it used: `f` reads
-    /// each event's data ([`llm_event_usage`](crate::headers::llm_event_usage)
+    /// each event's data ([`Provider::usage_in_event`](crate::admission::Provider::usage_in_event)
     /// reads OpenAI's final `usage` chunk and Anthropic's `message_start`
     /// and `message_delta`), the largest count per name is kept, and when
     /// the body is read to its end the request's ticket is settled with
@@ -330,7 +329,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     /// use backpressure::admission::Admission;
     /// use backpressure::reqwest::AdmissionMiddleware;
     /// let m = AdmissionMiddleware::new(Admission::builder().build())
-    ///     .usage_from_stream(backpressure::headers::llm_event_usage);
+    ///     .usage_from_stream(backpressure::admission::Provider::usage_in_event);
     /// # drop(m);
     /// ```
     pub fn usage_from_stream(
@@ -415,6 +414,47 @@ impl AdmissionMiddleware {
     /// ```
     pub fn credential_of(value: &[u8]) -> String {
         hash_credential(value)
+    }
+
+    /// Sends `request` (from a client whose middleware includes an
+    /// `AdmissionMiddleware`) and answers as
+    /// [`Runner`](crate::admission::Runner) does: [`CallResult::Done`](crate::admission::CallResult::Done) with a
+    /// 2xx response, [`CallResult::Throttled`](crate::admission::CallResult::Throttled) with a refusal (an error, or
+    /// the synthetic 429 of `refusals_as_responses`), [`CallResult::Failed`](crate::admission::CallResult::Failed)
+    /// with any other status or a transport error, each with the requests the
+    /// call sent (0 when it joined an identical read) and why a fault was not
+    /// retried. Serialized (feature `serde`), it is the JSON a model reads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, CallResult};
+    /// use backpressure::reqwest::AdmissionMiddleware;
+    /// use backpressure::retry::RequestDeadline;
+    /// use std::time::Duration;
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// // Nothing listens on port 9 of loopback: the connection is refused.
+    /// let middleware = AdmissionMiddleware::new(Admission::builder().build())
+    ///     .retry_policy(backpressure::retry::RetryPolicy::default().max_retries(1));
+    /// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(middleware).build();
+    /// let request = client
+    ///     .get("http://127.0.0.1:9/search")
+    ///     .with_extension(RequestDeadline(Duration::from_secs(5)));
+    /// match AdmissionMiddleware::call_result(request).await {
+    ///     // A transport error stays one (never `rate_limited`), with its attempts.
+    ///     CallResult::Failed { error, attempts, .. } => {
+    ///         assert!(error.is_transport());
+    ///         assert_eq!(attempts, 2);
+    ///     }
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// # });
+    /// ```
+    pub async fn call_result(
+        request: reqwest_middleware::RequestBuilder,
+    ) -> crate::admission::CallResult<Response, Error> {
+        outcome::call_result(request).await
     }
 }
 
@@ -556,7 +596,7 @@ where
     C: Clock + Clone + 'static,
 {
     /// One request through the admission's attempt loop; how it ended goes
-    /// into `extensions` (read by [`call_result`]).
+    /// into `extensions` (read by [`call_result`](Self::call_result)).
     async fn run(
         &self,
         spec: &CallSpec,

@@ -856,3 +856,69 @@ fn calls_refused_together_by_an_open_circuit_are_spread_within_one_cool_down() {
         );
     });
 }
+
+/// Polls `fut` once with a waker that does nothing.
+fn poll_once<F: std::future::Future + Unpin>(fut: &mut F) -> std::task::Poll<F::Output> {
+    let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+    std::pin::Pin::new(fut).poll(&mut cx)
+}
+
+/// Issue #40 item 11: `waiting()` counted the calls queued for a slot but
+/// not the background calls sleeping for their turn in their class's
+/// share of the rate (0 while 19 waited).
+#[test]
+fn waiting_missed_calls_waiting_for_their_background_turn_is_fixed() {
+    use backpressure::admission::Priority;
+    let clock = backpressure::ManualClock::new();
+    let admission = Admission::builder()
+        .clock(clock.clone())
+        .sleeper(clock.clone())
+        .fixed_rates()
+        .default_quota(Quota::per_second(std::num::NonZeroU32::new(10).unwrap()))
+        .priority_lanes(0.5)
+        .background_rate_share(0.5)
+        .inline_wait(Duration::from_secs(30))
+        .build();
+    let spec = CallSpec::new("sync", "key")
+        .priority(Priority::BACKGROUND)
+        .deadline(Duration::from_secs(30));
+    let mut calls: Vec<_> = (0..20).map(|_| Box::pin(admission.admit(&spec))).collect();
+    let mut pending = 0;
+    for call in calls.iter_mut() {
+        pending += usize::from(poll_once(call).is_pending());
+    }
+    assert!(pending >= 10, "{pending} waiting for their turn");
+    assert_eq!(admission.waiting(), pending);
+    drop(calls);
+    assert_eq!(
+        admission.waiting(),
+        0,
+        "a dropped call is no longer counted"
+    );
+}
+
+/// Issue #40 item 11: a call that got its slot only at its deadline (the
+/// call ahead of it held it that long) was refused `rate_limited`, "this
+/// call's slot is in 500 ms, after its deadline". It timed out waiting.
+#[test]
+fn a_slot_that_comes_free_at_the_deadline_is_timed_out_not_rate_limited() {
+    let clock = backpressure::ManualClock::new();
+    let admission = Admission::builder()
+        .clock(clock.clone())
+        .sleeper(clock.clone())
+        .fixed_rates()
+        .default_quota(Quota::per_second(std::num::NonZeroU32::new(1).unwrap()))
+        .tool("search", 1, SlotPolicy::Wait)
+        .build();
+    let first =
+        futures::executor::block_on(admission.admit(&CallSpec::new("search", "key"))).unwrap();
+    let spec = CallSpec::new("search", "key").deadline(Duration::from_millis(500));
+    let mut second = Box::pin(admission.admit(&spec));
+    assert!(poll_once(&mut second).is_pending());
+    clock.advance(Duration::from_millis(500));
+    drop(first);
+    let std::task::Poll::Ready(Err(t)) = poll_once(&mut second) else {
+        panic!("the second call should be refused at its deadline")
+    };
+    assert_eq!(t.status, Status::TimedOut, "{t}");
+}

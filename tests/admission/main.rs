@@ -8,6 +8,7 @@ mod admission_layer;
 mod admission_metrics;
 mod admission_stats;
 mod admission_weighted;
+mod architecture;
 mod rate_stage;
 mod runner;
 mod runner_outcomes;

@@ -1,7 +1,7 @@
 //! One contract on every seam (issue #39): one table of scenarios, run
 //! against each seam — `Runner` with `Call::request`, the reqwest
-//! middleware (`call_result`), and the tower `AdmissionLayer::http`
-//! stack (`tower::call_result`) — against loopback servers. Each row
+//! middleware (`AdmissionMiddleware::call_result`), and the tower
+//! `AdmissionLayer::http` stack (`CallResult::from_tower`) — against loopback servers. Each row
 //! asserts, on every seam alike: the final status, the requests the call
 //! sent, the requests the server saw (and the gaps between their starts),
 //! and when the caller heard back against its deadline (orderings, never
@@ -412,7 +412,7 @@ async fn through(seam: Seam, row: &Row, server: &Scripted, admission: Admission)
                     .body("{}");
                 async move {
                     let start = Instant::now();
-                    let r = backpressure::reqwest::call_result(request).await;
+                    let r = AdmissionMiddleware::call_result(request).await;
                     (
                         Heard::of(r, |v| v.status().as_u16(), start.elapsed()),
                         start,
@@ -434,7 +434,7 @@ async fn through(seam: Seam, row: &Row, server: &Scripted, admission: Admission)
                 let svc = svc.clone();
                 async move {
                     let start = Instant::now();
-                    let r = backpressure::tower::call_result(svc.oneshot(request).await);
+                    let r = CallResult::from_tower(svc.oneshot(request).await);
                     (
                         Heard::of(r, |v| v.status().as_u16(), start.elapsed()),
                         start,

@@ -393,7 +393,7 @@ async fn usage_from_the_body_settles_the_estimate_and_keeps_the_body() {
         .with(
             AdmissionMiddleware::new(admission.clone())
                 .cost_from(|_req| vec![("tokens".to_string(), 1_000)])
-                .usage_from_body(backpressure::headers::llm_usage),
+                .usage_from_body(backpressure::admission::Provider::usage_in_body),
         )
         .build();
     let url = format!("http://{addr}/v1/chat/completions");
@@ -817,7 +817,7 @@ async fn a_streamed_reply_holds_its_slot_until_read_and_settles_its_usage() {
         .with(
             AdmissionMiddleware::new(admission.clone())
                 .cost_from(|_| vec![("tokens".to_string(), 500)])
-                .usage_from_stream(backpressure::headers::llm_event_usage),
+                .usage_from_stream(backpressure::admission::Provider::usage_in_event),
         )
         .build();
     let key = AdmissionMiddleware::credential_of(b"Bearer key-a");

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use backpressure::admission::CallSpec;
-use backpressure::headers::llm_event_usage;
+use backpressure::admission::Provider;
 use backpressure::tower::AdmissionLayer;
 use backpressure::Status;
 use http_body_util::BodyExt;
@@ -50,7 +50,7 @@ async fn held_bodies_keep_their_slot_until_read_and_settle_the_streamed_usage() 
     let spec = |_: &Req| CallSpec::new("chat", "key").cost("tokens", 500);
     let svc = AdmissionLayer::http(admission.clone(), spec)
         .hold_bodies()
-        .usage_from_stream(llm_event_usage)
+        .usage_from_stream(Provider::usage_in_event)
         .layer(client(url.clone()));
     let probe_spec = CallSpec::new("probe", "other");
     let probe = || admission.admit(&probe_spec);

@@ -19,6 +19,7 @@ use crate::bucket::Quota;
 use crate::clock::{saturating_nanos, Clock};
 use crate::keyed::Scoped;
 use crate::sleep::Sleeper;
+use crate::sync::{AtomicUsize, Ordering};
 use crate::throttled::Throttled;
 
 /// The background buckets, one per credential, each following its
@@ -99,8 +100,13 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
             .map_err(|r| self.rate_refusal(r, &spec.credential, at))?;
         if let Some((kept, wait)) = turn {
             taken.turn = Some((&spec.credential, kept));
-            if !wait.is_zero() && !self.sleep_unless_closed(wait).await {
-                return Err(self.closed_refusal());
+            if !wait.is_zero() {
+                // Counted in `waiting` while it sleeps (and uncounted if
+                // the call is dropped mid-sleep).
+                let _waiting = TurnWaiting::new(&self.inner.turns_waiting);
+                if !self.sleep_unless_closed(wait).await {
+                    return Err(self.closed_refusal());
+                }
             }
         }
         Ok(())
@@ -190,5 +196,23 @@ mod tests {
             "saturates"
         );
         assert_eq!(part(q, 0.0).period(), Duration::from_nanos(MAX_TOLERANCE));
+    }
+}
+
+/// One background call sleeping for its turn, counted while it lives.
+struct TurnWaiting<'a>(&'a AtomicUsize);
+
+impl<'a> TurnWaiting<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        // Relaxed: an advisory count, read by `Admission::waiting` alone.
+        count.fetch_add(1, Ordering::Relaxed);
+        TurnWaiting(count)
+    }
+}
+
+impl Drop for TurnWaiting<'_> {
+    fn drop(&mut self) {
+        // Relaxed: see `new`.
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }

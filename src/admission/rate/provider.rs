@@ -32,7 +32,7 @@ use core::time::Duration;
 /// A call draws on a learned quota only when it says what it costs
 /// ([`CallSpec::cost`](crate::admission::CallSpec::cost), the middleware's
 /// `cost_from`); usage read from the reply
-/// (`headers::llm_usage`, feature `http`) settles the estimate.
+/// (`Provider::usage_in_body`, feature `http`) settles the estimate.
 ///
 /// Without this, OpenAI's names are still read for holds (`remaining: 0`
 /// with its reset, a 429 charged to the quota that is spent) but set no
@@ -73,6 +73,66 @@ pub enum Provider {
 }
 
 impl Provider {
+    /// What a whole (non-streamed) JSON reply of an LLM provider says the
+    /// call used, as `(quota name, units)`: `input_tokens`, `output_tokens`
+    /// and `tokens`. For the
+    /// reqwest middleware's `usage_from_body`, or
+    /// [`Ticket::settle`](crate::admission::Ticket::settle). A body that is
+    /// not JSON, or has no `usage`, reports nothing; a count past `u32::MAX`
+    /// is clamped to it. Names the layer has no quota for are ignored by the
+    /// settle, so the three can always be reported.
+    ///
+    /// | provider | `usage` fields | reported as |
+    /// | --- | --- | --- |
+    /// | OpenAI (and compatible servers) | `prompt_tokens`, `completion_tokens`, `total_tokens` | `input_tokens`, `output_tokens`, `tokens` |
+    /// | Anthropic | `input_tokens` (+ `cache_creation_input_tokens`, `cache_read_input_tokens`), `output_tokens` | `input_tokens` (all input), `output_tokens`, `tokens` |
+    ///
+    /// `tokens` is `total_tokens` when the reply states it, else input plus
+    /// output (a missing output counts as 0: an embedding).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::Provider;
+    /// let llm_usage = Provider::usage_in_body;
+    /// let openai = br#"{"usage": {"prompt_tokens": 700, "completion_tokens": 105, "total_tokens": 805}}"#;
+    /// assert_eq!(
+    ///     llm_usage(openai),
+    ///     [("input_tokens".to_string(), 700), ("output_tokens".to_string(), 105), ("tokens".to_string(), 805)]
+    /// );
+    /// let anthropic = br#"{"usage": {"input_tokens": 10, "cache_read_input_tokens": 90, "output_tokens": 5}}"#;
+    /// assert_eq!(llm_usage(anthropic)[2], ("tokens".to_string(), 105));
+    /// assert!(llm_usage(b"not json").is_empty());
+    /// ```
+    #[cfg(feature = "http")]
+    pub fn usage_in_body(body: &[u8]) -> Vec<(String, u32)> {
+        crate::headers::llm_usage(body)
+    }
+
+    /// What one event of an LLM's streamed reply says it used (for
+    /// `usage_from_stream` on the reqwest middleware or the tower layer):
+    /// the fields it carries. OpenAI sends `usage` in its last chunk (with
+    /// `stream_options.include_usage`); Anthropic sends the input in
+    /// `message_start` (under `message`) and the output so far in each
+    /// `message_delta`. The stream keeps the largest count per name and,
+    /// when it ends, `tokens` is at least `input_tokens + output_tokens`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::Provider;
+    /// let llm_event_usage = Provider::usage_in_event;
+    /// let start = br#"{"type":"message_start","message":{"usage":{"input_tokens":700}}}"#;
+    /// let delta = br#"{"type":"message_delta","usage":{"output_tokens":105}}"#;
+    /// assert_eq!(llm_event_usage(start), [("input_tokens".to_string(), 700)]);
+    /// assert_eq!(llm_event_usage(delta), [("output_tokens".to_string(), 105)]);
+    /// assert!(llm_event_usage(b"[DONE]").is_empty());
+    /// ```
+    #[cfg(feature = "http")]
+    pub fn usage_in_event(data: &[u8]) -> Vec<(String, u32)> {
+        crate::headers::llm_event_usage(data)
+    }
+
     /// The window the provider's limit headers count over.
     pub(in crate::admission) const fn window(self) -> Duration {
         match self {

@@ -16,7 +16,7 @@ use crate::single_flight::Provenance;
 use crate::Throttled;
 
 /// Written into the request's extensions by the middleware when the
-/// request ends; read by [`call_result`].
+/// request ends; read by `call_result`.
 #[derive(Clone, Debug)]
 pub(super) struct Outcome {
     pub(super) attempts: u32,
@@ -162,42 +162,8 @@ impl core::fmt::Display for Joined {
 
 impl std::error::Error for Joined {}
 
-/// Sends `request` (from a client whose middleware includes an
-/// [`AdmissionMiddleware`](super::AdmissionMiddleware)) and answers as
-/// [`Runner`](crate::admission::Runner) does: [`CallResult::Done`] with a
-/// 2xx response, [`CallResult::Throttled`] with a refusal (an error, or
-/// the synthetic 429 of `refusals_as_responses`), [`CallResult::Failed`]
-/// with any other status or a transport error, each with the requests the
-/// call sent (0 when it joined an identical read) and why a fault was not
-/// retried. Serialized (feature `serde`), it is the JSON a model reads.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::admission::{Admission, CallResult};
-/// use backpressure::reqwest::{call_result, AdmissionMiddleware};
-/// use backpressure::retry::RequestDeadline;
-/// use std::time::Duration;
-///
-/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// // Nothing listens on port 9 of loopback: the connection is refused.
-/// let middleware = AdmissionMiddleware::new(Admission::builder().build())
-///     .retry_policy(backpressure::retry::RetryPolicy::default().max_retries(1));
-/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(middleware).build();
-/// let request = client
-///     .get("http://127.0.0.1:9/search")
-///     .with_extension(RequestDeadline(Duration::from_secs(5)));
-/// match call_result(request).await {
-///     // A transport error stays one (never `rate_limited`), with its attempts.
-///     CallResult::Failed { error, attempts, .. } => {
-///         assert!(error.is_transport());
-///         assert_eq!(attempts, 2);
-///     }
-///     other => panic!("{other:?}"),
-/// }
-/// # });
-/// ```
-pub async fn call_result(mut request: RequestBuilder) -> CallResult<Response, Error> {
+/// See [`AdmissionMiddleware::call_result`](super::AdmissionMiddleware::call_result).
+pub(super) async fn call_result(mut request: RequestBuilder) -> CallResult<Response, Error> {
     let mut extensions = core::mem::take(request.extensions());
     let (client, built) = request.build_split();
     let built = match built {

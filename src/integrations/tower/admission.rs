@@ -25,22 +25,21 @@ use crate::clock::{Clock, DefaultClock};
 use crate::retry::RetryPolicy;
 use crate::sleep::{DefaultSleeper, Sleeper};
 
-pub use exchange::Unanswered;
 #[cfg(feature = "http")]
-pub use hooks::{HttpSpec, ObserveHttp, RefusalResponses};
-pub use hooks::{MakeSpec, Observe, ObserveOk, UsageFrom};
+pub(crate) use exchange::Unanswered;
 #[cfg(feature = "http")]
-pub use outcome::call_result;
+use hooks::{HttpSpec, ObserveHttp, RefusalResponses};
+use hooks::{MakeSpec, Observe, ObserveOk, UsageFrom};
 #[cfg(feature = "http")]
-pub use release::AtBodyEnd;
-pub use release::{AtHead, Release};
+use release::AtBodyEnd;
+use release::{AtHead, Release};
 
 /// Admits each request through one shared [`Admission`] (its concurrency
 /// pools, rate limits per credential, budgets and the holds servers
 /// asked for), holds the [`Ticket`](crate::admission::Ticket) while the inner call
 /// runs, and feeds the response back to it.
 ///
-/// * **Spec.** A closure (any [`MakeSpec`]) maps each request to its
+/// * **Spec.** A closure maps each request to its
 ///   [`CallSpec`](crate::admission::CallSpec): tool, credential, kind, costs.
 /// * **Deadline** (how long `admit` may wait for a slot or a rate cell):
 ///   a request's own `RequestDeadline` (in an `http::Request`'s
@@ -58,7 +57,7 @@ pub use release::{AtHead, Release};
 /// * **One attempt loop.** The response future runs the admission's
 ///   attempt loop, the one `Runner` and the reqwest middleware run: each
 ///   attempt is admitted, sent (a clone of the request, so `Req: Clone`),
-///   observed through an [`Observe`] (by default any `Ok` is a 200 and an
+///   observed through an observer (by default any `Ok` is a 200 and an
 ///   error is no answer; `ObserveHttp` with `AdmissionLayer::http` reads
 ///   the status and limit headers; or a closure of yours,
 ///   [`observe_with`](Self::observe_with)), its usage settled, and the
@@ -257,7 +256,7 @@ impl<M, O, Sl, C: Clock, R> AdmissionLayer<M, O, Sl, C, R> {
 
     /// Observes responses with `observe` (a closure
     /// `Fn(&Result<Resp, BoxError>) -> Option<(u16, ServerHint)>`, or any
-    /// [`Observe`]).
+    /// observer).
     ///
     /// # Examples
     ///
@@ -438,7 +437,7 @@ impl<M, O, Sl, C: Clock, R> AdmissionLayer<M, O, Sl, C, R> {
 #[cfg(feature = "http")]
 impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C, AtHead> {
     /// Holds each call's ticket (its tool slot and global slot) in the
-    /// response's body, a [`TicketBody`](super::TicketBody), until the body
+    /// response's body, a `TicketBody`, until the body
     /// is read to its end, fails or is dropped, instead of releasing it
     /// with the response head: the concurrency limits count the replies
     /// still streaming, as an LLM router must. With
@@ -451,7 +450,7 @@ impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C, AtHead> {
     ///
     /// ```
     /// use backpressure::admission::{Admission, CallSpec};
-    /// use backpressure::headers::llm_event_usage;
+    /// use backpressure::admission::Provider;
     /// use backpressure::tower::AdmissionLayer;
     /// use backpressure::{ManualClock, Quota};
     /// use http_body_util::BodyExt;
@@ -467,7 +466,7 @@ impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C, AtHead> {
     ///     CallSpec::new("chat", "key").cost("tokens", 4_000) // an estimate
     /// })
     /// .hold_bodies()
-    /// .usage_from_stream(llm_event_usage)
+    /// .usage_from_stream(Provider::usage_in_event)
     /// .layer(service_fn(|_req: http::Request<()>| async {
     ///     // An OpenAI-style stream whose last chunk reports the usage.
     ///     let sse = "data: {\"choices\":[]}\n\ndata: {\"usage\":{\"prompt_tokens\":700,\"completion_tokens\":105}}\n\n";
@@ -498,7 +497,7 @@ impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C, AtHead> {
 #[cfg(feature = "http")]
 impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C, AtBodyEnd> {
     /// What a held body's stream (server-sent events) says the call used:
-    /// `f` reads each `data:` line ([`llm_event_usage`](crate::headers::llm_event_usage)
+    /// `f` reads each `data:` line ([`Provider::usage_in_event`](crate::admission::Provider::usage_in_event)
     /// reads OpenAI's final `usage` chunk and Anthropic's `message_start`
     /// and `message_delta`), the largest count per quota name is kept, and
     /// when the body is read to its end the call's ticket is settled with

@@ -44,14 +44,13 @@ mod line;
 mod rate;
 mod retry;
 
+// The layer's services, futures and hooks (`AdmissionService`, `Observe`,
+// `MakeSpec`, `TicketBody`, ...) are `pub` types in private modules: a
+// user writes `impl Service`, a closure, or `AdmissionLayer::http`, never
+// their names (issue #40 item 12).
+pub use admission::AdmissionLayer;
 #[cfg(feature = "http")]
-pub use crate::integrations::ticket_body::TicketBody;
-#[cfg(feature = "http")]
-pub use admission::{call_result, AtBodyEnd, HttpSpec, ObserveHttp, RefusalResponses};
-pub use admission::{
-    AdmissionLayer, AdmissionService, AtHead, MakeSpec, Observe, ObserveOk, Release, Unanswered,
-    UsageFrom,
-};
+pub(crate) use admission::Unanswered;
 pub use concurrency::ConcurrencyLimitLayer;
 pub use keyed::KeyedRateLimitLayer;
 pub use rate::RateLimitLayer;

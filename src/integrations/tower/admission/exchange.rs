@@ -46,48 +46,31 @@ pub(super) enum Copy<Resp> {
 /// The error of a call through an [`AdmissionLayer`](super::AdmissionLayer)
 /// whose last attempt got no answer (the inner service's error: a refused
 /// connection, a reset, ...) and that was not retried again: its retries
-/// ran out, or something refused the retry ([`not_retried`](Self::not_retried)).
-/// The inner error is its [`source`](std::error::Error::source). An outer
-/// `HintRetry` reads it as final: the layer retried it already.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::admission::{Admission, CallSpec};
-/// use backpressure::retry::RetryPolicy;
-/// use backpressure::tower::{AdmissionLayer, Unanswered};
-/// use tower::{service_fn, Layer, ServiceExt};
-///
-/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// let svc = AdmissionLayer::new(Admission::builder().build(), |_: &()| CallSpec::new("t", "k"))
-///     .retry_policy(RetryPolicy::default().max_retries(1))
-///     .layer(service_fn(|()| async {
-///         Err::<(), _>(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
-///     }));
-/// let err = svc.oneshot(()).await.unwrap_err();
-/// let failed = err.downcast_ref::<Unanswered>().unwrap();
-/// assert_eq!(failed.attempts(), 2);
-/// let source = std::error::Error::source(failed).unwrap();
-/// assert!(source.is::<std::io::Error>());
-/// # });
-/// ```
+/// ran out, or something refused the retry. The inner error is its
+/// `source`; `CallResult::from_tower` reads the requests sent and why the
+/// retry was refused. An outer `HintRetry` reads it as final: the layer
+/// retried it already. Unnameable, like the layer's other types: a caller
+/// reads it through `CallResult::from_tower` or the error chain.
 #[derive(Debug)]
-pub struct Unanswered {
+pub(crate) struct Unanswered {
     attempts: u32,
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     not_retried: Option<Throttled>,
     source: BoxError,
 }
 
 impl Unanswered {
     /// The requests the call sent.
-    pub fn attempts(&self) -> u32 {
+    #[cfg(feature = "http")]
+    pub(crate) fn attempts(&self) -> u32 {
         self.attempts
     }
 
     /// Why the last fault was not retried, when something refused the
     /// retry (the deadline, the admission layer, `close`); `None` when
     /// the retries ran out.
-    pub fn not_retried(&self) -> Option<&Throttled> {
+    #[cfg(feature = "http")]
+    pub(crate) fn not_retried(&self) -> Option<&Throttled> {
         self.not_retried.as_ref()
     }
 }

@@ -17,12 +17,23 @@ use crate::{admission::CallSpec, headers::ServerHint};
 ///
 /// # Examples
 ///
+/// A closure is one; the layer names nothing else:
+///
 /// ```
-/// use backpressure::tower::MakeSpec;
-/// use backpressure::admission::CallSpec;
-/// let spec = |req: &(&str, &str)| CallSpec::new(req.0, req.1);
-/// assert_eq!(spec.make_spec(&("search", "key")).tool, "search");
-/// assert_eq!(spec.request_deadline(&("search", "key")), None);
+/// use backpressure::admission::{Admission, CallSpec};
+/// use backpressure::tower::AdmissionLayer;
+/// use tower::{service_fn, Layer, ServiceExt};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let admission = Admission::builder().build();
+/// // (tool, credential) requests, admitted as such.
+/// let svc = AdmissionLayer::new(admission.clone(), |req: &(String, String)| {
+///     CallSpec::new(req.0.as_str(), req.1.as_str())
+/// })
+/// .layer(service_fn(|req: (String, String)| async move { Ok::<_, std::io::Error>(req.0.len()) }));
+/// assert_eq!(svc.oneshot(("search".into(), "key".into())).await.unwrap(), 6);
+/// assert_eq!(admission.stats().admitted, 1);
+/// # });
 /// ```
 pub trait MakeSpec<Req> {
     /// The call `req` is admitted as.
@@ -69,14 +80,27 @@ where
 ///
 /// # Examples
 ///
+/// A closure is one (see [`observe_with`](super::AdmissionLayer::observe_with)):
+///
 /// ```
-/// use backpressure::tower::Observe;
-/// use tower::BoxError;
+/// use backpressure::admission::{Admission, CallSpec};
 /// use backpressure::headers::ServerHint;
-/// // A response that is its own status code.
-/// let classify = |r: &Result<u16, BoxError>| r.as_ref().ok().map(|s| (*s, ServerHint::default()));
-/// assert_eq!(classify.observe(&Ok(429)).unwrap().0, 429);
-/// assert!(classify.observe(&Err("reset".into())).is_none());
+/// use backpressure::tower::AdmissionLayer;
+/// use backpressure::{Status, Throttled};
+/// use std::time::SystemTime;
+/// use tower::{service_fn, BoxError, Layer, ServiceExt};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// // A response that is its own status code: a 429 asks for a minute.
+/// let svc = AdmissionLayer::new(Admission::builder().build(), |_: &()| CallSpec::new("t", "k"))
+///     .observe_with(|r: &Result<u16, BoxError>| {
+///         let told = ServerHint::from_headers([("retry-after", "60")], SystemTime::now());
+///         r.as_ref().ok().map(|s| (*s, told))
+///     })
+///     .layer(service_fn(|()| async { Ok::<u16, std::io::Error>(429) }));
+/// let err = svc.oneshot(()).await.unwrap_err();
+/// assert_eq!(err.downcast_ref::<Throttled>().unwrap().status, Status::RateLimited);
+/// # });
 /// ```
 pub trait Observe<Resp> {
     /// What to feed the ticket for `result`.

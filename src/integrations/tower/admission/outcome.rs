@@ -1,4 +1,4 @@
-//! [`call_result`]: what a call through an [`AdmissionLayer`](super::AdmissionLayer)
+//! `call_result` ([`CallResult::from_tower`]): what a call through an [`AdmissionLayer`](super::AdmissionLayer)
 //! over `http` ended as, in `Runner`'s terms.
 
 use std::sync::Arc;
@@ -10,43 +10,8 @@ use crate::retry::Attempts;
 use crate::single_flight::Provenance;
 use crate::Throttled;
 
-/// The answer of a call through an [`AdmissionLayer`](super::AdmissionLayer)
-/// built with `AdmissionLayer::http`, as [`Runner`](crate::admission::Runner)
-/// answers it: [`CallResult::Done`] with a 2xx response,
-/// [`CallResult::Throttled`] with a refusal (the error, or the synthetic
-/// 429 of `refusals_as_responses`), [`CallResult::Failed`] with any other
-/// status or an [`Unanswered`] error; each with the requests the call
-/// sent and why a fault was not retried. Serialized (feature `serde`), it
-/// is the JSON a model reads.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::admission::{Admission, CallResult, CallSpec};
-/// use backpressure::retry::{Backoff, RetryPolicy};
-/// use backpressure::tower::{call_result, AdmissionLayer};
-/// use std::time::Duration;
-/// use tower::{service_fn, Layer, ServiceExt};
-///
-/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// let quick = RetryPolicy::new(Backoff::new(Duration::from_millis(1), Duration::from_millis(1)));
-/// let svc = AdmissionLayer::http(Admission::builder().build(), |_: &http::Request<()>| {
-///     CallSpec::new("search", "key")
-/// })
-/// .retry_policy(quick.max_retries(2))
-/// .layer(service_fn(|_req: http::Request<()>| async {
-///     let down = http::Response::builder().status(503).body(Vec::<u8>::new()).unwrap();
-///     Ok::<_, std::io::Error>(down)
-/// }));
-/// match call_result(svc.oneshot(http::Request::new(())).await) {
-///     CallResult::Failed { error, attempts, .. } => {
-///         assert_eq!((error.http_status(), attempts), (503, 3));
-///     }
-///     other => panic!("{other:?}"),
-/// }
-/// # });
-/// ```
-pub fn call_result<B>(
+/// See [`CallResult::from_tower`].
+fn call_result<B>(
     result: Result<http::Response<B>, BoxError>,
 ) -> CallResult<http::Response<B>, BoxError> {
     match result {
@@ -95,5 +60,49 @@ pub fn call_result<B>(
                 attempts,
             }
         }
+    }
+}
+
+impl<B> CallResult<http::Response<B>, Box<dyn std::error::Error + Send + Sync>> {
+    /// The answer of a call through an [`AdmissionLayer`](crate::tower::AdmissionLayer)
+    /// built with `AdmissionLayer::http`, as [`Runner`](crate::admission::Runner)
+    /// answers it: [`CallResult::Done`] with a 2xx response,
+    /// [`CallResult::Throttled`] with a refusal (the error, or the synthetic
+    /// 429 of `refusals_as_responses`), [`CallResult::Failed`] with any other
+    /// status or with the error of a last attempt that got no answer; each
+    /// with the requests the call sent and why a fault was not retried. Serialized (feature `serde`), it
+    /// is the JSON a model reads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, CallResult, CallSpec};
+    /// use backpressure::retry::{Backoff, RetryPolicy};
+    /// use backpressure::tower::AdmissionLayer;
+    /// use std::time::Duration;
+    /// use tower::{service_fn, Layer, ServiceExt};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let quick = RetryPolicy::new(Backoff::new(Duration::from_millis(1), Duration::from_millis(1)));
+    /// let svc = AdmissionLayer::http(Admission::builder().build(), |_: &http::Request<()>| {
+    ///     CallSpec::new("search", "key")
+    /// })
+    /// .retry_policy(quick.max_retries(2))
+    /// .layer(service_fn(|_req: http::Request<()>| async {
+    ///     let down = http::Response::builder().status(503).body(Vec::<u8>::new()).unwrap();
+    ///     Ok::<_, std::io::Error>(down)
+    /// }));
+    /// match CallResult::from_tower(svc.oneshot(http::Request::new(())).await) {
+    ///     CallResult::Failed { error, attempts, .. } => {
+    ///         assert_eq!((error.http_status(), attempts), (503, 3));
+    ///     }
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// # });
+    /// ```
+    pub fn from_tower(
+        result: Result<http::Response<B>, Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        call_result(result)
     }
 }
