@@ -360,53 +360,6 @@ where
         })
     }
 
-    /// Words a slot refusal; calls shed together by one pool are told
-    /// instants one drain step apart (see `stagger.rs`), not one instant.
-    #[cold]
-    fn slot_refusal(
-        &self,
-        spec: &CallSpec,
-        tool: &ToolState,
-        e: pools::SlotError,
-        which: pools::Which,
-    ) -> Throttled {
-        let inner = &*self.inner;
-        let e = match e {
-            pools::SlotError::Full { estimate } => {
-                let limit = match which {
-                    pools::Which::Tool => format!("tool:{}", spec.tool),
-                    pools::Which::Global => "global".to_string(),
-                };
-                let pool = inner.slots.pool(tool, which);
-                let now = inner.clock.now_nanos();
-                let ready = now.saturating_add(saturating_nanos(estimate));
-                let told = inner.told.tell(&limit, now, ready, pool.drain_step(), None);
-                pools::SlotError::Full {
-                    estimate: Duration::from_nanos(told - now),
-                }
-            }
-            // A background call held back for its class says so.
-            pools::SlotError::TimedOut
-                if spec.priority.is_background() && which == pools::Which::Global =>
-            {
-                if let Some(cap) = inner.slots.global().background_cap() {
-                    return Throttled::new(
-                        Status::TimedOut,
-                        "global:background",
-                        format!(
-                            "background calls hold at most {cap} of the {} global slots and yield to \
-                             interactive ones; none came free before the call's deadline",
-                            inner.slots.global().cap
-                        ),
-                    );
-                }
-                e
-            }
-            e => e,
-        };
-        pools::slot_refusal(&spec.tool, e, which)
-    }
-
     /// The stages in order (open, budget, slots, rate) with no wait
     /// allowed: the decision, or (`Err`) what was taken before a stage
     /// would have to wait (a slot, a rate token) or needs what only the

@@ -4,12 +4,16 @@
 
 use core::future::Future;
 use core::pin::Pin;
+use core::time::Duration;
 use std::sync::Arc;
 
 use super::lanes::Priority;
 use super::pools::{self, Caller, Pool, SlotError, Which};
+use super::spec::CallSpec;
 use super::tools::{ToolState, Tools};
+use crate::clock::saturating_nanos;
 use crate::sync::{AtomicUsize, Ordering};
+use crate::throttled::Status;
 use crate::throttled::Throttled;
 
 /// The slots every call takes: its tool's, then the global one.
@@ -144,5 +148,54 @@ impl Slots {
     /// The global cap and the queue bound, for `Debug`.
     pub(super) fn bounds(&self) -> (usize, usize) {
         (self.global.cap, self.queue_capacity)
+    }
+}
+
+impl<S: crate::sleep::Sleeper, C: crate::clock::Clock> super::Admission<S, C> {
+    /// Words a slot refusal; calls shed together by one pool are told
+    /// instants one drain step apart (see `stagger.rs`), not one instant.
+    #[cold]
+    pub(super) fn slot_refusal(
+        &self,
+        spec: &CallSpec,
+        tool: &ToolState,
+        e: pools::SlotError,
+        which: pools::Which,
+    ) -> Throttled {
+        let inner = &*self.inner;
+        let e = match e {
+            pools::SlotError::Full { estimate } => {
+                let limit = match which {
+                    pools::Which::Tool => format!("tool:{}", spec.tool),
+                    pools::Which::Global => "global".to_string(),
+                };
+                let pool = inner.slots.pool(tool, which);
+                let now = inner.clock.now_nanos();
+                let ready = now.saturating_add(saturating_nanos(estimate));
+                let told = inner.told.tell(&limit, now, ready, pool.drain_step(), None);
+                pools::SlotError::Full {
+                    estimate: Duration::from_nanos(told - now),
+                }
+            }
+            // A background call held back for its class says so.
+            pools::SlotError::TimedOut
+                if spec.priority.is_background() && which == pools::Which::Global =>
+            {
+                if let Some(cap) = inner.slots.global().background_cap() {
+                    return Throttled::new(
+                        Status::TimedOut,
+                        "global:background",
+                        format!(
+                            "background calls hold at most {cap} of the {} global slots and yield to \
+                             interactive ones; none came free before the call's deadline",
+                            inner.slots.global().cap
+                        ),
+                    );
+                }
+                e
+            }
+            e => e,
+        };
+        pools::slot_refusal(&spec.tool, e, which)
     }
 }

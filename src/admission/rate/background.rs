@@ -176,6 +176,24 @@ pub(super) fn part(quota: Quota, share: f64) -> Quota {
     Quota::with_period(period).allow_burst(NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN))
 }
 
+/// One background call sleeping for its turn, counted while it lives.
+struct TurnWaiting<'a>(&'a AtomicUsize);
+
+impl<'a> TurnWaiting<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        // Relaxed: an advisory count, read by `Admission::waiting` alone.
+        count.fetch_add(1, Ordering::Relaxed);
+        TurnWaiting(count)
+    }
+}
+
+impl Drop for TurnWaiting<'_> {
+    fn drop(&mut self) {
+        // Relaxed: see `new`.
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,23 +214,5 @@ mod tests {
             "saturates"
         );
         assert_eq!(part(q, 0.0).period(), Duration::from_nanos(MAX_TOLERANCE));
-    }
-}
-
-/// One background call sleeping for its turn, counted while it lives.
-struct TurnWaiting<'a>(&'a AtomicUsize);
-
-impl<'a> TurnWaiting<'a> {
-    fn new(count: &'a AtomicUsize) -> Self {
-        // Relaxed: an advisory count, read by `Admission::waiting` alone.
-        count.fetch_add(1, Ordering::Relaxed);
-        TurnWaiting(count)
-    }
-}
-
-impl Drop for TurnWaiting<'_> {
-    fn drop(&mut self) {
-        // Relaxed: see `new`.
-        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -383,7 +383,7 @@ impl<M, O, Sl, C: Clock, R> AdmissionLayer<M, O, Sl, C, R> {
     /// .layer(service_fn(move |_req: http::Request<()>| {
     ///     counter.fetch_add(1, Ordering::SeqCst);
     ///     async {
-    ///         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    ///         tokio::task::yield_now().await; // still running when the second read comes
     ///         Ok::<_, std::io::Error>(http::Response::new(b"[#1]".to_vec()))
     ///     }
     /// }));

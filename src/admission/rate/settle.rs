@@ -1,0 +1,87 @@
+//! Settling a call's reservation with what the server says it used, and
+//! the debt a charge leaves (`Ticket::settle`).
+
+use core::time::Duration;
+
+use super::super::spec::REQUESTS;
+use super::super::Admission;
+use super::{Held, Kept, Source};
+use crate::clock::{saturating_nanos, Clock};
+use crate::keyed::Scoped;
+use crate::sleep::Sleeper;
+
+impl<S: Sleeper, C: Clock> Admission<S, C> {
+    /// See [`Ticket::settle`](crate::admission::Ticket::settle); `held` is the
+    /// ticket's reservations.
+    pub(in crate::admission) fn settle(
+        &self,
+        credential: &str,
+        held: &mut Held,
+        name: &str,
+        actual: u32,
+    ) -> i64 {
+        let inner = &*self.inner;
+        let source = if name == REQUESTS {
+            Source::Requests
+        } else {
+            match inner.rates.resources.iter().position(|r| r.name == name) {
+                Some(i) => Source::Resource(i),
+                None => return 0,
+            }
+        };
+        let buckets = match source {
+            Source::Resource(i) => &inner.rates.resources[i].buckets,
+            _ => &inner.rates.credentials,
+        };
+        let Some(place) = source.place() else {
+            return 0;
+        };
+        let h = held.place_mut(place);
+        let key = credential.to_string();
+        let now = inner.clock.now_nanos();
+        // What the call is counted for so far: its estimate, or what an
+        // earlier settle left.
+        let counted = h.cells;
+        if actual > counted {
+            charge(
+                buckets,
+                &key,
+                actual - counted,
+                now,
+                inner.rates.max_retry_after,
+            );
+            *h = Kept::settled(actual);
+            return i64::from(actual - counted);
+        }
+        // The stamps undo the reservation at most once: after a refund the
+        // bucket may hand the very same stamps to another call, which a
+        // second undo would then give back. So a settled place is never
+        // refunded again.
+        let refunded = actual < counted && h.refundable() && self.undo(credential, None, source, h);
+        if !refunded {
+            *h = Kept::settled(counted);
+            return 0;
+        }
+        charge(buckets, &key, actual, now, inner.rates.max_retry_after);
+        *h = Kept::settled(actual);
+        -i64::from(counted - actual)
+    }
+}
+
+/// Takes `units` from `key`'s bucket now, whatever the wait and the burst:
+/// debt that the next calls wait for. O(1) in `units`: one CAS. One
+/// charge is at most `cap`'s worth of the quota's rate: a usage a hostile
+/// or buggy reply reports (2^40 tokens) holds the key no longer than a
+/// server's hold may (`max_retry_after`), not for weeks (issue #40).
+pub(in crate::admission) fn charge<C: Clock>(
+    buckets: &Scoped<String, C>,
+    key: &String,
+    units: u32,
+    now: u64,
+    cap: Duration,
+) {
+    let period = saturating_nanos(buckets.period_of(key)).max(1);
+    let most = (saturating_nanos(cap) / period).max(1);
+    // Too many keys: nothing can be charged to a bucket that cannot exist.
+    let _ = buckets.charge(key, u64::from(units).min(most), now);
+}
