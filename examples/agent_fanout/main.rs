@@ -276,13 +276,13 @@ async fn with_backpressure(rate: u32, tokens: u32, turn: &[ToolCall], seed: u64)
     let admission = harness_admission(rate, tokens);
     let runner: Harness =
         Runner::new(admission, Duration::from_secs(3)).retry_policy(harness_policy(seed));
-    let mut row = Row::default();
-    let mut round = turn.to_vec();
-    for _ in 0..2 {
+    let addr = stage.srv.addr;
+    let runner = &runner;
+    rounds(stage, turn, |round| {
         let calls = round
             .iter()
             .map(|c| {
-                let (addr, path) = (stage.srv.addr, c.path());
+                let path = c.path();
                 Call::new(
                     CallSpec::new(c.tool, KEY)
                         .cost("tokens", c.token_estimate())
@@ -308,15 +308,9 @@ async fn with_backpressure(rate: u32, tokens: u32, turn: &[ToolCall], seed: u64)
                 .coalesce_key(c.args.clone())
             })
             .collect();
-        let results = runner.execute(calls).await;
-        let failed = tally(&mut row, &round, &results);
-        if failed.is_empty() {
-            break;
-        }
-        round = follow_ups(&failed);
-    }
-    stage.finish(&mut row).await;
-    row
+        async move { runner.execute(calls).await }
+    })
+    .await
 }
 
 /// The harness's admission: what it knows of the API, the same for every
@@ -417,11 +411,11 @@ async fn through_middleware(rate: u32, tokens: u32, turn: &[ToolCall], seed: u64
     let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
         .with(middleware)
         .build();
-    let mut row = Row::default();
-    let mut round = turn.to_vec();
-    for _ in 0..2 {
+    let addr = stage.srv.addr;
+    let client = &client;
+    rounds(stage, turn, |round| {
         let calls = round.iter().map(|c| {
-            let url = format!("http://{}{}", stage.srv.addr, c.path());
+            let url = format!("http://{}{}", addr, c.path());
             AdmissionMiddleware::call_result(
                 client
                     .get(url)
@@ -429,7 +423,23 @@ async fn through_middleware(rate: u32, tokens: u32, turn: &[ToolCall], seed: u64
                     .header("x-client", "harness"),
             )
         });
-        let results = futures::future::join_all(calls).await;
+        futures::future::join_all(calls)
+    })
+    .await
+}
+
+/// The model's turn, and its follow-ups when a call "failed" (two rounds
+/// at most), each round's calls run by `run`; then what the server saw.
+async fn rounds<V, E, F, Fut>(stage: Stage, turn: &[ToolCall], mut run: F) -> Row
+where
+    E: std::fmt::Display,
+    F: FnMut(&[ToolCall]) -> Fut,
+    Fut: std::future::Future<Output = Vec<CallResult<V, E>>>,
+{
+    let mut row = Row::default();
+    let mut round = turn.to_vec();
+    for _ in 0..2 {
+        let results = run(&round).await;
         let failed = tally(&mut row, &round, &results);
         if failed.is_empty() {
             break;

@@ -565,18 +565,13 @@ fn past_4096_credentials_idle_ones_make_room_for_new_ones() {
 /// at most. Without that, the circuit would refuse every call for good.
 #[test]
 fn a_circuit_trial_refused_later_or_dropped_unanswered_is_given_back() {
-    use backpressure::admission::CircuitBreaker;
     use backpressure::ManualClock;
     futures::executor::block_on(async {
         let clock = ManualClock::new();
         let admission = Admission::builder()
             .clock(clock.clone())
             .tool("search", 1, SlotPolicy::FailFast)
-            .circuit_breaker(
-                CircuitBreaker::new()
-                    .consecutive_failures(1)
-                    .cool_down(Duration::from_secs(1)),
-            )
+            .circuit_breaker(one_failure_opens())
             .build();
         let spec = CallSpec::new("search", "key");
         let other = CallSpec::new("search", "other-key");
@@ -669,7 +664,6 @@ async fn waiting_calls_are_served_fairly_across_credentials() {
 /// the half-open state let several trials through at one instant.
 #[test]
 fn several_half_open_trials_at_once_is_fixed_one_trial_per_instant() {
-    use backpressure::admission::CircuitBreaker;
     use backpressure::ManualClock;
     futures::executor::block_on(async {
         let clock = ManualClock::new();
@@ -681,11 +675,7 @@ fn several_half_open_trials_at_once_is_fixed_one_trial_per_instant() {
             .default_quota(Quota::per_second(
                 std::num::NonZeroU32::new(1_000_000).unwrap(),
             ))
-            .circuit_breaker(
-                CircuitBreaker::new()
-                    .consecutive_failures(1)
-                    .cool_down(Duration::from_secs(1)),
-            )
+            .circuit_breaker(one_failure_opens())
             .build();
         let spec = CallSpec::new("search", "key").deadline(Duration::ZERO);
         let ticket = admission.admit(&spec).await.unwrap();
@@ -709,18 +699,13 @@ fn several_half_open_trials_at_once_is_fixed_one_trial_per_instant() {
 /// told 1,000 ms each time. It is told the cool-down left.
 #[test]
 fn the_breaker_tells_a_lone_caller_the_cool_down_left_not_more() {
-    use backpressure::admission::CircuitBreaker;
     use backpressure::ManualClock;
     futures::executor::block_on(async {
         let clock = ManualClock::new();
         let admission = Admission::builder()
             .clock(clock.clone())
             .sleeper(clock.clone())
-            .circuit_breaker(
-                CircuitBreaker::new()
-                    .consecutive_failures(1)
-                    .cool_down(Duration::from_secs(1)),
-            )
+            .circuit_breaker(one_failure_opens())
             .build();
         let spec = CallSpec::new("search", "key");
         let ticket = admission.admit(&spec).await.unwrap();
@@ -824,16 +809,11 @@ fn a_bogus_usage_pins_a_quota_for_weeks_is_fixed() {
 /// no wave when it closes, and no drift (issue #40 item 2).
 #[test]
 fn calls_refused_together_by_an_open_circuit_are_spread_within_one_cool_down() {
-    use backpressure::admission::CircuitBreaker;
     futures::executor::block_on(async {
         let clock = backpressure::ManualClock::new();
         let admission = Admission::builder()
             .clock(clock.clone())
-            .circuit_breaker(
-                CircuitBreaker::new()
-                    .consecutive_failures(1)
-                    .cool_down(Duration::from_secs(1)),
-            )
+            .circuit_breaker(one_failure_opens())
             .build();
         let spec = CallSpec::new("search", "key");
         admission
@@ -921,4 +901,11 @@ fn a_slot_that_comes_free_at_the_deadline_is_timed_out_not_rate_limited() {
         panic!("the second call should be refused at its deadline")
     };
     assert_eq!(t.status, Status::TimedOut, "{t}");
+}
+
+/// A breaker that opens on one failure, for a second.
+fn one_failure_opens() -> backpressure::admission::CircuitBreaker {
+    backpressure::admission::CircuitBreaker::new()
+        .consecutive_failures(1)
+        .cool_down(Duration::from_secs(1))
 }
