@@ -139,6 +139,28 @@ mod tests {
         assert!(s.bursts.lock().len() <= MAX_LIMITS);
     }
 
+    /// A map full of live bursts forgets the oldest to make room; one
+    /// full of bursts that are over forgets them all (cargo-mutants: the
+    /// prune's conditions survived `the_map_stays_bounded`, whose bursts
+    /// were all over).
+    #[test]
+    fn a_full_map_forgets_the_oldest_live_burst_or_every_burst_that_is_over() {
+        let s = Stagger::default();
+        let period = 100;
+        for i in 0..MAX_LIMITS as u64 + 10 {
+            s.tell(&i.to_string(), i % 50, 1_000, period, None);
+        }
+        assert_eq!(
+            s.bursts.lock().len(),
+            MAX_LIMITS,
+            "live bursts: the oldest go"
+        );
+        // At 148 only the 82 bursts begun at 49 are live (a burst begun at
+        // 48 is over at 148): the rest go, and the new one comes in.
+        s.tell("late", 148, 1_000, period, None);
+        assert_eq!(s.bursts.lock().len(), 83);
+    }
+
     /// Issue #40 item 2: a lone caller asking every 100 ms of a 1 s
     /// cool-down was told 1,000 ms each time (each promise still ahead
     /// pushed the next one a step further). Asked a step or more apart,

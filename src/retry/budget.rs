@@ -266,6 +266,35 @@ mod tests {
         assert_eq!(b.decayed(1_000, 10, 5), 1_000);
     }
 
+    /// The balance in retries, a window's decay, the floor, and the race
+    /// bound (cargo-mutants on `with_clock`, `try_withdraw`, `available`
+    /// and `decayed` survived the tests above).
+    #[test]
+    fn the_balance_counts_retries_decays_by_e_per_window_and_falls_back_to_the_floor() {
+        let c = ManualClock::new();
+        let b = RetryBudget::with_clock(1.0, 0, Duration::from_secs(10), c.clone());
+        for _ in 0..3 {
+            b.deposit();
+        }
+        assert_eq!(b.available(), 3.0);
+        assert!(b.try_withdraw());
+        assert_eq!(b.available(), 2.0);
+        c.advance(Duration::from_secs(10));
+        // One window: e^-1 of it.
+        assert!(
+            (b.available() - 2.0 / std::f64::consts::E).abs() < 0.01,
+            "{}",
+            b.available()
+        );
+        // Nothing in the balance: the floor's one retry a second.
+        let floored = RetryBudget::with_clock(0.0, 1, Duration::from_secs(10), c.clone());
+        assert!(floored.try_withdraw());
+        assert!(!floored.try_withdraw());
+        // The race bound is exclusive: a stamp further ahead is time passed.
+        assert_eq!(b.decayed(1_000, BEHIND_MS + 1, 0), 0);
+        assert_eq!(b.decayed(1_000, BEHIND_MS, 0), 1_000);
+    }
+
     #[test]
     fn the_balance_decays_with_the_window() {
         let c = ManualClock::new();
