@@ -293,6 +293,11 @@ mod tests {
         // The race bound is exclusive: a stamp further ahead is time passed.
         assert_eq!(b.decayed(1_000, BEHIND_MS + 1, 0), 0);
         assert_eq!(b.decayed(1_000, BEHIND_MS, 0), 1_000);
+        let shown = format!("{b:?}");
+        assert!(
+            shown.contains("ratio: 1.0") && shown.contains("window_ms: 10000.0"),
+            "{shown}"
+        );
     }
 
     #[test]
