@@ -909,3 +909,40 @@ fn one_failure_opens() -> backpressure::admission::CircuitBreaker {
         .consecutive_failures(1)
         .cool_down(Duration::from_secs(1))
 }
+
+/// Issue #40 item 4, through the layer: while the trial is out, the 200
+/// of a call admitted before the circuit opened does not close it; the
+/// trial's own 200 does.
+#[test]
+fn a_stale_answer_decided_the_half_open_state_is_fixed() {
+    futures::executor::block_on(async {
+        let clock = backpressure::ManualClock::new();
+        let admission = Admission::builder()
+            .clock(clock.clone())
+            .circuit_breaker(one_failure_opens())
+            .build();
+        let spec = CallSpec::new("search", "key");
+        let stale = admission.admit(&spec).await.unwrap();
+        admission
+            .admit(&spec)
+            .await
+            .unwrap()
+            .observe(500, &ServerHint::default());
+        clock.advance(Duration::from_secs(1));
+        let trial = admission.admit(&spec).await.unwrap();
+        stale.observe(200, &ServerHint::default());
+        drop(stale);
+        let refused = admission.admit(&spec).await.unwrap_err();
+        assert_eq!(
+            refused.status,
+            Status::Unavailable,
+            "the trial is still out"
+        );
+        trial.observe(200, &ServerHint::default());
+        drop(trial);
+        assert!(
+            admission.admit(&spec).await.is_ok(),
+            "the trial's answer closed it"
+        );
+    });
+}
