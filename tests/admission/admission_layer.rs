@@ -810,11 +810,7 @@ fn a_bogus_usage_pins_a_quota_for_weeks_is_fixed() {
 #[test]
 fn calls_refused_together_by_an_open_circuit_are_spread_within_one_cool_down() {
     futures::executor::block_on(async {
-        let clock = backpressure::ManualClock::new();
-        let admission = Admission::builder()
-            .clock(clock.clone())
-            .circuit_breaker(one_failure_opens())
-            .build();
+        let (_clock, admission) = breaker_layer();
         let spec = CallSpec::new("search", "key");
         admission
             .admit(&spec)
@@ -916,11 +912,7 @@ fn one_failure_opens() -> backpressure::admission::CircuitBreaker {
 #[test]
 fn a_stale_answer_decided_the_half_open_state_is_fixed() {
     futures::executor::block_on(async {
-        let clock = backpressure::ManualClock::new();
-        let admission = Admission::builder()
-            .clock(clock.clone())
-            .circuit_breaker(one_failure_opens())
-            .build();
+        let (clock, admission) = breaker_layer();
         let spec = CallSpec::new("search", "key");
         let stale = admission.admit(&spec).await.unwrap();
         admission
@@ -945,4 +937,17 @@ fn a_stale_answer_decided_the_half_open_state_is_fixed() {
             "the trial's answer closed it"
         );
     });
+}
+
+/// A layer on a manual clock whose circuits open on one failure.
+fn breaker_layer() -> (
+    backpressure::ManualClock,
+    Admission<backpressure::DefaultSleeper, backpressure::ManualClock>,
+) {
+    let clock = backpressure::ManualClock::new();
+    let admission = Admission::builder()
+        .clock(clock.clone())
+        .circuit_breaker(one_failure_opens())
+        .build();
+    (clock, admission)
 }

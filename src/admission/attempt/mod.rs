@@ -208,19 +208,7 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
                 }
             };
             drop(ticket);
-            let decision = policy.decide_reply(status, &hint, &mut deadline);
-            #[cfg(feature = "tracing")]
-            if let Decision::Readmit { after } | Decision::Retry { after } = &decision {
-                tracing::event!(
-                    tracing::Level::DEBUG,
-                    tool = %spec.tool,
-                    status = status.unwrap_or(0),
-                    attempt = sent,
-                    wait_ms = after.as_millis() as u64,
-                    "backpressure: retrying"
-                );
-            }
-            match decision {
+            match decide(&mut policy, &spec.tool, status, &hint, &mut deadline, sent) {
                 // The server's capacity: its wait is the credential's
                 // hold, which the next admit waits behind.
                 Decision::Readmit { after } => {
@@ -281,6 +269,34 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
             }
         }
     }
+}
+
+/// The one place an answer becomes a decision, for the loop above and for
+/// the tower `HintRetry` (a policy for stacks without an admission
+/// layer): the policy decides, and a retry is traced alike on both.
+pub(crate) fn decide<C: Clock>(
+    policy: &mut RetryPolicy,
+    tool: &str,
+    status: Option<u16>,
+    hint: &ServerHint,
+    deadline: &mut Deadline<C>,
+    attempt: u32,
+) -> Decision {
+    let decision = policy.decide_reply(status, hint, deadline);
+    #[cfg(feature = "tracing")]
+    if let Decision::Readmit { after } | Decision::Retry { after } = &decision {
+        tracing::event!(
+            tracing::Level::DEBUG,
+            tool = %tool,
+            status = status.unwrap_or(0),
+            attempt,
+            wait_ms = after.as_millis() as u64,
+            "backpressure: retrying"
+        );
+    }
+    #[cfg(not(feature = "tracing"))]
+    let _ = (tool, attempt);
+    decision
 }
 
 /// A retry refused (by admission, or by `close` during its wait) ends the

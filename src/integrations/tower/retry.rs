@@ -306,7 +306,15 @@ where
         let template = &self.template;
         let policy = self.policy.get_or_insert_with(|| template.lock().fork());
         let (status, hint) = (self.classify)(result)?;
-        match policy.decide_reply(status, &hint, &mut self.deadline) {
+        let attempt = policy.retries() + 1;
+        match crate::admission::attempt::decide(
+            policy,
+            "tower",
+            status,
+            &hint,
+            &mut self.deadline,
+            attempt,
+        ) {
             Decision::Retry { after } | Decision::Readmit { after } => {
                 Some(self.sleeper.sleep(after))
             }
