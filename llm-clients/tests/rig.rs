@@ -26,7 +26,7 @@ use backpressure::reqwest::AdmissionMiddleware;
 use futures::future::join_all;
 use rig_core::completion::CompletionRequest;
 use rig_core::{ErrorKind, ProviderError};
-use server::{Flavor, Refused, Seen, Server};
+use server::{Enforce, Flavor, Refused, Seen, Server};
 
 /// Calls a turn sends at once.
 const CALLS: usize = 12;
@@ -129,6 +129,23 @@ fn refusal_wait(e: &ProviderError) -> Duration {
     Duration::from_millis(ms)
 }
 
+/// Each request's start (ms from the first) and its status, `x` for a 429.
+fn starts(seen: &[Seen]) -> Vec<String> {
+    let Some(first) = seen.first() else {
+        return Vec::new();
+    };
+    seen.iter()
+        .map(|s| {
+            let ms = s.start.duration_since(first.start).as_millis();
+            if s.refused.is_some() {
+                format!("{ms}x")
+            } else {
+                ms.to_string()
+            }
+        })
+        .collect()
+}
+
 /// The most requests, and tokens, that started within any one second.
 fn busiest_second(seen: &[Seen]) -> (usize, u64) {
     let sent: Vec<&Seen> = seen.iter().filter(|s| s.refused.is_none()).collect();
@@ -152,7 +169,16 @@ struct Turn {
 }
 
 async fn three_turns(flavor: Flavor, credential_header: &str) {
-    let server = Server::start(flavor).await;
+    three_turns_against(flavor, credential_header, Enforce::Bucket).await;
+}
+
+/// Three turns against a server counting its limits as `enforce` says,
+/// then a turn of impatient calls. Turns 2 and 3 must draw no 429 and
+/// complete every call: against a rolling window, the first turn's 429
+/// (the bucket's burst plus its refill in one second) is learned from
+/// (issue #41), and the turns are 2.5 s apart, so each starts from idle.
+async fn three_turns_against(flavor: Flavor, credential_header: &str, enforce: Enforce) {
+    let server = Server::start(flavor, enforce).await;
     // One process-wide layer, told the provider, no quota; a turn's calls
     // may wait up to 10 s for their turn (the default is 2 s).
     let admission = Admission::builder()
@@ -189,9 +215,14 @@ async fn three_turns(flavor: Flavor, credential_header: &str) {
         };
         let (requests, tokens) = busiest_second(&seen);
         println!(
-            "{flavor:?} turn {turn}: {} at the server, {} 429s ({} for tokens), {} done, {} refused; \
-             busiest second {requests} requests / {tokens} tokens",
-            t.at_server, t.all_429, t.tokens_429, t.done, t.refused
+            "{flavor:?} {enforce:?} turn {turn}: {} at the server, {} 429s ({} for tokens), {} done, {} refused; \
+             busiest second {requests} requests / {tokens} tokens; starts (ms) {:?}",
+            t.at_server,
+            t.all_429,
+            t.tokens_429,
+            t.done,
+            t.refused,
+            starts(&seen)
         );
         if turn > 1 {
             assert_eq!(t.tokens_429, 0, "{flavor:?} turn {turn}: a tokens 429");
@@ -207,9 +238,29 @@ async fn three_turns(flavor: Flavor, credential_header: &str) {
                 "{flavor:?} turn {turn}: {tokens} in a second"
             );
         }
+        if enforce == Enforce::Window {
+            assert_eq!(
+                t.done, CALLS,
+                "{flavor:?} turn {turn}: every call completes"
+            );
+        }
         turns.push(t);
         // The model reads the results before its next turn.
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(match enforce {
+            Enforce::Bucket => Duration::from_secs(1),
+            Enforce::Window => Duration::from_millis(2_500),
+        })
+        .await;
+    }
+    if enforce == Enforce::Window {
+        let stats = admission.stats();
+        let key = &stats.credentials[0];
+        println!("{flavor:?} {enforce:?}: windowed {:?}", key.windowed);
+        assert!(
+            key.windowed.iter().any(|q| q == "tokens"),
+            "{flavor:?}: the tokens 429 fitted the quota to a window: {:?}",
+            key.windowed
+        );
     }
     assert!(
         turns[2].done >= turns[0].done,
@@ -265,4 +316,14 @@ async fn rig_openai_three_turns_keep_the_contract() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rig_anthropic_three_turns_keep_the_contract() {
     three_turns(Flavor::Anthropic, "x-api-key").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rig_openai_learns_a_rolling_window() {
+    three_turns_against(Flavor::OpenAi, "authorization", Enforce::Window).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rig_anthropic_learns_a_rolling_window() {
+    three_turns_against(Flavor::Anthropic, "x-api-key", Enforce::Window).await;
 }

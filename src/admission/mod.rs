@@ -436,7 +436,7 @@ where
         };
         let mut reserved = rate::Reserved::new(self, &spec.credential, None);
         if self
-            .reserve_local(spec, true, None, at, &mut reserved)
+            .reserve_local(spec, &credential, true, None, at, &mut reserved)
             .is_err()
         {
             return Err(taken);

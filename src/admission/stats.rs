@@ -212,6 +212,11 @@ pub struct CredentialStats {
     pub learned_rate: Option<f64>,
     /// Requests it could start now without waiting.
     pub available: Option<u32>,
+    /// Its quotas (`requests`, `tokens`, ...) the server showed to count
+    /// over a rolling window, which now also keep at most a burst in any
+    /// span the burst takes to refill (issue #41: a 429 charged to a
+    /// quota whose rate is the server's stated limit).
+    pub windowed: Vec<String>,
 }
 
 /// A snapshot of the whole layer: see [`Admission::stats`].
@@ -291,6 +296,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
                 refused: c.counters.refusals(),
                 learned_rate: c.rate(),
                 available: self.available(&c.name, super::spec::REQUESTS),
+                windowed: inner.rates.windowed(&c),
             })
             .collect();
         credentials.sort_by(|a, b| a.credential.cmp(&b.credential));

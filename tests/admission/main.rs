@@ -10,5 +10,6 @@ mod admission_stats;
 mod admission_weighted;
 mod architecture;
 mod rate_stage;
+mod rolling_window;
 mod runner;
 mod runner_outcomes;

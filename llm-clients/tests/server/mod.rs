@@ -1,7 +1,7 @@
 //! A loopback LLM API: OpenAI's chat completions or Anthropic's messages,
 //! limited per API key like the providers are (a per-minute limit on
 //! requests and on tokens, enforced in one-second slices: a bucket of a
-//! second's worth refilling continuously), with the provider's own limit
+//! second's worth refilling continuously, or a rolling second), with the provider's own limit
 //! headers on every reply and `retry-after` on a 429. Hand-written on
 //! tokio's TCP, one request per connection, so it judges the client
 //! without sharing its code.
@@ -45,11 +45,26 @@ pub struct Seen {
     pub refused: Option<Refused>,
 }
 
-/// A key's two buckets (levels in units; full is a second's worth).
+/// How the server counts a minute's limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Enforce {
+    /// A bucket of a second's worth per limit, refilling continuously
+    /// (GCRA: up to a second's worth at once, then the rate).
+    Bucket,
+    /// At most a second's worth in any rolling second (a sliding log, as
+    /// many gateways count; issue #41).
+    Window,
+}
+
+/// A key's two buckets (levels in units; full is a second's worth). Under
+/// [`Enforce::Window`] the levels are what the last second's log leaves.
 struct Key {
     requests: f64,
     tokens: f64,
     at: Instant,
+    /// `Enforce::Window`: the admitted requests of the last second, as
+    /// `(start, tokens)`.
+    log: std::collections::VecDeque<(Instant, u64)>,
 }
 
 impl Key {
@@ -58,6 +73,36 @@ impl Key {
         self.requests = (self.requests + dt * per_sec(RPM)).min(per_sec(RPM));
         self.tokens = (self.tokens + dt * per_sec(TPM)).min(per_sec(TPM));
         self.at = now;
+    }
+
+    /// `Enforce::Window`: forgets what left the last second, sets the
+    /// levels to what is left of it, and returns how long until `cost`
+    /// tokens (and a request) would fit.
+    fn slide(&mut self, now: Instant, cost: u64) -> f64 {
+        while self
+            .log
+            .front()
+            .is_some_and(|(t, _)| now.duration_since(*t) >= Duration::from_secs(1))
+        {
+            self.log.pop_front();
+        }
+        let used: u64 = self.log.iter().map(|(_, t)| t).sum();
+        self.requests = per_sec(RPM) - self.log.len() as f64;
+        self.tokens = per_sec(TPM) - used as f64;
+        // Until enough of the log leaves for one more request of `cost`.
+        let (mut n, mut tokens) = (self.log.len() as f64, used as f64);
+        for (t, spent) in &self.log {
+            if n < per_sec(RPM) && tokens + cost as f64 <= per_sec(TPM) {
+                break;
+            }
+            n -= 1.0;
+            tokens -= *spent as f64;
+            let leaves = (*t + Duration::from_secs(1)).duration_since(now);
+            if n < per_sec(RPM) && tokens + cost as f64 <= per_sec(TPM) {
+                return leaves.as_secs_f64();
+            }
+        }
+        0.0
     }
 }
 
@@ -78,7 +123,7 @@ pub struct Server {
 }
 
 impl Server {
-    pub async fn start(flavor: Flavor) -> Server {
+    pub async fn start(flavor: Flavor, enforce: Enforce) -> Server {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(Mutex::new(State::default()));
@@ -87,7 +132,7 @@ impl Server {
             while let Ok((stream, _)) = listener.accept().await {
                 let state = shared.clone();
                 tokio::spawn(async move {
-                    let _ = serve(stream, flavor, state).await;
+                    let _ = serve(stream, flavor, enforce, state).await;
                 });
             }
         });
@@ -112,7 +157,12 @@ impl Server {
     }
 }
 
-async fn serve(stream: TcpStream, flavor: Flavor, state: Arc<Mutex<State>>) -> std::io::Result<()> {
+async fn serve(
+    stream: TcpStream,
+    flavor: Flavor,
+    enforce: Enforce,
+    state: Arc<Mutex<State>>,
+) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream);
     let mut line = String::new();
     reader.read_line(&mut line).await?;
@@ -147,8 +197,15 @@ async fn serve(stream: TcpStream, flavor: Flavor, state: Arc<Mutex<State>>) -> s
             requests: per_sec(RPM),
             tokens: per_sec(TPM),
             at: start,
+            log: Default::default(),
         });
-        k.refill(start);
+        let window_wait = match enforce {
+            Enforce::Bucket => {
+                k.refill(start);
+                None
+            }
+            Enforce::Window => Some(k.slide(start, cost)),
+        };
         let refused = if k.requests < 1.0 {
             Some(Refused::Requests)
         } else if k.tokens < cost as f64 {
@@ -156,12 +213,16 @@ async fn serve(stream: TcpStream, flavor: Flavor, state: Arc<Mutex<State>>) -> s
         } else {
             k.requests -= 1.0;
             k.tokens -= cost as f64;
+            if enforce == Enforce::Window {
+                k.log.push_back((start, cost));
+            }
             None
         };
-        let wait = match refused {
-            Some(Refused::Requests) => (1.0 - k.requests) / per_sec(RPM),
-            Some(Refused::Tokens) => (cost as f64 - k.tokens) / per_sec(TPM),
-            None => 0.0,
+        let wait = match (refused, window_wait) {
+            (None, _) => 0.0,
+            (Some(_), Some(wait)) => wait,
+            (Some(Refused::Requests), None) => (1.0 - k.requests) / per_sec(RPM),
+            (Some(Refused::Tokens), None) => (cost as f64 - k.tokens) / per_sec(TPM),
         };
         let headers = limit_headers(flavor, k, wait);
         st.log.push(Seen {

@@ -47,9 +47,15 @@ impl Source {
 pub(in crate::admission) struct Place(usize);
 
 impl Place {
+    /// Its index: 0 for the request quota, `1 + i` for weighted quota `i`.
+    #[inline]
+    pub(in crate::admission) fn index(self) -> usize {
+        self.0
+    }
+
     /// The quota kept at this place.
     #[inline]
-    fn source(self) -> Source {
+    pub(in crate::admission) fn source(self) -> Source {
         match self.0 {
             0 => Source::Requests,
             i => Source::Resource(i - 1),
@@ -176,6 +182,9 @@ pub(in crate::admission) struct Reserved<'a, S: Sleeper, C: Clock> {
     /// The server scope's cell: given back if the call is not admitted,
     /// never settled.
     scoped: Option<Kept>,
+    /// Units placed in a fitted quota's window (see `fit`): `(place,
+    /// instant, units)`, taken back with the reservations.
+    fitted: Vec<(Place, u64, u32)>,
 }
 
 impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
@@ -190,7 +199,13 @@ impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
             scope,
             held: Held::EMPTY,
             scoped: None,
+            fitted: Vec::new(),
         }
+    }
+
+    /// Units placed at `at` in the window of `place` (see `fit`).
+    pub(in crate::admission) fn push_fitted(&mut self, place: Place, at: u64, units: u32) {
+        self.fitted.push((place, at, units));
     }
 
     pub(in crate::admission) fn push(
@@ -210,7 +225,10 @@ impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
 
     #[inline]
     pub(in crate::admission) fn cancel_all(&mut self) {
-        if self.scoped.is_none() && self.held.all().iter().all(|k| k.cells == 0) {
+        if self.scoped.is_none()
+            && self.fitted.is_empty()
+            && self.held.all().iter().all(|k| k.cells == 0)
+        {
             return;
         }
         self.cancel_some();
@@ -228,12 +246,20 @@ impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
         if let Some(kept) = self.scoped.take() {
             let _ = admission.undo(credential, scope, Source::Scope, &kept);
         }
+        if !self.fitted.is_empty()
+            && let Some(state) = admission.inner.rates.peek_credential(credential)
+        {
+            for (place, at, units) in self.fitted.drain(..) {
+                state.fits.remove(place, at, units);
+            }
+        }
     }
 
     /// The cells are used now: hand them to the ticket, which may settle
     /// them against the actual usage.
     pub(in crate::admission) fn keep(&mut self) -> Held {
         self.scoped = None;
+        self.fitted.clear();
         core::mem::replace(&mut self.held, Held::EMPTY)
     }
 }

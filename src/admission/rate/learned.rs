@@ -250,6 +250,8 @@ pub(crate) struct CredentialState {
     /// Its learned rate's changes, for the calls waiting on it (see
     /// `rescales`).
     pub(crate) rescales: super::rescales::Rescales,
+    /// Its quotas fitted to a server's rolling window (see `fit`).
+    pub(crate) fits: super::fit::Fits,
 }
 
 impl CredentialState {
@@ -267,6 +269,7 @@ impl CredentialState {
             controller,
             counters: Counters::default(),
             rescales: super::rescales::Rescales::default(),
+            fits: super::fit::Fits::default(),
         }
     }
 
@@ -293,7 +296,7 @@ fn outcome(status: u16, hint: &ServerHint) -> RateOutcome {
 /// requests per window. Policies that count something else (a `qu` other
 /// than requests, or a per-resource limit such as tokens) are not request
 /// rates.
-fn server_limit(hint: &ServerHint) -> Option<(u64, Duration)> {
+pub(super) fn server_limit(hint: &ServerHint) -> Option<(u64, Duration)> {
     hint.policies
         .iter()
         .filter(|p| p.quota_unit.as_deref().is_none_or(|u| u == "requests"))

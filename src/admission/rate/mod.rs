@@ -17,6 +17,7 @@ use core::time::Duration;
 use std::borrow::Cow;
 
 mod background;
+mod fit;
 mod held;
 pub(super) mod learned;
 mod observe;
@@ -26,7 +27,7 @@ mod rescales;
 mod settle;
 pub(super) mod shared;
 
-pub(in crate::admission) use held::{Held, Kept, Reserved};
+pub(in crate::admission) use held::{Held, Kept, Place, Reserved};
 pub(in crate::admission) use observe::Tool;
 pub use provider::Provider;
 use refusal::Refusal;
@@ -175,6 +176,20 @@ impl<C: Clock> Rates<C> {
             .map(|r| r.buckets.available(&key))
     }
 
+    /// The names of `credential`'s quotas fitted to a rolling window.
+    pub(super) fn windowed(&self, credential: &learned::CredentialState) -> Vec<String> {
+        let requests = core::iter::once(Source::Requests);
+        let weighted = (0..self.resources.len()).map(Source::Resource);
+        requests
+            .chain(weighted)
+            .filter(|s| s.place().is_some_and(|p| credential.fits.is_fitted(p)))
+            .map(|s| match s {
+                Source::Resource(i) => self.resources[i].name.clone(),
+                _ => REQUESTS.to_string(),
+            })
+            .collect()
+    }
+
     /// The refusal of a spec whose cost names a quota this layer does not
     /// have (a misspelt `tokens`, say), if it does.
     #[cold]
@@ -285,7 +300,14 @@ where
                 mut others,
                 requests,
             } = self
-                .reserve_local(spec, shared.is_none(), scope.as_deref(), at, &mut reserved)
+                .reserve_local(
+                    spec,
+                    credential,
+                    shared.is_none(),
+                    scope.as_deref(),
+                    at,
+                    &mut reserved,
+                )
                 .map_err(|r| self.rate_refusal(r, &spec.credential, at))?;
             let mut wait = longest;
             if let Some(shared) = &shared {
@@ -377,6 +399,7 @@ where
     pub(super) fn reserve_local(
         &self,
         spec: &CallSpec,
+        credential: &learned::CredentialState,
         requests: bool,
         scope: Option<&str>,
         at: Instant,
@@ -387,10 +410,31 @@ where
         let mut wait = Duration::ZERO;
         let mut others = Duration::ZERO;
         let mut cell = None;
+        let mut fitted: Vec<(Place, fit::Shape, u32)> = Vec::new();
         let mut take = |source: Source, buckets: &Scoped<String, C>, cells: u32| {
-            let r = buckets.reserve_stamps(&spec.credential, cells, max_wait, now)?;
+            let windowed = source.place().filter(|&p| credential.fits.is_fitted(p));
+            let r = match buckets.reserve_stamps(&spec.credential, cells, max_wait, now) {
+                Ok(r) => r,
+                Err(ReserveError::RateLimited { retry_after }) if let Some(place) = windowed => {
+                    // Told when both the bucket and the window let it go.
+                    let shape = fit::Shape::of(buckets.quota_of(&spec.credential));
+                    let from = now.saturating_add(saturating_nanos(retry_after));
+                    let at = credential
+                        .fits
+                        .earliest(&[(place, shape, cells)], now, from);
+                    let retry_after = fit::wait(now, at);
+                    return Err(ReserveError::RateLimited { retry_after });
+                }
+                Err(e) => return Err(e),
+            };
             let w = Duration::from_nanos(r.ready_at - now);
             wait = wait.max(w);
+            if let Some(place) = windowed {
+                // A quota fitted to the server's rolling window: placed
+                // in it below, at the call's own instant (see `fit`).
+                let shape = fit::Shape::of(buckets.quota_of(&spec.credential));
+                fitted.push((place, shape, cells));
+            }
             match (source, r.ticket) {
                 (Source::Requests, Some(ticket)) => {
                     cell = Some(RequestCell {
@@ -477,6 +521,31 @@ where
                     });
                 }
             }
+        }
+        if !fitted.is_empty() {
+            let from = now.saturating_add(saturating_nanos(wait));
+            let at = credential.fits.place(&fitted, now, from);
+            for &(place, shape, cells) in &fitted {
+                reserved.push_fitted(place, at, cells.min(shape.limit));
+            }
+            let w = fit::wait(now, at);
+            if w > max_wait {
+                let (place, shape, _) = fitted[0];
+                return Err(Refusal {
+                    e: ReserveError::RateLimited { retry_after: w },
+                    scope: match place.source() {
+                        Source::Resource(i) => {
+                            Cow::Owned(format!("quota:{}", inner.rates.resources[i].name))
+                        }
+                        _ => Cow::Borrowed(API_KEY),
+                    },
+                    period: shape.span / u64::from(shape.limit.max(1)),
+                });
+            }
+            // Slept like a weighted quota's wait: a rate change does not
+            // move it.
+            wait = wait.max(w);
+            others = others.max(w);
         }
         Ok(Wait {
             longest: wait,

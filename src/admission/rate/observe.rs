@@ -10,7 +10,8 @@ use std::sync::Arc;
 use super::super::spec::REQUESTS;
 use super::super::tools::ToolState;
 use super::super::Admission;
-use super::{charge, Resource};
+use super::held::Source;
+use super::{charge, learned, Resource};
 use crate::clock::{saturating_nanos, Clock};
 use crate::headers::ServerHint;
 use crate::sleep::Sleeper;
@@ -83,6 +84,9 @@ where
         };
         self.learn(credential, status, spent.is_some(), hint, sent_at);
         self.follow_weighted_quotas(credential, hint);
+        if status == 429 {
+            self.fit_to_window(credential, spent, hint);
+        }
         if let Some(policy) = spent
             && let Some(held) = self.hold_spent_quota(credential, policy, hint)
         {
@@ -143,6 +147,46 @@ where
             inner.clock.now_nanos(),
             &inner.rates.credentials,
         );
+    }
+
+    /// A 429 charged to a quota whose rate is the server's own stated
+    /// limit says the rate is right and the shape is wrong: that quota of
+    /// `credential` gets a rolling window (see `fit`). `spent` is the
+    /// weighted quota the 429 is for, if not the requests.
+    fn fit_to_window(
+        &self,
+        credential: &str,
+        spent: Option<&crate::headers::Policy>,
+        hint: &ServerHint,
+    ) {
+        let rates = &self.inner.rates;
+        if rates.shared.contains(credential) || !rates.learned.is_adaptive() {
+            return;
+        }
+        let Some(state) = rates.peek_credential(credential) else {
+            return;
+        };
+        let source = match spent {
+            Some(policy) => {
+                let stated = policy.quota.is_some_and(|q| q > 0) && policy.window.is_some();
+                let name = policy.name.as_deref().unwrap_or_default();
+                match rates
+                    .resources
+                    .iter()
+                    .position(|r| same_name(&r.name, name))
+                {
+                    Some(i) if stated => Source::Resource(i),
+                    _ => return,
+                }
+            }
+            // The request rate is the server's when the reply states a
+            // request limit (a guessed rate learns from the 429 instead).
+            None if state.is_learned() && learned::server_limit(hint).is_some() => Source::Requests,
+            None => return,
+        };
+        if let Some(place) = source.place() {
+            state.fits.fit(place);
+        }
     }
 
     /// A weighted quota the server reports on (a policy of the same
