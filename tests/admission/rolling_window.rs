@@ -141,6 +141,36 @@ fn assert_ms(told: Duration, expected: Duration, what: &str) {
 }
 
 #[test]
+fn a_429_deep_in_a_busy_run_fits_nothing() {
+    let clock = ManualClock::new();
+    let admission = layer(&clock);
+    let Poll::Ready(Ok(first)) = now(admission.admit(&call())) else {
+        panic!("the first call goes")
+    };
+    first.observe(200, &reply("119195", None));
+    drop(first);
+    clock.advance(Duration::from_secs(5));
+    // Three seconds of calls, each at its bucket's instant: the bucket is
+    // never full again after the first, so the run is one busy period.
+    let mut ran = Duration::ZERO;
+    let mut last = None;
+    while ran < Duration::from_secs(3) {
+        let (went, at) = burst(&admission, &clock);
+        assert!(went <= 2, "{went} at once");
+        clock.advance(at);
+        ran += at;
+        let Poll::Ready(Ok(t)) = now(admission.admit(&call())) else {
+            panic!("a call at its instant goes")
+        };
+        last = Some(t);
+    }
+    // A 429 there is not about the shape (the bucket paced at the rate):
+    // another user of the key, or usage nothing metered.
+    last.unwrap().observe(429, &reply("0", Some("1")));
+    assert!(windowed(&admission).is_empty());
+}
+
+#[test]
 fn a_429_on_a_guessed_rate_fits_nothing() {
     let clock = ManualClock::new();
     let admission = layer(&clock);

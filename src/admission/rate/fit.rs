@@ -25,8 +25,11 @@
 //!
 //! Evidence: a 429 charged to a quota whose rate is the server's own
 //! stated limit (a weighted quota the provider's headers state, or a
-//! request rate from a stated request limit). The rate cannot be what is
-//! wrong there, so the shape is. A quota whose rate is only guessed (no
+//! request rate from a stated request limit), for a call sent less than
+//! a burst's span after the quota's bucket was last full (a turn's start,
+//! after idle). The rate cannot be what is wrong there, so the shape is.
+//! Later in a run the bucket paces at the rate and a 429 says something
+//! else (a first reply's usage nothing metered, another user of the key). A quota whose rate is only guessed (no
 //! limit stated: nginx's `limit_req`) learns from the 429 through its rate
 //! instead, and gets no window.
 //!
@@ -45,12 +48,33 @@ use crate::sync::{AtomicU64, Ordering};
 
 /// The windows of one credential's quotas, by [`Place`] (the request
 /// quota at 0, weighted quota `i` at `1 + i`; places past 63 get none).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Fits {
     /// Bit `p`: the quota at place `p` has a window. Read on every
     /// reservation of the credential (one load); set once, never cleared.
     active: AtomicU64,
     windows: Mutex<Vec<(Place, Window)>>,
+    /// When each of the first [`TRACKED`] quotas last took cells from a
+    /// full bucket (`NEVER`: not yet): the start of its busy period, which
+    /// tells a 429 at a turn's start from one in the middle of a run.
+    busy_since: [AtomicU64; TRACKED],
+}
+
+/// The quotas whose busy periods are tracked: the request quota and the
+/// first three weighted quotas (a ticket's inline places). Past them, no
+/// 429 is evidence.
+const TRACKED: usize = 4;
+
+const NEVER: u64 = u64::MAX;
+
+impl Default for Fits {
+    fn default() -> Self {
+        Self {
+            active: AtomicU64::new(0),
+            windows: Mutex::new(Vec::new()),
+            busy_since: core::array::from_fn(|_| AtomicU64::new(NEVER)),
+        }
+    }
 }
 
 /// What a window lets through: `limit` units in any `span`, both read off
@@ -94,6 +118,35 @@ impl Fits {
         // install may go without the window once; the window itself is
         // read under its lock.
         place.bit() & self.active.load(Ordering::Relaxed) != 0
+    }
+
+    /// The quota at `place` took cells from a full bucket at `now`: a busy
+    /// period starts.
+    #[inline]
+    pub(in crate::admission) fn from_full(&self, place: Place, now: u64) {
+        if let Some(since) = self.busy_since.get(place.index()) {
+            // Relaxed: a hint read by a later 429's judgement, which a
+            // stale value only makes miss or take one piece of evidence.
+            since.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a 429 for a call sent at `sent_at` on the quota at `place`
+    /// came at the start of a busy period: less than `span` after the
+    /// quota last left a full bucket (a turn's start, after idle, where
+    /// a burst plus its refill is what the server refused; later in a run
+    /// the bucket paces at the rate, and a 429 there is not about shape).
+    pub(in crate::admission) fn at_busy_start(
+        &self,
+        place: Place,
+        sent_at: u64,
+        span: u64,
+    ) -> bool {
+        self.busy_since.get(place.index()).is_some_and(|since| {
+            // Relaxed: see `from_full`.
+            let since = since.load(Ordering::Relaxed);
+            since != NEVER && since <= sent_at && sent_at - since < span
+        })
     }
 
     /// Gives the quota at `place` a window (the evidence is in; see the

@@ -429,6 +429,11 @@ where
             };
             let w = Duration::from_nanos(r.ready_at - now);
             wait = wait.max(w);
+            if r.from_full
+                && let Some(place) = source.place()
+            {
+                credential.fits.from_full(place, now);
+            }
             if let Some(place) = windowed {
                 // A quota fitted to the server's rolling window: placed
                 // in it below, at the call's own instant (see `fit`).

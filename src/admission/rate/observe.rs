@@ -85,7 +85,7 @@ where
         self.learn(credential, status, spent.is_some(), hint, sent_at);
         self.follow_weighted_quotas(credential, hint);
         if status == 429 {
-            self.fit_to_window(credential, spent, hint);
+            self.fit_to_window(credential, spent, hint, sent_at);
         }
         if let Some(policy) = spent
             && let Some(held) = self.hold_spent_quota(credential, policy, hint)
@@ -150,14 +150,16 @@ where
     }
 
     /// A 429 charged to a quota whose rate is the server's own stated
-    /// limit says the rate is right and the shape is wrong: that quota of
-    /// `credential` gets a rolling window (see `fit`). `spent` is the
+    /// limit, at the start of the quota's busy period, says the rate is
+    /// right and the shape is wrong: that quota of `credential` gets a
+    /// rolling window (see `fit`). `spent` is the
     /// weighted quota the 429 is for, if not the requests.
     fn fit_to_window(
         &self,
         credential: &str,
         spent: Option<&crate::headers::Policy>,
         hint: &ServerHint,
+        sent_at: u64,
     ) {
         let rates = &self.inner.rates;
         if rates.shared.contains(credential) || !rates.learned.is_adaptive() {
@@ -184,7 +186,14 @@ where
             None if state.is_learned() && learned::server_limit(hint).is_some() => Source::Requests,
             None => return,
         };
-        if let Some(place) = source.place() {
+        let buckets = match source {
+            Source::Resource(i) => &rates.resources[i].buckets,
+            _ => &rates.credentials,
+        };
+        let span = super::fit::Shape::of(buckets.quota_of(&credential.to_string())).span;
+        if let Some(place) = source.place()
+            && state.fits.at_busy_start(place, sent_at, span)
+        {
             state.fits.fit(place);
         }
     }
