@@ -123,7 +123,7 @@ impl Fits {
     /// The quota at `place` took cells from a full bucket at `now`: a busy
     /// period starts.
     #[inline]
-    pub(in crate::admission) fn from_full(&self, place: Place, now: u64) {
+    pub(in crate::admission) fn took_from_full(&self, place: Place, now: u64) {
         if let Some(since) = self.busy_since.get(place.index()) {
             // Relaxed: a hint read by a later 429's judgement, which a
             // stale value only makes miss or take one piece of evidence.
@@ -143,7 +143,7 @@ impl Fits {
         span: u64,
     ) -> bool {
         self.busy_since.get(place.index()).is_some_and(|since| {
-            // Relaxed: see `from_full`.
+            // Relaxed: see `took_from_full`.
             let since = since.load(Ordering::Relaxed);
             since != NEVER && since <= sent_at && sent_at - since < span
         })

@@ -432,7 +432,7 @@ where
             if r.from_full
                 && let Some(place) = source.place()
             {
-                credential.fits.from_full(place, now);
+                credential.fits.took_from_full(place, now);
             }
             if let Some(place) = windowed {
                 // A quota fitted to the server's rolling window: placed
