@@ -132,9 +132,6 @@ pub(crate) struct Reserved {
     pub(crate) ready_at: u64,
     /// `None` for `n == 0`: nothing to give back.
     pub(crate) ticket: Option<Ticket>,
-    /// The bucket was full when the cells were taken (idle since its
-    /// last cells were used).
-    pub(crate) from_full: bool,
 }
 
 /// A consistent view of the quota and the `tat`.
@@ -426,7 +423,6 @@ impl Gcra {
             return Ok(Reserved {
                 ready_at: now,
                 ticket: None,
-                from_full: false,
             });
         }
         let backoff = Backoff::new();
@@ -444,7 +440,6 @@ impl Gcra {
                                     after: new_tat.wrapping_add(view.skew),
                                     epoch: view.epoch(),
                                 }),
-                                from_full: view.tat <= now,
                             })
                         }
                         Err(fresh) => view = fresh,

@@ -38,20 +38,31 @@
 //! long run.
 
 use core::time::Duration;
+use std::borrow::Cow;
 use std::collections::VecDeque;
 
 use parking_lot::Mutex;
 
-use super::held::Place;
-use crate::clock::saturating_nanos;
+use super::super::spec::{CallSpec, REQUESTS};
+use super::super::Admission;
+use super::held::{Place, Reserved, Source};
+use super::learned::CredentialState;
+use super::refusal::Refusal;
+use super::{Instant, API_KEY};
+use crate::bucket::ReserveError;
+use crate::clock::{saturating_nanos, Clock};
+use crate::keyed::Scoped;
+use crate::sleep::Sleeper;
 use crate::sync::{AtomicU64, Ordering};
 
 /// The windows of one credential's quotas, by [`Place`] (the request
 /// quota at 0, weighted quota `i` at `1 + i`; places past 63 get none).
 #[derive(Debug)]
 pub(crate) struct Fits {
-    /// Bit `p`: the quota at place `p` has a window. Read on every
-    /// reservation of the credential (one load); set once, never cleared.
+    /// Bit `p`: the quota at place `p` has a window; bit `32 + p`: the
+    /// server states its limit (its busy periods are tracked). Read on
+    /// every reservation of the credential (one load); bits are set once,
+    /// never cleared.
     active: AtomicU64,
     windows: Mutex<Vec<(Place, Window)>>,
     /// When each of the first [`TRACKED`] quotas last took cells from a
@@ -60,12 +71,46 @@ pub(crate) struct Fits {
     busy_since: [AtomicU64; TRACKED],
 }
 
-/// The quotas whose busy periods are tracked: the request quota and the
-/// first three weighted quotas (a ticket's inline places). Past them, no
-/// 429 is evidence.
-const TRACKED: usize = 4;
+/// The quotas whose busy periods are tracked, and which can get a window:
+/// the request quota and the first three weighted quotas (a ticket's
+/// inline places). Past them, no 429 is evidence.
+pub(in crate::admission) const TRACKED: usize = 4;
+
+/// The windows one call is placed in: `(place, shape, units)` by place
+/// index, inline (a reservation allocates nothing for them).
+#[derive(Clone, Copy, Debug, Default)]
+pub(in crate::admission) struct Fitted([Option<(Place, Shape, u32)>; TRACKED]);
+
+impl Fitted {
+    /// The call draws `units` on the fitted quota at `place`.
+    pub(in crate::admission) fn add(&mut self, place: Place, shape: Shape, units: u32) {
+        if let Some(slot) = self.0.get_mut(place.index()) {
+            *slot = Some((place, shape, units));
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (Place, Shape, u32)> + '_ {
+        self.0.iter().flatten().copied()
+    }
+
+    /// The first one, to word a refusal.
+    pub(in crate::admission) fn first(&self) -> Option<(Place, Shape, u32)> {
+        self.iter().next()
+    }
+}
+
+/// What a call placed in its windows, to take back if it is not admitted:
+/// the instant and the units by place index.
+#[derive(Clone, Copy, Debug)]
+pub(in crate::admission) struct Placed {
+    pub(in crate::admission) at: u64,
+    pub(in crate::admission) units: [u32; TRACKED],
+}
 
 const NEVER: u64 = u64::MAX;
+
+/// The bits of `Fits::active` that say a quota has a window.
+pub(in crate::admission) const FITTED: u64 = (1 << TRACKED) - 1;
 
 impl Default for Fits {
     fn default() -> Self {
@@ -114,16 +159,69 @@ impl Fits {
     /// Whether the quota at `place` has a window.
     #[inline]
     pub(in crate::admission) fn is_fitted(&self, place: Place) -> bool {
-        // Relaxed: a flag read on the reservation path. A call racing the
+        place.bit() & self.mask() & FITTED != 0
+    }
+
+    /// The places that have a window, and (`<< 32`) those whose limit the
+    /// server states, as bits (0: none, the common case).
+    #[inline]
+    pub(in crate::admission) fn mask(&self) -> u64 {
+        // Relaxed: flags read on the reservation path. A call racing the
         // install may go without the window once; the window itself is
         // read under its lock.
-        place.bit() & self.active.load(Ordering::Relaxed) != 0
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// The server states the limit of the quota at `place`: from now on
+    /// its busy periods are tracked, so a 429 can be judged (see
+    /// `at_busy_start`).
+    /// The first reply that states it is for a call sent at `sent_at`:
+    /// the calls before it took their cells untracked, so the busy period
+    /// they are in is taken to start there.
+    pub(in crate::admission) fn stated(&self, place: Place, sent_at: u64) {
+        let bit = place.bit() << 32;
+        if place.index() < TRACKED && self.mask() & bit == 0 {
+            // Relaxed (both): see `mask` and `took_from_full`.
+            let _ = self.busy_since[place.index()].compare_exchange(
+                NEVER,
+                sent_at,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            self.active.fetch_or(bit, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the server states the limit of the quota at `place`, in
+    /// `mask` as read by [`mask`](Self::mask).
+    #[inline]
+    pub(in crate::admission) fn is_stated(mask: u64, place: Place) -> bool {
+        mask & (place.bit() << 32) != 0
+    }
+
+    /// The quota at `place` took `cells` (stamps `ticket`) from a bucket
+    /// of `period` ns per cell at `now`: if the bucket was full, a busy
+    /// period starts. A full bucket's new `tat` is `now + cells x period`,
+    /// past the old one by more than that; a busy one's by exactly that.
+    #[inline]
+    pub(in crate::admission) fn took(
+        &self,
+        place: Place,
+        ticket: crate::bucket::gcra::Ticket,
+        cells: u32,
+        period: u64,
+        now: u64,
+    ) {
+        let moved = ticket.after.wrapping_sub(ticket.before);
+        if moved > period.saturating_mul(u64::from(cells)) {
+            self.took_from_full(place, now);
+        }
     }
 
     /// The quota at `place` took cells from a full bucket at `now`: a busy
     /// period starts.
     #[inline]
-    pub(in crate::admission) fn took_from_full(&self, place: Place, now: u64) {
+    fn took_from_full(&self, place: Place, now: u64) {
         if let Some(since) = self.busy_since.get(place.index()) {
             // Relaxed: a hint read by a later 429's judgement, which a
             // stale value only makes miss or take one piece of evidence.
@@ -152,7 +250,7 @@ impl Fits {
     /// Gives the quota at `place` a window (the evidence is in; see the
     /// module). Returns whether it had none.
     pub(in crate::admission) fn fit(&self, place: Place) -> bool {
-        if place.bit() == 0 || self.is_fitted(place) {
+        if place.index() >= TRACKED || self.is_fitted(place) {
             return false;
         }
         let mut windows = self.windows.lock();
@@ -172,40 +270,36 @@ impl Fits {
     /// the instant is the same in each. Units past a limit count as the
     /// limit (a call bigger than the window waits for an empty one, as for
     /// the bucket's burst).
-    pub(in crate::admission) fn place(
-        &self,
-        fitted: &[(Place, Shape, u32)],
-        now: u64,
-        from: u64,
-    ) -> u64 {
+    pub(in crate::admission) fn place(&self, fitted: &Fitted, now: u64, from: u64) -> Placed {
         let mut windows = self.windows.lock();
         let at = first_fit(&mut windows, fitted, now, from);
-        for &(place, shape, units) in fitted {
+        let mut units = [0; TRACKED];
+        for (place, shape, n) in fitted.iter() {
+            let n = n.min(shape.limit);
             if let Some((_, w)) = windows.iter_mut().find(|(p, _)| *p == place) {
-                w.log.push_back((at, units.min(shape.limit)));
+                w.log.push_back((at, n));
+                units[place.index()] = n;
             }
         }
-        at
+        Placed { at, units }
     }
 
     /// The instant [`place`](Self::place) would return, placing nothing:
     /// what a call refused for its wait is told.
-    pub(in crate::admission) fn earliest(
-        &self,
-        fitted: &[(Place, Shape, u32)],
-        now: u64,
-        from: u64,
-    ) -> u64 {
+    pub(in crate::admission) fn earliest(&self, fitted: &Fitted, now: u64, from: u64) -> u64 {
         first_fit(&mut self.windows.lock(), fitted, now, from)
     }
 
-    /// Takes back `units` placed at `at` (a reservation given back).
-    pub(in crate::admission) fn remove(&self, place: Place, at: u64, units: u32) {
+    /// Takes back what a call placed (a reservation given back).
+    pub(in crate::admission) fn remove(&self, placed: &Placed) {
         let mut windows = self.windows.lock();
-        if let Some((_, window)) = windows.iter_mut().find(|(p, _)| *p == place)
-            && let Some(i) = window.log.iter().rposition(|e| *e == (at, units))
-        {
-            window.log.remove(i);
+        for (place, window) in windows.iter_mut() {
+            let units = placed.units.get(place.index()).copied().unwrap_or(0);
+            if units > 0
+                && let Some(i) = window.log.iter().rposition(|e| *e == (placed.at, units))
+            {
+                window.log.remove(i);
+            }
         }
     }
 }
@@ -214,16 +308,11 @@ impl Fits {
 /// window it draws on. Each window's first fit moves the instant only
 /// later; a fixed point is reached once no window moves it (at most one
 /// pass per window).
-fn first_fit(
-    windows: &mut [(Place, Window)],
-    fitted: &[(Place, Shape, u32)],
-    now: u64,
-    from: u64,
-) -> u64 {
+fn first_fit(windows: &mut [(Place, Window)], fitted: &Fitted, now: u64, from: u64) -> u64 {
     let mut at = from;
-    for _ in 0..=fitted.len() {
+    for _ in 0..=TRACKED {
         let before = at;
-        for &(place, shape, units) in fitted {
+        for (place, shape, units) in fitted.iter() {
             if let Some((_, w)) = windows.iter_mut().find(|(p, _)| *p == place) {
                 at = w.first_fit(shape, now, at, units);
             }
@@ -280,6 +369,136 @@ impl Place {
     }
 }
 
+impl<S: Sleeper, C: Clock> Admission<S, C> {
+    /// The bucket of the quota at `source`.
+    fn window_buckets(&self, source: Source) -> &Scoped<String, C> {
+        match source {
+            Source::Resource(i) => &self.inner.rates.resources[i].buckets,
+            _ => &self.inner.rates.credentials,
+        }
+    }
+
+    /// A bucket's refusal `e` of `cells` on a fitted quota, told when the
+    /// window lets them through too (never sooner than the bucket).
+    #[cold]
+    #[inline(never)]
+    pub(in crate::admission) fn with_window(
+        &self,
+        credential: &CredentialState,
+        source: Source,
+        cells: u32,
+        now: u64,
+        e: ReserveError,
+    ) -> ReserveError {
+        let (ReserveError::RateLimited { retry_after }, Some(place)) = (e, source.place()) else {
+            return e;
+        };
+        if !credential.fits.is_fitted(place) {
+            return e;
+        }
+        let key = credential.name.to_string();
+        let mut alone = Fitted::default();
+        alone.add(
+            place,
+            Shape::of(self.window_buckets(source).quota_of(&key)),
+            cells,
+        );
+        let from = now.saturating_add(saturating_nanos(retry_after));
+        let at = credential.fits.earliest(&alone, now, from);
+        ReserveError::RateLimited {
+            retry_after: wait(now, at),
+        }
+    }
+
+    /// After a call reserved its quotas (the longest wait `longest`) on a
+    /// credential whose flags `mask` are not all clear: tracks the busy
+    /// periods of the quotas whose limit the server states, and places the
+    /// call in the windows of those that have one (see
+    /// [`place_in_windows`](Self::place_in_windows)). Returns the window's
+    /// wait.
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::admission) fn windows(
+        &self,
+        spec: &CallSpec,
+        credential: &CredentialState,
+        mask: u64,
+        requests: bool,
+        at: Instant,
+        longest: Duration,
+        reserved: &mut Reserved<'_, S, C>,
+    ) -> Result<Duration, Refusal> {
+        for (place, kept) in reserved.taken() {
+            if Fits::is_stated(mask, place) {
+                let period = self
+                    .window_buckets(place.source())
+                    .period_of(&spec.credential);
+                let (stamps, cells) = (kept.stamps(), kept.cells);
+                credential
+                    .fits
+                    .took(place, stamps, cells, saturating_nanos(period), at.now);
+            }
+        }
+        if mask & FITTED == 0 {
+            return Ok(Duration::ZERO);
+        }
+        self.place_in_windows(spec, credential, requests, at, longest, reserved)
+    }
+
+    /// Places a call that reserved its quotas (the longest wait `longest`)
+    /// in the windows of those that have one, at one instant, kept in
+    /// `reserved` to be taken back if it is not admitted. Returns the
+    /// window's wait, or refuses it when that does not fit `at.max_wait`.
+    fn place_in_windows(
+        &self,
+        spec: &CallSpec,
+        credential: &CredentialState,
+        requests: bool,
+        at: Instant,
+        longest: Duration,
+        reserved: &mut Reserved<'_, S, C>,
+    ) -> Result<Duration, Refusal> {
+        let key = &spec.credential;
+        let request_cells = spec.cost_of(REQUESTS).unwrap_or(1);
+        let weighted = self.inner.rates.resources.iter().enumerate();
+        let sources =
+            core::iter::once((Source::Requests, if requests { request_cells } else { 0 })).chain(
+                weighted.map(|(i, r)| (Source::Resource(i), spec.cost_of(&r.name).unwrap_or(0))),
+            );
+        let mut fitted = Fitted::default();
+        for (source, cells) in sources {
+            if let Some(place) = source.place()
+                && cells > 0
+                && credential.fits.is_fitted(place)
+            {
+                let shape = Shape::of(self.window_buckets(source).quota_of(key));
+                fitted.add(place, shape, cells);
+            }
+        }
+        let Some((place, shape, _)) = fitted.first() else {
+            return Ok(Duration::ZERO);
+        };
+        let from = at.now.saturating_add(saturating_nanos(longest));
+        let placed = credential.fits.place(&fitted, at.now, from);
+        reserved.set_placed(placed);
+        let w = wait(at.now, placed.at);
+        if w <= at.max_wait {
+            return Ok(w);
+        }
+        Err(Refusal {
+            e: ReserveError::RateLimited { retry_after: w },
+            scope: match place.source() {
+                Source::Resource(i) => {
+                    Cow::Owned(format!("quota:{}", self.inner.rates.resources[i].name))
+                }
+                _ => Cow::Borrowed(API_KEY),
+            },
+            period: shape.span / u64::from(shape.limit.max(1)),
+        })
+    }
+}
+
 /// How long a window makes a call wait, from `now`.
 pub(in crate::admission) fn wait(now: u64, at: u64) -> Duration {
     Duration::from_nanos(at.saturating_sub(now))
@@ -294,6 +513,15 @@ mod tests {
         limit: 2_000,
         span: SEC,
     };
+
+    /// One call's windows.
+    fn call(entries: &[(Place, Shape, u32)]) -> Fitted {
+        let mut f = Fitted::default();
+        for &(p, shape, n) in entries {
+            f.add(p, shape, n);
+        }
+        f
+    }
 
     fn fitted() -> (Fits, Place) {
         let fits = Fits::default();
@@ -310,7 +538,7 @@ mod tests {
         // 805-token calls, all ready at once: two fit a second, the third
         // waits until the first leaves, the fifth until the third does.
         let at: Vec<u64> = (0..5)
-            .map(|_| fits.place(&[(p, TOKENS, 805)], 0, 0))
+            .map(|_| fits.place(&call(&[(p, TOKENS, 805)]), 0, 0).at)
             .collect();
         assert_eq!(at, [0, 0, SEC, SEC, 2 * SEC]);
         // Never more than the limit in any span starting at a placement.
@@ -327,23 +555,24 @@ mod tests {
     fn a_window_keeps_order_and_the_buckets_instant() {
         let (fits, p) = fitted();
         // The bucket's own instant is kept when the window has room.
-        assert_eq!(fits.place(&[(p, TOKENS, 805)], 0, 300), 300);
+        assert_eq!(fits.place(&call(&[(p, TOKENS, 805)]), 0, 300).at, 300);
         // A later call is never placed before an earlier one.
-        assert_eq!(fits.place(&[(p, TOKENS, 805)], 0, 100), 300);
+        assert_eq!(fits.place(&call(&[(p, TOKENS, 805)]), 0, 100).at, 300);
         // Past the limit: waits for an empty window, counted as the limit.
-        assert_eq!(fits.place(&[(p, TOKENS, 9_000)], 0, 0), 300 + SEC);
-        assert_eq!(fits.place(&[(p, TOKENS, 1)], 0, 0), 300 + 2 * SEC);
+        assert_eq!(fits.place(&call(&[(p, TOKENS, 9_000)]), 0, 0).at, 300 + SEC);
+        assert_eq!(fits.place(&call(&[(p, TOKENS, 1)]), 0, 0).at, 300 + 2 * SEC);
     }
 
     #[test]
     fn a_window_forgets_what_left_and_what_was_given_back() {
         let (fits, p) = fitted();
-        assert_eq!(fits.place(&[(p, TOKENS, 2_000)], 0, 0), 0);
         // Given back: the next call takes its room at once.
-        fits.remove(p, 0, 2_000);
-        assert_eq!(fits.place(&[(p, TOKENS, 2_000)], 0, 0), 0);
+        let placed = fits.place(&call(&[(p, TOKENS, 2_000)]), 0, 0);
+        assert_eq!(placed.at, 0);
+        fits.remove(&placed);
+        assert_eq!(fits.place(&call(&[(p, TOKENS, 2_000)]), 0, 0).at, 0);
         // A span later the window is empty again.
-        assert_eq!(fits.place(&[(p, TOKENS, 2_000)], SEC, SEC), SEC);
+        assert_eq!(fits.place(&call(&[(p, TOKENS, 2_000)]), SEC, SEC).at, SEC);
         assert_eq!(fits.windows.lock()[0].1.log.len(), 1, "the old one left");
     }
 
@@ -351,8 +580,8 @@ mod tests {
     fn no_window_no_delay() {
         let fits = Fits::default();
         let p = super::super::Source::Requests.place().unwrap();
-        assert_eq!(fits.place(&[(p, TOKENS, 2_000)], 0, 7), 7);
-        assert_eq!(fits.place(&[(p, TOKENS, 2_000)], 0, 7), 7);
+        assert_eq!(fits.place(&call(&[(p, TOKENS, 2_000)]), 0, 7).at, 7);
+        assert_eq!(fits.place(&call(&[(p, TOKENS, 2_000)]), 0, 7).at, 7);
         let shape = Shape::of(crate::bucket::Quota::new(2_000.0, 2_000).unwrap());
         assert_eq!((shape.limit, shape.span), (2_000, SEC + SEC / 64));
     }
@@ -368,8 +597,8 @@ mod tests {
         };
         // Requests allow three a second, tokens two calls: the third call
         // waits for the tokens, and is counted at that instant in both.
-        let call = [(requests, three, 1), (tokens, TOKENS, 805)];
-        let at: Vec<u64> = (0..4).map(|_| fits.place(&call, 0, 0)).collect();
+        let both = call(&[(requests, three, 1), (tokens, TOKENS, 805)]);
+        let at: Vec<u64> = (0..4).map(|_| fits.place(&both, 0, 0).at).collect();
         assert_eq!(at, [0, 0, SEC, SEC]);
         let windows = fits.windows.lock();
         assert!(windows.iter().all(|(_, w)| w.log.len() == 4));

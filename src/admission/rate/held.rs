@@ -182,9 +182,9 @@ pub(in crate::admission) struct Reserved<'a, S: Sleeper, C: Clock> {
     /// The server scope's cell: given back if the call is not admitted,
     /// never settled.
     scoped: Option<Kept>,
-    /// Units placed in a fitted quota's window (see `fit`): `(place,
-    /// instant, units)`, taken back with the reservations.
-    fitted: Vec<(Place, u64, u32)>,
+    /// What the call placed in its quotas' windows (see `fit`), taken
+    /// back with the reservations.
+    placed: Option<super::fit::Placed>,
 }
 
 impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
@@ -199,13 +199,23 @@ impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
             scope,
             held: Held::EMPTY,
             scoped: None,
-            fitted: Vec::new(),
+            placed: None,
         }
     }
 
-    /// Units placed at `at` in the window of `place` (see `fit`).
-    pub(in crate::admission) fn push_fitted(&mut self, place: Place, at: u64, units: u32) {
-        self.fitted.push((place, at, units));
+    /// The reservations taken so far, by place.
+    pub(in crate::admission) fn taken(&self) -> impl Iterator<Item = (Place, &Kept)> {
+        self.held
+            .all()
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| k.cells > 0)
+            .map(|(i, k)| (Place(i), k))
+    }
+
+    /// What the call placed in its quotas' windows (see `fit`).
+    pub(in crate::admission) fn set_placed(&mut self, placed: super::fit::Placed) {
+        self.placed = Some(placed);
     }
 
     pub(in crate::admission) fn push(
@@ -226,7 +236,7 @@ impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
     #[inline]
     pub(in crate::admission) fn cancel_all(&mut self) {
         if self.scoped.is_none()
-            && self.fitted.is_empty()
+            && self.placed.is_none()
             && self.held.all().iter().all(|k| k.cells == 0)
         {
             return;
@@ -246,12 +256,10 @@ impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
         if let Some(kept) = self.scoped.take() {
             let _ = admission.undo(credential, scope, Source::Scope, &kept);
         }
-        if !self.fitted.is_empty()
+        if let Some(placed) = self.placed.take()
             && let Some(state) = admission.inner.rates.peek_credential(credential)
         {
-            for (place, at, units) in self.fitted.drain(..) {
-                state.fits.remove(place, at, units);
-            }
+            state.fits.remove(&placed);
         }
     }
 
@@ -259,7 +267,7 @@ impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
     /// them against the actual usage.
     pub(in crate::admission) fn keep(&mut self) -> Held {
         self.scoped = None;
-        self.fitted.clear();
+        self.placed = None;
         core::mem::replace(&mut self.held, Held::EMPTY)
     }
 }

@@ -27,7 +27,7 @@ mod rescales;
 mod settle;
 pub(super) mod shared;
 
-pub(in crate::admission) use held::{Held, Kept, Place, Reserved};
+pub(in crate::admission) use held::{Held, Kept, Reserved};
 pub(in crate::admission) use observe::Tool;
 pub use provider::Provider;
 use refusal::Refusal;
@@ -410,36 +410,13 @@ where
         let mut wait = Duration::ZERO;
         let mut others = Duration::ZERO;
         let mut cell = None;
-        let mut fitted: Vec<(Place, fit::Shape, u32)> = Vec::new();
+        // One load: no quota of most credentials has a window.
+        let fitted = credential.fits.mask();
+        // (and, `<< 32`, which quotas' limits the server states)
         let mut take = |source: Source, buckets: &Scoped<String, C>, cells: u32| {
-            let windowed = source.place().filter(|&p| credential.fits.is_fitted(p));
-            let r = match buckets.reserve_stamps(&spec.credential, cells, max_wait, now) {
-                Ok(r) => r,
-                Err(ReserveError::RateLimited { retry_after }) if let Some(place) = windowed => {
-                    // Told when both the bucket and the window let it go.
-                    let shape = fit::Shape::of(buckets.quota_of(&spec.credential));
-                    let from = now.saturating_add(saturating_nanos(retry_after));
-                    let at = credential
-                        .fits
-                        .earliest(&[(place, shape, cells)], now, from);
-                    let retry_after = fit::wait(now, at);
-                    return Err(ReserveError::RateLimited { retry_after });
-                }
-                Err(e) => return Err(e),
-            };
+            let r = buckets.reserve_stamps(&spec.credential, cells, max_wait, now)?;
             let w = Duration::from_nanos(r.ready_at - now);
             wait = wait.max(w);
-            if r.from_full
-                && let Some(place) = source.place()
-            {
-                credential.fits.took_from_full(place, now);
-            }
-            if let Some(place) = windowed {
-                // A quota fitted to the server's rolling window: placed
-                // in it below, at the call's own instant (see `fit`).
-                let shape = fit::Shape::of(buckets.quota_of(&spec.credential));
-                fitted.push((place, shape, cells));
-            }
             match (source, r.ticket) {
                 (Source::Requests, Some(ticket)) => {
                     cell = Some(RequestCell {
@@ -459,8 +436,11 @@ where
         let request_cells = spec.cost_of(REQUESTS).unwrap_or(1);
         if requests
             && request_cells > 0
-            && let Err(e) = take(Source::Requests, &inner.rates.credentials, request_cells)
+            && let Err(mut e) = take(Source::Requests, &inner.rates.credentials, request_cells)
         {
+            if fitted & fit::FITTED != 0 {
+                e = self.with_window(credential, Source::Requests, request_cells, now, e);
+            }
             // A learned rate climbing back from a guessed cut frees
             // the waiting calls' turns faster than its period now.
             let expected = inner
@@ -498,7 +478,10 @@ where
                 let burst = capacity.max(1);
                 taken = take(Source::Resource(i), &resource.buckets, burst);
             }
-            if let Err(e) = taken {
+            if let Err(mut e) = taken {
+                if fitted & fit::FITTED != 0 {
+                    e = self.with_window(credential, Source::Resource(i), cells, now, e);
+                }
                 return Err(Refusal {
                     e,
                     scope: Cow::Owned(format!("quota:{}", resource.name)),
@@ -527,26 +510,9 @@ where
                 }
             }
         }
-        if !fitted.is_empty() {
-            let from = now.saturating_add(saturating_nanos(wait));
-            let at = credential.fits.place(&fitted, now, from);
-            for &(place, shape, cells) in &fitted {
-                reserved.push_fitted(place, at, cells.min(shape.limit));
-            }
-            let w = fit::wait(now, at);
-            if w > max_wait {
-                let (place, shape, _) = fitted[0];
-                return Err(Refusal {
-                    e: ReserveError::RateLimited { retry_after: w },
-                    scope: match place.source() {
-                        Source::Resource(i) => {
-                            Cow::Owned(format!("quota:{}", inner.rates.resources[i].name))
-                        }
-                        _ => Cow::Borrowed(API_KEY),
-                    },
-                    period: shape.span / u64::from(shape.limit.max(1)),
-                });
-            }
+        if fitted != 0 {
+            // Out of line: most credentials pay only this branch.
+            let w = self.windows(spec, credential, fitted, requests, at, wait, reserved)?;
             // Slept like a weighted quota's wait: a rate change does not
             // move it.
             wait = wait.max(w);

@@ -83,6 +83,7 @@ where
             None
         };
         self.learn(credential, status, spent.is_some(), hint, sent_at);
+        self.note_stated(credential, hint, sent_at);
         self.follow_weighted_quotas(credential, hint);
         if status == 429 {
             self.fit_to_window(credential, spent, hint, sent_at);
@@ -147,6 +148,43 @@ where
             inner.clock.now_nanos(),
             &inner.rates.credentials,
         );
+    }
+
+    /// The quotas of `credential` whose limits `hint` states (a learned
+    /// request rate from a stated request limit, a weighted quota from a
+    /// policy of its name with a window) have their busy periods tracked
+    /// from now on (see `fit`).
+    fn note_stated(&self, credential: &str, hint: &ServerHint, sent_at: u64) {
+        let rates = &self.inner.rates;
+        if hint.policies.is_empty()
+            || !rates.learned.is_adaptive()
+            || rates.shared.contains(credential)
+        {
+            return;
+        }
+        let Some(state) = rates.peek_credential(credential) else {
+            return;
+        };
+        let stated = |name: &str| {
+            hint.policies.iter().any(|p| {
+                p.quota.is_some_and(|q| q > 0)
+                    && p.window.is_some()
+                    && p.name.as_deref().is_some_and(|n| same_name(n, name))
+            })
+        };
+        if state.is_learned()
+            && learned::server_limit(hint).is_some()
+            && let Some(place) = Source::Requests.place()
+        {
+            state.fits.stated(place, sent_at);
+        }
+        for (i, resource) in rates.resources.iter().enumerate() {
+            if let Some(place) = Source::Resource(i).place()
+                && stated(&resource.name)
+            {
+                state.fits.stated(place, sent_at);
+            }
+        }
     }
 
     /// A 429 charged to a quota whose rate is the server's own stated
