@@ -39,7 +39,13 @@
 //! (default 2). The floor is exact when it is at least the real burst, the
 //! ceiling when it is at most. A wrong guess costs about `error / w`
 //! requests per second, so it fades as the epochs grow longer, and a 429
-//! at a rate the floor had proven doubles the assumption.
+//! at a rate the floor had proven grows the assumption (by one the first
+//! time, then doubling). nginx's `limit_req burst=b` lets `b + 1` through
+//! at once, so the first 429 (out of slow start) also reads the floor with
+//! `b + 1`: when that floor is within 15%, the rate starts there and
+//! approaches the other at 3% a second (a server one cell larger absorbs
+//! the excess for seconds, past a turn's end), and a 429 at or below the
+//! first floor, sent past half the holdoff after it, is not ignored.
 //!
 //! # Decreases
 //!
@@ -135,6 +141,12 @@ const SETTLED: f64 = 0.85;
 const AGAIN: f64 = 0.05;
 /// The growth, per second, of the climb back after a guessed cut.
 const CLIMB_GAIN: f64 = 0.5;
+/// How fast an approach to a floor read with the assumed burst grows (see
+/// `Phase::Approach`): 3% of its start a second. Slow enough that a
+/// server with one cell more of burst than assumed (nginx's `burst=2`
+/// lets three through) absorbs the excess for seconds before it refuses;
+/// a server with the assumed burst is at its floor in about four.
+const APPROACH_GAIN: f64 = 0.03;
 /// The longest hold, in seconds, after a guessed cut.
 const MAX_TRIAL: f64 = 5.0;
 /// A probe waits at least this many successes.
@@ -224,6 +236,10 @@ enum Phase {
     /// Climb from `base` at `since` by `CLIMB_GAIN × base` per second, up
     /// to `limit`; past it, probe.
     Climb { since: u64, base: f64, limit: f64 },
+    /// Grow from `base` at `since` by `APPROACH_GAIN × base` per second
+    /// to `limit`, a floor proven only if the server's burst is the one
+    /// assumed; there, hold as settled.
+    Approach { since: u64, base: f64, limit: f64 },
     /// Grow from `base` at `since` by `probe_gain` per second,
     /// compounding, until a 429.
     Probe { since: u64, base: f64 },
@@ -258,6 +274,10 @@ struct State {
     last_settled: Option<f64>,
     /// The rate held, when the floor proved it.
     proven: Option<f64>,
+    /// `proven` was settled by the first 429, out of slow start: the one
+    /// floor a larger burst than assumed can still have inflated unseen
+    /// (see `on_reply`).
+    proven_first: bool,
     /// The floor measured at the last decrease that measured one.
     last_floor: Option<f64>,
     /// The server burst assumed: `server_burst`, doubled each time a
@@ -397,9 +417,23 @@ impl RateController {
             }
             RateOutcome::Throttled => {
                 let holdoff = saturating_nanos(self.cfg.holdoff);
-                if st
-                    .decreased_at
-                    .is_some_and(|d| sent_at < d.saturating_add(holdoff))
+                // A 429 for a request sent after the last decrease, at a
+                // rate the floor had proven, is no echo of the old rate:
+                // the server's burst is larger than assumed (see
+                // `throttled`), and waiting out the holdoff would cost the
+                // next 429 too (issue #41: nginx at 4 r/s).
+                // (Sent past half the holdoff: a request admitted before a
+                // hold and sent as it begins is an echo too.)
+                let disproves = st.proven_first
+                    && matches!(st.phase, Phase::Hold { climb_to: None, .. })
+                    && st
+                        .decreased_at
+                        .is_some_and(|d| sent_at >= d.saturating_add(holdoff / 2))
+                    && st.proven.is_some_and(|p| st.applied <= p);
+                if !disproves
+                    && st
+                        .decreased_at
+                        .is_some_and(|d| sent_at < d.saturating_add(holdoff))
                 {
                     return None;
                 }
@@ -452,7 +486,7 @@ impl RateController {
                 }
                 Phase::SlowStart
             }
-            Phase::Climb { .. } | Phase::Probe { .. } if !in_use => {
+            Phase::Climb { .. } | Phase::Approach { .. } | Phase::Probe { .. } if !in_use => {
                 // The callers do not use the rate: grow from here later.
                 st.phase.rebased(now, st.target)
             }
@@ -495,6 +529,24 @@ impl RateController {
                     Phase::Climb { since, base, limit }
                 }
             }
+            Phase::Approach { since, base, limit } => {
+                let target = base * (1.0 + APPROACH_GAIN * secs_between(since, now));
+                if target >= limit {
+                    st.target = st.target.max(limit);
+                    st.proven = Some(limit);
+                    st.last_settled = Some(limit);
+                    Phase::Hold {
+                        until: now.saturating_add(
+                            saturating_nanos(cfg.probe_after).saturating_mul(st.backoff as u64),
+                        ),
+                        successes: PROBE_MIN_SUCCESSES,
+                        climb_to: None,
+                    }
+                } else {
+                    st.target = st.target.max(target);
+                    Phase::Approach { since, base, limit }
+                }
+            }
             Phase::Probe { since, base } => {
                 let target = base * (1.0 + cfg.probe_gain).powf(secs_between(since, now));
                 st.target = st.target.max(target);
@@ -508,12 +560,21 @@ impl RateController {
         let cfg = &self.cfg;
         // The rate in force when the request left (or just after).
         let refused = st.applied;
-        if matches!(st.phase, Phase::Hold { climb_to: None, .. })
-            && st.proven.is_some_and(|p| refused <= p)
+        if matches!(
+            st.phase,
+            Phase::Hold { climb_to: None, .. } | Phase::Approach { .. }
+        ) && st.proven.is_some_and(|p| refused <= p)
         {
             // Refused at a rate the floor had proven: the server allows a
-            // larger burst than assumed, which inflated the floor.
-            st.server_burst = st.server_burst.saturating_mul(2).min(MAX_SERVER_BURST);
+            // larger burst than assumed, which inflated the floor. One
+            // cell more first (nginx's `burst=b` is b + 1 at once), then
+            // doubling.
+            st.server_burst = if st.server_burst == self.cfg.server_burst {
+                st.server_burst.saturating_add(1)
+            } else {
+                st.server_burst.saturating_mul(2)
+            }
+            .min(MAX_SERVER_BURST);
         }
         let b = st.server_burst as f64;
         let idle = match (st.decreased_at, st.epoch_first) {
@@ -542,8 +603,32 @@ impl RateController {
         let mut rate = floor.max(guess).min(refused * (1.0 - MIN_CUT));
         rate = rate.clamp(cfg.min_rate, st.cap);
         st.proven = (floor >= guess && rate <= floor).then_some(rate);
+        // The same successes read with one more cell of burst: nginx's
+        // `limit_req burst=b` lets the request in progress through beside
+        // its b of excess, and a floor read with one cell too few comes out
+        // above the rate (27.4/s for a 25/s nginx, issue #41): the next
+        // 429 and its hold. When that floor is close, start from it and
+        // approach the other slowly (`Phase::Approach`).
+        // Only from slow start: the first 429, where a turn is still
+        // running and a second hold costs it a second; a later 429 reads
+        // a floor the controller has already lived with.
+        let from_slow_start = matches!(st.phase, Phase::SlowStart);
+        let wary = (settled && st.proven.is_some() && from_slow_start)
+            .then(|| bounds(epoch, refusal, b + 1.0, refused, idle, spread).0)
+            .filter(|&f| f >= SETTLED * rate && f < rate)
+            .map(|f| f.clamp(cfg.min_rate, st.cap));
         let probe_after = saturating_nanos(cfg.probe_after);
-        st.phase = if settled {
+        st.phase = if let Some(wary) = wary {
+            // `proven` stays the floor read with the assumed burst: a 429
+            // at or below it on the way says the burst is larger.
+            let limit = rate;
+            rate = wary;
+            Phase::Approach {
+                since: now,
+                base: wary,
+                limit,
+            }
+        } else if settled {
             // A probe that found the same limit again: probe less often.
             if st
                 .last_settled
@@ -577,6 +662,7 @@ impl RateController {
                 climb_to: Some((rate + ceiling) / 2.0),
             }
         };
+        st.proven_first = st.proven.is_some() && from_slow_start;
         st.target = rate;
         st.decreased_at = Some(now);
         st.epoch_start = now;
@@ -629,6 +715,11 @@ impl Phase {
     fn rebased(self, now: u64, rate: f64) -> Phase {
         match self {
             Phase::Climb { limit, .. } => Phase::Climb {
+                since: now,
+                base: rate,
+                limit,
+            },
+            Phase::Approach { limit, .. } => Phase::Approach {
                 since: now,
                 base: rate,
                 limit,

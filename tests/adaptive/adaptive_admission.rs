@@ -24,10 +24,11 @@ const MS: u64 = 1_000_000;
 const SECONDS: u64 = 30;
 const CALLERS: usize = 8;
 
-/// GCRA at `rate`/s with a burst of 2, on the manual clock.
+/// GCRA at `rate`/s with a burst of 2 (or `burst`), on the manual clock.
 struct Server {
     clock: ManualClock,
     period: u64,
+    burst: u64,
     tat: Mutex<u64>,
     requests: AtomicU64,
     throttled: AtomicU64,
@@ -35,9 +36,15 @@ struct Server {
 
 impl Server {
     fn new(clock: &ManualClock, rate: f64) -> Arc<Self> {
+        Self::with_burst(clock, rate, 2)
+    }
+
+    /// nginx's `limit_req burst=b` lets `b + 1` through at once.
+    fn with_burst(clock: &ManualClock, rate: f64, burst: u64) -> Arc<Self> {
         Arc::new(Self {
             clock: clock.clone(),
             period: (1e9 / rate) as u64,
+            burst,
             tat: Mutex::new(0),
             requests: AtomicU64::new(0),
             throttled: AtomicU64::new(0),
@@ -49,7 +56,7 @@ impl Server {
         let now = self.clock.now_nanos();
         let mut tat = self.tat.lock().unwrap();
         let t = (*tat).max(now);
-        if t + self.period - now <= 2 * self.period {
+        if t + self.period - now <= self.burst * self.period {
             *tat = t + self.period;
             true
         } else {
@@ -226,9 +233,14 @@ struct Turn {
 }
 
 fn turn(rate: f64, calls: usize, quota: Option<backpressure::Quota>) -> Turn {
+    turn_on(2, rate, calls, quota)
+}
+
+/// [`turn`] against a server letting `burst` through at once.
+fn turn_on(burst: u64, rate: f64, calls: usize, quota: Option<backpressure::Quota>) -> Turn {
     let clock = ManualClock::new();
     let sleeper = clock.clone();
-    let server = Server::new(&clock, rate);
+    let server = Server::with_burst(&clock, rate, burst);
     let mut builder = Admission::builder()
         .sleeper(sleeper.clone())
         .clock(clock.clone())
@@ -345,5 +357,32 @@ fn one_turn_learns_the_servers_rate() {
             "R={rate}: {:?} against a best of {best:.2} s",
             t.makespan
         );
+    }
+}
+
+/// Issue #41, item 2: nginx's `limit_req burst=2` lets three requests
+/// through at once, one more than the controller assumes, and the floor
+/// its first 429 proves then comes out above the rate (27.4/s for 25/s
+/// on a real nginx): a second 429 and a second hold in the same turn.
+/// Read with one cell more and approached slowly, the turn draws one 429
+/// at 25/s (before: 2, 4.43 s) and ends within 1.15x of the best; at
+/// 4/s, where the first 429 comes too early to measure anything, three
+/// (before: 5, 17.52 s).
+#[test]
+fn one_turn_against_nginx_shaped_bursts() {
+    for (rate, most) in [(25.0, 1), (4.0, 3)] {
+        let t = turn_on(3, rate, 60, None);
+        report_turn("nginx", rate, &t);
+        assert_eq!(t.done, 60);
+        assert!(t.throttled <= most, "R={rate}: {} 429s", t.throttled);
+        // Three at once, then the rate: the best after one hold.
+        let best = 1.0 + (60.0 - 6.0) / rate;
+        if rate > 10.0 {
+            assert!(
+                t.makespan.as_secs_f64() <= 1.15 * best,
+                "R={rate}: {:?} against a best of {best:.2} s",
+                t.makespan
+            );
+        }
     }
 }

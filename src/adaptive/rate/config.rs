@@ -438,6 +438,7 @@ impl AdaptiveRate {
                 epoch_first: None,
                 backoff: 1,
                 last_settled: None,
+                proven_first: false,
                 proven: None,
                 last_floor: None,
                 server_burst: cfg.server_burst,
