@@ -330,9 +330,10 @@ impl AdaptiveRate {
     /// The burst the server is assumed to allow (default 2; 0 is taken as
     /// 1). It enters the floor and the ceiling the controller measures
     /// (see the module docs): too low and the floor comes out high (a 429
-    /// at a rate the floor had proven then doubles the assumption), too
-    /// high and the rate settles lower. A server that spaces requests
-    /// strictly (no burst at all) is best described with 1.
+    /// at a rate the floor had proven then grows the assumption, by one
+    /// and then doubling), too high and the rate settles lower. A server
+    /// that spaces requests strictly (no burst at all) is best described
+    /// with 1; nginx's `limit_req burst=2` lets three through at once.
     ///
     /// # Examples
     ///
