@@ -650,9 +650,18 @@ impl<S, C> Builder<S, C> {
     /// clamped (at least one request of each limit is taken), not a number
     /// is 1.
     ///
-    /// A server that states no limit gives no part to take: a rate learned
-    /// from 429s alone already runs on what the others leave, and this
-    /// changes nothing for it.
+    /// A server that states no limit gives no part to take, and this
+    /// changes nothing for it (decided in issue #41). A rate learned from
+    /// 429s alone measures what the key's other users leave at that
+    /// moment, not the key's limit: a share of it would shrink with every
+    /// round in which the others grow (a share of a share of what is
+    /// left), and "the highest rate sustained without a 429" is the same
+    /// measurement taken at an emptier moment, not the key's limit either.
+    /// The learned rate already backs off at the first 429 the others
+    /// cause, and probes back up slowly (a few % a second, after 30 s):
+    /// that is the headroom it leaves. To keep a fixed part of such a key,
+    /// configure it: `default_quota` (or `quota` per credential) with
+    /// `fixed_rates`.
     ///
     /// # Examples
     ///
