@@ -38,22 +38,16 @@
 //! long run.
 
 use core::time::Duration;
-use std::borrow::Cow;
 use std::collections::VecDeque;
 
 use parking_lot::Mutex;
 
-use super::super::spec::{CallSpec, REQUESTS};
-use super::super::Admission;
-use super::held::{Place, Reserved, Source};
-use super::learned::CredentialState;
-use super::refusal::Refusal;
-use super::{Instant, API_KEY};
-use crate::bucket::ReserveError;
-use crate::clock::{saturating_nanos, Clock};
-use crate::keyed::Scoped;
-use crate::sleep::Sleeper;
+use super::held::Place;
+use crate::clock::saturating_nanos;
 use crate::sync::{AtomicU64, Ordering};
+
+mod evidence;
+mod place;
 
 /// The windows of one credential's quotas, by [`Place`] (the request
 /// quota at 0, weighted quota `i` at `1 + i`; places past 63 get none).
@@ -369,239 +363,10 @@ impl Place {
     }
 }
 
-impl<S: Sleeper, C: Clock> Admission<S, C> {
-    /// The bucket of the quota at `source`.
-    fn window_buckets(&self, source: Source) -> &Scoped<String, C> {
-        match source {
-            Source::Resource(i) => &self.inner.rates.resources[i].buckets,
-            _ => &self.inner.rates.credentials,
-        }
-    }
-
-    /// A bucket's refusal `e` of `cells` on a fitted quota, told when the
-    /// window lets them through too (never sooner than the bucket).
-    #[cold]
-    #[inline(never)]
-    pub(in crate::admission) fn with_window(
-        &self,
-        credential: &CredentialState,
-        source: Source,
-        cells: u32,
-        now: u64,
-        e: ReserveError,
-    ) -> ReserveError {
-        let (ReserveError::RateLimited { retry_after }, Some(place)) = (e, source.place()) else {
-            return e;
-        };
-        if !credential.fits.is_fitted(place) {
-            return e;
-        }
-        let key = credential.name.to_string();
-        let mut alone = Fitted::default();
-        alone.add(
-            place,
-            Shape::of(self.window_buckets(source).quota_of(&key)),
-            cells,
-        );
-        let from = now.saturating_add(saturating_nanos(retry_after));
-        let at = credential.fits.earliest(&alone, now, from);
-        ReserveError::RateLimited {
-            retry_after: wait(now, at),
-        }
-    }
-
-    /// After a call reserved its quotas (the longest wait `longest`) on a
-    /// credential whose flags `mask` are not all clear: tracks the busy
-    /// periods of the quotas whose limit the server states, and places the
-    /// call in the windows of those that have one (see
-    /// [`place_in_windows`](Self::place_in_windows)). Returns the window's
-    /// wait.
-    #[cold]
-    #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
-    pub(in crate::admission) fn windows(
-        &self,
-        spec: &CallSpec,
-        credential: &CredentialState,
-        mask: u64,
-        requests: bool,
-        at: Instant,
-        longest: Duration,
-        reserved: &mut Reserved<'_, S, C>,
-    ) -> Result<Duration, Refusal> {
-        for (place, kept) in reserved.taken() {
-            if Fits::is_stated(mask, place) {
-                let period = self
-                    .window_buckets(place.source())
-                    .period_of(&spec.credential);
-                let (stamps, cells) = (kept.stamps(), kept.cells);
-                credential
-                    .fits
-                    .took(place, stamps, cells, saturating_nanos(period), at.now);
-            }
-        }
-        if mask & FITTED == 0 {
-            return Ok(Duration::ZERO);
-        }
-        self.place_in_windows(spec, credential, requests, at, longest, reserved)
-    }
-
-    /// Places a call that reserved its quotas (the longest wait `longest`)
-    /// in the windows of those that have one, at one instant, kept in
-    /// `reserved` to be taken back if it is not admitted. Returns the
-    /// window's wait, or refuses it when that does not fit `at.max_wait`.
-    fn place_in_windows(
-        &self,
-        spec: &CallSpec,
-        credential: &CredentialState,
-        requests: bool,
-        at: Instant,
-        longest: Duration,
-        reserved: &mut Reserved<'_, S, C>,
-    ) -> Result<Duration, Refusal> {
-        let key = &spec.credential;
-        let request_cells = spec.cost_of(REQUESTS).unwrap_or(1);
-        let weighted = self.inner.rates.resources.iter().enumerate();
-        let sources =
-            core::iter::once((Source::Requests, if requests { request_cells } else { 0 })).chain(
-                weighted.map(|(i, r)| (Source::Resource(i), spec.cost_of(&r.name).unwrap_or(0))),
-            );
-        let mut fitted = Fitted::default();
-        for (source, cells) in sources {
-            if let Some(place) = source.place()
-                && cells > 0
-                && credential.fits.is_fitted(place)
-            {
-                let shape = Shape::of(self.window_buckets(source).quota_of(key));
-                fitted.add(place, shape, cells);
-            }
-        }
-        let Some((place, shape, _)) = fitted.first() else {
-            return Ok(Duration::ZERO);
-        };
-        let from = at.now.saturating_add(saturating_nanos(longest));
-        let placed = credential.fits.place(&fitted, at.now, from);
-        reserved.set_placed(placed);
-        let w = wait(at.now, placed.at);
-        if w <= at.max_wait {
-            return Ok(w);
-        }
-        Err(Refusal {
-            e: ReserveError::RateLimited { retry_after: w },
-            scope: match place.source() {
-                Source::Resource(i) => {
-                    Cow::Owned(format!("quota:{}", self.inner.rates.resources[i].name))
-                }
-                _ => Cow::Borrowed(API_KEY),
-            },
-            period: shape.span / u64::from(shape.limit.max(1)),
-        })
-    }
-}
-
 /// How long a window makes a call wait, from `now`.
 pub(in crate::admission) fn wait(now: u64, at: u64) -> Duration {
     Duration::from_nanos(at.saturating_sub(now))
 }
 
 #[cfg(all(test, not(feature = "loom")))]
-mod tests {
-    use super::*;
-
-    const SEC: u64 = 1_000_000_000;
-    const TOKENS: Shape = Shape {
-        limit: 2_000,
-        span: SEC,
-    };
-
-    /// One call's windows.
-    fn call(entries: &[(Place, Shape, u32)]) -> Fitted {
-        let mut f = Fitted::default();
-        for &(p, shape, n) in entries {
-            f.add(p, shape, n);
-        }
-        f
-    }
-
-    fn fitted() -> (Fits, Place) {
-        let fits = Fits::default();
-        let place = super::super::Source::Resource(0).place().unwrap();
-        assert!(!fits.is_fitted(place));
-        assert!(fits.fit(place));
-        assert!(!fits.fit(place), "fitted once");
-        (fits, place)
-    }
-
-    #[test]
-    fn a_window_lets_one_burst_through_per_span() {
-        let (fits, p) = fitted();
-        // 805-token calls, all ready at once: two fit a second, the third
-        // waits until the first leaves, the fifth until the third does.
-        let at: Vec<u64> = (0..5)
-            .map(|_| fits.place(&call(&[(p, TOKENS, 805)]), 0, 0).at)
-            .collect();
-        assert_eq!(at, [0, 0, SEC, SEC, 2 * SEC]);
-        // Never more than the limit in any span starting at a placement.
-        for &start in &at {
-            let inside = at
-                .iter()
-                .filter(|&&t| t >= start && t < start + SEC)
-                .count();
-            assert!(inside * 805 <= 2_000, "{at:?}");
-        }
-    }
-
-    #[test]
-    fn a_window_keeps_order_and_the_buckets_instant() {
-        let (fits, p) = fitted();
-        // The bucket's own instant is kept when the window has room.
-        assert_eq!(fits.place(&call(&[(p, TOKENS, 805)]), 0, 300).at, 300);
-        // A later call is never placed before an earlier one.
-        assert_eq!(fits.place(&call(&[(p, TOKENS, 805)]), 0, 100).at, 300);
-        // Past the limit: waits for an empty window, counted as the limit.
-        assert_eq!(fits.place(&call(&[(p, TOKENS, 9_000)]), 0, 0).at, 300 + SEC);
-        assert_eq!(fits.place(&call(&[(p, TOKENS, 1)]), 0, 0).at, 300 + 2 * SEC);
-    }
-
-    #[test]
-    fn a_window_forgets_what_left_and_what_was_given_back() {
-        let (fits, p) = fitted();
-        // Given back: the next call takes its room at once.
-        let placed = fits.place(&call(&[(p, TOKENS, 2_000)]), 0, 0);
-        assert_eq!(placed.at, 0);
-        fits.remove(&placed);
-        assert_eq!(fits.place(&call(&[(p, TOKENS, 2_000)]), 0, 0).at, 0);
-        // A span later the window is empty again.
-        assert_eq!(fits.place(&call(&[(p, TOKENS, 2_000)]), SEC, SEC).at, SEC);
-        assert_eq!(fits.windows.lock()[0].1.log.len(), 1, "the old one left");
-    }
-
-    #[test]
-    fn no_window_no_delay() {
-        let fits = Fits::default();
-        let p = super::super::Source::Requests.place().unwrap();
-        assert_eq!(fits.place(&call(&[(p, TOKENS, 2_000)]), 0, 7).at, 7);
-        assert_eq!(fits.place(&call(&[(p, TOKENS, 2_000)]), 0, 7).at, 7);
-        let shape = Shape::of(crate::bucket::Quota::new(2_000.0, 2_000).unwrap());
-        assert_eq!((shape.limit, shape.span), (2_000, SEC + SEC / 64));
-    }
-
-    #[test]
-    fn a_call_goes_at_one_instant_in_every_window() {
-        let (fits, tokens) = fitted();
-        let requests = super::super::Source::Requests.place().unwrap();
-        assert!(fits.fit(requests));
-        let three = Shape {
-            limit: 3,
-            span: SEC,
-        };
-        // Requests allow three a second, tokens two calls: the third call
-        // waits for the tokens, and is counted at that instant in both.
-        let both = call(&[(requests, three, 1), (tokens, TOKENS, 805)]);
-        let at: Vec<u64> = (0..4).map(|_| fits.place(&both, 0, 0).at).collect();
-        assert_eq!(at, [0, 0, SEC, SEC]);
-        let windows = fits.windows.lock();
-        assert!(windows.iter().all(|(_, w)| w.log.len() == 4));
-        assert!(windows.iter().all(|(_, w)| w.log[2].0 == SEC));
-    }
-}
+mod tests;
