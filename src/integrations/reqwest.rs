@@ -104,6 +104,9 @@ pub struct AdmissionMiddleware<S: Sleeper = DefaultSleeper, C: Clock = DefaultCl
     responses: bool,
     /// Identical reads in flight at once share one request.
     coalesce: bool,
+    /// Which other requests (a `POST` the caller knows to be a read) are
+    /// reads too, keyed with their body.
+    reads_when: Option<Arc<dyn Fn(&Request) -> bool + Send + Sync>>,
     reads: Reads<String, Result<Response>, outcome::Copy, C>,
 }
 
@@ -136,6 +139,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
             stream_usage: None,
             responses: false,
             coalesce: true,
+            reads_when: None,
             reads: Reads::builder().clock(admission_clock).build(),
         }
     }
@@ -379,6 +383,28 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     /// ```
     pub fn coalesce_reads(mut self, on: bool) -> Self {
         self.coalesce = on;
+        self
+    }
+
+    /// Declares which requests beyond `GET` and `HEAD` are reads (an LLM
+    /// completion the caller will accept the same answer for): identical
+    /// ones in flight at once, by method, URL, body and credential, share
+    /// one request as reads do (see [`coalesce_reads`](Self::coalesce_reads),
+    /// which this needs on). A body that is a stream, or not UTF-8, is
+    /// never shared. Nothing is a read on the server's word.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::Admission;
+    /// use backpressure::reqwest::AdmissionMiddleware;
+    /// // The same prompt asked twice in one turn is sent once.
+    /// let m = AdmissionMiddleware::new(Admission::builder().build())
+    ///     .reads_when(|req| req.url().path().ends_with("/chat/completions"));
+    /// # drop(m);
+    /// ```
+    pub fn reads_when(mut self, f: impl Fn(&Request) -> bool + Send + Sync + 'static) -> Self {
+        self.reads_when = Some(Arc::new(f));
         self
     }
 
@@ -659,9 +685,28 @@ where
     /// The key identical reads in flight share: `GET` and `HEAD` requests
     /// by method, URL and credential, unless coalescing is off.
     fn read_key(&self, req: &Request, spec: &CallSpec) -> Option<String> {
-        let read = req.method() == http::Method::GET || req.method() == http::Method::HEAD;
-        (self.coalesce && read && !spec.write)
-            .then(|| format!("{} {} {}", req.method(), req.url(), spec.credential))
+        if !self.coalesce || spec.write {
+            return None;
+        }
+        if req.method() == http::Method::GET || req.method() == http::Method::HEAD {
+            return Some(format!(
+                "{} {} {}",
+                req.method(),
+                req.url(),
+                spec.credential
+            ));
+        }
+        let declared = self.reads_when.as_ref()?;
+        if !declared(req) {
+            return None;
+        }
+        let body = core::str::from_utf8(req.body()?.as_bytes()?).ok()?;
+        Some(format!(
+            "{} {} {}\n{body}",
+            req.method(),
+            req.url(),
+            spec.credential
+        ))
     }
 }
 
@@ -673,6 +718,33 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
             Ok(Response::from(throttled.to_response()))
         } else {
             Err(Error::middleware(throttled))
+        }
+    }
+}
+
+impl AdmissionMiddleware {
+    /// The middleware's error as a boxed one, for a stack that takes
+    /// `Box<dyn Error + Send + Sync>` (a tower service: async-openai's
+    /// `with_http_service`): a refusal stays a [`Throttled`], so
+    /// `err.downcast_ref::<Throttled>()` finds it; a transport error stays
+    /// the `reqwest::Error`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::reqwest::AdmissionMiddleware;
+    /// use backpressure::{Status, Throttled};
+    /// let refused = reqwest_middleware::Error::middleware(Throttled::new(Status::Shed, "tool:x", "full"));
+    /// let boxed = AdmissionMiddleware::boxed_error(refused);
+    /// assert_eq!(boxed.downcast_ref::<Throttled>().unwrap().status, Status::Shed);
+    /// ```
+    pub fn boxed_error(e: Error) -> Box<dyn std::error::Error + Send + Sync> {
+        match e {
+            Error::Reqwest(e) => Box::new(e),
+            Error::Middleware(e) => match e.downcast::<Throttled>() {
+                Ok(throttled) => Box::new(throttled),
+                Err(e) => e.into(),
+            },
         }
     }
 }

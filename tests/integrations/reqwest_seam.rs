@@ -859,3 +859,50 @@ async fn a_streamed_reply_holds_its_slot_until_read_and_settles_its_usage() {
     );
     assert_eq!(accepted.load(Ordering::SeqCst), 2);
 }
+
+/// Issue #45: identical POSTs the caller declares reads (the same prompt
+/// asked twice in one turn) share one request, keyed with their body; a
+/// different body, or no declaration, sends its own.
+#[tokio::test]
+async fn posts_declared_reads_share_one_request_by_body() {
+    let server = ThrottlingServer::builder()
+        .latency(Duration::from_millis(100))
+        .start()
+        .await
+        .unwrap();
+    for (declared, expect) in [(true, 2), (false, 4)] {
+        let before = server.total_count();
+        let mut middleware = AdmissionMiddleware::new(Admission::builder().build());
+        if declared {
+            middleware = middleware.reads_when(|req| req.url().path().ends_with("/completions"));
+        }
+        let client = ClientBuilder::new(reqwest::Client::new())
+            .with(middleware)
+            .build();
+        let bodies = ["prompt a", "prompt a", "prompt a", "prompt b"];
+        let sends = bodies.map(|body| {
+            client
+                .post(format!("{}/v1/chat/completions", server.url()))
+                .header("authorization", "Bearer key-a")
+                .body(body)
+                .send()
+        });
+        let answers = futures::future::join_all(sends).await;
+        let attempts: Vec<u32> = answers
+            .into_iter()
+            .map(|r| {
+                let r = r.expect("answered");
+                assert_eq!(r.status(), 200);
+                r.extensions().get::<Attempts>().expect("attempts").0
+            })
+            .collect();
+        assert_eq!(
+            server.total_count() - before,
+            expect,
+            "declared: {declared}"
+        );
+        // The joined copies say they sent nothing.
+        let joined = attempts.iter().filter(|&&a| a == 0).count();
+        assert_eq!(joined, 4 - expect, "{attempts:?}");
+    }
+}
