@@ -237,6 +237,13 @@ pub struct AdmissionStats {
     pub tools: Vec<ToolStats>,
     /// Every credential seen (up to the registry's cap), by name.
     pub credentials: Vec<CredentialStats>,
+    /// Told a provider ([`Builder::provider`](crate::admission::Builder::provider)),
+    /// and its first 16 replies stated no limit: nothing is learned from
+    /// them (no request rate, no token quota), so every setting that
+    /// depends on them is off. Usually the replies' headers never reach
+    /// the layer (a `Reply` built without them). Logged once as a
+    /// `tracing` warning too.
+    pub provider_silent: bool,
 }
 
 impl<S: Sleeper, C: Clock> Admission<S, C> {
@@ -307,6 +314,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
             refused: inner.totals.refused.refusals(),
             tools,
             credentials,
+            provider_silent: inner.rates.provider_silent(),
         }
     }
 }

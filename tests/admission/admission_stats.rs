@@ -150,3 +150,35 @@ fn a_flood_of_tool_names_keeps_the_registry_bounded() {
         Poll::Ready(Ok(_))
     ));
 }
+
+/// Issue #45: a layer told a provider whose replies never state a limit
+/// (a recipe that builds `Reply`s without headers) says so after 16 of
+/// them; one reply that states a limit clears it for good.
+#[test]
+fn a_provider_that_never_states_a_limit_is_reported() {
+    use backpressure::admission::Provider;
+    use backpressure::headers::ServerHint;
+    let silent = Admission::builder().provider(Provider::OpenAi).build();
+    for i in 1..=16 {
+        assert!(!silent.stats().provider_silent, "after {} replies", i - 1);
+        silent.observe("chat", "key", 200, &ServerHint::default());
+    }
+    assert!(silent.stats().provider_silent);
+
+    let stating = Admission::builder().provider(Provider::OpenAi).build();
+    let limits = ServerHint::from_headers(
+        [("x-ratelimit-limit-requests", "180")],
+        std::time::SystemTime::now(),
+    );
+    stating.observe("chat", "key", 200, &limits);
+    for _ in 0..32 {
+        stating.observe("chat", "key", 200, &ServerHint::default());
+    }
+    assert!(!stating.stats().provider_silent);
+    // Not told a provider: nothing to expect.
+    let plain = Admission::builder().build();
+    for _ in 0..32 {
+        plain.observe("chat", "key", 200, &ServerHint::default());
+    }
+    assert!(!plain.stats().provider_silent);
+}

@@ -44,6 +44,11 @@ use crate::sync::Ordering;
 use crate::throttled::{Status, Throttled};
 use held::Source;
 
+/// Replies from a provider the layer was told, none stating a limit,
+/// after which the layer says that every setting that depends on them is
+/// off (issue #45: a recipe that hands the layer no headers).
+pub(super) const SILENT_REPLIES: u64 = 16;
+
 /// The scope of a credential's own request quota in a [`Throttled`].
 pub(super) const API_KEY: &str = "api_key";
 
@@ -80,6 +85,9 @@ pub(super) struct Rates<C: Clock> {
     /// Background calls' share of each credential's request rate
     /// (`Builder::priority_lanes`), if below all of it.
     background: Option<background::Background<C>>,
+    /// Told a provider: replies observed that stated no limit, until one
+    /// does (then `u64::MAX`: see `Admission::note_silence`).
+    unstated: crate::sync::AtomicU64,
 }
 
 impl<C: Clock> Rates<C> {
@@ -107,6 +115,7 @@ impl<C: Clock> Rates<C> {
             provider_window,
             key_share: None,
             background: None,
+            unstated: crate::sync::AtomicU64::new(0),
         }
     }
 
@@ -137,6 +146,14 @@ impl<C: Clock> Rates<C> {
         now: u64,
     ) -> std::sync::Arc<learned::CredentialState> {
         self.learned.ensure(name, &self.credentials, now)
+    }
+
+    /// Whether a provider was told and its first [`SILENT_REPLIES`]
+    /// replies stated no limit (see `Admission::note_silence`).
+    pub(super) fn provider_silent(&self) -> bool {
+        // Relaxed: a statistic.
+        let n = self.unstated.load(Ordering::Relaxed);
+        self.provider_window.is_some() && (SILENT_REPLIES..u64::MAX).contains(&n)
     }
 
     /// `name`'s learned state if it exists; never creates one.

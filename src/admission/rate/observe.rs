@@ -71,6 +71,7 @@ where
         hint: &ServerHint,
         sent_at: u64,
     ) -> Option<Duration> {
+        self.note_silence(hint);
         let hint = self.as_read(hint);
         let hint = &*hint;
         // A 429 for another quota than requests (tokens spent, requests
@@ -101,6 +102,37 @@ where
             None => return None,
         };
         Some(self.hold_requests(tool, credential, hint, wait))
+    }
+
+    /// Told a provider, counts its replies until one states a limit; at
+    /// the `SILENT_REPLIES`th without one, says once (a `tracing`
+    /// warning, and `AdmissionStats::provider_silent`) that the learned
+    /// limits and token quotas it was told to expect are off: a recipe
+    /// that hands the layer no headers, or a gateway that strips them.
+    fn note_silence(&self, hint: &ServerHint) {
+        let rates = &self.inner.rates;
+        if rates.provider_window.is_none() {
+            return;
+        }
+        // Relaxed (all): a statistic and a one-time warning.
+        if states_limits(hint) {
+            rates.unstated.store(u64::MAX, Ordering::Relaxed);
+            return;
+        }
+        let n = rates.unstated.load(Ordering::Relaxed);
+        if n >= super::SILENT_REPLIES {
+            return;
+        }
+        let n = rates.unstated.fetch_add(1, Ordering::Relaxed) + 1;
+        if n == super::SILENT_REPLIES {
+            #[cfg(feature = "tracing")]
+            tracing::event!(
+                tracing::Level::WARN,
+                replies = n,
+                "backpressure: told a provider, but none of its replies stated a limit: \
+                 no rate or token quota is learned (are the reply's headers reaching the layer?)"
+            );
+        }
     }
 
     /// The hint as this layer reads it: told the provider, its limits
