@@ -17,6 +17,7 @@
 //!
 //! Run with `cd llm-clients && cargo test` (`.ci/run` does).
 
+#[allow(dead_code)] // each test uses a part of the loopback provider
 mod server;
 
 use std::time::{Duration, Instant};
@@ -326,4 +327,68 @@ async fn rig_openai_learns_a_rolling_window() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rig_anthropic_learns_a_rolling_window() {
     three_turns_against(Flavor::Anthropic, "x-api-key", Enforce::Window).await;
+}
+
+/// The README's rig recipe, line for line (`the_readme_shows_the_rig_recipe`
+/// checks it), run for one turn of 12 completions against the loopback
+/// OpenAI: all complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_rig_recipe_completes_a_turn() {
+    let server = Server::start(Flavor::OpenAi, Enforce::Bucket).await;
+    let (api_key, base_url) = ("key-a", server.base_url());
+    // README: rig begin
+    use backpressure::admission::{Admission, Provider};
+    use backpressure::reqwest::AdmissionMiddleware;
+    use rig_core::providers::openai::OpenAIConfig;
+
+    // Once per process. A turn's calls may queue 10 s for their turn (default 2 s).
+    let admission = Admission::builder()
+        .provider(Provider::OpenAi)
+        .inline_wait(std::time::Duration::from_secs(10))
+        .build();
+    let middleware = AdmissionMiddleware::new(admission)
+        .credential_header("authorization") // x-api-key for Anthropic
+        .refusals_as_responses()
+        // An estimate from the request (reserved before it is sent) ...
+        .cost_from(|req| {
+            let bytes = req.body().and_then(|b| b.as_bytes()).map_or(0, |b| b.len());
+            vec![("tokens".into(), bytes as u32 / 4 + 1_000)] // prompt + max_tokens
+        })
+        // ... settled to the `usage` the reply's body reports (OpenAI or
+        // Anthropic; a streamed body is left alone).
+        .usage_from_body(backpressure::admission::Provider::usage_in_body);
+    let http = reqwest_middleware::ClientBuilder::new(reqwest::Client::new());
+    let http = rig_reqwest::ReqwestMiddlewareClient::from(http.with(middleware).build());
+    let openai = OpenAIConfig::new(api_key).with_base_url(base_url); // not OpenAI's own
+    let model = openai.connect(http).chat("gpt-5.2");
+    // A refusal is rig's `ProviderError` for a 429: `provider_response_status()`,
+    // `provider_response_headers()["retry-after-ms"]`, the `Throttled` in the body.
+    // README: rig end
+    let calls = (0..CALLS)
+        .map(|i| model.call(CompletionRequest::new(prompt(i % 8)).max_tokens(MAX_TOKENS)));
+    let results = join_all(calls).await;
+    let done = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(done, CALLS, "{:?}", results.iter().find(|r| r.is_err()));
+}
+
+/// The README's rig recipe is the code of the test above.
+#[test]
+fn the_readme_shows_the_rig_recipe() {
+    let readme = include_str!("../../README.md");
+    let this = include_str!("rig.rs");
+    let between = |text: &'static str, start: &str, end: &str| -> Vec<&'static str> {
+        let from = text.find(start).expect(start) + start.len();
+        let to = from + text[from..].find(end).expect(end);
+        text[from..to]
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect()
+    };
+    let recipe = between(this, "// README: rig begin", "// README: rig end");
+    let shown = between(readme, "With rig-core 0.44:\n\n```rust,ignore\n", "```");
+    assert_eq!(
+        shown, recipe,
+        "README.md's rig section drifted from this test"
+    );
 }

@@ -43,6 +43,8 @@ pub struct Seen {
     pub start: Instant,
     pub tokens: u64,
     pub refused: Option<Refused>,
+    /// The request's body, to tell identical requests apart.
+    pub body: String,
 }
 
 /// How the server counts a minute's limit.
@@ -229,6 +231,7 @@ async fn serve(
             start,
             tokens: cost,
             refused,
+            body: String::from_utf8_lossy(&body).into_owned(),
         });
         (refused, headers)
     };
