@@ -207,21 +207,12 @@ async fn async_openai_three_turns_keep_the_contract() {
 fn the_readme_shows_this_recipe() {
     let readme = include_str!("../../README.md");
     let this = include_str!("async_openai.rs");
-    let between = |text: &'static str, start: &str, end: &str| -> Vec<&'static str> {
-        let from = text.find(start).expect(start) + start.len();
-        let to = from + text[from..].find(end).expect(end);
-        text[from..to]
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .collect()
-    };
-    let recipe = between(
+    let recipe = server::block(
         this,
         "// README: async-openai begin",
         "// README: async-openai end",
     );
-    let shown = between(
+    let shown = server::block(
         readme,
         "```rust,ignore\n// async-openai 0.43, tower 0.5 and reqwest-middleware 0.5\n",
         "```",

@@ -376,17 +376,8 @@ async fn the_readme_rig_recipe_completes_a_turn() {
 fn the_readme_shows_the_rig_recipe() {
     let readme = include_str!("../../README.md");
     let this = include_str!("rig.rs");
-    let between = |text: &'static str, start: &str, end: &str| -> Vec<&'static str> {
-        let from = text.find(start).expect(start) + start.len();
-        let to = from + text[from..].find(end).expect(end);
-        text[from..to]
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .collect()
-    };
-    let recipe = between(this, "// README: rig begin", "// README: rig end");
-    let shown = between(readme, "With rig-core 0.44:\n\n```rust,ignore\n", "```");
+    let recipe = server::block(this, "// README: rig begin", "// README: rig end");
+    let shown = server::block(readme, "With rig-core 0.44:\n\n```rust,ignore\n", "```");
     assert_eq!(
         shown, recipe,
         "README.md's rig section drifted from this test"

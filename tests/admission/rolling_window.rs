@@ -78,22 +78,27 @@ fn burst(
     }
 }
 
-fn windowed(admission: &Admission<ManualClock, ManualClock>) -> Vec<String> {
-    admission.stats().credentials[0].windowed.clone()
-}
-
-#[test]
-fn a_tokens_429_fits_the_quota_to_a_rolling_window() {
+/// A layer whose first reply stated the limits (2,000 tokens a second, a
+/// second's worth of burst), idle for 5 s since.
+fn told_the_limits() -> (ManualClock, Admission<ManualClock, ManualClock>) {
     let clock = ManualClock::new();
     let admission = layer(&clock);
-    // The first reply states the limits: 2,000 tokens a second, a
-    // second's worth of burst.
     let Poll::Ready(Ok(first)) = now(admission.admit(&call())) else {
         panic!("the first call goes")
     };
     first.observe(200, &reply("119195", None));
     drop(first);
     clock.advance(Duration::from_secs(5));
+    (clock, admission)
+}
+
+fn windowed(admission: &Admission<ManualClock, ManualClock>) -> Vec<String> {
+    admission.stats().credentials[0].windowed.clone()
+}
+
+#[test]
+fn a_tokens_429_fits_the_quota_to_a_rolling_window() {
+    let (clock, admission) = told_the_limits();
 
     // The bucket: two calls at once, the third when 415 tokens refill.
     let (went, at) = burst(&admission, &clock);
@@ -142,14 +147,7 @@ fn assert_ms(told: Duration, expected: Duration, what: &str) {
 
 #[test]
 fn a_429_deep_in_a_busy_run_fits_nothing() {
-    let clock = ManualClock::new();
-    let admission = layer(&clock);
-    let Poll::Ready(Ok(first)) = now(admission.admit(&call())) else {
-        panic!("the first call goes")
-    };
-    first.observe(200, &reply("119195", None));
-    drop(first);
-    clock.advance(Duration::from_secs(5));
+    let (clock, admission) = told_the_limits();
     // Three seconds of calls, each at its bucket's instant: the bucket is
     // never full again after the first, so the run is one busy period.
     let mut ran = Duration::ZERO;

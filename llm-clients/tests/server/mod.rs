@@ -400,3 +400,15 @@ fn rfc3339_in(secs: f64) -> String {
         rem % 60
     )
 }
+
+/// The non-empty lines, trimmed, of `text` between `start` and the next
+/// `end`: a README code block, or the recipe a test marks as one.
+pub fn block(text: &'static str, start: &str, end: &str) -> Vec<&'static str> {
+    let from = text.find(start).expect(start) + start.len();
+    let to = from + text[from..].find(end).expect(end);
+    text[from..to]
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect()
+}
