@@ -19,6 +19,8 @@ use crate::{
 };
 
 type Derive = Arc<dyn Fn(&Request) -> String + Send + Sync>;
+/// Which requests beyond `GET` and `HEAD` are reads.
+type Declared = Arc<dyn Fn(&Request) -> bool + Send + Sync>;
 type Costs = Arc<dyn Fn(&Request) -> Vec<(String, u32)> + Send + Sync>;
 type Usage = Arc<dyn Fn(&Response) -> Vec<(String, u32)> + Send + Sync>;
 type BodyUsage = Arc<dyn Fn(&[u8]) -> Vec<(String, u32)> + Send + Sync>;
@@ -106,7 +108,7 @@ pub struct AdmissionMiddleware<S: Sleeper = DefaultSleeper, C: Clock = DefaultCl
     coalesce: bool,
     /// Which other requests (a `POST` the caller knows to be a read) are
     /// reads too, keyed with their body.
-    reads_when: Option<Arc<dyn Fn(&Request) -> bool + Send + Sync>>,
+    reads_when: Option<Declared>,
     reads: Reads<String, Result<Response>, outcome::Copy, C>,
 }
 
