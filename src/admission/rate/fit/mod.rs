@@ -36,6 +36,15 @@
 //! The window counts what a call reserved (its estimate), not what its
 //! reply settles: a settle moves the bucket, whose rate still bounds the
 //! long run.
+//!
+//! Not a lock-free structure: the windows live behind one mutex per
+//! credential, and every decision is taken under it. Its atomics are
+//! hints read outside the lock (which quotas have a window or a stated
+//! limit; when a busy period began), all relaxed: a stale read makes one
+//! call skip the window as it is being installed, or one 429 miss or take
+//! a piece of evidence, and never loses or double-counts a unit. So it has
+//! no loom model; the placement rules are tested on plain instants
+//! (`tests.rs`) and through the layer (`tests/admission/rolling_window.rs`).
 
 use core::time::Duration;
 use std::collections::VecDeque;
