@@ -63,6 +63,8 @@ mod window;
 
 pub use bucket::{CheckError, Quota, QuotaError, Reservation, ReserveError, TokenBucket};
 pub use clock::{Clock, ManualClock};
+#[cfg(feature = "mcp")]
+pub use integrations::mcp;
 #[cfg(feature = "reqwest")]
 pub use integrations::reqwest;
 #[cfg(feature = "testing")]

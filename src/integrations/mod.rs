@@ -3,6 +3,8 @@
 //! server for tests (feature `testing`), and [`PollSemaphore`] for
 //! hand-written `poll_*` code.
 
+#[cfg(feature = "mcp")]
+pub mod mcp;
 mod poll_semaphore;
 #[cfg(feature = "http")]
 mod refusal;

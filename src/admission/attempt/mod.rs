@@ -32,7 +32,7 @@ use crate::throttled::Human;
 
 use super::{Admission, CallSpec, Status, Throttled, Ticket};
 
-#[cfg(any(feature = "reqwest", feature = "tower"))]
+#[cfg(any(feature = "reqwest", feature = "tower", feature = "mcp"))]
 pub(crate) mod reads;
 
 /// What an attempt's result says, as its seam reads it.

@@ -1,0 +1,416 @@
+//! A gate over an [`rmcp`] client (feature `mcp`): each MCP `tools/call`
+//! on the one attempt loop, and "not now" as a tool result the model
+//! reads.
+
+use core::time::Duration;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, Tool};
+use rmcp::service::{Peer, RoleClient};
+use rmcp::transport::streamable_http_client::HttpStatusError;
+use rmcp::transport::DynamicTransportError;
+use rmcp::ServiceError;
+
+use crate::admission::attempt::reads::{self, Joined, Reads};
+use crate::admission::attempt::Ended;
+use crate::admission::{Admission, CallFailure, CallResult, CallSpec};
+use crate::clock::{Clock, DefaultClock};
+use crate::retry::RetryPolicy;
+use crate::sleep::{DefaultSleeper, Sleeper};
+use crate::{Provenance, Throttled};
+
+mod exchange;
+mod shapes;
+
+/// How a gated call ended.
+type Outcome = CallResult<CallToolResult, ServiceError>;
+
+/// Admits every `tools/call` of an [`rmcp`] client through an
+/// [`Admission`], per (MCP server, tool) and credential, with every stage
+/// the layer has (slots, the learned rate, weighted quotas, the breaker,
+/// the retry budget, priority lanes), on the same attempt loop as the
+/// reqwest middleware, the tower layer and `Runner`.
+///
+/// | what happened | [`call_tool`](Self::call_tool) returns | [`call_result`](Self::call_result) returns |
+/// | --- | --- | --- |
+/// | the tool answered (a tool error too) | `Ok(result)` | `Done` |
+/// | refused by admission, the server's wait past the clamp or the deadline, an open breaker, no answer by the deadline | `Ok` of an `isError` result whose `structuredContent` is the [`Throttled`] ([`refusal`](McpGate::refusal)) | `Throttled` |
+/// | a JSON-RPC error (final), or a fault past its retries | `Err(error)`, as rmcp gave it | `Failed` |
+///
+/// * The **tool** an admission sees is `"<server>/<tool>"` (configure
+///   per-tool slots under that name); the **credential** is the gate's
+///   ([`credential`](Self::credential), `"default"` unless set).
+/// * The server's **"not now"** is read in the shapes it comes in: a 429
+///   or 5xx at the HTTP transport (with its `Retry-After`), a JSON-RPC
+///   error or an `isError` result that says it is a rate limit (which
+///   ones: the `shapes` table in this module's source, and the README). A short wait
+///   is slept (the caller never sees it), a long one is the refusal;
+///   the credential is held for every call behind it.
+/// * **Retries.** A call the server refused is sent again (it did not
+///   run). After a transport fault a call is sent again only when its
+///   tool is [`idempotent`](Self::idempotent) (or a [`read`](Self::read));
+///   other tools' calls may have run, so the fault stands.
+/// * **Reads coalesce.** Identical concurrent calls (same credential,
+///   tool and arguments) to a tool declared a [`read`](Self::read) send
+///   one request. The server's `readOnlyHint` counts only with
+///   [`trust_annotations`](Self::trust_annotations): the MCP spec says
+///   annotations from an untrusted server are hints.
+/// * rmcp's multi-round `input_required` replies are not driven: the gate
+///   sends single `tools/call` requests through the [`Peer`].
+///
+/// # Examples
+///
+/// ```no_run
+/// use backpressure::admission::{Admission, SlotPolicy};
+/// use backpressure::mcp::McpGate;
+/// use rmcp::model::CallToolRequestParams;
+/// use std::time::Duration;
+///
+/// # async fn turn(peer: rmcp::Peer<rmcp::RoleClient>) -> Result<(), rmcp::ServiceError> {
+/// let admission = Admission::builder()
+///     .tool("jira/search", 4, SlotPolicy::Wait)
+///     .build();
+/// let tools = peer.list_all_tools().await?;
+/// let gate = McpGate::new(admission, "jira", peer)
+///     .credential("team-a")
+///     .deadline(Duration::from_secs(20))
+///     .read("search")
+///     .trust_annotations(&tools);
+/// let result = gate.call_tool(CallToolRequestParams::new("search")).await?;
+/// // A refusal is a tool result too: `isError`, the `Throttled` in
+/// // `structuredContent`, for the model to plan with.
+/// println!("{:?}", result.structured_content);
+/// # Ok(()) }
+/// # let _ = turn;
+/// ```
+pub struct McpGate<S: Sleeper = DefaultSleeper, C: Clock = DefaultClock> {
+    admission: Admission<S, C>,
+    peer: Peer<RoleClient>,
+    server: String,
+    credential: String,
+    deadline: Duration,
+    /// The template each call forks its policy from.
+    retry: Mutex<RetryPolicy>,
+    reads: HashSet<String>,
+    idempotent: HashSet<String>,
+    flights: Reads<String, Outcome, Outcome, C>,
+}
+
+impl<S: Sleeper, C: Clock + Clone> McpGate<S, C> {
+    /// The gate over `peer` (an rmcp client's peer: `service.peer().clone()`),
+    /// for the MCP server named `server`, with a 30 s deadline and the
+    /// policy every seam starts from (3 retries, server waits slept up to
+    /// 2 s).
+    ///
+    /// # Examples
+    ///
+    /// See [`McpGate`].
+    pub fn new(
+        admission: Admission<S, C>,
+        server: impl Into<String>,
+        peer: Peer<RoleClient>,
+    ) -> Self {
+        let clock = admission.clock().clone();
+        McpGate {
+            admission,
+            peer,
+            server: server.into(),
+            credential: "default".to_string(),
+            deadline: Duration::from_secs(30),
+            retry: Mutex::new(crate::admission::attempt::default_policy()),
+            reads: HashSet::new(),
+            idempotent: HashSet::new(),
+            flights: Reads::builder().clock(clock).build(),
+        }
+    }
+
+    /// The credential every call is admitted under (an id or a hash, not
+    /// a secret: it names quotas and may be logged).
+    pub fn credential(mut self, credential: impl Into<String>) -> Self {
+        self.credential = credential.into();
+        self
+    }
+
+    /// Each call's deadline: admission waits, the request, its retries
+    /// and their backoff are all charged to it.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// The retry policy (each call forks its own; a retry budget in it is
+    /// shared).
+    pub fn retry_policy(self, policy: RetryPolicy) -> Self {
+        *self.retry.lock() = policy;
+        self
+    }
+
+    /// Declares `tool` a read: it changes nothing, so identical calls in
+    /// flight share one request and a transport fault is retried.
+    pub fn read(mut self, tool: impl Into<String>) -> Self {
+        self.reads.insert(tool.into());
+        self
+    }
+
+    /// Declares `tool` idempotent: calling it twice does what calling it
+    /// once does, so a transport fault is retried.
+    pub fn idempotent(mut self, tool: impl Into<String>) -> Self {
+        self.idempotent.insert(tool.into());
+        self
+    }
+
+    /// Takes the server's word for its tools (from `tools/list`): a
+    /// `readOnlyHint` makes a tool a [`read`](Self::read), an
+    /// `idempotentHint` [`idempotent`](Self::idempotent). Trust it only
+    /// for a server you trust: a server that calls a write a read gets
+    /// its concurrent calls merged into one.
+    pub fn trust_annotations(mut self, tools: &[Tool]) -> Self {
+        for tool in tools {
+            let Some(a) = &tool.annotations else { continue };
+            if a.read_only_hint == Some(true) {
+                self.reads.insert(tool.name.to_string());
+            } else if a.idempotent_hint == Some(true) {
+                self.idempotent.insert(tool.name.to_string());
+            }
+        }
+        self
+    }
+
+    /// The peer the gate sends through.
+    pub fn peer(&self) -> &Peer<RoleClient> {
+        &self.peer
+    }
+
+    /// The admission layer the gate admits through.
+    pub fn admission(&self) -> &Admission<S, C> {
+        &self.admission
+    }
+
+    /// The [`CallSpec`] a call is admitted as: tool `"<server>/<tool>"`,
+    /// the gate's credential and deadline, a write unless the tool is a
+    /// read. Change it (a priority, a cost) and pass it to
+    /// [`call`](Self::call).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f(gate: backpressure::mcp::McpGate) {
+    /// use backpressure::admission::Priority;
+    /// use rmcp::model::CallToolRequestParams;
+    /// let params = CallToolRequestParams::new("reindex");
+    /// let spec = gate.spec(&params).priority(Priority::BACKGROUND);
+    /// let answer = gate.call(spec, params).await;
+    /// # drop(answer); }
+    /// # let _ = f;
+    /// ```
+    pub fn spec(&self, params: &CallToolRequestParams) -> CallSpec {
+        let tool = format!("{}/{}", self.server, params.name);
+        let spec = CallSpec::new(tool, self.credential.clone()).deadline(self.deadline);
+        if self.reads.contains(params.name.as_ref()) {
+            spec
+        } else {
+            spec.write()
+        }
+    }
+}
+
+impl McpGate {
+    /// The refusal as the tool result a model reads: `isError`, the
+    /// [`Throttled`]'s sentence as text, and the `Throttled` itself
+    /// (`status`, `scope`, `retry_after_ms`, `hint`) as
+    /// `structuredContent`. Also what an MCP server's tool handler
+    /// returns when the API behind it refused (see the README).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::mcp::McpGate;
+    /// use backpressure::{Status, Throttled};
+    /// use std::time::Duration;
+    ///
+    /// let t = Throttled::new(Status::RateLimited, "api_key", "wait for the key")
+    ///     .with_retry_after(Duration::from_millis(1200));
+    /// let result = McpGate::refusal(&t);
+    /// assert_eq!(result.is_error, Some(true));
+    /// assert_eq!(result.structured_content.unwrap()["retry_after_ms"], 1200);
+    /// ```
+    pub fn refusal(throttled: &Throttled) -> CallToolResult {
+        let mut result = CallToolResult::error(vec![ContentBlock::text(format!(
+            "Not run now: {throttled}"
+        ))]);
+        result.structured_content = serde_json::to_value(throttled).ok();
+        result
+    }
+}
+
+impl<S, C> McpGate<S, C>
+where
+    S: Sleeper,
+    C: Clock + Clone,
+{
+    /// Calls a tool through the gate, answering as rmcp does: a refusal
+    /// comes back as a tool result ([`refusal`](McpGate::refusal)), so a
+    /// model sees it and plans with it; a fault past its retries is the
+    /// `ServiceError` rmcp gave (a 5xx at the transport as rmcp reports
+    /// one).
+    ///
+    /// # Examples
+    ///
+    /// See [`McpGate`].
+    pub async fn call_tool(
+        &self,
+        params: CallToolRequestParams,
+    ) -> Result<CallToolResult, ServiceError> {
+        match self.call_result(params).await {
+            CallResult::Done { value, .. } => Ok(value),
+            CallResult::Throttled(refused) => Ok(McpGate::refusal(&refused)),
+            CallResult::Failed { error, .. } => Err(service_error(error)),
+            CallResult::Panicked { message } => Err(ServiceError::McpError(
+                rmcp::ErrorData::internal_error(message, None),
+            )),
+        }
+    }
+
+    /// Calls a tool through the gate and answers as every seam does: a
+    /// [`CallResult`] with the requests the call sent (0 for a caller that
+    /// joined an identical read), a typed [`Throttled`], or the failure
+    /// (`CallFailure::Status` for a 5xx at the transport, else the rmcp
+    /// error: no answer, or a JSON-RPC error, which is final).
+    pub async fn call_result(
+        &self,
+        params: CallToolRequestParams,
+    ) -> CallResult<CallToolResult, ServiceError> {
+        let spec = self.spec(&params);
+        self.call(spec, params).await
+    }
+
+    /// [`call_result`](Self::call_result) admitted as `spec` (from
+    /// [`spec`](Self::spec), with a priority or costs). Only a read's
+    /// spec (not [`write`](CallSpec::write)) coalesces.
+    pub async fn call(
+        &self,
+        spec: CallSpec,
+        params: CallToolRequestParams,
+    ) -> CallResult<CallToolResult, ServiceError> {
+        if spec.write {
+            return self.run(&spec, &params).await;
+        }
+        // Same credential, tool and arguments: the same read.
+        let arguments = serde_json::to_string(&params.arguments).unwrap_or_default();
+        let key = format!("{}\0{}\0{arguments}", spec.credential, spec.tool);
+        let led = reads::coalesce(&self.flights, key, || async {
+            let own = self.run(&spec, &params).await;
+            let copy = own.clone();
+            (own, Some(copy))
+        })
+        .await;
+        match led {
+            Joined::Own(own) => own,
+            // This caller sent nothing.
+            Joined::Copy(copy) => match copy {
+                CallResult::Done { value, .. } => CallResult::Done {
+                    value,
+                    provenance: Provenance::Joined,
+                    attempts: 0,
+                },
+                CallResult::Throttled(refused) => CallResult::Throttled(refused.with_attempts(0)),
+                CallResult::Failed {
+                    error, not_retried, ..
+                } => CallResult::Failed {
+                    error,
+                    not_retried,
+                    attempts: 0,
+                },
+                other => other,
+            },
+        }
+    }
+
+    /// One call through the admission's attempt loop.
+    async fn run(
+        &self,
+        spec: &CallSpec,
+        params: &CallToolRequestParams,
+    ) -> CallResult<CallToolResult, ServiceError> {
+        let policy = self.retry.lock().fork();
+        let name = params.name.as_ref();
+        let mut call = exchange::ToolCall::new(
+            &self.peer,
+            params,
+            self.idempotent.contains(name) || self.reads.contains(name),
+        );
+        let ended = self.admission.drive(spec, policy, &mut call).await;
+        let failure = |result: Result<CallToolResult, ServiceError>| match (call.status(), result) {
+            // The server answered a status (at the transport, or a tool's
+            // `unavailable`): that status, as on the HTTP seams.
+            (Some(status), _) => CallFailure::Status { status },
+            (None, Err(e)) => CallFailure::Transport(Arc::new(e)),
+            (None, Ok(_)) => CallFailure::Status { status: 503 },
+        };
+        match ended {
+            Ended::Answered {
+                result: Ok(value),
+                attempts,
+                ..
+            } => CallResult::Done {
+                value,
+                provenance: Provenance::Leader,
+                attempts,
+            },
+            // A final answer that is an error: a JSON-RPC error.
+            Ended::Answered {
+                result: Err(e),
+                attempts,
+                ..
+            } => CallResult::Failed {
+                error: CallFailure::Transport(Arc::new(e)),
+                not_retried: None,
+                attempts,
+            },
+            Ended::Failed {
+                result,
+                not_retried,
+                attempts,
+            } => CallResult::Failed {
+                error: failure(result),
+                not_retried,
+                attempts,
+            },
+            Ended::Throttled(refused) => CallResult::Throttled(refused),
+        }
+    }
+}
+
+/// A failure as the `ServiceError` rmcp would have returned: its own when
+/// this caller holds it alone, else (a failure shared by identical reads)
+/// a copy: the same JSON-RPC error, or a transport error with its message.
+fn service_error(failure: CallFailure<ServiceError>) -> ServiceError {
+    let transport = |error: Box<dyn std::error::Error + Send + Sync>| {
+        let kind = core::any::TypeId::of::<McpGate>();
+        ServiceError::TransportSend(DynamicTransportError::from_parts("mcp-gate", kind, error))
+    };
+    match failure {
+        CallFailure::Transport(e) => match Arc::try_unwrap(e) {
+            Ok(own) => own,
+            Err(shared) => match &*shared {
+                ServiceError::McpError(data) => ServiceError::McpError(data.clone()),
+                other => transport(other.to_string().into()),
+            },
+        },
+        CallFailure::Status { status } => transport(Box::new(HttpStatusError::new(status, None))),
+    }
+}
+
+impl<S: Sleeper, C: Clock> core::fmt::Debug for McpGate<S, C> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("McpGate")
+            .field("server", &self.server)
+            .field("credential", &self.credential)
+            .field("deadline", &self.deadline)
+            .field("reads", &self.reads)
+            .field("idempotent", &self.idempotent)
+            .finish_non_exhaustive()
+    }
+}
