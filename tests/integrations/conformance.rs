@@ -1,7 +1,10 @@
 //! One contract on every seam (issue #39): one table of scenarios, run
 //! against each seam — `Runner` with `Call::request`, the reqwest
-//! middleware (`AdmissionMiddleware::call_result`), and the tower
-//! `AdmissionLayer::http` stack (`CallResult::from_tower`) — against loopback servers. Each row
+//! middleware (`AdmissionMiddleware::call_result`), the tower
+//! `AdmissionLayer::http` stack (`CallResult::from_tower`) and, with
+//! feature `mcp`, the MCP gate (`McpGate::call_result`, a read tool for a
+//! GET and a write tool for a POST, each `tools/call` answered from the
+//! script at rmcp's streamable HTTP transport) — against loopback servers. Each row
 //! asserts, on every seam alike: the final status, the requests the call
 //! sent, the requests the server saw (and the gaps between their starts),
 //! and when the caller heard back against its deadline (orderings, never
@@ -19,6 +22,11 @@ use backpressure::tower::AdmissionLayer;
 use backpressure::Status;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use tower::{BoxError, Layer, Service, ServiceExt};
+
+#[cfg(feature = "mcp")]
+use backpressure::mcp::McpGate;
+#[cfg(feature = "mcp")]
+use rmcp::model::CallToolRequestParams;
 
 use crate::scripted_server::{Scripted, Step};
 
@@ -79,9 +87,67 @@ enum Seam {
     Runner,
     Middleware,
     Tower,
+    #[cfg(feature = "mcp")]
+    Mcp,
 }
 
-const SEAMS: [Seam; 3] = [Seam::Runner, Seam::Middleware, Seam::Tower];
+const SEAMS: &[Seam] = &[
+    Seam::Runner,
+    Seam::Middleware,
+    Seam::Tower,
+    #[cfg(feature = "mcp")]
+    Seam::Mcp,
+];
+
+/// A row's server: the scripted HTTP server, or rmcp's behind the same
+/// script.
+enum Server {
+    Http(Scripted),
+    #[cfg(feature = "mcp")]
+    Mcp(crate::mcp_server::McpScripted),
+}
+
+impl Server {
+    async fn start(seam: Seam, row: &Row) -> Server {
+        #[cfg(feature = "mcp")]
+        if seam == Seam::Mcp {
+            let (script, then) = (row.script.clone(), row.then.clone());
+            return Server::Mcp(
+                crate::mcp_server::McpScripted::start(script, then, row.refused).await,
+            );
+        }
+        let _ = seam;
+        Server::Http(if row.refused {
+            Scripted::closed().await
+        } else {
+            Scripted::start(row.script.clone(), row.then.clone()).await
+        })
+    }
+
+    fn seen_handle(&self) -> Arc<std::sync::Mutex<Vec<crate::scripted_server::Seen>>> {
+        match self {
+            Server::Http(s) => s.seen_handle(),
+            #[cfg(feature = "mcp")]
+            Server::Mcp(s) => s.seen_handle(),
+        }
+    }
+
+    fn seen(&self) -> Vec<crate::scripted_server::Seen> {
+        match self {
+            Server::Http(s) => s.seen(),
+            #[cfg(feature = "mcp")]
+            Server::Mcp(s) => s.seen_handle().lock().unwrap().clone(),
+        }
+    }
+
+    fn http(&self) -> &Scripted {
+        match self {
+            Server::Http(s) => s,
+            #[cfg(feature = "mcp")]
+            Server::Mcp(_) => unreachable!("an HTTP seam on the MCP server"),
+        }
+    }
+}
 
 /// The calls of one row.
 #[derive(Clone, Copy, Debug)]
@@ -113,6 +179,10 @@ struct Row {
     requests: usize,
     /// The least gap between consecutive requests the server saw.
     gap: Option<Duration>,
+    /// Where the MCP gate must answer otherwise, and why: (kinds,
+    /// attempts, requests).
+    #[cfg_attr(not(feature = "mcp"), allow(dead_code))]
+    mcp: Option<(&'static str, Vec<Kind>, Vec<u32>, usize)>,
 }
 
 const OK: Step = Step::Answer(200, &[]);
@@ -166,6 +236,7 @@ fn row(name: &'static str, script: Vec<Step>, then: Step) -> Row {
         attempts: Vec::new(),
         requests: 0,
         gap: None,
+        mcp: None,
     }
 }
 
@@ -282,6 +353,24 @@ fn table() -> Vec<Row> {
             )
         },
         Row {
+            calls: Calls::Writes(1),
+            kinds: vec![failed(None, None)],
+            attempts: vec![4],
+            requests: 4,
+            mcp: Some((
+                "a tool call may have run when its reply was cut: only a read or \
+                 idempotent tool is sent again",
+                vec![failed(None, None)],
+                vec![1],
+                1,
+            )),
+            ..row(
+                "a write whose connection is reset is retried as a transport failure",
+                vec![],
+                Step::Reset,
+            )
+        },
+        Row {
             calls: Calls::Writes(2),
             kinds: vec![Kind::Done(200); 2],
             attempts: vec![1, 1],
@@ -372,11 +461,34 @@ where
     }
 }
 
-async fn through(seam: Seam, row: &Row, server: &Scripted, admission: Admission) -> Vec<Heard> {
-    let url = server.url("/item");
+async fn through(seam: Seam, row: &Row, server: &Server, admission: Admission) -> Vec<Heard> {
     let (methods, in_turn) = requests(row.calls);
     let n = methods.len();
     let deadline = row.deadline;
+    #[cfg(feature = "mcp")]
+    if let Server::Mcp(mcp) = server {
+        // A GET is a call to a read tool, a POST to a write tool.
+        let gate = McpGate::new(admission, "conformance", mcp.peer())
+            .credential("key-a")
+            .retry_policy((row.policy)())
+            .read("read_item");
+        let gate = &gate;
+        return timed(n, in_turn, |i| {
+            let tool = match methods[i] {
+                http::Method::GET => "read_item",
+                _ => "write_item",
+            };
+            let params = CallToolRequestParams::new(tool);
+            async move {
+                let start = Instant::now();
+                let spec = gate.spec(&params).deadline(deadline);
+                let r = gate.call(spec, params).await;
+                (Heard::of(r, |_| 200, start.elapsed()), start)
+            }
+        })
+        .await;
+    }
+    let url = server.http().url("/item");
     let plain = reqwest::Client::new();
     match seam {
         Seam::Runner => {
@@ -443,6 +555,8 @@ async fn through(seam: Seam, row: &Row, server: &Scripted, admission: Admission)
             })
             .await
         }
+        #[cfg(feature = "mcp")]
+        Seam::Mcp => unreachable!("the MCP seam runs on its own server"),
     }
 }
 
@@ -527,11 +641,7 @@ impl Service<http::Request<String>> for HttpClient {
 
 async fn check(seam: Seam, row: &Row) -> Vec<String> {
     let mut failures = Vec::new();
-    let server = if row.refused {
-        Scripted::closed().await
-    } else {
-        Scripted::start(row.script.clone(), row.then.clone()).await
-    };
+    let server = Server::start(seam, row).await;
     let admission = (row.admission)().build();
     let closer = row.close.then(|| {
         let (admission, seen) = (admission.clone(), server_seen(&server));
@@ -551,6 +661,26 @@ async fn check(seam: Seam, row: &Row) -> Vec<String> {
     }
     let what = format!("{seam:?}: {}", row.name);
     let seen = server.seen();
+    #[cfg(feature = "mcp")]
+    let row = &match (&row.mcp, seam) {
+        (Some((_why, kinds, attempts, requests)), Seam::Mcp) => Row {
+            kinds: kinds.clone(),
+            attempts: attempts.clone(),
+            requests: *requests,
+            script: row.script.clone(),
+            then: row.then.clone(),
+            mcp: None,
+            ..*row
+        },
+        _ => Row {
+            kinds: row.kinds.clone(),
+            attempts: row.attempts.clone(),
+            script: row.script.clone(),
+            then: row.then.clone(),
+            mcp: None,
+            ..*row
+        },
+    };
     if matches!(row.calls, Calls::Writes(_)) && seen.iter().any(|s| s.method != "POST") {
         failures.push(format!("{what}: not every request was a POST: {seen:?}"));
     }
@@ -623,9 +753,7 @@ async fn check(seam: Seam, row: &Row) -> Vec<String> {
     failures
 }
 
-fn server_seen(
-    server: &Scripted,
-) -> impl Fn() -> Vec<crate::scripted_server::Seen> + Send + 'static {
+fn server_seen(server: &Server) -> impl Fn() -> Vec<crate::scripted_server::Seen> + Send + 'static {
     let seen = server.seen_handle();
     move || seen.lock().unwrap().clone()
 }
@@ -634,7 +762,7 @@ fn server_seen(
 async fn every_seam_answers_every_scenario_alike() {
     let mut failures = Vec::new();
     for row in table() {
-        for seam in SEAMS {
+        for &seam in SEAMS {
             failures.extend(check(seam, &row).await);
         }
     }

@@ -45,3 +45,9 @@ mod stream_server;
 #[cfg(all(feature = "reqwest", feature = "tower"))]
 #[path = "../support/scripted_server.rs"]
 mod scripted_server;
+
+/// rmcp's streamable HTTP server behind the same script (the table's MCP
+/// column).
+#[cfg(all(feature = "reqwest", feature = "tower", feature = "mcp"))]
+#[path = "../support/mcp_server.rs"]
+mod mcp_server;

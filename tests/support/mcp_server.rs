@@ -1,0 +1,172 @@
+//! The conformance table's server for the MCP column (issue #42): rmcp's
+//! streamable HTTP service on loopback, behind a front that answers each
+//! `tools/call` POST from the same script as `scripted_server` (a status
+//! with its headers at the transport, a reply after a delay, a broken
+//! body for a reset, silence) and records its start. Everything else
+//! (the handshake, the event stream) passes through untouched.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::Response;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ServerCapabilities,
+    ServerConfig,
+};
+use rmcp::service::{RequestContext, RoleClient, RunningService};
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClientTransport, StreamableHttpClientTransportConfig,
+};
+use rmcp::transport::streamable_http_server::{
+    session::local::LocalSessionManager, StreamableHttpServerConfig, StreamableHttpService,
+};
+use rmcp::{ErrorData, Peer, RoleServer, ServerHandler, ServiceExt};
+
+use crate::scripted_server::{Seen, Step};
+
+/// Every tool answers at once, with its name.
+#[derive(Clone)]
+struct Tools;
+
+impl ServerHandler for Tools {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        _: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let text = ContentBlock::text(request.name.to_string());
+        Ok(CallToolResult::success(vec![text]).into())
+    }
+}
+
+struct Script {
+    steps: Vec<Step>,
+    then: Step,
+    next: AtomicUsize,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+pub struct McpScripted {
+    seen: Arc<Mutex<Vec<Seen>>>,
+    server: tokio::task::JoinHandle<()>,
+    client: RunningService<RoleClient, ()>,
+}
+
+impl McpScripted {
+    /// A server answering `tools/call` `i` with `steps[i]` (later ones
+    /// with `then`), and a client connected to it. With `refused`, the
+    /// server stops listening once the client is connected: every call's
+    /// connection is refused.
+    pub async fn start(steps: Vec<Step>, then: Step, refused: bool) -> McpScripted {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let script = Arc::new(Script {
+            steps,
+            then,
+            next: AtomicUsize::new(0),
+            seen: seen.clone(),
+        });
+        let config = StreamableHttpServerConfig::default();
+        let service: StreamableHttpService<Tools, LocalSessionManager> =
+            StreamableHttpService::new(|| Ok(Tools), Default::default(), config);
+        let app = axum::Router::new()
+            .nest_service("/mcp", service)
+            .layer(axum::middleware::from_fn_with_state(script, front));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        // A connection per request, so a closed port refuses each.
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap();
+        let config = StreamableHttpClientTransportConfig::with_uri(format!("http://{addr}/mcp"));
+        let transport = StreamableHttpClientTransport::with_client(http, config);
+        let client = ().serve(transport).await.expect("the MCP client connects");
+        let mut server = server;
+        if refused {
+            server.abort();
+            // Cancelled: the listener is dropped, the port closed.
+            let _ = (&mut server).await;
+        }
+        McpScripted {
+            seen,
+            server,
+            client,
+        }
+    }
+
+    pub fn peer(&self) -> Peer<RoleClient> {
+        self.client.peer().clone()
+    }
+
+    /// The record itself, for a task that watches it.
+    pub fn seen_handle(&self) -> Arc<Mutex<Vec<Seen>>> {
+        self.seen.clone()
+    }
+}
+
+impl Drop for McpScripted {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// Answers a `tools/call` POST from the script; passes the rest through.
+async fn front(State(script): State<Arc<Script>>, req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let bytes = axum::body::to_bytes(body, 1 << 20)
+        .await
+        .unwrap_or_default();
+    let message: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    if message["method"] != "tools/call" {
+        return next
+            .run(Request::from_parts(parts, Body::from(bytes)))
+            .await;
+    }
+    let i = script.next.fetch_add(1, Ordering::SeqCst);
+    script.seen.lock().unwrap().push(Seen {
+        at: Instant::now(),
+        method: parts.method.to_string(),
+    });
+    let forward = Request::from_parts(parts, Body::from(bytes));
+    match script.steps.get(i).unwrap_or(&script.then).clone() {
+        Step::Answer(200, _) => next.run(forward).await,
+        Step::Answer(status, headers) => {
+            let mut response = Response::builder().status(StatusCode::from_u16(status).unwrap());
+            for (name, value) in headers {
+                response = response.header(*name, *value);
+            }
+            response.body(Body::from("not now")).unwrap()
+        }
+        Step::Slow(_, delay) => {
+            tokio::time::sleep(delay).await;
+            next.run(forward).await
+        }
+        // The head, then a body that breaks: the connection is cut
+        // mid-reply.
+        Step::Reset => {
+            let broken = futures::stream::once(async {
+                Err::<Bytes, _>(std::io::Error::other("connection reset"))
+            });
+            Response::builder()
+                .header("content-type", "application/json")
+                .body(Body::from_stream(broken))
+                .unwrap()
+        }
+        Step::Silent => {
+            std::future::pending::<()>().await;
+            unreachable!()
+        }
+    }
+}
