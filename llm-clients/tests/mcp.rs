@@ -447,3 +447,31 @@ async fn a_turn_over_a_duplex_reads_the_limits_in_the_results() {
     let _ = client.cancel().await;
     server.abort();
 }
+
+/// The same turn straight through rmcp, for contrast: the server's limits
+/// are real. Every duplicate goes out, and the calls past the transport's
+/// burst reach the model as errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_turn_without_the_gate_sends_duplicates_and_fails_calls() {
+    let record = Arc::new(Record::default());
+    let (url, server) = http_server(record.clone()).await;
+    let client = client_over_http(&url).await;
+    let peer = client.peer().clone();
+    let results = futures::future::join_all(turn().into_iter().map(|p| peer.call_tool(p))).await;
+    let log = record.log();
+    server.abort();
+
+    let searches = log.iter().filter(|s| s.tool == "search").count();
+    assert_eq!(searches, 6, "every duplicate read went out: {log:#?}");
+    let rejected = log.iter().filter(|s| s.answer == "http 429").count();
+    let errors = results.iter().filter(|r| r.is_err()).count();
+    assert!(rejected >= 6, "a burst of 12 against 3 at once: {log:#?}");
+    assert_eq!(errors, rejected, "each 429 reached the model as an error");
+    if std::env::var("MCP_DEBUG").is_ok() {
+        eprintln!(
+            "naive: {} requests, {rejected} 429s, {errors} calls failed",
+            log.len()
+        );
+    }
+    let _ = client.cancel().await;
+}
