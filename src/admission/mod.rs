@@ -59,7 +59,7 @@ pub use pools::SlotPolicy;
 pub use rate::Provider;
 pub use runner::{Call, CallResult, Reply, Runner};
 pub use spec::CallSpec;
-pub use stats::{AdmissionStats, CredentialStats, Refusals, ToolStats};
+pub use stats::{AdmissionStats, CredentialStats, ToolStats};
 pub use ticket::Ticket;
 
 use tools::ToolState;

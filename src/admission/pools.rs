@@ -54,6 +54,10 @@ pub(crate) struct Pool {
     waiting: AtomicUsize,
     /// Exponentially weighted mean of how long a slot is held, in nanos.
     hold_ns: AtomicU64,
+    /// When a slot last came free (the admission clock's nanos; 0: never).
+    /// A full pool whose slots have not come free for longer than the
+    /// mean hold has calls that hang: the drain estimate takes the longer.
+    released_ns: AtomicU64,
     /// With priority lanes, the waiting calls (the semaphore then has no
     /// waiters of its own: every slot is taken and given back here).
     /// Boxed: a pool without lanes stays small (the tool state's hot
@@ -64,9 +68,10 @@ pub(crate) struct Pool {
 /// Why slots were not granted.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum SlotError {
-    /// The queue was full (or the policy is fail-fast): shed with this
-    /// drain estimate.
-    Full { estimate: Duration },
+    /// The queue was full (or the policy is fail-fast): shed, with `ahead`
+    /// calls waiting in front (the drain estimate is made from it where
+    /// the clock is, `Pool::drain_estimate`).
+    Full { ahead: usize },
     /// The deadline passed while waiting.
     TimedOut,
     /// The pool's semaphore was closed.
@@ -91,6 +96,7 @@ impl Pool {
             cap,
             waiting: AtomicUsize::new(0),
             hold_ns: AtomicU64::new(crate::clock::saturating_nanos(expected_hold)),
+            released_ns: AtomicU64::new(0),
             lanes: None,
         }
     }
@@ -155,8 +161,12 @@ impl Pool {
         Duration::from_nanos(self.hold_ns.load(Ordering::Relaxed))
     }
 
-    /// Folds one observed hold time into the mean (weight 1/8).
-    pub(crate) fn record_hold(&self, sample: u64) {
+    /// Folds one observed hold time into the mean (weight 1/8), for a slot
+    /// that came free at `now`.
+    pub(crate) fn record_hold(&self, sample: u64, now: u64) {
+        // Relaxed: advisory, like the mean; a store, not a read-modify-write
+        // (see below).
+        self.released_ns.store(now, Ordering::Relaxed);
         // Relaxed: an estimate. A load and a store, not a read-modify-write:
         // every ticket of the layer drops through the global pool, and a CAS
         // loop there would make this one hot line a point of contention. A
@@ -169,10 +179,17 @@ impl Pool {
     /// Little's law: with `ahead` calls in front and `cap` slots each held
     /// for the mean hold time, the last of them starts after about
     /// `ceil((ahead + 1) / cap)` hold times. That is the honest
-    /// `retry_after` for a call shed now.
-    pub(crate) fn drain_estimate(&self, ahead: usize) -> Duration {
+    /// `retry_after` for a call shed at `now`, unless the calls in flight
+    /// hang: with every slot taken and none given back for longer than the
+    /// mean hold, a round takes at least that long (issue #40: 99 ms was
+    /// told while the calls in flight had hung for seconds).
+    pub(crate) fn drain_estimate(&self, ahead: usize, now: u64) -> Duration {
         // Relaxed: advisory.
-        let hold = self.hold_ns.load(Ordering::Relaxed);
+        let mut hold = self.hold_ns.load(Ordering::Relaxed);
+        let released = self.released_ns.load(Ordering::Relaxed);
+        if released != 0 && self.in_flight() >= self.cap {
+            hold = hold.max(now.saturating_sub(released));
+        }
         let rounds = (ahead as u64 + 1).div_ceil(self.cap.max(1) as u64);
         Duration::from_nanos(hold.saturating_mul(rounds))
     }
@@ -217,9 +234,7 @@ impl Pool {
         let shared_ahead = shared_waiting.fetch_add(1, Ordering::Relaxed);
         let _shared = Waiting(shared_waiting);
         if ahead >= own_cap || shared_ahead >= shared_cap {
-            return Err(SlotError::Full {
-                estimate: self.drain_estimate(ahead),
-            });
+            return Err(SlotError::Full { ahead });
         }
         let mut timeout = timeout;
         let Some(lanes) = &self.lanes else {
@@ -371,19 +386,20 @@ pub(crate) enum Which {
     Global,
 }
 
-/// The refusal for a call of `tool` whose slots were not granted.
-pub(super) fn slot_refusal(tool: &str, e: SlotError, which: Which) -> Throttled {
+/// The refusal for a call of `tool` whose slots were not granted; a shed
+/// call is told `told` (its staggered drain estimate).
+pub(super) fn slot_refusal(tool: &str, e: SlotError, which: Which, told: Duration) -> Throttled {
     let scope = match which {
         Which::Tool => format!("tool:{tool}"),
         Which::Global => "global".to_string(),
     };
     match e {
-        SlotError::Full { estimate } => Throttled::new(
+        SlotError::Full { .. } => Throttled::new(
             Status::Shed,
             scope,
             "too many calls are waiting; retry after the drain estimate",
         )
-        .with_retry_after(estimate),
+        .with_retry_after(told),
         SlotError::TimedOut => Throttled::new(
             Status::TimedOut,
             scope,

@@ -111,10 +111,10 @@ impl Slots {
     }
 
     /// A ticket's global slot, held `held` ns by a call of a background
-    /// priority or not, given back.
+    /// priority or not, given back at `now`.
     #[inline]
-    pub(super) fn release_global(&self, held: u64, background: bool) {
-        self.global.record_hold(held);
+    pub(super) fn release_global(&self, held: u64, now: u64, background: bool) {
+        self.global.record_hold(held, now);
         self.global.release(background);
     }
 
@@ -163,19 +163,20 @@ impl<S: crate::sleep::Sleeper, C: crate::clock::Clock> super::Admission<S, C> {
         which: pools::Which,
     ) -> Throttled {
         let inner = &*self.inner;
+        let mut told = Duration::ZERO;
         let e = match e {
-            pools::SlotError::Full { estimate } => {
+            pools::SlotError::Full { ahead } => {
                 let limit = match which {
                     pools::Which::Tool => format!("tool:{}", spec.tool),
                     pools::Which::Global => "global".to_string(),
                 };
                 let pool = inner.slots.pool(tool, which);
                 let now = inner.clock.now_nanos();
+                let estimate = pool.drain_estimate(ahead, now);
                 let ready = now.saturating_add(saturating_nanos(estimate));
-                let told = inner.told.tell(&limit, now, ready, pool.drain_step(), None);
-                pools::SlotError::Full {
-                    estimate: Duration::from_nanos(told - now),
-                }
+                let at = inner.told.tell(&limit, now, ready, pool.drain_step(), None);
+                told = Duration::from_nanos(at - now);
+                e
             }
             // A background call held back for its class says so.
             pools::SlotError::TimedOut
@@ -196,6 +197,6 @@ impl<S: crate::sleep::Sleeper, C: crate::clock::Clock> super::Admission<S, C> {
             }
             e => e,
         };
-        pools::slot_refusal(&spec.tool, e, which)
+        pools::slot_refusal(&spec.tool, e, which, told)
     }
 }

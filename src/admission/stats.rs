@@ -93,7 +93,8 @@ fn index(status: Status) -> usize {
     }
 }
 
-/// Refused calls, by [`Status`].
+/// Refused calls, by [`Status`]: [`AdmissionStats::refused`], read in
+/// place (the type has no public name: nothing takes or builds one).
 ///
 /// # Examples
 ///
@@ -135,9 +136,10 @@ impl Refusals {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::admission::Refusals;
+    /// use backpressure::admission::Admission;
     /// use backpressure::Status;
-    /// assert_eq!(Refusals::default().get(Status::Shed), 0);
+    /// let refused = Admission::builder().build().stats().refused;
+    /// assert_eq!(refused.get(Status::Shed), 0);
     /// ```
     pub fn get(&self, status: Status) -> u64 {
         match status {
@@ -156,8 +158,8 @@ impl Refusals {
     /// # Examples
     ///
     /// ```
-    /// use backpressure::admission::Refusals;
-    /// assert_eq!(Refusals::default().total(), 0);
+    /// use backpressure::admission::Admission;
+    /// assert_eq!(Admission::builder().build().stats().refused.total(), 0);
     /// ```
     pub fn total(&self) -> u64 {
         self.rate_limited
@@ -272,6 +274,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
     /// ```
     pub fn stats(&self) -> AdmissionStats {
         let inner = &*self.inner;
+        let now = inner.clock.now_nanos();
         let mut tools: Vec<ToolStats> = inner
             .slots
             .tools()
@@ -287,7 +290,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
                     admitted: t.counters.admitted.load(Ordering::Relaxed),
                     refused: t.counters.refusals(),
                     mean_hold: t.pool.mean_hold(),
-                    drain_estimate: t.pool.drain_estimate(waiting),
+                    drain_estimate: t.pool.drain_estimate(waiting, now),
                 }
             })
             .collect();

@@ -228,14 +228,17 @@ impl<S: Sleeper, C: Clock> Drop for Ticket<S, C> {
     fn drop(&mut self) {
         let now = self.admission.inner.clock.now_nanos();
         let held = now.saturating_sub(self.started());
-        self.tool.pool.record_hold(held);
+        self.tool.pool.record_hold(held, now);
         self.credential.counters.finished();
         #[cfg(feature = "metrics")]
         super::metrics_out::finished(&self.tool.name);
         // The slots `admit` took and forgot (see the `held` field).
         let background = self.started_at & BACKGROUND != 0;
         self.tool.pool.release(background);
-        self.admission.inner.slots.release_global(held, background);
+        self.admission
+            .inner
+            .slots
+            .release_global(held, now, background);
     }
 }
 

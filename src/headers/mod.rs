@@ -37,13 +37,13 @@ use serde::{Deserialize, Serialize};
 /// | `RateLimit-Policy` | `"burst";q=100;w=60` (RFC 9651 List; name a String or Token; `qu` unit), older `100;w=60` |
 /// | `RateLimit` | `"burst";r=50;t=30` (List), older `limit=100, remaining=50, reset=5` (Dictionary) |
 /// | `RateLimit-Limit/-Remaining/-Reset` | older drafts; `Limit` may be `100, 100;w=60` |
-/// | `X-RateLimit-*`, `X-Rate-Limit-*` | `-Limit`, `-Remaining`, `-Used`, `-Reset`, `-Reset-After`; `-<field>-<resource>` (`x-ratelimit-reset-tokens`) becomes a [`Policy`] |
-/// | `anthropic-ratelimit-<resource>-<field>` | a [`Policy`] per resource |
+/// | `X-RateLimit-*`, `X-Rate-Limit-*` | `-Limit`, `-Remaining`, `-Used`, `-Reset`, `-Reset-After`; `-<field>-<resource>` (`x-ratelimit-reset-tokens`) becomes a named policy ([`policies`](ServerHint::policies)) |
+/// | `anthropic-ratelimit-<resource>-<field>` | a named policy per resource |
 /// | `X-RateLimit-Scope`, `-Resource`, `-Bucket` | [`scope`](Self::scope), in that order of preference |
 ///
 /// A per-resource limit whose header names its window (Kong's `second`,
 /// `minute`, `hour`, `day`) gets it as the policy's
-/// [`window`](Policy::window), and so do Anthropic's, whose documented
+/// window, and so do Anthropic's, whose documented
 /// window is the minute. OpenAI's names get none: servers using them count
 /// over different windows (Groq's requests are per day, compatible proxies
 /// often use a second); [`Provider::OpenAi`](crate::admission::Provider::OpenAi)
@@ -145,54 +145,63 @@ pub struct ServerHint {
     pub scope: Option<String>,
 }
 
-/// One named limit from a response.
-///
-/// # Examples
-///
-/// ```
-/// use backpressure::headers::ServerHint;
-/// use std::time::{Duration, SystemTime};
-///
-/// let hint = ServerHint::from_headers(
-///     [
-///         ("RateLimit-Policy", r#""burst";q=100;w=60"#),
-///         ("RateLimit", r#""burst";r=0;t=12"#),
-///     ],
-///     SystemTime::now(),
-/// );
-/// let p = &hint.policies[0];
-/// assert_eq!(p.name.as_deref(), Some("burst"));
-/// assert_eq!(p.quota, Some(100));
-/// assert_eq!(p.window, Some(Duration::from_secs(60)));
-/// assert_eq!(p.remaining, Some(0));
-/// assert_eq!(p.reset_after, Some(Duration::from_secs(12)));
-/// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
-#[non_exhaustive]
-pub struct Policy {
-    /// The policy's name; `None` for the unnamed older form
-    /// (`RateLimit-Policy: 100;w=60`).
-    pub name: Option<String>,
-    /// Units allowed per window (`q`, or the resource's limit header).
-    pub quota: Option<u64>,
-    /// What the quota counts (`qu`: `requests`, `content-bytes`, ...).
-    pub quota_unit: Option<String>,
-    /// The window length (`w`).
-    #[cfg_attr(
-        feature = "serde",
-        serde(rename = "window_ms", with = "millis", default)
-    )]
-    pub window: Option<Duration>,
-    /// Units left (`r`, or the resource's remaining header).
-    pub remaining: Option<u64>,
-    /// Time until the quota is restored (`t`, or the resource's reset).
-    #[cfg_attr(
-        feature = "serde",
-        serde(rename = "reset_after_ms", with = "millis", default)
-    )]
-    pub reset_after: Option<Duration>,
+/// [`ServerHint::policies`]' element, read in place: the type has no
+/// public name (nothing takes or builds one).
+mod policy {
+    use core::time::Duration;
+    #[cfg(feature = "serde")]
+    use serde::{Deserialize, Serialize};
+
+    /// One named limit from a response.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::headers::ServerHint;
+    /// use std::time::{Duration, SystemTime};
+    ///
+    /// let hint = ServerHint::from_headers(
+    ///     [
+    ///         ("RateLimit-Policy", r#""burst";q=100;w=60"#),
+    ///         ("RateLimit", r#""burst";r=0;t=12"#),
+    ///     ],
+    ///     SystemTime::now(),
+    /// );
+    /// let p = &hint.policies[0];
+    /// assert_eq!(p.name.as_deref(), Some("burst"));
+    /// assert_eq!(p.quota, Some(100));
+    /// assert_eq!(p.window, Some(Duration::from_secs(60)));
+    /// assert_eq!(p.remaining, Some(0));
+    /// assert_eq!(p.reset_after, Some(Duration::from_secs(12)));
+    /// ```
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
+    #[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
+    #[non_exhaustive]
+    pub struct Policy {
+        /// The policy's name; `None` for the unnamed older form
+        /// (`RateLimit-Policy: 100;w=60`).
+        pub name: Option<String>,
+        /// Units allowed per window (`q`, or the resource's limit header).
+        pub quota: Option<u64>,
+        /// What the quota counts (`qu`: `requests`, `content-bytes`, ...).
+        pub quota_unit: Option<String>,
+        /// The window length (`w`).
+        #[cfg_attr(
+            feature = "serde",
+            serde(rename = "window_ms", with = "super::millis", default)
+        )]
+        pub window: Option<Duration>,
+        /// Units left (`r`, or the resource's remaining header).
+        pub remaining: Option<u64>,
+        /// Time until the quota is restored (`t`, or the resource's reset).
+        #[cfg_attr(
+            feature = "serde",
+            serde(rename = "reset_after_ms", with = "super::millis", default)
+        )]
+        pub reset_after: Option<Duration>,
+    }
 }
+pub(crate) use policy::Policy;
 
 impl ServerHint {
     /// The longest duration a hint holds (2³² − 1 seconds, about 136

@@ -951,3 +951,48 @@ fn breaker_layer() -> (
         .build();
     (clock, admission)
 }
+
+/// Issue #40 item 11: a call shed by a full pool was told the mean hold of
+/// the calls that had finished (99 ms) while the calls in flight had hung
+/// for seconds. With every slot taken and none given back for longer than
+/// the mean hold, the estimate is at least that long.
+#[test]
+fn a_shed_call_is_not_told_the_mean_hold_while_the_calls_in_flight_hang() {
+    use backpressure::ManualClock;
+    let clock = ManualClock::new();
+    let admission = Admission::builder()
+        .clock(clock.clone())
+        .sleeper(clock.clone())
+        .tool("export", 1, SlotPolicy::FailFast)
+        .expected_latency(Duration::from_millis(100))
+        .build();
+    let spec = CallSpec::new("export", "k");
+    futures::executor::block_on(async {
+        // Quick calls: the mean hold is 100 ms.
+        for _ in 0..8 {
+            let ticket = admission.admit(&spec).await.unwrap();
+            clock.advance(Duration::from_millis(100));
+            drop(ticket);
+        }
+        let told = |t: backpressure::Throttled| {
+            assert_eq!(t.status, Status::Shed, "{t}");
+            t.retry_after().unwrap()
+        };
+        // A call that hangs: shed at once, the estimate is the mean hold.
+        let hung = admission.admit(&spec).await.unwrap();
+        let quick = told(admission.admit(&spec).await.unwrap_err());
+        assert_eq!(quick, Duration::from_millis(100));
+        // Five seconds later it still holds the slot: not 100 ms any more.
+        clock.advance(Duration::from_secs(5));
+        let later = told(admission.admit(&spec).await.unwrap_err());
+        assert!(later >= Duration::from_secs(5), "told {later:?}");
+        let stats = admission.stats();
+        let export = stats.tools.iter().find(|t| t.name == "export").unwrap();
+        assert!(
+            export.drain_estimate >= Duration::from_secs(5),
+            "{export:?}"
+        );
+        assert_eq!(export.mean_hold, Duration::from_millis(100));
+        drop(hung);
+    });
+}
