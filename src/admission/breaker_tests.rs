@@ -160,6 +160,12 @@ fn bad_settings_are_clamped() {
     assert_eq!(b.cool_down, Duration::from_millis(1));
     assert_eq!(CircuitBreaker::new().failure_ratio(1.5, 10).ratio, None);
     assert_eq!(CircuitBreaker::new().failure_ratio(-0.5, 10).ratio, None);
+    // 0 would open on every window: off, like any ratio outside (0, 1].
+    assert_eq!(CircuitBreaker::new().failure_ratio(0.0, 10).ratio, None);
+    assert_eq!(
+        CircuitBreaker::new().failure_ratio(1.0, 10).ratio,
+        Some((1.0, 10))
+    );
     let b = CircuitBreaker::new()
         .consecutive_failures(u32::MAX)
         .failure_ratio(1.0, u32::MAX)
@@ -239,4 +245,122 @@ fn no_breaker_past_16384_failing_pairs_is_fixed_a_new_pair_still_opens() {
     ));
     // The sweep freed room in one go: the map is well below its bound.
     assert!(b.len() <= MAX_CIRCUITS / 4 * 3 + 1, "{}", b.len());
+}
+
+/// The counts share one word with the state's tag: at the largest
+/// settings, the failures a circuit counts before it opens still fit
+/// their fields (a count one past them would spill into the tag).
+#[test]
+fn the_largest_counts_open_the_circuit_before_they_spill_into_the_tag() {
+    let cfg = CircuitBreaker::new()
+        .consecutive_failures(u32::MAX)
+        .failure_ratio(1.0, u32::MAX)
+        .cool_down(Duration::from_millis(1));
+    let c = Circuit::default();
+    for _ in 1..CircuitBreaker::MAX_COUNT {
+        c.record(&cfg, Outcome::Failed, 7, false);
+    }
+    assert_eq!(c.admit(7, MS), Admit::Closed);
+    assert_eq!(c.word.load(Ordering::Relaxed) & TAG, CLOSED);
+    c.record(&cfg, Outcome::Failed, 7, false);
+    assert_eq!(
+        c.admit(8, MS),
+        Admit::Refused {
+            until: MS + 7,
+            trial: false
+        }
+    );
+}
+
+/// What each answer says of the server: the classification the breaker
+/// counts by (a 408 is the client's slowness; a 429, or a 503 that says
+/// when, is capacity).
+#[test]
+fn each_answer_is_classified_as_the_docs_say() {
+    use crate::headers::ServerHint;
+    let none = ServerHint::default();
+    let mut told = ServerHint::default();
+    told.retry_after = Some(Duration::from_secs(1));
+    for (status, hint, want) in [
+        (Some(200), &none, Outcome::Answered),
+        (Some(404), &none, Outcome::Answered),
+        (Some(408), &none, Outcome::Answered),
+        (Some(429), &none, Outcome::Capacity),
+        (Some(503), &told, Outcome::Capacity),
+        (Some(503), &none, Outcome::Failed),
+        (Some(500), &none, Outcome::Failed),
+        (None, &none, Outcome::Failed),
+    ] {
+        assert_eq!(outcome(status, hint), want, "{status:?} {hint:?}");
+    }
+    // A 429 between failures neither trips nor resets the run.
+    let c = Circuit::default();
+    let cfg = cfg(2);
+    c.record(&cfg, Outcome::Failed, 0, false);
+    c.record(&cfg, outcome(Some(429), &none), 0, false);
+    assert_eq!(c.admit(0, MS), Admit::Closed);
+    c.record(&cfg, Outcome::Failed, 0, false);
+    assert!(matches!(c.admit(0, MS), Admit::Refused { .. }));
+}
+
+/// A full map forgets the closed circuits nobody holds first: while they
+/// make room, every open circuit is kept (forgetting one would let its
+/// failing server be sent calls at once).
+#[test]
+fn a_full_map_forgets_closed_circuits_before_any_open_one() {
+    let b = Breakers::new(cfg(1));
+    let tool: Arc<str> = Arc::from("t");
+    let open: Vec<String> = (0..200).map(|i| format!("open-{i}")).collect();
+    for key in &open {
+        b.circuit(&tool, key)
+            .record(&b.config, Outcome::Failed, 0, false);
+    }
+    for i in 0..MAX_CIRCUITS {
+        drop(b.circuit(&tool, &i.to_string()));
+    }
+    assert!(b.len() <= MAX_CIRCUITS);
+    for key in &open {
+        assert!(
+            matches!(b.circuit(&tool, key).admit(1, MS), Admit::Refused { .. }),
+            "{key} was forgotten while closed circuits were left to forget"
+        );
+    }
+}
+
+/// Past the bound with every circuit open, the sweep forgets open ones
+/// nobody holds, down to three quarters of the map and no further; a
+/// held circuit stays.
+#[test]
+fn a_map_full_of_open_circuits_forgets_unheld_ones_down_to_three_quarters() {
+    let b = Breakers::new(cfg(1));
+    let tool: Arc<str> = Arc::from("t");
+    let held = b.circuit(&tool, "held");
+    held.record(&b.config, Outcome::Failed, 0, false);
+    for i in 1..MAX_CIRCUITS {
+        b.circuit(&tool, &i.to_string())
+            .record(&b.config, Outcome::Failed, 0, false);
+    }
+    assert_eq!(b.len(), MAX_CIRCUITS);
+    let _new = b.circuit(&tool, "new");
+    assert_eq!(b.len(), MAX_CIRCUITS / 4 * 3 + 1);
+    assert!(Arc::ptr_eq(&held, &b.circuit(&tool, "held")));
+    assert!(matches!(held.admit(1, MS), Admit::Refused { .. }));
+}
+
+/// Below the bound nothing is forgotten: a closed circuit nobody holds
+/// keeps its run of failures while other pairs come and go.
+#[test]
+fn below_the_bound_a_closed_circuit_keeps_its_run_of_failures() {
+    let b = Breakers::new(cfg(2));
+    let tool: Arc<str> = Arc::from("t");
+    b.circuit(&tool, "a")
+        .record(&b.config, Outcome::Failed, 0, false);
+    drop(b.circuit(&tool, "b"));
+    assert_eq!(b.len(), 2);
+    b.circuit(&tool, "a")
+        .record(&b.config, Outcome::Failed, 0, false);
+    assert!(matches!(
+        b.circuit(&tool, "a").admit(1, MS),
+        Admit::Refused { .. }
+    ));
 }
