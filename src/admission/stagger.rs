@@ -161,6 +161,20 @@ mod tests {
         assert_eq!(s.bursts.lock().len(), 83);
     }
 
+    /// A full map makes room only for a limit it does not remember: a
+    /// refusal on a remembered limit forgets no other burst (cargo-mutants:
+    /// `&&` to `||` in the guard survived, dropping the oldest live burst
+    /// on every refusal once the map was full).
+    #[test]
+    fn a_full_map_forgets_nothing_for_a_limit_it_remembers() {
+        let s = Stagger::default();
+        for i in 0..MAX_LIMITS as u64 {
+            s.tell(&i.to_string(), 0, 1_000, 100, None);
+        }
+        assert_eq!(s.tell("7", 1, 1_000, 100, None), 1_100, "still queued");
+        assert_eq!(s.bursts.lock().len(), MAX_LIMITS);
+    }
+
     /// Issue #40 item 2: a lone caller asking every 100 ms of a 1 s
     /// cool-down was told 1,000 ms each time (each promise still ahead
     /// pushed the next one a step further). Asked a step or more apart,
