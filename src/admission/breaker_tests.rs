@@ -279,8 +279,10 @@ fn the_largest_counts_open_the_circuit_before_they_spill_into_the_tag() {
 fn each_answer_is_classified_as_the_docs_say() {
     use crate::headers::ServerHint;
     let none = ServerHint::default();
-    let mut told = ServerHint::default();
-    told.retry_after = Some(Duration::from_secs(1));
+    let told = ServerHint {
+        retry_after: Some(Duration::from_secs(1)),
+        ..ServerHint::default()
+    };
     for (status, hint, want) in [
         (Some(200), &none, Outcome::Answered),
         (Some(404), &none, Outcome::Answered),

@@ -996,3 +996,147 @@ fn a_shed_call_is_not_told_the_mean_hold_while_the_calls_in_flight_hang() {
         drop(hung);
     });
 }
+
+/// cargo-mutants (issue #40): a tool's stats count the calls queued for
+/// its slots (`Pool::waiting` could return 0 with no test noticing).
+#[test]
+fn a_tools_stats_count_the_calls_queued_for_its_slots() {
+    let clock = backpressure::ManualClock::new();
+    let admission = Admission::builder()
+        .clock(clock.clone())
+        .sleeper(clock.clone())
+        .tool("export", 1, SlotPolicy::Wait)
+        .build();
+    let spec = CallSpec::new("export", "k").deadline(Duration::from_secs(30));
+    let export = || {
+        let stats = admission.stats();
+        let t = stats.tools.iter().find(|t| t.name == "export").unwrap();
+        (t.in_flight, t.waiting)
+    };
+    let held = futures::executor::block_on(admission.admit(&spec)).unwrap();
+    let mut calls: Vec<_> = (0..3).map(|_| Box::pin(admission.admit(&spec))).collect();
+    for call in calls.iter_mut() {
+        assert!(poll_once(call).is_pending());
+    }
+    assert_eq!(export(), (1, 3));
+    drop(calls);
+    assert_eq!(export(), (1, 0));
+    drop(held);
+    assert_eq!(export(), (0, 0));
+}
+
+/// cargo-mutants (issue #40): a background call that the background cap
+/// holds back until its deadline says so (scope `global:background`, the
+/// cap in its words); a share of the whole pool is no cap, and a call
+/// that waited for the pool itself is not told it was the cap.
+#[test]
+fn a_background_call_held_back_by_the_cap_says_so() {
+    use backpressure::admission::Priority;
+    for (share, held, capped) in [(0.5, 2, true), (1.0, 4, false)] {
+        let clock = backpressure::ManualClock::new();
+        let admission = Admission::builder()
+            .clock(clock.clone())
+            .sleeper(clock.clone())
+            .fixed_rates()
+            .global_concurrency(4)
+            .priority_lanes(share)
+            .build();
+        let spec = CallSpec::new("crawl", "k")
+            .priority(Priority::BACKGROUND)
+            .deadline(Duration::from_millis(500));
+        let tickets: Vec<_> = (0..held)
+            .map(|i| match poll_once(&mut Box::pin(admission.admit(&spec))) {
+                std::task::Poll::Ready(r) => r.unwrap(),
+                std::task::Poll::Pending => panic!("share {share}: call {i} waits"),
+            })
+            .collect();
+        let mut waiting = Box::pin(admission.admit(&spec));
+        assert!(poll_once(&mut waiting).is_pending(), "share {share}");
+        clock.advance(Duration::from_millis(500));
+        let std::task::Poll::Ready(Err(t)) = poll_once(&mut waiting) else {
+            panic!("share {share}: refused at its deadline")
+        };
+        assert_eq!(t.status, Status::TimedOut, "{t}");
+        assert_eq!(t.scope == "global:background", capped, "share {share}: {t}");
+        if capped {
+            assert!(t.hint.contains("at most 2 of the 4 global slots"), "{t}");
+        }
+        drop(tickets);
+    }
+}
+
+/// cargo-mutants (issue #40): a call that takes its tool's slot and then
+/// finds the global pool full follows its tool's policy there: fail-fast
+/// is shed at once and gives its tool slot back; a bounded queue waits
+/// for the global slot (the global pool has no per-tool bound).
+#[test]
+fn a_tool_slot_taken_before_a_full_global_pool_is_given_back_or_kept_waiting() {
+    let clock = backpressure::ManualClock::new();
+    let admission = Admission::builder()
+        .clock(clock.clone())
+        .sleeper(clock.clone())
+        .fixed_rates()
+        .global_concurrency(1)
+        .tool("fast", 2, SlotPolicy::FailFast)
+        .tool("queued", 2, SlotPolicy::Queue(0))
+        .build();
+    let in_flight = |name: &str| {
+        let stats = admission.stats();
+        stats
+            .tools
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap()
+            .in_flight
+    };
+    let spec = |tool| CallSpec::new(tool, "k").deadline(Duration::from_secs(30));
+    let (other, fast, queued) = (spec("other"), spec("fast"), spec("queued"));
+    let hog = futures::executor::block_on(admission.admit(&other)).unwrap();
+    let std::task::Poll::Ready(Err(t)) = poll_once(&mut Box::pin(admission.admit(&fast))) else {
+        panic!("fail-fast: shed at once")
+    };
+    assert_eq!(t.status, Status::Shed, "{t}");
+    assert_eq!(in_flight("fast"), 0, "its tool slot was given back");
+    let mut queued = Box::pin(admission.admit(&queued));
+    assert!(
+        poll_once(&mut queued).is_pending(),
+        "waits for the global slot"
+    );
+    assert_eq!(in_flight("queued"), 1);
+    drop(hog);
+    let std::task::Poll::Ready(Ok(ticket)) = poll_once(&mut queued) else {
+        panic!("admitted once the global slot is free")
+    };
+    drop(ticket);
+}
+
+/// cargo-mutants (issue #40): with priority lanes, a call whose wait ends
+/// without a slot (its deadline passed) leaves its lane: the slot that
+/// comes free next goes to a live call, not to the one that gave up.
+#[test]
+fn a_lane_waiter_that_times_out_leaves_its_lane() {
+    let clock = backpressure::ManualClock::new();
+    let admission = Admission::builder()
+        .clock(clock.clone())
+        .sleeper(clock.clone())
+        .fixed_rates()
+        .global_concurrency(1)
+        .priority_lanes(1.0)
+        .build();
+    let spec = CallSpec::new("search", "k").deadline(Duration::from_millis(500));
+    let held = futures::executor::block_on(admission.admit(&spec)).unwrap();
+    let mut gives_up = Box::pin(admission.admit(&spec));
+    assert!(poll_once(&mut gives_up).is_pending());
+    clock.advance(Duration::from_millis(500));
+    assert!(matches!(
+        poll_once(&mut gives_up),
+        std::task::Poll::Ready(Err(_))
+    ));
+    drop(held);
+    let std::task::Poll::Ready(Ok(next)) = poll_once(&mut Box::pin(admission.admit(&spec))) else {
+        panic!("the free slot went to the call that gave up")
+    };
+    assert_eq!(admission.stats().in_flight, 1);
+    drop(next);
+    assert_eq!(admission.stats().in_flight, 0);
+}
