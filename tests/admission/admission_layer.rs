@@ -997,16 +997,26 @@ fn a_shed_call_is_not_told_the_mean_hold_while_the_calls_in_flight_hang() {
     });
 }
 
+/// A builder on a manual clock (its sleeper too) with fixed rates: what
+/// the slot tests below start from.
+fn on_manual_clock() -> (
+    backpressure::ManualClock,
+    backpressure::admission::Builder<backpressure::ManualClock, backpressure::ManualClock>,
+) {
+    let clock = backpressure::ManualClock::new();
+    let builder = Admission::builder()
+        .clock(clock.clone())
+        .sleeper(clock.clone())
+        .fixed_rates();
+    (clock, builder)
+}
+
 /// cargo-mutants (issue #40): a tool's stats count the calls queued for
 /// its slots (`Pool::waiting` could return 0 with no test noticing).
 #[test]
 fn a_tools_stats_count_the_calls_queued_for_its_slots() {
-    let clock = backpressure::ManualClock::new();
-    let admission = Admission::builder()
-        .clock(clock.clone())
-        .sleeper(clock.clone())
-        .tool("export", 1, SlotPolicy::Wait)
-        .build();
+    let (_clock, builder) = on_manual_clock();
+    let admission = builder.tool("export", 1, SlotPolicy::Wait).build();
     let spec = CallSpec::new("export", "k").deadline(Duration::from_secs(30));
     let export = || {
         let stats = admission.stats();
@@ -1033,14 +1043,8 @@ fn a_tools_stats_count_the_calls_queued_for_its_slots() {
 fn a_background_call_held_back_by_the_cap_says_so() {
     use backpressure::admission::Priority;
     for (share, held, capped) in [(0.5, 2, true), (1.0, 4, false)] {
-        let clock = backpressure::ManualClock::new();
-        let admission = Admission::builder()
-            .clock(clock.clone())
-            .sleeper(clock.clone())
-            .fixed_rates()
-            .global_concurrency(4)
-            .priority_lanes(share)
-            .build();
+        let (clock, builder) = on_manual_clock();
+        let admission = builder.global_concurrency(4).priority_lanes(share).build();
         let spec = CallSpec::new("crawl", "k")
             .priority(Priority::BACKGROUND)
             .deadline(Duration::from_millis(500));
@@ -1071,11 +1075,8 @@ fn a_background_call_held_back_by_the_cap_says_so() {
 /// for the global slot (the global pool has no per-tool bound).
 #[test]
 fn a_tool_slot_taken_before_a_full_global_pool_is_given_back_or_kept_waiting() {
-    let clock = backpressure::ManualClock::new();
-    let admission = Admission::builder()
-        .clock(clock.clone())
-        .sleeper(clock.clone())
-        .fixed_rates()
+    let (_clock, builder) = on_manual_clock();
+    let admission = builder
         .global_concurrency(1)
         .tool("fast", 2, SlotPolicy::FailFast)
         .tool("queued", 2, SlotPolicy::Queue(0))
@@ -1115,14 +1116,8 @@ fn a_tool_slot_taken_before_a_full_global_pool_is_given_back_or_kept_waiting() {
 /// comes free next goes to a live call, not to the one that gave up.
 #[test]
 fn a_lane_waiter_that_times_out_leaves_its_lane() {
-    let clock = backpressure::ManualClock::new();
-    let admission = Admission::builder()
-        .clock(clock.clone())
-        .sleeper(clock.clone())
-        .fixed_rates()
-        .global_concurrency(1)
-        .priority_lanes(1.0)
-        .build();
+    let (clock, builder) = on_manual_clock();
+    let admission = builder.global_concurrency(1).priority_lanes(1.0).build();
     let spec = CallSpec::new("search", "k").deadline(Duration::from_millis(500));
     let held = futures::executor::block_on(admission.admit(&spec)).unwrap();
     let mut gives_up = Box::pin(admission.admit(&spec));
