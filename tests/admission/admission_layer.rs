@@ -1135,3 +1135,23 @@ fn a_lane_waiter_that_times_out_leaves_its_lane() {
     drop(next);
     assert_eq!(admission.stats().in_flight, 0);
 }
+
+/// cargo-mutants (issue #40): a 429 that says nothing holds the key for
+/// `RetryPolicy::BARE_429_HOLD`, so the next call is not the one to find
+/// out the same way (a guard on the status could go unnoticed).
+#[test]
+fn a_bare_429_holds_the_key_for_the_bare_hold() {
+    use backpressure::retry::RetryPolicy;
+    let (clock, builder) = on_manual_clock();
+    let admission = builder.build();
+    let spec = CallSpec::new("search", "k");
+    let t = futures::executor::block_on(admission.admit(&spec)).unwrap();
+    t.observe(429, &ServerHint::default());
+    drop(t);
+    let hurried = CallSpec::new("search", "k").deadline(Duration::from_millis(10));
+    let refused = futures::executor::block_on(admission.admit(&hurried)).unwrap_err();
+    assert_eq!(refused.status, Status::RateLimited, "{refused}");
+    assert_eq!(refused.retry_after(), Some(RetryPolicy::BARE_429_HOLD));
+    clock.advance(RetryPolicy::BARE_429_HOLD);
+    assert!(futures::executor::block_on(admission.admit(&hurried)).is_ok());
+}
