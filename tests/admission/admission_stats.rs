@@ -182,3 +182,46 @@ fn a_provider_that_never_states_a_limit_is_reported() {
     }
     assert!(!plain.stats().provider_silent);
 }
+
+/// cargo-mutants (issue #40): the warning of a silent provider is logged
+/// once, at its 16th silent reply, not at every other one.
+#[cfg(feature = "tracing")]
+#[test]
+fn a_silent_provider_is_warned_about_once() {
+    use backpressure::admission::Provider;
+    use backpressure::headers::ServerHint;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Level, Metadata};
+
+    /// Counts the warnings logged.
+    struct Warnings(Arc<AtomicUsize>);
+    impl tracing::Subscriber for Warnings {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            Id::from_u64(1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, event: &Event<'_>) {
+            if *event.metadata().level() == Level::WARN {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+
+    let warned = Arc::new(AtomicUsize::new(0));
+    let silent = Admission::builder().provider(Provider::OpenAi).build();
+    tracing::subscriber::with_default(Warnings(warned.clone()), || {
+        for i in 1..=40 {
+            silent.observe("chat", "key", 200, &ServerHint::default());
+            let expected = usize::from(i >= 16);
+            assert_eq!(warned.load(Ordering::SeqCst), expected, "after {i} replies");
+        }
+    });
+}

@@ -516,38 +516,5 @@ fn request_wait<C: Clock>(hint: &ServerHint, resources: &[Resource<C>]) -> Optio
 }
 
 #[cfg(all(test, not(feature = "loom")))]
-mod tests {
-    use super::*;
-
-    fn hint(limit: u64, remaining: u64) -> ServerHint {
-        ServerHint {
-            limit: Some(limit),
-            remaining: Some(remaining),
-            policies: vec![crate::headers::Policy {
-                quota: Some(limit),
-                remaining: Some(remaining),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn a_share_of_a_limit_leaves_its_headroom_to_the_others() {
-        let h = with_share(&hint(100, 60), 0.5);
-        assert_eq!((h.limit, h.remaining), (Some(50), Some(10)));
-        assert_eq!(
-            (h.policies[0].quota, h.policies[0].remaining),
-            (Some(50), Some(10))
-        );
-        // Below the headroom: none left for this layer.
-        assert_eq!(with_share(&hint(100, 30), 0.5).remaining, Some(0));
-        // At least one request of a limit; a limit of 0 stays 0.
-        let h = with_share(&hint(10, 10), 0.0);
-        assert_eq!((h.limit, h.remaining), (Some(1), Some(1)));
-        let h = with_share(&hint(0, 0), 0.5);
-        assert_eq!((h.limit, h.remaining), (Some(0), Some(0)));
-        // The whole key.
-        assert_eq!(with_share(&hint(7, 3), 1.0).remaining, Some(3));
-    }
-}
+#[path = "observe_tests.rs"]
+mod tests;
