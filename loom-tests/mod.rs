@@ -10,7 +10,7 @@ mod breaker;
 mod bucket;
 mod keyed;
 mod lanes;
+mod list_lock;
 mod retry_budget;
 mod semaphore;
 mod single_flight;
-mod spin_lock;

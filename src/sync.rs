@@ -17,26 +17,10 @@
 
 pub(crate) use imp::*;
 
-mod spin;
-pub(crate) use spin::{SpinGuard, SpinLock};
-
-/// The semaphore's wait-list lock: the spin lock in the shipped build.
-///
-/// Under loom it is loom's mutex instead. The spin lock is checked alone
-/// (`loom-tests/spin_lock.rs`); inside the semaphore's models its spins,
-/// once loom's preemption budget is spent, run past loom's branch limit
-/// without ever reaching a different state, so those models check the
-/// protocol on the lock's contract (mutual exclusion, unlock ordered before
-/// the next lock), which both locks provide.
-#[cfg(not(all(test, feature = "loom")))]
-pub(crate) type ListLock<T> = SpinLock<T>;
-/// The guard of [`ListLock`].
-#[cfg(not(all(test, feature = "loom")))]
-pub(crate) type ListGuard<'a, T> = SpinGuard<'a, T>;
-#[cfg(all(test, feature = "loom"))]
-pub(crate) type ListLock<T> = Mutex<T>;
-#[cfg(all(test, feature = "loom"))]
-pub(crate) type ListGuard<'a, T> = MutexGuard<'a, T>;
+mod lock;
+/// The semaphore's wait-list lock (spins a little, then parks), in the
+/// shipped build and under loom alike: the semaphore's models run it.
+pub(crate) use lock::{ListGuard, ListLock};
 
 /// Blocking primitives for the `ThreadSleeper` timer thread, which loom
 /// does not model: never switched.
@@ -45,7 +29,7 @@ pub(crate) use parking_lot::{Condvar as ThreadCondvar, Mutex as ThreadMutex};
 #[cfg(not(all(test, feature = "loom")))]
 mod imp {
     pub(crate) use std::sync::atomic::{
-        fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+        fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
     };
     pub(crate) use std::sync::Arc;
 
@@ -139,7 +123,7 @@ mod imp {
 mod imp {
     pub(crate) use loom::cell::{MutPtr, UnsafeCell};
     pub(crate) use loom::sync::atomic::{
-        fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+        fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
     };
     pub(crate) use loom::sync::Arc;
 
@@ -173,6 +157,12 @@ mod imp {
         }
         pub(crate) fn snooze(&self) {
             loom::thread::yield_now();
+        }
+        /// Spinning is done at once under loom: a thread that finds the
+        /// wait list's lock held parks, which loom models, instead of
+        /// spinning through its branch budget.
+        pub(crate) fn is_completed(&self) -> bool {
+            true
         }
     }
 

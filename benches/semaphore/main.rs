@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 mod contended_interleaved;
 #[path = "../support/interleaved.rs"]
 mod interleaved;
+mod oversubscribed;
 mod uncontended_interleaved;
 use criterion::{criterion_group, Criterion};
 
@@ -216,11 +217,15 @@ fn sizes(_: &mut Criterion) {
 criterion_group!(benches, sizes, uncontended, contended);
 /// `cargo bench --bench semaphore` runs the criterion groups above;
 /// `cargo bench --bench semaphore -- interleaved` runs `contended_interleaved.rs` instead.
+/// `cargo bench --bench semaphore -- oversubscribed` runs `oversubscribed.rs` instead.
 /// `cargo bench --bench semaphore -- uncontended-interleaved` runs `uncontended_interleaved.rs` instead.
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "interleaved") {
         return contended_interleaved::main();
+    }
+    if args.iter().any(|a| a == "oversubscribed") {
+        return oversubscribed::main();
     }
     if args.iter().any(|a| a == "uncontended-interleaved") {
         return uncontended_interleaved::main();

@@ -1,4 +1,4 @@
-//! Loom models of the semaphore wait list's spin lock (`src/sync/spin.rs`).
+//! Loom models of the semaphore wait list's lock (`src/sync/lock.rs`).
 //!
 //! The guard holds loom's `MutPtr` for its whole life, so loom itself
 //! reports two guards that overlap, or an access the unlock does not order
@@ -8,15 +8,36 @@
 use loom::sync::Arc;
 use loom::thread;
 
-use crate::sync::SpinLock;
+use crate::sync::ListLock;
+
+/// Three threads: two can sleep at once, so the unlock that wakes one
+/// must leave `PARKED` set for the other, or it sleeps for ever (loom
+/// reports the deadlock).
+#[test]
+fn every_parked_thread_is_woken() {
+    model(|| {
+        let lock = Arc::new(ListLock::new(0usize));
+        let others: Vec<_> = (0..2)
+            .map(|_| {
+                let lock = lock.clone();
+                thread::spawn(move || *lock.lock() += 1)
+            })
+            .collect();
+        *lock.lock() += 1;
+        for t in others {
+            t.join().unwrap();
+        }
+        assert_eq!(*lock.lock(), 3);
+    });
+}
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut b = loom::model::Builder::new();
     if b.preemption_bound.is_none() {
         b.preemption_bound = Some(2);
     }
-    // A spinning thread yields each round; a holder preempted twice makes
-    // long spins, which the default bound of 1,000 branches cuts short.
+    // Retries of a CAS and the park's condition-variable waits make
+    // longer runs than the default bound of 1,000 branches allows.
     b.max_branches = 10_000;
     b.check(f);
 }
@@ -26,7 +47,7 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
 #[test]
 fn updates_under_the_lock_are_exclusive_and_ordered() {
     model(|| {
-        let lock = Arc::new(SpinLock::new(0usize));
+        let lock = Arc::new(ListLock::new(0usize));
         let other = lock.clone();
         let t = thread::spawn(move || {
             let mut g = other.lock();
@@ -50,7 +71,7 @@ fn updates_under_the_lock_are_exclusive_and_ordered() {
 fn the_unlock_publishes_what_the_holder_wrote() {
     use loom::cell::UnsafeCell;
     struct Shared {
-        lock: SpinLock<()>,
+        lock: ListLock<()>,
         side: UnsafeCell<usize>,
     }
     // SAFETY: `side` is only touched with `lock` held (the property under
@@ -58,7 +79,7 @@ fn the_unlock_publishes_what_the_holder_wrote() {
     unsafe impl Sync for Shared {}
     model(|| {
         let s = Arc::new(Shared {
-            lock: SpinLock::new(()),
+            lock: ListLock::new(()),
             side: UnsafeCell::new(0),
         });
         let s2 = s.clone();

@@ -1,0 +1,415 @@
+//! The semaphore wait list's lock: spins a little, then parks.
+//!
+//! # Why it parks
+//!
+//! It was a spin lock that yielded but never parked (issue #44): on two
+//! cores with 8 or 16 threads queuing and cancelling, a holder the OS
+//! descheduled was spun against for whole time slices, and the worst
+//! lock took 51-168 ms where `parking_lot::Mutex` took 2-7 ms. A thread
+//! that finds this lock held now spins while nobody is parked and for at
+//! most `Backoff`'s ten rounds (as `parking_lot`'s `SpinWait` does), then
+//! parks until an unlock wakes it.
+//!
+//! # What it costs
+//!
+//! A parking lock's unlock must learn whether a thread parked meanwhile,
+//! so it is a compare-and-swap, not the spin lock's plain store: one more
+//! read-modify-write per lock, two per hand-off (the waiter links its
+//! node, the releaser unlinks it). `BENCHMARKS.md` has the hand-off rows
+//! measured before and after.
+//!
+//! # Why not `parking_lot::Mutex`
+//!
+//! It is the same protocol (`LOCKED` and `PARKED` bits, parking on
+//! `parking_lot_core`'s table keyed by the lock's address, so a lock is
+//! one byte plus its contents), but written here on the `sync` shim, so
+//! the semaphore's loom models run this very code: under loom the
+//! parking table is a loom mutex and condition variable per lock
+//! (`Lot`) with `parking_lot_core`'s two calls' contract, and everything
+//! else (the bits, the spin, the orderings) is what ships.
+
+use core::fmt;
+use core::mem::ManuallyDrop;
+use core::ops::{Deref, DerefMut};
+
+use super::{AtomicU8, Backoff, MutPtr, Ordering, UnsafeCell};
+
+/// Held by a thread.
+const LOCKED: u8 = 1;
+/// A thread is parked, or about to park, waiting for the lock: the unlock
+/// must wake one.
+const PARKED: u8 = 2;
+
+/// A lock that spins briefly, then parks. No poisoning: nothing that runs
+/// under it can panic half-way through a change.
+pub(crate) struct ListLock<T> {
+    state: AtomicU8,
+    /// Under loom, the parking table of this lock alone.
+    #[cfg(all(test, feature = "loom"))]
+    lot: lot::Lot,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: the lock hands out access to `value` to one thread at a time,
+// so sharing the lock moves `T` between threads but never shares it.
+unsafe impl<T: Send> Send for ListLock<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for ListLock<T> {}
+
+/// Exclusive access to a [`ListLock`]'s contents until dropped.
+pub(crate) struct ListGuard<'a, T> {
+    lock: &'a ListLock<T>,
+    /// Dropped just before the unlock, so that loom sees the access end
+    /// while the lock is still held.
+    ptr: ManuallyDrop<MutPtr<T>>,
+}
+
+impl<T> ListLock<T> {
+    #[cfg(not(all(test, feature = "loom")))]
+    #[inline]
+    pub(crate) const fn new(value: T) -> Self {
+        Self {
+            state: AtomicU8::new(0),
+            value: UnsafeCell::new(value),
+        }
+    }
+
+    #[cfg(all(test, feature = "loom"))]
+    pub(crate) fn new(value: T) -> Self {
+        Self {
+            state: AtomicU8::new(0),
+            lot: lot::Lot::new(),
+            value: UnsafeCell::new(value),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn lock(&self) -> ListGuard<'_, T> {
+        // Acquire: pairs with the Release of the unlock (`ListGuard::drop`
+        // or `unlock_slow`), so this holder sees every write the previous
+        // one made.
+        if self
+            .state
+            .compare_exchange_weak(0, LOCKED, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            self.lock_slow();
+        }
+        ListGuard {
+            lock: self,
+            ptr: ManuallyDrop::new(self.value.get_mut()),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn lock_slow(&self) {
+        let mut backoff = Backoff::new();
+        // Relaxed (all loads and failed CASes here): a guess at the state;
+        // only the Acquire CAS that takes the lock synchronizes.
+        let mut state = self.state.load(Ordering::Relaxed);
+        loop {
+            if state & LOCKED == 0 {
+                // Acquire: as in `lock`. Keeps `PARKED`: others may sleep.
+                match self.state.compare_exchange_weak(
+                    state,
+                    state | LOCKED,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => return,
+                    Err(now) => state = now,
+                }
+                continue;
+            }
+            // Spin only while nobody sleeps (a sleeper means the holder
+            // was slow before) and not for long.
+            if state & PARKED == 0 && !backoff.is_completed() {
+                backoff.snooze();
+                state = self.state.load(Ordering::Relaxed);
+                continue;
+            }
+            if state & PARKED == 0
+                && let Err(now) = self.state.compare_exchange_weak(
+                    state,
+                    state | PARKED,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+            {
+                state = now;
+                continue;
+            }
+            // Sleeps only if, under the table's lock, the lock is still
+            // held with `PARKED` set: the unlock that clears it takes the
+            // table's lock too, so it finds this thread queued and wakes it.
+            self.park(|| self.state.load(Ordering::Relaxed) == LOCKED | PARKED);
+            backoff = Backoff::new();
+            state = self.state.load(Ordering::Relaxed);
+        }
+    }
+
+    /// Unlocks a lock some thread parked on: wakes one, and leaves
+    /// `PARKED` set if others still sleep.
+    #[cold]
+    #[inline(never)]
+    fn unlock_slow(&self) {
+        self.unpark_one(|more| {
+            // Release: pairs with the Acquire CAS of the next lock, which
+            // sees every write made under the guard. Nothing else changes
+            // the state meanwhile: `LOCKED` is set, so no lock takes it,
+            // and `PARKED` is set, so no thread sets it again.
+            self.state
+                .store(if more { PARKED } else { 0 }, Ordering::Release);
+        });
+    }
+
+    /// The key of this lock in `parking_lot_core`'s table: its address,
+    /// which only this lock parks on.
+    #[cfg(not(all(test, feature = "loom")))]
+    fn key(&self) -> usize {
+        core::ptr::from_ref(&self.state) as usize
+    }
+
+    #[cfg(not(all(test, feature = "loom")))]
+    fn park(&self, validate: impl FnOnce() -> bool) {
+        // SAFETY: the key is this lock's own address (see `key`), and
+        // `validate` (an atomic load and a compare) neither unwinds nor
+        // calls into `parking_lot`.
+        unsafe {
+            parking_lot_core::park(
+                self.key(),
+                validate,
+                || {},
+                |_, _| {},
+                parking_lot_core::DEFAULT_PARK_TOKEN,
+                None,
+            );
+        }
+    }
+
+    #[cfg(not(all(test, feature = "loom")))]
+    fn unpark_one(&self, callback: impl FnOnce(bool)) {
+        // SAFETY: the key is this lock's own address, and `callback` (an
+        // atomic store) neither unwinds nor calls into `parking_lot`.
+        unsafe {
+            parking_lot_core::unpark_one(self.key(), |result| {
+                callback(result.have_more_threads);
+                parking_lot_core::DEFAULT_UNPARK_TOKEN
+            });
+        }
+    }
+
+    #[cfg(all(test, feature = "loom"))]
+    fn park(&self, validate: impl FnOnce() -> bool) {
+        self.lot.park(validate);
+    }
+
+    #[cfg(all(test, feature = "loom"))]
+    fn unpark_one(&self, callback: impl FnOnce(bool)) {
+        self.lot.unpark_one(callback);
+    }
+}
+
+impl<T> Deref for ListGuard<'_, T> {
+    type Target = T;
+
+    #[inline]
+    fn deref(&self) -> &T {
+        // SAFETY: the guard holds the lock, so nothing writes the contents
+        // while this borrow of the guard lives. A shared reference straight
+        // from the pointer: going through `&mut T` here would make each of
+        // two live `&*guard` invalidate the other.
+        self.ptr.with(|p| unsafe { &*p })
+    }
+}
+
+impl<T> DerefMut for ListGuard<'_, T> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as in `deref`, and `&mut self` makes the borrow unique.
+        unsafe { MutPtr::deref(&self.ptr) }
+    }
+}
+
+impl<T> Drop for ListGuard<'_, T> {
+    #[inline]
+    fn drop(&mut self) {
+        // SAFETY: dropped once, here; `ptr` is not used after.
+        unsafe { ManuallyDrop::drop(&mut self.ptr) };
+        // Release: pairs with the Acquire CAS of the next lock, which then
+        // sees every write made under this guard.
+        if self
+            .lock
+            .state
+            .compare_exchange(LOCKED, 0, Ordering::Release, Ordering::Relaxed)
+            .is_err()
+        {
+            self.lock.unlock_slow();
+        }
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for ListLock<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Relaxed: a snapshot for display; the contents are not read (they
+        // may be borrowed by the holder).
+        let state = self.state.load(Ordering::Relaxed);
+        f.debug_struct("ListLock")
+            .field("locked", &(state & LOCKED != 0))
+            .field("parked", &(state & PARKED != 0))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Under loom, `parking_lot_core`'s table for one lock: a mutex and a
+/// condition variable loom models, with `park` and `unpark_one`'s
+/// contract (validate and callback run under the table's lock; an unpark
+/// removes one sleeper from the queue and says whether more remain).
+#[cfg(all(test, feature = "loom"))]
+mod lot {
+    use loom::sync::{Condvar, Mutex};
+
+    #[derive(Debug, Default)]
+    struct Queue {
+        /// Threads parked and not yet picked by an unpark.
+        parked: usize,
+        /// Unparks not yet taken by a woken thread.
+        wakeups: usize,
+    }
+
+    #[derive(Debug)]
+    pub(super) struct Lot {
+        queue: Mutex<Queue>,
+        wake: Condvar,
+    }
+
+    impl Lot {
+        pub(super) fn new() -> Self {
+            Lot {
+                queue: Mutex::new(Queue::default()),
+                wake: Condvar::new(),
+            }
+        }
+
+        pub(super) fn park(&self, validate: impl FnOnce() -> bool) {
+            let mut q = self.queue.lock().unwrap();
+            if !validate() {
+                return;
+            }
+            q.parked += 1;
+            while q.wakeups == 0 {
+                q = self.wake.wait(q).unwrap();
+            }
+            q.wakeups -= 1;
+        }
+
+        pub(super) fn unpark_one(&self, callback: impl FnOnce(bool)) {
+            let mut q = self.queue.lock().unwrap();
+            if q.parked > 0 {
+                q.parked -= 1;
+                q.wakeups += 1;
+            }
+            callback(q.parked > 0);
+            drop(q);
+            self.wake.notify_all();
+        }
+    }
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::ListLock;
+    use std::sync::Arc;
+
+    /// Read-then-write updates from several threads (more than the cores,
+    /// so some park): a lock that let two holders overlap, did not order
+    /// one holder's writes before the next, or lost a sleeper's wake-up
+    /// (the test would hang) fails.
+    #[test]
+    fn threads_that_park_lose_no_update() {
+        let (threads, per_thread) = if cfg!(miri) { (3, 30) } else { (8, 20_000) };
+        let lock = Arc::new(ListLock::new((0usize, Vec::new())));
+        let handles: Vec<_> = (0..threads)
+            .map(|id| {
+                let lock = lock.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..per_thread {
+                        let mut g = lock.lock();
+                        let seen = g.0;
+                        // Long enough that others find it held and park.
+                        std::hint::black_box(&mut g.1).push(id);
+                        g.0 = seen + 1;
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        let g = lock.lock();
+        assert_eq!(g.0, threads * per_thread);
+        for id in 0..threads {
+            assert_eq!(g.1.iter().filter(|&&t| t == id).count(), per_thread);
+        }
+    }
+
+    /// A holder that sleeps makes the others park (not spin): after it
+    /// unlocks, every parked thread gets the lock in turn.
+    #[test]
+    fn a_slow_holder_makes_the_others_park_and_each_is_woken() {
+        let lock = Arc::new(ListLock::new(0usize));
+        let g = lock.lock();
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let lock = lock.clone();
+                std::thread::spawn(move || *lock.lock() += 1)
+            })
+            .collect();
+        // Wait (without a clock) until some thread has parked.
+        while !format!("{lock:?}").contains("parked: true") {
+            std::thread::yield_now();
+        }
+        drop(g);
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(*lock.lock(), 4);
+        assert_eq!(
+            format!("{lock:?}"),
+            "ListLock { locked: false, parked: false, .. }"
+        );
+    }
+
+    /// Two shared borrows of one guard live at once (as `&*guard` twice
+    /// would): `Deref` must not make a unique reference for each, which
+    /// miri reports as invalidating the first.
+    #[test]
+    fn two_shared_borrows_of_a_guard_coexist() {
+        let lock = ListLock::new(vec![1, 2, 3]);
+        let g = lock.lock();
+        let a: &Vec<i32> = &g;
+        let b: &Vec<i32> = &g;
+        assert_eq!(a.len() + b.len(), 6);
+        assert_eq!(a[0], b[0]);
+    }
+
+    #[test]
+    fn a_dropped_guard_unlocks_and_debug_does_not_read_the_contents() {
+        let lock = ListLock::new(String::from("secret"));
+        {
+            let g = lock.lock();
+            assert_eq!(
+                format!("{lock:?}"),
+                "ListLock { locked: true, parked: false, .. }"
+            );
+            assert_eq!(*g, "secret");
+        }
+        assert_eq!(
+            format!("{lock:?}"),
+            "ListLock { locked: false, parked: false, .. }"
+        );
+        lock.lock().push('!');
+        assert_eq!(*lock.lock(), "secret!");
+    }
+}
