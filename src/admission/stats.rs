@@ -321,3 +321,48 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         }
     }
 }
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::*;
+
+    /// cargo-mutants (issue #40): in flight is admitted less finished.
+    #[test]
+    fn in_flight_is_the_tickets_not_yet_dropped() {
+        let c = Counters::default();
+        c.admitted();
+        c.admitted();
+        c.admitted();
+        c.finished();
+        assert_eq!(c.in_flight(), 2);
+    }
+
+    /// cargo-mutants (issue #40): each status reads its own count, and the
+    /// total is their sum (a digit per status, so a wrong sign or factor
+    /// shows).
+    #[test]
+    fn each_status_reads_its_own_count_and_the_total_sums_them() {
+        let refused = Refusals {
+            rate_limited: 1,
+            shed: 10,
+            timed_out: 100,
+            closed: 1_000,
+            budget_exhausted: 10_000,
+            quota_exhausted: 100_000,
+            unavailable: 1_000_000,
+        };
+        let statuses = [
+            Status::RateLimited,
+            Status::Shed,
+            Status::TimedOut,
+            Status::Closed,
+            Status::BudgetExhausted,
+            Status::QuotaExhausted,
+            Status::Unavailable,
+        ];
+        for (i, status) in statuses.into_iter().enumerate() {
+            assert_eq!(refused.get(status), 10u64.pow(i as u32), "{status:?}");
+        }
+        assert_eq!(refused.total(), 1_111_111);
+    }
+}

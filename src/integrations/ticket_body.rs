@@ -270,6 +270,7 @@ mod tests {
     use std::collections::VecDeque;
 
     /// A body that yields its frames in order: data, or an error.
+    #[derive(Debug)]
     struct Frames(VecDeque<Result<&'static [u8], &'static str>>);
 
     impl Body for Frames {
@@ -278,6 +279,11 @@ mod tests {
 
         fn is_end_stream(&self) -> bool {
             self.0.is_empty()
+        }
+
+        fn size_hint(&self) -> SizeHint {
+            let left = self.0.iter().flatten().map(|d| d.len() as u64).sum();
+            SizeHint::with_exact(left)
         }
 
         fn poll_frame(
@@ -389,5 +395,58 @@ mod tests {
         assert_eq!(admission.stats().in_flight, 0, "the slot came back");
         assert_eq!(admission.available("key", "tokens"), Some(10_000 - 805));
         drop(body);
+    }
+
+    /// cargo-mutants (issue #40): a line of exactly `MAX_LINE` bytes, in
+    /// two frames, is read; a last line with no newline is read; usage
+    /// reported in parts (Anthropic's input at the start, output at the
+    /// end) settles their sum; the body says what its inner body says
+    /// until it ends.
+    #[test]
+    fn the_longest_line_the_last_line_and_usage_in_parts_are_read() {
+        let admission = layer();
+        let spec = CallSpec::new("chat", "key").cost("tokens", 500);
+        let admit = || admission.admit(&spec).now_or_never().expect("at once");
+        // `data: {"message":{"usage":{...}}}` padded with JSON whitespace to
+        // exactly MAX_LINE bytes, split in the middle of the padding.
+        let head = br#"data: {"type":"message_start","message":{"usage":{"input_tokens":700,"output_tokens":1}}"#;
+        let pad = MAX_LINE - head.len() - 1;
+        let mut first = head.to_vec();
+        first.extend(std::iter::repeat_n(b' ', pad / 2));
+        let mut second = vec![b' '; pad - pad / 2];
+        second.extend_from_slice(b"}\n\n");
+        assert_eq!(
+            first.len() + second.len() - 2,
+            MAX_LINE,
+            "the line, without its newline"
+        );
+        let delta = &br#"data: {"type":"message_delta","usage":{"output_tokens":105}}"#[..];
+        let total = (first.len() + second.len() + delta.len()) as u64;
+        let frames = Frames(VecDeque::from([
+            Ok(&*Box::leak(first.into_boxed_slice())),
+            Ok(&*Box::leak(second.into_boxed_slice())),
+            Ok(delta),
+        ]));
+        let body = TicketBody::new(
+            frames,
+            Some(admit().unwrap()),
+            Some(Arc::new(llm_event_usage)),
+        );
+        assert!(!body.is_end_stream());
+        assert_eq!(body.size_hint().exact(), Some(total));
+        assert!(format!("{body:?}").contains("holds_ticket: true"));
+        #[cfg(feature = "tower")]
+        assert!(body.holds_ticket());
+        let mut body = body;
+        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+        while let Poll::Ready(Some(frame)) = Pin::new(&mut body).poll_frame(&mut cx) {
+            frame.unwrap();
+        }
+        assert!(body.is_end_stream());
+        #[cfg(feature = "tower")]
+        assert!(!body.holds_ticket());
+        assert!(format!("{body:?}").contains("holds_ticket: false"));
+        // 700 in, 105 out: 805, not the 701 of the first event.
+        assert_eq!(admission.available("key", "tokens"), Some(10_000 - 805));
     }
 }

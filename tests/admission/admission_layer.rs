@@ -1155,3 +1155,156 @@ fn a_bare_429_holds_the_key_for_the_bare_hold() {
     clock.advance(RetryPolicy::BARE_429_HOLD);
     assert!(futures::executor::block_on(admission.admit(&hurried)).is_ok());
 }
+
+/// cargo-mutants (issue #40): `reset_run` resets each tool's budget too,
+/// not only the run's.
+#[test]
+fn reset_run_gives_each_tool_its_budget_back() {
+    let (_clock, builder) = on_manual_clock();
+    let admission = builder.tool_budget("search", 1).build();
+    let spec = CallSpec::new("search", "k");
+    drop(futures::executor::block_on(admission.admit(&spec)).unwrap());
+    let refused = futures::executor::block_on(admission.admit(&spec)).unwrap_err();
+    assert_eq!(refused.status, Status::BudgetExhausted, "{refused}");
+    admission.reset_run();
+    assert!(futures::executor::block_on(admission.admit(&spec)).is_ok());
+}
+
+/// cargo-mutants (issue #40): `Debug` shows the global cap and the queue
+/// bound as configured.
+#[test]
+fn debug_shows_the_global_cap_and_the_queue_bound() {
+    let (_clock, builder) = on_manual_clock();
+    let admission = builder.global_concurrency(7).queue_capacity(9).build();
+    let shown = format!("{admission:?}");
+    assert!(
+        shown.contains("global_cap: 7") && shown.contains("queue_capacity: 9"),
+        "{shown}"
+    );
+}
+
+/// cargo-mutants (issue #40): only a background call that timed out on
+/// the global pool is told the background cap held it; an interactive
+/// call timing out there, or a background one on its tool's pool, is told
+/// its own pool.
+#[test]
+fn only_a_background_call_at_the_global_pool_is_told_the_background_cap() {
+    use backpressure::admission::Priority;
+    let soon = Duration::from_millis(500);
+    // Interactive, on a full global pool with a background cap.
+    let (clock, builder) = on_manual_clock();
+    let admission = builder.global_concurrency(1).priority_lanes(0.5).build();
+    let held = futures::executor::block_on(admission.admit(&CallSpec::new("chat", "k"))).unwrap();
+    let hurried = CallSpec::new("chat", "k").deadline(soon);
+    let mut waiting = Box::pin(admission.admit(&hurried));
+    assert!(poll_once(&mut waiting).is_pending());
+    clock.advance(soon);
+    let std::task::Poll::Ready(Err(t)) = poll_once(&mut waiting) else {
+        panic!("refused at its deadline")
+    };
+    assert_eq!(
+        (t.status, t.scope.as_str()),
+        (Status::TimedOut, "global"),
+        "{t}"
+    );
+    drop(held);
+    // Background, on its tool's full pool.
+    let (clock, builder) = on_manual_clock();
+    let admission = builder
+        .global_concurrency(4)
+        .priority_lanes(0.5)
+        .tool("crawl", 1, SlotPolicy::Queue(4))
+        .build();
+    let spec = CallSpec::new("crawl", "k")
+        .priority(Priority::BACKGROUND)
+        .deadline(soon);
+    let held = futures::executor::block_on(admission.admit(&spec)).unwrap();
+    let mut waiting = Box::pin(admission.admit(&spec));
+    assert!(poll_once(&mut waiting).is_pending());
+    clock.advance(soon);
+    let std::task::Poll::Ready(Err(t)) = poll_once(&mut waiting) else {
+        panic!("refused at its deadline")
+    };
+    assert_eq!(
+        (t.status, t.scope.as_str()),
+        (Status::TimedOut, "tool:crawl"),
+        "{t}"
+    );
+    drop(held);
+}
+
+/// cargo-mutants (issue #40): `observe_error` counts as a failure for the
+/// breaker, and `report` returns the hold as `observe` does.
+#[test]
+fn an_error_opens_the_breaker_and_report_returns_the_hold() {
+    use backpressure::admission::CircuitBreaker;
+    let (_clock, builder) = on_manual_clock();
+    let admission = builder
+        .circuit_breaker(CircuitBreaker::new().consecutive_failures(1))
+        .build();
+    let spec = CallSpec::new("search", "k");
+    let t = futures::executor::block_on(admission.admit(&spec)).unwrap();
+    assert_eq!(
+        format!("{t:?}"),
+        r#"Ticket { tool: "search", credential: "<redacted>", .. }"#
+    );
+    t.observe_error();
+    drop(t);
+    let refused = futures::executor::block_on(admission.admit(&spec)).unwrap_err();
+    assert_eq!(refused.status, Status::Unavailable, "{refused}");
+
+    let (_clock, builder) = on_manual_clock();
+    let admission = builder.build();
+    let t = futures::executor::block_on(admission.admit(&spec)).unwrap();
+    let hint = ServerHint::from_headers([("retry-after", "30")], SystemTime::now());
+    let held = futures::executor::block_on(t.report(429, &hint));
+    assert_eq!(held, Some(Duration::from_secs(30)));
+}
+
+/// cargo-mutants (issue #40): a dropped ticket gives its global slot back
+/// to its own class: two background calls dropped let two more in at
+/// once; an interactive call dropped does not make room for a third
+/// background one.
+#[test]
+fn a_dropped_ticket_gives_its_slot_back_to_its_own_class() {
+    use backpressure::admission::Priority;
+    let (_clock, builder) = on_manual_clock();
+    // Background calls hold at most 2 of the 4 global slots.
+    let admission = builder.global_concurrency(4).priority_lanes(0.5).build();
+    let bg = CallSpec::new("crawl", "k").priority(Priority::BACKGROUND);
+    let admit_now = |spec: &CallSpec| match poll_once(&mut Box::pin(admission.admit(spec))) {
+        std::task::Poll::Ready(r) => Some(r.unwrap()),
+        std::task::Poll::Pending => None,
+    };
+    let first: Vec<_> = (0..2)
+        .map(|_| admit_now(&bg).expect("under the cap"))
+        .collect();
+    drop(first);
+    let held: Vec<_> = (0..2)
+        .map(|_| admit_now(&bg).expect("given back"))
+        .collect();
+    let interactive = admit_now(&CallSpec::new("chat", "k")).expect("a free slot");
+    drop(interactive);
+    assert!(admit_now(&bg).is_none(), "the background cap is still full");
+    drop(held);
+}
+
+/// cargo-mutants (issue #40): a ticket's hold is measured from when it
+/// was admitted, so a pool whose calls take a second tells a shed call
+/// about a second, not nothing.
+#[test]
+fn a_shed_call_is_told_the_hold_the_calls_before_it_took() {
+    let (clock, builder) = on_manual_clock();
+    let admission = builder.tool("t", 1, SlotPolicy::FailFast).build();
+    let spec = CallSpec::new("t", "k");
+    for _ in 0..3 {
+        let t = futures::executor::block_on(admission.admit(&spec)).unwrap();
+        clock.advance(Duration::from_secs(1));
+        drop(t);
+    }
+    let _held = futures::executor::block_on(admission.admit(&spec)).unwrap();
+    let shed = futures::executor::block_on(admission.admit(&spec)).unwrap_err();
+    assert_eq!(shed.status, Status::Shed, "{shed}");
+    let told = shed.retry_after().expect("a shed call is told when");
+    assert!(told >= Duration::from_millis(500), "{shed}");
+}
