@@ -1308,3 +1308,93 @@ fn a_shed_call_is_told_the_hold_the_calls_before_it_took() {
     let told = shed.retry_after().expect("a shed call is told when");
     assert!(told >= Duration::from_millis(500), "{shed}");
 }
+
+/// cargo-mutants (issue #40): interactive calls draw nothing on the
+/// background share of the rate (the share's guard was `||` of three
+/// conditions; `&&` made every call take a background turn), and a
+/// credential shared across processes is not split at all.
+#[test]
+fn interactive_calls_and_a_shared_credential_take_no_background_turn() {
+    use backpressure::admission::Priority;
+    use backpressure::{ManualClock, TokenBucket};
+    futures::executor::block_on(async {
+        let ten = Quota::per_second(std::num::NonZeroU32::new(10).unwrap());
+        let shared = std::sync::Arc::new(TokenBucket::with_clock(ten, ManualClock::new()));
+        let admission = Admission::builder()
+            .clock(ManualClock::new())
+            .quota("key", ten)
+            .fixed_rates()
+            .background_rate_share(0.2)
+            .global_concurrency(64)
+            .default_tool(64, backpressure::admission::SlotPolicy::Wait)
+            .shared_quota("org", shared.clone())
+            .inline_wait(Duration::ZERO)
+            .build();
+        let mut held = Vec::new();
+        for i in 0..5 {
+            let t = admission.admit(&CallSpec::new("search", "key")).await;
+            held.push(t.unwrap_or_else(|e| panic!("interactive call {i}: {e}")));
+        }
+        // The background share (2 at once) is still whole.
+        let crawl = CallSpec::new("crawl", "key").priority(Priority::BACKGROUND);
+        for i in 0..2 {
+            let t = admission.admit(&crawl).await;
+            held.push(t.unwrap_or_else(|e| panic!("background call {i}: {e}")));
+        }
+        assert_eq!(
+            admission.admit(&crawl).await.unwrap_err().scope,
+            "api_key:background"
+        );
+        // On the shared credential, background calls take the shared
+        // quota's cells, 10 of them, not a local share of 2.
+        let org = CallSpec::new("crawl", "org").priority(Priority::BACKGROUND);
+        for i in 0..10 {
+            let t = admission.admit(&org).await;
+            held.push(t.unwrap_or_else(|e| panic!("shared background call {i}: {e}")));
+        }
+        assert_eq!(shared.available(), 0);
+    });
+}
+
+/// cargo-mutants (issue #40): a trial with no time of its own (deadline
+/// 0) is out for a tenth of the cool-down, so a call 50 ms later (of a
+/// 1 s cool-down) is refused, not a second trial (`/ 10` as `% 10` gave
+/// it 1 ns); and a failure opens the circuit at the instant it is seen,
+/// on a clock far from 0 (it was read only for failures: reading none
+/// opened it at 0, already past).
+#[test]
+fn a_deadline_zero_trial_is_out_a_tenth_of_the_cool_down_on_a_late_clock() {
+    use backpressure::ManualClock;
+    futures::executor::block_on(async {
+        let clock = ManualClock::starting_at(1_000_000_000_000);
+        let admission = Admission::builder()
+            .clock(clock.clone())
+            .sleeper(clock.clone())
+            .fixed_rates()
+            .default_quota(Quota::per_second(
+                std::num::NonZeroU32::new(1_000_000).unwrap(),
+            ))
+            .circuit_breaker(one_failure_opens())
+            .build();
+        let spec = CallSpec::new("search", "key").deadline(Duration::ZERO);
+        let ticket = admission.admit(&spec).await.unwrap();
+        ticket.observe(500, &ServerHint::default());
+        drop(ticket);
+        let refused = admission.admit(&spec).await.unwrap_err();
+        assert_eq!(
+            refused.retry_after_ms,
+            Some(1_000),
+            "open for the cool-down"
+        );
+        clock.advance(Duration::from_secs(1));
+        let trial = admission.admit(&spec).await.unwrap();
+        clock.advance(Duration::from_millis(50));
+        assert!(
+            admission.admit(&spec).await.is_err(),
+            "the trial is still out"
+        );
+        clock.advance(Duration::from_millis(50));
+        assert!(admission.admit(&spec).await.is_ok(), "its tenth lapsed");
+        drop(trial);
+    });
+}
