@@ -37,6 +37,8 @@ enum Op {
     Penalize(u64),
     SetQuota(Quota),
     Reset,
+    /// Gives cells back without stamps (a shared settle below the estimate).
+    Give(u32),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -44,6 +46,7 @@ enum Out {
     Try(Result<(), CheckError>),
     Reserve(Result<(u64, u64), ReserveError>),
     Cancel(bool),
+    Gave(u32),
     Done,
 }
 
@@ -82,6 +85,7 @@ fn run(b: &Bucket, ops: &[Op]) -> Vec<Out> {
                 b.reset();
                 Out::Done
             }
+            Op::Give(n) => Out::Gave(b.give_back(n)),
         };
         outs.push(out);
     }
@@ -165,7 +169,7 @@ fn allowed(q: Quota, setup: &'static [Op], programs: &[Vec<Op>]) -> Vec<State> {
         let others_reset = programs
             .iter()
             .enumerate()
-            .any(|(u, p)| u != t && p.iter().any(|op| matches!(op, Op::Reset)));
+            .any(|(u, p)| u != t && p.iter().any(|op| matches!(op, Op::Reset | Op::Give(_))));
         for (pc, op) in p.iter().enumerate() {
             if others_reset && matches!(op, Op::CancelLast) {
                 refusals.push(vec![(t, pc)]);
@@ -422,5 +426,55 @@ fn a_charge_racing_a_reservation_loses_neither() {
         assert!(reserved.is_ok());
         // 3 + 1 cells of 10 ns from 0: nothing lost to a race.
         assert_eq!(g.tat(), 40);
+    });
+}
+
+/// `Gcra::give` (cells given back without stamps) racing a reservation
+/// and an admission: linearizable, so it never gives back past full and
+/// never loses a decision landing during it (its `stamp + 1` makes a
+/// decision in flight retry).
+#[test]
+fn a_give_racing_a_reservation_and_an_admission() {
+    check(
+        quota(PERIOD, 3),
+        &[Op::Try(2)],
+        vec![vec![Op::Give(1)], vec![Op::Reserve(1, BIG), Op::Try(1)]],
+    );
+}
+
+/// `Gcra::give` racing a cancel, both under the admin lock: the cancel
+/// lands before the give or is refused after it (the give voids the
+/// stamps), never both a refund and a give of the same cells past full.
+#[test]
+fn a_give_racing_a_cancel() {
+    loom::model(|| {
+        let g = Arc::new(crate::bucket::gcra::Gcra::new(quota(PERIOD, 3)));
+        g.charge(1, START);
+        let r = g.reserve(1, u64::MAX, START).unwrap();
+        let g2 = g.clone();
+        let t = loom::thread::spawn(move || g2.give(1, START));
+        let cancelled = g.cancel(r.ticket.unwrap());
+        let gave = t.join().unwrap();
+        assert_eq!(gave, 1);
+        // Cancel then give: both cells back. Give then cancel: refused.
+        let expected = if cancelled { START } else { START + PERIOD };
+        assert_eq!(g.tat(), expected, "cancelled: {cancelled}");
+    });
+}
+
+/// `Gcra::give` racing a penalty: the hold is never given back into. (A
+/// give that reads the hold's end before the penalty raised `tat` gives
+/// nothing: not linearizable, but it errs towards admitting less.)
+#[test]
+fn a_give_racing_a_penalty_keeps_the_hold() {
+    loom::model(|| {
+        let g = Arc::new(crate::bucket::gcra::Gcra::new(quota(PERIOD, 2)));
+        g.charge(2, START);
+        let g2 = g.clone();
+        let t = loom::thread::spawn(move || g2.give(2, START));
+        g.penalize(5 * PERIOD, START);
+        let gave = t.join().unwrap();
+        // The hold's `tat`: one cell fits at START + 500.
+        assert_eq!(g.tat(), START + 5 * PERIOD + PERIOD, "gave {gave}");
     });
 }

@@ -88,6 +88,62 @@ pub trait RateLimiter: Send + Sync {
     /// now. A peek: it consumes nothing, and the answer may be stale by the
     /// time it is used.
     fn available(&self) -> impl Future<Output = u32> + Send;
+
+    /// Takes `n` more cells now, whatever the wait and the burst: debt the
+    /// next callers wait for. For a call that used more than it reserved
+    /// (an LLM reply reporting more tokens than its estimate).
+    ///
+    /// The default reserves the `n` cells with no bound on the wait, so a
+    /// limiter that implements only the four methods above counts them
+    /// unless `n` is above its burst (then nothing is charged); the
+    /// crate's limiters charge exactly.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, RateLimiter, TokenBucket};
+    /// use std::num::NonZeroU32;
+    ///
+    /// let tokens = TokenBucket::with_clock(Quota::per_second(NonZeroU32::new(100).unwrap()), ManualClock::new());
+    /// futures::executor::block_on(async {
+    ///     tokens.try_acquire(50).unwrap(); // the estimate
+    ///     RateLimiter::charge(&tokens, 80).await; // the reply used 130
+    ///     assert_eq!(RateLimiter::available(&tokens).await, 0);
+    /// });
+    /// ```
+    fn charge(&self, n: u32) -> impl Future<Output = ()> + Send {
+        let reserve = self.reserve(n, Duration::MAX);
+        async move {
+            let _ = reserve.await;
+        }
+    }
+
+    /// Gives back `n` cells taken earlier and not used (a call that used
+    /// less than it reserved), however many were taken since: the limiter
+    /// refills by `n` cells' worth, never past full and never into a hold
+    /// [`penalize`](RateLimiter::penalize) set.
+    ///
+    /// The default gives nothing back, which errs towards admitting less;
+    /// the crate's limiters give back exactly.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, RateLimiter, TokenBucket};
+    /// use std::num::NonZeroU32;
+    ///
+    /// let tokens = TokenBucket::with_clock(Quota::per_second(NonZeroU32::new(100).unwrap()), ManualClock::new());
+    /// futures::executor::block_on(async {
+    ///     tokens.try_acquire(90).unwrap(); // the estimate
+    ///     tokens.try_acquire(10).unwrap(); // another call's
+    ///     RateLimiter::refund(&tokens, 60).await; // the first used 30
+    ///     assert_eq!(RateLimiter::available(&tokens).await, 60);
+    /// });
+    /// ```
+    fn refund(&self, n: u32) -> impl Future<Output = ()> + Send {
+        let _ = n;
+        ready(())
+    }
 }
 
 impl<C: Clock> RateLimiter for TokenBucket<C> {
@@ -113,6 +169,16 @@ impl<C: Clock> RateLimiter for TokenBucket<C> {
 
     fn available(&self) -> impl Future<Output = u32> + Send {
         ready(TokenBucket::available(self))
+    }
+
+    fn charge(&self, n: u32) -> impl Future<Output = ()> + Send {
+        self.charge_now(n);
+        ready(())
+    }
+
+    fn refund(&self, n: u32) -> impl Future<Output = ()> + Send {
+        self.give_back(n);
+        ready(())
     }
 }
 
@@ -142,5 +208,15 @@ impl<L: RateLimiter + ?Sized> RateLimiter for std::sync::Arc<L> {
     #[inline]
     fn available(&self) -> impl Future<Output = u32> + Send {
         (**self).available()
+    }
+
+    #[inline]
+    fn charge(&self, n: u32) -> impl Future<Output = ()> + Send {
+        (**self).charge(n)
+    }
+
+    #[inline]
+    fn refund(&self, n: u32) -> impl Future<Output = ()> + Send {
+        (**self).refund(n)
     }
 }

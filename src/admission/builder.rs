@@ -747,6 +747,79 @@ impl<S, C> Builder<S, C> {
         self
     }
 
+    /// Keeps `credential`'s weighted quota `name` (tokens, ...) in
+    /// `limiter`, a quota shared with other processes (a `RedisBucket`
+    /// with the `redis` feature), instead of a local bucket: a call's cost
+    /// on `name` is reserved there, all or nothing with its other quotas,
+    /// and [`Ticket::settle`](super::Ticket::settle) settles it there to
+    /// the usage the reply reports, both ways (the excess charged, the
+    /// unused part given back, whatever other processes took since).
+    ///
+    /// Reserving waits for the limiter's round trip. A settle cannot: it
+    /// is queued and sent by the next `admit` on the credential,
+    /// [`Admission::sync_shared`](super::Admission::sync_shared), or
+    /// [`Runner`](super::Runner) (and every seam on its attempt loop)
+    /// before it hands a reply back. A call refused or dropped after its
+    /// cells were reserved queues their refund the same way. Each settle
+    /// is sent once; a process that dies first leaves its calls counted
+    /// at their estimates. A charge is capped as local ones are: at most
+    /// `max_retry_after`'s worth of the quota declared here for `name`
+    /// (uncapped if none is).
+    ///
+    /// Declares `name` for the other credentials with no limit if
+    /// [`resource`](Self::resource) did not.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::{ManualClock, Quota, RateLimiter, TokenBucket};
+    /// use std::num::NonZeroU32;
+    /// use std::sync::Arc;
+    /// # futures::executor::block_on(async {
+    /// // Across processes this would be a `RedisBucket` on the key's TPM.
+    /// let tpm = Arc::new(TokenBucket::with_clock(
+    ///     Quota::per_minute(NonZeroU32::new(10_000).unwrap()),
+    ///     ManualClock::new(),
+    /// ));
+    /// let admission = Admission::builder()
+    ///     .clock(ManualClock::new())
+    ///     .shared_resource("org-key", "tokens", tpm.clone())
+    ///     .build();
+    /// let spec = CallSpec::new("complete", "org-key").cost("tokens", 4_000);
+    /// let mut ticket = admission.admit(&spec).await.unwrap();
+    /// assert_eq!(RateLimiter::available(&tpm).await, 6_000); // the estimate
+    /// assert_eq!(ticket.settle("tokens", 1_000), -3_000); // the reply used 1,000
+    /// admission.sync_shared().await;
+    /// assert_eq!(RateLimiter::available(&tpm).await, 9_000);
+    /// # });
+    /// ```
+    pub fn shared_resource(
+        mut self,
+        credential: impl Into<String>,
+        name: impl Into<String>,
+        limiter: impl RateLimiter + 'static,
+    ) -> Self {
+        let name = name.into();
+        if !self.cfg.resources.iter().any(|(n, ..)| *n == name) {
+            self.cfg
+                .resources
+                .push((name.clone(), unlimited(), Vec::new()));
+        }
+        let limiters = self
+            .cfg
+            .shared
+            .resources
+            .entry(credential.into())
+            .or_default();
+        let limiter: Arc<dyn SharedLimiter> = Arc::new(limiter);
+        match limiters.iter_mut().find(|(n, _)| *n == name) {
+            Some(entry) => entry.1 = limiter,
+            None => limiters.push((name, limiter)),
+        }
+        self
+    }
+
     /// Admits every credential not named in [`shared_quota`](Self::shared_quota)
     /// through the limiter `resolve` returns for it, if any (`None`: a local
     /// bucket, as without this). A fleet's per-tenant quotas need no builder

@@ -419,7 +419,7 @@ where
         taken.slots = true;
         // Relaxed: only decides which path runs; the staged path loads it
         // again with Acquire before reading the scope.
-        if taken.tool.scoped.load(Ordering::Relaxed) || inner.rates.is_shared(&spec.credential) {
+        if taken.tool.scoped.load(Ordering::Relaxed) || inner.rates.is_remote(&spec.credential) {
             return Err(taken);
         }
         // 4. Rate, with no wait allowed: a quota that would make the call

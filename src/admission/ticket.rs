@@ -183,6 +183,11 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
     /// (no cost, or settled to 0) is charged all it used; a name that is
     /// no quota of the layer changes nothing.
     ///
+    /// A quota kept in a shared limiter
+    /// ([`Builder::shared_resource`](super::Builder::shared_resource)) is
+    /// settled exactly both ways, every time (a shared refund needs no
+    /// stamps), and sent by the next push (see there).
+    ///
     /// # Examples
     ///
     /// ```

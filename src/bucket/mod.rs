@@ -450,6 +450,20 @@ impl<C: Clock> TokenBucket<C> {
         self.gcra.debt(self.clock.now_nanos())
     }
 
+    /// Takes `n` cells now whatever the wait and the burst (see
+    /// [`RateLimiter::charge`](crate::RateLimiter::charge)).
+    pub(crate) fn charge_now(&self, n: u32) {
+        self.gcra.charge(u64::from(n), self.clock.now_nanos());
+    }
+
+    /// Gives `n` cells back without their stamps (see
+    /// [`RateLimiter::refund`](crate::RateLimiter::refund)); returns how
+    /// many went back.
+    pub(crate) fn give_back(&self, n: u32) -> u32 {
+        // At most `n`: the cast is lossless.
+        self.gcra.give(u64::from(n), self.clock.now_nanos()) as u32
+    }
+
     /// The raw algorithm, for `Scoped` and the fuzz model.
     #[cfg(any(fuzzing, test))]
     pub(crate) fn raw(&self) -> &Gcra {

@@ -9,6 +9,7 @@
 --   cancel    before, after                    -> {1 | 0}
 --   penalize  retry_us, give_back              -> {1}
 --   give      give_back                        -> {1}
+--   charge    n, give_back                     -> {1}
 --   available                                  -> {cells}
 --   set_quota period_us, burst                 -> {1}
 --   reset                                      -> {1}
@@ -219,6 +220,12 @@ elseif op == 'give' then
   if given ~= tat then
     save(given, pen)
   end
+  return reply({1})
+elseif op == 'charge' then
+  -- A usage above its estimate: debt whatever the wait and the burst,
+  -- capped 2^51 us ahead (inside what `valid` accepts).
+  tat = give(arg(2))
+  save(math.min(math.max(tat, now) + arg(1) * period, now + 2^51), pen)
   return reply({1})
 elseif op == 'available' then
   local debt = math.max(tat, now) - now

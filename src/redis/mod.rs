@@ -509,6 +509,66 @@ impl RedisBucket {
         let _ = self.call(Op::Penalize { retry, give }, None).await;
     }
 
+    /// Takes `n` more cells in Redis now, whatever the wait and the burst:
+    /// debt every process waits for (a call that used more than it
+    /// reserved). One round trip, which also gives back this process's
+    /// unused leased cells; the fail-open fallback bucket is charged too.
+    /// If Redis does not answer, the charge is lost (it is not sent again:
+    /// Redis may have applied it), which admits at most `n` cells more
+    /// across the fleet.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use backpressure::{Quota, RedisBucket};
+    /// # use std::num::NonZeroU32;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let tokens = RedisBucket::builder("redis://127.0.0.1/", "tpm", Quota::per_minute(NonZeroU32::new(120_000).unwrap()))
+    ///     .build().unwrap();
+    /// tokens.try_acquire(1_000).await.unwrap(); // the estimate
+    /// tokens.charge(400).await; // the reply used 1,400
+    /// # }
+    /// ```
+    pub async fn charge(&self, n: u32) {
+        if n == 0 {
+            return;
+        }
+        if let Policy::Open { bucket, .. } = &self.policy {
+            bucket.charge_now(n);
+        }
+        let give = self.drain_lease(true);
+        let _ = self.call(Op::Charge { n, give }, None).await;
+    }
+
+    /// Gives back `n` cells taken earlier and not used (a call that used
+    /// less than it reserved), however many other processes took since:
+    /// the key refills by `n` cells' worth, never past full and never
+    /// into a [`penalize`](Self::penalize) hold. One round trip, which also
+    /// gives back this process's unused leased cells. If Redis does not
+    /// answer, the refund is lost (errs towards admitting less).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use backpressure::{Quota, RedisBucket};
+    /// # use std::num::NonZeroU32;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let tokens = RedisBucket::builder("redis://127.0.0.1/", "tpm", Quota::per_minute(NonZeroU32::new(120_000).unwrap()))
+    ///     .build().unwrap();
+    /// tokens.try_acquire(1_000).await.unwrap(); // the estimate
+    /// tokens.refund(700).await; // the reply used 300
+    /// # }
+    /// ```
+    pub async fn refund(&self, n: u32) {
+        if let Policy::Open { bucket, .. } = &self.policy {
+            bucket.give_back(n);
+        }
+        let give = self.drain_lease(true).saturating_add(n);
+        if give > 0 {
+            let _ = self.call(Op::Give { give }, None).await;
+        }
+    }
+
     /// How many cells [`try_acquire`](RedisBucket::try_acquire) would admit
     /// now, counting this process's leased cells. A peek, one round trip.
     /// When Redis does not answer: the fallback's count when failing open,
@@ -703,5 +763,13 @@ impl RateLimiter for RedisBucket {
 
     fn available(&self) -> impl core::future::Future<Output = u32> + Send {
         RedisBucket::available(self)
+    }
+
+    fn charge(&self, n: u32) -> impl core::future::Future<Output = ()> + Send {
+        RedisBucket::charge(self, n)
+    }
+
+    fn refund(&self, n: u32) -> impl core::future::Future<Output = ()> + Send {
+        RedisBucket::refund(self, n)
     }
 }

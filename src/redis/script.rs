@@ -86,8 +86,11 @@ pub(super) enum Op {
     Cancel { refund: Refund },
     /// Admit nothing before `now + retry` µs; first give back `give`.
     Penalize { retry: u64, give: u32 },
-    /// Give back `give` unused leased cells.
+    /// Give back `give` unused cells (leased, or reserved and not used).
     Give { give: u32 },
+    /// Take `n` cells now whatever the wait and the burst (debt capped at
+    /// `MAX_MICROS` ahead); first give back `give`.
+    Charge { n: u32, give: u32 },
     /// How many cells fit now.
     Available,
     /// Store `params` with the key, converting its state (debt kept in
@@ -130,6 +133,7 @@ fn args(cmd: &mut Cmd, now_us: Option<u64>, call: Call<'_>) {
         Op::Cancel { .. } => "cancel",
         Op::Penalize { .. } => "penalize",
         Op::Give { .. } => "give",
+        Op::Charge { .. } => "charge",
         Op::Available => "available",
         Op::SetQuota { .. } => "set_quota",
         Op::Reset => "reset",
@@ -155,6 +159,7 @@ fn args(cmd: &mut Cmd, now_us: Option<u64>, call: Call<'_>) {
         Op::Cancel { refund } => cmd.arg(refund.before).arg(refund.after),
         Op::Penalize { retry, give } => cmd.arg(retry).arg(give),
         Op::Give { give } => cmd.arg(give),
+        Op::Charge { n, give } => cmd.arg(n).arg(give),
         Op::SetQuota { params } => cmd.arg(params.period_us).arg(params.burst),
         Op::Available | Op::Reset => cmd,
     };

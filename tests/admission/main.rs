@@ -13,3 +13,4 @@ mod rate_stage;
 mod rolling_window;
 mod runner;
 mod runner_outcomes;
+mod shared_costs;

@@ -254,3 +254,62 @@ async fn a_redis_scoped_resolves_every_tenant_without_a_builder_call_per_key() {
         assert_eq!(a.available(t, "requests"), None);
     }
 }
+
+/// Issue #43 item 1: a credential's tokens kept in Redis. Two layers
+/// (separate connections) reserve their estimates in one key and settle
+/// them there to the usage, both ways; on a manual clock, so the counts
+/// are exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_admissions_settle_their_tokens_in_one_redis_key() {
+    if !redis_server::available("two_admissions_settle_their_tokens_in_one_redis_key") {
+        return;
+    }
+    let server = RedisServer::start();
+    let clock = backpressure::ManualClock::new();
+    let tpm = Quota::per_minute(NonZeroU32::new(10_000).unwrap());
+    let tokens = || {
+        std::sync::Arc::new(
+            RedisBucket::builder(&server.url(), "org-key:tokens", tpm)
+                .clock(clock.clone())
+                .timeout(Duration::from_millis(500))
+                .build()
+                .unwrap(),
+        )
+    };
+    let layer = |tokens| {
+        Admission::builder()
+            .sleeper(DefaultSleeper::new())
+            .fixed_rates()
+            .shared_resource("org-key", "tokens", tokens)
+            .inline_wait(Duration::ZERO)
+            .build()
+    };
+    let (ta, tb) = (tokens(), tokens());
+    let (a, b) = (layer(ta.clone()), layer(tb.clone()));
+    let spec = |n| CallSpec::new("complete", "org-key").cost("tokens", n);
+
+    let mut first = a.admit(&spec(4_000)).await.unwrap();
+    assert_eq!(tb.available().await, 6_000, "A's estimate, seen by B");
+    let mut second = b.admit(&spec(5_000)).await.unwrap();
+    assert_eq!(
+        b.admit(&spec(2_000)).await.unwrap_err().scope,
+        "quota:tokens"
+    );
+    assert_eq!(ta.available().await, 1_000, "the refusal took nothing");
+
+    assert_eq!(first.settle("tokens", 1_000), -3_000);
+    assert_eq!(second.settle("tokens", 5_500), 500);
+    a.sync_shared().await;
+    assert_eq!(
+        tb.available().await,
+        4_000,
+        "A's refund landed, B's charge not yet"
+    );
+    b.sync_shared().await;
+    assert_eq!(ta.available().await, 3_500);
+    // Dropping the tickets changes nothing more: each settle went once.
+    drop((first, second));
+    a.sync_shared().await;
+    b.sync_shared().await;
+    assert_eq!(ta.available().await, 3_500);
+}

@@ -196,6 +196,11 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
                     for (name, used) in &usage {
                         ticket.settle(name, *used);
                     }
+                    // A quota kept in a shared limiter is settled there
+                    // before the reply is handed back.
+                    if !usage.is_empty() {
+                        self.push_settles(&spec.credential).await;
+                    }
                     if (200..300).contains(&status) {
                         return Ended::Answered {
                             result,

@@ -233,6 +233,15 @@ impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
         }
     }
 
+    /// `cells` of weighted quota `source` taken from a shared limiter:
+    /// kept without stamps (settled as `cells`), so that giving them back
+    /// queues a refund to the shared limiter instead (`cancel_some`).
+    pub(in crate::admission) fn push_shared(&mut self, source: Source, cells: u32) {
+        if let Some(place) = source.place() {
+            self.held.set(place, Kept::settled(cells));
+        }
+    }
+
     #[inline]
     pub(in crate::admission) fn cancel_all(&mut self) {
         if self.scoped.is_none()
@@ -249,7 +258,20 @@ impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
         let (admission, credential, scope) = (self.admission, self.credential, self.scope);
         for (place, kept) in self.held.all_mut().iter_mut().enumerate() {
             if kept.cells > 0 {
-                let _ = admission.undo(credential, scope, Place(place).source(), kept);
+                let source = Place(place).source();
+                if kept.refundable() {
+                    let _ = admission.undo(credential, scope, source, kept);
+                } else if let Source::Resource(i) = source {
+                    // Taken from a shared limiter (`push_shared`): its
+                    // refund needs a round trip, so it is queued.
+                    let name = &admission.inner.rates.resources[i].name;
+                    let refund = -i64::from(kept.cells);
+                    admission
+                        .inner
+                        .rates
+                        .shared
+                        .queue_settle(credential, name, refund);
+                }
                 *kept = Kept::EMPTY;
             }
         }

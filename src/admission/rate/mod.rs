@@ -181,11 +181,21 @@ impl<C: Clock> Rates<C> {
         self.shared.contains(credential)
     }
 
+    /// Whether an admit on `credential` makes a round trip: its request
+    /// quota or one of its weighted quotas is shared with other processes.
+    #[inline]
+    pub(super) fn is_remote(&self, credential: &str) -> bool {
+        self.shared.contains(credential) || !self.shared.resources_of(credential).is_empty()
+    }
+
     /// See `Admission::available`.
     pub(super) fn available(&self, credential: &str, name: &str) -> Option<u32> {
         let key = credential.to_string();
         if name == REQUESTS {
             return (!self.shared.contains(credential)).then(|| self.credentials.available(&key));
+        }
+        if self.shared.has_resource(credential, name) {
+            return None;
         }
         self.resources
             .iter()
@@ -301,8 +311,13 @@ where
         };
         let scope_key = scope.as_ref().map(|s| (spec.credential.clone(), s.clone()));
         let shared = inner.rates.shared.get(&spec.credential);
+        // The weighted quotas this credential keeps in a shared limiter.
+        let shared_costs = inner.rates.shared.resources_of(&spec.credential);
         let mut reserved = Reserved::new(self, &spec.credential, scope_key.as_ref());
         loop {
+            // Queued settles first: the cells they give back may be the
+            // ones this call needs.
+            inner.rates.shared.push_settles(&spec.credential).await;
             let left = Duration::from_nanos(deadline_at.saturating_sub(now));
             let max_wait = Duration::from_nanos(inline_end.min(deadline_at).saturating_sub(now));
             // A credential shared across processes is admitted by its
@@ -332,7 +347,7 @@ where
                 // above (a shared cell cannot be given back without a round
                 // trip).
                 self.push_penalty(&spec.credential, shared.as_ref()).await;
-                match shared.reserve_one(max_wait).await {
+                match shared.reserve_n(1, max_wait).await {
                     Ok(w) => {
                         wait = wait.max(w);
                         others = others.max(w);
@@ -344,6 +359,28 @@ where
                             period: 0,
                         };
                         return Err(self.rate_refusal(refusal, &spec.credential, at));
+                    }
+                }
+            }
+            if !shared_costs.is_empty() {
+                match self
+                    .reserve_shared_costs(spec, shared_costs, max_wait, &mut reserved)
+                    .await
+                {
+                    Ok(w) => {
+                        wait = wait.max(w);
+                        others = others.max(w);
+                    }
+                    Err(refusal) => {
+                        let refused = self.rate_refusal(refusal, &spec.credential, at);
+                        // Not admitted: the shared cells taken so far go
+                        // back now (the request cell too).
+                        drop(reserved);
+                        if let Some(shared) = &shared {
+                            shared.settle(-1).await;
+                        }
+                        inner.rates.shared.push_settles(&spec.credential).await;
+                        return Err(refused);
                     }
                 }
             }
@@ -450,6 +487,9 @@ where
         let period = |buckets: &Scoped<String, C>, cells: u32| {
             saturating_nanos(buckets.period_of(&spec.credential)).saturating_mul(u64::from(cells))
         };
+        // Weighted quotas kept in a shared limiter are reserved there
+        // (`reserve_shared_costs`), not here.
+        let shared_costs = inner.rates.shared.resources_of(&spec.credential);
         let request_cells = spec.cost_of(REQUESTS).unwrap_or(1);
         if requests
             && request_cells > 0
@@ -481,7 +521,7 @@ where
         };
         for (i, resource) in weighted.iter().enumerate() {
             let cells = spec.cost_of(&resource.name).unwrap_or(0);
-            if cells == 0 {
+            if cells == 0 || shared_costs.iter().any(|(n, _)| *n == resource.name) {
                 continue;
             }
             let mut taken = take(Source::Resource(i), &resource.buckets, cells);

@@ -37,11 +37,29 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
             return 0;
         };
         let h = held.place_mut(place);
-        let key = credential.to_string();
-        let now = inner.clock.now_nanos();
         // What the call is counted for so far: its estimate, or what an
         // earlier settle left.
         let counted = h.cells;
+        if let Source::Resource(i) = source
+            && inner.rates.shared.has_resource(credential, name)
+        {
+            // Kept in a shared limiter: settled there exactly, both ways
+            // (its refunds need no stamps), by the next push. One charge
+            // is at most what `charge` below allows.
+            let key = credential.to_string();
+            let most = charge_cap(
+                &inner.rates.resources[i].buckets,
+                &key,
+                inner.rates.max_retry_after,
+            );
+            let delta = i64::from(actual) - i64::from(counted);
+            let delta = delta.min(i64::try_from(most).unwrap_or(i64::MAX));
+            inner.rates.shared.queue_settle(credential, name, delta);
+            *h = Kept::settled(actual);
+            return delta;
+        }
+        let key = credential.to_string();
+        let now = inner.clock.now_nanos();
         if actual > counted {
             charge(
                 buckets,
@@ -80,8 +98,14 @@ pub(in crate::admission) fn charge<C: Clock>(
     now: u64,
     cap: Duration,
 ) {
-    let period = saturating_nanos(buckets.period_of(key)).max(1);
-    let most = (saturating_nanos(cap) / period).max(1);
+    let most = charge_cap(buckets, key, cap);
     // Too many keys: nothing can be charged to a bucket that cannot exist.
     let _ = buckets.charge(key, u64::from(units).min(most), now);
+}
+
+/// The most one charge takes from `key`'s quota: `cap`'s worth of its
+/// rate, at least 1.
+fn charge_cap<C: Clock>(buckets: &Scoped<String, C>, key: &String, cap: Duration) -> u64 {
+    let period = saturating_nanos(buckets.period_of(key)).max(1);
+    (saturating_nanos(cap) / period).max(1)
 }

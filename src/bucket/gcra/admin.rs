@@ -1,5 +1,6 @@
 //! The operations that write under the admin lock (and bump the epoch
-//! that voids refunds): a server's penalty, a reset, a quota change. The
+//! that voids refunds): a server's penalty, cells given back without
+//! their stamps, a reset, a quota change. The
 //! seqlock protocol they follow is the parent module's.
 
 use super::{
@@ -63,6 +64,64 @@ impl Gcra {
             // A refund landed before the lock: raise `tat` instead.
             self.unlock(word);
         }
+    }
+
+    /// Gives `n` cells taken earlier back at `now`, without their stamps
+    /// (a usage settled below its estimate on a quota shared across
+    /// processes, where other calls stacked on it since): lowers `tat` by
+    /// `n` periods, never below `now` (a full bucket banks nothing) nor
+    /// below a running server hold's `tat` (what `penalize` set for it).
+    /// Returns the cells given back.
+    ///
+    /// It lowers `tat`, so it runs under the admin lock and moves `stamp`
+    /// by `+ 1` as a quota change does (decisions in flight retry), and it
+    /// voids every outstanding cancel (bumps the epoch): their stamps no
+    /// longer describe the stack. That errs towards admitting less.
+    pub(crate) fn give(&self, n: u64, now: u64) -> u64 {
+        if n == 0 {
+            return 0;
+        }
+        let word = self.lock();
+        // Relaxed (both): we hold the lock, and took it with Acquire;
+        // `period` and `skew` change only under it.
+        let period = self.period.load(Ordering::Relaxed);
+        let skew = self.skew.load(Ordering::Relaxed);
+        let tolerance = period.saturating_mul(word >> BURST_SHIFT);
+        // Acquire: the freshest `stamp`; the CAS retries anyway.
+        let mut stamp = self.stamp.load(Ordering::Acquire);
+        let (tat, new_tat) = loop {
+            // Relaxed, after the Acquire that read `stamp`: as in `requota`.
+            let held_until = self.held_until.load(Ordering::Relaxed);
+            let tat = stamp.wrapping_sub(skew);
+            let floor = if held_until > now {
+                held_until.saturating_add(tolerance - period)
+            } else {
+                now
+            };
+            let new_tat = tat.saturating_sub(period.saturating_mul(n)).max(floor);
+            if new_tat >= tat {
+                // Full, or held: nothing to give.
+                self.unlock(word);
+                return 0;
+            }
+            // Release: seqlock data. Acquire on failure: as the load above.
+            match self.stamp.compare_exchange_weak(
+                stamp,
+                stamp.wrapping_add(1),
+                Ordering::Release,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break (tat, new_tat),
+                Err(actual) => stamp = actual,
+            }
+        };
+        // Release: seqlock data, under LOCKED.
+        self.skew.store(
+            stamp.wrapping_add(1).wrapping_sub(new_tat),
+            Ordering::Release,
+        );
+        self.unlock(bump_epoch(word));
+        (tat - new_tat) / period.max(1)
     }
 
     /// Makes the bucket full, and voids every outstanding reservation's
