@@ -98,10 +98,7 @@ impl Shared {
     /// `credential`'s weighted quotas kept in a shared limiter (empty for
     /// most credentials).
     #[inline]
-    pub(in crate::admission) fn resources_of(
-        &self,
-        credential: &str,
-    ) -> &[SharedCost] {
+    pub(in crate::admission) fn resources_of(&self, credential: &str) -> &[SharedCost] {
         if self.resources.is_empty() {
             return &[];
         }
