@@ -1309,6 +1309,42 @@ fn a_shed_call_is_told_the_hold_the_calls_before_it_took() {
     assert!(told >= Duration::from_millis(500), "{shed}");
 }
 
+/// cargo-mutants (issue #40): a background call's send time is its
+/// admission instant, not the instant with its class bit (`started`
+/// masks it off; `|` to `&` in the mask read it as ~2^63 ns, later than
+/// any cut): a background call's 429 to a request sent before the rate
+/// was cut does not cut it again.
+#[test]
+fn a_background_calls_stale_429_does_not_cut_the_learned_rate_twice() {
+    use backpressure::admission::Priority;
+    use backpressure::ManualClock;
+    futures::executor::block_on(async {
+        let clock = ManualClock::new();
+        let ten = Quota::per_second(std::num::NonZeroU32::new(10).unwrap());
+        let admission = Admission::builder()
+            .clock(clock.clone())
+            .quota("key", ten)
+            .background_rate_share(0.5)
+            .inline_wait(Duration::ZERO)
+            .build();
+        let crawl = CallSpec::new("crawl", "key").priority(Priority::BACKGROUND);
+        let stale = admission.admit(&crawl).await.unwrap();
+        clock.advance(Duration::from_millis(500));
+        let search = admission
+            .admit(&CallSpec::new("search", "key"))
+            .await
+            .unwrap();
+        clock.advance(Duration::from_millis(200));
+        let guess = admission.learned_rate("key").unwrap();
+        search.observe(429, &ServerHint::default());
+        let cut = admission.learned_rate("key").unwrap();
+        assert!(cut < guess, "{cut} after {guess}");
+        // Sent 500 ms before the call that cut it: the same news.
+        stale.observe(429, &ServerHint::default());
+        assert_eq!(admission.learned_rate("key"), Some(cut));
+    });
+}
+
 /// cargo-mutants (issue #40): interactive calls draw nothing on the
 /// background share of the rate (the share's guard was `||` of three
 /// conditions; `&&` made every call take a background turn), and a
