@@ -21,7 +21,7 @@
 use core::future::{ready, Future};
 use core::time::Duration;
 
-use crate::bucket::{CheckError, ReserveError, TokenBucket};
+use crate::bucket::{CheckError, Quota, ReserveError, TokenBucket};
 use crate::clock::Clock;
 
 /// A rate limiter, local or shared across processes: admit now, reserve
@@ -144,6 +144,49 @@ pub trait RateLimiter: Send + Sync {
         let _ = n;
         ready(())
     }
+
+    /// The quota in force, if the limiter knows it (a shared one's as of
+    /// its latest round trip). The default knows none.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Quota, RateLimiter, TokenBucket};
+    /// use std::num::NonZeroU32;
+    ///
+    /// let five = Quota::per_second(NonZeroU32::new(5).unwrap());
+    /// assert_eq!(RateLimiter::quota(&TokenBucket::new(five)), Some(five));
+    /// ```
+    fn quota(&self) -> Option<Quota> {
+        None
+    }
+
+    /// Replaces the quota, for every user of the limiter: a shared one
+    /// stores it with its state, so every process admits against it from
+    /// its next round trip (setting the quota in force again changes
+    /// nothing). The debt is kept in cells, as
+    /// [`TokenBucket::set_quota`] keeps it, and a hold keeps its end.
+    ///
+    /// The default ignores it (a limiter whose quota is set elsewhere);
+    /// the crate's limiters apply it. A shared limiter that cannot reach
+    /// its store keeps the old quota (the next change is sent again).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, RateLimiter, TokenBucket};
+    /// use std::num::NonZeroU32;
+    ///
+    /// let tokens = TokenBucket::with_clock(Quota::per_second(NonZeroU32::new(100).unwrap()), ManualClock::new());
+    /// let told = Quota::per_second(NonZeroU32::new(40).unwrap()); // the server's limit
+    /// futures::executor::block_on(RateLimiter::set_quota(&tokens, told));
+    /// assert_eq!(RateLimiter::quota(&tokens), Some(told));
+    /// assert_eq!(tokens.available(), 40);
+    /// ```
+    fn set_quota(&self, quota: Quota) -> impl Future<Output = ()> + Send {
+        let _ = quota;
+        ready(())
+    }
 }
 
 impl<C: Clock> RateLimiter for TokenBucket<C> {
@@ -178,6 +221,15 @@ impl<C: Clock> RateLimiter for TokenBucket<C> {
 
     fn refund(&self, n: u32) -> impl Future<Output = ()> + Send {
         self.give_back(n);
+        ready(())
+    }
+
+    fn quota(&self) -> Option<Quota> {
+        Some(TokenBucket::quota(self))
+    }
+
+    fn set_quota(&self, quota: Quota) -> impl Future<Output = ()> + Send {
+        TokenBucket::set_quota(self, quota);
         ready(())
     }
 }
@@ -218,5 +270,15 @@ impl<L: RateLimiter + ?Sized> RateLimiter for std::sync::Arc<L> {
     #[inline]
     fn refund(&self, n: u32) -> impl Future<Output = ()> + Send {
         (**self).refund(n)
+    }
+
+    #[inline]
+    fn quota(&self) -> Option<Quota> {
+        (**self).quota()
+    }
+
+    #[inline]
+    fn set_quota(&self, quota: Quota) -> impl Future<Output = ()> + Send {
+        (**self).set_quota(quota)
     }
 }

@@ -439,7 +439,8 @@ impl<S, C> Builder<S, C> {
     /// `Retry-After`) lowers the rate at most once per round trip, sustained
     /// success raises it, and `RateLimit-Policy` headers set it to the
     /// server's own numbers. Credentials with a shared quota
-    /// ([`shared_quota`](Self::shared_quota)) are not adapted, and at most
+    /// ([`shared_quota`](Self::shared_quota)) only take the limit the server
+    /// states, stored for every process; at most
     /// 4,096 credentials are learned at once (later ones keep their
     /// configured quota).
     ///
@@ -707,10 +708,15 @@ impl<S, C> Builder<S, C> {
 
     /// Admits `credential` through `limiter`, a quota shared with other
     /// processes (a `RedisBucket` with the `redis` feature), instead of a
-    /// local bucket. A 429 observed on it holds back every process. Any
-    /// [`RateLimiter`] will do: a [`RollingWindow`](crate::RollingWindow)
-    /// matches a server that counts "T per rolling W" exactly (rates are
-    /// then not learned for the credential; the limiter is the quota).
+    /// local bucket. A 429 observed on it holds back every process. With
+    /// adaptive rates (the default) a request limit the server states
+    /// (`RateLimit-Policy`, a provider's headers) is stored in the limiter
+    /// for every process ([`RateLimiter::set_quota`], with a second's worth
+    /// of burst; stored once however many processes are told it); the
+    /// rate is not otherwise learned for the credential (the limiter is
+    /// the quota). Any [`RateLimiter`] will do: a
+    /// [`RollingWindow`](crate::RollingWindow) matches a server that
+    /// counts "T per rolling W" exactly.
     ///
     /// # Examples
     ///
@@ -765,6 +771,16 @@ impl<S, C> Builder<S, C> {
     /// at their estimates. A charge is capped as local ones are: at most
     /// `max_retry_after`'s worth of the quota declared here for `name`
     /// (uncapped if none is).
+    ///
+    /// What a reply says of the quota reaches every process too: a limit
+    /// the server states for `name` is stored in the limiter
+    /// ([`RateLimiter::set_quota`]): taken up or down, with a second's
+    /// worth of burst, when no local limit is declared for `name` (the
+    /// server's is all there is); only if lower, keeping the limiter's
+    /// burst, when one is. The quota spent (nothing left before its reset,
+    /// or the quota a 429 is for) holds the limiter until the reset,
+    /// capped at `max_retry_after`. Both are queued and sent as settles
+    /// are.
     ///
     /// Declares `name` for the other credentials with no limit if
     /// [`resource`](Self::resource) did not.

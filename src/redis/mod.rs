@@ -772,4 +772,14 @@ impl RateLimiter for RedisBucket {
     fn refund(&self, n: u32) -> impl core::future::Future<Output = ()> + Send {
         RedisBucket::refund(self, n)
     }
+
+    fn quota(&self) -> Option<Quota> {
+        Some(RedisBucket::quota(self))
+    }
+
+    async fn set_quota(&self, quota: Quota) {
+        // A failure is counted in the stats, and the quota in force stays
+        // (see `RedisBucket::set_quota`).
+        let _ = RedisBucket::set_quota(self, quota).await;
+    }
 }

@@ -14,3 +14,4 @@ mod rolling_window;
 mod runner;
 mod runner_outcomes;
 mod shared_costs;
+mod shared_limits;

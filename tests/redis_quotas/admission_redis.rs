@@ -313,3 +313,81 @@ async fn two_admissions_settle_their_tokens_in_one_redis_key() {
     b.sync_shared().await;
     assert_eq!(ta.available().await, 3_500);
 }
+
+/// Issue #43 item 2: a limit one layer is told is stored in the Redis key,
+/// and the other layer (its own connection, told nothing) adopts it at its
+/// next round trip; the same limit told again stores nothing new; tokens
+/// one layer sees spent are held in Redis for both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_one_admission_is_told_is_stored_in_the_redis_key_for_all() {
+    if !redis_server::available("a_limit_one_admission_is_told_is_stored_in_the_redis_key_for_all")
+    {
+        return;
+    }
+    let server = RedisServer::start();
+    let clock = backpressure::ManualClock::new();
+    // A guess far above the key's 120,000 tokens a minute.
+    let guess = Quota::per_minute(NonZeroU32::new(6_000_000).unwrap());
+    let tokens = || {
+        std::sync::Arc::new(
+            RedisBucket::builder(&server.url(), "org-key:tokens", guess)
+                .clock(clock.clone())
+                .timeout(Duration::from_millis(500))
+                .build()
+                .unwrap(),
+        )
+    };
+    let layer = |tokens| {
+        Admission::builder()
+            .sleeper(DefaultSleeper::new())
+            .fixed_rates()
+            .shared_resource("org-key", "tokens", tokens)
+            .inline_wait(Duration::ZERO)
+            .build()
+    };
+    let (ta, tb) = (tokens(), tokens());
+    let (a, b) = (layer(ta.clone()), layer(tb.clone()));
+    let spec = |n| CallSpec::new("complete", "org-key").cost("tokens", n);
+    let stated = ServerHint::from_headers(
+        [("ratelimit-policy", r#""tokens";q=120000;w=60"#)],
+        std::time::SystemTime::now(),
+    );
+
+    let first = a.admit(&spec(1_000)).await.unwrap();
+    first.observe(200, &stated);
+    a.sync_shared().await;
+    // A second's worth of burst: the tokens' limit is the server's to say.
+    let told = Quota::new(2_000.0, 2_000).unwrap();
+    assert_eq!(ta.quota(), told);
+    // B was told nothing: its next round trip brings it the stored quota
+    // (A's 1,000 taken from the second's 2,000).
+    let refused = b.admit(&spec(1_500)).await.unwrap_err();
+    assert_eq!(refused.scope, "quota:tokens");
+    assert_eq!(refused.retry_after_ms, Some(250));
+    assert_eq!(tb.quota(), told);
+    let stored_before = ta.stats().round_trips;
+    // Told again, by both: the quota in force says it, nothing is sent.
+    first.observe(200, &stated);
+    a.sync_shared().await;
+    b.observe("complete", "org-key", 200, &stated);
+    b.sync_shared().await;
+    assert_eq!(ta.stats().round_trips, stored_before);
+    assert_eq!(tb.available().await, 1_000);
+
+    // A sees the tokens spent for 20 s: B is held too.
+    let spent = ServerHint::from_headers(
+        [
+            ("ratelimit-policy", r#""tokens";q=120000;w=60"#),
+            ("ratelimit", r#""tokens";r=0;t=20"#),
+        ],
+        std::time::SystemTime::now(),
+    );
+    first.observe(429, &spent);
+    a.sync_shared().await;
+    let held = b.admit(&spec(10)).await.unwrap_err();
+    assert_eq!(held.scope, "quota:tokens");
+    let ms = held.retry_after_ms.unwrap();
+    // The hold (less the time the round trips took), then its 10 tokens.
+    assert!((19_000..=20_005).contains(&ms), "told {ms} ms");
+    drop(first);
+}

@@ -196,11 +196,10 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
                     for (name, used) in &usage {
                         ticket.settle(name, *used);
                     }
-                    // A quota kept in a shared limiter is settled there
-                    // before the reply is handed back.
-                    if !usage.is_empty() {
-                        self.push_settles(&spec.credential).await;
-                    }
+                    // What a quota kept in a shared limiter is owed (a
+                    // settle, a hold, a stated limit) is sent before the
+                    // reply is handed back.
+                    self.push_owed(&spec.credential).await;
                     if (200..300).contains(&status) {
                         return Ended::Answered {
                             result,

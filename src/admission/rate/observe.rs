@@ -85,6 +85,7 @@ where
         self.learn(credential, status, spent.is_some(), hint, sent_at);
         self.note_stated(credential, hint, sent_at);
         self.follow_weighted_quotas(credential, hint);
+        self.note_shared(credential, spent, hint);
         if status == 429 {
             self.fit_to_window(credential, spent, hint, sent_at);
         }

@@ -12,11 +12,13 @@ use std::sync::Arc;
 use std::borrow::Cow;
 
 use super::held::{Reserved, Source};
+use super::observe::same_name;
 use super::refusal::Refusal;
-use crate::admission::spec::CallSpec;
+use crate::admission::spec::{CallSpec, REQUESTS};
 use crate::admission::Admission;
-use crate::bucket::ReserveError;
-use crate::clock::Clock;
+use crate::bucket::{Quota, ReserveError};
+use crate::clock::{saturating_nanos, Clock};
+use crate::headers::{Policy, ServerHint};
 use crate::limiter::RateLimiter;
 use crate::sleep::Sleeper;
 
@@ -45,6 +47,12 @@ pub(crate) trait SharedLimiter: Send + Sync {
     /// Settles cells taken earlier: `delta > 0` more are charged, `delta
     /// < 0` given back.
     fn settle(&self, delta: i64) -> SharedFuture<'_, ()>;
+
+    /// The quota in force, if the limiter knows it.
+    fn quota_in_force(&self) -> Option<Quota>;
+
+    /// Stores `quota` for every process (a limit the server stated).
+    fn adopt(&self, quota: Quota) -> SharedFuture<'_, ()>;
 }
 
 impl<L: RateLimiter> SharedLimiter for L {
@@ -68,6 +76,14 @@ impl<L: RateLimiter> SharedLimiter for L {
             Box::pin(self.refund(n))
         }
     }
+
+    fn quota_in_force(&self) -> Option<Quota> {
+        self.quota()
+    }
+
+    fn adopt(&self, quota: Quota) -> SharedFuture<'_, ()> {
+        Box::pin(self.set_quota(quota))
+    }
 }
 
 /// Finds the shared limiter of a credential not registered by name (see
@@ -87,11 +103,24 @@ pub(in crate::admission) struct Shared {
     /// A credential's weighted quotas kept in a shared limiter, by name
     /// (see `Builder::shared_resource`).
     pub(in crate::admission) resources: HashMap<String, Vec<SharedCost>>,
-    /// Settles queued for those quotas, by credential: the net cells to
-    /// charge (> 0) or give back (< 0) per quota name. Queued where no
-    /// `.await` is possible (`Ticket::settle`, a dropped `admit`), sent by
-    /// the next push for the credential.
-    settles: parking_lot::Mutex<HashMap<String, Vec<(String, i64)>>>,
+    /// What this process owes the shared limiters of a credential and has
+    /// not sent yet, by credential and quota name (`requests` for the
+    /// credential's own shared quota): queued where no `.await` is
+    /// possible (`Ticket::settle`, `Ticket::observe`, a dropped `admit`),
+    /// sent by the next push for the credential.
+    owed: parking_lot::Mutex<HashMap<String, Vec<Owed>>>,
+}
+
+/// What one shared quota is owed by this process.
+#[derive(Debug)]
+struct Owed {
+    name: String,
+    /// Net cells to charge (> 0) or give back (< 0).
+    delta: i64,
+    /// A hold to place until this instant (layer clock, ns; 0 for none).
+    hold_until: u64,
+    /// A limit the server stated, to store for every process.
+    quota: Option<Quota>,
 }
 
 impl Shared {
@@ -111,55 +140,140 @@ impl Shared {
         self.resources_of(credential).iter().any(|(n, _)| n == name)
     }
 
+    /// Whether nothing lives in a shared limiter (most layers).
+    #[inline]
+    fn is_empty(&self) -> bool {
+        self.resources.is_empty() && self.by_name.is_empty() && self.resolver.is_none()
+    }
+
+    /// The shared limiter keeping `credential`'s quota `name`.
+    fn limiter_of(&self, credential: &str, name: &str) -> Option<Arc<dyn SharedLimiter>> {
+        if name == REQUESTS {
+            return self.get(credential);
+        }
+        self.resources_of(credential)
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, l)| l.clone())
+    }
+
+    /// Runs `f` on what `credential`'s shared quota `name` is owed.
+    fn owe(&self, credential: &str, name: &str, f: impl FnOnce(&mut Owed)) {
+        let mut owed = self.owed.lock();
+        let queued = owed.entry(credential.to_string()).or_default();
+        let i = match queued.iter().position(|o| o.name == name) {
+            Some(i) => i,
+            None => {
+                queued.push(Owed {
+                    name: name.to_string(),
+                    delta: 0,
+                    hold_until: 0,
+                    quota: None,
+                });
+                queued.len() - 1
+            }
+        };
+        f(&mut queued[i]);
+    }
+
     /// Queues `delta` cells (charged if > 0, given back if < 0) for
     /// `credential`'s shared quota `name`; sent by the next push.
     pub(in crate::admission) fn queue_settle(&self, credential: &str, name: &str, delta: i64) {
-        if delta == 0 {
-            return;
-        }
-        let mut settles = self.settles.lock();
-        let queued = settles.entry(credential.to_string()).or_default();
-        match queued.iter_mut().find(|(n, _)| n == name) {
-            Some((_, d)) => *d = d.saturating_add(delta),
-            None => queued.push((name.to_string(), delta)),
+        if delta != 0 {
+            self.owe(credential, name, |o| {
+                o.delta = o.delta.saturating_add(delta)
+            });
         }
     }
 
-    /// Whether settles are queued for `credential`.
-    pub(in crate::admission) fn settles_queued(&self, credential: &str) -> bool {
-        !self.resources.is_empty() && self.settles.lock().contains_key(credential)
+    /// Queues a hold of `credential`'s shared quota `name` until `until`
+    /// (the longest queued wins); sent by the next push.
+    pub(in crate::admission) fn queue_hold(&self, credential: &str, name: &str, until: u64) {
+        self.owe(credential, name, |o| o.hold_until = o.hold_until.max(until));
     }
 
-    /// Sends `credential`'s queued settles to their shared limiters, each
-    /// once: taken from the queue before the round trip, never sent again
-    /// (see `RateLimiter::charge` for what a failed one costs).
-    pub(in crate::admission) async fn push_settles(&self, credential: &str) {
-        if self.resources.is_empty() {
+    /// Queues `limit` per `window`, a limit the server stated for
+    /// `credential`'s shared quota `name`, to be stored for every process.
+    /// A `learned` quota (its limit is the server's to say) takes it, up
+    /// or down, with a second's worth of burst (see `Provider`: a minute's
+    /// limit is enforced a second at a time); any other only if it is
+    /// lower than the quota in force, keeping its burst up to the limit
+    /// (the rule of a local quota: a lower one is the operator's choice).
+    /// Nothing is queued when the quota in force already says it, so
+    /// processes told the same number store it once.
+    pub(in crate::admission) fn queue_stated(
+        &self,
+        credential: &str,
+        name: &str,
+        (limit, window): (u64, Duration),
+        learned: bool,
+    ) {
+        if limit == 0 || window.is_zero() {
             return;
         }
-        let Some(queued) = self.settles.lock().remove(credential) else {
+        let Some(limiter) = self.limiter_of(credential, name) else {
             return;
         };
-        for (name, delta) in queued {
-            let limiter = self
-                .resources_of(credential)
-                .iter()
-                .find(|(n, _)| *n == name)
-                .map(|(_, l)| l.clone());
-            if let Some(limiter) = limiter
-                && delta != 0
-            {
-                limiter.settle(delta).await;
+        let server = limit as f64 / window.as_secs_f64();
+        let current = limiter.quota_in_force();
+        let burst = match current {
+            _ if learned => super::provider::learned_burst(server, limit),
+            Some(q) if 1e9 / q.period().as_nanos().max(1) as f64 <= server => return,
+            Some(q) => q
+                .burst()
+                .get()
+                .min(u32::try_from(limit).unwrap_or(u32::MAX)),
+            None => super::provider::learned_burst(server, limit),
+        };
+        let Ok(quota) = Quota::new(server, burst) else {
+            return;
+        };
+        if current == Some(quota) {
+            return;
+        }
+        self.owe(credential, name, |o| o.quota = Some(quota));
+    }
+
+    /// Whether anything is owed to `credential`'s shared limiters.
+    pub(in crate::admission) fn owes(&self, credential: &str) -> bool {
+        !self.is_empty() && self.owed.lock().contains_key(credential)
+    }
+
+    /// Sends what `credential`'s shared limiters are owed (at `now`, layer
+    /// clock), each once: taken from the queue before the round trips,
+    /// never sent again (see `RateLimiter::charge` for what a failed one
+    /// costs). The quota first, so a settle or a hold counts in its cells.
+    pub(in crate::admission) async fn push_owed(&self, credential: &str, now: u64) {
+        if self.is_empty() {
+            return;
+        }
+        let Some(queued) = self.owed.lock().remove(credential) else {
+            return;
+        };
+        for owed in queued {
+            let Some(limiter) = self.limiter_of(credential, &owed.name) else {
+                continue;
+            };
+            if let Some(quota) = owed.quota {
+                limiter.adopt(quota).await;
+            }
+            if owed.delta != 0 {
+                limiter.settle(owed.delta).await;
+            }
+            if owed.hold_until > now {
+                limiter
+                    .penalize_all(Duration::from_nanos(owed.hold_until - now))
+                    .await;
             }
         }
     }
 
-    /// The credentials with settles queued.
-    fn settling(&self) -> Vec<String> {
-        if self.resources.is_empty() {
+    /// The credentials owed something.
+    fn owing(&self) -> Vec<String> {
+        if self.is_empty() {
             return Vec::new();
         }
-        self.settles.lock().keys().cloned().collect()
+        self.owed.lock().keys().cloned().collect()
     }
 
     /// `credential`'s shared limiter, if it has one.
@@ -220,17 +334,20 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
                 self.push_penalty(&credential, limiter.as_ref()).await;
             }
         }
-        for credential in shared.settling() {
-            shared.push_settles(&credential).await;
+        let now = self.inner.clock.now_nanos();
+        for credential in shared.owing() {
+            shared.push_owed(&credential, now).await;
         }
     }
 
-    /// Sends `credential`'s queued settles, if any (a lock, and nothing
-    /// more, for a credential with none).
-    pub(in crate::admission) async fn push_settles(&self, credential: &str) {
+    /// Sends what `credential`'s shared limiters are owed, if anything (a
+    /// lock, and nothing more, for a credential owing nothing).
+    pub(in crate::admission) async fn push_owed(&self, credential: &str) {
         let shared = &self.inner.rates.shared;
-        if shared.settles_queued(credential) {
-            shared.push_settles(credential).await;
+        if shared.owes(credential) {
+            shared
+                .push_owed(credential, self.inner.clock.now_nanos())
+                .await;
         }
     }
 
@@ -240,7 +357,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         if let Some(shared) = self.inner.rates.shared.get(credential) {
             self.push_penalty(credential, shared.as_ref()).await;
         }
-        self.inner.rates.shared.push_settles(credential).await;
+        self.push_owed(credential).await;
     }
 
     /// Reserves the call's cost on each of `limiters` (its credential's
@@ -279,6 +396,60 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
             }
         }
         Ok(wait)
+    }
+
+    /// What a reply says about `credential`'s quotas kept in a shared
+    /// limiter, queued for every process: a limit the server states
+    /// (`queue_stated`), and a weighted quota spent (nothing left before
+    /// its reset, or the quota a 429 is for) held until its reset, capped
+    /// as every hold. The shared request quota's hold is `hold_requests`'.
+    pub(in crate::admission) fn note_shared(
+        &self,
+        credential: &str,
+        spent: Option<&Policy>,
+        hint: &ServerHint,
+    ) {
+        let rates = &self.inner.rates;
+        let shared = &rates.shared;
+        if shared.is_empty() || hint.policies.is_empty() {
+            return;
+        }
+        // Fixed rates keep a shared request quota fixed, as a local one;
+        // adaptive ones follow what the server states.
+        let adaptive = rates.learned.is_adaptive();
+        if let Some(stated) = super::learned::server_limit(hint)
+            && adaptive
+            && shared.contains(credential)
+        {
+            shared.queue_stated(credential, REQUESTS, stated, true);
+        }
+        let now = self.inner.clock.now_nanos();
+        for (name, _) in shared.resources_of(credential) {
+            let named = |p: &&Policy| p.name.as_deref().is_some_and(|n| same_name(n, name));
+            let Some(policy) = hint.policies.iter().find(named) else {
+                continue;
+            };
+            let learned = rates.resources.iter().any(|r| r.name == *name && r.learned);
+            if let (Some(limit), Some(window)) = (policy.quota, policy.window)
+                && (adaptive || learned)
+            {
+                shared.queue_stated(credential, name, (limit, window), learned);
+            }
+            let hold = match (policy.remaining, policy.reset_after) {
+                (Some(0), Some(reset)) => Some(reset),
+                _ if spent.is_some_and(|s| named(&s)) => Some(
+                    policy
+                        .reset_after
+                        .or(hint.retry_after)
+                        .unwrap_or(crate::retry::RetryPolicy::BARE_429_HOLD),
+                ),
+                _ => None,
+            };
+            if let Some(wait) = hold {
+                let held = saturating_nanos(wait.min(rates.max_retry_after));
+                shared.queue_hold(credential, name, now.saturating_add(held));
+            }
+        }
     }
 
     pub(super) async fn push_penalty(&self, credential: &str, shared: &dyn SharedLimiter) {
