@@ -255,6 +255,29 @@ async fn a_redis_scoped_resolves_every_tenant_without_a_builder_call_per_key() {
     }
 }
 
+/// A layer keeping `org-key`'s tokens in the Redis key `org-key:tokens`
+/// (`quota` its own idea of it), on a connection of its own.
+fn token_layer(
+    server: &RedisServer,
+    clock: &backpressure::ManualClock,
+    quota: Quota,
+) -> (std::sync::Arc<RedisBucket>, Admission) {
+    let tokens = std::sync::Arc::new(
+        RedisBucket::builder(&server.url(), "org-key:tokens", quota)
+            .clock(clock.clone())
+            .timeout(Duration::from_millis(500))
+            .build()
+            .unwrap(),
+    );
+    let layer = Admission::builder()
+        .sleeper(DefaultSleeper::new())
+        .fixed_rates()
+        .shared_resource("org-key", "tokens", tokens.clone())
+        .inline_wait(Duration::ZERO)
+        .build();
+    (tokens, layer)
+}
+
 /// Issue #43 item 1: a credential's tokens kept in Redis. Two layers
 /// (separate connections) reserve their estimates in one key and settle
 /// them there to the usage, both ways; on a manual clock, so the counts
@@ -267,25 +290,10 @@ async fn two_admissions_settle_their_tokens_in_one_redis_key() {
     let server = RedisServer::start();
     let clock = backpressure::ManualClock::new();
     let tpm = Quota::per_minute(NonZeroU32::new(10_000).unwrap());
-    let tokens = || {
-        std::sync::Arc::new(
-            RedisBucket::builder(&server.url(), "org-key:tokens", tpm)
-                .clock(clock.clone())
-                .timeout(Duration::from_millis(500))
-                .build()
-                .unwrap(),
-        )
-    };
-    let layer = |tokens| {
-        Admission::builder()
-            .sleeper(DefaultSleeper::new())
-            .fixed_rates()
-            .shared_resource("org-key", "tokens", tokens)
-            .inline_wait(Duration::ZERO)
-            .build()
-    };
-    let (ta, tb) = (tokens(), tokens());
-    let (a, b) = (layer(ta.clone()), layer(tb.clone()));
+    let ((ta, a), (tb, b)) = (
+        token_layer(&server, &clock, tpm),
+        token_layer(&server, &clock, tpm),
+    );
     let spec = |n| CallSpec::new("complete", "org-key").cost("tokens", n);
 
     let mut first = a.admit(&spec(4_000)).await.unwrap();
@@ -328,25 +336,10 @@ async fn a_limit_one_admission_is_told_is_stored_in_the_redis_key_for_all() {
     let clock = backpressure::ManualClock::new();
     // A guess far above the key's 120,000 tokens a minute.
     let guess = Quota::per_minute(NonZeroU32::new(6_000_000).unwrap());
-    let tokens = || {
-        std::sync::Arc::new(
-            RedisBucket::builder(&server.url(), "org-key:tokens", guess)
-                .clock(clock.clone())
-                .timeout(Duration::from_millis(500))
-                .build()
-                .unwrap(),
-        )
-    };
-    let layer = |tokens| {
-        Admission::builder()
-            .sleeper(DefaultSleeper::new())
-            .fixed_rates()
-            .shared_resource("org-key", "tokens", tokens)
-            .inline_wait(Duration::ZERO)
-            .build()
-    };
-    let (ta, tb) = (tokens(), tokens());
-    let (a, b) = (layer(ta.clone()), layer(tb.clone()));
+    let ((ta, a), (tb, b)) = (
+        token_layer(&server, &clock, guess),
+        token_layer(&server, &clock, guess),
+    );
     let spec = |n| CallSpec::new("complete", "org-key").cost("tokens", n);
     let stated = ServerHint::from_headers(
         [("ratelimit-policy", r#""tokens";q=120000;w=60"#)],

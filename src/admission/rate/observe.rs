@@ -11,6 +11,7 @@ use super::super::spec::REQUESTS;
 use super::super::tools::ToolState;
 use super::super::Admission;
 use super::{charge, Resource};
+use crate::bucket::Quota;
 use crate::clock::{saturating_nanos, Clock};
 use crate::headers::ServerHint;
 use crate::sleep::Sleeper;
@@ -430,28 +431,44 @@ fn lower_to_server<C: Clock>(
     let (Some(limit), Some(window)) = (policy.quota, policy.window) else {
         return;
     };
-    if limit == 0 || window.is_zero() {
-        return;
-    }
-    let server = limit as f64 / window.as_secs_f64();
     let current = resource.buckets.quota_of(key);
-    let current_rate = 1e9 / current.period().as_nanos().max(1) as f64;
-    if server >= current_rate {
-        return;
-    }
-    let burst = if resource.learned {
-        super::provider::learned_burst(server, limit)
-    } else {
-        current
-            .burst()
-            .get()
-            .min(u32::try_from(limit).unwrap_or(u32::MAX))
-    };
-    if let Ok(lowered) = crate::bucket::Quota::new(server, burst) {
+    if let Some(lowered) = stated_quota(Some(current), (limit, window), resource.learned, false) {
         // Refused only past the registry's cap of per-key quotas: the
         // credential then keeps the configured one.
         let _ = resource.buckets.set_quota(key, lowered);
     }
+}
+
+/// The quota `limit` per `window`, a limit the server stated, makes of
+/// `current` (`None`: not known), or `None` if it leaves it as it is. It
+/// only lowers a quota, keeping its burst up to the limit, unless the
+/// quota is `learned` (its limit is the server's to say) and may `raise`.
+/// A learned or unknown quota takes a second's worth of burst (see
+/// `Provider`: a minute's limit is enforced a second at a time).
+pub(super) fn stated_quota(
+    current: Option<Quota>,
+    (limit, window): (u64, Duration),
+    learned: bool,
+    raise: bool,
+) -> Option<Quota> {
+    if limit == 0 || window.is_zero() {
+        return None;
+    }
+    let server = limit as f64 / window.as_secs_f64();
+    let lowers = current.is_none_or(|q| server < 1e9 / q.period().as_nanos().max(1) as f64);
+    if !(lowers || learned && raise) {
+        return None;
+    }
+    let burst = match current {
+        Some(q) if !learned => q
+            .burst()
+            .get()
+            .min(u32::try_from(limit).unwrap_or(u32::MAX)),
+        _ => super::provider::learned_burst(server, limit),
+    };
+    Quota::new(server, burst)
+        .ok()
+        .filter(|q| current != Some(*q))
 }
 
 /// The quota a 429 says is spent when it is not the request count: a named

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::borrow::Cow;
 
 use super::held::{Reserved, Source};
-use super::observe::same_name;
+use super::observe::{same_name, stated_quota};
 use super::refusal::Refusal;
 use crate::admission::spec::{CallSpec, REQUESTS};
 use crate::admission::Admission;
@@ -192,46 +192,26 @@ impl Shared {
         self.owe(credential, name, |o| o.hold_until = o.hold_until.max(until));
     }
 
-    /// Queues `limit` per `window`, a limit the server stated for
-    /// `credential`'s shared quota `name`, to be stored for every process.
-    /// A `learned` quota (its limit is the server's to say) takes it, up
-    /// or down, with a second's worth of burst (see `Provider`: a minute's
-    /// limit is enforced a second at a time); any other only if it is
-    /// lower than the quota in force, keeping its burst up to the limit
-    /// (the rule of a local quota: a lower one is the operator's choice).
-    /// Nothing is queued when the quota in force already says it, so
-    /// processes told the same number store it once.
+    /// Queues `stated`, a limit the server stated for `credential`'s
+    /// shared quota `name`, to be stored for every process, as
+    /// `stated_quota` makes it of the quota in force there: a `learned`
+    /// quota (its limit is the server's to say) takes it up or down; any
+    /// other only if lower (the rule of a local quota: a lower one is the
+    /// operator's choice). Nothing is queued when the quota in force
+    /// already says it, so processes told the same number store it once.
     pub(in crate::admission) fn queue_stated(
         &self,
         credential: &str,
         name: &str,
-        (limit, window): (u64, Duration),
+        stated: (u64, Duration),
         learned: bool,
     ) {
-        if limit == 0 || window.is_zero() {
-            return;
-        }
         let Some(limiter) = self.limiter_of(credential, name) else {
             return;
         };
-        let server = limit as f64 / window.as_secs_f64();
-        let current = limiter.quota_in_force();
-        let burst = match current {
-            _ if learned => super::provider::learned_burst(server, limit),
-            Some(q) if 1e9 / q.period().as_nanos().max(1) as f64 <= server => return,
-            Some(q) => q
-                .burst()
-                .get()
-                .min(u32::try_from(limit).unwrap_or(u32::MAX)),
-            None => super::provider::learned_burst(server, limit),
-        };
-        let Ok(quota) = Quota::new(server, burst) else {
-            return;
-        };
-        if current == Some(quota) {
-            return;
+        if let Some(quota) = stated_quota(limiter.quota_in_force(), stated, learned, true) {
+            self.owe(credential, name, |o| o.quota = Some(quota));
         }
-        self.owe(credential, name, |o| o.quota = Some(quota));
     }
 
     /// Whether anything is owed to `credential`'s shared limiters.
