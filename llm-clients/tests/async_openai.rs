@@ -33,17 +33,9 @@ use backpressure::admission::{Admission, Provider};
 use backpressure::reqwest::AdmissionMiddleware;
 use backpressure::{Status, Throttled};
 use futures::future::join_all;
-use server::{Enforce, Flavor, Refused, Server};
+use server::{prompt, Enforce, Flavor, Refused, Server};
 
 const CALLS: usize = 12;
-
-/// Prompt `i` of 8: 2,800 characters (700 tokens at ~4 a token).
-fn prompt(i: usize) -> String {
-    let head = format!("prompt {i}: summarise the incident report. ");
-    let mut p = head.repeat(2_800 / head.len() + 1);
-    p.truncate(2_800);
-    p
-}
 
 fn request(i: usize) -> CreateChatCompletionRequest {
     CreateChatCompletionRequest {

@@ -51,7 +51,7 @@ use backpressure::reqwest::AdmissionMiddleware;
 use backpressure::{Quota, RedisScoped};
 use futures::future::join_all;
 use rig_core::completion::CompletionRequest;
-use server::{Enforce, Flavor, Seen, Server, RPM, TPM};
+use server::{estimate, prompt, Enforce, Flavor, Seen, Server, RPM, TPM};
 
 /// Processes in the fleet.
 const PROCESSES: usize = 4;
@@ -63,23 +63,6 @@ const CALLS: usize = 12;
 const MAX_TOKENS: u64 = 105;
 /// The key's tokens a second (the server's second's worth, its burst).
 const TOKENS_PER_SEC: f64 = TPM as f64 / 60.0;
-
-/// Prompt `i` of 8: 2,800 characters (700 tokens at ~4 a token).
-fn prompt(i: usize) -> String {
-    let head = format!("prompt {i}: summarise the incident report. ");
-    let mut p = head.repeat(2_800 / head.len() + 1);
-    p.truncate(2_800);
-    p
-}
-
-/// A call's estimate, from its body: ~4 bytes a token (the JSON around the
-/// prompt makes it a slight overestimate) plus the reply's `max_tokens`.
-fn estimate(req: &reqwest::Request) -> Vec<(String, u32)> {
-    let body = req.body().and_then(|b| b.as_bytes()).unwrap_or_default();
-    let json: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
-    let reply = json["max_tokens"].as_u64().unwrap_or(1_000);
-    vec![("tokens".to_string(), (body.len() as u64 / 4 + reply) as u32)]
-}
 
 // -- one process of the fleet ------------------------------------------------
 

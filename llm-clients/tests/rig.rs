@@ -27,33 +27,12 @@ use backpressure::reqwest::AdmissionMiddleware;
 use futures::future::join_all;
 use rig_core::completion::CompletionRequest;
 use rig_core::{ErrorKind, ProviderError};
-use server::{Enforce, Flavor, Refused, Seen, Server};
+use server::{estimate, prompt, Enforce, Flavor, Refused, Seen, Server};
 
 /// Calls a turn sends at once.
 const CALLS: usize = 12;
 /// Tokens a reply may use (the server answers with all of them).
 const MAX_TOKENS: u64 = 105;
-
-/// Prompt `i` of 8: 2,800 characters (700 tokens at ~4 a token).
-fn prompt(i: usize) -> String {
-    let head = format!("prompt {i}: summarise the incident report. ");
-    let mut p = head.repeat(2_800 / head.len() + 1);
-    p.truncate(2_800);
-    p
-}
-
-/// What a request will cost, from its body: ~4 bytes a token (the JSON
-/// around the prompt makes it a slight overestimate) plus the reply's
-/// `max_tokens`. The reply's `usage` settles it.
-fn estimate(req: &reqwest::Request) -> Vec<(String, u32)> {
-    let body = req.body().and_then(|b| b.as_bytes()).unwrap_or_default();
-    let json: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
-    let reply = json["max_tokens"]
-        .as_u64()
-        .or(json["max_completion_tokens"].as_u64())
-        .unwrap_or(1_000);
-    vec![("tokens".to_string(), (body.len() as u64 / 4 + reply) as u32)]
-}
 
 /// The middleware an agent harness puts in rig's client.
 fn middleware(admission: &Admission, credential_header: &str) -> AdmissionMiddleware {

@@ -401,6 +401,27 @@ fn rfc3339_in(secs: f64) -> String {
     )
 }
 
+/// Prompt `i` of 8: 2,800 characters (700 tokens at ~4 a token).
+pub fn prompt(i: usize) -> String {
+    let head = format!("prompt {i}: summarise the incident report. ");
+    let mut p = head.repeat(2_800 / head.len() + 1);
+    p.truncate(2_800);
+    p
+}
+
+/// What a request will cost, from its body: ~4 bytes a token (the JSON
+/// around the prompt makes it a slight overestimate) plus the reply's
+/// `max_tokens`. The reply's `usage` settles it.
+pub fn estimate(req: &reqwest::Request) -> Vec<(String, u32)> {
+    let body = req.body().and_then(|b| b.as_bytes()).unwrap_or_default();
+    let json: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let reply = json["max_tokens"]
+        .as_u64()
+        .or(json["max_completion_tokens"].as_u64())
+        .unwrap_or(1_000);
+    vec![("tokens".to_string(), (body.len() as u64 / 4 + reply) as u32)]
+}
+
 /// The non-empty lines, trimmed, of `text` between `start` and the next
 /// `end`: a README code block, or the recipe a test marks as one.
 pub fn block(text: &'static str, start: &str, end: &str) -> Vec<&'static str> {
