@@ -79,6 +79,59 @@ pub trait RateLimiter: Send + Sync {
         max_wait: Duration,
     ) -> impl Future<Output = Result<Duration, ReserveError>> + Send;
 
+    /// [`reserve`](RateLimiter::reserve) for a call that goes no earlier
+    /// than `not_before` from now (another quota holds it until then): the
+    /// cells are taken as of that instant, so a bucket that would fill to
+    /// its burst in between does not count that refill as spent twice (a
+    /// server's bucket, capped, loses it). The wait is from now and at
+    /// least `not_before`.
+    ///
+    /// The default reserves now and waits the longer of the two, which
+    /// overstates what a full bucket has left by up to the refill before
+    /// `not_before`; the crate's limiters take the cells at that instant.
+    ///
+    /// # Errors
+    ///
+    /// As [`reserve`](RateLimiter::reserve); [`ReserveError::RateLimited`]
+    /// with `retry_after` = `not_before`, and nothing taken, when
+    /// `not_before` is past `max_wait`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{ManualClock, Quota, RateLimiter, TokenBucket};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    ///
+    /// // 10 a second, burst 10: full now, and still full in a second.
+    /// let bucket = TokenBucket::with_clock(Quota::per_second(NonZeroU32::new(10).unwrap()), ManualClock::new());
+    /// futures::executor::block_on(async {
+    ///     let second = Duration::from_secs(1);
+    ///     // Ten cells for a call that goes in a second: taken then.
+    ///     assert_eq!(bucket.reserve_after(10, second, second).await.unwrap(), second);
+    ///     // The refill until then is not counted as spent: the bucket is
+    ///     // empty at that instant, so one more cell waits 100 ms past it.
+    ///     let next = bucket.reserve_after(1, Duration::ZERO, Duration::from_secs(2)).await.unwrap();
+    ///     assert_eq!(next, Duration::from_millis(1_100));
+    /// });
+    /// ```
+    fn reserve_after(
+        &self,
+        n: u32,
+        not_before: Duration,
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<Duration, ReserveError>> + Send {
+        let reserve = (not_before <= max_wait).then(|| self.reserve(n, max_wait));
+        async move {
+            match reserve {
+                Some(reserve) => reserve.await.map(|wait| wait.max(not_before)),
+                None => Err(ReserveError::RateLimited {
+                    retry_after: not_before,
+                }),
+            }
+        }
+    }
+
     /// The server said "not before `retry_after`" (a 429 or 503 with
     /// `Retry-After`): admit nothing until then (for a shared limiter: in
     /// every process on the key).
@@ -205,6 +258,16 @@ impl<C: Clock> RateLimiter for TokenBucket<C> {
         ready(TokenBucket::reserve(self, n, max_wait).map(|r| r.wait()))
     }
 
+    #[inline]
+    fn reserve_after(
+        &self,
+        n: u32,
+        not_before: Duration,
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<Duration, ReserveError>> + Send {
+        ready(self.reserve_from(n, not_before, max_wait).map(|r| r.wait()))
+    }
+
     fn penalize(&self, retry_after: Duration) -> impl Future<Output = ()> + Send {
         TokenBucket::penalize(self, retry_after);
         ready(())
@@ -250,6 +313,16 @@ impl<L: RateLimiter + ?Sized> RateLimiter for std::sync::Arc<L> {
         max_wait: Duration,
     ) -> impl Future<Output = Result<Duration, ReserveError>> + Send {
         (**self).reserve(n, max_wait)
+    }
+
+    #[inline]
+    fn reserve_after(
+        &self,
+        n: u32,
+        not_before: Duration,
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<Duration, ReserveError>> + Send {
+        (**self).reserve_after(n, not_before, max_wait)
     }
 
     #[inline]

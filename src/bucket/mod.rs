@@ -168,10 +168,37 @@ impl<C: Clock> TokenBucket<C> {
     /// ```
     #[inline]
     pub fn reserve(&self, n: u32, max_wait: Duration) -> Result<Reservation<'_>, ReserveError> {
+        self.reserve_from(n, Duration::ZERO, max_wait)
+    }
+
+    /// [`reserve`](Self::reserve), the cells taken as of `not_before` from
+    /// now: the call goes no earlier, so the refill a full bucket would
+    /// lose before then is not counted. The wait is from now and at least
+    /// `not_before`; nothing is taken if that is past `max_wait`.
+    pub(crate) fn reserve_from(
+        &self,
+        n: u32,
+        not_before: Duration,
+        max_wait: Duration,
+    ) -> Result<Reservation<'_>, ReserveError> {
+        if not_before > max_wait {
+            return Err(ReserveError::RateLimited {
+                retry_after: not_before,
+            });
+        }
         let now = self.clock.now_nanos();
-        self.gcra
-            .reserve(n, saturating_nanos(max_wait), now)
-            .map(|r| Reservation::borrowed(&self.gcra, r, now))
+        let budget = saturating_nanos(max_wait);
+        let after = saturating_nanos(not_before).min(budget);
+        match self
+            .gcra
+            .reserve(n, budget - after, now.saturating_add(after))
+        {
+            Ok(r) => Ok(Reservation::borrowed(&self.gcra, r, now)),
+            Err(ReserveError::RateLimited { retry_after }) => Err(ReserveError::RateLimited {
+                retry_after: retry_after.saturating_add(Duration::from_nanos(after)),
+            }),
+            Err(e) => Err(e),
+        }
     }
 
     /// Takes one cell now if one is free, with the ticket that gives it

@@ -5,7 +5,8 @@
 -- ARGV: op, period_us, burst, now_us ('' = use TIME), nref, then nref
 -- refund triples (before, after, n; highest `after` first), then the op
 -- arguments:
---   take      n, max_wait_us, extra, give_back -> {granted, wait_us, before, after}
+--   take      n, max_wait_us, extra, give_back, not_before_us
+--                                              -> {granted, wait_us, before, after}
 --   cancel    before, after                    -> {1 | 0}
 --   penalize  retry_us, give_back              -> {1}
 --   give      give_back                        -> {1}
@@ -178,6 +179,10 @@ if op == 'take' then
   local max_wait = arg(2)
   local extra = arg(3)
   local given = give(arg(4))
+  -- The cells are taken as of `at`: the call goes no earlier (another
+  -- quota holds it until then), so the refill before `at` that a full
+  -- bucket would lose is not counted.
+  local at = now + (arg(5) or 0)
   local changed = given ~= tat
   tat = given
   if n > burst then
@@ -185,7 +190,7 @@ if op == 'take' then
     if changed then save(tat, pen) end
     return reply({0, 0, 0, 0})
   end
-  local ready = math.max(tat - (tolerance - n * period), now)
+  local ready = math.max(tat - (tolerance - n * period), at)
   local wait = ready - now
   if wait > max_wait then
     if changed then
@@ -194,7 +199,7 @@ if op == 'take' then
     return reply({0, wait, 0, 0})
   end
   local granted = n
-  local base = math.max(tat, now)
+  local base = math.max(tat, at)
   if wait == 0 and extra > 0 then
     local fit = math.floor((tolerance - (base - now)) / period)
     granted = n + math.max(0, math.min(extra, fit - n))

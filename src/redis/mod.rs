@@ -356,7 +356,7 @@ impl RedisBucket {
         if self.take_leased(n) {
             return Ok(());
         }
-        match self.take(n, 0, None).await {
+        match self.take(n, 0, None, 0).await {
             // `max_wait` 0: a grant is usable now.
             Ok(_) => Ok(()),
             Err(Denial::Wait(wait)) => Err(CheckError::NotUntil { wait }),
@@ -409,15 +409,33 @@ impl RedisBucket {
         n: u32,
         max_wait: Duration,
     ) -> Result<RedisReservation<'_>, ReserveError> {
+        self.reserve_from(n, Duration::ZERO, max_wait).await
+    }
+
+    /// [`reserve`](Self::reserve), the cells taken as of `not_before` from
+    /// now (see `RateLimiter::reserve_after`; past `max_wait`, refused
+    /// without a round trip). A lease's cells are usable now, so a later
+    /// call skips the lease.
+    async fn reserve_from(
+        &self,
+        n: u32,
+        not_before: Duration,
+        max_wait: Duration,
+    ) -> Result<RedisReservation<'_>, ReserveError> {
+        if not_before > max_wait {
+            return Err(ReserveError::RateLimited {
+                retry_after: not_before,
+            });
+        }
         if n == 0 {
-            return Ok(RedisReservation::new(self, Duration::ZERO, Source::Nothing));
+            return Ok(RedisReservation::new(self, not_before, Source::Nothing));
         }
         self.check_capacity(n)
             .map_err(|capacity| ReserveError::InsufficientCapacity {
                 requested: n,
                 capacity,
             })?;
-        if self.take_leased(n) {
+        if not_before.is_zero() && self.take_leased(n) {
             return Ok(RedisReservation::new(
                 self,
                 Duration::ZERO,
@@ -429,7 +447,8 @@ impl RedisBucket {
         // A zero budget still gets one store round trip (a cell usable now).
         let bound = (!max_wait.is_zero()).then_some(max_wait);
         let max_wait_us = (budget / 1000).min(MAX_MICROS);
-        match self.take(n, max_wait_us, bound).await {
+        let not_before_us = (saturating_nanos(not_before) / 1000).min(max_wait_us);
+        match self.take(n, max_wait_us, bound, not_before_us).await {
             Ok(taken) => {
                 let wait = Duration::from_micros(taken.wait_us);
                 let elapsed = self.clock.now_nanos().saturating_sub(start);
@@ -472,7 +491,7 @@ impl RedisBucket {
                 let elapsed = self.clock.now_nanos().saturating_sub(start);
                 let left = Duration::from_nanos(budget.saturating_sub(elapsed));
                 fallback
-                    .reserve(n, left)
+                    .reserve_from(n, not_before, left)
                     .map(|r| RedisReservation::new(self, r.wait(), Source::Local(r)))
             }
         }
@@ -649,6 +668,7 @@ impl RedisBucket {
         n: u32,
         max_wait_us: u64,
         bound: Option<Duration>,
+        not_before: u64,
     ) -> Result<Taken, Denial> {
         // A lease that could not cover `n` is given back whole, live or not.
         let give = self.drain_lease(true);
@@ -656,8 +676,10 @@ impl RedisBucket {
         let op = Op::Take {
             n,
             max_wait: max_wait_us,
-            extra,
+            // Extra cells are usable now: only for a call that is too.
+            extra: if not_before == 0 { extra } else { 0 },
             give,
+            not_before,
         };
         // On failure the give-back is dropped: it may have been applied,
         // and returning it twice would over-admit. Lost cells are the safe
@@ -753,6 +775,17 @@ impl RateLimiter for RedisBucket {
         // Kept: a `RedisReservation` dropped before its wait would give its
         // cells back, and the caller is about to use them.
         RedisBucket::reserve(self, n, max_wait)
+            .await
+            .map(RedisReservation::keep)
+    }
+
+    async fn reserve_after(
+        &self,
+        n: u32,
+        not_before: Duration,
+        max_wait: Duration,
+    ) -> Result<Duration, ReserveError> {
+        self.reserve_from(n, not_before, max_wait)
             .await
             .map(RedisReservation::keep)
     }

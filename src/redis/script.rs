@@ -8,9 +8,13 @@
 //! client's clock skew can over-admit:
 //!
 //! ```text
-//! earliest = tat - (τ - n*T)        admit iff earliest <= now (+ max_wait)
-//! new tat  = max(tat, now) + n*T
+//! at       = now + not_before       (0 unless another quota holds the call)
+//! ready    = max(tat - (τ - n*T), at)  admit iff ready <= now (+ max_wait)
+//! new tat  = max(tat, at) + n*T
 //! ```
+//!
+//! `not_before` is capped at `max_wait` by the caller, so `at` adds no term
+//! beyond the bounds below.
 //!
 //! Lua 5.1 numbers are doubles, exact for integers below 2^53. `now` is
 //! about 1.8 * 10^15 µs today (2^53 µs is the year 2255); the period is the
@@ -74,13 +78,15 @@ pub(super) const MAX_MICROS: u64 = 1 << 51;
 /// One request to the script.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Op {
-    /// Take `n` cells usable within `max_wait` µs, plus up to `extra` more
-    /// when they are usable now; first give back `give` unused cells.
+    /// Take `n` cells usable within `max_wait` µs, as of `not_before` µs
+    /// from now (the call goes no earlier), plus up to `extra` more when
+    /// they are usable now; first give back `give` unused cells.
     Take {
         n: u32,
         max_wait: u64,
         extra: u32,
         give: u32,
+        not_before: u64,
     },
     /// Undo a take whose `tat` is still on top.
     Cancel { refund: Refund },
@@ -155,7 +161,13 @@ fn args(cmd: &mut Cmd, now_us: Option<u64>, call: Call<'_>) {
             max_wait,
             extra,
             give,
-        } => cmd.arg(n).arg(max_wait).arg(extra).arg(give),
+            not_before,
+        } => cmd
+            .arg(n)
+            .arg(max_wait)
+            .arg(extra)
+            .arg(give)
+            .arg(not_before),
         Op::Cancel { refund } => cmd.arg(refund.before).arg(refund.after),
         Op::Penalize { retry, give } => cmd.arg(retry).arg(give),
         Op::Give { give } => cmd.arg(give),

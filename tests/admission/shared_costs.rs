@@ -170,3 +170,51 @@ fn an_admit_dropped_while_it_waits_gives_its_shared_tokens_back() {
     );
     assert!(probe.cancel());
 }
+
+/// Issue #43: a call's shared quotas are taken as of the instant it goes.
+/// Its request cell holds it a second; its tokens, taken now, would count
+/// that second's refill of a full bucket as spent (a server's bucket,
+/// capped, never has it), and calls of several processes whose request
+/// cells and tokens interleave went together and were refused.
+#[test]
+fn a_calls_tokens_are_taken_as_of_the_instant_its_request_cell_lets_it_go() {
+    let clock = ManualClock::new();
+    let requests: Shared = Arc::new(TokenBucket::with_clock(
+        Quota::per_second(NonZeroU32::MIN),
+        clock.clone(),
+    ));
+    let tokens: Shared = Arc::new(TokenBucket::with_clock(
+        Quota::new(1_000.0, 1_000).unwrap(),
+        clock.clone(),
+    ));
+    let layer = Admission::builder()
+        .sleeper(clock.clone())
+        .clock(clock.clone())
+        .fixed_rates()
+        .inline_wait(Duration::from_secs(60))
+        .shared_quota("key", requests.clone())
+        .shared_resource("key", "tokens", tokens.clone())
+        .build();
+    // The request cell of this second.
+    drop(block_on(layer.admit(&complete(1))).unwrap());
+    assert_eq!(left(&tokens), 999);
+    // The next call waits a second for its request cell, and takes its
+    // 1,000 tokens as of then: the bucket is full then, and empty after.
+    let spec = complete(1_000);
+    let mut second = pin!(layer.admit(&spec));
+    assert!(poll_once(second.as_mut()).is_pending());
+    clock.advance(Duration::from_secs(1));
+    let Poll::Ready(Ok(second)) = poll_once(second.as_mut()) else {
+        panic!("admitted after its second")
+    };
+    assert_eq!(left(&tokens), 0, "the tokens were taken as of that second");
+    drop(second);
+    // A third waits for its request cell (one more second) and takes its
+    // tokens as of then: 500 of a full bucket.
+    let spec = complete(500);
+    let mut third = pin!(layer.admit(&spec));
+    assert!(poll_once(third.as_mut()).is_pending());
+    clock.advance(Duration::from_secs(1));
+    assert!(matches!(poll_once(third.as_mut()), Poll::Ready(Ok(_))));
+    assert_eq!(left(&tokens), 500);
+}

@@ -515,3 +515,38 @@ async fn a_leased_reservation_cancelled_after_reset_adds_no_cells() {
     assert!(!r.cancel().await);
     assert_eq!(b.available().await, 10, "a full bucket, nothing more");
 }
+
+/// Issue #43: `reserve_after` takes the cells as of the instant the call
+/// goes (the script's `not_before`), so the refill of a full bucket before
+/// then is not counted as spent; the wait is from now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserve_after_takes_the_cells_as_of_the_instant_the_call_goes() {
+    if !redis_server::available("reserve_after_takes_the_cells_as_of_the_instant_the_call_goes") {
+        return;
+    }
+    use backpressure::RateLimiter;
+    let server = RedisServer::start();
+    let clock = ManualClock::starting_at(1_000_000_000);
+    let b = bucket(&server, "after", &clock);
+    let second = Duration::from_secs(1);
+    // A full burst for a call that goes in a second: taken then.
+    assert_eq!(
+        b.reserve_after(10, second, 2 * second).await.unwrap(),
+        second
+    );
+    assert_eq!(b.available().await, 0);
+    clock.advance(second);
+    // Still empty at that second (taken now, it would be full again).
+    assert_eq!(b.available().await, 0);
+    assert_eq!(
+        b.reserve_after(1, Duration::ZERO, second).await.unwrap(),
+        PERIOD
+    );
+    // Past `max_wait`: refused with the wait from now, nothing taken.
+    let refused = b.reserve_after(1, second, second / 2).await.unwrap_err();
+    assert!(
+        matches!(refused, ReserveError::RateLimited { .. }),
+        "{refused:?}"
+    );
+    assert_eq!(b.stats().admitted, 11);
+}

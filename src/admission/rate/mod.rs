@@ -342,12 +342,17 @@ where
                 )
                 .map_err(|r| self.rate_refusal(r, &spec.credential, at))?;
             let mut wait = longest;
+            // Shared limiters last, so a refusal there cancels the local
+            // reservations above (a shared cell cannot be given back
+            // without a round trip). Each takes its cells as of the latest
+            // instant so far, the call's own: taken before the call goes
+            // (its request cell later than its tokens, say, as calls of
+            // several processes interleave), they would count refill that
+            // a full bucket (the server's) never gets, and calls that
+            // another quota releases together would go together.
             if let Some(shared) = &shared {
-                // Last, so a refusal here cancels the local reservations
-                // above (a shared cell cannot be given back without a round
-                // trip).
                 self.push_penalty(&spec.credential, shared.as_ref()).await;
-                match shared.reserve_n(1, max_wait).await {
+                match shared.reserve_n(1, wait, max_wait).await {
                     Ok(w) => {
                         wait = wait.max(w);
                         others = others.max(w);
@@ -364,7 +369,7 @@ where
             }
             if !shared_costs.is_empty() {
                 match self
-                    .reserve_shared_costs(spec, shared_costs, max_wait, &mut reserved)
+                    .reserve_shared_costs(spec, shared_costs, wait, max_wait, &mut reserved)
                     .await
                 {
                     Ok(w) => {

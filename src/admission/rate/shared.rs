@@ -34,10 +34,12 @@ pub(crate) type SharedFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a
 ///
 /// [`Admission`]: crate::admission::Admission
 pub(crate) trait SharedLimiter: Send + Sync {
-    /// Takes `n` cells usable within `max_wait`; returns the wait.
+    /// Takes `n` cells usable within `max_wait`, as of `not_before` from
+    /// now (`RateLimiter::reserve_after`); returns the wait.
     fn reserve_n(
         &self,
         n: u32,
+        not_before: Duration,
         max_wait: Duration,
     ) -> SharedFuture<'_, Result<Duration, ReserveError>>;
 
@@ -59,9 +61,10 @@ impl<L: RateLimiter> SharedLimiter for L {
     fn reserve_n(
         &self,
         n: u32,
+        not_before: Duration,
         max_wait: Duration,
     ) -> SharedFuture<'_, Result<Duration, ReserveError>> {
-        Box::pin(self.reserve(n, max_wait))
+        Box::pin(self.reserve_after(n, not_before, max_wait))
     }
 
     fn penalize_all(&self, retry_after: Duration) -> SharedFuture<'_, ()> {
@@ -341,18 +344,21 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
     }
 
     /// Reserves the call's cost on each of `limiters` (its credential's
-    /// weighted quotas kept in a shared limiter), within `max_wait`; keeps
-    /// them in `reserved`, which queues their refund if the call is not
-    /// admitted. Returns the longest wait, or the first refusal.
+    /// weighted quotas kept in a shared limiter), within `max_wait`, each
+    /// as of the latest instant so far (from `not_before`: the call goes
+    /// no earlier); keeps them in `reserved`, which queues their refund if
+    /// the call is not admitted. Returns the longest wait (at least
+    /// `not_before`), or the first refusal.
     pub(super) async fn reserve_shared_costs(
         &self,
         spec: &CallSpec,
         limiters: &[SharedCost],
+        not_before: Duration,
         max_wait: Duration,
         reserved: &mut Reserved<'_, S, C>,
     ) -> Result<Duration, Refusal> {
         let resources = &self.inner.rates.resources;
-        let mut wait = Duration::ZERO;
+        let mut wait = not_before;
         for (name, limiter) in limiters {
             let cells = spec.cost_of(name).unwrap_or(0);
             let Some(i) = resources.iter().position(|r| r.name == *name) else {
@@ -361,7 +367,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
             if cells == 0 {
                 continue;
             }
-            match limiter.reserve_n(cells, max_wait).await {
+            match limiter.reserve_n(cells, wait, max_wait).await {
                 Ok(w) => {
                     wait = wait.max(w);
                     reserved.push_shared(Source::Resource(i), cells);
