@@ -645,3 +645,49 @@ fn debug_shows_the_quota_and_the_state() {
         assert!(s.contains(part), "{part:?} missing from {s}");
     }
 }
+
+/// `RateLimiter::reserve_after` (issue #43): the cells are taken as of the
+/// instant the call goes, the wait is from now, and a refusal says how long
+/// from now, with nothing taken.
+#[test]
+fn reserve_after_takes_the_cells_then_and_refuses_with_the_wait_from_now() {
+    use backpressure::RateLimiter;
+    let clock = ManualClock::new();
+    // 10/s, burst 10: one cell per 100 ms.
+    let b = TokenBucket::with_clock(Quota::per_second(nz(10)), clock.clone());
+    let ms = Duration::from_millis;
+    b.try_acquire(10).unwrap();
+    // Five cells are usable in 500 ms, for a call that may not go before
+    // 200 ms: beyond its 300 ms budget, refused with the wait from now.
+    let refused = RateLimiter::reserve_after(&b, 5, ms(200), ms(300))
+        .now_or_never()
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        refused,
+        ReserveError::RateLimited {
+            retry_after: ms(500)
+        }
+    );
+    assert_eq!(b.available(), 0, "nothing taken");
+    // Within 600 ms: granted at 500 ms.
+    let wait = RateLimiter::reserve_after(&b, 5, ms(200), ms(600))
+        .now_or_never()
+        .unwrap()
+        .unwrap();
+    assert_eq!(wait, ms(500));
+    // Not before past the budget: refused at once, nothing taken.
+    let refused = RateLimiter::reserve_after(&b, 1, ms(700), ms(600))
+        .now_or_never()
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        refused,
+        ReserveError::RateLimited {
+            retry_after: ms(700)
+        }
+    );
+    // The burst's ten are back at 1 s, less the five.
+    clock.advance(ms(1_000));
+    assert_eq!(b.available(), 5);
+}
