@@ -121,15 +121,9 @@ pub trait RateLimiter: Send + Sync {
         not_before: Duration,
         max_wait: Duration,
     ) -> impl Future<Output = Result<Duration, ReserveError>> + Send {
-        let reserve = (not_before <= max_wait).then(|| self.reserve(n, max_wait));
-        async move {
-            match reserve {
-                Some(reserve) => reserve.await.map(|wait| wait.max(not_before)),
-                None => Err(ReserveError::RateLimited {
-                    retry_after: not_before,
-                }),
-            }
-        }
+        let reserve =
+            ReserveError::fits_not_before(not_before, max_wait).map(|()| self.reserve(n, max_wait));
+        async move { reserve?.await.map(|wait| wait.max(not_before)) }
     }
 
     /// The server said "not before `retry_after`" (a 429 or 503 with

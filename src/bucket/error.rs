@@ -151,6 +151,19 @@ pub enum ReserveError {
 }
 
 impl ReserveError {
+    /// The rule of every `reserve_after`: a call that may not go before
+    /// `not_before` cannot go within a shorter `max_wait`, so nothing is
+    /// taken and the caller is told `not_before`.
+    #[inline]
+    pub(crate) fn fits_not_before(not_before: Duration, max_wait: Duration) -> Result<(), Self> {
+        if not_before > max_wait {
+            return Err(ReserveError::RateLimited {
+                retry_after: not_before,
+            });
+        }
+        Ok(())
+    }
+
     /// When to ask again: the wait, for
     /// [`RateLimited`](ReserveError::RateLimited), and the configured
     /// `retry_after` of an [`Unavailable`](ReserveError::Unavailable)

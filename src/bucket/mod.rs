@@ -181,11 +181,7 @@ impl<C: Clock> TokenBucket<C> {
         not_before: Duration,
         max_wait: Duration,
     ) -> Result<Reservation<'_>, ReserveError> {
-        if not_before > max_wait {
-            return Err(ReserveError::RateLimited {
-                retry_after: not_before,
-            });
-        }
+        ReserveError::fits_not_before(not_before, max_wait)?;
         let now = self.clock.now_nanos();
         let budget = saturating_nanos(max_wait);
         let after = saturating_nanos(not_before).min(budget);

@@ -422,11 +422,7 @@ impl RedisBucket {
         not_before: Duration,
         max_wait: Duration,
     ) -> Result<RedisReservation<'_>, ReserveError> {
-        if not_before > max_wait {
-            return Err(ReserveError::RateLimited {
-                retry_after: not_before,
-            });
-        }
+        ReserveError::fits_not_before(not_before, max_wait)?;
         if n == 0 {
             return Ok(RedisReservation::new(self, not_before, Source::Nothing));
         }
