@@ -656,38 +656,46 @@ fn reserve_after_takes_the_cells_then_and_refuses_with_the_wait_from_now() {
     // 10/s, burst 10: one cell per 100 ms.
     let b = TokenBucket::with_clock(Quota::per_second(nz(10)), clock.clone());
     let ms = Duration::from_millis;
+    let after = |n, not_before, max_wait| {
+        RateLimiter::reserve_after(&b, n, not_before, max_wait)
+            .now_or_never()
+            .unwrap()
+    };
+    let refused = |retry_after| Err(ReserveError::RateLimited { retry_after });
     b.try_acquire(10).unwrap();
     // Five cells are usable in 500 ms, for a call that may not go before
     // 200 ms: beyond its 300 ms budget, refused with the wait from now.
-    let refused = RateLimiter::reserve_after(&b, 5, ms(200), ms(300))
-        .now_or_never()
-        .unwrap()
-        .unwrap_err();
-    assert_eq!(
-        refused,
-        ReserveError::RateLimited {
-            retry_after: ms(500)
-        }
-    );
+    assert_eq!(after(5, ms(200), ms(300)), refused(ms(500)));
     assert_eq!(b.available(), 0, "nothing taken");
     // Within 600 ms: granted at 500 ms.
-    let wait = RateLimiter::reserve_after(&b, 5, ms(200), ms(600))
-        .now_or_never()
-        .unwrap()
-        .unwrap();
-    assert_eq!(wait, ms(500));
+    assert_eq!(after(5, ms(200), ms(600)), Ok(ms(500)));
     // Not before past the budget: refused at once, nothing taken.
-    let refused = RateLimiter::reserve_after(&b, 1, ms(700), ms(600))
-        .now_or_never()
-        .unwrap()
-        .unwrap_err();
-    assert_eq!(
-        refused,
-        ReserveError::RateLimited {
-            retry_after: ms(700)
-        }
-    );
+    assert_eq!(after(1, ms(700), ms(600)), refused(ms(700)));
     // The burst's ten are back at 1 s, less the five.
     clock.advance(ms(1_000));
     assert_eq!(b.available(), 5);
+}
+
+/// `reserve_after`'s default (a limiter that does not take cells at an
+/// instant, here `RollingWindow`): reserved now, the wait the longer of
+/// the two, and the same refusal past `max_wait`.
+#[test]
+fn reserve_after_by_default_reserves_now_and_waits_the_longer() {
+    use backpressure::{RateLimiter, RollingWindow};
+    let ms = Duration::from_millis;
+    let window = RollingWindow::with_clock(nz(2), ms(1_000), ManualClock::new());
+    let after = |n, not_before, max_wait| {
+        RateLimiter::reserve_after(&window, n, not_before, max_wait)
+            .now_or_never()
+            .unwrap()
+    };
+    assert_eq!(after(1, ms(300), ms(500)), Ok(ms(300)));
+    assert_eq!(
+        after(1, ms(700), ms(500)),
+        Err(ReserveError::RateLimited {
+            retry_after: ms(700)
+        })
+    );
+    // Nothing was taken by the refusal: the second of two still fits now.
+    assert_eq!(after(1, Duration::ZERO, Duration::ZERO), Ok(Duration::ZERO));
 }
