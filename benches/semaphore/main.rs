@@ -17,6 +17,7 @@ mod contended_interleaved;
 #[path = "../support/interleaved.rs"]
 mod interleaved;
 mod oversubscribed;
+mod two_threads_interleaved;
 mod uncontended_interleaved;
 use criterion::{criterion_group, Criterion};
 
@@ -102,6 +103,23 @@ fn contended(c: &mut Criterion) {
                     .is_ok()
                 {
                     f.store(1, Ordering::Release);
+                    true
+                } else {
+                    false
+                }
+            })
+        })
+    });
+    // A release that must see whether waiters queued cannot be a plain
+    // store: this is the least a semaphore's word can do.
+    let floor_cas = AtomicUsize::new(1);
+    g.bench_function("floor (CAS 1->0, CAS 0->1)", |b| {
+        b.iter_custom(|iters| {
+            two_threads(iters, &floor_cas, |f| {
+                if f.compare_exchange(1, 0, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    let _ = f.compare_exchange(0, 1, Ordering::Release, Ordering::Relaxed);
                     true
                 } else {
                     false
@@ -219,6 +237,7 @@ criterion_group!(benches, sizes, uncontended, contended);
 /// `cargo bench --bench semaphore -- interleaved` runs `contended_interleaved.rs` instead.
 /// `cargo bench --bench semaphore -- oversubscribed` runs `oversubscribed.rs` instead.
 /// `cargo bench --bench semaphore -- uncontended-interleaved` runs `uncontended_interleaved.rs` instead.
+/// `cargo bench --bench semaphore -- two-threads-interleaved` runs `two_threads_interleaved.rs` instead.
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "interleaved") {
@@ -226,6 +245,9 @@ fn main() {
     }
     if args.iter().any(|a| a == "oversubscribed") {
         return oversubscribed::main();
+    }
+    if args.iter().any(|a| a == "two-threads-interleaved") {
+        return two_threads_interleaved::main();
     }
     if args.iter().any(|a| a == "uncontended-interleaved") {
         return uncontended_interleaved::main();

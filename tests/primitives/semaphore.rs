@@ -413,6 +413,45 @@ fn permit_merge_split_forget() {
     assert_eq!(sem.available_permits(), 3);
 }
 
+/// A `try_acquire` starts from the word its thread last left the
+/// semaphore in; what other threads did since must still decide.
+#[test]
+fn an_acquire_starts_from_this_threads_last_word_but_never_believes_it() {
+    let sem = Arc::new(Semaphore::new(4));
+    let other = Semaphore::new(2);
+    // This thread last saw 4 available.
+    drop(sem.try_acquire().unwrap());
+    let elsewhere = |f: fn(&Semaphore)| {
+        let sem = sem.clone();
+        std::thread::spawn(move || f(&sem)).join().unwrap();
+    };
+    elsewhere(|s| assert_eq!(s.forget_permits(3), 3));
+    assert_eq!(
+        sem.try_acquire_many(2).map(drop),
+        Err(TryAcquireError::NoPermits)
+    );
+    // The last word seen is now 1 available: two other semaphores' words
+    // in between do not leak into this one.
+    let held = sem.try_acquire().unwrap();
+    let o = other.try_acquire_many(2).unwrap();
+    assert_eq!(sem.try_acquire().map(drop), Err(TryAcquireError::NoPermits));
+    drop(o);
+    // Left last: this thread's word for `sem` says 1 available.
+    drop(held);
+    assert_eq!((sem.available_permits(), other.available_permits()), (1, 2));
+    elsewhere(|s| s.add_permits(5));
+    let six = sem.try_acquire_many(6).unwrap();
+    assert_eq!(sem.available_permits(), 0);
+    drop(six);
+    elsewhere(|s| s.close());
+    assert_eq!(sem.try_acquire().map(drop), Err(TryAcquireError::Closed));
+    assert_eq!(
+        sem.try_acquire_many(0).map(drop),
+        Err(TryAcquireError::Closed)
+    );
+    assert_eq!(sem.available_permits(), 6);
+}
+
 #[test]
 #[should_panic(expected = "merging permits from different semaphore instances")]
 fn merge_from_other_semaphore_panics() {

@@ -1,0 +1,53 @@
+//! Where an acquire's compare-and-swap starts: the word this thread last
+//! left the semaphore's state in (see "Acquiring" in the parent module).
+//!
+//! One slot per thread: the semaphore's address and the word. A thread
+//! that goes between two semaphores loses the hint on each switch and
+//! loads instead; a semaphore freed and another built at its address
+//! finds a stale word, which costs a failed compare-and-swap. Neither is
+//! unsound: the word is only ever a CAS's expected value.
+//!
+//! Under loom the hint is never given (the acquire loads, as it would on
+//! a miss): a thread-local that outlives one model's run would make the
+//! next run's branches depend on the last one's.
+
+#[cfg(not(all(test, feature = "loom")))]
+mod imp {
+    use core::cell::Cell;
+
+    std::thread_local! {
+        /// `(semaphore address, word)`; address 0 is no hint.
+        static LAST: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
+    }
+
+    /// The word this thread last left the semaphore at `sem` in, if it
+    /// was this one.
+    #[inline]
+    pub(crate) fn get(sem: usize) -> Option<usize> {
+        // `try_with`: never fails for a const-initialised slot without a
+        // destructor, but a hint is not worth a panic if it ever does.
+        match LAST.try_with(Cell::get) {
+            Ok((at, word)) if at == sem => Some(word),
+            _ => None,
+        }
+    }
+
+    /// Records that this thread left the semaphore at `sem` in `word`.
+    #[inline]
+    pub(crate) fn set(sem: usize, word: usize) {
+        let _ = LAST.try_with(|last| last.set((sem, word)));
+    }
+}
+
+#[cfg(all(test, feature = "loom"))]
+mod imp {
+    #[inline]
+    pub(crate) fn get(_sem: usize) -> Option<usize> {
+        None
+    }
+
+    #[inline]
+    pub(crate) fn set(_sem: usize, _word: usize) {}
+}
+
+pub(super) use imp::{get, set};
