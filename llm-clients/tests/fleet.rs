@@ -20,15 +20,22 @@
 //! admitting less, by at most that process's calls in flight at their
 //! estimates: still no 429, and 85% of the rate less that slack.
 //!
-//! Both held only once each call's request cell and tokens were taken as
-//! of the one instant the call goes (`RateLimiter::reserve_after`): taken
-//! each at its own earliest slot, calls of several processes interleaved
+//! The first two held only once each call's request cell and tokens were
+//! taken as of the one instant the call goes (`RateLimiter::reserve_after`):
+//! taken each at its own earliest slot, calls of several processes interleaved
 //! (one's request cell early and tokens late, another's the other way),
 //! went closer together than the tokens allow, and were refused in about
 //! half the runs.
 //!
+//! The third runs the fleet told a first quota twice the key's limits,
+//! then half of them: the first wave may draw 429s (the first second is
+//! exempt), and every call already given a slot at the wrong rate must
+//! move once a reply states the key's limits. Without that (the calls
+//! sleeping on a shared quota kept their instants) the fleet drew 429s
+//! eight seconds in.
+//!
 //! Run with `cd llm-clients && cargo test --test fleet` (`.ci/run` does);
-//! the two tests take about a minute together: the key serves the
+//! the three take about a minute and a half together: the key serves the
 //! fleet's 144 calls at 2,000 tokens a second.
 
 #[allow(dead_code)] // the fleet uses a part of the loopback provider
@@ -86,12 +93,14 @@ async fn fleet_process() {
     });
 
     // The key's limits as its tier documents them, a second's worth of
-    // burst each. (A guess above them admits the first calls on its own
-    // schedule, and a guess below them is raised from the first reply; in
-    // both, calls already scheduled on the old quota still go on it: see
-    // ARCHITECTURE.md, "A fleet on one key".)
-    let limits =
-        |per_minute: u64| Quota::new(per_minute as f64 / 60.0, per_minute as u32 / 60).unwrap();
+    // burst each, scaled by `FLEET_GUESS` (the third test's wrong first
+    // quota: the calls already scheduled on it move once a reply states
+    // the key's; see ARCHITECTURE.md, "A fleet on one key").
+    let guess: f64 = std::env::var("FLEET_GUESS").map_or(1.0, |g| g.parse().unwrap());
+    let limits = |per_minute: u64| {
+        let per_sec = guess * per_minute as f64 / 60.0;
+        Quota::new(per_sec, per_sec as u32).unwrap()
+    };
     let scoped = RedisScoped::<String>::builder(&redis, "fleet:", limits(RPM))
         .quota_for("org-key:tokens".to_string(), limits(TPM))
         .timeout(Duration::from_secs(2))
@@ -188,7 +197,7 @@ impl Drop for Fleet {
 
 /// Starts the fleet against `server` and the cluster, `kill` naming the
 /// process, turn and reply to abort at; returns what each process said.
-fn run_fleet(redis: &str, base: &str, kill: Option<(usize, usize, usize)>) -> Said {
+fn run_fleet(redis: &str, base: &str, kill: Option<(usize, usize, usize)>, guess: f64) -> Said {
     let exe = std::env::current_exe().unwrap();
     let mut children = Fleet(
         (0..PROCESSES)
@@ -197,6 +206,7 @@ fn run_fleet(redis: &str, base: &str, kill: Option<(usize, usize, usize)>) -> Sa
                 cmd.args(["fleet_process", "--exact", "--ignored", "--nocapture"])
                     .env("FLEET_REDIS", redis)
                     .env("FLEET_BASE", base)
+                    .env("FLEET_GUESS", guess.to_string())
                     .stdin(Stdio::piped())
                     .stdout(Stdio::piped());
                 if let Some((_, turn, n)) = kill.filter(|k| k.0 == p) {
@@ -259,7 +269,7 @@ fn token_use(seen: &[Seen]) -> (u64, f64) {
 
 /// The fleet against a fresh cluster and server; `kill`: (process, turn,
 /// reply). Returns the server's record and what the processes said.
-async fn fleet(kill: Option<(usize, usize, usize)>) -> Option<(Vec<Seen>, Said)> {
+async fn fleet(kill: Option<(usize, usize, usize)>, guess: f64) -> Option<(Vec<Seen>, Said)> {
     if !cluster::available("the fleet") {
         return None;
     }
@@ -269,7 +279,7 @@ async fn fleet(kill: Option<(usize, usize, usize)>) -> Option<(Vec<Seen>, Said)>
     let server = Server::start(Flavor::OpenAi, Enforce::Bucket).await;
     let (redis, base) = (cluster.urls(), server.base_url());
     let started = Instant::now();
-    let said = tokio::task::spawn_blocking(move || run_fleet(&redis, &base, kill))
+    let said = tokio::task::spawn_blocking(move || run_fleet(&redis, &base, kill, guess))
         .await
         .unwrap();
     let seen = server.log();
@@ -344,7 +354,7 @@ fn check(seen: &[Seen], said: &Said, slack: u64) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_of_four_processes_keeps_one_keys_limits_and_uses_its_tokens() {
-    let Some((seen, said)) = fleet(None).await else {
+    let Some((seen, said)) = fleet(None, 1.0).await else {
         return;
     };
     check(&seen, &said, 0);
@@ -355,7 +365,7 @@ async fn a_fleet_of_four_processes_keeps_one_keys_limits_and_uses_its_tokens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_killed_between_reserve_and_settle_costs_at_most_its_calls_in_flight() {
     // Process 1, at the 6th reply of its second turn.
-    let Some((seen, said)) = fleet(Some((1, 2, 6))).await else {
+    let Some((seen, said)) = fleet(Some((1, 2, 6)), 1.0).await else {
         return;
     };
     assert!(said.killed[1], "process 1 was killed");
@@ -364,4 +374,20 @@ async fn a_process_killed_between_reserve_and_settle_costs_at_most_its_calls_in_
     // at their estimates (~830 tokens each).
     let slack = CALLS as u64 * 830;
     check(&seen, &said, slack);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_told_a_wrong_first_quota_keeps_the_keys_limits_once_a_reply_states_them() {
+    // Twice the key's limits (the first wave overshoots; the calls already
+    // given a slot must move once a reply states the real ones), then half
+    // of them (raised from the first reply). `FLEET_TRY_GUESS` runs one.
+    let guesses =
+        std::env::var("FLEET_TRY_GUESS").map_or(vec![2.0, 0.5], |g| vec![g.parse().unwrap()]);
+    for guess in guesses {
+        let Some((seen, said)) = fleet(None, guess).await else {
+            return;
+        };
+        eprintln!("first quota {guess}x the key's:");
+        check(&seen, &said, 0);
+    }
 }

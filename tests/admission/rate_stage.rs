@@ -291,6 +291,59 @@ fn a_429_seen_by_one_layer_holds_every_layer_sharing_the_key() {
 }
 
 #[test]
+fn a_shared_quota_changed_by_another_process_moves_the_calls_sleeping_on_it() {
+    // A queues three calls on a shared 10/s quota (burst 1): their cells
+    // are at 100, 200 and 300 ms. At 10 ms another process stores 2/s,
+    // which the limiter applies to the cells queued in it. A learns of it
+    // at its next round trip (a fourth call's reservation), and its
+    // sleepers go at 2/s from the change: at 460, 960 and 1,460 ms (the
+    // 90, 190 and 290 ms left, five times as long), not at their old
+    // instants, which the server's 2/s would refuse.
+    let clock = ManualClock::starting_at(LATE);
+    let shared = std::sync::Arc::new(TokenBucket::with_clock(
+        Quota::per_second(nz(10)).allow_burst(nz(1)),
+        clock.clone(),
+    ));
+    let a = on(&clock)
+        .shared_quota("k", shared.clone())
+        .inline_wait(Duration::from_secs(5))
+        .build();
+    let spec = CallSpec::new("t", "k");
+    let first = a.admit(&spec).now_or_never().unwrap().unwrap();
+    let mut queued: Vec<_> = (0..3).map(|_| Box::pin(a.admit(&spec))).collect();
+    for call in &mut queued {
+        assert!(call.as_mut().now_or_never().is_none());
+    }
+    clock.advance(10 * MS);
+    shared.set_quota(Quota::new(2.0, 1).unwrap());
+    // Another tool: the first tool's four slots are taken.
+    let other_tool = CallSpec::new("u", "k");
+    let mut fourth = Box::pin(a.admit(&other_tool));
+    assert!(fourth.as_mut().now_or_never().is_none());
+    let mut at = 10;
+    for due in [460, 960, 1_460] {
+        clock.advance((due - 1 - at) * MS);
+        let ready: Vec<bool> = queued
+            .iter_mut()
+            .map(|c| matches!(c.as_mut().now_or_never(), Some(Ok(_))))
+            .collect();
+        assert!(ready.iter().all(|r| !r), "before {due} ms: {ready:?}");
+        clock.advance(MS);
+        at = due;
+        let mut call = queued.remove(0);
+        assert!(
+            matches!(call.as_mut().now_or_never(), Some(Ok(_))),
+            "at {due} ms"
+        );
+    }
+    // The fourth call was reserved at 2/s, behind the three moved cells.
+    assert!(fourth.as_mut().now_or_never().is_none());
+    clock.advance(500 * MS);
+    assert!(matches!(fourth.as_mut().now_or_never(), Some(Ok(_))));
+    drop(first);
+}
+
+#[test]
 fn a_runner_pushes_a_shared_hold_as_soon_as_the_call_ends() {
     use backpressure::admission::{Call, CallResult, Reply, Runner};
     use backpressure::retry::RetryPolicy;

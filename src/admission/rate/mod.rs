@@ -27,11 +27,13 @@ mod refusal;
 mod rescales;
 mod settle;
 pub(super) mod shared;
+mod shared_turns;
 
 pub(in crate::admission) use held::{Held, Kept, Reserved};
 pub(in crate::admission) use observe::Tool;
 pub use provider::Provider;
 use refusal::Refusal;
+use rescales::{Rescales, Turn};
 use settle::charge;
 
 use super::spec::{CallSpec, REQUESTS};
@@ -329,7 +331,7 @@ where
             };
             let Wait {
                 longest,
-                mut others,
+                others,
                 requests,
             } = self
                 .reserve_local(
@@ -342,6 +344,9 @@ where
                 )
                 .map_err(|r| self.rate_refusal(r, &spec.credential, at))?;
             let mut wait = longest;
+            // The cells taken from shared limiters, whose instants move if
+            // the quota in force changes while the call sleeps.
+            let mut shared_turns = Vec::new();
             // Shared limiters last, so a refusal there cancels the local
             // reservations above (a shared cell cannot be given back
             // without a round trip). Each takes its cells as of the latest
@@ -355,7 +360,13 @@ where
                 match shared.reserve_n(1, wait, max_wait).await {
                     Ok(w) => {
                         wait = wait.max(w);
-                        others = others.max(w);
+                        let ready_at = now.saturating_add(saturating_nanos(w));
+                        shared_turns.push(self.shared_turn(
+                            &spec.credential,
+                            REQUESTS,
+                            shared.as_ref(),
+                            ready_at,
+                        ));
                     }
                     Err(e) => {
                         let refusal = Refusal {
@@ -368,14 +379,12 @@ where
                 }
             }
             if !shared_costs.is_empty() {
+                let turns = (now, &mut shared_turns);
                 match self
-                    .reserve_shared_costs(spec, shared_costs, wait, max_wait, &mut reserved)
+                    .reserve_shared_costs(spec, shared_costs, wait, max_wait, &mut reserved, turns)
                     .await
                 {
-                    Ok(w) => {
-                        wait = wait.max(w);
-                        others = others.max(w);
-                    }
+                    Ok(w) => wait = wait.max(w),
                     Err(refusal) => {
                         let refused = self.rate_refusal(refusal, &spec.credential, at);
                         // Not admitted: the shared cells taken so far go
@@ -399,34 +408,43 @@ where
             // sleep sends the call back.
             let held_before = self.held_until(&spec.credential, scope_key.as_ref());
             let others_at = now.saturating_add(saturating_nanos(others));
-            let ready_at = match requests {
-                // The request cell's instant moves with the learned rate
-                // if it changes while the call sleeps (see `rescales`).
-                Some(turn) if turn.ready_at > now && credential.is_learned() => {
-                    let turn = credential.rescales.turn(turn.ready_at, turn.epoch);
-                    match self
-                        .sleep_turn(credential, turn, others_at, ready_at, deadline_at)
-                        .await
-                    {
-                        rescales::Slept::To(at) => at,
-                        rescales::Slept::Closed => return Err(self.closed_refusal()),
-                        rescales::Slept::PastDeadline => {
-                            // A cut moved the turn past the deadline: ask
-                            // again from now, as behind a hold, which
-                            // refuses it with an honest wait unless the
-                            // cell comes back (a refund holds only for the
-                            // latest cell: the others stay unused).
-                            now = inner.clock.now_nanos();
-                            reserved.cancel_all();
-                            continue;
-                        }
-                    }
+            // The cells whose instants may move while the call sleeps: the
+            // request cell of a learned rate (see `rescales`), and those
+            // taken from shared limiters (see `shared_turns`).
+            let mut turns: Vec<(&Rescales, Turn)> = shared_turns
+                .iter()
+                .filter(|(_, turn)| turn.ready_at > now)
+                .map(|(watch, turn)| (&watch.rescales, *turn))
+                .collect();
+            if let Some(cell) = requests
+                && cell.ready_at > now
+                && credential.is_learned()
+            {
+                let turn = credential.rescales.turn(cell.ready_at, cell.epoch);
+                turns.push((&credential.rescales, turn));
+            }
+            let ready_at = if turns.is_empty() {
+                if !self.sleep_unless_closed(wait).await {
+                    return Err(self.closed_refusal());
                 }
-                _ => {
-                    if !self.sleep_unless_closed(wait).await {
-                        return Err(self.closed_refusal());
+                ready_at
+            } else {
+                match self
+                    .sleep_turns(&mut turns, others_at, ready_at, deadline_at)
+                    .await
+                {
+                    rescales::Slept::To(at) => at,
+                    rescales::Slept::Closed => return Err(self.closed_refusal()),
+                    rescales::Slept::PastDeadline => {
+                        // A cut moved a turn past the deadline: ask again
+                        // from now, as behind a hold, which refuses it
+                        // with an honest wait unless the cell comes back
+                        // (a refund holds only for the latest cell: the
+                        // others stay unused).
+                        now = inner.clock.now_nanos();
+                        reserved.cancel_all();
+                        continue;
                     }
-                    ready_at
                 }
             };
             now = inner.clock.now_nanos();

@@ -26,7 +26,6 @@ use parking_lot::Mutex;
 use core::task::Poll;
 use core::time::Duration;
 
-use super::learned::CredentialState;
 use crate::admission::Admission;
 use crate::bucket::gcra::{epoch_distance, Rescale, EPOCH_HALF};
 use crate::clock::Clock;
@@ -65,6 +64,15 @@ pub(crate) struct Turn {
 impl Rescales {
     /// Logs `change` and wakes every call sleeping towards a cell.
     pub(crate) fn push(&self, change: Rescale) {
+        for waker in self.log_change(change) {
+            waker.wake();
+        }
+    }
+
+    /// Logs `change`; returns the wakers of the calls sleeping towards a
+    /// cell, for the caller to wake once it holds no lock of its own.
+    #[must_use = "the sleepers must be woken"]
+    pub(crate) fn log_change(&self, change: Rescale) -> Vec<Waker> {
         {
             let mut log = self.log.lock();
             if log.len() == LOG {
@@ -77,11 +85,8 @@ impl Rescales {
         }
         // After the count: a sleeper registering from here on sees it
         // (`changed` reads it under this lock), one registered before is
-        // woken here.
-        let wakers = core::mem::take(&mut *self.wakers.lock());
-        for waker in wakers {
-            waker.wake();
-        }
+        // woken by the caller.
+        core::mem::take(&mut *self.wakers.lock())
     }
 
     /// Whether a change was logged since `turn` last caught up; if not,
@@ -142,18 +147,19 @@ pub(super) enum Slept {
 }
 
 impl<S: Sleeper, C: Clock> Admission<S, C> {
-    /// Sleeps towards the request cell's `turn` (and `others_at`, the
-    /// other quotas' instant, `planned` both together), moving the turn
-    /// by every change of the learned rate logged meanwhile; returns the
+    /// Sleeps towards the latest of `turns` (each a cell of a quota whose
+    /// rate may change, with that quota's log: the request cell of a
+    /// learned rate, the cells taken from shared limiters) and `others_at`
+    /// (the other quotas' instant; `planned` all together), moving each
+    /// turn by every change its log records meanwhile; returns the
     /// instant slept to, or why it stopped before: the layer closed, or a
-    /// cut moved the turn past `deadline_at`. (A cut may stretch a wait
+    /// cut moved a turn past `deadline_at`. (A cut may stretch a wait
     /// past the inline threshold it was admitted under: refusing the call
     /// then would leave its cell unused, and the threshold is a choice of
     /// how long to wait, the deadline a promise.)
-    pub(super) async fn sleep_turn(
+    pub(super) async fn sleep_turns(
         &self,
-        credential: &CredentialState,
-        mut turn: Turn,
+        turns: &mut [(&Rescales, Turn)],
         others_at: u64,
         planned: u64,
         deadline_at: u64,
@@ -176,7 +182,11 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
                 if closed.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(None);
                 }
-                if credential.rescales.changed(&turn, cx.waker()) {
+                // Each log not changed keeps the waker for its next change.
+                if turns
+                    .iter()
+                    .any(|(log, turn)| log.changed(turn, cx.waker()))
+                {
                     return Poll::Ready(Some(false));
                 }
                 sleep.as_mut().poll(cx).map(|()| Some(true))
@@ -187,8 +197,11 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
                 Some(true) => return Slept::To(ready_at),
                 Some(false) => {}
             }
-            credential.rescales.catch_up(&mut turn);
-            ready_at = turn.ready_at.max(others_at);
+            ready_at = others_at;
+            for (log, turn) in turns.iter_mut() {
+                log.catch_up(turn);
+                ready_at = ready_at.max(turn.ready_at);
+            }
         }
     }
 }

@@ -14,6 +14,8 @@ use std::borrow::Cow;
 use super::held::{Reserved, Source};
 use super::observe::{same_name, stated_quota};
 use super::refusal::Refusal;
+use super::rescales::Turn;
+use super::shared_turns::{Watch, Watches};
 use crate::admission::spec::{CallSpec, REQUESTS};
 use crate::admission::Admission;
 use crate::bucket::{Quota, ReserveError};
@@ -112,6 +114,9 @@ pub(in crate::admission) struct Shared {
     /// possible (`Ticket::settle`, `Ticket::observe`, a dropped `admit`),
     /// sent by the next push for the credential.
     owed: parking_lot::Mutex<HashMap<String, Vec<Owed>>>,
+    /// The quota in force of each shared quota as this process last saw
+    /// it, and its changes, which move the calls sleeping on it.
+    pub(in crate::admission) watches: Watches,
 }
 
 /// What one shared quota is owed by this process.
@@ -248,6 +253,9 @@ impl Shared {
                     .penalize_all(Duration::from_nanos(owed.hold_until - now))
                     .await;
             }
+            self.watches
+                .of(credential, &owed.name)
+                .observe(limiter.quota_in_force(), now);
         }
     }
 
@@ -347,8 +355,9 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
     /// weighted quotas kept in a shared limiter), within `max_wait`, each
     /// as of the latest instant so far (from `not_before`: the call goes
     /// no earlier); keeps them in `reserved`, which queues their refund if
-    /// the call is not admitted. Returns the longest wait (at least
-    /// `not_before`), or the first refusal.
+    /// the call is not admitted, and each one's turn (waits from `now`) in
+    /// `turns`. Returns the longest wait (at least `not_before`), or the
+    /// first refusal.
     pub(super) async fn reserve_shared_costs(
         &self,
         spec: &CallSpec,
@@ -356,6 +365,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         not_before: Duration,
         max_wait: Duration,
         reserved: &mut Reserved<'_, S, C>,
+        (now, turns): (u64, &mut Vec<(Arc<Watch>, Turn)>),
     ) -> Result<Duration, Refusal> {
         let resources = &self.inner.rates.resources;
         let mut wait = not_before;
@@ -371,6 +381,13 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
                 Ok(w) => {
                     wait = wait.max(w);
                     reserved.push_shared(Source::Resource(i), cells);
+                    let ready_at = now.saturating_add(saturating_nanos(w));
+                    turns.push(self.shared_turn(
+                        &spec.credential,
+                        name,
+                        limiter.as_ref(),
+                        ready_at,
+                    ));
                 }
                 Err(e) => {
                     return Err(Refusal {
@@ -438,12 +455,30 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         }
     }
 
+    /// The turn of cells just taken from `credential`'s shared quota
+    /// `name` (kept in `limiter`), usable at `ready_at`; the quota in
+    /// force the reply brought is looked at first (see `shared_turns`).
+    pub(super) fn shared_turn(
+        &self,
+        credential: &str,
+        name: &str,
+        limiter: &dyn SharedLimiter,
+        ready_at: u64,
+    ) -> (Arc<Watch>, Turn) {
+        let watch = self.inner.rates.shared.watches.of(credential, name);
+        watch.observe(limiter.quota_in_force(), self.inner.clock.now_nanos());
+        let turn = watch.turn(ready_at);
+        (watch, turn)
+    }
+
     pub(super) async fn push_penalty(&self, credential: &str, shared: &dyn SharedLimiter) {
         let pending = self.inner.rates.pending.lock().remove(credential);
         if let Some(until) = pending {
             let now = self.inner.clock.now_nanos();
             if until > now {
                 shared.penalize_all(Duration::from_nanos(until - now)).await;
+                let watch = self.inner.rates.shared.watches.of(credential, REQUESTS);
+                watch.observe(shared.quota_in_force(), self.inner.clock.now_nanos());
             }
         }
     }

@@ -1,0 +1,161 @@
+//! Changes of a shared quota that reach the calls already waiting on it.
+//!
+//! A call takes its cells from a shared limiter (a `RedisBucket` that
+//! every process of a fleet admits through), then sleeps until they are
+//! usable. When the quota in force changes meanwhile (this process or
+//! another stored a limit the server stated), the limiter converts the
+//! cells queued in it to the new rate (`set_quota`), but the instants
+//! the sleeping calls were given are this process's own. Without this
+//! log they went at the old rate: told a first quota twice the key's,
+//! four processes drew 429s seconds after the first replies, from calls
+//! given a slot before the change.
+//!
+//! So each shared quota of a credential has a [`Watch`]: the period in
+//! force as this process last saw it, and a [`Rescales`] log of its
+//! changes. Every round trip through the limiter (a reservation, a
+//! settle, a stored quota, a hold) refreshes the limiter's quota in
+//! force, and the admission layer then looks at it here; a change is
+//! logged as of that instant and wakes the calls sleeping on that quota,
+//! which move their instants the same way the limiter moved its cells
+//! (`Admission::sleep_turns`).
+//!
+//! What this does not give: a process learns of a change at its next
+//! round trip, so the cells of its calls due between the change and that
+//! round trip go at the old rate; a change of burst alone moves no
+//! instant (a cell's instant moves with the period only, as for a learned
+//! local rate); and the quota in force is the limiter's latest reply, so
+//! a call whose reservation came back under the old quota just after
+//! another call's reply brought the new one takes its turn under the new
+//! epoch and keeps its instant (the limiter does not say which quota each
+//! reservation was taken under).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::rescales::{Rescales, Turn};
+use crate::bucket::gcra::{Rescale, EPOCH_MAX};
+use crate::bucket::Quota;
+
+/// One shared quota of one credential, as this process last saw it.
+#[derive(Default)]
+pub(crate) struct Watch {
+    /// Its changes, for the calls sleeping on it.
+    pub(crate) rescales: Rescales,
+    /// The period in force last seen (0: none yet) and the epoch of the
+    /// latest change logged.
+    seen: Mutex<(u64, u32)>,
+}
+
+impl Watch {
+    /// Looks at the quota in force after a round trip at `now` (layer
+    /// clock): a new period is logged, and the calls sleeping on this
+    /// quota are woken to move.
+    pub(crate) fn observe(&self, quota: Option<Quota>, now: u64) {
+        let Some(quota) = quota else { return };
+        let wakers = {
+            let mut seen = self.seen.lock();
+            let (period, epoch) = *seen;
+            if period == quota.period {
+                return;
+            }
+            if period == 0 {
+                *seen = (quota.period, epoch);
+                return;
+            }
+            let epoch = (epoch + 1) & EPOCH_MAX;
+            *seen = (quota.period, epoch);
+            // Logged under `seen`, so the log's order is the epochs'.
+            self.rescales.log_change(Rescale {
+                at: now,
+                old_period: period,
+                new_period: quota.period,
+                epoch,
+            })
+        };
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+
+    /// The turn of a cell usable at `ready_at`, taken under the quota
+    /// last observed.
+    pub(crate) fn turn(&self, ready_at: u64) -> Turn {
+        self.rescales.turn(ready_at, self.seen.lock().1)
+    }
+}
+
+/// The [`Watch`]es of every credential's shared quotas, by credential and
+/// quota name (not by limiter: a resolver may build a new one per call).
+#[derive(Default)]
+pub(crate) struct Watches(Mutex<HashMap<String, Named>>);
+
+/// One credential's watches, by quota name (a credential has a few).
+type Named = Vec<(String, Arc<Watch>)>;
+
+impl Watches {
+    /// `credential`'s quota `name`'s watch.
+    pub(crate) fn of(&self, credential: &str, name: &str) -> Arc<Watch> {
+        let mut all = self.0.lock();
+        if let Some(quotas) = all.get(credential)
+            && let Some((_, watch)) = quotas.iter().find(|(n, _)| n == name)
+        {
+            return watch.clone();
+        }
+        let watch = Arc::new(Watch::default());
+        all.entry(credential.to_owned())
+            .or_default()
+            .push((name.to_owned(), watch.clone()));
+        watch
+    }
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn per_second(n: f64) -> Option<Quota> {
+        Some(Quota::new(n, 1).unwrap())
+    }
+
+    #[test]
+    fn a_new_period_moves_the_turns_taken_before_it_only() {
+        let watch = Watch::default();
+        watch.observe(per_second(10.0), 0);
+        let mut before = watch.turn(300 * MS);
+        // The same quota again, or none known: nothing logged.
+        watch.observe(per_second(10.0), 50 * MS);
+        watch.observe(None, 60 * MS);
+        assert!(!watch.rescales.catch_up(&mut before));
+        assert_eq!(before.ready_at, 300 * MS);
+        // At 100 ms the rate halves: the 2 cells left past it take twice
+        // as long.
+        watch.observe(per_second(5.0), 100 * MS);
+        let mut after = watch.turn(700 * MS);
+        assert!(watch.rescales.catch_up(&mut before));
+        assert_eq!(before.ready_at, 500 * MS);
+        assert!(!watch.rescales.catch_up(&mut after));
+        assert_eq!(after.ready_at, 700 * MS);
+    }
+
+    #[test]
+    fn the_first_quota_seen_is_no_change() {
+        let watch = Watch::default();
+        let mut turn = watch.turn(300 * MS);
+        watch.observe(per_second(5.0), 100 * MS);
+        assert!(!watch.rescales.catch_up(&mut turn));
+        assert_eq!(turn.ready_at, 300 * MS);
+    }
+
+    #[test]
+    fn a_credentials_quotas_have_a_watch_each() {
+        let watches = Watches::default();
+        let a = watches.of("key", "requests");
+        assert!(Arc::ptr_eq(&a, &watches.of("key", "requests")));
+        assert!(!Arc::ptr_eq(&a, &watches.of("key", "tokens")));
+        assert!(!Arc::ptr_eq(&a, &watches.of("other", "requests")));
+    }
+}
