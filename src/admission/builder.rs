@@ -836,6 +836,75 @@ impl<S, C> Builder<S, C> {
         self
     }
 
+    /// Keeps the weighted quota `name` (tokens, ...) of every credential
+    /// not named for it in [`shared_resource`](Self::shared_resource) in the
+    /// limiter `resolve` returns for the credential, if any (`None`: a
+    /// local bucket, as without this). What
+    /// [`shared_resource`](Self::shared_resource) does for one credential,
+    /// for a fleet's per-tenant keys: with the `redis` feature, `resolve`
+    /// is a `RedisScoped`'s `bucket(key)` under a key of its own for the
+    /// quota. It is called on every admit, settle and observe of such a
+    /// credential, so it should be a lookup, not a connection. A second
+    /// call for the same `name` replaces the first.
+    ///
+    /// Declares `name` for the other credentials with no limit if
+    /// [`resource`](Self::resource) did not.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::{Admission, CallSpec};
+    /// use backpressure::{ManualClock, Quota, RateLimiter, TokenBucket};
+    /// use std::collections::HashMap;
+    /// use std::num::NonZeroU32;
+    /// use std::sync::Arc;
+    /// # futures::executor::block_on(async {
+    /// // Each tenant's tokens a minute; across processes these would be
+    /// // the buckets of a `RedisScoped`.
+    /// let tpm = || {
+    ///     Arc::new(TokenBucket::with_clock(
+    ///         Quota::per_minute(NonZeroU32::new(10_000).unwrap()),
+    ///         ManualClock::new(),
+    ///     ))
+    /// };
+    /// let tenants: HashMap<String, Arc<TokenBucket<ManualClock>>> =
+    ///     ["acme", "globex"].iter().map(|t| (t.to_string(), tpm())).collect();
+    /// let acme = tenants["acme"].clone();
+    /// let admission = Admission::builder()
+    ///     .clock(ManualClock::new())
+    ///     .shared_resources("tokens", move |credential| tenants.get(credential).cloned())
+    ///     .build();
+    /// let spec = CallSpec::new("complete", "acme").cost("tokens", 4_000);
+    /// let mut ticket = admission.admit(&spec).await.unwrap();
+    /// assert_eq!(RateLimiter::available(&acme).await, 6_000); // the estimate
+    /// assert_eq!(ticket.settle("tokens", 1_000), -3_000); // the reply used 1,000
+    /// admission.sync_shared().await;
+    /// assert_eq!(RateLimiter::available(&acme).await, 9_000);
+    /// # });
+    /// ```
+    pub fn shared_resources<L: RateLimiter + 'static>(
+        mut self,
+        name: impl Into<String>,
+        resolve: impl Fn(&str) -> Option<Arc<L>> + Send + Sync + 'static,
+    ) -> Self {
+        let name = name.into();
+        if !self.cfg.resources.iter().any(|(n, ..)| *n == name) {
+            self.cfg
+                .resources
+                .push((name.clone(), unlimited(), Vec::new()));
+        }
+        let resolve = move |credential: &str| -> Option<Arc<dyn SharedLimiter>> {
+            resolve(credential).map(|l| l as Arc<dyn SharedLimiter>)
+        };
+        let resolve = Box::new(resolve) as Box<SharedResolver>;
+        let resolvers = &mut self.cfg.shared.resource_resolvers;
+        match resolvers.iter_mut().find(|(n, _)| *n == name) {
+            Some(entry) => entry.1 = resolve,
+            None => resolvers.push((name, resolve)),
+        }
+        self
+    }
+
     /// Admits every credential not named in [`shared_quota`](Self::shared_quota)
     /// through the limiter `resolve` returns for it, if any (`None`: a local
     /// bucket, as without this). A fleet's per-tenant quotas need no builder

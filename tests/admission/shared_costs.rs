@@ -218,3 +218,72 @@ fn a_calls_tokens_are_taken_as_of_the_instant_its_request_cell_lets_it_go() {
     assert!(matches!(poll_once(third.as_mut()), Poll::Ready(Ok(_))));
     assert_eq!(left(&tokens), 500);
 }
+
+#[test]
+fn a_resolver_keeps_each_tenants_tokens_in_its_own_shared_limiter() {
+    let limiter = || -> Shared {
+        Arc::new(TokenBucket::with_clock(
+            per_minute(10_000),
+            ManualClock::new(),
+        ))
+    };
+    let (acme, globex, named) = (limiter(), limiter(), limiter());
+    let tenants = [("acme", acme.clone()), ("globex", globex.clone())];
+    let layer = || {
+        let tenants = tenants.clone();
+        let clock = ManualClock::new();
+        Admission::builder()
+            .sleeper(clock.clone())
+            .clock(clock)
+            .fixed_rates()
+            .inline_wait(Duration::ZERO)
+            // A local limit for the credentials the resolver does not know.
+            .resource("tokens", per_minute(3_000))
+            .shared_resources("tokens", move |credential: &str| {
+                tenants
+                    .iter()
+                    .find(|(t, _)| *t == credential)
+                    .map(|(_, l)| l.clone())
+            })
+            // Named for one credential: wins over the resolver.
+            .shared_resource("acme", "tokens", named.clone())
+            .build()
+    };
+    let (a, b) = (layer(), layer());
+    let call = |credential: &str, tokens: u32| {
+        CallSpec::new("complete", credential)
+            .cost("tokens", tokens)
+            .deadline(Duration::ZERO)
+    };
+
+    // globex: resolved, shared by both processes.
+    let mut ticket = block_on(a.admit(&call("globex", 6_000))).unwrap();
+    assert_eq!(left(&globex), 4_000);
+    let refused = block_on(b.admit(&call("globex", 5_000))).unwrap_err();
+    assert_eq!(refused.scope, "quota:tokens", "B sees what A reserved");
+    assert_eq!(ticket.settle("tokens", 1_000), -5_000);
+    block_on(a.sync_shared());
+    assert_eq!(left(&globex), 9_000, "settled in the resolved limiter");
+    drop(ticket);
+    assert!(block_on(b.admit(&call("globex", 5_000))).is_ok());
+    assert_eq!(left(&globex), 4_000);
+    assert_eq!(a.available("globex", "tokens"), None, "not a local quota");
+
+    // acme: the limiter named for it, not the resolver's.
+    drop(block_on(a.admit(&call("acme", 2_000))).unwrap());
+    assert_eq!((left(&named), left(&acme)), (8_000, 10_000));
+
+    // Unknown to the resolver: the local bucket, per process.
+    drop(block_on(a.admit(&call("initech", 3_000))).unwrap());
+    assert_eq!(a.available("initech", "tokens"), Some(0));
+    assert!(block_on(a.admit(&call("initech", 1))).is_err());
+    assert!(
+        block_on(b.admit(&call("initech", 3_000))).is_ok(),
+        "B's own bucket"
+    );
+    assert_eq!(
+        (left(&acme), left(&globex)),
+        (10_000, 4_000),
+        "nothing shared taken"
+    );
+}

@@ -322,6 +322,64 @@ async fn two_admissions_settle_their_tokens_in_one_redis_key() {
     assert_eq!(ta.available().await, 3_500);
 }
 
+/// Issue #43: every tenant's tokens in Redis with no builder call per key
+/// (`Builder::shared_resources` over a `RedisScoped`): two layers on
+/// connections of their own reserve and settle each tenant's tokens in
+/// that tenant's key; on a manual clock, so the counts are exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_scoped_keeps_every_tenants_tokens_without_a_builder_call_per_key() {
+    if !redis_server::available(
+        "a_redis_scoped_keeps_every_tenants_tokens_without_a_builder_call_per_key",
+    ) {
+        return;
+    }
+    let server = RedisServer::start();
+    let clock = backpressure::ManualClock::new();
+    let tpm = Quota::per_minute(NonZeroU32::new(10_000).unwrap());
+    let scoped = || {
+        backpressure::RedisScoped::<String>::builder(&server.url(), "tenant:", tpm)
+            .clock(clock.clone())
+            .timeout(Duration::from_millis(500))
+            .build()
+            .unwrap()
+    };
+    let layer = || {
+        let scoped = scoped();
+        Admission::builder()
+            .sleeper(DefaultSleeper::new())
+            .fixed_rates()
+            .inline_wait(Duration::ZERO)
+            .shared_resources("tokens", move |credential| {
+                Some(std::sync::Arc::new(
+                    scoped.bucket(&format!("{credential}:tokens")),
+                ))
+            })
+            .build()
+    };
+    let (a, b, watch) = (layer(), layer(), scoped());
+    let left = |tenant: &str| {
+        let bucket = watch.bucket(&format!("{tenant}:tokens"));
+        async move { bucket.available().await }
+    };
+    let spec = |tenant: &str, n| CallSpec::new("complete", tenant).cost("tokens", n);
+
+    let mut first = a.admit(&spec("t1", 4_000)).await.unwrap();
+    assert_eq!(left("t1").await, 6_000, "A's estimate, in t1's key");
+    assert_eq!(left("t2").await, 10_000, "t2's key untouched");
+    assert_eq!(
+        b.admit(&spec("t1", 7_000)).await.unwrap_err().scope,
+        "quota:tokens",
+        "B sees what A reserved"
+    );
+    let second = b.admit(&spec("t2", 7_000)).await.unwrap();
+    assert_eq!(left("t2").await, 3_000);
+    assert_eq!(first.settle("tokens", 1_000), -3_000);
+    a.sync_shared().await;
+    assert_eq!(left("t1").await, 9_000, "settled in t1's key");
+    drop((first, second));
+    assert_eq!(a.available("t1", "tokens"), None, "no local bucket for it");
+}
+
 /// Issue #43 item 2: a limit one layer is told is stored in the Redis key,
 /// and the other layer (its own connection, told nothing) adopts it at its
 /// next round trip; the same limit told again stores nothing new; tokens

@@ -381,7 +381,7 @@ where
             if !shared_costs.is_empty() {
                 let turns = (now, &mut shared_turns);
                 match self
-                    .reserve_shared_costs(spec, shared_costs, wait, max_wait, &mut reserved, turns)
+                    .reserve_shared_costs(spec, &shared_costs, wait, max_wait, &mut reserved, turns)
                     .await
                 {
                     Ok(w) => wait = wait.max(w),

@@ -108,6 +108,9 @@ pub(in crate::admission) struct Shared {
     /// A credential's weighted quotas kept in a shared limiter, by name
     /// (see `Builder::shared_resource`).
     pub(in crate::admission) resources: HashMap<String, Vec<SharedCost>>,
+    /// Weighted quotas kept, for any credential not named above, in the
+    /// limiter a resolver returns (see `Builder::shared_resources`).
+    pub(in crate::admission) resource_resolvers: Vec<(String, Box<SharedResolver>)>,
     /// What this process owes the shared limiters of a credential and has
     /// not sent yet, by credential and quota name (`requests` for the
     /// credential's own shared quota): queued where no `.await` is
@@ -133,25 +136,45 @@ struct Owed {
 
 impl Shared {
     /// `credential`'s weighted quotas kept in a shared limiter (empty for
-    /// most credentials).
+    /// most credentials): those named for it, then those a resolver
+    /// finds (a quota named for the credential wins over its resolver).
     #[inline]
-    pub(in crate::admission) fn resources_of(&self, credential: &str) -> &[SharedCost] {
-        if self.resources.is_empty() {
-            return &[];
+    pub(in crate::admission) fn resources_of(&self, credential: &str) -> Cow<'_, [SharedCost]> {
+        if self.resources.is_empty() && self.resource_resolvers.is_empty() {
+            return Cow::Borrowed(&[]);
         }
-        self.resources.get(credential).map_or(&[], Vec::as_slice)
+        let named = self
+            .resources
+            .get(credential)
+            .map_or(&[][..], Vec::as_slice);
+        if self.resource_resolvers.is_empty() {
+            return Cow::Borrowed(named);
+        }
+        let mut all = named.to_vec();
+        for (name, resolve) in &self.resource_resolvers {
+            if all.iter().any(|(n, _)| n == name) {
+                continue;
+            }
+            if let Some(limiter) = resolve(credential) {
+                all.push((name.clone(), limiter));
+            }
+        }
+        Cow::Owned(all)
     }
 
     /// Whether `credential`'s quota `name` lives in a shared limiter.
     #[inline]
     pub(in crate::admission) fn has_resource(&self, credential: &str, name: &str) -> bool {
-        self.resources_of(credential).iter().any(|(n, _)| n == name)
+        self.limiter_of_resource(credential, name).is_some()
     }
 
     /// Whether nothing lives in a shared limiter (most layers).
     #[inline]
     fn is_empty(&self) -> bool {
-        self.resources.is_empty() && self.by_name.is_empty() && self.resolver.is_none()
+        self.resources.is_empty()
+            && self.resource_resolvers.is_empty()
+            && self.by_name.is_empty()
+            && self.resolver.is_none()
     }
 
     /// The shared limiter keeping `credential`'s quota `name`.
@@ -159,10 +182,23 @@ impl Shared {
         if name == REQUESTS {
             return self.get(credential);
         }
-        self.resources_of(credential)
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, l)| l.clone())
+        self.limiter_of_resource(credential, name)
+    }
+
+    /// The shared limiter keeping `credential`'s weighted quota `name`.
+    fn limiter_of_resource(&self, credential: &str, name: &str) -> Option<Arc<dyn SharedLimiter>> {
+        if self.resources.is_empty() && self.resource_resolvers.is_empty() {
+            return None;
+        }
+        if let Some((_, l)) = self
+            .resources
+            .get(credential)
+            .and_then(|r| r.iter().find(|(n, _)| n == name))
+        {
+            return Some(l.clone());
+        }
+        let (_, resolve) = self.resource_resolvers.iter().find(|(n, _)| n == name)?;
+        resolve(credential)
     }
 
     /// Runs `f` on what `credential`'s shared quota `name` is owed.
@@ -427,7 +463,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
             shared.queue_stated(credential, REQUESTS, stated, true);
         }
         let now = self.inner.clock.now_nanos();
-        for (name, _) in shared.resources_of(credential) {
+        for (name, _) in shared.resources_of(credential).iter() {
             let named = |p: &&Policy| p.name.as_deref().is_some_and(|n| same_name(n, name));
             let Some(policy) = hint.policies.iter().find(named) else {
                 continue;
