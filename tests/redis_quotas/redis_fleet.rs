@@ -550,3 +550,61 @@ async fn reserve_after_takes_the_cells_as_of_the_instant_the_call_goes() {
     );
     assert_eq!(b.stats().admitted, 11);
 }
+
+/// A wait past `max_wait` is the script's refusal: one round trip, nothing
+/// taken. (Sent with a `max_wait` too long, the script would grant the
+/// cell and the bucket refuse it after, giving it back with a second round
+/// trip: the cargo-mutants survivor `budget / 1000` -> `budget * 1000`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_past_max_wait_is_refused_in_one_round_trip() {
+    if !redis_server::available("a_wait_past_max_wait_is_refused_in_one_round_trip") {
+        return;
+    }
+    let server = RedisServer::start();
+    let clock = ManualClock::starting_at(1_000_000_000);
+    let b = bucket(&server, "one-trip", &clock);
+    drop(b.reserve(10, Duration::ZERO).await.unwrap().keep());
+    let before = b.stats().round_trips;
+    let refused = b.reserve(1, PERIOD / 2).await.unwrap_err();
+    assert_eq!(
+        refused,
+        ReserveError::RateLimited {
+            retry_after: PERIOD
+        }
+    );
+    assert_eq!(b.stats().round_trips - before, 1, "{:?}", b.stats());
+    assert_eq!(b.available().await, 0);
+    assert_eq!(b.stats().admitted, 10);
+}
+
+/// A reservation served from a lease take (the script granted `n` plus a
+/// lease's worth at once) gives its cells back to the lease when
+/// cancelled, not to Redis: Redis keeps the lease's cells charged.
+/// (Recorded as a Redis refund, the cancel gave the whole take back in
+/// Redis while the lease kept its four: 14 cells of a burst of 10; the
+/// cargo-mutants survivor `granted > n` -> `granted < n`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_reservation_from_a_lease_take_goes_back_to_the_lease() {
+    if !redis_server::available("a_cancelled_reservation_from_a_lease_take_goes_back_to_the_lease")
+    {
+        return;
+    }
+    let server = RedisServer::start();
+    let clock = ManualClock::starting_at(1_000_000_000);
+    let b = RedisBucket::builder(&server.url(), "lease-cancel", quota())
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(2))
+        .lease(nz(5), Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let r = b.reserve(1, Duration::ZERO).await.unwrap(); // leases 4 more
+    assert!(format!("{r:?}").contains("lease"), "{r:?}");
+    assert_eq!(b.available().await, 9); // 5 in Redis + 4 leased
+    assert!(r.cancel().await);
+    assert_eq!(b.available().await, 10, "5 in Redis + 5 leased: the burst");
+    let trips = b.stats().round_trips;
+    for _ in 0..5 {
+        drop(b.reserve(1, Duration::ZERO).await.unwrap().keep());
+    }
+    assert_eq!(b.stats().round_trips, trips, "the five from the lease");
+}
