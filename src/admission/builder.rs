@@ -402,11 +402,7 @@ impl<S, C> Builder<S, C> {
         quota: Quota,
     ) -> Self {
         let name = name.into();
-        if !self.cfg.resources.iter().any(|(n, ..)| *n == name) {
-            self.cfg
-                .resources
-                .push((name.clone(), unlimited(), Vec::new()));
-        }
+        self.declare(&name);
         let entry = self
             .cfg
             .resources
@@ -817,11 +813,7 @@ impl<S, C> Builder<S, C> {
         limiter: impl RateLimiter + 'static,
     ) -> Self {
         let name = name.into();
-        if !self.cfg.resources.iter().any(|(n, ..)| *n == name) {
-            self.cfg
-                .resources
-                .push((name.clone(), unlimited(), Vec::new()));
-        }
+        self.declare(&name);
         let limiters = self
             .cfg
             .shared
@@ -888,15 +880,8 @@ impl<S, C> Builder<S, C> {
         resolve: impl Fn(&str) -> Option<Arc<L>> + Send + Sync + 'static,
     ) -> Self {
         let name = name.into();
-        if !self.cfg.resources.iter().any(|(n, ..)| *n == name) {
-            self.cfg
-                .resources
-                .push((name.clone(), unlimited(), Vec::new()));
-        }
-        let resolve = move |credential: &str| -> Option<Arc<dyn SharedLimiter>> {
-            resolve(credential).map(|l| l as Arc<dyn SharedLimiter>)
-        };
-        let resolve = Box::new(resolve) as Box<SharedResolver>;
+        self.declare(&name);
+        let resolve = erased(resolve);
         let resolvers = &mut self.cfg.shared.resource_resolvers;
         match resolvers.iter_mut().find(|(n, _)| *n == name) {
             Some(entry) => entry.1 = resolve,
@@ -944,11 +929,18 @@ impl<S, C> Builder<S, C> {
         mut self,
         resolve: impl Fn(&str) -> Option<Arc<L>> + Send + Sync + 'static,
     ) -> Self {
-        let resolve = move |credential: &str| -> Option<Arc<dyn SharedLimiter>> {
-            resolve(credential).map(|l| l as Arc<dyn SharedLimiter>)
-        };
-        self.cfg.shared.resolver = Some(Box::new(resolve) as Box<SharedResolver>);
+        self.cfg.shared.resolver = Some(erased(resolve));
         self
+    }
+
+    /// Declares the weighted quota `name` with no limit, unless
+    /// [`resource`](Self::resource) declared it.
+    fn declare(&mut self, name: &str) {
+        if !self.cfg.resources.iter().any(|(n, ..)| n == name) {
+            self.cfg
+                .resources
+                .push((name.to_owned(), unlimited(), Vec::new()));
+        }
     }
 
     /// Builds the admission layer.
@@ -1074,6 +1066,15 @@ fn clamp_share(share: f64) -> f64 {
     } else {
         share.clamp(0.0, 1.0)
     }
+}
+
+/// A resolver of shared limiters of one type, as the layer keeps them.
+fn erased<L: RateLimiter + 'static>(
+    resolve: impl Fn(&str) -> Option<Arc<L>> + Send + Sync + 'static,
+) -> Box<SharedResolver> {
+    Box::new(move |credential: &str| -> Option<Arc<dyn SharedLimiter>> {
+        resolve(credential).map(|l| l as Arc<dyn SharedLimiter>)
+    })
 }
 
 /// A quota that never binds (`credential_resource` without `resource`).

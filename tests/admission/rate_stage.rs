@@ -294,11 +294,12 @@ fn a_429_seen_by_one_layer_holds_every_layer_sharing_the_key() {
 fn a_shared_quota_changed_by_another_process_moves_the_calls_sleeping_on_it() {
     // A queues three calls on a shared 10/s quota (burst 1): their cells
     // are at 100, 200 and 300 ms. At 10 ms another process stores 2/s,
-    // which the limiter applies to the cells queued in it. A learns of it
-    // at its next round trip (a fourth call's reservation), and its
-    // sleepers go at 2/s from the change: at 460, 960 and 1,460 ms (the
-    // 90, 190 and 290 ms left, five times as long), not at their old
-    // instants, which the server's 2/s would refuse.
+    // which the limiter applies to the cells queued in it (now at 460,
+    // 960 and 1,460 ms). A learns of it at its next round trip (a fourth
+    // call's reservation), knowing only that it came after its last one
+    // (at 0 ms), and its sleepers go at 2/s from then, the latest the
+    // limiter's cells can be: at 500, 1,000 and 1,500 ms, not at their
+    // old instants, which the server's 2/s would refuse.
     let clock = ManualClock::starting_at(LATE);
     let shared = std::sync::Arc::new(TokenBucket::with_clock(
         Quota::per_second(nz(10)).allow_burst(nz(1)),
@@ -321,7 +322,7 @@ fn a_shared_quota_changed_by_another_process_moves_the_calls_sleeping_on_it() {
     let mut fourth = Box::pin(a.admit(&other_tool));
     assert!(fourth.as_mut().now_or_never().is_none());
     let mut at = 10;
-    for due in [460, 960, 1_460] {
+    for due in [500, 1_000, 1_500] {
         clock.advance((due - 1 - at) * MS);
         let ready: Vec<bool> = queued
             .iter_mut()
@@ -336,9 +337,11 @@ fn a_shared_quota_changed_by_another_process_moves_the_calls_sleeping_on_it() {
             "at {due} ms"
         );
     }
-    // The fourth call was reserved at 2/s, behind the three moved cells.
+    // The fourth call was reserved at 2/s, behind the limiter's three
+    // moved cells: at 1,960 ms.
+    clock.advance(459 * MS);
     assert!(fourth.as_mut().now_or_never().is_none());
-    clock.advance(500 * MS);
+    clock.advance(MS);
     assert!(matches!(fourth.as_mut().now_or_never(), Some(Ok(_))));
     drop(first);
 }

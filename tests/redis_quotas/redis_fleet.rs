@@ -494,6 +494,16 @@ async fn scoped_fails_closed_and_open_with_redis_killed_mid_run() {
     assert_eq!(closed.bucket(&"z").stats().failures, before);
 }
 
+/// `bucket` with a lease of 5 cells.
+fn leased(server: &RedisServer, key: &str, clock: &ManualClock) -> RedisBucket {
+    RedisBucket::builder(&server.url(), key, quota())
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(2))
+        .lease(nz(5), Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
 /// A reservation from before a `reset` gives nothing back, not even to the
 /// lease it came from (the reset dropped that lease): no phantom cells.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -503,12 +513,7 @@ async fn a_leased_reservation_cancelled_after_reset_adds_no_cells() {
     }
     let server = RedisServer::start();
     let clock = ManualClock::starting_at(1_000_000_000);
-    let b = RedisBucket::builder(&server.url(), "leased-reset", quota())
-        .clock(clock.clone())
-        .timeout(Duration::from_secs(2))
-        .lease(nz(5), Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let b = leased(&server, "leased-reset", &clock);
     let r = b.reserve(1, Duration::ZERO).await.unwrap(); // leases 4 more
     assert_eq!(b.available().await, 9); // 5 in Redis + 4 leased
     b.reset().await.unwrap();
@@ -594,12 +599,7 @@ async fn a_cancelled_reservation_from_a_lease_take_goes_back_to_the_lease() {
     }
     let server = RedisServer::start();
     let clock = ManualClock::starting_at(1_000_000_000);
-    let b = RedisBucket::builder(&server.url(), "lease-cancel", quota())
-        .clock(clock.clone())
-        .timeout(Duration::from_secs(2))
-        .lease(nz(5), Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let b = leased(&server, "lease-cancel", &clock);
     let r = b.reserve(1, Duration::ZERO).await.unwrap(); // leases 4 more
     assert!(format!("{r:?}").contains("lease"), "{r:?}");
     assert_eq!(b.available().await, 9); // 5 in Redis + 4 leased

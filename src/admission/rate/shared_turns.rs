@@ -43,33 +43,65 @@ use crate::bucket::Quota;
 pub(crate) struct Watch {
     /// Its changes, for the calls sleeping on it.
     pub(crate) rescales: Rescales,
-    /// The period in force last seen (0: none yet) and the epoch of the
-    /// latest change logged.
-    seen: Mutex<(u64, u32)>,
+    /// What this process last saw of it.
+    seen: Mutex<Seen>,
+}
+
+#[derive(Default, Clone, Copy)]
+struct Seen {
+    /// The period in force (0: none seen yet).
+    period: u64,
+    /// The epoch of the latest change logged.
+    epoch: u32,
+    /// When a round trip last brought `period` (layer clock): the change
+    /// to the next one happened in the limiter after this, and before the
+    /// round trip that brings it.
+    confirmed_at: u64,
 }
 
 impl Watch {
     /// Looks at the quota in force after a round trip at `now` (layer
     /// clock): a new period is logged, and the calls sleeping on this
     /// quota are woken to move.
+    ///
+    /// The limiter moved its cells as of the instant the quota was stored
+    /// there, which this process does not know: only that it fell between
+    /// the last round trip that brought the old period and this one. A
+    /// slower rate is logged as of the earlier end (an instant moves the
+    /// further the earlier its change starts), a faster one as of `now`.
+    /// Logged at `now` always, a slowdown moved each instant early by up
+    /// to that gap times the change, and a fleet told twice the key's rate
+    /// drew 429s eight seconds in. (Neither end is exact: a call moved
+    /// later than the limiter's cell can land on a cell given to another
+    /// call since. See ARCHITECTURE.md, "A wrong first quota".)
     pub(crate) fn observe(&self, quota: Option<Quota>, now: u64) {
         let Some(quota) = quota else { return };
         let wakers = {
             let mut seen = self.seen.lock();
-            let (period, epoch) = *seen;
-            if period == quota.period {
+            let last = *seen;
+            if last.period == quota.period || last.period == 0 {
+                *seen = Seen {
+                    period: quota.period,
+                    confirmed_at: now,
+                    ..last
+                };
                 return;
             }
-            if period == 0 {
-                *seen = (quota.period, epoch);
-                return;
-            }
-            let epoch = (epoch + 1) & EPOCH_MAX;
-            *seen = (quota.period, epoch);
+            let epoch = (last.epoch + 1) & EPOCH_MAX;
+            *seen = Seen {
+                period: quota.period,
+                epoch,
+                confirmed_at: now,
+            };
+            let at = if quota.period > last.period {
+                last.confirmed_at.min(now)
+            } else {
+                now
+            };
             // Logged under `seen`, so the log's order is the epochs'.
             self.rescales.log_change(Rescale {
-                at: now,
-                old_period: period,
+                at,
+                old_period: last.period,
                 new_period: quota.period,
                 epoch,
             })
@@ -82,7 +114,7 @@ impl Watch {
     /// The turn of a cell usable at `ready_at`, taken under the quota
     /// last observed.
     pub(crate) fn turn(&self, ready_at: u64) -> Turn {
-        self.rescales.turn(ready_at, self.seen.lock().1)
+        self.rescales.turn(ready_at, self.seen.lock().epoch)
     }
 }
 
@@ -131,14 +163,27 @@ mod tests {
         watch.observe(None, 60 * MS);
         assert!(!watch.rescales.catch_up(&mut before));
         assert_eq!(before.ready_at, 300 * MS);
-        // At 100 ms the rate halves: the 2 cells left past it take twice
-        // as long.
+        // The round trip at 100 ms brings half the rate, stored in the
+        // limiter since the one at 50 ms: the 2.5 cells left past 50 ms
+        // take twice as long from there, the latest the limiter's can be.
         watch.observe(per_second(5.0), 100 * MS);
         let mut after = watch.turn(700 * MS);
         assert!(watch.rescales.catch_up(&mut before));
-        assert_eq!(before.ready_at, 500 * MS);
+        assert_eq!(before.ready_at, 550 * MS);
         assert!(!watch.rescales.catch_up(&mut after));
         assert_eq!(after.ready_at, 700 * MS);
+    }
+
+    #[test]
+    fn a_faster_rate_moves_the_turns_as_of_the_round_trip_that_brought_it() {
+        let watch = Watch::default();
+        watch.observe(per_second(5.0), 0);
+        let mut turn = watch.turn(600 * MS);
+        // Stored somewhere in (0, 100 ms]: as of 100 ms, the 2.5 cells
+        // left take half as long, no earlier than the limiter's.
+        watch.observe(per_second(10.0), 100 * MS);
+        assert!(watch.rescales.catch_up(&mut turn));
+        assert_eq!(turn.ready_at, 350 * MS);
     }
 
     #[test]
