@@ -360,13 +360,9 @@ where
                 match shared.reserve_n(1, wait, max_wait).await {
                     Ok(w) => {
                         wait = wait.max(w);
-                        let ready_at = now.saturating_add(saturating_nanos(w));
-                        shared_turns.push(self.shared_turn(
-                            &spec.credential,
-                            REQUESTS,
-                            shared.as_ref(),
-                            ready_at,
-                        ));
+                        let turn =
+                            self.shared_turn(&spec.credential, REQUESTS, shared.as_ref(), now, w);
+                        shared_turns.push(turn);
                     }
                     Err(e) => {
                         let refusal = Refusal {

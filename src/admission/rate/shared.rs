@@ -417,13 +417,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
                 Ok(w) => {
                     wait = wait.max(w);
                     reserved.push_shared(Source::Resource(i), cells);
-                    let ready_at = now.saturating_add(saturating_nanos(w));
-                    turns.push(self.shared_turn(
-                        &spec.credential,
-                        name,
-                        limiter.as_ref(),
-                        ready_at,
-                    ));
+                    turns.push(self.shared_turn(&spec.credential, name, limiter.as_ref(), now, w));
                 }
                 Err(e) => {
                     return Err(Refusal {
@@ -492,18 +486,19 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
     }
 
     /// The turn of cells just taken from `credential`'s shared quota
-    /// `name` (kept in `limiter`), usable at `ready_at`; the quota in
+    /// `name` (kept in `limiter`), usable `wait` after `now`; the quota in
     /// force the reply brought is looked at first (see `shared_turns`).
     pub(super) fn shared_turn(
         &self,
         credential: &str,
         name: &str,
         limiter: &dyn SharedLimiter,
-        ready_at: u64,
+        now: u64,
+        wait: Duration,
     ) -> (Arc<Watch>, Turn) {
         let watch = self.inner.rates.shared.watches.of(credential, name);
         watch.observe(limiter.quota_in_force(), self.inner.clock.now_nanos());
-        let turn = watch.turn(ready_at);
+        let turn = watch.turn(now.saturating_add(saturating_nanos(wait)));
         (watch, turn)
     }
 

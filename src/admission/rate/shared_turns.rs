@@ -15,13 +15,16 @@
 //! changes. Every round trip through the limiter (a reservation, a
 //! settle, a stored quota, a hold) refreshes the limiter's quota in
 //! force, and the admission layer then looks at it here; a change is
-//! logged as of that instant and wakes the calls sleeping on that quota,
-//! which move their instants the same way the limiter moved its cells
-//! (`Admission::sleep_turns`).
+//! logged (as of when, see [`Watch::observe`]) and wakes the calls
+//! sleeping on that quota, which move their instants the way the limiter
+//! moved its cells (`Admission::sleep_turns`).
 //!
-//! What this does not give: a process learns of a change at its next
-//! round trip, so the cells of its calls due between the change and that
-//! round trip go at the old rate; a change of burst alone moves no
+//! What this does not give (so a wrong first quota is not held yet, see
+//! ARCHITECTURE.md): the instant the limiter moved its cells is not
+//! known, only bounded, and a moved call off its cell by either side can
+//! meet another's; a process learns of a change at its next round trip,
+//! so the cells of its calls due before it go at the old rate; a change
+//! of burst alone moves no
 //! instant (a cell's instant moves with the period only, as for a learned
 //! local rate); and the quota in force is the limiter's latest reply, so
 //! a call whose reservation came back under the old quota just after
