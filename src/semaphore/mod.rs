@@ -717,6 +717,64 @@ mod tests {
         assert_eq!(sem.available_permits(), 1);
     }
 
+    /// A waker that counts nothing: its `Arc`'s strong count says how
+    /// many clones are still alive.
+    struct Held;
+    impl std::task::Wake for Held {
+        fn wake(self: Arc<Self>) {}
+    }
+
+    #[test]
+    fn every_waker_a_node_took_is_dropped() {
+        // The node is written only when a future queues, and dropped with
+        // the future: whichever way the future ends, no waker is kept.
+        let sem = Semaphore::new(1);
+        let (first, second) = (Arc::new(Held), Arc::new(Held));
+        let held = sem.try_acquire().unwrap();
+        // Queued, then dropped while still linked.
+        {
+            let mut fut = pin!(sem.acquire());
+            let waker = Waker::from(first.clone());
+            assert!(fut
+                .as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending());
+            assert_eq!(Arc::strong_count(&first), 3, "the node keeps a clone");
+        }
+        assert_eq!(Arc::strong_count(&first), 1);
+        // Queued, polled again with another waker (the node swaps it),
+        // then handed the permit and completed.
+        {
+            let mut fut = pin!(sem.acquire());
+            let (w1, w2) = (Waker::from(first.clone()), Waker::from(second.clone()));
+            assert!(fut
+                .as_mut()
+                .poll(&mut Context::from_waker(&w1))
+                .is_pending());
+            assert!(fut
+                .as_mut()
+                .poll(&mut Context::from_waker(&w2))
+                .is_pending());
+            assert_eq!(Arc::strong_count(&first), 2, "the old waker went");
+            drop(held);
+            let Poll::Ready(Ok(p)) = fut.as_mut().poll(&mut Context::from_waker(&w2)) else {
+                panic!("the permit was handed over")
+            };
+            drop(p);
+        }
+        assert_eq!(Arc::strong_count(&first), 1);
+        assert_eq!(Arc::strong_count(&second), 1);
+        // Completed at once: the node was never written.
+        let waker = Waker::from(first.clone());
+        let mut fut = pin!(sem.acquire());
+        assert!(fut
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_ready());
+        assert_eq!(Arc::strong_count(&first), 2);
+        assert_eq!(sem.available_permits(), 1);
+    }
+
     #[test]
     fn a_release_after_close_keeps_its_permits() {
         let sem = Semaphore::new(2);

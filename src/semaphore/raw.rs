@@ -81,6 +81,7 @@
 //! can see them with an `Acquire` load and finish without the lock.
 
 use core::fmt;
+use core::mem::MaybeUninit;
 use core::pin::Pin;
 use core::ptr::NonNull;
 use core::task::{Context, Poll};
@@ -140,7 +141,8 @@ pub(crate) struct RawSemaphore {
 /// NODE_CLOSED` (see the module docs).
 type Node = WaitNode;
 
-/// Where an acquire future is in its life.
+/// Where an acquire future is in its life, and whether its node is
+/// written.
 ///
 /// Four bytes, like `needed` beside it: a new future's two constant
 /// fields are then one 8-byte store, which the 8-byte load of its move
@@ -149,19 +151,29 @@ type Node = WaitNode;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 enum Phase {
-    /// Not polled yet, or polled and completed on the fast path.
+    /// Not polled yet. The node is not written.
     Idle,
-    /// The node was queued (it may since have been fully assigned).
+    /// The node is written and was queued (it may since have been fully
+    /// assigned).
     Queued,
-    /// Returned `Ready`; polling again is a bug.
+    /// Returned `Ready` without queuing; the node is not written.
     Done,
+    /// Returned `Ready` (or was dropped) after queuing: the node is
+    /// written and unlinked, and is dropped with the future.
+    Settled,
 }
 
 /// The part of an acquire future that talks to the semaphore: the node,
 /// the number of permits wanted and the phase. `Acquire` and `AcquireOwned`
 /// wrap it with a borrowed or an owned semaphore.
+///
+/// The node is written only when the future queues (`Phase::Queued`), so
+/// a new future is two stores (the semaphore and `needed` + `phase`) and
+/// not seven: an acquire that completes at once never touches the node's
+/// 40 bytes, and moving the new future into an `.await` reads no field
+/// still on its way to memory but those two (see `Phase`).
 pub(crate) struct Waiter {
-    node: Node,
+    node: MaybeUninit<Node>,
     needed: u32,
     phase: Phase,
 }

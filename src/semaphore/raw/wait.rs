@@ -32,7 +32,7 @@ impl RawSemaphore {
                 }
             },
             Phase::Queued => self.repoll(waiter, cx).map_ok(|()| Guess::NONE),
-            Phase::Done => polled_after_completion(),
+            Phase::Done | Phase::Settled => polled_after_completion(),
         }
     }
 
@@ -90,16 +90,17 @@ impl RawSemaphore {
                 }
             }
             let remaining = needed - avail;
-            // Relaxed: the node is not linked yet; the unlock publishes it.
-            waiter.node.state.store(remaining << 1, Ordering::Relaxed);
+            // The node is written here, first poll, not yet linked (the
+            // unlock publishes it); `Phase::Queued` says it is written.
+            let node = waiter.node.write(Node::new(remaining << 1));
             // SAFETY: the node is not linked yet, so only we can reach it.
-            // The slot is empty (first poll), so nothing comes back to be
+            // The slot is empty (a new node), so nothing comes back to be
             // dropped under the lock.
-            let none = unsafe { waiter.node.swap_waker(waker) };
+            let none = unsafe { node.swap_waker(waker) };
             debug_assert!(none.is_none());
             // SAFETY: the node is pinned inside the future and unlinked; the
             // future's `Drop` unlinks it (under this lock) before it goes.
-            unsafe { guard.push_back(NonNull::from(&waiter.node)) };
+            unsafe { guard.push_back(NonNull::from(&*node)) };
             waiter.phase = Phase::Queued;
             return Poll::Pending;
         }
@@ -108,7 +109,7 @@ impl RawSemaphore {
     /// A queued waiter is polled again.
     fn repoll(&self, waiter: &mut Waiter, cx: &mut Context<'_>) -> Poll<Result<(), AcquireError>> {
         // Acquire: pairs with the Release store of a terminal state.
-        let st = waiter.node.state.load(Ordering::Acquire);
+        let st = waiter.node().state.load(Ordering::Acquire);
         if let Some(ready) = self.finish_terminal(waiter, st) {
             return ready;
         }
@@ -125,12 +126,12 @@ impl RawSemaphore {
         let mut waker = Some(cx.waker().clone());
         let guard = self.waiters.lock();
         // Relaxed: under the lock, which orders us after the last writer.
-        let st = waiter.node.state.load(Ordering::Relaxed);
+        let st = waiter.node().state.load(Ordering::Relaxed);
         if !is_terminal(st) {
             // Still linked: make sure the newest waker is the one woken.
             let new = waker.take().expect("waker taken once");
             // SAFETY: the lock is held.
-            waker = unsafe { waiter.node.swap_waker(new) };
+            waker = unsafe { waiter.node().swap_waker(new) };
             drop(guard);
             // The waker we did not keep (new or old) is dropped here,
             // outside the lock.
@@ -153,7 +154,7 @@ impl RawSemaphore {
             return None;
         }
         let needed = waiter.needed as usize;
-        waiter.phase = Phase::Done;
+        waiter.phase = Phase::Settled;
         if st == 0 && !self.is_closed() {
             return Some(Poll::Ready(Ok(())));
         }
@@ -172,10 +173,10 @@ impl RawSemaphore {
         if waiter.phase != Phase::Queued {
             return;
         }
-        waiter.phase = Phase::Done;
+        waiter.phase = Phase::Settled;
         let needed = waiter.needed as usize;
         // Acquire: pairs with the Release store of a terminal state.
-        let st = waiter.node.state.load(Ordering::Acquire);
+        let st = waiter.node().state.load(Ordering::Acquire);
         if is_terminal(st) {
             self.release(needed - (st >> 1), Guess::NONE);
             return;
@@ -188,11 +189,11 @@ impl RawSemaphore {
     fn drop_waiter_slow(&self, waiter: &mut Waiter, needed: usize) {
         let mut guard = self.waiters.lock();
         // Relaxed: under the lock.
-        let st = waiter.node.state.load(Ordering::Relaxed);
+        let st = waiter.node().state.load(Ordering::Relaxed);
         if !is_terminal(st) {
             // SAFETY: the node is live, the lock is held and the node is in
             // this list (non-terminal state means linked).
-            let linked = unsafe { guard.remove(NonNull::from(&waiter.node)) };
+            let linked = unsafe { guard.remove(NonNull::from(waiter.node())) };
             debug_assert!(linked);
         }
         let assigned = needed - (st >> 1);
@@ -216,7 +217,7 @@ impl Waiter {
     #[inline]
     pub(crate) fn new(needed: u32) -> Self {
         Self {
-            node: Node::new(0),
+            node: MaybeUninit::uninit(),
             needed,
             phase: Phase::Idle,
         }
@@ -232,5 +233,26 @@ impl Waiter {
     #[inline]
     pub(crate) fn is_queued(&self) -> bool {
         self.phase == Phase::Queued
+    }
+
+    /// The node, which only a queued (or settled) waiter has written.
+    #[inline]
+    fn node(&self) -> &Node {
+        debug_assert!(matches!(self.phase, Phase::Queued | Phase::Settled));
+        // SAFETY: `enqueue` writes the node before it sets `Queued`, and
+        // `Settled` only ever follows `Queued`; no other phase reaches here.
+        unsafe { self.node.assume_init_ref() }
+    }
+}
+
+impl Drop for Waiter {
+    #[inline]
+    fn drop(&mut self) {
+        // The owning future's `Drop` has unlinked a queued node already
+        // (`drop_waiter`); what is left is its waker, if any.
+        if matches!(self.phase, Phase::Queued | Phase::Settled) {
+            // SAFETY: written (see `node`), dropped once, here.
+            unsafe { self.node.assume_init_drop() };
+        }
     }
 }
