@@ -14,6 +14,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 mod contended_interleaved;
+mod contended_loaded;
+mod handoff_alone;
 #[path = "../support/interleaved.rs"]
 mod interleaved;
 mod oversubscribed;
@@ -235,6 +237,8 @@ fn sizes(_: &mut Criterion) {
 criterion_group!(benches, sizes, uncontended, contended);
 /// `cargo bench --bench semaphore` runs the criterion groups above;
 /// `cargo bench --bench semaphore -- interleaved` runs `contended_interleaved.rs` instead.
+/// `cargo bench --bench semaphore -- handoff` runs `handoff_alone.rs` instead.
+/// `cargo bench --bench semaphore -- loaded` runs `contended_loaded.rs` instead.
 /// `cargo bench --bench semaphore -- oversubscribed` runs `oversubscribed.rs` instead.
 /// `cargo bench --bench semaphore -- uncontended-interleaved` runs `uncontended_interleaved.rs` instead.
 /// `cargo bench --bench semaphore -- two-threads-interleaved` runs `two_threads_interleaved.rs` instead.
@@ -242,6 +246,12 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "interleaved") {
         return contended_interleaved::main();
+    }
+    if args.iter().any(|a| a == "handoff") {
+        return handoff_alone::main();
+    }
+    if args.iter().any(|a| a == "loaded") {
+        return contended_loaded::main();
     }
     if args.iter().any(|a| a == "oversubscribed") {
         return oversubscribed::main();

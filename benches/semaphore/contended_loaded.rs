@@ -1,0 +1,182 @@
+//! The two-worker hand-off of `contended_interleaved.rs` (64 tasks on 4
+//! permits, each holding its permit across one yield) while the same
+//! runtime has work of its own: `BACKGROUND` more tasks that each run
+//! about half a microsecond of arithmetic and yield, for as long as the
+//! semaphore's tasks run. Prints, per case, the median over rounds of
+//! the ns per acquisition and of the background units per microsecond,
+//! and the per-round ratios to futures-intrusive.
+//!
+//! Why (issue #44, item 1): on an idle 2-vCPU host futures-intrusive wins
+//! the unloaded row by leaving one worker asleep in its `parking_lot`
+//! mutex, so the row runs on one core. A worker asleep in a lock cannot
+//! run anything else either; with other work on the runtime that sleep
+//! is lost time, which this table shows beside the hand-off's speed.
+//!
+//! Run: `cargo bench --bench semaphore -- loaded`
+//! (`SEM_BENCH_BACKGROUND=<n>` sets the number of background tasks.)
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Instant;
+
+const TASKS: u64 = 64;
+const PER_TASK: u64 = 2_000;
+const ROUNDS: usize = 20;
+/// Background tasks; `SEM_BENCH_BACKGROUND=<n>` changes it.
+const BACKGROUND: usize = 2;
+
+fn background() -> usize {
+    std::env::var("SEM_BENCH_BACKGROUND")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(BACKGROUND)
+}
+
+/// About half a microsecond of dependent multiplies (on the Intel Xeon of
+/// BENCHMARKS.md): one background unit.
+fn unit(seed: u64) -> u64 {
+    let mut x = seed;
+    for _ in 0..400 {
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+    }
+    black_box(x)
+}
+
+type Body = Arc<dyn Fn() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// One round: the background tasks start, then the 64 tasks run `body`
+/// `PER_TASK` times each; returns (ns per acquisition, background units
+/// per microsecond while they ran).
+fn round(rt: &tokio::runtime::Runtime, body: Option<Body>) -> (f64, f64) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let units = Arc::new(AtomicU64::new(0));
+    rt.block_on(async {
+        let background: Vec<_> = (0..background())
+            .map(|k| {
+                let (stop, units) = (stop.clone(), units.clone());
+                tokio::spawn(async move {
+                    while !stop.load(Relaxed) {
+                        unit(k as u64);
+                        units.fetch_add(1, Relaxed);
+                        tokio::task::yield_now().await;
+                    }
+                })
+            })
+            .collect();
+        let before = units.load(Relaxed);
+        let start = Instant::now();
+        match body {
+            Some(body) => {
+                let tasks: Vec<_> = (0..TASKS)
+                    .map(|_| {
+                        let body = body.clone();
+                        tokio::spawn(async move {
+                            for _ in 0..PER_TASK {
+                                body().await;
+                            }
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    t.await.unwrap();
+                }
+            }
+            // The background alone, for about as long as a case runs.
+            None => tokio::time::sleep(std::time::Duration::from_millis(40)).await,
+        }
+        let elapsed = start.elapsed();
+        let done = units.load(Relaxed) - before;
+        stop.store(true, Relaxed);
+        for b in background {
+            b.await.unwrap();
+        }
+        (
+            elapsed.as_nanos() as f64 / (TASKS * PER_TASK) as f64,
+            done as f64 / (elapsed.as_nanos() as f64 / 1e3),
+        )
+    })
+}
+
+macro_rules! holding {
+    ($sem:expr, $acquire:ident($($arg:expr),*)) => {{
+        let sem = Arc::new($sem);
+        let body: Body = Arc::new(move || {
+            let sem = sem.clone();
+            Box::pin(async move {
+                let _p = sem.$acquire($($arg),*).await;
+                tokio::task::yield_now().await;
+            })
+        });
+        Some(body)
+    }};
+}
+
+pub fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    let cases: Vec<(&str, Option<Body>)> = vec![
+        (
+            "backpressure",
+            holding!(backpressure::Semaphore::new(4), acquire()),
+        ),
+        (
+            "futures-intrusive",
+            holding!(futures_intrusive::sync::Semaphore::new(true, 4), acquire(1)),
+        ),
+        ("tokio", holding!(tokio::sync::Semaphore::new(4), acquire())),
+        (
+            "async-lock",
+            holding!(async_lock::Semaphore::new(4), acquire()),
+        ),
+        ("background alone", None),
+    ];
+    for (_, body) in &cases {
+        round(&rt, body.clone());
+    }
+    let mut results = vec![Vec::with_capacity(ROUNDS); cases.len()];
+    for _ in 0..ROUNDS {
+        for (k, (_, body)) in cases.iter().enumerate() {
+            results[k].push(round(&rt, body.clone()));
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let fi = 1;
+    println!(
+        "64 tasks / 4 permits / 2 workers beside {} background tasks, {ROUNDS} interleaved rounds (medians)",
+        background()
+    );
+    for (k, (name, body)) in cases.iter().enumerate() {
+        let bg = median(results[k].iter().map(|r| r.1).collect());
+        if body.is_none() {
+            println!("{name:20} {:>28} background {bg:5.2} units/us", "");
+            continue;
+        }
+        let ns = median(results[k].iter().map(|r| r.0).collect());
+        let ns_ratio = median(
+            results[k]
+                .iter()
+                .zip(&results[fi])
+                .map(|(a, b)| a.0 / b.0)
+                .collect(),
+        );
+        let bg_ratio = median(
+            results[k]
+                .iter()
+                .zip(&results[fi])
+                .map(|(a, b)| a.1 / b.1)
+                .collect(),
+        );
+        println!(
+            "{name:20} {ns:6.1} ns/acquisition ({ns_ratio:4.2}x fi)  background {bg:5.2} units/us ({bg_ratio:4.2}x fi)"
+        );
+    }
+}
