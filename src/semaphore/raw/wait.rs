@@ -155,7 +155,7 @@ impl RawSemaphore {
         }
         let needed = waiter.needed as usize;
         waiter.phase = Phase::Settled;
-        if st == 0 && !self.is_closed() {
+        if st == 0 && !self.is_closed_hinted() {
             return Some(Poll::Ready(Ok(())));
         }
         // Closed (like tokio, a closed semaphore fails even a waiter whose
