@@ -12,6 +12,10 @@
 //! operation over all rounds.
 //!
 //! Run: `cargo bench --bench semaphore -- oversubscribed`
+//! (`SEM_BENCH_ONLY=<substring>` keeps the matching cases and
+//! `SEM_BENCH_THREADS=2,8` the thread counts, for a profiler.)
+//! (`SEM_BENCH_ONLY=<substring>` keeps the matching cases and
+//! `SEM_BENCH_THREADS=2,8` the thread counts, for a profiler.)
 
 use std::future::Future;
 use std::pin::pin;
@@ -103,8 +107,16 @@ pub fn main() {
         "| threads | case | M ops/s (median) | worst op, median of rounds | worst op, all rounds |"
     );
     println!("| --- | --- | --- | --- | --- |");
-    for threads in [2, 8, 16] {
-        let cases = cases();
+    let only = std::env::var("SEM_BENCH_ONLY").ok();
+    let counts: Vec<usize> = std::env::var("SEM_BENCH_THREADS")
+        .ok()
+        .map(|t| t.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![2, 8, 16]);
+    for threads in counts {
+        let mut cases = cases();
+        if let Some(only) = &only {
+            cases.retain(|(name, _)| name.contains(only.as_str()));
+        }
         let mut rate = vec![Vec::new(); cases.len()];
         let mut worst = vec![Vec::new(); cases.len()];
         for _ in 0..ROUNDS {

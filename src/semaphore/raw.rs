@@ -147,6 +147,17 @@ impl Guess {
 /// Same bound as tokio: the count must fit the word with room for flags.
 pub(crate) const MAX_PERMITS: usize = usize::MAX >> 3;
 
+/// Aligned to its size (32 bytes on 64-bit targets), so it never
+/// straddles two cache lines: every acquire, release and queued waiter
+/// touches the state word and the wait list's lock together, and split
+/// across lines each of them moves two lines between cores. Unaligned,
+/// an `Arc<Semaphore>` sat across a line in about one allocation of
+/// four: two threads queuing and cancelling (`oversubscribed`) ran
+/// 3.4-3.6 M ops/s in six processes where it did, 5.1-5.2 M in three
+/// aligned, and the 64-task, two-worker row read 1.54-1.72x
+/// futures-intrusive against 1.49-1.51x aligned (three alternating pairs;
+/// Intel Xeon, BENCHMARKS.md). An `Arc` of it takes 64 bytes, not 48.
+#[repr(align(32))]
 pub(crate) struct RawSemaphore {
     /// See the module docs for the layout.
     state: AtomicUsize,

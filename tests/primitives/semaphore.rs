@@ -655,6 +655,12 @@ fn types_are_send_sync_and_not_bigger_than_tokio() {
             size_of::<backpressure::SemaphorePermit<'_>>(),
             size_of::<tokio::sync::SemaphorePermit<'_>>()
         );
+        // The state word, the wait list's lock and its head share one
+        // 32-byte block, aligned so that it never straddles two cache
+        // lines (each operation would then move two lines between cores).
+        assert_eq!(size_of::<Semaphore>(), 32);
+        assert_eq!(std::mem::align_of::<Semaphore>(), 32);
+        assert_eq!(Arc::as_ptr(&sem) as usize % 32, 0);
     }
 }
 
