@@ -86,7 +86,9 @@ use core::pin::Pin;
 use core::ptr::NonNull;
 use core::task::{Context, Poll};
 
-use crate::sync::{AtomicUsize, Backoff, ListGuard, ListLock, Ordering};
+use crate::sync::{
+    AtomicUsize, Backoff, ListGuard, ListLock, Ordering, ProcessFlag, ProcessOrdering,
+};
 use crate::wait_list::{Panic, WaitList, WaitNode, WakeBatch};
 
 use super::{AcquireError, TryAcquireError};
@@ -111,7 +113,7 @@ const NODE_CLOSED: usize = 1;
 /// A `std` atomic even under loom, where it is not modelled: it only
 /// ever goes from clear to set, and the models' executions then take
 /// the exact path, which they also check.
-static ANY_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static ANY_CLOSED: ProcessFlag = ProcessFlag::new(false);
 
 /// What a release expects the state word to be (see "Releasing" in the
 /// module docs): the word as the permit's acquire left it, if that fits
@@ -244,7 +246,7 @@ impl RawSemaphore {
     #[inline]
     fn is_closed_hinted(&self) -> bool {
         // Relaxed: see `close`.
-        ANY_CLOSED.load(std::sync::atomic::Ordering::Relaxed) && self.is_closed()
+        ANY_CLOSED.load(ProcessOrdering::Relaxed) && self.is_closed()
     }
 
     #[inline]
@@ -528,7 +530,7 @@ impl RawSemaphore {
         // happens-before, and coherence alone then shows it the store
         // (see `ANY_CLOSED`); the state word's CLOSED bit carries the
         // ordering, as before.
-        ANY_CLOSED.store(true, std::sync::atomic::Ordering::Relaxed);
+        ANY_CLOSED.store(true, ProcessOrdering::Relaxed);
         let mut guard = self.waiters.lock();
         // Set under the lock so that no waiter queues after the drain below
         // (the enqueue path checks CLOSED under the same lock).
