@@ -26,10 +26,10 @@ pub(crate) use lock::{ListGuard, ListLock};
 /// does not model: never switched.
 pub(crate) use parking_lot::{Condvar as ThreadCondvar, Mutex as ThreadMutex};
 
-/// `std`'s atomic flag and orderings even under loom, for a process-wide
-/// static (loom atomics cannot be statics, and a model's executions
-/// would share it anyway): the semaphore's `ANY_CLOSED`, a flag that only
-/// goes from clear to set and whose set side the models also check.
+/// `std`'s atomic flag and orderings, for the one process-wide static
+/// (the semaphore's `ANY_CLOSED`; loom atomics cannot be statics). Under
+/// loom the semaphore keeps that flag per semaphore instead, in a loom
+/// atomic, so that no model's executions share it.
 pub(crate) use std::sync::atomic::{AtomicBool as ProcessFlag, Ordering as ProcessOrdering};
 
 #[cfg(not(all(test, feature = "loom")))]

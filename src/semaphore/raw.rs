@@ -86,9 +86,9 @@ use core::pin::Pin;
 use core::ptr::NonNull;
 use core::task::{Context, Poll};
 
-use crate::sync::{
-    AtomicUsize, Backoff, ListGuard, ListLock, Ordering, ProcessFlag, ProcessOrdering,
-};
+use crate::sync::{AtomicUsize, Backoff, ListGuard, ListLock, Ordering};
+#[cfg(not(all(test, feature = "loom")))]
+use crate::sync::{ProcessFlag, ProcessOrdering};
 use crate::wait_list::{Panic, WaitList, WaitNode, WakeBatch};
 
 use super::{AcquireError, TryAcquireError};
@@ -110,9 +110,13 @@ const NODE_CLOSED: usize = 1;
 /// BENCHMARKS.md). Once any semaphore closes,
 /// every such completion reads the state word, as it did before.
 ///
-/// A `std` atomic even under loom, where it is not modelled: it only
-/// ever goes from clear to set, and the models' executions then take
-/// the exact path, which they also check.
+/// Under loom each semaphore keeps the flag itself (`closed_hint`): a
+/// static would carry one execution's (or one concurrently running
+/// model's) close into the next, and loom needs every execution of a
+/// model to take the same branches for the same schedule. The protocol
+/// (set before the close takes the lock, read `Relaxed` before the state
+/// word) is the same, so the models run both paths.
+#[cfg(not(all(test, feature = "loom")))]
 static ANY_CLOSED: ProcessFlag = ProcessFlag::new(false);
 
 /// What a release expects the state word to be (see "Releasing" in the
@@ -164,6 +168,9 @@ pub(crate) struct RawSemaphore {
     /// See the module docs for the layout.
     state: AtomicUsize,
     waiters: ListLock<WaitList<Node>>,
+    /// Under loom, this semaphore's `ANY_CLOSED`.
+    #[cfg(all(test, feature = "loom"))]
+    closed_hint: crate::sync::AtomicBool,
 }
 
 /// The semaphore's waiter node; its `state` is `remaining << 1 |
@@ -231,7 +238,39 @@ impl RawSemaphore {
         Self {
             state: AtomicUsize::new(permits << SHIFT),
             waiters: ListLock::new(WaitList::new()),
+            closed_hint: crate::sync::AtomicBool::new(false),
         }
+    }
+
+    /// Whether a close may have happened (see [`ANY_CLOSED`]).
+    #[cfg(not(all(test, feature = "loom")))]
+    #[inline]
+    fn may_be_closed(&self) -> bool {
+        // Relaxed: see `close`.
+        ANY_CLOSED.load(ProcessOrdering::Relaxed)
+    }
+
+    #[cfg(all(test, feature = "loom"))]
+    fn may_be_closed(&self) -> bool {
+        // Relaxed: see `close`.
+        self.closed_hint.load(Ordering::Relaxed)
+    }
+
+    /// Records a close for [`RawSemaphore::may_be_closed`].
+    #[cfg(not(all(test, feature = "loom")))]
+    #[inline]
+    fn note_close(&self) {
+        // Relaxed: a waiter that must see it is one whose poll this call
+        // happens-before, and coherence alone then shows it the store
+        // (see `ANY_CLOSED`); the state word's CLOSED bit carries the
+        // ordering, as before.
+        ANY_CLOSED.store(true, ProcessOrdering::Relaxed);
+    }
+
+    #[cfg(all(test, feature = "loom"))]
+    fn note_close(&self) {
+        // Relaxed: as in the static's version above.
+        self.closed_hint.store(true, Ordering::Relaxed);
     }
 
     #[inline]
@@ -245,8 +284,7 @@ impl RawSemaphore {
     /// reading the state word.
     #[inline]
     fn is_closed_hinted(&self) -> bool {
-        // Relaxed: see `close`.
-        ANY_CLOSED.load(ProcessOrdering::Relaxed) && self.is_closed()
+        self.may_be_closed() && self.is_closed()
     }
 
     #[inline]
@@ -526,11 +564,7 @@ impl RawSemaphore {
 
     /// Closes the semaphore and fails every queued waiter.
     pub(crate) fn close(&self) {
-        // Relaxed: a waiter that must see it is one whose poll this call
-        // happens-before, and coherence alone then shows it the store
-        // (see `ANY_CLOSED`); the state word's CLOSED bit carries the
-        // ordering, as before.
-        ANY_CLOSED.store(true, ProcessOrdering::Relaxed);
+        self.note_close();
         let mut guard = self.waiters.lock();
         // Set under the lock so that no waiter queues after the drain below
         // (the enqueue path checks CLOSED under the same lock).
