@@ -32,8 +32,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-const TASKS: u64 = 64;
-const PER_TASK: u64 = 2_000;
+pub(crate) const TASKS: u64 = 64;
+pub(crate) const PER_TASK: u64 = 2_000;
 const ROUNDS: usize = 40;
 
 type Case = (&'static str, Box<dyn Fn(&tokio::runtime::Runtime) -> f64>);
@@ -45,22 +45,30 @@ where
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let start = Instant::now();
-    rt.block_on(async {
-        let handles: Vec<_> = (0..TASKS)
-            .map(|_| {
-                let body = body.clone();
-                tokio::spawn(async move {
-                    for _ in 0..PER_TASK {
-                        body().await;
-                    }
-                })
-            })
-            .collect();
-        for h in handles {
-            h.await.unwrap();
-        }
-    });
+    rt.block_on(all_tasks(body));
     start.elapsed().as_nanos() as f64 / (TASKS * PER_TASK) as f64
+}
+
+/// On the current runtime: spawns 64 tasks each running `body`
+/// `PER_TASK` times and waits for them all.
+pub(crate) async fn all_tasks<F, Fut>(body: F)
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let handles: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let body = body.clone();
+            tokio::spawn(async move {
+                for _ in 0..PER_TASK {
+                    body().await;
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.await.unwrap();
+    }
 }
 
 pub fn main() {

@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
-const TASKS: u64 = 64;
-const PER_TASK: u64 = 2_000;
+use crate::contended_interleaved::{PER_TASK, TASKS};
+
 const ROUNDS: usize = 20;
 /// Background tasks; `SEM_BENCH_BACKGROUND=<n>` changes it.
 const BACKGROUND: usize = 2;
@@ -69,21 +69,7 @@ fn round(rt: &tokio::runtime::Runtime, body: Option<Body>) -> (f64, f64) {
         let before = units.load(Relaxed);
         let start = Instant::now();
         match body {
-            Some(body) => {
-                let tasks: Vec<_> = (0..TASKS)
-                    .map(|_| {
-                        let body = body.clone();
-                        tokio::spawn(async move {
-                            for _ in 0..PER_TASK {
-                                body().await;
-                            }
-                        })
-                    })
-                    .collect();
-                for t in tasks {
-                    t.await.unwrap();
-                }
-            }
+            Some(body) => crate::contended_interleaved::all_tasks(move || body()).await,
             // The background alone, for about as long as a case runs.
             None => tokio::time::sleep(std::time::Duration::from_millis(40)).await,
         }
