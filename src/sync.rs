@@ -114,6 +114,11 @@ mod imp {
     /// Exponential spin after a failed CAS (crossbeam's `Backoff`).
     pub(crate) type Backoff = crossbeam_utils::Backoff;
 
+    /// How long a thread that finds the wait list's lock held tries again
+    /// before it parks: `parking_lot_core`'s (three short spins, then
+    /// yields; `false` after ten rounds).
+    pub(crate) type SpinWait = parking_lot_core::SpinWait;
+
     /// A reader-writer lock whose guards are returned directly.
     pub(crate) type RwLock<T> = parking_lot::RwLock<T>;
 
@@ -173,6 +178,22 @@ mod imp {
     }
 
     pub(crate) type CachePadded<T> = crossbeam_utils::CachePadded<T>;
+
+    /// Under loom a thread that finds the wait list's lock held parks at
+    /// once, which loom models, instead of spinning through its branch
+    /// budget.
+    #[derive(Debug)]
+    pub(crate) struct SpinWait;
+
+    impl SpinWait {
+        pub(crate) fn new() -> Self {
+            SpinWait
+        }
+
+        pub(crate) fn spin(&mut self) -> bool {
+            false
+        }
+    }
 
     /// loom's reader-writer lock with the guards returned directly.
     #[derive(Debug)]

@@ -7,8 +7,8 @@
 //! descheduled was spun against for whole time slices, and the worst
 //! lock took 51-168 ms where `parking_lot::Mutex` took 2-7 ms. A thread
 //! that finds this lock held now spins while nobody is parked and for at
-//! most ten short rounds (`SpinWait`, as `parking_lot` 0.12's), then
-//! parks until an unlock wakes it.
+//! most ten short rounds (`parking_lot_core`'s `SpinWait`), then parks
+//! until an unlock wakes it.
 //!
 //! # What it costs
 //!
@@ -32,55 +32,13 @@ use core::fmt;
 use core::mem::ManuallyDrop;
 use core::ops::{Deref, DerefMut};
 
-use super::{AtomicU8, MutPtr, Ordering, UnsafeCell};
+use super::{AtomicU8, MutPtr, Ordering, SpinWait, UnsafeCell};
 
 /// Held by a thread.
 const LOCKED: u8 = 1;
 /// A thread is parked, or about to park, waiting for the lock: the unlock
 /// must wake one.
 const PARKED: u8 = 2;
-
-/// How long a thread that finds the lock held tries again before it
-/// parks: three short spins (2, 4 and 8 `pause`s), then up to seven
-/// `yield_now`s, as `parking_lot` 0.12's `SpinWait` does. Only while
-/// nobody is parked (see `lock_slow`).
-///
-/// It was crossbeam's `Backoff` (seven spins of 1 to 64 `pause`s, then
-/// four yields). With 8 and 16 threads on 2 cores queuing and
-/// cancelling (`oversubscribed`), the worst operation went from 8-24 ms
-/// to 0.8-1.0 ms (median of rounds, two alternating pairs of builds) and
-/// the throughput from 3.7-4.1 to 4.0-5.3 M ops/s, with the two-worker
-/// and current-thread hand-off rows unchanged: a thread that stops
-/// spinning sooner parks sooner, and fewer runnable threads leave a
-/// descheduled one a shorter wait for its core.
-#[derive(Debug, Default)]
-struct SpinWait(u32);
-
-impl SpinWait {
-    /// Spins or yields once; `false` once it is time to park.
-    #[cfg(not(all(test, feature = "loom")))]
-    fn spin(&mut self) -> bool {
-        if self.0 >= 10 {
-            return false;
-        }
-        self.0 += 1;
-        if self.0 <= 3 {
-            for _ in 0..(1u32 << self.0) {
-                core::hint::spin_loop();
-            }
-        } else {
-            std::thread::yield_now();
-        }
-        true
-    }
-
-    /// Under loom a thread parks at once, which loom models, instead of
-    /// spinning through its branch budget.
-    #[cfg(all(test, feature = "loom"))]
-    fn spin(&mut self) -> bool {
-        false
-    }
-}
 
 /// A lock that spins briefly, then parks. No poisoning: nothing that runs
 /// under it can panic half-way through a change.
@@ -146,7 +104,7 @@ impl<T> ListLock<T> {
     #[cold]
     #[inline(never)]
     fn lock_slow(&self) {
-        let mut backoff = SpinWait::default();
+        let mut backoff = SpinWait::new();
         // Relaxed (all loads and failed CASes here): a guess at the state;
         // only the Acquire CAS that takes the lock synchronizes.
         let mut state = self.state.load(Ordering::Relaxed);
@@ -165,7 +123,13 @@ impl<T> ListLock<T> {
                 continue;
             }
             // Spin only while nobody sleeps (a sleeper means the holder
-            // was slow before) and not for long.
+            // was slow before) and not for long: `parking_lot_core`'s
+            // `SpinWait`. It was crossbeam's `Backoff` (seven spins of up
+            // to 64 `pause`s, then four yields); with 8 and 16 threads on
+            // 2 cores queuing and cancelling (`oversubscribed`) the worst
+            // operation was 8-24 ms against about 1 ms now: a thread that
+            // stops spinning sooner parks sooner, and with fewer threads
+            // runnable a descheduled one waits less for its core.
             if state & PARKED == 0 && backoff.spin() {
                 state = self.state.load(Ordering::Relaxed);
                 continue;
@@ -185,7 +149,7 @@ impl<T> ListLock<T> {
             // held with `PARKED` set: the unlock that clears it takes the
             // table's lock too, so it finds this thread queued and wakes it.
             self.park(|| self.state.load(Ordering::Relaxed) == LOCKED | PARKED);
-            backoff = SpinWait::default();
+            backoff = SpinWait::new();
             state = self.state.load(Ordering::Relaxed);
         }
     }
