@@ -26,12 +26,6 @@ pub(crate) use lock::{ListGuard, ListLock};
 /// does not model: never switched.
 pub(crate) use parking_lot::{Condvar as ThreadCondvar, Mutex as ThreadMutex};
 
-/// `std`'s atomic flag and orderings, for the one process-wide static
-/// (the semaphore's `ANY_CLOSED`; loom atomics cannot be statics). Under
-/// loom the semaphore keeps that flag per semaphore instead, in a loom
-/// atomic, so that no model's executions share it.
-pub(crate) use std::sync::atomic::{AtomicBool as ProcessFlag, Ordering as ProcessOrdering};
-
 #[cfg(not(all(test, feature = "loom")))]
 mod imp {
     pub(crate) use std::sync::atomic::{

@@ -86,9 +86,7 @@ use core::pin::Pin;
 use core::ptr::NonNull;
 use core::task::{Context, Poll};
 
-use crate::sync::{AtomicUsize, Backoff, ListGuard, ListLock, Ordering};
-#[cfg(not(all(test, feature = "loom")))]
-use crate::sync::{ProcessFlag, ProcessOrdering};
+use crate::sync::{AtomicBool, AtomicUsize, Backoff, ListGuard, ListLock, Ordering};
 use crate::wait_list::{Panic, WaitList, WaitNode, WakeBatch};
 
 use super::{AcquireError, TryAcquireError};
@@ -117,7 +115,7 @@ const NODE_CLOSED: usize = 1;
 /// (set before the close takes the lock, read `Relaxed` before the state
 /// word) is the same, so the models run both paths.
 #[cfg(not(all(test, feature = "loom")))]
-static ANY_CLOSED: ProcessFlag = ProcessFlag::new(false);
+static ANY_CLOSED: AtomicBool = AtomicBool::new(false);
 
 /// What a release expects the state word to be (see "Releasing" in the
 /// module docs): the word as the permit's acquire left it, if that fits
@@ -170,7 +168,7 @@ pub(crate) struct RawSemaphore {
     waiters: ListLock<WaitList<Node>>,
     /// Under loom, this semaphore's `ANY_CLOSED`.
     #[cfg(all(test, feature = "loom"))]
-    closed_hint: crate::sync::AtomicBool,
+    closed_hint: AtomicBool,
 }
 
 /// The semaphore's waiter node; its `state` is `remaining << 1 |
@@ -238,39 +236,21 @@ impl RawSemaphore {
         Self {
             state: AtomicUsize::new(permits << SHIFT),
             waiters: ListLock::new(WaitList::new()),
-            closed_hint: crate::sync::AtomicBool::new(false),
+            closed_hint: AtomicBool::new(false),
         }
     }
 
-    /// Whether a close may have happened (see [`ANY_CLOSED`]).
+    /// The flag that says whether a close may have happened: the
+    /// process-wide [`ANY_CLOSED`], or under loom this semaphore's own.
     #[cfg(not(all(test, feature = "loom")))]
     #[inline]
-    fn may_be_closed(&self) -> bool {
-        // Relaxed: see `close`.
-        ANY_CLOSED.load(ProcessOrdering::Relaxed)
+    fn closed_hint(&self) -> &AtomicBool {
+        &ANY_CLOSED
     }
 
     #[cfg(all(test, feature = "loom"))]
-    fn may_be_closed(&self) -> bool {
-        // Relaxed: see `close`.
-        self.closed_hint.load(Ordering::Relaxed)
-    }
-
-    /// Records a close for [`RawSemaphore::may_be_closed`].
-    #[cfg(not(all(test, feature = "loom")))]
-    #[inline]
-    fn note_close(&self) {
-        // Relaxed: a waiter that must see it is one whose poll this call
-        // happens-before, and coherence alone then shows it the store
-        // (see `ANY_CLOSED`); the state word's CLOSED bit carries the
-        // ordering, as before.
-        ANY_CLOSED.store(true, ProcessOrdering::Relaxed);
-    }
-
-    #[cfg(all(test, feature = "loom"))]
-    fn note_close(&self) {
-        // Relaxed: as in the static's version above.
-        self.closed_hint.store(true, Ordering::Relaxed);
+    fn closed_hint(&self) -> &AtomicBool {
+        &self.closed_hint
     }
 
     #[inline]
@@ -284,7 +264,8 @@ impl RawSemaphore {
     /// reading the state word.
     #[inline]
     fn is_closed_hinted(&self) -> bool {
-        self.may_be_closed() && self.is_closed()
+        // Relaxed: see `close`.
+        self.closed_hint().load(Ordering::Relaxed) && self.is_closed()
     }
 
     #[inline]
@@ -564,7 +545,11 @@ impl RawSemaphore {
 
     /// Closes the semaphore and fails every queued waiter.
     pub(crate) fn close(&self) {
-        self.note_close();
+        // Relaxed: a waiter that must see it is one whose poll this call
+        // happens-before, and coherence alone then shows it the store
+        // (see `ANY_CLOSED`); the state word's CLOSED bit carries the
+        // ordering, as before.
+        self.closed_hint().store(true, Ordering::Relaxed);
         let mut guard = self.waiters.lock();
         // Set under the lock so that no waiter queues after the drain below
         // (the enqueue path checks CLOSED under the same lock).
