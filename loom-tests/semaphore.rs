@@ -8,7 +8,8 @@
 //! (with the word loaded, and with a permit's guess), guessed releases
 //! racing each other, more wakes than one batch (`WAKE_BATCH` is 2 under loom), and
 //! concurrent `add_permits` near `MAX_PERMITS` (lock-free and through the
-//! wait list).
+//! wait list), and a close after a waiter was handed its permits (the
+//! closed hint that lets that waiter skip the state word).
 //!
 //! Every model ends by checking conservation: with every future and permit
 //! dropped, `available_permits` equals what was issued.
@@ -158,6 +159,50 @@ fn close_while_waiting() {
         assert!(block_on(sem.acquire()).is_err());
         closer.join().unwrap();
         assert_eq!(sem.available_permits(), 0);
+    });
+}
+
+/// A waiter is handed the permit, then the semaphore is closed on the
+/// other thread before the waiter polls again: like tokio, the waiter
+/// fails and the permit goes back. The waiter reads the state word only
+/// if the closed hint says a close may have happened, so a close that
+/// did not set the hint (or set it where the poll cannot see it) lets
+/// this poll succeed, which fails the model. A second waiter polls while
+/// the close races it: either answer, but no permit is lost.
+#[test]
+fn close_after_the_hand_off_fails_the_waiter() {
+    model(|| {
+        let sem = Arc::new(Semaphore::new(1));
+        sem.try_acquire().unwrap().forget();
+        let (_, w) = counter();
+        let mut first = Box::pin(sem.acquire());
+        assert!(poll(first.as_mut(), &w).is_pending());
+        let s = sem.clone();
+        let t = thread::spawn(move || {
+            // A release's hand-off (`add_permits` is exactly a release).
+            s.add_permits(1);
+            s.close();
+        });
+        t.join().unwrap();
+        assert!(matches!(poll(first.as_mut(), &w), Poll::Ready(Err(_))));
+        drop(first);
+        assert_eq!(sem.available_permits(), 1);
+
+        let sem = Arc::new(Semaphore::new(1));
+        sem.try_acquire().unwrap().forget();
+        let mut second = Box::pin(sem.acquire());
+        assert!(poll(second.as_mut(), &w).is_pending());
+        let s = sem.clone();
+        let t = thread::spawn(move || {
+            // A release's hand-off (`add_permits` is exactly a release).
+            s.add_permits(1);
+            s.close();
+        });
+        let got = block_on(second.as_mut());
+        drop(got);
+        t.join().unwrap();
+        drop(second);
+        assert_eq!(sem.available_permits(), 1);
     });
 }
 
