@@ -32,6 +32,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::fifo_floor::{Fifo, Wakes};
+
 pub(crate) const TASKS: u64 = 64;
 pub(crate) const PER_TASK: u64 = 2_000;
 const ROUNDS: usize = 40;
@@ -80,11 +82,11 @@ pub fn main() {
         .worker_threads(workers)
         .build()
         .unwrap();
-    table(&rt, &format!("{workers} workers"));
+    table(&rt, &format!("{workers} workers"), false);
     let current = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    table(&current, "a current-thread runtime");
+    table(&current, "a current-thread runtime", true);
     fairness(&current);
 }
 
@@ -171,7 +173,9 @@ fn fairness(rt: &tokio::runtime::Runtime) {
 }
 
 /// Every case on `rt`, interleaved round after round; prints one table.
-fn table(rt: &tokio::runtime::Runtime, label: &str) {
+/// `one_thread`: `rt` is a current-thread runtime, so the FIFO floor
+/// with no lock may run on it.
+fn table(rt: &tokio::runtime::Runtime, label: &str, one_thread: bool) {
     let ours = Arc::new(backpressure::Semaphore::new(4));
     let tokio_sem = Arc::new(tokio::sync::Semaphore::new(4));
     let al = Arc::new(async_lock::Semaphore::new(4));
@@ -211,7 +215,28 @@ fn table(rt: &tokio::runtime::Runtime, label: &str) {
                 })
             }),
         ),
+        holding!(
+            "floor: FIFO, spin lock",
+            Arc::new(Fifo::spin(4, Wakes::AtOnce)),
+            acquire()
+        ),
+        holding!(
+            "floor: FIFO, parking_lot",
+            Arc::new(Fifo::parking_lot(4)),
+            acquire()
+        ),
+        holding!(
+            "floor: FIFO, one woken at a time",
+            Arc::new(Fifo::spin(4, Wakes::OneAtATime)),
+            acquire()
+        ),
     ];
+    if one_thread {
+        // SAFETY: `one_thread` says `rt` is a current-thread runtime, and
+        // this semaphore is used only by the tasks of this case, on it.
+        let unsync = Arc::new(unsafe { Fifo::unsync(4) });
+        cases.push(holding!("floor: FIFO, no lock", unsync, acquire()));
+    }
     if let Ok(only) = std::env::var("SEM_BENCH_ONLY") {
         cases.retain(|(name, _)| name.contains(only.as_str()));
     }

@@ -7,10 +7,13 @@
 //! and the per-round ratios to futures-intrusive.
 //!
 //! Why (issue #44, item 1): on an idle 2-vCPU host futures-intrusive wins
-//! the unloaded row by leaving one worker asleep in its `parking_lot`
-//! mutex, so the row runs on one core. A worker asleep in a lock cannot
-//! run anything else either; with other work on the runtime that sleep
-//! is lost time, which this table shows beside the hand-off's speed.
+//! the unloaded row because it wakes one waiter at a time (the woken
+//! waiter's poll wakes the next), so the semaphore's tasks keep to one
+//! worker and tokio parks the other: the row runs on one core. The two
+//! floors (`fifo_floor.rs`: a minimal FIFO under a spin lock, waking at
+//! once or one at a time) show the wake protocol, not the lock, decides
+//! the row; this table shows what waking one at a time costs when the
+//! runtime has other work.
 //!
 //! Run: `cargo bench --bench semaphore -- loaded`
 //! (`SEM_BENCH_BACKGROUND=<n>` sets the number of background tasks.)
@@ -21,6 +24,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::contended_interleaved::{PER_TASK, TASKS};
+use crate::fifo_floor::{Fifo, Wakes};
 
 const ROUNDS: usize = 20;
 /// Background tasks; `SEM_BENCH_BACKGROUND=<n>` changes it.
@@ -117,6 +121,14 @@ pub fn main() {
         ),
         ("tokio", holding!(tokio::sync::Semaphore::new(4), acquire())),
         (
+            "floor: FIFO, spin lock",
+            holding!(Fifo::spin(4, Wakes::AtOnce), acquire()),
+        ),
+        (
+            "floor: one woken at a time",
+            holding!(Fifo::spin(4, Wakes::OneAtATime), acquire()),
+        ),
+        (
             "async-lock",
             holding!(async_lock::Semaphore::new(4), acquire()),
         ),
@@ -143,7 +155,7 @@ pub fn main() {
     for (k, (name, body)) in cases.iter().enumerate() {
         let bg = median(results[k].iter().map(|r| r.1).collect());
         if body.is_none() {
-            println!("{name:20} {:>28} background {bg:5.2} units/us", "");
+            println!("{name:26} {:>28} background {bg:5.2} units/us", "");
             continue;
         }
         let ns = median(results[k].iter().map(|r| r.0).collect());
@@ -162,7 +174,7 @@ pub fn main() {
                 .collect(),
         );
         println!(
-            "{name:20} {ns:6.1} ns/acquisition ({ns_ratio:4.2}x fi)  background {bg:5.2} units/us ({bg_ratio:4.2}x fi)"
+            "{name:26} {ns:6.1} ns/acquisition ({ns_ratio:4.2}x fi)  background {bg:5.2} units/us ({bg_ratio:4.2}x fi)"
         );
     }
 }

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 mod contended_interleaved;
 mod contended_loaded;
+mod fifo_floor;
 mod handoff_alone;
 #[path = "../support/interleaved.rs"]
 mod interleaved;

@@ -14,8 +14,6 @@
 //! Run: `cargo bench --bench semaphore -- oversubscribed`
 //! (`SEM_BENCH_ONLY=<substring>` keeps the matching cases and
 //! `SEM_BENCH_THREADS=2,8` the thread counts, for a profiler.)
-//! (`SEM_BENCH_ONLY=<substring>` keeps the matching cases and
-//! `SEM_BENCH_THREADS=2,8` the thread counts, for a profiler.)
 
 use std::future::Future;
 use std::pin::pin;
