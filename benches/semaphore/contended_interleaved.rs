@@ -18,6 +18,14 @@
 //! (`SEM_BENCH_WORKERS=1`) none of that happens and what is left above the
 //! floor is the semaphore's own cost.
 //!
+//! The `floor: FIFO` cases (`fifo_floor.rs`) are the least a FIFO
+//! semaphore can do here, a count and a queue of wakers under one lock:
+//! a spin lock and `parking_lot`'s mutex, waking every satisfied waiter
+//! at once as ours does, and a spin lock waking one at a time as
+//! futures-intrusive does (on two workers that one lets tokio park a
+//! worker; see `contended_loaded.rs` for its price); on the
+//! current-thread runtime also no lock at all.
+//!
 //! The same cases then run on a current-thread runtime, where no task
 //! moves between workers and what differs between the semaphores is their
 //! own hand-off (issue #24, item 3a), and then once more, counting how

@@ -37,6 +37,10 @@ use raw::RawSemaphore;
 /// [`try_acquire`](Self::try_acquire) fails rather than take permits that a
 /// queued waiter is owed.
 ///
+/// A release hands its permits to the oldest waiters and wakes every one
+/// it satisfied at once, as tokio's semaphore does. It does not wake one
+/// waiter and leave that waiter to wake the next.
+///
 /// # Examples
 ///
 /// Limit how many requests run at once:
