@@ -199,3 +199,67 @@ fn a_cache_hit_uses_the_coarse_time_and_never_outlives_the_ttl() {
     assert_eq!(get(5), (5, crate::single_flight::Provenance::Leader));
     assert!(clocks.precise.now_nanos() > 0);
 }
+
+/// A waker that counts nothing: its `Arc`'s strong count says how many
+/// clones of it are still alive somewhere.
+struct Counted;
+
+impl std::task::Wake for Counted {
+    fn wake(self: std::sync::Arc<Self>) {}
+}
+
+/// Every way a follower ends (completed, cancelled while linked,
+/// promoted and then done) drops the waker its node took: none is kept
+/// by a list, a node or a flight once both futures are gone.
+#[test]
+fn every_waker_a_follower_node_took_is_dropped() {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Waker};
+
+    let noop = &mut Context::from_waker(Waker::noop());
+    // (follower completes, leader cancelled so the follower is promoted)
+    for (completes, promoted) in [(true, false), (false, false), (true, true)] {
+        let m = map(4);
+        let counted = Arc::new(Counted);
+        let waker = Waker::from(counted.clone());
+        let gate = Arc::new(crate::Semaphore::new(0));
+        {
+            let g = gate.clone();
+            let mut leader = Box::pin(m.run(1, move || async move {
+                drop(g.acquire().await.unwrap());
+                1
+            }));
+            assert!(leader.as_mut().poll(noop).is_pending());
+            let mut follower = pin!(m.run(1, || async { 2 }));
+            assert!(follower
+                .as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending());
+            assert_eq!(Arc::strong_count(&counted), 3, "the node holds a clone");
+            if !completes {
+                // Both futures are dropped here, the follower linked.
+            } else if promoted {
+                drop(leader);
+                // Promoted: it runs its own work, which is ready at once.
+                let Poll::Ready(out) = follower.as_mut().poll(noop) else {
+                    panic!("the promoted follower's work is ready");
+                };
+                assert_eq!(out.unwrap().0, 2);
+            } else {
+                gate.add_permits(1);
+                let Poll::Ready(out) = leader.as_mut().poll(noop) else {
+                    panic!("the leader's work is ready");
+                };
+                assert_eq!(out.unwrap().0, 1);
+                let Poll::Ready(out) = follower.as_mut().poll(noop) else {
+                    panic!("the follower is done");
+                };
+                assert_eq!(out.unwrap().0, 1);
+            }
+        }
+        drop(waker);
+        assert_eq!(Arc::strong_count(&counted), 1, "({completes}, {promoted})");
+    }
+}
