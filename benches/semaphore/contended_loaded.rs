@@ -159,20 +159,17 @@ pub fn main() {
             continue;
         }
         let ns = median(results[k].iter().map(|r| r.0).collect());
-        let ns_ratio = median(
-            results[k]
-                .iter()
-                .zip(&results[fi])
-                .map(|(a, b)| a.0 / b.0)
-                .collect(),
-        );
-        let bg_ratio = median(
-            results[k]
-                .iter()
-                .zip(&results[fi])
-                .map(|(a, b)| a.1 / b.1)
-                .collect(),
-        );
+        // The median of per-round ratios to futures-intrusive of one measure.
+        let to_fi = |of: fn(&(f64, f64)) -> f64| {
+            median(
+                results[k]
+                    .iter()
+                    .zip(&results[fi])
+                    .map(|(a, b)| of(a) / of(b))
+                    .collect(),
+            )
+        };
+        let (ns_ratio, bg_ratio) = (to_fi(|r| r.0), to_fi(|r| r.1));
         println!(
             "{name:26} {ns:6.1} ns/acquisition ({ns_ratio:4.2}x fi)  background {bg:5.2} units/us ({bg_ratio:4.2}x fi)"
         );
