@@ -162,6 +162,16 @@ fn close_while_waiting() {
     });
 }
 
+/// On another thread: hands one permit to `sem`'s queued waiter
+/// (`add_permits` is exactly a release), then closes `sem`.
+fn hand_off_then_close(sem: &Arc<Semaphore>) -> thread::JoinHandle<()> {
+    let s = sem.clone();
+    thread::spawn(move || {
+        s.add_permits(1);
+        s.close();
+    })
+}
+
 /// A waiter is handed the permit, then the semaphore is closed on the
 /// other thread before the waiter polls again: like tokio, the waiter
 /// fails and the permit goes back. The waiter reads the state word only
@@ -177,12 +187,7 @@ fn close_after_the_hand_off_fails_the_waiter() {
         let (_, w) = counter();
         let mut first = Box::pin(sem.acquire());
         assert!(poll(first.as_mut(), &w).is_pending());
-        let s = sem.clone();
-        let t = thread::spawn(move || {
-            // A release's hand-off (`add_permits` is exactly a release).
-            s.add_permits(1);
-            s.close();
-        });
+        let t = hand_off_then_close(&sem);
         t.join().unwrap();
         assert!(matches!(poll(first.as_mut(), &w), Poll::Ready(Err(_))));
         drop(first);
@@ -192,12 +197,7 @@ fn close_after_the_hand_off_fails_the_waiter() {
         sem.try_acquire().unwrap().forget();
         let mut second = Box::pin(sem.acquire());
         assert!(poll(second.as_mut(), &w).is_pending());
-        let s = sem.clone();
-        let t = thread::spawn(move || {
-            // A release's hand-off (`add_permits` is exactly a release).
-            s.add_permits(1);
-            s.close();
-        });
+        let t = hand_off_then_close(&sem);
         let got = block_on(second.as_mut());
         drop(got);
         t.join().unwrap();
