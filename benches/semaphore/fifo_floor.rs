@@ -16,7 +16,9 @@
 //!
 //! Every acquire the benches start is awaited to completion and a task is
 //! polled only when woken; a queued future dropped early would strand its
-//! ticket. So these are floors, not semaphores.
+//! ticket. So these are floors, not semaphores. Their locks and their
+//! bound on holders are tested in `tests/primitives/fifo_floor.rs`, under
+//! miri too.
 
 use std::cell::UnsafeCell;
 use std::collections::VecDeque;

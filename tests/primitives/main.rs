@@ -4,5 +4,6 @@
 //! binary before and keeps its own docs.
 
 mod bucket;
+mod fifo_floor;
 mod semaphore;
 mod single_flight;
