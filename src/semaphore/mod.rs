@@ -721,19 +721,16 @@ mod tests {
         assert_eq!(sem.available_permits(), 1);
     }
 
-    /// A waker that counts nothing: its `Arc`'s strong count says how
-    /// many clones are still alive.
-    struct Held;
-    impl std::task::Wake for Held {
-        fn wake(self: Arc<Self>) {}
-    }
+    /// A waker whose `Arc`'s strong count says how many clones are still
+    /// alive.
+    type Held = crate::fuzzing::CountingWaker;
 
     #[test]
     fn every_waker_a_node_took_is_dropped() {
         // The node is written only when a future queues, and dropped with
         // the future: whichever way the future ends, no waker is kept.
         let sem = Semaphore::new(1);
-        let (first, second) = (Arc::new(Held), Arc::new(Held));
+        let (first, second) = (Arc::new(Held::default()), Arc::new(Held::default()));
         let held = sem.try_acquire().unwrap();
         // Queued, then dropped while still linked.
         {

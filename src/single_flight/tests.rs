@@ -200,14 +200,6 @@ fn a_cache_hit_uses_the_coarse_time_and_never_outlives_the_ttl() {
     assert!(clocks.precise.now_nanos() > 0);
 }
 
-/// A waker that counts nothing: its `Arc`'s strong count says how many
-/// clones of it are still alive somewhere.
-struct Counted;
-
-impl std::task::Wake for Counted {
-    fn wake(self: std::sync::Arc<Self>) {}
-}
-
 /// Every way a follower ends (completed, cancelled while linked,
 /// promoted and then done) drops the waker its node took: none is kept
 /// by a list, a node or a flight once both futures are gone.
@@ -222,7 +214,8 @@ fn every_waker_a_follower_node_took_is_dropped() {
     // (follower completes, leader cancelled so the follower is promoted)
     for (completes, promoted) in [(true, false), (false, false), (true, true)] {
         let m = map(4);
-        let counted = Arc::new(Counted);
+        // Its `Arc`'s strong count says how many clones are still alive.
+        let counted = Arc::new(crate::fuzzing::CountingWaker::default());
         let waker = Waker::from(counted.clone());
         let gate = Arc::new(crate::Semaphore::new(0));
         {
