@@ -7,11 +7,8 @@
 #[path = "../../benches/semaphore/fifo_floor.rs"]
 mod floor;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use floor::{Fifo, Guard, Wakes};
 
@@ -45,22 +42,6 @@ impl Holders {
             self.max.load(SeqCst)
         );
         assert!(self.max.load(SeqCst) >= 1);
-    }
-}
-
-/// Ready on the second poll, after waking itself.
-struct YieldNow(bool);
-
-impl Future for YieldNow {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.0 {
-            return Poll::Ready(());
-        }
-        self.0 = true;
-        cx.waker().wake_by_ref();
-        Poll::Pending
     }
 }
 
@@ -109,7 +90,7 @@ fn the_floor_with_no_lock_serves_every_acquire_on_one_thread() {
                 for _ in 0..PER / 4 {
                     let permit = sem.acquire().await;
                     holders.enter();
-                    YieldNow(false).await;
+                    crate::single_flight::yield_now().await;
                     holders.leave();
                     drop(permit);
                 }

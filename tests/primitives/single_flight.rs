@@ -48,7 +48,7 @@ impl<F: Future> Polled<F> {
 }
 
 /// Returns `Pending` once, waking itself first.
-async fn yield_now() {
+pub(crate) async fn yield_now() {
     let mut yielded = false;
     futures::future::poll_fn(|cx| {
         if yielded {
