@@ -27,6 +27,7 @@ mod budget;
 mod builder;
 mod cache;
 mod circuit;
+pub(crate) mod identity;
 pub(crate) mod lanes;
 #[cfg(feature = "metrics")]
 mod metrics_out;
@@ -630,6 +631,14 @@ where
     /// it, and `Runner` its attempts).
     pub(crate) fn sleeper(&self) -> &S {
         &self.inner.sleeper
+    }
+
+    /// Whether the layer was told the LLM provider it talks to
+    /// ([`Builder::provider`]): then a `POST` through an HTTP seam is a
+    /// completion, whose only effect is its cost, and may be sent again.
+    #[cfg(any(feature = "reqwest", feature = "tower"))]
+    pub(crate) fn told_provider(&self) -> bool {
+        self.inner.rates.told_provider()
     }
 
     /// Calls waiting right now: queued for a slot, or (background calls)

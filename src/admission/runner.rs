@@ -1,10 +1,16 @@
 //! `Runner`: executes one model turn's calls through [`Admission`] and
 //! returns their results in input order, one [`CallResult`] per call.
 //!
-//! * Reads with the same `(tool, canonical args)` share one execution
-//!   ([`SingleFlight`]) and, within the cache TTL, one result; writes are
-//!   never coalesced or cached. Which calls are reads is the caller's
-//!   decision ([`CallSpec::write`](super::CallSpec::write)).
+//! * Reads with the same tool, credential and key
+//!   ([`Call::coalesce_key`], compared whole) share one execution
+//!   ([`SingleFlight`](crate::SingleFlight)) and, within the cache TTL,
+//!   one result; a call with another credential never shares. A caller
+//!   that joins waits no longer than its own deadline, and a refusal or
+//!   timeout of the call it joined is not its answer: it runs its own.
+//!   Writes are never coalesced or cached, and never run again once they
+//!   may have run (unless [`idempotent`](super::CallSpec::idempotent)).
+//!   Which calls are reads is the caller's decision
+//!   ([`CallSpec::write`](super::CallSpec::write)).
 //! * Every attempt is admitted first ([`Admission::admit`]), so retries
 //!   pay the same slots, rate and deadline as first attempts.
 //! * A panic in a call is contained in that call's result
@@ -48,7 +54,10 @@ use std::sync::Arc;
 use crate::clock::Clock;
 use crate::failure::CallFailure;
 use crate::retry::{Backoff, RetryPolicy};
-use crate::single_flight::{FlightError, Provenance, SingleFlight};
+use crate::single_flight::Provenance;
+
+use super::attempt::reads::{Joined, Reads, Share};
+use super::identity::ReadKey;
 use crate::sleep::Sleeper;
 
 use super::attempt;
@@ -60,7 +69,8 @@ mod result;
 pub use call::{Call, Reply};
 pub use result::CallResult;
 
-/// Why a led execution ended without a value (shared with followers).
+/// Why a led execution ended without a value (a fault is shared with
+/// followers).
 #[derive(Debug)]
 enum Ended<E> {
     Throttled(Throttled),
@@ -70,6 +80,19 @@ enum Ended<E> {
         not_retried: Option<Throttled>,
     },
     Panicked(String),
+}
+
+impl<E> Clone for Ended<E> {
+    fn clone(&self) -> Self {
+        match self {
+            Ended::Throttled(t) => Ended::Throttled(t.clone()),
+            Ended::Failed { error, not_retried } => Ended::Failed {
+                error: error.clone(),
+                not_retried: not_retried.clone(),
+            },
+            Ended::Panicked(m) => Ended::Panicked(m.clone()),
+        }
+    }
 }
 
 /// Runs a turn's calls through an [`Admission`].
@@ -133,7 +156,7 @@ pub struct Runner<
     C: Clock = crate::clock::DefaultClock,
 > {
     admission: Admission<S, C>,
-    flights: SingleFlight<(String, String), V, Ended<E>, C>,
+    flights: Reads<Result<V, Ended<E>>, Result<V, Ended<E>>, C>,
     /// The template every call forks its own policy from: the one owner of
     /// classification, the retry cap and the clamp.
     retry: Arc<parking_lot::Mutex<RetryPolicy>>,
@@ -169,7 +192,7 @@ where
     /// ```
     pub fn new(admission: Admission<S, C>, cache_ttl: Duration) -> Self {
         let clock = admission.clock().clone();
-        let mut flights = SingleFlight::builder().clock(clock);
+        let mut flights = Reads::builder().clock(clock);
         if !cache_ttl.is_zero() {
             flights = flights.cache(cache_ttl, 4096);
         }
@@ -271,16 +294,16 @@ where
         // Identical reads of one turn share one execution even when the
         // first finishes inside its first poll, before the others would
         // find its flight: they are joined here, by position.
-        let mut first: HashMap<(&str, &str), usize> = HashMap::new();
+        // Only calls alike in everything, their deadline included, are
+        // joined so: each then hears what the other would have.
+        let mut first: HashMap<(ReadKey, Duration), usize> = HashMap::new();
         let joins: Vec<Option<usize>> = calls
             .iter()
             .enumerate()
-            .map(|(i, c)| match (&c.key, c.spec.write) {
-                (Some(k), false) => {
-                    let leader = *first.entry((c.spec.tool.as_str(), k.as_str())).or_insert(i);
-                    (leader != i).then_some(leader)
-                }
-                _ => None,
+            .map(|(i, c)| {
+                let key = read_key(c)?;
+                let leader = *first.entry((key, c.spec.deadline)).or_insert(i);
+                (leader != i).then_some(leader)
             })
             .collect();
         drop(first);
@@ -316,52 +339,46 @@ where
     /// # });
     /// ```
     pub async fn one(&self, call: Call<V, E>) -> CallResult<V, E> {
-        let key = match (&call.key, call.spec.write) {
-            (Some(k), false) => Some((call.spec.tool.clone(), k.clone())),
-            _ => None,
-        };
-        // Requests this caller sent itself (it led, or took over a flight).
+        // Requests this caller sent itself (it led, or ran its own).
         let sent = AtomicU32::new(0);
-        let Some(key) = key else {
-            return match self.contained(&call, &sent).await {
-                Ok(value) => CallResult::Done {
-                    value,
-                    provenance: Provenance::Leader,
-                    attempts: sent.load(Relaxed),
-                },
-                Err(f) => f.to_result(sent.load(Relaxed)),
-            };
+        let Some(key) = read_key(&call) else {
+            let own = self.contained(&call, &sent, call.spec.deadline).await;
+            return Joined::Own(own).into_result(sent.load(Relaxed));
         };
+        let (call, sent) = (&call, &sent);
         let led = self
-            .flights
-            .try_run(key, || self.contained(&call, &sent))
+            .admission
+            .coalesce(&self.flights, key, call.spec.deadline, |left| async move {
+                let own = self.contained(call, sent, left).await;
+                // A value is shared (and cached), a fault with the calls
+                // in flight; a refusal, a timeout and a fault whose retry
+                // something refused are the leader's own.
+                let share = match &own {
+                    Ok(value) => Share::Cached(Ok(value.clone())),
+                    Err(
+                        e @ Ended::Failed {
+                            not_retried: None, ..
+                        },
+                    ) => Share::InFlight(Err(e.clone())),
+                    Err(_) => Share::Not,
+                };
+                (own, share)
+            })
             .await;
         // Relaxed: written by this task's own future, read after it ended.
-        let attempts = sent.load(Relaxed);
-        match led {
-            Ok((value, provenance)) => CallResult::Done {
-                value,
-                provenance,
-                attempts: if provenance == Provenance::Leader {
-                    attempts
-                } else {
-                    0
-                },
-            },
-            Err(FlightError::Failed(f)) => f.to_result(attempts),
-            // `contained` catches the closure's panics; a flight can only
-            // report one if the runner itself panicked.
-            Err(_) => CallResult::Panicked {
-                message: "the call's single-flight leader panicked".to_string(),
-            },
-        }
+        led.into_result(sent.load(Relaxed))
     }
 
     /// [`attempts`](Self::attempts), with a panic turned into
     /// [`Ended::Panicked`]: the attempt's future (holding the ticket) is
     /// dropped, so its slots are released, and the other calls go on.
-    async fn contained(&self, call: &Call<V, E>, sent: &AtomicU32) -> Result<V, Ended<E>> {
-        let mut attempts = Box::pin(self.attempts(call, sent));
+    async fn contained(
+        &self,
+        call: &Call<V, E>,
+        sent: &AtomicU32,
+        left: Duration,
+    ) -> Result<V, Ended<E>> {
+        let mut attempts = Box::pin(self.attempts(call, sent, left));
         core::future::poll_fn(|cx| {
             match std::panic::catch_unwind(AssertUnwindSafe(|| attempts.as_mut().poll(cx))) {
                 Ok(p) => p,
@@ -371,16 +388,22 @@ where
         .await
     }
 
-    /// One call through the admission's attempt loop; `sent` counts the
-    /// requests sent.
-    async fn attempts(&self, call: &Call<V, E>, sent: &AtomicU32) -> Result<V, Ended<E>> {
+    /// One call through the admission's attempt loop, within `left` of
+    /// its deadline; `sent` counts the requests sent.
+    async fn attempts(
+        &self,
+        call: &Call<V, E>,
+        sent: &AtomicU32,
+        left: Duration,
+    ) -> Result<V, Ended<E>> {
         let policy = self.retry.lock().fork();
         let mut exchange = Attempt { call };
-        let (failure, attempts) = match self
-            .admission
-            .drive(&call.spec, policy, &mut exchange)
-            .await
-        {
+        // A caller that waited for another's read has less time left.
+        let spec = match left == call.spec.deadline {
+            true => std::borrow::Cow::Borrowed(&call.spec),
+            false => std::borrow::Cow::Owned(call.spec.clone().deadline(left)),
+        };
+        let (failure, attempts) = match self.admission.drive(&spec, policy, &mut exchange).await {
             attempt::Ended::Answered {
                 result, attempts, ..
             } => match result {
@@ -468,6 +491,37 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "the call panicked with a non-string payload".to_string()
+    }
+}
+
+/// The key a call's read shares (tool, credential and the call's key), or
+/// `None` for a write or a call without a key.
+fn read_key<V, E>(call: &Call<V, E>) -> Option<ReadKey> {
+    match (&call.key, call.spec.write) {
+        (Some(key), false) => Some(ReadKey::new(&call.spec.tool, &call.spec.credential, key)),
+        _ => None,
+    }
+}
+
+impl<V, E> Joined<Result<V, Ended<E>>, Result<V, Ended<E>>> {
+    /// The caller's result: its own (it sent `attempts` requests), or a
+    /// copy of the call it joined (it sent none).
+    fn into_result(self, attempts: u32) -> CallResult<V, E> {
+        match self {
+            Joined::Own(Ok(value)) => CallResult::Done {
+                value,
+                provenance: Provenance::Leader,
+                attempts,
+            },
+            Joined::Own(Err(f)) => f.to_result(attempts),
+            Joined::Copy(Ok(value), provenance) => CallResult::Done {
+                value,
+                provenance,
+                attempts: 0,
+            },
+            Joined::Copy(Err(f), _) => f.to_result(0),
+            Joined::TimedOut(t) => CallResult::Throttled(t),
+        }
     }
 }
 

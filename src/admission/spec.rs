@@ -28,9 +28,18 @@ pub struct CallSpec {
     pub tool: String,
     /// The credential the call is sent with: what the server throttles.
     pub credential: String,
-    /// Whether the call has effects: a write is never coalesced or cached.
-    /// `false` (the default): a read, which identical reads may share.
+    /// Whether the call has effects: a write is never coalesced or cached,
+    /// and, unless [`idempotent`](Self::idempotent), never sent again once
+    /// its request may have reached the server's handler (after a reset,
+    /// a timeout, a 5xx or a tool's answer; a 429 or 503 the server sent
+    /// instead of running it is still retried). `false` (the default): a
+    /// read, which identical reads may share.
     pub write: bool,
+    /// Whether a write may run twice with one effect (a `PUT`, a call
+    /// carrying an idempotency key, an LLM completion whose only effect is
+    /// its cost): then it is retried after a fault like a read. Never
+    /// coalesced all the same.
+    pub idempotent: bool,
     /// What the call costs against each named quota of its credential, as
     /// (quota, units): `("tokens", 1_800)`. `"requests"` defaults to 1;
     /// other quotas to 0. A cost against a quota the layer was not given
@@ -66,6 +75,7 @@ impl CallSpec {
             tool: tool.into(),
             credential: credential.into(),
             write: false,
+            idempotent: false,
             costs: Vec::new(),
             deadline: Duration::from_secs(30),
             priority: Priority::INTERACTIVE,
@@ -83,6 +93,23 @@ impl CallSpec {
     /// ```
     pub fn write(mut self) -> Self {
         self.write = true;
+        self
+    }
+
+    /// Marks the call idempotent: a write that may run twice with one
+    /// effect (see [`idempotent`](Self::idempotent)), retried after a
+    /// fault like a read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::CallSpec;
+    /// // A PUT of a whole document: sending it twice leaves one document.
+    /// let spec = CallSpec::new("save_doc", "k").write().idempotent();
+    /// assert!(spec.write && spec.idempotent);
+    /// ```
+    pub fn idempotent(mut self) -> Self {
+        self.idempotent = true;
         self
     }
 

@@ -13,8 +13,9 @@ use rmcp::transport::streamable_http_client::HttpStatusError;
 use rmcp::transport::DynamicTransportError;
 use rmcp::ServiceError;
 
-use crate::admission::attempt::reads::{self, Joined, Reads};
+use crate::admission::attempt::reads::{Joined, Reads, Share};
 use crate::admission::attempt::Ended;
+use crate::admission::identity::ReadKey;
 use crate::admission::{Admission, CallFailure, CallResult, CallSpec};
 use crate::clock::{Clock, DefaultClock};
 use crate::retry::RetryPolicy;
@@ -41,20 +42,29 @@ type Outcome = CallResult<CallToolResult, ServiceError>;
 ///
 /// * The **tool** an admission sees is `"<server>/<tool>"` (configure
 ///   per-tool slots under that name); the **credential** is the gate's
-///   ([`credential`](Self::credential), `"default"` unless set).
+///   ([`credential`](Self::credential)), its server's name unless set: a
+///   429 from one server holds no other server's calls, and two gates
+///   share a hold only when given the same credential.
 /// * The server's **"not now"** is read in the shapes it comes in: a 429
 ///   or 5xx at the HTTP transport (with its `Retry-After`), a JSON-RPC
 ///   error or an `isError` result that says it is a rate limit (which
 ///   ones: the `shapes` table in this module's source, and the README). A short wait
 ///   is slept (the caller never sees it), a long one is the refusal;
 ///   the credential is held for every call behind it.
-/// * **Retries.** A call the server refused is sent again (it did not
-///   run). After a transport fault a call is sent again only when its
-///   tool is [`idempotent`](Self::idempotent) (or a [`read`](Self::read));
-///   other tools' calls may have run, so the fault stands.
+/// * **Retries.** A call refused before the tool ran (a 429 or 503 at the
+///   transport, a JSON-RPC rate-limit error) is sent again. A call that
+///   may have run (no answer, a 5xx, or any result of the tool's own,
+///   a limit it reports included) is sent again only when its tool is
+///   [`idempotent`](Self::idempotent) or a [`read`](Self::read): a write
+///   runs at most once, and a limit its result reports comes back as
+///   `rate_limited` with the wait, for the caller to plan with. A closed
+///   transport does not come back: its calls fail at once.
 /// * **Reads coalesce.** Identical concurrent calls (same credential,
-///   tool and arguments) to a tool declared a [`read`](Self::read) send
-///   one request. The server's `readOnlyHint` counts only with
+///   tool and arguments, compared whole) to a tool declared a
+///   [`read`](Self::read) send one request. A caller that joins one waits
+///   no longer than its own deadline, and a refusal or timeout of the
+///   call it joined is not its answer: it sends its own. The server's
+///   `readOnlyHint` counts only with
 ///   [`trust_annotations`](Self::trust_annotations): the MCP spec says
 ///   annotations from an untrusted server are hints.
 /// * rmcp's multi-round `input_required` replies are not driven: the gate
@@ -95,7 +105,7 @@ pub struct McpGate<S: Sleeper = DefaultSleeper, C: Clock = DefaultClock> {
     retry: Mutex<RetryPolicy>,
     reads: HashSet<String>,
     idempotent: HashSet<String>,
-    flights: Reads<String, Outcome, Outcome, C>,
+    flights: Reads<Outcome, Outcome, C>,
 }
 
 impl<S: Sleeper, C: Clock + Clone> McpGate<S, C> {
@@ -113,11 +123,12 @@ impl<S: Sleeper, C: Clock + Clone> McpGate<S, C> {
         peer: Peer<RoleClient>,
     ) -> Self {
         let clock = admission.clock().clone();
+        let server = server.into();
         McpGate {
             admission,
             peer,
-            server: server.into(),
-            credential: "default".to_string(),
+            credential: server.clone(),
+            server,
             deadline: Duration::from_secs(30),
             retry: Mutex::new(crate::admission::attempt::default_policy()),
             reads: HashSet::new(),
@@ -127,7 +138,8 @@ impl<S: Sleeper, C: Clock + Clone> McpGate<S, C> {
     }
 
     /// The credential every call is admitted under (an id or a hash, not
-    /// a secret: it names quotas and may be logged).
+    /// a secret: it names quotas and may be logged); the server's name
+    /// unless set. Gates given one credential share its holds and quotas.
     pub fn credential(mut self, credential: impl Into<String>) -> Self {
         self.credential = credential.into();
         self
@@ -208,8 +220,11 @@ impl<S: Sleeper, C: Clock + Clone> McpGate<S, C> {
     pub fn spec(&self, params: &CallToolRequestParams) -> CallSpec {
         let tool = format!("{}/{}", self.server, params.name);
         let spec = CallSpec::new(tool, self.credential.clone()).deadline(self.deadline);
-        if self.reads.contains(params.name.as_ref()) {
+        let name = params.name.as_ref();
+        if self.reads.contains(name) {
             spec
+        } else if self.idempotent.contains(name) {
+            spec.write().idempotent()
         } else {
             spec.write()
         }
@@ -299,32 +314,28 @@ where
         }
         // Same credential, tool and arguments: the same read.
         let arguments = serde_json::to_string(&params.arguments).unwrap_or_default();
-        let key = format!("{}\0{}\0{arguments}", spec.credential, spec.tool);
-        let led = reads::coalesce(&self.flights, key, || async {
-            let own = self.run(&spec, &params).await;
-            let copy = own.clone();
-            (own, Some(copy))
-        })
-        .await;
+        let key = ReadKey::new(&spec.tool, &spec.credential, &arguments);
+        let led = self
+            .admission
+            .coalesce(&self.flights, key, spec.deadline, |left| async move {
+                let own = self.run(&spec.clone().deadline(left), &params).await;
+                // A refusal or timeout is this caller's own; a fault whose
+                // retry something refused too.
+                let copy = match &own {
+                    CallResult::Done { .. } => Share::Cached(own.clone()),
+                    CallResult::Failed {
+                        not_retried: None, ..
+                    } => Share::InFlight(own.clone()),
+                    _ => Share::Not,
+                };
+                (own, copy)
+            })
+            .await;
         match led {
             Joined::Own(own) => own,
             // This caller sent nothing.
-            Joined::Copy(copy) => match copy {
-                CallResult::Done { value, .. } => CallResult::Done {
-                    value,
-                    provenance: Provenance::Joined,
-                    attempts: 0,
-                },
-                CallResult::Throttled(refused) => CallResult::Throttled(refused.with_attempts(0)),
-                CallResult::Failed {
-                    error, not_retried, ..
-                } => CallResult::Failed {
-                    error,
-                    not_retried,
-                    attempts: 0,
-                },
-                other => other,
-            },
+            Joined::Copy(copy, _) => copy.joined(),
+            Joined::TimedOut(refused) => CallResult::Throttled(refused),
         }
     }
 
@@ -335,12 +346,7 @@ where
         params: &CallToolRequestParams,
     ) -> CallResult<CallToolResult, ServiceError> {
         let policy = self.retry.lock().fork();
-        let name = params.name.as_ref();
-        let mut call = exchange::ToolCall::new(
-            &self.peer,
-            params,
-            self.idempotent.contains(name) || self.reads.contains(name),
-        );
+        let mut call = exchange::ToolCall::new(&self.peer, params);
         let ended = self.admission.drive(spec, policy, &mut call).await;
         let failure = |result: Result<CallToolResult, ServiceError>| match (call.status(), result) {
             // The server answered a status (at the transport, or a tool's

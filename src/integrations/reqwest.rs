@@ -11,6 +11,7 @@ use ::reqwest_middleware::{Error, Middleware, Next, Result};
 use parking_lot::Mutex;
 
 use crate::admission::attempt::Ended;
+use crate::admission::identity::{self, ReadKey};
 use crate::clock::{Clock, DefaultClock};
 use crate::retry::{Attempts, RequestDeadline};
 use crate::sleep::{DefaultSleeper, Sleeper};
@@ -31,7 +32,7 @@ mod outcome;
 mod stream;
 mod usage;
 
-use crate::admission::attempt::reads::{self, Joined, Reads};
+use crate::admission::attempt::reads::{Joined, Reads};
 use exchange::Exchange;
 use outcome::Outcome;
 
@@ -109,7 +110,10 @@ pub struct AdmissionMiddleware<S: Sleeper = DefaultSleeper, C: Clock = DefaultCl
     /// Which other requests (a `POST` the caller knows to be a read) are
     /// reads too, keyed with their body.
     reads_when: Option<Declared>,
-    reads: Reads<String, Result<Response>, outcome::Copy, C>,
+    /// Which other requests (a `POST` with an idempotency key) may be
+    /// sent again after they may have run.
+    idempotent_when: Option<Declared>,
+    reads: Reads<Result<Response>, outcome::Copy, C>,
 }
 
 impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
@@ -142,6 +146,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
             responses: false,
             coalesce: true,
             reads_when: None,
+            idempotent_when: None,
             reads: Reads::builder().clock(admission_clock).build(),
         }
     }
@@ -368,11 +373,25 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     }
 
     /// Whether identical reads in flight at once share one request (on
-    /// by default): a `GET` or `HEAD` with the same URL and credential as
-    /// one already in flight waits for it and gets a copy of its answer
-    /// (its body read whole; `attempts: 0`), as [`Runner`](crate::admission::Runner)'s
-    /// calls do. A streamed reply is not copied: each caller that joined
-    /// it sends its own request.
+    /// by default). Two requests are identical only when nothing their
+    /// server could see differs: a `GET` or `HEAD` with the same method,
+    /// whole URL (scheme, host, port, path, query), version and every
+    /// header, `Authorization`, `Cookie`, `x-api-key`, `Accept` and `Range`
+    /// among them, byte for byte, and the same credential. Headers the
+    /// client adds after its middleware (its default headers, its cookie
+    /// jar) are not seen here: don't share one middleware between clients
+    /// that differ in them.
+    ///
+    /// The caller that joins one in flight waits for it no longer than its
+    /// own deadline (then it is `timed_out`, having sent nothing), and gets
+    /// a copy of its answer (`attempts: 0`) only when one is safe to share:
+    /// a response whose body declares (`Content-Length`) at most 1 MiB,
+    /// read within the first caller's deadline, or the server's fault. A
+    /// streamed or larger body comes back to the first caller untouched
+    /// and at once, and a refusal or timeout is the first caller's own: in
+    /// those cases each caller that joined sends its own request. A write
+    /// (any method but `GET`, `HEAD`, `OPTIONS` and `TRACE`) is never
+    /// shared unless declared a read ([`reads_when`](Self::reads_when)).
     ///
     /// # Examples
     ///
@@ -390,10 +409,11 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
 
     /// Declares which requests beyond `GET` and `HEAD` are reads (an LLM
     /// completion the caller will accept the same answer for): identical
-    /// ones in flight at once, by method, URL, body and credential, share
-    /// one request as reads do (see [`coalesce_reads`](Self::coalesce_reads),
-    /// which this needs on). A body that is a stream, or not UTF-8, is
-    /// never shared. Nothing is a read on the server's word.
+    /// ones in flight at once, by everything `GET`s are compared by and
+    /// the body, share one request as reads do (see
+    /// [`coalesce_reads`](Self::coalesce_reads), which this needs on), and
+    /// are retried after a fault. A body that is a stream is never
+    /// shared. Nothing is a read on the server's word.
     ///
     /// # Examples
     ///
@@ -407,6 +427,32 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     /// ```
     pub fn reads_when(mut self, f: impl Fn(&Request) -> bool + Send + Sync + 'static) -> Self {
         self.reads_when = Some(Arc::new(f));
+        self
+    }
+
+    /// Declares which requests may be sent again after they may have
+    /// reached the server's handler. Without it, a `POST` or `PATCH` is
+    /// sent again only after a 429 or 503 (the server did not run it), or
+    /// when it never left (a refused connection): after a reset, a
+    /// timeout or a 5xx it may have run, and the fault stands. `GET`,
+    /// `HEAD`, `PUT`, `DELETE`, `OPTIONS` and `TRACE` are idempotent by
+    /// their definition (RFC 9110), a declared read
+    /// ([`reads_when`](Self::reads_when)) is too, and so is every request
+    /// through an admission told its [`Provider`](crate::admission::Provider):
+    /// an LLM completion's only effect is its cost.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::admission::Admission;
+    /// use backpressure::reqwest::AdmissionMiddleware;
+    /// // A POST carrying an idempotency key runs once, however often sent.
+    /// let m = AdmissionMiddleware::new(Admission::builder().build())
+    ///     .idempotent_when(|req| req.headers().contains_key("idempotency-key"));
+    /// # drop(m);
+    /// ```
+    pub fn idempotent_when(mut self, f: impl Fn(&Request) -> bool + Send + Sync + 'static) -> Self {
+        self.idempotent_when = Some(Arc::new(f));
         self
     }
 
@@ -595,23 +641,49 @@ where
         let mut spec = CallSpec::new((self.tool)(&req), (self.credential)(&req))
             .deadline(budget)
             .priority(priority);
+        let declared = |f: &Option<Declared>| f.as_ref().is_some_and(|f| f(&req));
+        let read = req.method().is_safe() || declared(&self.reads_when);
+        if !read {
+            spec = spec.write();
+            if req.method().is_idempotent()
+                || declared(&self.idempotent_when)
+                || self.admission.told_provider()
+            {
+                spec = spec.idempotent();
+            }
+        }
         for (name, units) in self.cost.as_ref().map(|f| f(&req)).unwrap_or_default() {
             spec = spec.cost(name, units);
         }
         let Some(key) = self.read_key(&req, &spec) else {
             return self.run(&spec, req, extensions, next).await;
         };
-        let led = reads::coalesce(&self.reads, key, || async {
-            let result = self.run(&spec, req, &mut *extensions, next).await;
-            outcome::share(result, extensions.get::<Outcome>().cloned()).await
-        })
-        .await;
+        let clock = self.admission.clock().clone();
+        let own = &mut *extensions;
+        let led = self
+            .admission
+            .coalesce(&self.reads, key, budget, |left| async move {
+                let spec = spec.clone().deadline(left);
+                let deadline = crate::retry::Deadline::after(clock, left);
+                let result = self.run(&spec, req, &mut *own, next).await;
+                let outcome = own.get::<Outcome>().cloned();
+                let sleeper = self.admission.sleeper();
+                outcome::share(result, outcome, left, || {
+                    sleeper.sleep(deadline.remaining())
+                })
+                .await
+            })
+            .await;
         match led {
             Joined::Own(result) => result,
-            Joined::Copy(copy) => {
+            Joined::Copy(copy, _) => {
                 let (result, outcome) = copy.answer();
                 extensions.insert(outcome);
                 result
+            }
+            Joined::TimedOut(refused) => {
+                extensions.insert(Outcome::refused(refused.clone()));
+                self.refuse(refused)
             }
         }
     }
@@ -684,31 +756,19 @@ where
         result
     }
 
-    /// The key identical reads in flight share: `GET` and `HEAD` requests
-    /// by method, URL and credential, unless coalescing is off.
-    fn read_key(&self, req: &Request, spec: &CallSpec) -> Option<String> {
+    /// The key identical reads in flight share (see
+    /// [`coalesce_reads`](Self::coalesce_reads)), unless coalescing is
+    /// off or the request is a write.
+    fn read_key(&self, req: &Request, spec: &CallSpec) -> Option<ReadKey> {
         if !self.coalesce || spec.write {
             return None;
         }
-        if req.method() == http::Method::GET || req.method() == http::Method::HEAD {
-            return Some(format!(
-                "{} {} {}",
-                req.method(),
-                req.url(),
-                spec.credential
-            ));
-        }
-        let declared = self.reads_when.as_ref()?;
-        if !declared(req) {
+        let body = !(req.method() == http::Method::GET || req.method() == http::Method::HEAD);
+        if body && !self.reads_when.as_ref().is_some_and(|f| f(req)) {
             return None;
         }
-        let body = core::str::from_utf8(req.body()?.as_bytes()?).ok()?;
-        Some(format!(
-            "{} {} {}\n{body}",
-            req.method(),
-            req.url(),
-            spec.credential
-        ))
+        let what = identity::reqwest(req, body)?;
+        Some(ReadKey::new(&spec.tool, &spec.credential, &what))
     }
 }
 

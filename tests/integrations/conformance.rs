@@ -50,6 +50,8 @@ struct Heard {
     retry_after: Option<Duration>,
     /// When the caller heard back, from the start of its call.
     after: Duration,
+    /// The caller's own deadline.
+    deadline: Duration,
 }
 
 impl Heard {
@@ -78,7 +80,13 @@ impl Heard {
             attempts,
             retry_after,
             after,
+            deadline: Duration::ZERO,
         }
+    }
+
+    fn within(mut self, deadline: Duration) -> Heard {
+        self.deadline = deadline;
+        self
     }
 }
 
@@ -158,6 +166,23 @@ enum Calls {
     Writes(usize),
     /// `n` `GET /item`, one after the other.
     InTurn(usize),
+    /// Two `GET /item` at once, alike but in what `Differ` names (on MCP:
+    /// two read calls, by two credentials or with two arguments).
+    Apart(Differ),
+    /// Two identical `GET /item`, the second 50 ms after the first, with
+    /// these deadlines (the row's is the first's).
+    Follower(Duration),
+}
+
+/// What two otherwise identical reads differ in (issue #58).
+#[derive(Clone, Copy, Debug)]
+enum Differ {
+    /// Two users of one site: their `Cookie`.
+    Cookie,
+    /// Two tenants of one API: their `x-api-key`.
+    ApiKey,
+    /// Two representations: `Accept` (and `Range`).
+    Accept,
 }
 
 struct Row {
@@ -355,19 +380,91 @@ fn table() -> Vec<Row> {
         Row {
             calls: Calls::Writes(1),
             kinds: vec![failed(None, None)],
-            attempts: vec![4],
-            requests: 4,
-            mcp: Some((
-                "a tool call may have run when its reply was cut: only a read or \
-                 idempotent tool is sent again",
-                vec![failed(None, None)],
-                vec![1],
-                1,
-            )),
+            attempts: vec![1],
+            requests: 1,
             ..row(
-                "a write whose connection is reset is retried as a transport failure",
+                "a write whose connection is reset is sent once: it may have run",
                 vec![],
                 Step::Reset,
+            )
+        },
+        Row {
+            calls: Calls::Writes(1),
+            kinds: vec![failed(Some(500), None)],
+            attempts: vec![1],
+            requests: 1,
+            ..row(
+                "a write answered 500 is sent once: it may have run",
+                vec![],
+                Step::Answer(500, &[]),
+            )
+        },
+        Row {
+            calls: Calls::Writes(1),
+            kinds: vec![Kind::Done(200)],
+            attempts: vec![2],
+            requests: 2,
+            gap: Some(second),
+            ..row(
+                "a write refused 429 is sent again: the server did not run it",
+                vec![Step::Answer(429, &[("retry-after", "1")])],
+                OK,
+            )
+        },
+        Row {
+            calls: Calls::Apart(Differ::Cookie),
+            kinds: vec![Kind::Done(200); 2],
+            attempts: vec![1, 1],
+            requests: 2,
+            ..row(
+                "two users of one URL, by cookie, send two",
+                vec![],
+                Step::Slow(200, Duration::from_millis(200)),
+            )
+        },
+        Row {
+            calls: Calls::Apart(Differ::ApiKey),
+            kinds: vec![Kind::Done(200); 2],
+            attempts: vec![1, 1],
+            requests: 2,
+            ..row(
+                "two tenants of one URL, by x-api-key, send two",
+                vec![],
+                Step::Slow(200, Duration::from_millis(200)),
+            )
+        },
+        Row {
+            calls: Calls::Apart(Differ::Accept),
+            kinds: vec![Kind::Done(200); 2],
+            attempts: vec![1, 1],
+            requests: 2,
+            ..row(
+                "one URL asked in two representations (Accept, Range) sends two",
+                vec![],
+                Step::Slow(200, Duration::from_millis(200)),
+            )
+        },
+        Row {
+            calls: Calls::Follower(Duration::from_millis(500)),
+            kinds: vec![Kind::Done(200), Kind::Throttled(Status::TimedOut)],
+            attempts: vec![1, 0],
+            requests: 1,
+            ..row(
+                "a follower with a shorter deadline hears back by its own",
+                vec![],
+                Step::Slow(200, Duration::from_secs(2)),
+            )
+        },
+        Row {
+            deadline: Duration::from_millis(500),
+            calls: Calls::Follower(Duration::from_secs(5)),
+            kinds: vec![Kind::Throttled(Status::TimedOut), Kind::Done(200)],
+            attempts: vec![1, 1],
+            requests: 2,
+            ..row(
+                "a leader's timeout is not its follower's: the follower sends its own",
+                vec![],
+                Step::Slow(200, Duration::from_secs(1)),
             )
         },
         Row {
@@ -436,6 +533,58 @@ fn requests(calls: Calls) -> (Vec<http::Method>, bool) {
         Calls::Reads(n) => (vec![http::Method::GET; n], false),
         Calls::Writes(n) => (vec![http::Method::POST; n], false),
         Calls::InTurn(n) => (vec![http::Method::GET; n], true),
+        Calls::Apart(_) | Calls::Follower(_) => (vec![http::Method::GET; 2], false),
+    }
+}
+
+/// The `i`th call's deadline, its headers beyond the credential's, and (on
+/// MCP) its credential and arguments.
+fn call_shape(
+    row: &Row,
+    i: usize,
+) -> (
+    Duration,
+    Vec<(&'static str, &'static str)>,
+    Option<&'static str>,
+    Option<&'static str>,
+) {
+    let ab = |a, b| if i == 0 { a } else { b };
+    match row.calls {
+        Calls::Apart(Differ::Cookie) => (
+            row.deadline,
+            vec![("cookie", ab("session=alice", "session=bob"))],
+            Some(ab("alice", "bob")),
+            None,
+        ),
+        Calls::Apart(Differ::ApiKey) => (
+            row.deadline,
+            vec![("x-api-key", ab("tenant-a", "tenant-b"))],
+            Some(ab("tenant-a", "tenant-b")),
+            None,
+        ),
+        Calls::Apart(Differ::Accept) => (
+            row.deadline,
+            vec![
+                ("accept", ab("text/csv", "application/json")),
+                ("range", ab("bytes=0-9", "bytes=10-19")),
+            ],
+            None,
+            Some(ab("csv", "json")),
+        ),
+        Calls::Follower(second) => (
+            if i == 0 { row.deadline } else { second },
+            vec![],
+            None,
+            None,
+        ),
+        _ => (row.deadline, vec![], None, None),
+    }
+}
+
+/// A follower starts after its leader is in flight.
+async fn stagger(row: &Row, i: usize) {
+    if matches!(row.calls, Calls::Follower(_)) && i > 0 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -464,7 +613,6 @@ where
 async fn through(seam: Seam, row: &Row, server: &Server, admission: Admission) -> Vec<Heard> {
     let (methods, in_turn) = requests(row.calls);
     let n = methods.len();
-    let deadline = row.deadline;
     #[cfg(feature = "mcp")]
     if let Server::Mcp(mcp) = server {
         // A GET is a call to a read tool, a POST to a write tool.
@@ -478,12 +626,24 @@ async fn through(seam: Seam, row: &Row, server: &Server, admission: Admission) -
                 http::Method::GET => "read_item",
                 _ => "write_item",
             };
-            let params = CallToolRequestParams::new(tool);
+            let (deadline, _, credential, argument) = call_shape(row, i);
+            let mut params = CallToolRequestParams::new(tool);
+            if let Some(a) = argument {
+                let args = serde_json::json!({ "format": a });
+                params = params.with_arguments(args.as_object().unwrap().clone());
+            }
             async move {
+                stagger(row, i).await;
                 let start = Instant::now();
-                let spec = gate.spec(&params).deadline(deadline);
+                let mut spec = gate.spec(&params).deadline(deadline);
+                if let Some(c) = credential {
+                    spec.credential = c.to_string();
+                }
                 let r = gate.call(spec, params).await;
-                (Heard::of(r, |_| 200, start.elapsed()), start)
+                (
+                    Heard::of(r, |_| 200, start.elapsed()).within(deadline),
+                    start,
+                )
             }
         })
         .await;
@@ -498,16 +658,22 @@ async fn through(seam: Seam, row: &Row, server: &Server, admission: Admission) -
             let runner = &runner;
             timed(n, in_turn, |i| {
                 let method = methods[i].clone();
+                let (deadline, headers, _, _) = call_shape(row, i);
                 let mut spec = CallSpec::new("item", "key-a").deadline(deadline);
                 if method == http::Method::POST {
                     spec = spec.write();
                 }
-                let call = Call::request(spec, client.request(method, &url).body("{}"));
+                let mut request = client.request(method, &url).body("{}");
+                for (name, value) in headers {
+                    request = request.header(name, value);
+                }
+                let call = Call::request(spec, request);
                 async move {
+                    stagger(row, i).await;
                     let start = Instant::now();
                     let r = runner.one(call).await;
                     (
-                        Heard::of(r, |v| v.status().as_u16(), start.elapsed()),
+                        Heard::of(r, |v| v.status().as_u16(), start.elapsed()).within(deadline),
                         start,
                     )
                 }
@@ -517,16 +683,21 @@ async fn through(seam: Seam, row: &Row, server: &Server, admission: Admission) -
         Seam::Middleware => {
             let client = middleware(admission, (row.policy)());
             timed(n, in_turn, |i| {
-                let request = client
+                let (deadline, headers, _, _) = call_shape(row, i);
+                let mut request = client
                     .request(methods[i].clone(), &url)
                     .header("authorization", "Bearer key-a")
                     .with_extension(RequestDeadline(deadline))
                     .body("{}");
+                for (name, value) in headers {
+                    request = request.header(name, value);
+                }
                 async move {
+                    stagger(row, i).await;
                     let start = Instant::now();
                     let r = AdmissionMiddleware::call_result(request).await;
                     (
-                        Heard::of(r, |v| v.status().as_u16(), start.elapsed()),
+                        Heard::of(r, |v| v.status().as_u16(), start.elapsed()).within(deadline),
                         start,
                     )
                 }
@@ -536,19 +707,25 @@ async fn through(seam: Seam, row: &Row, server: &Server, admission: Admission) -
         Seam::Tower => {
             let svc = tower_stack(admission, (row.policy)(), HttpClient(plain));
             timed(n, in_turn, |i| {
-                let request = http::Request::builder()
+                let (deadline, headers, _, _) = call_shape(row, i);
+                let mut request = http::Request::builder()
                     .method(methods[i].clone())
                     .uri(&url)
-                    .header("authorization", "Bearer key-a")
+                    .header("authorization", "Bearer key-a");
+                for (name, value) in headers {
+                    request = request.header(name, value);
+                }
+                let request = request
                     .extension(RequestDeadline(deadline))
                     .body("{}".to_string())
                     .unwrap();
                 let svc = svc.clone();
                 async move {
+                    stagger(row, i).await;
                     let start = Instant::now();
                     let r = CallResult::from_tower(svc.oneshot(request).await);
                     (
-                        Heard::of(r, |v| v.status().as_u16(), start.elapsed()),
+                        Heard::of(r, |v| v.status().as_u16(), start.elapsed()).within(deadline),
                         start,
                     )
                 }
@@ -694,7 +871,10 @@ async fn check(seam: Seam, row: &Row) -> Vec<String> {
     let mut kinds: Vec<Kind> = heard.iter().map(|h| h.kind.clone()).collect();
     let mut attempts: Vec<u32> = heard.iter().map(|h| h.attempts).collect();
     let (mut want_kinds, mut want_attempts) = (row.kinds.clone(), row.attempts.clone());
-    if matches!(row.calls, Calls::Reads(_) | Calls::Writes(_)) {
+    if matches!(
+        row.calls,
+        Calls::Reads(_) | Calls::Writes(_) | Calls::Apart(_)
+    ) {
         for v in [&mut kinds, &mut want_kinds] {
             v.sort_by_key(|k| format!("{k:?}"));
         }
@@ -710,8 +890,13 @@ async fn check(seam: Seam, row: &Row) -> Vec<String> {
         ));
     }
     // The server's record against the deadline: nothing starts after it.
+    let latest = heard
+        .iter()
+        .map(|h| h.deadline)
+        .max()
+        .unwrap_or(row.deadline);
     for s in &seen {
-        if s.at.duration_since(started) > row.deadline {
+        if s.at.duration_since(started) > latest + Duration::from_millis(50) {
             failures.push(format!("{what}: a request started after the deadline"));
         }
     }
@@ -723,14 +908,15 @@ async fn check(seam: Seam, row: &Row) -> Vec<String> {
             }
         }
     }
-    heard.sort_by_key(|h| h.after);
+    // (Follower rows keep call order: leader, then follower.)
+    if !matches!(row.calls, Calls::Follower(_)) {
+        heard.sort_by_key(|h| h.after);
+    }
     for h in &heard {
         match &h.kind {
             // Heard back no earlier than the deadline: the request was
             // given all of it.
-            Kind::Throttled(Status::TimedOut)
-                if !row.deadline.is_zero() && h.after < row.deadline =>
-            {
+            Kind::Throttled(Status::TimedOut) if !h.deadline.is_zero() && h.after < h.deadline => {
                 failures.push(format!("{what}: timed out after {:?}", h.after))
             }
             // A server wait past the clamp: the server's whole wait is told.
@@ -743,7 +929,7 @@ async fn check(seam: Seam, row: &Row) -> Vec<String> {
             // caller past it (tower answered a closed port at 3.1 s of a
             // 2 s deadline before the one loop).
             Kind::Throttled(Status::TimedOut) => {}
-            _ if h.after >= row.deadline => failures.push(format!(
+            _ if h.after >= h.deadline => failures.push(format!(
                 "{what}: heard back at {:?}, past its deadline",
                 h.after
             )),

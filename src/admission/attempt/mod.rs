@@ -32,7 +32,6 @@ use crate::throttled::Human;
 
 use super::{Admission, CallSpec, Status, Throttled, Ticket};
 
-#[cfg(any(feature = "reqwest", feature = "tower", feature = "mcp"))]
 pub(crate) mod reads;
 
 /// What an attempt's result says, as its seam reads it.
@@ -72,6 +71,26 @@ pub(crate) trait Exchange {
 
     /// What the attempt's result says.
     fn read(&self, result: &Result<Self::Output, Self::Error>) -> Read;
+
+    /// Whether the attempt's request may have reached the server's
+    /// handler, so that sending a call that is not idempotent again could
+    /// run it twice. By default: any answer but a 429 or 503 (a server
+    /// says "not now" before it runs the request), and no answer at all
+    /// (a reset or a timeout may come after the handler ran).
+    fn may_have_run(&self, result: &Result<Self::Output, Self::Error>, read: &Read) -> bool {
+        let _ = result;
+        match read {
+            Read::Answer { status, .. } => !matches!(status, 429 | 503),
+            Read::NoAnswer => true,
+            Read::Refusal => false,
+        }
+    }
+
+    /// Why a call that cannot be sent again ([`can_send`](Self::can_send)
+    /// is false) cannot.
+    fn unsendable(&self) -> &'static str {
+        "its body is a stream"
+    }
 }
 
 /// How a call ended, for its seam to answer with.
@@ -172,7 +191,17 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
                 ticket.observe_error();
                 return Ended::Throttled(crate::throttled::request_timed_out(budget, sent));
             };
-            let (status, hint) = match exchange.read(&result) {
+            let read = exchange.read(&result);
+            // A call that is not idempotent is sent once its request may
+            // have reached the server's handler: never again.
+            let once = spec.write && !spec.idempotent && exchange.may_have_run(&result, &read);
+            let resend = exchange.can_send() && !once;
+            let why = if once {
+                "it is a write the server may have run"
+            } else {
+                exchange.unsendable()
+            };
+            let (status, hint) = match read {
                 Read::Refusal => {
                     return Ended::Answered {
                         result,
@@ -216,16 +245,16 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
                 // The server's capacity: its wait is the credential's
                 // hold, which the next admit waits behind.
                 Decision::Readmit { after } => {
-                    if !exchange.can_send() {
+                    if !resend {
                         let status = status.unwrap_or(429);
-                        return Ended::Throttled(cannot_resend(status, &hint, after, sent));
+                        return Ended::Throttled(cannot_resend(status, &hint, after, sent, why));
                     }
                     readmit = after;
                     last = Some((result, true));
                 }
                 // A fault's backoff, slept here (cut short by `close`).
                 Decision::Retry { after } => {
-                    if !exchange.can_send() {
+                    if !resend {
                         return Ended::Failed {
                             result,
                             not_retried: None,
@@ -337,15 +366,22 @@ fn no_time_left(budget: Duration, sent: u32) -> Throttled {
     .with_attempts(sent)
 }
 
-/// A capacity answer whose request cannot be sent again (its body is a
-/// stream): the server's wait, as a rate limit.
+/// A capacity answer whose request cannot be sent again (`why`: its body
+/// is a stream, or it is a write the server may have run): the server's
+/// wait, as a rate limit.
 #[cold]
-fn cannot_resend(status: u16, hint: &ServerHint, after: Duration, sent: u32) -> Throttled {
+fn cannot_resend(
+    status: u16,
+    hint: &ServerHint,
+    after: Duration,
+    sent: u32,
+    why: &str,
+) -> Throttled {
     Throttled::new(
         Status::RateLimited,
         crate::retry::server_scope(hint),
         format!(
-            "the server answered {status} and this request cannot be sent again (its body is a stream); \
+            "the server answered {status} and this request cannot be sent again ({why}); \
              retry after {}",
             Human(after)
         ),

@@ -150,6 +150,12 @@ impl<C: Clock> Rates<C> {
         self.learned.ensure(name, &self.credentials, now)
     }
 
+    /// Whether the layer was told its provider.
+    #[cfg(any(feature = "reqwest", feature = "tower"))]
+    pub(crate) fn told_provider(&self) -> bool {
+        self.provider_window.is_some()
+    }
+
     /// Whether a provider was told and its first [`SILENT_REPLIES`]
     /// replies stated no limit (see `Admission::note_silence`).
     pub(super) fn provider_silent(&self) -> bool {

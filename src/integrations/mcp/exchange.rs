@@ -10,30 +10,22 @@ use rmcp::ServiceError;
 use super::shapes;
 use crate::admission::attempt::{Exchange, Read};
 
-/// A `tools/call` through `peer`: sent again after the server's "not now"
-/// (it did not run the call), after a fault only when the tool is
-/// idempotent (it may have run).
+/// A `tools/call` through `peer`. Whether it is sent again is the loop's
+/// rule on the spec (a write runs once); what this says is when the tool
+/// may have run: after any result of its own.
 pub(super) struct ToolCall<'a> {
     peer: &'a Peer<RoleClient>,
     params: &'a CallToolRequestParams,
-    idempotent: bool,
-    sent: bool,
     /// The status of the last answer that was not the tool's own (a 429,
     /// 5xx or final JSON-RPC error), `None` after the tool's answer or none.
     status: Cell<Option<u16>>,
 }
 
 impl<'a> ToolCall<'a> {
-    pub(super) fn new(
-        peer: &'a Peer<RoleClient>,
-        params: &'a CallToolRequestParams,
-        idempotent: bool,
-    ) -> Self {
+    pub(super) fn new(peer: &'a Peer<RoleClient>, params: &'a CallToolRequestParams) -> Self {
         ToolCall {
             peer,
             params,
-            idempotent,
-            sent: false,
             status: Cell::new(None),
         }
     }
@@ -50,14 +42,23 @@ impl Exchange for ToolCall<'_> {
     type Output = CallToolResult;
     type Error = ServiceError;
 
-    /// A call the server refused (429, 503) did not run: it may be sent
-    /// again. After anything else it may have run.
     fn can_send(&self) -> bool {
-        !self.sent || self.idempotent || matches!(self.status.get(), Some(429 | 503))
+        true
+    }
+
+    /// A result of the tool's own (a limit it reports too) means it ran;
+    /// a 429 or 503 at the transport or a JSON-RPC rate-limit error came
+    /// before it did.
+    fn may_have_run(&self, result: &Result<CallToolResult, ServiceError>, read: &Read) -> bool {
+        match (result, read) {
+            (Ok(_), _) => true,
+            (Err(_), Read::Answer { status, .. }) => !matches!(status, 429 | 503),
+            (Err(_), Read::NoAnswer) => true,
+            (Err(_), Read::Refusal) => false,
+        }
     }
 
     fn send(&mut self) -> impl Future<Output = Result<CallToolResult, ServiceError>> {
-        self.sent = true;
         let peer = self.peer.clone();
         let params = self.params.clone();
         async move { peer.call_tool(params).await }

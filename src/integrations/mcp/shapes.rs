@@ -5,23 +5,37 @@
 //! | where | read as the server's capacity when | its wait |
 //! | --- | --- | --- |
 //! | the HTTP transport (rmcp's streamable HTTP client) | a 429 or 5xx status | its `Retry-After` (the only header rmcp keeps) |
-//! | a JSON-RPC error | code 429, a message that says so ([`PHRASES`]), or `data` that does (below) | `data`'s wait field |
-//! | a tool result with `isError: true` | `structuredContent` that says so (below), or a text block with one of [`PHRASES`] | `structuredContent`'s wait field |
+//! | a JSON-RPC error | code 429 or `-32029` (ToolHive's), a message whose whole text is a limit (below), or `data` that says so (below) | `data`'s wait field, else the message's |
+//! | a tool result with `isError: true` | `structuredContent` that says so (below), or a text block whose whole text is a limit, or is a JSON object that says so | the object's wait field, else the text's |
 //!
-//! An object (`data`, `structuredContent`) says so with a `status` of
-//! `rate_limited`, `quota_exhausted` or `shed` (a [`Throttled`] from a
-//! gate further in), `unavailable` (read as a 503), a string field
-//! `error`, `code`, `message` or `type` with one of [`PHRASES`], or a wait
-//! field. Its wait is the first of `retry_after_ms` / `retryAfterMs`
-//! (milliseconds), `retry_after_seconds` / `retryAfterSeconds` /
-//! `retry_after` / `retryAfter` (seconds, or a `Retry-After` value: an
-//! HTTP date). Anything else is the tool's own answer: final, not retried.
+//! A **text is a limit** only when its whole shape is one (case aside, at
+//! most 200 characters): at most four words of preamble (`Error:`,
+//! `GitHub API`), one of the phrases of [`PHRASES`], and then nothing but
+//! a stated wait: `retry after N`, `try again in N`, with `ms`,
+//! `s`/`sec`/`seconds` or `m`/`min`/`minutes` (seconds when no unit is
+//! given). "Rate limit exceeded, retry after 1 seconds", "Too Many
+//! Requests" and "Error: quota exceeded. Try again in 20s." are limits;
+//! "rate limit must be 1..100", "the rate limit is 5 per call" and a
+//! stack trace that mentions a 429 are the tool's own answer. A phrase
+//! found somewhere in a text is never a limit: a tool's ordinary error
+//! read as one would be retried, and a write run again.
+//!
+//! An object (`data`, `structuredContent`, a JSON text) says so with a
+//! `status` of `rate_limited`, `quota_exhausted` or `shed` (a
+//! [`Throttled`] from a gate further in), `unavailable` (read as a 503), a
+//! string field `error`, `code`, `message` or `type` whose whole text is a
+//! limit, or a wait field. Its wait is the first of `retry_after_ms` /
+//! `retryAfterMs` (milliseconds), `retry_after_seconds` /
+//! `retryAfterSeconds` / `retry_after` / `retryAfter` (seconds, or a
+//! `Retry-After` value: an HTTP date). Anything else is the tool's own
+//! answer: final, not retried.
 //!
 //! A limit a tool reports in its result is the tool's (the API behind
 //! it): it holds only that tool's calls, under the object's `scope` if it
-//! names one, else the tool's name. A limit at the transport or in a
-//! JSON-RPC error is the server's: it holds the credential (unless
-//! `data` names a `scope`).
+//! names one, else the tool's name. The tool ran, so its call is sent
+//! again only when the tool is a read or idempotent. A limit at the
+//! transport or in a JSON-RPC error is the server's, said before the
+//! tool ran: it holds the credential (unless `data` names a `scope`).
 
 use std::time::{Duration, SystemTime};
 
@@ -36,16 +50,27 @@ use crate::headers::ServerHint;
 #[cfg(doc)]
 use crate::Throttled;
 
-/// Lowercase phrases that say "rate limit" in a server's own words.
-pub(crate) const PHRASES: [&str; 7] = [
+/// Lowercase phrases that say "rate limit" in a server's own words, the
+/// longer before the shorter that begin them.
+pub(crate) const PHRASES: [&str; 14] = [
+    "rate limit exceeded",
+    "rate limit reached",
+    "rate limit hit",
+    "rate limited",
+    "rate-limited",
     "rate limit",
     "rate-limit",
     "ratelimit",
-    "rate_limit",
+    "rate_limit_exceeded",
+    "rate_limited",
     "too many requests",
     "quota exceeded",
     "quota_exhausted",
+    "quota exhausted",
 ];
+
+/// A JSON-RPC error code that says "rate limited": ToolHive's.
+const RPC_RATE_LIMITED: i32 = -32029;
 
 /// The status a JSON-RPC error that says it is a rate limit stands for.
 /// A JSON-RPC error that does not is final: a 400 (retrying the same
@@ -76,8 +101,11 @@ pub(crate) fn read(result: &Result<CallToolResult, ServiceError>, tool: &str) ->
             }
             None => Read::NoAnswer,
         },
-        // Closed, timed out in rmcp, cancelled, an unexpected reply: no
-        // answer from the server.
+        // A closed transport does not come back: the call's answer as it
+        // is, never retried.
+        Err(ServiceError::TransportClosed) => Read::Refusal,
+        // Timed out in rmcp, cancelled, an unexpected reply: no answer
+        // from the server.
         Err(_) => Read::NoAnswer,
     }
 }
@@ -114,28 +142,43 @@ fn http_status<'e>(
 /// A JSON-RPC error that says it is a rate limit, and its wait.
 fn rpc_error(e: &ErrorData) -> Option<ServerHint> {
     let data = e.data.as_ref().and_then(Value::as_object);
-    let said = e.code.0 == 429
-        || says_rate_limit(&e.message)
+    let text = limit_text(&e.message);
+    let said = matches!(e.code.0, 429 | RPC_RATE_LIMITED)
+        || text.is_some()
         || data.is_some_and(|d| object_status(d).is_some());
-    said.then(|| data.map_or_else(ServerHint::default, |d| hint_of(d, None)))
+    said.then(|| {
+        let mut hint = data.map_or_else(ServerHint::default, |d| hint_of(d, None));
+        hint.retry_after = hint.retry_after.or(text.flatten());
+        hint
+    })
 }
 
 /// An `isError` result that says it is the server's capacity: its status
 /// (429, or 503 for `unavailable`) and wait.
 fn tool_error(r: &CallToolResult, tool: &str) -> Option<(u16, ServerHint)> {
-    let object = r.structured_content.as_ref().and_then(Value::as_object);
-    let status = object.and_then(object_status).or_else(|| {
-        let mut texts = r.content.iter().filter_map(|c| c.as_text());
-        texts.any(|t| says_rate_limit(&t.text)).then_some(429)
-    })?;
-    let hint = match object {
-        Some(o) => hint_of(o, Some(tool)),
-        None => ServerHint {
-            scope: Some(tool.to_string()),
-            ..ServerHint::default()
-        },
-    };
-    Some((status, hint))
+    if let Some(o) = r.structured_content.as_ref().and_then(Value::as_object) {
+        if let Some(status) = object_status(o) {
+            return Some((status, hint_of(o, Some(tool))));
+        }
+    }
+    for text in r.content.iter().filter_map(|c| c.as_text()) {
+        // A text that is a JSON object is read as one.
+        if let Ok(Value::Object(o)) = serde_json::from_str::<Value>(&text.text) {
+            if let Some(status) = object_status(&o) {
+                return Some((status, hint_of(&o, Some(tool))));
+            }
+            continue;
+        }
+        if let Some(wait) = limit_text(&text.text) {
+            let hint = ServerHint {
+                retry_after: wait,
+                scope: Some(tool.to_string()),
+                ..ServerHint::default()
+            };
+            return Some((429, hint));
+        }
+    }
+    None
 }
 
 /// The status an object stands for, when it says the server is out of
@@ -149,15 +192,68 @@ fn object_status(o: &Map<String, Value>) -> Option<u16> {
     let said = ["error", "code", "message", "type"]
         .iter()
         .filter_map(|k| o.get(*k).and_then(Value::as_str))
-        .any(says_rate_limit);
+        .any(|text| limit_text(text).is_some());
     (said || wait(o).is_some()).then_some(429)
 }
 
-fn says_rate_limit(text: &str) -> bool {
-    // Bounded: a tool's text can be long, and the phrases are short.
-    let head = text.get(..text.len().min(4096)).unwrap_or(text);
-    let lower = head.to_ascii_lowercase();
-    PHRASES.iter().any(|p| lower.contains(p))
+/// Whether `text`'s whole shape is a limit (see the module docs), and the
+/// wait it states: `None` when it is not one, `Some(None)` when it is one
+/// that states no wait.
+fn limit_text(text: &str) -> Option<Option<Duration>> {
+    let text = text.trim();
+    if text.len() > 200 {
+        return None;
+    }
+    let lower = text.to_ascii_lowercase();
+    let lower = lower.trim_end_matches(['.', '!', ' ']);
+    // The first phrase in the text, the longest at that place.
+    let (at, phrase) = PHRASES
+        .iter()
+        .filter_map(|p| lower.find(p).map(|at| (at, *p)))
+        .min_by_key(|(at, p)| (*at, core::cmp::Reverse(p.len())))?;
+    let preamble = lower[..at].trim_end().trim_end_matches([':', '-']);
+    let words = preamble.split_whitespace();
+    let plain = |w: &str| {
+        w.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_'".contains(&b))
+    };
+    if words.clone().count() > 4 || !words.into_iter().all(plain) {
+        return None;
+    }
+    let rest = lower[at + phrase.len()..].trim_start_matches([',', ';', ':', '.', '-', '!', ' ']);
+    if rest.is_empty() {
+        return Some(None);
+    }
+    stated_wait(rest).map(Some)
+}
+
+/// A wait stated as the whole of `text`: "retry after 2 seconds", "try
+/// again in 20s", "please retry in 500 ms".
+fn stated_wait(text: &str) -> Option<Duration> {
+    let text = text.strip_prefix("please ").unwrap_or(text);
+    let text = [
+        "retry after",
+        "retry in",
+        "try again after",
+        "try again in",
+        "retry",
+    ]
+    .iter()
+    .find_map(|lead| text.strip_prefix(lead))?
+    .trim_start();
+    let digits = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let n: f64 = text[..digits].parse().ok()?;
+    let unit = text[digits..].trim();
+    let seconds = match unit {
+        "" | "s" | "sec" | "secs" | "second" | "seconds" | "second(s)" => n,
+        "ms" | "millisecond" | "milliseconds" => n / 1000.0,
+        "m" | "min" | "mins" | "minute" | "minutes" => n * 60.0,
+        _ => return None,
+    };
+    // Clamped like a `Retry-After`: the hold's own cap applies when placed.
+    Some(Duration::from_secs_f64(seconds.clamp(0.0, 1e9)))
 }
 
 /// An object's wait, held under the scope it names, else `scope`.
@@ -245,6 +341,65 @@ mod tests {
         assert_eq!(status_of(&r), Some((429, None)));
     }
 
+    fn text(t: &str) -> Result<CallToolResult, ServiceError> {
+        Ok(CallToolResult::error(vec![ContentBlock::text(t)]))
+    }
+
+    /// Issue #58: a tool's ordinary error that mentions a limit was read
+    /// as one, so a write ran four times.
+    #[test]
+    fn a_phrase_inside_a_tools_error_is_not_a_rate_limit() {
+        for t in [
+            "rate limit must be 1..100",
+            "invalid argument: the rate limit is 5 per call",
+            "Error in handler: upstream said Too Many Requests while syncing 3 of 9 records",
+            r#"{"error":"field rate_limit must be an integer"}"#,
+            "Traceback (most recent call last): ... HTTPError: 429 Too Many Requests",
+        ] {
+            assert_eq!(status_of(&text(t)), Some((200, None)), "{t}");
+        }
+    }
+
+    /// Issue #59 item 7, #61 item 3: the wait a text states is read.
+    #[test]
+    fn a_limit_in_words_states_its_wait() {
+        let cases = [
+            ("Too Many Requests", None),
+            ("Rate limit exceeded, retry after 1 seconds", Some(1_000)),
+            ("Rate limited. Try again in 20s.", Some(20_000)),
+            ("Error: quota exceeded - please retry in 500 ms", Some(500)),
+            (
+                "GitHub API rate limit exceeded. Retry after 2 minutes",
+                Some(120_000),
+            ),
+        ];
+        for (t, ms) in cases {
+            let wait = ms.map(Duration::from_millis);
+            assert_eq!(status_of(&text(t)), Some((429, wait)), "{t}");
+        }
+        // A JSON-RPC error's message, and ToolHive's code with its data.
+        let e = Err(rpc(-32000, "rate limit exceeded, try again in 3s", None));
+        assert_eq!(status_of(&e), Some((429, Some(Duration::from_secs(3)))));
+        let toolhive = Err(rpc(
+            -32029,
+            "Rate limit exceeded",
+            Some(json!({"retryAfterSeconds": 4})),
+        ));
+        assert_eq!(
+            status_of(&toolhive),
+            Some((429, Some(Duration::from_secs(4))))
+        );
+    }
+
+    /// Issue #59 item 6: a closed transport is final, not retried.
+    #[test]
+    fn a_closed_transport_is_final() {
+        assert!(matches!(
+            read(&Err(ServiceError::TransportClosed), "t"),
+            Read::Refusal
+        ));
+    }
+
     #[test]
     fn a_throttled_in_structured_content_keeps_its_wait() {
         let t = json!({"status": "rate_limited", "scope": "api_key", "retry_after_ms": 1500, "hint": "h"});
@@ -316,11 +471,7 @@ mod tests {
     }
 
     #[test]
-    fn a_transport_fault_without_a_status_is_no_answer() {
-        assert!(matches!(
-            read(&Err(ServiceError::TransportClosed), "t"),
-            Read::NoAnswer
-        ));
+    fn a_transport_fault_with_a_status_is_that_status() {
         let e = rmcp::transport::DynamicTransportError::from_parts(
             "test",
             core::any::TypeId::of::<()>(),

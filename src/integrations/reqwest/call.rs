@@ -23,9 +23,11 @@ impl Call<HttpReply, reqwest_middleware::Error> {
     /// its status and limit headers go back to the admission layer, and a
     /// 429 is retried or answered as `Throttled` by the runner.
     ///
-    /// A `GET` or `HEAD` with `spec` a read is coalesced by method and URL
-    /// (identical reads in one turn send one request); set
-    /// [`coalesce_key`](Call::coalesce_key) for anything else.
+    /// A `GET` or `HEAD` with `spec` a read is coalesced with the identical
+    /// ones of the turn: the same method, whole URL, version and every
+    /// header (as the reqwest middleware compares them), under the same
+    /// tool and credential; set [`coalesce_key`](Call::coalesce_key) for
+    /// anything else.
     ///
     /// Put the admission in the `Runner` *or* in the client's middleware,
     /// not both: each would admit every request.
@@ -55,8 +57,10 @@ impl Call<HttpReply, reqwest_middleware::Error> {
             .and_then(|r| r.build().ok())
             .and_then(|r| {
                 let method = r.method();
-                (!spec.write && (method == http::Method::GET || method == http::Method::HEAD))
-                    .then(|| format!("{method} {}", r.url()))
+                let read = method == http::Method::GET || method == http::Method::HEAD;
+                (!spec.write && read)
+                    .then(|| crate::admission::identity::reqwest(&r, false))
+                    .flatten()
             });
         let call = Call::new(spec, move || {
             let attempt = request.try_clone();

@@ -10,6 +10,7 @@ use ::reqwest::{Response, ResponseBuilderExt};
 use ::reqwest_middleware::{Error, RequestBuilder, Result};
 use bytes::Bytes;
 
+use crate::admission::attempt::reads::Share;
 use crate::admission::{CallFailure, CallResult};
 use crate::retry::Attempts;
 use crate::single_flight::Provenance;
@@ -37,6 +38,14 @@ impl Outcome {
         }
     }
 
+    /// The outcome of a call refused with `refused`, having sent nothing.
+    pub(super) fn refused(refused: Throttled) -> Self {
+        Outcome {
+            refused: Some(refused),
+            ..Outcome::new(0)
+        }
+    }
+
     /// The outcome of a caller that joined this one's read.
     fn joined(&self) -> Self {
         Outcome {
@@ -58,8 +67,6 @@ pub(super) struct Copy {
 enum Answer {
     /// A response, its body read whole.
     Response(Head, Bytes),
-    /// A refusal, as an error.
-    Refused(Throttled),
     /// No answer: the transport error's message.
     Failed(String),
 }
@@ -88,16 +95,38 @@ impl Head {
     }
 }
 
+/// The most a read's body may declare (`Content-Length`) to be copied
+/// for the callers that joined it.
+pub(super) const COPY_LIMIT: u64 = 1 << 20;
+
 /// The leader's answer, and a copy of it for the callers that joined its
-/// read: its body is read whole here (a streamed reply is not copied: each
-/// caller that joined it sends its own request).
-pub(super) async fn share(
+/// read, when one is safe to share:
+/// * a refusal, a timeout, and a fault whose retry was refused belong to
+///   the leader's own deadline and budget: not copied;
+/// * a response is copied only when its body declares at most
+///   [`COPY_LIMIT`] and is no stream; that body is read here, and `timer`
+///   (the leader's deadline) bounds the read: a body still arriving then
+///   is the leader's `timed_out`;
+/// * any other response comes back as it is, at once.
+///
+/// When nothing is copied, each caller that joined sends its own request.
+pub(super) async fn share<F: core::future::Future<Output = ()>>(
     result: Result<Response>,
     outcome: Option<Outcome>,
-) -> (Result<Response>, Option<Copy>) {
+    budget: core::time::Duration,
+    timer: impl FnOnce() -> F,
+) -> (Result<Response>, Share<Copy>) {
     let outcome = outcome.unwrap_or_else(|| Outcome::new(1));
+    if outcome.refused.is_some() || outcome.not_retried.is_some() {
+        return (result, Share::Not);
+    }
     match result {
-        Ok(response) if super::usage::is_stream(&response) => (Ok(response), None),
+        Ok(response)
+            if super::usage::is_stream(&response)
+                || response.content_length().is_none_or(|n| n > COPY_LIMIT) =>
+        {
+            (Ok(response), Share::Not)
+        }
         Ok(mut response) => {
             let head = Head {
                 status: response.status(),
@@ -106,25 +135,31 @@ pub(super) async fn share(
                 headers: core::mem::take(response.headers_mut()),
                 extensions: core::mem::take(response.extensions_mut()),
             };
-            match response.bytes().await {
-                Ok(body) => {
+            let body = {
+                let mut body = core::pin::pin!(response.bytes());
+                let mut timer = core::pin::pin!(timer());
+                core::future::poll_fn(|cx| match body.as_mut().poll(cx) {
+                    core::task::Poll::Ready(r) => core::task::Poll::Ready(Some(r)),
+                    core::task::Poll::Pending => timer.as_mut().poll(cx).map(|()| None),
+                })
+                .await
+            };
+            match body {
+                Some(Ok(body)) => {
                     let own = head.response(body.clone());
                     let answer = Answer::Response(head, body);
-                    (Ok(own), Some(Copy { outcome, answer }))
+                    (Ok(own), Share::Cached(Copy { outcome, answer }))
                 }
-                Err(e) => (Err(Error::Reqwest(e)), None),
+                Some(Err(e)) => (Err(Error::Reqwest(e)), Share::Not),
+                None => {
+                    let late = crate::throttled::request_timed_out(budget, outcome.attempts);
+                    (Err(Error::middleware(late)), Share::Not)
+                }
             }
-        }
-        Err(Error::Middleware(e)) => {
-            let answer = match e.downcast_ref::<Throttled>() {
-                Some(t) => Answer::Refused(t.clone()),
-                None => Answer::Failed(e.to_string()),
-            };
-            (Err(Error::Middleware(e)), Some(Copy { outcome, answer }))
         }
         Err(e) => {
             let answer = Answer::Failed(e.to_string());
-            (Err(e), Some(Copy { outcome, answer }))
+            (Err(e), Share::InFlight(Copy { outcome, answer }))
         }
     }
 }
@@ -139,7 +174,6 @@ impl Copy {
                 head.extensions.insert(Attempts(0));
                 Ok(head.response(body))
             }
-            Answer::Refused(t) => Err(Error::middleware(t)),
             Answer::Failed(message) => Err(Error::middleware(Joined(message))),
         };
         (result, outcome)

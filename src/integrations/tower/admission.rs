@@ -19,7 +19,8 @@ use ::tower::{Layer, Service};
 use parking_lot::Mutex;
 
 use super::BoxError;
-use crate::admission::attempt::reads::{self, Joined};
+use crate::admission::attempt::reads::{Joined, Share};
+use crate::admission::identity::ReadKey;
 use crate::admission::Admission;
 use crate::clock::{Clock, DefaultClock};
 use crate::retry::RetryPolicy;
@@ -635,28 +636,52 @@ where
         // that must be polled ready again.
         let fresh = self.inner.clone();
         let ready = core::mem::replace(&mut self.inner, fresh);
-        let key = layer.reads.as_ref().and_then(|flights| {
-            let key = layer.spec.read_key(&req)?;
-            Some((flights.clone(), format!("{key} {}", spec.credential)))
-        });
+        // A write through a layer told its LLM provider is a completion,
+        // whose only effect is its cost.
+        if spec.write && admission.told_provider() {
+            spec.idempotent = true;
+        }
+        let key = layer
+            .reads
+            .as_ref()
+            .filter(|_| !spec.write)
+            .and_then(|flights| {
+                let what = layer.spec.read_key(&req)?;
+                Some((
+                    flights.clone(),
+                    ReadKey::new(&spec.tool, &spec.credential, &what),
+                ))
+            });
         Box::pin(async move {
             let exchange = exchange::Exchange::new(ready, req, observe.clone());
             let Some((flights, key)) = key else {
                 return exchange.answer(&admission, &spec, policy, &release).await.0;
             };
-            let led = reads::coalesce(&flights, key, || async {
-                let (own, copy) = exchange.answer(&admission, &spec, policy, &release).await;
-                let own: exchange::Erased = Box::new(own);
-                let copy = copy.map(|c| Arc::new(Mutex::new(c)) as exchange::ErasedCopy);
-                (own, copy)
-            })
-            .await;
+            let budget = spec.deadline;
+            let (admitting, releasing) = (&admission, &release);
+            let led = admission
+                .coalesce(&flights, key, budget, |left| async move {
+                    let spec = spec.deadline(left);
+                    let (own, copy) = exchange.answer(admitting, &spec, policy, releasing).await;
+                    let own: exchange::Erased = Box::new(own);
+                    let erase = |c| Arc::new(Mutex::new(c)) as exchange::ErasedCopy;
+                    let copy = match copy {
+                        Share::Not => Share::Not,
+                        Share::InFlight(c) => Share::InFlight(erase(c)),
+                        Share::Cached(c) => Share::Cached(erase(c)),
+                    };
+                    (own, copy)
+                })
+                .await;
             match led {
                 Joined::Own(own) => *own
                     .downcast::<Result<R::Response, BoxError>>()
                     .expect("a read's own answer has the layer's response type"),
-                Joined::Copy(copy) => {
+                Joined::Copy(copy, _) => {
                     exchange::joined::<S::Response, _, _, _, _>(&*copy, &observe, &release)
+                }
+                Joined::TimedOut(refused) => {
+                    exchange::refusal(&observe, refused).map(|r| release.release(r, None))
                 }
             }
         })

@@ -13,6 +13,7 @@ use ::tower::Service;
 
 use super::super::BoxError;
 use super::{Observe, Release};
+use crate::admission::attempt::reads::Share;
 use crate::admission::attempt::{self, Ended, Read};
 use crate::admission::{Admission, CallSpec};
 use crate::clock::Clock;
@@ -29,16 +30,13 @@ pub(super) type ErasedCopy = Arc<dyn Any + Send + Sync>;
 
 /// A layer's reads in flight (the reads' own clock is never read: no
 /// cache).
-pub(super) type Reads =
-    attempt::reads::Reads<String, Erased, ErasedCopy, crate::clock::DefaultClock>;
+pub(super) type Reads = attempt::reads::Reads<Erased, ErasedCopy, crate::clock::DefaultClock>;
 
-/// What the calls that joined a read get of its answer.
+/// What the calls that joined a read get of its answer (a refusal or a
+/// timeout is the leader's own: they send their own requests).
 pub(super) enum Copy<Resp> {
-    /// The server's answer (copied by the observer), and why a fault was
-    /// not retried.
-    Answer(Resp, Option<Throttled>),
-    /// A refusal.
-    Refused(Throttled),
+    /// The server's answer (copied by the observer).
+    Answer(Resp),
     /// No answer: the error's message.
     Failed(String),
 }
@@ -113,15 +111,7 @@ impl<S, Req, O> Exchange<S, Req, O> {
     where
         O: Observe<Resp>,
     {
-        match self.observe.refusal(&refused) {
-            Some(mut response) => {
-                // The refusal travels with its response, for `call_result`.
-                let attempts = refused.attempts;
-                self.observe.record(&mut response, attempts, Some(&refused));
-                Ok(response)
-            }
-            None => Err(Box::new(refused)),
-        }
+        refusal(&self.observe, refused)
     }
 
     /// The call's last answer, carrying how it ended where its type can
@@ -153,6 +143,23 @@ impl<S, Req, O> Exchange<S, Req, O> {
     }
 }
 
+/// A refusal of the layer's own, as `observe` wants it answered: a
+/// response (see `RefusalResponses`), or the error carrying it.
+pub(super) fn refusal<Resp, O: Observe<Resp>>(
+    observe: &O,
+    refused: Throttled,
+) -> Result<Resp, BoxError> {
+    match observe.refusal(&refused) {
+        Some(mut response) => {
+            // The refusal travels with its response, for `call_result`.
+            let attempts = refused.attempts;
+            observe.record(&mut response, attempts, Some(&refused));
+            Ok(response)
+        }
+        None => Err(Box::new(refused)),
+    }
+}
+
 impl<S, Req, O> Exchange<S, Req, O>
 where
     S: tower::Service<Req>,
@@ -169,7 +176,7 @@ where
         spec: &CallSpec,
         policy: RetryPolicy,
         release: &R,
-    ) -> (Result<R::Response, BoxError>, Option<Copy<S::Response>>)
+    ) -> (Result<R::Response, BoxError>, Share<Copy<S::Response>>)
     where
         Sl: Sleeper,
         C: Clock + Clone,
@@ -181,23 +188,28 @@ where
                 ticket,
                 attempts,
             } => {
-                let copy = self.copy_of(&result, None);
+                let copy = self.copy_of(&result).map_or(Share::Not, Share::Cached);
                 let own = self
                     .ended(result, attempts, None, false)
                     .map(|r| release.release(r, ticket));
                 (own, copy)
             }
+            // The leader's own deadline and budget: not shared.
             Ended::Throttled(refused) => {
-                let copy = Copy::Refused(refused.clone().with_attempts(0));
                 let own = self.refusal(refused).map(|r| release.release(r, None));
-                (own, Some(copy))
+                (own, Share::Not)
             }
             Ended::Failed {
                 result,
                 not_retried,
                 attempts,
             } => {
-                let copy = self.copy_of(&result, not_retried.clone());
+                // A fault is shared, unless something refused its retry
+                // (the leader's deadline, budget, breaker).
+                let copy = match (not_retried.is_none(), self.copy_of(&result)) {
+                    (true, Some(copy)) => Share::InFlight(copy),
+                    _ => Share::Not,
+                };
                 let own = self
                     .ended(result, attempts, not_retried, true)
                     .map(|r| release.release(r, None));
@@ -206,13 +218,9 @@ where
         }
     }
 
-    fn copy_of(
-        &self,
-        result: &Result<S::Response, BoxError>,
-        not_retried: Option<Throttled>,
-    ) -> Option<Copy<S::Response>> {
+    fn copy_of(&self, result: &Result<S::Response, BoxError>) -> Option<Copy<S::Response>> {
         match result {
-            Ok(response) => Some(Copy::Answer(self.observe.copy(response)?, not_retried)),
+            Ok(response) => Some(Copy::Answer(self.observe.copy(response)?)),
             Err(e) => Some(Copy::Failed(e.to_string())),
         }
     }
@@ -236,20 +244,13 @@ where
         .downcast_ref::<Mutex<Copy<Resp>>>()
         .expect("a read's copy has the layer's response type");
     match &*copy.lock() {
-        Copy::Answer(response, not_retried) => {
+        Copy::Answer(response) => {
             let mut response = observe
                 .copy(response)
                 .expect("an observer that copied a response copies it again");
-            observe.record(&mut response, 0, not_retried.as_ref());
+            observe.record(&mut response, 0, None);
             Ok(release.release(response, None))
         }
-        Copy::Refused(t) => match observe.refusal(t) {
-            Some(mut response) => {
-                observe.record(&mut response, 0, Some(t));
-                Ok(release.release(response, None))
-            }
-            None => Err(Box::new(t.clone())),
-        },
         Copy::Failed(message) => Err(Box::new(Unanswered {
             attempts: 0,
             not_retried: None,

@@ -46,11 +46,14 @@ pub trait MakeSpec<Req> {
         None
     }
 
-    /// The key under which identical reads in flight at once share one
-    /// request, when the layer coalesces reads
-    /// ([`coalesce_reads`](super::AdmissionLayer::coalesce_reads)); the
-    /// layer adds the credential. `None` (the default): never shared.
-    /// `HttpSpec` answers a `GET` or `HEAD` with its method and URI.
+    /// What identifies `req` as a read, when the layer coalesces reads
+    /// ([`coalesce_reads`](super::AdmissionLayer::coalesce_reads)): two
+    /// requests share one call only when these are equal (compared whole,
+    /// never by a hash) and so are their specs' tool and credential,
+    /// which the layer adds; a write never shares. Put in it everything
+    /// the server could see that changes the answer. `None` (the
+    /// default): never shared. `HttpSpec` answers a `GET` or `HEAD` with
+    /// its method, URI, version and every header.
     fn read_key(&self, req: &Req) -> Option<String> {
         let _ = req;
         None
@@ -246,9 +249,17 @@ impl<F, B> MakeSpec<http::Request<B>> for HttpSpec<F>
 where
     F: Fn(&http::Request<B>) -> CallSpec,
 {
+    /// The closure's spec; a method that is not safe (RFC 9110: anything
+    /// but `GET`, `HEAD`, `OPTIONS`, `TRACE`) makes it a write, idempotent
+    /// when the method is (`PUT`, `DELETE`).
     #[inline]
     fn make_spec(&self, req: &http::Request<B>) -> CallSpec {
-        (self.0)(req)
+        let mut spec = (self.0)(req);
+        if !req.method().is_safe() {
+            spec.write = true;
+            spec.idempotent |= req.method().is_idempotent();
+        }
+        spec
     }
 
     #[inline]
@@ -260,7 +271,16 @@ where
 
     fn read_key(&self, req: &http::Request<B>) -> Option<String> {
         let read = req.method() == http::Method::GET || req.method() == http::Method::HEAD;
-        read.then(|| format!("{} {}", req.method(), req.uri()))
+        read.then(|| {
+            let target = req.uri().to_string();
+            crate::admission::identity::http(
+                req.method(),
+                &target,
+                req.version(),
+                req.headers(),
+                None,
+            )
+        })
     }
 }
 
