@@ -7,6 +7,8 @@
 mod conformance;
 #[cfg(all(feature = "reqwest", feature = "testing"))]
 mod reqwest_seam;
+#[cfg(all(feature = "reqwest", feature = "tower", feature = "http"))]
+mod safe_by_default;
 #[cfg(feature = "testing")]
 mod testing;
 #[cfg(all(feature = "tower", feature = "http", feature = "testing"))]
