@@ -298,14 +298,18 @@ async fn fail_closed_refuses_while_redis_is_away_and_recovers() {
     for r in decisions(&bucket, 5).await {
         assert_eq!(r, Err(CheckError::Unavailable { retry_after }));
     }
-    let started = Instant::now();
+    let failures = bucket.stats().failures;
     let r = tokio::time::timeout(HANG, bucket.reserve(1, Duration::from_secs(1)))
         .await
         .expect("a reserve never hangs");
     assert_eq!(r.unwrap_err(), ReserveError::Unavailable { retry_after });
-    assert!(
-        started.elapsed() < Duration::from_secs(1),
-        "reserve passed its deadline"
+    // One decision, failed once: a skip, or one round trip cut at the
+    // store timeout (50 ms, inside the second it could afford). No retry,
+    // no wait on the fallback.
+    assert_eq!(
+        bucket.stats().failures - failures,
+        1,
+        "reserve tried more than once"
     );
     assert!(bucket.stats().failures >= 6);
     server.signal("-CONT");

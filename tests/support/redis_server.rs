@@ -142,6 +142,59 @@ impl RedisServer {
     }
 }
 
+impl RedisServer {
+    /// Every key the server holds (`KEYS *`: a test server holds few).
+    pub fn keys(&self) -> Vec<String> {
+        use std::io::BufRead;
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        stream
+            .write_all(b"*2\r\n$4\r\nKEYS\r\n$1\r\n*\r\n")
+            .unwrap();
+        let mut reader = std::io::BufReader::new(stream);
+        let mut line = String::new();
+        let mut next = |line: &mut String| {
+            line.clear();
+            reader.read_line(line).expect("a reply line");
+            line.trim_end().to_owned()
+        };
+        let head = next(&mut line);
+        let n: usize = head
+            .strip_prefix('*')
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("KEYS answered {head:?}"));
+        (0..n)
+            .map(|_| {
+                next(&mut line); // $len
+                next(&mut line)
+            })
+            .collect()
+    }
+
+    /// `PTTL key` in milliseconds: -1 for a key that never expires, -2
+    /// for one that is gone.
+    pub fn pttl(&self, key: &str) -> i64 {
+        let reply = self.command(&["PTTL", key]).expect("PTTL answered");
+        reply[1..]
+            .parse()
+            .unwrap_or_else(|_| panic!("PTTL answered {reply:?}"))
+    }
+
+    /// Panics unless every key the server holds expires (a positive
+    /// `PTTL`), naming the first that does not.
+    pub fn assert_every_key_expires(&self) {
+        for key in self.keys() {
+            let pttl = self.pttl(&key);
+            assert!(
+                pttl > 0,
+                "key {key:?} has PTTL {pttl}: it would never expire"
+            );
+        }
+    }
+}
+
 impl Drop for RedisServer {
     fn drop(&mut self) {
         // SIGKILL ends a frozen (SIGSTOPped) server too.
