@@ -60,14 +60,29 @@ impl RedisBucket {
         Ok(())
     }
 
-    /// Switches the key to `quota`, for **every** process on it: the quota
-    /// is stored with the key and wins over the one each process was built
-    /// with; each process adopts it with the reply to its next round trip
-    /// (so [`quota`](RedisBucket::quota) changes then). The contract is
-    /// [`TokenBucket::set_quota`]'s: the debt already taken is kept, in
-    /// cells (none forgiven, past the new burst too), a running penalty
-    /// keeps its end, and no burst is opened. A key with a stored quota
-    /// no longer expires. The fail-open fallback follows at its share.
+    /// Makes `quota` this process's own (a limit its server stated to it,
+    /// or an operator's) and stores it with the key for **every** process
+    /// on it. Here it is the quota in force, and the one this process
+    /// returns to when the key states none; it also raises this process's
+    /// ceiling when it is faster or has a larger burst than the quota it
+    /// was built with.
+    ///
+    /// Stored, it is advice, not an order: each other process adopts it
+    /// with the reply to its next round trip (so its
+    /// [`quota`](RedisBucket::quota) changes then), within its own bounds:
+    /// never faster nor with a larger burst than its own ceiling (the
+    /// quota it was built with, or its own if higher), never slower than
+    /// 1/1000 of its own rate, and never a burst of more than the stored
+    /// rate gives in its ceiling's window (at least a second). Out of
+    /// them, it takes the quota clamped to them (logged with the
+    /// `tracing` feature). It goes back to its own quota when the key no
+    /// longer states one (expired, deleted).
+    ///
+    /// The contract is [`TokenBucket::set_quota`]'s: the debt already
+    /// taken is kept, in cells (none forgiven, past the new burst too), a
+    /// running penalty keeps its end, and no burst is opened. A key with a
+    /// stored quota no longer expires. The fail-open fallback follows at
+    /// its share.
     ///
     /// Reservations taken before a change no longer give their cells back
     /// (as [`Reservation::cancel`](crate::Reservation::cancel) after
@@ -76,9 +91,11 @@ impl RedisBucket {
     ///
     /// # Errors
     ///
-    /// A quota whose tolerance (`burst * period`) exceeds 2^51 µs, or
-    /// Redis not answering (nothing changed, or the change was applied
-    /// without this process hearing of it: call again).
+    /// A quota whose tolerance (`burst * period`) exceeds 2^51 µs (nothing
+    /// changes), or Redis not answering: the quota is this process's own
+    /// either way (in force with the next reply), and the key either did
+    /// not store it or stored it without this process hearing of it: call
+    /// again.
     ///
     /// # Examples
     ///
@@ -95,7 +112,10 @@ impl RedisBucket {
     pub async fn set_quota(&self, quota: Quota) -> Result<(), RedisBucketError> {
         let params = builder::params_of(quota)?;
         let old = self.state.lock().params;
-        match self.call(Op::SetQuota { params }, None).await {
+        let stored = self.call(Op::SetQuota { params }, None).await;
+        // Its own from now on, whether the key heard of it or not.
+        self.state.lock().set_own(quota, params);
+        match stored {
             Ok(_) => {
                 {
                     let mut state = self.state.lock();

@@ -15,7 +15,7 @@ use ::redis::cluster_async::ClusterConnection;
 use ::redis::{Client, ErrorKind, RedisError, RedisResult, Script};
 use tokio::sync::OnceCell;
 
-use super::script::{self, Op, Params, Refund};
+use super::script::{self, Bounds, Op, Params, Refund};
 use super::RedisBucket;
 use crate::sync::Arc;
 
@@ -158,8 +158,12 @@ impl RedisBucket {
     ///
     /// Every call also carries the refunds of reservations dropped unused
     /// since the last one (see [`RedisReservation`](super::RedisReservation)),
-    /// and every reply carries the quota stored with the key, which
-    /// replaces this process's when an operator changed it.
+    /// this process's own quota and the bounds it takes a stored one
+    /// within; every reply carries the quota in force for this process:
+    /// the key's stored quota within those bounds, or its own when the key
+    /// states none. It becomes the quota in force here (the fail-open
+    /// fallback follows); the own quota stays as it was. A reply whose
+    /// quota is outside the bounds sent is not the script's: a failure.
     ///
     /// Only a connection error or the store timeout trips the breaker.
     /// Running out of a shorter `bound` is [`Failed::Budget`]: a caller
@@ -171,7 +175,11 @@ impl RedisBucket {
         // The connection and its timer need a tokio runtime; without one,
         // this is a failure, not a panic (and queued refunds stay queued).
         let runtime = tokio::runtime::Handle::try_current().is_ok();
-        let (params, refunds) = {
+        // The reply's quota must hold `expected`: the bounds sent, or,
+        // storing a new own quota (in force as it is), the bounds it
+        // makes. The own quota and bounds sent are still the old ones: the
+        // key's state converts from the quota in force under them.
+        let (params, bounds, expected, refunds) = {
             let mut state = self.state.lock();
             if state.breaker.is_open(now) {
                 state.stats.failures += 1;
@@ -182,7 +190,12 @@ impl RedisBucket {
             } else {
                 Vec::new()
             };
-            (state.params, refunds)
+            let bounds = state.bounds();
+            let expected = match op {
+                Op::SetQuota { params: new } => Bounds::new(state.configured, new),
+                _ => bounds,
+            };
+            (state.own_params, bounds, expected, refunds)
         };
         let timeout = self.conn.link.timeout;
         let (result, trips) = if !runtime {
@@ -196,6 +209,7 @@ impl RedisBucket {
             };
             let call = script::Call {
                 params,
+                bounds,
                 refunds: &refunds,
                 op,
             };
@@ -216,8 +230,15 @@ impl RedisBucket {
         state.stats.round_trips += trips;
         match result {
             Some(Ok(reply)) => match reply[..] {
-                [refunded, period_us, burst, ..]
-                    if refunded >= 0 && period_us > 0 && burst > 0 && burst <= u32::MAX as i64 =>
+                [refunded, period_us, burst, stored_period, stored_burst, ..]
+                    if refunded >= 0
+                        && period_us > 0
+                        && burst > 0
+                        && burst <= u32::MAX as i64
+                        && expected.hold(Params {
+                            period_us: period_us as u64,
+                            burst: burst as u32,
+                        }) =>
                 {
                     state.stats.refunded += refunded as u64;
                     state.stats.admitted = state.stats.admitted.saturating_sub(refunded as u64);
@@ -229,9 +250,10 @@ impl RedisBucket {
                         state.adopt(remote);
                         let quota = state.quota;
                         drop(state);
+                        self.log_adopted(remote, (stored_period, stored_burst));
                         self.adopt_fallback(quota);
                     }
-                    return Ok(reply[3..].to_vec());
+                    return Ok(reply[5..].to_vec());
                 }
                 _ => {}
             },
@@ -241,6 +263,43 @@ impl RedisBucket {
         }
         state.stats.failures += 1;
         Err(Failed::Store)
+    }
+
+    /// Logs a change of the quota in force (`tracing`, when the feature is
+    /// on): a warning when the key's stored quota (`stored`, as written)
+    /// was out of this process's bounds and is taken clamped; once per
+    /// change, not per call.
+    #[cold]
+    #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+    fn log_adopted(&self, in_force: Params, stored: (i64, i64)) {
+        #[cfg(feature = "tracing")]
+        {
+            let (stored_period_us, stored_burst) = stored;
+            let (period_us, burst) = (in_force.period_us, in_force.burst);
+            let clamped = stored_period_us > 0
+                && (stored_period_us, stored_burst) != (period_us as i64, burst as i64);
+            if clamped {
+                tracing::event!(
+                    tracing::Level::WARN,
+                    key = %self.conn.key,
+                    stored_period_us,
+                    stored_burst,
+                    period_us,
+                    burst,
+                    "backpressure: the quota stored with the key is out of this process's \
+                     bounds; taken clamped"
+                );
+            } else {
+                tracing::event!(
+                    tracing::Level::DEBUG,
+                    key = %self.conn.key,
+                    period_us,
+                    burst,
+                    stored = stored_period_us > 0,
+                    "backpressure: the shared quota in force changed"
+                );
+            }
+        }
     }
 
     /// Undoes a remote take, best effort, within `budget` nanoseconds.

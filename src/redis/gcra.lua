@@ -1,10 +1,12 @@
 -- GCRA for backpressure's RedisBucket; see src/redis/script.rs for the
--- arithmetic and the reply shapes. One key, a hash {t = tat, p = penalty}
--- plus, once a quota was set at run time, {qt = period_us, qb = burst}.
+-- arithmetic, the bounds and the reply shapes. One key, a hash {t = tat,
+-- p = penalty} plus, once a quota was set at run time, {qt = period_us,
+-- qb = burst}.
 --
--- ARGV: op, period_us, burst, now_us ('' = use TIME), nref, then nref
--- refund triples (before, after, n; highest `after` first), then the op
--- arguments:
+-- ARGV: op, period_us, burst (the caller's own quota), min_period_us,
+-- max_period_us, max_burst, window_us (the bounds a stored quota is
+-- taken within), now_us ('' = use TIME), nref, then nref refund triples
+-- (before, after, n; highest `after` first), then the op arguments:
 --   take      n, max_wait_us, extra, give_back, not_before_us
 --                                              -> {granted, wait_us, before, after}
 --   cancel    before, after                    -> {1 | 0}
@@ -14,14 +16,19 @@
 --   available                                  -> {cells}
 --   set_quota period_us, burst                 -> {1}
 --   reset                                      -> {1}
--- Every reply is prefixed with {refunded cells, period_us, burst in force}.
+-- Every reply is prefixed with {refunded cells, period_us, burst in force,
+-- stored period_us, stored burst} (0, 0 when the key states no quota).
 local key = KEYS[1]
 local op = ARGV[1]
 local period = tonumber(ARGV[2])
 local burst = tonumber(ARGV[3])
-local now = tonumber(ARGV[4])
-local nref = tonumber(ARGV[5])
-local base_arg = 5 + 3 * nref
+local min_period = tonumber(ARGV[4])
+local max_period = tonumber(ARGV[5])
+local max_burst = tonumber(ARGV[6])
+local window = tonumber(ARGV[7])
+local now = tonumber(ARGV[8])
+local nref = tonumber(ARGV[9])
+local base_arg = 9 + 3 * nref
 local function arg(i)
   return tonumber(ARGV[base_arg + i])
 end
@@ -50,8 +57,23 @@ local function valid(v)
   return v ~= nil and v == v and v >= 0 and v <= now + 2^52 and v == math.floor(v)
 end
 
+-- A stored quota as this caller takes it: advice within the bounds it
+-- sent, never an order (see "Bounds" in script.rs). The period within
+-- [min_period, max_period] (never faster than the caller's ceiling,
+-- never slower than its floor); the burst at most max_burst and at most
+-- what that period gives in the window (at least one cell). Integers
+-- below 2^53 divide exactly enough for `floor`.
+local function bounded(qt, qb)
+  local p = math.min(math.max(qt, min_period), max_period)
+  local b = math.min(qb, max_burst, math.max(1, math.floor(window / p)))
+  return p, b
+end
+
 local tat, pen, corrupt = 0, 0, false
 local stored = false
+-- The stored quota as written (0, 0 for none): replied, and compared by
+-- `set_quota`, which stores only a change.
+local stored_period, stored_burst = 0, 0
 local state = redis.pcall('HMGET', key, 't', 'p', 'qt', 'qb')
 if state.err then
   -- Not a hash (WRONGTYPE).
@@ -68,9 +90,12 @@ else
   end
   if state[3] or state[4] then
     local qt, qb = tonumber(state[3]), tonumber(state[4])
-    if qt and qb and qt >= 1 and qb >= 1 and qb <= 4294967295
-        and qt == math.floor(qt) and qb == math.floor(qb) and qt * qb <= 2^51 then
-      period, burst, stored = qt, qb, true
+    -- Any positive integer is a quota (bounded below); anything else was
+    -- not written by this script.
+    if qt and qb and qt >= 1 and qb >= 1 and qt <= 2^53 and qb <= 2^53
+        and qt == math.floor(qt) and qb == math.floor(qb) then
+      stored_period, stored_burst, stored = qt, qb, true
+      period, burst = bounded(qt, qb)
     else
       corrupt = true
     end
@@ -88,8 +113,9 @@ local function save(t, p)
   end
 end
 
-local function store_quota()
-  redis.call('HSET', key, 'qt', int(period), 'qb', int(burst))
+local function store_quota(new_period, new_burst)
+  redis.call('HSET', key, 'qt', int(new_period), 'qb', int(new_burst))
+  stored_period, stored_burst = new_period, new_burst
 end
 
 if corrupt then
@@ -99,7 +125,7 @@ if corrupt then
     ' held values this script did not write; reset to an empty bucket')
   tat = math.max(tat, pen, now + tolerance)
   redis.call('DEL', key)
-  if stored then store_quota() end
+  if stored then store_quota(stored_period, stored_burst) end
   save(tat, pen)
 end
 
@@ -108,11 +134,11 @@ local refunded = 0
 if nref > 0 then
   local before_refunds = tat
   for i = 0, nref - 1 do
-    local before = tonumber(ARGV[6 + 3 * i])
-    local after = tonumber(ARGV[7 + 3 * i])
+    local before = tonumber(ARGV[10 + 3 * i])
+    local after = tonumber(ARGV[11 + 3 * i])
     if tat == after and tat > now then
       tat = math.max(before, pen)
-      refunded = refunded + tonumber(ARGV[8 + 3 * i])
+      refunded = refunded + tonumber(ARGV[12 + 3 * i])
     end
   end
   if tat ~= before_refunds then
@@ -121,7 +147,7 @@ if nref > 0 then
 end
 
 local function reply(r)
-  local out = {refunded, period, burst}
+  local out = {refunded, period, burst, stored_period, stored_burst}
   for _, v in ipairs(r) do out[#out + 1] = v end
   return out
 end
@@ -236,8 +262,13 @@ elseif op == 'available' then
   local debt = math.max(tat, now) - now
   return reply({math.floor(math.max(tolerance - debt, 0) / period)})
 elseif op == 'set_quota' then
+  -- The caller's new own quota: stored as given, and in force for the
+  -- caller as it is (the bounds sent are those it had: the state converts
+  -- from the quota in force under them); each other process takes it
+  -- within its own bounds.
   local new_period, new_burst = arg(1), arg(2)
-  if not stored or new_period ~= period or new_burst ~= burst then
+  if not stored or new_period ~= stored_period or new_burst ~= stored_burst then
+    store_quota(new_period, new_burst)
     local t = convert(tat, new_period, new_burst)
     -- A penalty keeps its wait (its first cell at the same instant), but
     -- never floors refunds above the converted tat: convert is not
@@ -250,7 +281,6 @@ elseif op == 'set_quota' then
     end
     period, burst, tolerance = new_period, new_burst, new_period * new_burst
     stored = true
-    store_quota()
     save(t, p)
   end
   return reply({1})

@@ -38,7 +38,7 @@ use lease::{Lease, LeaseState};
 pub use reservation::RedisReservation;
 use reservation::Source;
 pub use scoped::{RedisScoped, RedisScopedBuilder};
-use script::{Op, Params, Refund, MAX_MICROS};
+use script::{Bounds, Op, Params, Refund, MAX_MICROS};
 
 /// Refunds of dropped reservations queued per bucket, at most
 /// ([`RedisBucket::MAX_QUEUED_REFUNDS`]).
@@ -101,9 +101,19 @@ struct State {
     lease: LeaseState,
     breaker: Breaker,
     stats: RedisStats,
-    /// The quota in force (the key's stored one once a reply carried it).
+    /// The quota in force: the key's stored one within `bounds()` once a
+    /// reply carried it, else `own`.
     quota: Quota,
     params: Params,
+    /// This process's own quota: the one it was built with, or the last
+    /// it set itself (`set_quota`: a limit its server stated to it). Sent
+    /// with every call, and in force again whenever the key states no
+    /// quota; a stored quota never replaces it.
+    own: Quota,
+    own_params: Params,
+    /// The quota it was built with: with `own`, the ceiling a stored
+    /// quota is taken under.
+    configured: Params,
     /// Refunds of reservations dropped unused, for the next round trip.
     refunds: VecDeque<Refund>,
     /// Bumped by `reset` and `set_quota`: reservations taken before no
@@ -119,6 +129,9 @@ impl State {
             stats: RedisStats::default(),
             quota,
             params,
+            own: quota,
+            own_params: params,
+            configured: params,
             refunds: VecDeque::new(),
             generation: 0,
         }
@@ -144,12 +157,30 @@ impl State {
         refunds
     }
 
-    /// Takes the quota Redis says is in force.
+    /// What a stored quota is taken within (see *Bounds* in `script.rs`).
+    fn bounds(&self) -> Bounds {
+        Bounds::new(self.configured, self.own_params)
+    }
+
+    /// Makes `quota` this process's own (a limit it was told); the one in
+    /// force follows with the next reply.
+    fn set_own(&mut self, quota: Quota, params: Params) {
+        self.own = quota;
+        self.own_params = params;
+    }
+
+    /// Takes the quota Redis says is in force: the own one exact to the
+    /// nanosecond, any other as the script has it (µs).
     fn adopt(&mut self, params: Params) {
         self.params = params;
-        self.quota = Quota {
-            period: params.period_us.saturating_mul(1000),
-            burst: core::num::NonZeroU32::new(params.burst).unwrap_or(core::num::NonZeroU32::MIN),
+        self.quota = if params == self.own_params {
+            self.own
+        } else {
+            Quota {
+                period: params.period_us.saturating_mul(1000),
+                burst: core::num::NonZeroU32::new(params.burst)
+                    .unwrap_or(core::num::NonZeroU32::MIN),
+            }
         };
     }
 }
@@ -162,6 +193,20 @@ impl State {
 /// round trip, on Redis's clock (`TIME`, integer microseconds: see the
 /// arithmetic in `src/redis/script.rs`); the key expires when the bucket
 /// is full again.
+///
+/// # A stored quota is advice
+///
+/// A quota stored with the key ([`set_quota`](RedisBucket::set_quota) in
+/// any process, or anyone who can write the key) is taken by this process
+/// only within its bounds: never faster, nor with a larger burst, than
+/// its ceiling (the quota it was built with, or the one it set itself if
+/// higher); never slower than 1/1000 of its own rate; never a burst of
+/// more than the stored rate gives in the ceiling's window (at least a
+/// second). Out of them it is clamped (logged with the `tracing`
+/// feature). The process keeps its own quota apart and is back on it as
+/// soon as the key states none. So no value in the key can make a
+/// process admit more than its own ceiling, or wait more than a thousand
+/// of its own periods a cell.
 ///
 /// # Shape of the API
 ///
@@ -275,7 +320,9 @@ impl RedisBucket {
         &self.conn.key
     }
 
-    /// The quota (the shared one; Redis rounds its period up to whole
+    /// The quota in force: the key's stored quota as this process takes it
+    /// (within its bounds; see *A stored quota is advice*) since the last
+    /// reply, else its own (exact; a stored one has Redis's whole
     /// microseconds).
     ///
     /// # Examples

@@ -21,7 +21,8 @@ use crate::sync::{Arc, ThreadMutex};
 /// Each key gets the default quota, or its override
 /// ([`quota_for`](RedisScopedBuilder::quota_for) at build time,
 /// [`set_quota`](RedisScoped::set_quota) at run time, which also stores it
-/// with the key in Redis so every process adopts it). Leases, the store
+/// with the key in Redis so every process adopts it, each within its own
+/// bounds: see *A stored quota is advice* on [`RedisBucket`]). Leases, the store
 /// timeout and the failure policy are per key, as configured once on the
 /// builder: each key's [`RedisBucket`] leases for itself.
 ///
@@ -247,8 +248,9 @@ impl<K: Hash + Eq + Clone + fmt::Display + Send + Sync> RedisScoped<K> {
     }
 
     /// Overrides `key`'s quota here and stores it with the key in Redis, so
-    /// every process adopts it at its next round trip
-    /// ([`RedisBucket::set_quota`]: debt kept in cells, no burst opened).
+    /// every process adopts it at its next round trip, within its own
+    /// bounds ([`RedisBucket::set_quota`]: debt kept in cells, no burst
+    /// opened).
     ///
     /// # Errors
     ///

@@ -30,22 +30,57 @@
 //!
 //! A hash `{t: tat, p: penalty}`. `p` is the latest penalty's target: a
 //! lease returning cells or a refund never lowers `tat` below it, so a 429
-//! seen by one process holds every process back until its retry time. The
-//! key `PEXPIRE`s when the bucket is full again (`tat - now`, at least
-//! 1 ms): idle keys cost nothing.
+//! seen by one process holds every process back until its retry time.
 //!
 //! A quota set at run time (`set_quota`) is stored in the same hash, as
-//! `qt` (period, µs) and `qb` (burst), and wins over the quota each
-//! process sends; every reply starts with the quota in force, so every
-//! process adopts it at its next round trip. A key with a stored quota
-//! does not expire (its quota would go with it). The conversion keeps the
-//! debt in cells, as `bucket/gcra.rs` `convert` does: `ceil(debt * T' /
-//! T)`, none forgiven (a lowered burst leaves the bucket over-drawn), and
-//! the part of the wait a running penalty explains keeps its end in time,
-//! the bucket drained behind it. The kept debt is capped at 2^51 µs. In
-//! doubles, `debt * T'` may pass 2^53 for very long periods; the script
-//! then rounds the kept debt up by one more microsecond (more debt is the
-//! safe side).
+//! `qt` (period, µs) and `qb` (burst). It is advice, not an order: each
+//! process takes it within its own [`Bounds`] (below), and every reply
+//! starts with the quota in force for the caller (and the stored one as
+//! written), so every process adopts it at its next round trip. The
+//! conversion keeps the debt in cells, as `bucket/gcra.rs` `convert`
+//! does: `ceil(debt * T' / T)`, none forgiven (a lowered burst leaves the
+//! bucket over-drawn), and the part of the wait a running penalty
+//! explains keeps its end in time, the bucket drained behind it. The kept
+//! debt is capped at 2^51 µs. In doubles, `debt * T'` may pass 2^53 for
+//! very long periods; the script then rounds the kept debt up by one more
+//! microsecond (more debt is the safe side).
+//!
+//! The key `PEXPIRE`s when the bucket is full again (`tat - now`, at least
+//! 1 ms): idle keys cost nothing. A key with a stored quota does not
+//! expire (its quota would go with it).
+//!
+//! # Bounds
+//!
+//! A process sends its own quota (the one it was built with, or the last
+//! it set itself: a limit its server stated to it) and the bounds it
+//! takes a stored quota within ([`Bounds::new`]). The script, the one
+//! place the rule runs, takes a stored `(T, b)` as
+//!
+//! ```text
+//! T' = clamp(T, min_period, max_period)
+//! b' = min(b, max_burst, max(1, floor(window / T')))
+//! ```
+//!
+//! - never faster than the ceiling: `min_period` is the shorter period
+//!   of the quota the process was built with and its own (a server that
+//!   stated a higher limit to this process raised it);
+//! - never slower than the floor: `max_period` is [`FLOOR_FACTOR`] (1000)
+//!   times its own period (a rate at least 1/1000 of its own; a poisoned
+//!   `qt = 2^51`, 71 years a cell, becomes 200 s a cell for a 5/s quota);
+//! - never a burst above the ceiling's (`max_burst`, the larger burst),
+//!   nor more than the stored rate gives in the ceiling's window
+//!   (`window`: the longer tolerance of the two quotas, at least
+//!   [`MIN_WINDOW_US`], one second: a limit stated "per window" allows no
+//!   more than that window's cells at once).
+//!
+//! So over any span `t` a process admits at most `max_burst + t /
+//! min_period`, what its own ceiling allows, whatever the key says; and
+//! its own quota is always within its bounds. A stored quota outside them
+//! is not rewritten (another process, told a higher limit, may hold it
+//! legitimately): each process clamps it, and says so once in its log
+//! (`tracing`, a warning, when the quota in force changes to a clamped
+//! one). When the key states no quota (expired, deleted, lost in a
+//! failover), the reply brings the process's own again.
 //!
 //! # Refunds of dropped reservations
 //!
@@ -74,6 +109,15 @@ pub(super) const SOURCE: &str = include_str!("gcra.lua");
 /// Cap on the tolerance, waits and penalties, in microseconds (see the
 /// module docs).
 pub(super) const MAX_MICROS: u64 = 1 << 51;
+
+/// The floor under a stored quota: its period at most this many times the
+/// process's own (a rate no slower than 1/1000 of its own).
+pub(super) const FLOOR_FACTOR: u64 = 1000;
+
+/// The shortest window a stored burst is measured against, µs (one
+/// second: limits are stated per second or longer, and a limit the
+/// admission layer stores has a second's worth of burst).
+pub(super) const MIN_WINDOW_US: u64 = 1_000_000;
 
 /// One request to the script.
 #[derive(Clone, Copy, Debug)]
@@ -122,11 +166,55 @@ pub(super) struct Params {
     pub(super) burst: u32,
 }
 
+/// What a process takes a stored quota within (see *Bounds* in the
+/// module docs); the script clamps to them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Bounds {
+    /// The ceiling's period: no faster than this.
+    pub(super) min_period_us: u64,
+    /// The floor's period: no slower than this.
+    pub(super) max_period_us: u64,
+    /// The ceiling's burst.
+    pub(super) max_burst: u32,
+    /// A stored burst gives at most this span's cells at its period.
+    pub(super) window_us: u64,
+}
+
+impl Bounds {
+    /// The bounds of a process built with `configured` whose own quota
+    /// (what it was built with, or the last it set) is `own`. Both passed
+    /// `params_of`, so every product here is at most 2^51.
+    pub(super) fn new(configured: Params, own: Params) -> Bounds {
+        let tolerance = |p: Params| p.period_us.saturating_mul(p.burst as u64);
+        Bounds {
+            min_period_us: configured.period_us.min(own.period_us),
+            // At least the own period: that is at most 2^51 too.
+            max_period_us: own.period_us.saturating_mul(FLOOR_FACTOR).min(MAX_MICROS),
+            max_burst: configured.burst.max(own.burst),
+            window_us: tolerance(configured)
+                .max(tolerance(own))
+                .clamp(MIN_WINDOW_US, MAX_MICROS),
+        }
+    }
+
+    /// Whether `quota` is within the bounds: what every quota a reply
+    /// brings must be (the script clamps to them; a reply outside them is
+    /// not the script's).
+    pub(super) fn hold(&self, quota: Params) -> bool {
+        let Params { period_us, burst } = quota;
+        (self.min_period_us..=self.max_period_us).contains(&period_us)
+            && (1..=self.max_burst).contains(&burst)
+            && (burst == 1 || period_us.saturating_mul(burst as u64) <= self.window_us)
+    }
+}
+
 /// Everything one script call sends.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Call<'a> {
-    /// This process's quota (the key's stored one wins).
+    /// This process's own quota: in force when the key states none.
     pub(super) params: Params,
+    /// What a stored quota is taken within.
+    pub(super) bounds: Bounds,
     /// Refunds of reservations dropped unused, highest `after` first.
     pub(super) refunds: &'a [Refund],
     pub(super) op: Op,
@@ -146,7 +234,11 @@ fn args(cmd: &mut Cmd, now_us: Option<u64>, call: Call<'_>) {
     };
     cmd.arg(name)
         .arg(call.params.period_us)
-        .arg(call.params.burst);
+        .arg(call.params.burst)
+        .arg(call.bounds.min_period_us)
+        .arg(call.bounds.max_period_us)
+        .arg(call.bounds.max_burst)
+        .arg(call.bounds.window_us);
     match now_us {
         Some(now) => cmd.arg(now),
         None => cmd.arg(""),
@@ -198,5 +290,63 @@ pub(super) async fn run<C: ConnectionLike + Send>(
             (cmd.query_async::<Vec<i64>>(conn).await, 2)
         }
         reply => (reply, 1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Bounds, Params, MAX_MICROS};
+
+    fn q(period_us: u64, burst: u32) -> Params {
+        Params { period_us, burst }
+    }
+
+    #[test]
+    fn the_bounds_of_a_5_per_second_process() {
+        let own = q(200_000, 5);
+        let b = Bounds::new(own, own);
+        assert_eq!(
+            b,
+            Bounds {
+                min_period_us: 200_000,
+                max_period_us: 200_000_000,
+                max_burst: 5,
+                window_us: 1_000_000,
+            }
+        );
+        assert!(b.hold(own));
+        // Slower, burst within a second of it: advice taken as is.
+        assert!(b.hold(q(1_000_000, 1)));
+        assert!(b.hold(q(400_000, 2)));
+        // Faster, a larger burst, slower than the floor, or more burst than
+        // a second gives at the stored rate: never.
+        assert!(!b.hold(q(1, 4_294_967_295)));
+        assert!(!b.hold(q(200_000, 6)));
+        assert!(!b.hold(q(MAX_MICROS, 1)));
+        assert!(!b.hold(q(400_000, 3)));
+        // The floor's own cell.
+        assert!(b.hold(q(200_000_000, 1)));
+    }
+
+    #[test]
+    fn a_stated_higher_limit_raises_the_ceiling_and_both_quotas_hold() {
+        let configured = q(10_000, 10);
+        let told = q(1_000, 100);
+        let b = Bounds::new(configured, told);
+        assert_eq!((b.min_period_us, b.max_burst), (1_000, 100));
+        assert_eq!(b.max_period_us, 1_000_000, "1000 of its own periods");
+        assert!(b.hold(told) && b.hold(configured));
+        // Told lower: the configured quota stays the ceiling.
+        let b = Bounds::new(configured, q(1_000_000, 1));
+        assert_eq!((b.min_period_us, b.max_burst), (10_000, 10));
+        assert!(b.hold(configured) && b.hold(q(1_000_000, 1)));
+    }
+
+    #[test]
+    fn the_floor_and_window_stay_within_the_script_cap() {
+        let long = q(MAX_MICROS, 1);
+        let b = Bounds::new(long, long);
+        assert_eq!((b.max_period_us, b.window_us), (MAX_MICROS, MAX_MICROS));
+        assert!(b.hold(long));
     }
 }

@@ -8,6 +8,7 @@ mod redis_bucket;
 mod redis_cluster;
 mod redis_fleet;
 mod redis_scale;
+mod redis_stored_quota;
 
 /// A redis-server on a free loopback port, shared by the modules above.
 #[cfg(feature = "redis")]

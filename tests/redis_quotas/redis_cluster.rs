@@ -56,9 +56,11 @@ async fn a_cluster_bucket_decides_as_on_one_node() {
     a.set_quota(Quota::per_second(nz(10)).allow_burst(nz(10)))
         .await
         .unwrap();
-    assert_eq!(b.available().await, 5, "5 cells of debt kept");
+    assert_eq!(a.available().await, 5, "5 cells of debt kept");
+    // B takes the stored quota within its bounds: burst 5, its own.
+    assert_eq!(b.available().await, 0, "the same debt, burst 5");
     b.reset().await.unwrap();
-    assert_eq!(a.available().await, 10);
+    assert_eq!((a.available().await, b.available().await), (10, 5));
     // The key lives on its slot's master only.
     let owner = cluster.owner("{rl:org}");
     for port in cluster.ports() {

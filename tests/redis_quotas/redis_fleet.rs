@@ -373,15 +373,25 @@ async fn scoped_keys_have_their_own_shared_quotas() {
     assert_eq!(q.bucket(&"other".to_owned()).available().await, 10);
     q.try_acquire(&vip, 50).await.unwrap();
     assert!(p.try_acquire(&vip, 1).await.is_err());
-    // A run-time override is stored with the key: the other process adopts it.
+    // A run-time override is stored with the key: the other process adopts
+    // it within its own bounds (issue #58 item 7): the slower rate, but no
+    // burst above its own 10.
     let slow = Quota::per_second(nz(10)).allow_burst(nz(20));
     p.set_quota(&acme, slow).await.unwrap();
     assert_eq!(
-        q.bucket(&acme).available().await,
+        p.bucket(&acme).available().await,
         14,
         "6 cells of debt kept"
     );
-    assert_eq!(q.bucket(&acme).quota(), slow);
+    assert_eq!(
+        q.bucket(&acme).available().await,
+        4,
+        "the same debt, burst 10"
+    );
+    assert_eq!(
+        q.bucket(&acme).quota(),
+        Quota::per_second(nz(10)).allow_burst(nz(10))
+    );
     // A 429 for one tenant holds back that tenant only.
     p.penalize(&acme, Duration::from_secs(5)).await;
     assert!(q.try_acquire(&acme, 1).await.is_err());
