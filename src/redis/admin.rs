@@ -80,9 +80,10 @@ impl RedisBucket {
     ///
     /// The contract is [`TokenBucket::set_quota`]'s: the debt already
     /// taken is kept, in cells (none forgiven, past the new burst too), a
-    /// running penalty keeps its end, and no burst is opened. A key with a
-    /// stored quota no longer expires. The fail-open fallback follows at
-    /// its share.
+    /// running penalty keeps its end, and no burst is opened. The key
+    /// still expires: a quota stored with it is kept for one window of it
+    /// and a minute past the bucket's refill, from its last write. The
+    /// fail-open fallback follows at its share.
     ///
     /// Reservations taken before a change no longer give their cells back
     /// (as [`Reservation::cancel`](crate::Reservation::cancel) after

@@ -37,8 +37,9 @@ if now == nil then
   local time = redis.call('TIME')
   now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 else
-  -- An explicit clock is not Redis's: an expiry in Redis's time would
-  -- drop state the explicit clock still needs.
+  -- An explicit clock is not Redis's: an expiry in Redis's time gets a
+  -- margin (`expire_from`), so as not to drop state that clock still
+  -- needs.
   expire = false
 end
 
@@ -70,7 +71,7 @@ local function bounded(qt, qb)
 end
 
 local tat, pen, corrupt = 0, 0, false
-local stored = false
+local stored, found = false, false
 -- The stored quota as written (0, 0 for none): replied, and compared by
 -- `set_quota`, which stores only a change.
 local stored_period, stored_burst = 0, 0
@@ -81,14 +82,17 @@ if state.err then
 else
   -- A missing field (false) is a fresh key: full, no penalty.
   if state[1] then
+    found = true
     local t = tonumber(state[1])
     if valid(t) then tat = t else corrupt = true end
   end
   if state[2] then
+    found = true
     local p = tonumber(state[2])
     if valid(p) then pen = p else corrupt = true end
   end
   if state[3] or state[4] then
+    found = true
     local qt, qb = tonumber(state[3]), tonumber(state[4])
     -- Any positive integer is a quota (bounded below); anything else was
     -- not written by this script.
@@ -103,14 +107,28 @@ else
 end
 local tolerance = period * burst
 
+-- Every write leaves the key an expiry, in milliseconds from now: until
+-- the bucket is full again (a key at or before `now` is a full bucket),
+-- plus, when it states a quota, that quota's window (its tolerance in
+-- force) and a minute, so that a process starting meanwhile still
+-- learns it; plus an hour on an explicit clock, whose time is not
+-- Redis's (the state it still needs must outlast any real pause).
+local KEEP_MS = 60000
+local EXPLICIT_MS = 3600000
+local function expire_from(t)
+  local ms = math.ceil(math.max(t - now, 0) / 1000)
+  if stored then
+    ms = ms + math.ceil(tolerance / 1000) + KEEP_MS
+  end
+  if not expire then
+    ms = ms + EXPLICIT_MS
+  end
+  redis.call('PEXPIRE', key, int(math.max(1, ms)))
+end
+
 local function save(t, p)
   redis.call('HSET', key, 't', int(t), 'p', int(p))
-  if expire and not stored then
-    -- Gone once full again (a key at or before `now` is a full bucket).
-    redis.call('PEXPIRE', key, math.max(1, math.ceil((t - now) / 1000)))
-  else
-    redis.call('PERSIST', key)
-  end
+  expire_from(t)
 end
 
 local function store_quota(new_period, new_burst)
@@ -127,6 +145,10 @@ if corrupt then
   redis.call('DEL', key)
   if stored then store_quota(stored_period, stored_burst) end
   save(tat, pen)
+elseif found and redis.call('PTTL', key) == -1 then
+  -- A key without an expiry: written by hand, or by a version that
+  -- persisted keys with a quota. It gets one now, read or written.
+  expire_from(math.max(tat, pen))
 end
 
 -- Refunds of reservations dropped unused: each one still on top goes.
@@ -286,6 +308,10 @@ elseif op == 'set_quota' then
   return reply({1})
 elseif op == 'reset' then
   redis.call('HDEL', key, 't', 'p')
+  if stored then
+    -- The quota stays, for its window and the margin.
+    expire_from(now)
+  end
   return reply({1})
 end
 return redis.error_reply('backpressure gcra: unknown op ' .. tostring(op))

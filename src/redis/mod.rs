@@ -192,7 +192,8 @@ impl State {
 /// use the same quota. The decision runs in Redis, atomically, in one
 /// round trip, on Redis's clock (`TIME`, integer microseconds: see the
 /// arithmetic in `src/redis/script.rs`); the key expires when the bucket
-/// is full again.
+/// is full again (a key stating a quota one window of it and a minute
+/// later).
 ///
 /// # A stored quota is advice
 ///

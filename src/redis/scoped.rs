@@ -35,7 +35,10 @@ use crate::sync::{Arc, ThreadMutex};
 /// holds about as many buckets as keys active within that window.
 /// Dropping one loses nothing of the quota, which lives in Redis; unused
 /// leased cells or queued refunds it still had count as used until the
-/// key refills. Overrides are configuration and are kept.
+/// key refills. Overrides are configuration and are kept. In Redis, each
+/// key expires too: when its bucket is full again, or, when it states a
+/// quota, one window of it and a minute later, so keys do not pile up
+/// for every tenant ever seen.
 ///
 /// # Examples
 ///
@@ -250,7 +253,7 @@ impl<K: Hash + Eq + Clone + fmt::Display + Send + Sync> RedisScoped<K> {
     /// Overrides `key`'s quota here and stores it with the key in Redis, so
     /// every process adopts it at its next round trip, within its own
     /// bounds ([`RedisBucket::set_quota`]: debt kept in cells, no burst
-    /// opened).
+    /// opened; the key still expires).
     ///
     /// # Errors
     ///

@@ -45,9 +45,17 @@
 //! very long periods; the script then rounds the kept debt up by one more
 //! microsecond (more debt is the safe side).
 //!
-//! The key `PEXPIRE`s when the bucket is full again (`tat - now`, at least
-//! 1 ms): idle keys cost nothing. A key with a stored quota does not
-//! expire (its quota would go with it).
+//! Every write `PEXPIRE`s the key: when the bucket is full again (`tat -
+//! now`, at least 1 ms), so idle keys cost nothing; when the key states a
+//! quota, one window of it (its tolerance in force, `τ`) and a minute
+//! (the script's `KEEP_MS`) later, so that a process starting meanwhile
+//! still learns it, and no later: a tenant's key goes within `τ` and a
+//! minute of its refill, whether or not a limit was stated (nothing is
+//! `PERSIST`ed). On an explicit clock (tests, simulations), whose time is
+//! not Redis's, the expiry gets an hour (`EXPLICIT_MS`) more, so no
+//! real pause drops state that clock still needs. A key found without an
+//! expiry (written by hand, or persisted by an earlier version) gets one
+//! with the first call that reads it.
 //!
 //! # Bounds
 //!
