@@ -82,6 +82,9 @@ enum Ended<E> {
     Panicked(String),
 }
 
+/// A call's own outcome, and the copy the calls that joined it share.
+type Outcome<V, E> = Result<V, Ended<E>>;
+
 impl<E> Clone for Ended<E> {
     fn clone(&self) -> Self {
         match self {
@@ -156,7 +159,7 @@ pub struct Runner<
     C: Clock = crate::clock::DefaultClock,
 > {
     admission: Admission<S, C>,
-    flights: Reads<Result<V, Ended<E>>, Result<V, Ended<E>>, C>,
+    flights: Reads<Outcome<V, E>, Outcome<V, E>, C>,
     /// The template every call forks its own policy from: the one owner of
     /// classification, the retry cap and the clamp.
     retry: Arc<parking_lot::Mutex<RetryPolicy>>,
@@ -503,7 +506,7 @@ fn read_key<V, E>(call: &Call<V, E>) -> Option<ReadKey> {
     }
 }
 
-impl<V, E> Joined<Result<V, Ended<E>>, Result<V, Ended<E>>> {
+impl<V, E> Joined<Outcome<V, E>, Outcome<V, E>> {
     /// The caller's result: its own (it sent `attempts` requests), or a
     /// copy of the call it joined (it sent none).
     fn into_result(self, attempts: u32) -> CallResult<V, E> {

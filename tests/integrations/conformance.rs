@@ -537,17 +537,18 @@ fn requests(calls: Calls) -> (Vec<http::Method>, bool) {
     }
 }
 
-/// The `i`th call's deadline, its headers beyond the credential's, and (on
-/// MCP) its credential and arguments.
-fn call_shape(
-    row: &Row,
-    i: usize,
-) -> (
+/// A call's deadline, its headers beyond the credential's, and (on MCP)
+/// its credential and arguments.
+type Shape = (
     Duration,
     Vec<(&'static str, &'static str)>,
     Option<&'static str>,
     Option<&'static str>,
-) {
+);
+
+/// The `i`th call's deadline, its headers beyond the credential's, and (on
+/// MCP) its credential and arguments.
+fn call_shape(row: &Row, i: usize) -> Shape {
     let ab = |a, b| if i == 0 { a } else { b };
     match row.calls {
         Calls::Apart(Differ::Cookie) => (

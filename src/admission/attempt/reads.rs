@@ -130,10 +130,10 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
         };
         let flight = match led {
             Ok((flight, provenance)) => {
-                if provenance == Provenance::Leader {
-                    if let Some(own) = flight.own.lock().take() {
-                        return Joined::Own(own);
-                    }
+                if provenance == Provenance::Leader
+                    && let Some(own) = flight.own.lock().take()
+                {
+                    return Joined::Own(own);
                 }
                 match &flight.copy {
                     Some(copy) => return Joined::Copy(copy.clone(), provenance),

@@ -156,10 +156,10 @@ fn rpc_error(e: &ErrorData) -> Option<ServerHint> {
 /// An `isError` result that says it is the server's capacity: its status
 /// (429, or 503 for `unavailable`) and wait.
 fn tool_error(r: &CallToolResult, tool: &str) -> Option<(u16, ServerHint)> {
-    if let Some(o) = r.structured_content.as_ref().and_then(Value::as_object) {
-        if let Some(status) = object_status(o) {
-            return Some((status, hint_of(o, Some(tool))));
-        }
+    if let Some(o) = r.structured_content.as_ref().and_then(Value::as_object)
+        && let Some(status) = object_status(o)
+    {
+        return Some((status, hint_of(o, Some(tool))));
     }
     for text in r.content.iter().filter_map(|c| c.as_text()) {
         // A text that is a JSON object is read as one.

@@ -65,8 +65,9 @@ pub(super) struct Copy {
 
 #[derive(Clone, Debug)]
 enum Answer {
-    /// A response, its body read whole.
-    Response(Head, Bytes),
+    /// A response, its body read whole (the head boxed: the other answer
+    /// is a message).
+    Response(Box<Head>, Bytes),
     /// No answer: the transport error's message.
     Failed(String),
 }
@@ -147,7 +148,7 @@ pub(super) async fn share<F: core::future::Future<Output = ()>>(
             match body {
                 Some(Ok(body)) => {
                     let own = head.response(body.clone());
-                    let answer = Answer::Response(head, body);
+                    let answer = Answer::Response(Box::new(head), body);
                     (Ok(own), Share::Cached(Copy { outcome, answer }))
                 }
                 Some(Err(e)) => (Err(Error::Reqwest(e)), Share::Not),
