@@ -29,6 +29,20 @@ mod default;
 
 pub use default::DefaultSleeper;
 
+/// `work`'s output, or `None` if `timer` (a sleep) ends first: the one
+/// race of a request, or a body, against its deadline.
+pub(crate) async fn within<F: Future>(
+    work: F,
+    timer: impl Future<Output = ()>,
+) -> Option<F::Output> {
+    let (mut work, mut timer) = (core::pin::pin!(work), core::pin::pin!(timer));
+    core::future::poll_fn(|cx| match work.as_mut().poll(cx) {
+        Poll::Ready(out) => Poll::Ready(Some(out)),
+        Poll::Pending => timer.as_mut().poll(cx).map(|()| None),
+    })
+    .await
+}
+
 /// Something that can wait for a duration: how every waiting type of the
 /// crate reaches a timer without naming a runtime.
 ///

@@ -730,13 +730,7 @@ where
                 });
                 (result, Outcome::new(attempts))
             }
-            Ended::Throttled(refused) => {
-                let outcome = Outcome {
-                    refused: Some(refused.clone()),
-                    ..Outcome::new(refused.attempts)
-                };
-                (self.refuse(refused), outcome)
-            }
+            Ended::Throttled(refused) => (self.refuse(refused.clone()), Outcome::refused(refused)),
             // A fault (a transport error, a 5xx) not retried: the last
             // answer stands, as what it was.
             Ended::Failed {

@@ -18,27 +18,28 @@ mod lease;
 mod reservation;
 mod scoped;
 mod script;
+mod state;
 
 use core::fmt;
 use core::time::Duration;
 
 #[cfg(doc)]
 use crate::bucket::TokenBucket;
-use std::collections::VecDeque;
 
 use crate::bucket::{CheckError, Quota, ReserveError};
 use crate::clock::{saturating_nanos, Clock};
 use crate::limiter::RateLimiter;
 use crate::sync::{Arc, ThreadMutex};
 
-use breaker::{Breaker, Policy};
+use breaker::Policy;
 pub use builder::{FailPolicy, RedisBucketBuilder, RedisBucketError};
 use connection::{Connection, Failed};
-use lease::{Lease, LeaseState};
+use lease::Lease;
 pub use reservation::RedisReservation;
 use reservation::Source;
 pub use scoped::{RedisScoped, RedisScopedBuilder};
-use script::{Bounds, Op, Params, Refund, MAX_MICROS};
+use script::{Op, Refund, MAX_MICROS};
+use state::State;
 
 /// Refunds of dropped reservations queued per bucket, at most
 /// ([`RedisBucket::MAX_QUEUED_REFUNDS`]).
@@ -92,96 +93,6 @@ impl RedisStats {
     /// ```
     pub fn round_trips_per_admitted(&self) -> Option<f64> {
         (self.admitted > 0).then(|| self.round_trips as f64 / self.admitted as f64)
-    }
-}
-
-/// The local half, behind one short-held mutex.
-#[derive(Debug)]
-struct State {
-    lease: LeaseState,
-    breaker: Breaker,
-    stats: RedisStats,
-    /// The quota in force: the key's stored one within `bounds()` once a
-    /// reply carried it, else `own`.
-    quota: Quota,
-    params: Params,
-    /// This process's own quota: the one it was built with, or the last
-    /// it set itself (`set_quota`: a limit its server stated to it). Sent
-    /// with every call, and in force again whenever the key states no
-    /// quota; a stored quota never replaces it.
-    own: Quota,
-    own_params: Params,
-    /// The quota it was built with: with `own`, the ceiling a stored
-    /// quota is taken under.
-    configured: Params,
-    /// Refunds of reservations dropped unused, for the next round trip.
-    refunds: VecDeque<Refund>,
-    /// Bumped by `reset` and `set_quota`: reservations taken before no
-    /// longer queue refunds (their `after` is gone from the key).
-    generation: u64,
-}
-
-impl State {
-    fn new(quota: Quota, params: Params, probe_interval: u64) -> Self {
-        State {
-            lease: LeaseState::default(),
-            breaker: Breaker::new(probe_interval),
-            stats: RedisStats::default(),
-            quota,
-            params,
-            own: quota,
-            own_params: params,
-            configured: params,
-            refunds: VecDeque::new(),
-            generation: 0,
-        }
-    }
-
-    /// Queues the refund of a dropped reservation (bounded: the oldest
-    /// goes first).
-    fn queue_refund(&mut self, refund: Refund) {
-        if self.refunds.len() >= MAX_QUEUED_REFUNDS {
-            self.refunds.pop_front();
-        }
-        self.refunds.push_back(refund);
-    }
-
-    /// The queued refunds, highest `after` first (the order that unwinds
-    /// a stack of them in one pass).
-    fn take_refunds(&mut self) -> Vec<Refund> {
-        if self.refunds.is_empty() {
-            return Vec::new();
-        }
-        let mut refunds: Vec<Refund> = self.refunds.drain(..).collect();
-        refunds.sort_unstable_by_key(|r| core::cmp::Reverse(r.after));
-        refunds
-    }
-
-    /// What a stored quota is taken within (see *Bounds* in `script.rs`).
-    fn bounds(&self) -> Bounds {
-        Bounds::new(self.configured, self.own_params)
-    }
-
-    /// Makes `quota` this process's own (a limit it was told); the one in
-    /// force follows with the next reply.
-    fn set_own(&mut self, quota: Quota, params: Params) {
-        self.own = quota;
-        self.own_params = params;
-    }
-
-    /// Takes the quota Redis says is in force: the own one exact to the
-    /// nanosecond, any other as the script has it (µs).
-    fn adopt(&mut self, params: Params) {
-        self.params = params;
-        self.quota = if params == self.own_params {
-            self.own
-        } else {
-            Quota {
-                period: params.period_us.saturating_mul(1000),
-                burst: core::num::NonZeroU32::new(params.burst)
-                    .unwrap_or(core::num::NonZeroU32::MIN),
-            }
-        };
     }
 }
 

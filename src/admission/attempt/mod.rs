@@ -20,7 +20,6 @@
 //!   a non-2xx pushes a shared credential's holds before the next admit.
 
 use core::future::Future;
-use core::task::Poll;
 use core::time::Duration;
 use std::borrow::Cow;
 
@@ -176,15 +175,8 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
                 Err(refused) => return refused_retry(refused.with_attempts(sent), last, sent),
             };
             sent += 1;
-            let attempt = {
-                let mut attempt = core::pin::pin!(exchange.send());
-                let mut timeout = core::pin::pin!(self.sleeper().sleep(deadline.remaining()));
-                core::future::poll_fn(|cx| match attempt.as_mut().poll(cx) {
-                    Poll::Ready(r) => Poll::Ready(Some(r)),
-                    Poll::Pending => timeout.as_mut().poll(cx).map(|()| None),
-                })
-                .await
-            };
+            let timer = self.sleeper().sleep(deadline.remaining());
+            let attempt = crate::sleep::within(exchange.send(), timer).await;
             let Some(result) = attempt else {
                 // No answer by the deadline: a failure for the circuit,
                 // no verdict on the rate.

@@ -38,9 +38,11 @@ impl Outcome {
         }
     }
 
-    /// The outcome of a call refused with `refused`, having sent nothing.
+    /// The outcome of a call that ended refused (its attempts are the
+    /// refusal's).
     pub(super) fn refused(refused: Throttled) -> Self {
         Outcome {
+            attempts: refused.attempts,
             refused: Some(refused),
             ..Outcome::new(0)
         }
@@ -136,15 +138,7 @@ pub(super) async fn share<F: core::future::Future<Output = ()>>(
                 headers: core::mem::take(response.headers_mut()),
                 extensions: core::mem::take(response.extensions_mut()),
             };
-            let body = {
-                let mut body = core::pin::pin!(response.bytes());
-                let mut timer = core::pin::pin!(timer());
-                core::future::poll_fn(|cx| match body.as_mut().poll(cx) {
-                    core::task::Poll::Ready(r) => core::task::Poll::Ready(Some(r)),
-                    core::task::Poll::Pending => timer.as_mut().poll(cx).map(|()| None),
-                })
-                .await
-            };
+            let body = crate::sleep::within(response.bytes(), timer()).await;
             match body {
                 Some(Ok(body)) => {
                     let own = head.response(body.clone());

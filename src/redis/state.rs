@@ -1,0 +1,100 @@
+//! A bucket's local half: its lease, breaker, counters, the quota in
+//! force beside its own, and the refunds queued for the next round trip.
+
+use std::collections::VecDeque;
+
+use super::breaker::Breaker;
+use super::lease::LeaseState;
+use super::script::{Bounds, Params, Refund};
+use super::{RedisStats, MAX_QUEUED_REFUNDS};
+use crate::bucket::Quota;
+
+/// The local half, behind one short-held mutex.
+#[derive(Debug)]
+pub(super) struct State {
+    pub(super) lease: LeaseState,
+    pub(super) breaker: Breaker,
+    pub(super) stats: RedisStats,
+    /// The quota in force: the key's stored one within `bounds()` once a
+    /// reply carried it, else `own`.
+    pub(super) quota: Quota,
+    pub(super) params: Params,
+    /// This process's own quota: the one it was built with, or the last
+    /// it set itself (`set_quota`: a limit its server stated to it). Sent
+    /// with every call, and in force again whenever the key states no
+    /// quota; a stored quota never replaces it.
+    pub(super) own: Quota,
+    pub(super) own_params: Params,
+    /// The quota it was built with: with `own`, the ceiling a stored
+    /// quota is taken under.
+    pub(super) configured: Params,
+    /// Refunds of reservations dropped unused, for the next round trip.
+    pub(super) refunds: VecDeque<Refund>,
+    /// Bumped by `reset` and `set_quota`: reservations taken before no
+    /// longer queue refunds (their `after` is gone from the key).
+    pub(super) generation: u64,
+}
+
+impl State {
+    pub(super) fn new(quota: Quota, params: Params, probe_interval: u64) -> Self {
+        State {
+            lease: LeaseState::default(),
+            breaker: Breaker::new(probe_interval),
+            stats: RedisStats::default(),
+            quota,
+            params,
+            own: quota,
+            own_params: params,
+            configured: params,
+            refunds: VecDeque::new(),
+            generation: 0,
+        }
+    }
+
+    /// Queues the refund of a dropped reservation (bounded: the oldest
+    /// goes first).
+    pub(super) fn queue_refund(&mut self, refund: Refund) {
+        if self.refunds.len() >= MAX_QUEUED_REFUNDS {
+            self.refunds.pop_front();
+        }
+        self.refunds.push_back(refund);
+    }
+
+    /// The queued refunds, highest `after` first (the order that unwinds
+    /// a stack of them in one pass).
+    pub(super) fn take_refunds(&mut self) -> Vec<Refund> {
+        if self.refunds.is_empty() {
+            return Vec::new();
+        }
+        let mut refunds: Vec<Refund> = self.refunds.drain(..).collect();
+        refunds.sort_unstable_by_key(|r| core::cmp::Reverse(r.after));
+        refunds
+    }
+
+    /// What a stored quota is taken within (see *Bounds* in `script.rs`).
+    pub(super) fn bounds(&self) -> Bounds {
+        Bounds::new(self.configured, self.own_params)
+    }
+
+    /// Makes `quota` this process's own (a limit it was told); the one in
+    /// force follows with the next reply.
+    pub(super) fn set_own(&mut self, quota: Quota, params: Params) {
+        self.own = quota;
+        self.own_params = params;
+    }
+
+    /// Takes the quota Redis says is in force: the own one exact to the
+    /// nanosecond, any other as the script has it (µs).
+    pub(super) fn adopt(&mut self, params: Params) {
+        self.params = params;
+        self.quota = if params == self.own_params {
+            self.own
+        } else {
+            Quota {
+                period: params.period_us.saturating_mul(1000),
+                burst: core::num::NonZeroU32::new(params.burst)
+                    .unwrap_or(core::num::NonZeroU32::MIN),
+            }
+        };
+    }
+}
