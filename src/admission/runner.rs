@@ -56,7 +56,7 @@ use crate::failure::CallFailure;
 use crate::retry::{Backoff, RetryPolicy};
 use crate::single_flight::Provenance;
 
-use super::attempt::reads::{Joined, Reads, Share};
+use super::attempt::reads::{Joined, Reads, Sharing};
 use super::identity::ReadKey;
 use crate::sleep::Sleeper;
 
@@ -345,26 +345,15 @@ where
         // Requests this caller sent itself (it led, or ran its own).
         let sent = AtomicU32::new(0);
         let Some(key) = read_key(&call) else {
-            let own = self.contained(&call, &sent, call.spec.deadline).await;
+            let (own, _) = self.contained(&call, &sent, call.spec.deadline).await;
             return Joined::Own(own).into_result(sent.load(Relaxed));
         };
         let (call, sent) = (&call, &sent);
         let led = self
             .admission
             .coalesce(&self.flights, key, call.spec.deadline, |left| async move {
-                let own = self.contained(call, sent, left).await;
-                // A value is shared (and cached), a fault with the calls
-                // in flight; a refusal, a timeout and a fault whose retry
-                // something refused are the leader's own.
-                let share = match &own {
-                    Ok(value) => Share::Cached(Ok(value.clone())),
-                    Err(
-                        e @ Ended::Failed {
-                            not_retried: None, ..
-                        },
-                    ) => Share::InFlight(Err(e.clone())),
-                    Err(_) => Share::Not,
-                };
+                let (own, sharing) = self.contained(call, sent, left).await;
+                let share = sharing.with(|| Some(own.clone()));
                 (own, share)
             })
             .await;
@@ -373,32 +362,37 @@ where
     }
 
     /// [`attempts`](Self::attempts), with a panic turned into
-    /// [`Ended::Panicked`]: the attempt's future (holding the ticket) is
-    /// dropped, so its slots are released, and the other calls go on.
+    /// [`Ended::Panicked`] (shared with nobody): the attempt's future
+    /// (holding the ticket) is dropped, so its slots are released, and the
+    /// other calls go on.
     async fn contained(
         &self,
         call: &Call<V, E>,
         sent: &AtomicU32,
         left: Duration,
-    ) -> Result<V, Ended<E>> {
+    ) -> (Outcome<V, E>, Sharing) {
         let mut attempts = Box::pin(self.attempts(call, sent, left));
         core::future::poll_fn(|cx| {
             match std::panic::catch_unwind(AssertUnwindSafe(|| attempts.as_mut().poll(cx))) {
                 Ok(p) => p,
-                Err(payload) => Poll::Ready(Err(Ended::Panicked(panic_message(&*payload)))),
+                Err(payload) => {
+                    let panicked = Ended::Panicked(panic_message(&*payload));
+                    Poll::Ready((Err(panicked), Sharing::Own))
+                }
             }
         })
         .await
     }
 
     /// One call through the admission's attempt loop, within `left` of
-    /// its deadline; `sent` counts the requests sent.
+    /// its deadline, and what the calls that joined it may have of it;
+    /// `sent` counts the requests sent.
     async fn attempts(
         &self,
         call: &Call<V, E>,
         sent: &AtomicU32,
         left: Duration,
-    ) -> Result<V, Ended<E>> {
+    ) -> (Outcome<V, E>, Sharing) {
         let policy = self.retry.lock().fork();
         let mut exchange = Attempt { call };
         // A caller that waited for another's read has less time left.
@@ -406,14 +400,16 @@ where
             true => std::borrow::Cow::Borrowed(&call.spec),
             false => std::borrow::Cow::Owned(call.spec.clone().deadline(left)),
         };
-        let (failure, attempts) = match self.admission.drive(&spec, policy, &mut exchange).await {
+        let ended = self.admission.drive(&spec, policy, &mut exchange).await;
+        let sharing = ended.sharing();
+        let (failure, attempts) = match ended {
             attempt::Ended::Answered {
                 result, attempts, ..
             } => match result {
                 Ok(reply) if reply.is_success() => {
                     // Relaxed: a count read by this call's own task afterwards.
                     sent.store(attempts, Relaxed);
-                    return Ok(reply.value);
+                    return (Ok(reply.value), sharing);
                 }
                 // A final status (a 404): retrying cannot change it.
                 Ok(reply) => (
@@ -452,7 +448,7 @@ where
             }
         };
         sent.store(attempts, Relaxed);
-        Err(failure)
+        (Err(failure), sharing)
     }
 }
 

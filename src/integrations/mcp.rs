@@ -13,7 +13,7 @@ use rmcp::transport::streamable_http_client::HttpStatusError;
 use rmcp::transport::DynamicTransportError;
 use rmcp::ServiceError;
 
-use crate::admission::attempt::reads::{Joined, Reads, Share};
+use crate::admission::attempt::reads::{Joined, Reads, Sharing};
 use crate::admission::attempt::Ended;
 use crate::admission::identity::ReadKey;
 use crate::admission::{Admission, CallFailure, CallResult, CallSpec};
@@ -310,7 +310,7 @@ where
         params: CallToolRequestParams,
     ) -> CallResult<CallToolResult, ServiceError> {
         if spec.write {
-            return self.run(&spec, &params).await;
+            return self.run(&spec, &params).await.0;
         }
         // Same credential, tool and arguments: the same read.
         let arguments = serde_json::to_string(&params.arguments).unwrap_or_default();
@@ -318,16 +318,8 @@ where
         let led = self
             .admission
             .coalesce(&self.flights, key, spec.deadline, |left| async move {
-                let own = self.run(&spec.clone().deadline(left), &params).await;
-                // A refusal or timeout is this caller's own; a fault whose
-                // retry something refused too.
-                let copy = match &own {
-                    CallResult::Done { .. } => Share::Cached(own.clone()),
-                    CallResult::Failed {
-                        not_retried: None, ..
-                    } => Share::InFlight(own.clone()),
-                    _ => Share::Not,
-                };
+                let (own, sharing) = self.run(&spec.clone().deadline(left), &params).await;
+                let copy = sharing.with(|| Some(own.clone()));
                 (own, copy)
             })
             .await;
@@ -339,15 +331,17 @@ where
         }
     }
 
-    /// One call through the admission's attempt loop.
+    /// One call through the admission's attempt loop, and what the calls
+    /// that joined it may have of it.
     async fn run(
         &self,
         spec: &CallSpec,
         params: &CallToolRequestParams,
-    ) -> CallResult<CallToolResult, ServiceError> {
+    ) -> (CallResult<CallToolResult, ServiceError>, Sharing) {
         let policy = self.retry.lock().fork();
         let mut call = exchange::ToolCall::new(&self.peer, params);
         let ended = self.admission.drive(spec, policy, &mut call).await;
+        let sharing = ended.sharing();
         let failure = |result: Result<CallToolResult, ServiceError>| match (call.status(), result) {
             // The server answered a status (at the transport, or a tool's
             // `unavailable`): that status, as on the HTTP seams.
@@ -355,7 +349,7 @@ where
             (None, Err(e)) => CallFailure::Transport(Arc::new(e)),
             (None, Ok(_)) => CallFailure::Status { status: 503 },
         };
-        match ended {
+        let result = match ended {
             Ended::Answered {
                 result: Ok(value),
                 attempts,
@@ -385,7 +379,8 @@ where
                 attempts,
             },
             Ended::Throttled(refused) => CallResult::Throttled(refused),
-        }
+        };
+        (result, sharing)
     }
 }
 

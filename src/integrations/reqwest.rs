@@ -714,7 +714,8 @@ where
         };
         let ended = self.admission.drive(spec, policy, &mut exchange).await;
         drop(exchange);
-        let (result, outcome) = match ended {
+        let sharing = ended.sharing();
+        let (result, mut outcome) = match ended {
             Ended::Answered {
                 result,
                 ticket,
@@ -746,6 +747,7 @@ where
                 (result, outcome)
             }
         };
+        outcome.sharing = sharing;
         extensions.insert(outcome);
         result
     }

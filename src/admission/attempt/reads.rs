@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use crate::admission::attempt::Ended;
 use crate::admission::identity::ReadKey;
 use crate::admission::Admission;
 use crate::clock::Clock;
@@ -51,6 +52,61 @@ pub(crate) enum Share<U> {
     /// This copy, for the callers in flight and, where the seam keeps a
     /// cache, later ones (a success).
     Cached(U),
+}
+
+/// What the callers that joined a call may have of how it ended
+/// ([`Ended::sharing`]: the one rule, for every seam).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sharing {
+    /// Nothing: it is the leader's own.
+    Own,
+    /// A copy, for the callers in flight now.
+    InFlight,
+    /// A copy, for those in flight and, where the seam keeps a cache,
+    /// later ones.
+    Cached,
+}
+
+impl Sharing {
+    /// The copy `copy` makes, as far as this sharing allows (none made:
+    /// nothing shared); `copy` runs only when something may be.
+    pub(crate) fn with<U>(self, copy: impl FnOnce() -> Option<U>) -> Share<U> {
+        match self {
+            Sharing::Own => Share::Not,
+            Sharing::InFlight => copy().map_or(Share::Not, Share::InFlight),
+            Sharing::Cached => copy().map_or(Share::Not, Share::Cached),
+        }
+    }
+}
+
+impl<U> Share<U> {
+    /// The same sharing of another copy.
+    pub(crate) fn map<V>(self, f: impl FnOnce(U) -> V) -> Share<V> {
+        match self {
+            Share::Not => Share::Not,
+            Share::InFlight(u) => Share::InFlight(f(u)),
+            Share::Cached(u) => Share::Cached(f(u)),
+        }
+    }
+}
+
+impl<T, E, S: Sleeper, C: Clock> Ended<T, E, S, C> {
+    /// What the callers that joined this call may have of its end: the
+    /// server's answer is shared (and cached where the seam keeps a
+    /// cache); a fault that outlasted its retries, or an error that is the
+    /// answer, with the calls in flight only; a refusal, a timeout and a
+    /// fault whose retry something refused (the leader's deadline, budget
+    /// or breaker) are the leader's own.
+    pub(crate) fn sharing(&self) -> Sharing {
+        match self {
+            Ended::Answered { result: Ok(_), .. } => Sharing::Cached,
+            Ended::Answered { result: Err(_), .. }
+            | Ended::Failed {
+                not_retried: None, ..
+            } => Sharing::InFlight,
+            Ended::Throttled(_) | Ended::Failed { .. } => Sharing::Own,
+        }
+    }
 }
 
 /// How a coalesced call ended for this caller.

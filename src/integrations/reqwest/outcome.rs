@@ -10,7 +10,7 @@ use ::reqwest::{Response, ResponseBuilderExt};
 use ::reqwest_middleware::{Error, RequestBuilder, Result};
 use bytes::Bytes;
 
-use crate::admission::attempt::reads::Share;
+use crate::admission::attempt::reads::{Share, Sharing};
 use crate::admission::{CallFailure, CallResult};
 use crate::retry::Attempts;
 use crate::single_flight::Provenance;
@@ -26,6 +26,8 @@ pub(super) struct Outcome {
     /// The refusal the request ended as (an error, or a synthetic 429).
     pub(super) refused: Option<Throttled>,
     pub(super) provenance: Provenance,
+    /// What the callers that joined this request may have of it.
+    pub(super) sharing: Sharing,
 }
 
 impl Outcome {
@@ -35,6 +37,7 @@ impl Outcome {
             not_retried: None,
             refused: None,
             provenance: Provenance::Leader,
+            sharing: Sharing::Own,
         }
     }
 
@@ -103,9 +106,9 @@ impl Head {
 pub(super) const COPY_LIMIT: u64 = 1 << 20;
 
 /// The leader's answer, and a copy of it for the callers that joined its
-/// read, when one is safe to share:
-/// * a refusal, a timeout, and a fault whose retry was refused belong to
-///   the leader's own deadline and budget: not copied;
+/// read, as far as its `sharing` allows (`Ended::sharing`, the one rule:
+/// a refusal, a timeout, a fault whose retry was refused are the
+/// leader's own) and only when one is safe to make:
 /// * a response is copied only when its body declares at most
 ///   [`COPY_LIMIT`] and is no stream; that body is read here, and `timer`
 ///   (the leader's deadline) bounds the read: a body still arriving then
@@ -120,12 +123,11 @@ pub(super) async fn share<F: core::future::Future<Output = ()>>(
     timer: impl FnOnce() -> F,
 ) -> (Result<Response>, Share<Copy>) {
     let outcome = outcome.unwrap_or_else(|| Outcome::new(1));
-    if outcome.refused.is_some() || outcome.not_retried.is_some() {
-        return (result, Share::Not);
-    }
+    let sharing = outcome.sharing;
     match result {
         Ok(response)
-            if super::usage::is_stream(&response)
+            if sharing == Sharing::Own
+                || super::usage::is_stream(&response)
                 || response.content_length().is_none_or(|n| n > COPY_LIMIT) =>
         {
             (Ok(response), Share::Not)
@@ -143,7 +145,7 @@ pub(super) async fn share<F: core::future::Future<Output = ()>>(
                 Some(Ok(body)) => {
                     let own = head.response(body.clone());
                     let answer = Answer::Response(Box::new(head), body);
-                    (Ok(own), Share::Cached(Copy { outcome, answer }))
+                    (Ok(own), sharing.with(|| Some(Copy { outcome, answer })))
                 }
                 Some(Err(e)) => (Err(Error::Reqwest(e)), Share::Not),
                 None => {
@@ -153,8 +155,14 @@ pub(super) async fn share<F: core::future::Future<Output = ()>>(
             }
         }
         Err(e) => {
-            let answer = Answer::Failed(e.to_string());
-            (Err(e), Share::InFlight(Copy { outcome, answer }))
+            let answer = || Answer::Failed(e.to_string());
+            let copy = sharing.with(|| {
+                Some(Copy {
+                    outcome,
+                    answer: answer(),
+                })
+            });
+            (Err(e), copy)
         }
     }
 }

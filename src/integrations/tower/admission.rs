@@ -19,7 +19,7 @@ use ::tower::{Layer, Service};
 use parking_lot::Mutex;
 
 use super::BoxError;
-use crate::admission::attempt::reads::{Joined, Share};
+use crate::admission::attempt::reads::Joined;
 use crate::admission::identity::ReadKey;
 use crate::admission::Admission;
 use crate::clock::{Clock, DefaultClock};
@@ -664,12 +664,7 @@ where
                     let spec = spec.deadline(left);
                     let (own, copy) = exchange.answer(admitting, &spec, policy, releasing).await;
                     let own: exchange::Erased = Box::new(own);
-                    let erase = |c| Arc::new(Mutex::new(c)) as exchange::ErasedCopy;
-                    let copy = match copy {
-                        Share::Not => Share::Not,
-                        Share::InFlight(c) => Share::InFlight(erase(c)),
-                        Share::Cached(c) => Share::Cached(erase(c)),
-                    };
+                    let copy = copy.map(|c| Arc::new(Mutex::new(c)) as exchange::ErasedCopy);
                     (own, copy)
                 })
                 .await;

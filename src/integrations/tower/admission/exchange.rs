@@ -182,19 +182,20 @@ where
         C: Clock + Clone,
         R: Release<S::Response, Sl, C>,
     {
-        match admission.drive(spec, policy, &mut self).await {
+        let ended = admission.drive(spec, policy, &mut self).await;
+        let sharing = ended.sharing();
+        match ended {
             Ended::Answered {
                 result,
                 ticket,
                 attempts,
             } => {
-                let copy = self.copy_of(&result).map_or(Share::Not, Share::Cached);
+                let copy = sharing.with(|| self.copy_of(&result));
                 let own = self
                     .ended(result, attempts, None, false)
                     .map(|r| release.release(r, ticket));
                 (own, copy)
             }
-            // The leader's own deadline and budget: not shared.
             Ended::Throttled(refused) => {
                 let own = self.refusal(refused).map(|r| release.release(r, None));
                 (own, Share::Not)
@@ -204,12 +205,7 @@ where
                 not_retried,
                 attempts,
             } => {
-                // A fault is shared, unless something refused its retry
-                // (the leader's deadline, budget, breaker).
-                let copy = match (not_retried.is_none(), self.copy_of(&result)) {
-                    (true, Some(copy)) => Share::InFlight(copy),
-                    _ => Share::Not,
-                };
+                let copy = sharing.with(|| self.copy_of(&result));
                 let own = self
                     .ended(result, attempts, not_retried, true)
                     .map(|r| release.release(r, None));
