@@ -79,8 +79,9 @@ impl Sharing {
     }
 }
 
+#[cfg(feature = "tower")]
 impl<U> Share<U> {
-    /// The same sharing of another copy.
+    /// The same sharing of another copy (the tower layer's, type-erased).
     pub(crate) fn map<V>(self, f: impl FnOnce(U) -> V) -> Share<V> {
         match self {
             Share::Not => Share::Not,
