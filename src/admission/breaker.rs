@@ -22,7 +22,6 @@
 //! without a breaker pays one branch per call.
 
 use core::time::Duration;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -345,80 +344,121 @@ fn closed_next(word: u64, cfg: &CircuitBreaker, outcome: Outcome, now: u64) -> O
     (next != word).then_some(next)
 }
 
-/// One tool's circuits, by credential.
-type Circuits = HashMap<Arc<str>, Arc<Circuit>>;
+/// A (tool, credential) pair as the map stores it.
+type PairKey = (Arc<str>, Arc<str>);
 
-/// The layer's circuits, per tool then credential: one mutex-guarded map
-/// (consulted only when a breaker is configured), bounded by forgetting
-/// clean circuits nobody holds.
+/// A (tool, credential) pair as a caller holds it: hashed and compared
+/// as the stored pair is (a tuple hashes its fields in order), so a
+/// lookup allocates nothing.
+#[derive(Hash)]
+struct Pair<'a>(&'a str, &'a str);
+
+impl hashbrown::Equivalent<PairKey> for Pair<'_> {
+    fn equivalent(&self, key: &PairKey) -> bool {
+        *key.0 == *self.0 && *key.1 == *self.1
+    }
+}
+
+/// The layer's circuits, one per (tool, credential): one mutex-guarded
+/// map (consulted only when a breaker is configured), bounded by
+/// forgetting clean circuits nobody holds.
 #[derive(Debug)]
 pub(super) struct Breakers {
     pub(super) config: CircuitBreaker,
-    map: Mutex<HashMap<Arc<str>, Circuits>>,
+    map: Mutex<Map>,
 }
 
-/// At most this many circuits are tracked. Past it the closed ones nobody
-/// holds are forgotten (a closed circuit's count of failures is all they
-/// lose), and if that leaves more than three quarters, open ones nobody
-/// holds too, down to three quarters: a sweep frees a quarter of the map
-/// at least, so its cost is spread over that many new pairs, and every
-/// pair has a circuit that can open (issue #40: a map full of circuits
-/// that had seen a failure scanned itself on every call and handed new
-/// pairs a circuit that never opened).
+#[derive(Debug)]
+struct Map {
+    circuits: hashbrown::HashMap<PairKey, Arc<Circuit>, std::collections::hash_map::RandomState>,
+    /// The size at which the next new pair sweeps: [`MAX_CIRCUITS`], or
+    /// a quarter above what a sweep could not free, so a sweep (two
+    /// visits of the map at most) comes a quarter of the map after the
+    /// last whatever it freed (issue #59: a full
+    /// map cost every new pair a scan, and every admit a sum over tools).
+    sweep_at: usize,
+    /// Entries the sweeps visited, for the test that bounds them.
+    #[cfg(all(test, not(feature = "loom")))]
+    visited: usize,
+}
+
+/// At most this many circuits are tracked, but for those held by a call
+/// in admission. Past it the closed ones nobody holds are forgotten (a
+/// closed circuit's count of failures is all they lose), and if that
+/// leaves more than three quarters, open ones nobody holds too, down to
+/// three quarters: a sweep frees a quarter of the map at least, so its
+/// cost is spread over that many new pairs, and every pair has a circuit
+/// that can open (issue #40: a map full of circuits that had seen a
+/// failure scanned itself on every call and handed new pairs a circuit
+/// that never opened).
 pub(super) const MAX_CIRCUITS: usize = 16_384;
 
 impl Breakers {
     pub(super) fn new(config: CircuitBreaker) -> Self {
         Self {
             config,
-            map: Mutex::new(HashMap::new()),
+            map: Mutex::new(Map {
+                circuits: hashbrown::HashMap::default(),
+                sweep_at: MAX_CIRCUITS,
+                #[cfg(all(test, not(feature = "loom")))]
+                visited: 0,
+            }),
         }
     }
 
     /// The circuit of (`tool`, `credential`), created closed.
     pub(super) fn circuit(&self, tool: &Arc<str>, credential: &str) -> Arc<Circuit> {
         let mut map = self.map.lock();
-        if let Some(c) = map.get(&**tool).and_then(|t| t.get(credential)) {
+        if let Some(c) = map.circuits.get(&Pair(tool, credential)) {
             return c.clone();
         }
-        let len: usize = map.values().map(HashMap::len).sum();
-        if len >= MAX_CIRCUITS {
-            Self::sweep(&mut map);
+        if map.circuits.len() >= map.sweep_at {
+            map.sweep();
         }
         let circuit = Arc::<Circuit>::default();
-        map.entry(tool.clone())
-            .or_default()
-            .insert(Arc::from(credential), circuit.clone());
+        map.circuits
+            .insert((tool.clone(), Arc::from(credential)), circuit.clone());
         circuit
-    }
-
-    /// Makes room: forgets the closed circuits nobody holds, then, while
-    /// more than three quarters of the map remain, open ones nobody holds.
-    #[cold]
-    fn sweep(map: &mut HashMap<Arc<str>, Circuits>) {
-        let unheld = |c: &Arc<Circuit>| Arc::strong_count(c) == 1;
-        for credentials in map.values_mut() {
-            credentials.retain(|_, c| !(unheld(c) && c.is_closed()));
-        }
-        let mut len: usize = map.values().map(HashMap::len).sum();
-        let target = MAX_CIRCUITS / 4 * 3;
-        for credentials in map.values_mut() {
-            if len <= target {
-                break;
-            }
-            credentials.retain(|_, c| {
-                let forget = len > target && unheld(c);
-                len -= usize::from(forget);
-                !forget
-            });
-        }
-        map.retain(|_, credentials| !credentials.is_empty());
     }
 
     /// Circuits tracked now.
     #[cfg(all(test, not(feature = "loom")))]
     pub(super) fn len(&self) -> usize {
-        self.map.lock().values().map(HashMap::len).sum()
+        self.map.lock().circuits.len()
+    }
+
+    /// Entries visited by sweeps so far.
+    #[cfg(all(test, not(feature = "loom")))]
+    pub(super) fn visited(&self) -> usize {
+        self.map.lock().visited
+    }
+}
+
+impl Map {
+    /// Makes room: forgets the closed circuits nobody holds, then, while
+    /// more than three quarters of the map remain, open ones nobody holds.
+    #[cold]
+    fn sweep(&mut self) {
+        let unheld = |c: &Arc<Circuit>| Arc::strong_count(c) == 1;
+        #[cfg(all(test, not(feature = "loom")))]
+        {
+            self.visited += self.circuits.len();
+        }
+        self.circuits.retain(|_, c| !(unheld(c) && c.is_closed()));
+        let target = MAX_CIRCUITS / 4 * 3;
+        let mut len = self.circuits.len();
+        if len > target {
+            #[cfg(all(test, not(feature = "loom")))]
+            {
+                self.visited += len;
+            }
+            self.circuits.retain(|_, c| {
+                let forget = len > target && unheld(c);
+                len -= usize::from(forget);
+                !forget
+            });
+        }
+        self.sweep_at = MAX_CIRCUITS.max(len + len.max(MAX_CIRCUITS) / 4);
     }
 }
 

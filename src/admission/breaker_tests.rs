@@ -366,3 +366,46 @@ fn below_the_bound_a_closed_circuit_keeps_its_run_of_failures() {
         Admit::Refused { .. }
     ));
 }
+
+/// Issue #59 item 1: past its cap the breaker cost every admit of a new
+/// pair a sum over every tool's map, and a sweep of the whole map that
+/// freed nothing when the circuits were held. Each sweep now visits the
+/// map at most twice and comes a quarter of the map after the last,
+/// whatever it freed: at most 10 entries visited per new pair, amortized.
+#[test]
+fn a_breaker_past_its_circuit_cap_does_not_scan_for_every_new_pair() {
+    let b = Breakers::new(cfg(2));
+    let pairs = 20_000;
+    for i in 0..pairs {
+        // A tool each, failing twice: open, so the first sweep frees
+        // nothing of what it visits.
+        let tool: Arc<str> = Arc::from(format!("t{i}"));
+        for _ in 0..2 {
+            b.circuit(&tool, "k")
+                .record(&b.config, Outcome::Failed, 0, false);
+        }
+    }
+    assert!(b.len() <= MAX_CIRCUITS, "{}", b.len());
+    assert!(
+        b.visited() <= 10 * pairs,
+        "visited {} for {pairs} pairs",
+        b.visited()
+    );
+
+    // Circuits held by calls in admission cannot be forgotten: sweeps
+    // still come a quarter of the map apart.
+    let b = Breakers::new(cfg(2));
+    let tool: Arc<str> = Arc::from("t");
+    let held: Vec<_> = (0..MAX_CIRCUITS)
+        .map(|i| b.circuit(&tool, &i.to_string()))
+        .collect();
+    for i in 0..pairs {
+        drop(b.circuit(&tool, &format!("new{i}")));
+    }
+    assert!(
+        b.visited() <= 10 * pairs,
+        "visited {} for {pairs} pairs",
+        b.visited()
+    );
+    assert_eq!(held.len(), MAX_CIRCUITS);
+}
