@@ -45,9 +45,30 @@ pub(crate) struct Rescales {
     logged: AtomicU64,
     /// The latest changes, oldest first.
     log: Mutex<VecDeque<Rescale>>,
-    /// The calls sleeping towards a cell, woken by the next change (and
-    /// then dropped: each registers again as it sleeps on).
-    wakers: Mutex<Vec<Waker>>,
+    /// The calls sleeping towards a cell, by sleeper, woken by the next
+    /// change (and then dropped: each registers again as it sleeps on).
+    /// A sleep that ends (its timer fired, the layer closed, the call was
+    /// dropped) takes its entry back, so the list holds only calls still
+    /// asleep (issue #59 item 3: finished sleepers' wakers piled up until
+    /// the next change, keeping their tasks alive).
+    wakers: Mutex<Vec<(u64, Waker)>>,
+}
+
+/// Names each sleep on a log, so it can take its waker back.
+static SLEEPERS: AtomicU64 = AtomicU64::new(0);
+
+/// A sleep on some logs: on drop, its wakers leave them.
+struct Asleep<'t, 'r> {
+    turns: &'t mut [(&'r Rescales, Turn)],
+    id: u64,
+}
+
+impl Drop for Asleep<'_, '_> {
+    fn drop(&mut self) {
+        for (log, _) in self.turns.iter() {
+            log.forget(self.id);
+        }
+    }
 }
 
 /// A sleeper's turn on its credential's request quota.
@@ -86,22 +107,39 @@ impl Rescales {
         // After the count: a sleeper registering from here on sees it
         // (`changed` reads it under this lock), one registered before is
         // woken by the caller.
-        core::mem::take(&mut *self.wakers.lock())
+        let wakers = core::mem::take(&mut *self.wakers.lock());
+        wakers.into_iter().map(|(_, w)| w).collect()
     }
 
     /// Whether a change was logged since `turn` last caught up; if not,
-    /// `waker` is woken by the next one.
-    pub(crate) fn changed(&self, turn: &Turn, waker: &Waker) -> bool {
+    /// `waker` is woken by the next one, in place of any waker sleeper
+    /// `id` left before.
+    fn changed(&self, turn: &Turn, id: u64, waker: &Waker) -> bool {
         let mut wakers = self.wakers.lock();
         // Acquire: see `push`. Read under the lock `push` drains under, so
         // a change counted after this read wakes the waker pushed here.
         if self.logged.load(Ordering::Acquire) != turn.seen {
             return true;
         }
-        if !wakers.iter().any(|w| w.will_wake(waker)) {
-            wakers.push(waker.clone());
+        match wakers.iter_mut().find(|(of, _)| *of == id) {
+            Some((_, w)) => w.clone_from(waker),
+            None => wakers.push((id, waker.clone())),
         }
         false
+    }
+
+    /// Sleeper `id`'s sleep ended: its waker, if any, leaves the list.
+    fn forget(&self, id: u64) {
+        let mut wakers = self.wakers.lock();
+        if let Some(i) = wakers.iter().position(|(of, _)| *of == id) {
+            wakers.swap_remove(i);
+        }
+    }
+
+    /// Wakers held now.
+    #[cfg(all(test, not(feature = "loom")))]
+    pub(crate) fn sleepers(&self) -> usize {
+        self.wakers.lock().len()
     }
 
     /// The turn of a cell usable at `ready_at`, reserved under `epoch`.
@@ -166,6 +204,9 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
     ) -> Slept {
         let inner = &*self.inner;
         let mut ready_at = planned;
+        // Relaxed: a name, unique by the atomic add alone.
+        let id = SLEEPERS.fetch_add(1, Ordering::Relaxed);
+        let mut asleep = Asleep { turns, id };
         loop {
             let now = inner.clock.now_nanos();
             if now >= ready_at {
@@ -183,9 +224,10 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
                     return Poll::Ready(None);
                 }
                 // Each log not changed keeps the waker for its next change.
-                if turns
+                if asleep
+                    .turns
                     .iter()
-                    .any(|(log, turn)| log.changed(turn, cx.waker()))
+                    .any(|(log, turn)| log.changed(turn, id, cx.waker()))
                 {
                     return Poll::Ready(Some(false));
                 }
@@ -198,7 +240,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
                 Some(false) => {}
             }
             ready_at = others_at;
-            for (log, turn) in turns.iter_mut() {
+            for (log, turn) in asleep.turns.iter_mut() {
                 log.catch_up(turn);
                 ready_at = ready_at.max(turn.ready_at);
             }
@@ -225,6 +267,68 @@ mod tests {
             new_period: new_ms * MS,
             epoch,
         }
+    }
+
+    /// Issue #59 item 3: a call whose sleep ended (its timer fired, or it
+    /// was dropped) left its waker in the log until the next change,
+    /// which for a quiet credential never comes.
+    #[test]
+    fn no_waker_of_a_finished_or_cancelled_sleeper_stays_in_the_log() {
+        use crate::admission::{Admission, CallSpec};
+        use crate::clock::ManualClock;
+        use core::future::Future;
+        use core::task::Context;
+
+        let clock = ManualClock::new();
+        // A learned credential: 10/s to start, one call at once.
+        let admission = Admission::builder()
+            .clock(clock.clone())
+            .sleeper(clock.clone())
+            .build();
+        let spec = CallSpec::new("search", "k").deadline(Duration::from_secs(60));
+        // A waker of its own per call (one waker would be registered once
+        // whatever the bug).
+        struct Own;
+        impl futures::task::ArcWake for Own {
+            fn wake_by_ref(_: &std::sync::Arc<Self>) {}
+        }
+        let waker = || futures::task::waker(std::sync::Arc::new(Own));
+        let log = |a: &Admission<ManualClock, ManualClock>| {
+            a.inner.rates.credential("k", 0).rescales.sleepers()
+        };
+        let mut first = Box::pin(admission.admit(&spec));
+        let Poll::Ready(Ok(first)) = first.as_mut().poll(&mut Context::from_waker(&waker())) else {
+            panic!("the first call is admitted at once");
+        };
+        drop(first);
+
+        // Three calls asleep towards their cells (within the default
+        // slots), then dropped.
+        let mut asleep: Vec<_> = (0..3).map(|_| Box::pin(admission.admit(&spec))).collect();
+        for call in &mut asleep {
+            assert!(call
+                .as_mut()
+                .poll(&mut Context::from_waker(&waker()))
+                .is_pending());
+        }
+        assert_eq!(log(&admission), 3);
+        drop(asleep);
+        assert_eq!(log(&admission), 0, "cancelled sleepers keep their wakers");
+
+        // One asleep until its timer fires, polled twice on the way.
+        let mut call = Box::pin(admission.admit(&spec));
+        let own = waker();
+        let mut cx = Context::from_waker(&own);
+        assert!(call.as_mut().poll(&mut cx).is_pending());
+        assert!(call.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(log(&admission), 1, "a sleeper polled again registers once");
+        clock.advance(Duration::from_secs(10));
+        assert!(matches!(call.as_mut().poll(&mut cx), Poll::Ready(Ok(_))));
+        assert_eq!(
+            log(&admission),
+            0,
+            "a sleeper whose timer fired keeps its waker"
+        );
     }
 
     #[test]
