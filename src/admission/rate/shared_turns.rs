@@ -123,26 +123,68 @@ impl Watch {
 
 /// The [`Watch`]es of every credential's shared quotas, by credential and
 /// quota name (not by limiter: a resolver may build a new one per call).
+///
+/// A watch nobody holds (no call sleeps on its quota) is forgotten once
+/// the map is full: it loses the period last seen, so the next round
+/// trip's is taken as the first, which moves no turn, and no turn is
+/// left to move (issue #59 item 4: a watch was kept for every credential
+/// ever shared, about 450 B each, long after the credential was evicted).
 #[derive(Default)]
-pub(crate) struct Watches(Mutex<HashMap<String, Named>>);
+pub(crate) struct Watches(Mutex<Watched>);
+
+#[derive(Default)]
+struct Watched {
+    by_credential: HashMap<String, Named>,
+    /// The count of credentials at which a new one sweeps: [`MAX_WATCHED`]
+    /// (0 before the first), or a quarter above what the last sweep
+    /// could not forget, so sweeps stay a quarter of the map apart.
+    sweep_at: usize,
+}
 
 /// One credential's watches, by quota name (a credential has a few).
 type Named = Vec<(String, Arc<Watch>)>;
+
+/// Credentials watched before the ones nobody sleeps on are forgotten:
+/// as many as the learned credentials kept (`MAX_LEARNED`).
+const MAX_WATCHED: usize = super::learned::MAX_LEARNED;
 
 impl Watches {
     /// `credential`'s quota `name`'s watch.
     pub(crate) fn of(&self, credential: &str, name: &str) -> Arc<Watch> {
         let mut all = self.0.lock();
-        if let Some(quotas) = all.get(credential)
+        if let Some(quotas) = all.by_credential.get(credential)
             && let Some((_, watch)) = quotas.iter().find(|(n, _)| n == name)
         {
             return watch.clone();
         }
+        if all.by_credential.len() >= all.sweep_at.max(MAX_WATCHED) {
+            all.sweep();
+        }
         let watch = Arc::new(Watch::default());
-        all.entry(credential.to_owned())
+        all.by_credential
+            .entry(credential.to_owned())
             .or_default()
             .push((name.to_owned(), watch.clone()));
         watch
+    }
+
+    /// Credentials watched now.
+    #[cfg(all(test, not(feature = "loom")))]
+    pub(crate) fn len(&self) -> usize {
+        self.0.lock().by_credential.len()
+    }
+}
+
+impl Watched {
+    /// Forgets the watches nobody holds, and the credentials left with none.
+    #[cold]
+    fn sweep(&mut self) {
+        self.by_credential.retain(|_, quotas| {
+            quotas.retain(|(_, watch)| Arc::strong_count(watch) > 1);
+            !quotas.is_empty()
+        });
+        let len = self.by_credential.len();
+        self.sweep_at = MAX_WATCHED.max(len + len.max(MAX_WATCHED) / 4);
     }
 }
 
@@ -205,5 +247,19 @@ mod tests {
         assert!(Arc::ptr_eq(&a, &watches.of("key", "requests")));
         assert!(!Arc::ptr_eq(&a, &watches.of("key", "tokens")));
         assert!(!Arc::ptr_eq(&a, &watches.of("other", "requests")));
+    }
+
+    /// Issue #59 item 4: a watch was kept for every credential ever
+    /// shared, so memory grew with credentials long gone.
+    #[test]
+    fn watches_of_credentials_nobody_uses_are_forgotten() {
+        let watches = Watches::default();
+        let held = watches.of("busy", "requests");
+        for i in 0..20_000 {
+            drop(watches.of(&format!("key{i}"), "requests"));
+        }
+        assert!(watches.len() <= MAX_WATCHED, "{}", watches.len());
+        // The watch a call sleeps on is kept, and found again.
+        assert!(Arc::ptr_eq(&held, &watches.of("busy", "requests")));
     }
 }
