@@ -17,7 +17,7 @@ use super::breaker::{Breakers, CircuitBreaker};
 use super::budget::RunBudget;
 use super::pools::{Pool, SlotPolicy};
 use super::rate::learned::Learned;
-use super::rate::shared::{Shared, SharedLimiter, SharedResolver};
+use super::rate::shared::{Shared, SharedLimiter, SharedResolver, Unresolved};
 use super::rate::Provider;
 use super::rate::{Rates, Resource};
 use super::slots::Slots;
@@ -836,8 +836,10 @@ impl<S, C> Builder<S, C> {
     /// for a fleet's per-tenant keys: with the `redis` feature, `resolve`
     /// is a `RedisScoped`'s `bucket(key)` under a key of its own for the
     /// quota. It is called on every admit, settle and observe of such a
-    /// credential, so it should be a lookup, not a connection. A second
-    /// call for the same `name` replaces the first.
+    /// credential, so it should be a lookup, not a connection, returning
+    /// the same limiter each time (see [`shared_quotas`](Self::shared_quotas)
+    /// for what happens otherwise). A second call for the same `name`
+    /// replaces the first.
     ///
     /// Declares `name` for the other credentials with no limit if
     /// [`resource`](Self::resource) did not.
@@ -895,7 +897,12 @@ impl<S, C> Builder<S, C> {
     /// bucket, as without this). A fleet's per-tenant quotas need no builder
     /// call per key: with the `redis` feature, `resolve` is a `RedisScoped`'s
     /// `bucket(key)`. It is called on every admit and observe of such a
-    /// credential, so it should be a lookup, not a connection.
+    /// credential, so it should be a lookup, not a connection, and it
+    /// must return the same limiter for a credential each time: one it
+    /// keeps nowhere (a fresh bucket per call, which would start full
+    /// every time) is refused, as is a resolver that panics, with
+    /// [`Status::Unavailable`](crate::Status::Unavailable) and the reason
+    /// for that credential's calls only.
     ///
     /// # Examples
     ///
@@ -1069,11 +1076,27 @@ fn clamp_share(share: f64) -> f64 {
 }
 
 /// A resolver of shared limiters of one type, as the layer keeps them.
+///
+/// A resolver that panics, or returns a limiter it keeps nowhere (a
+/// fresh bucket per call starts full each time, so it limits nothing),
+/// gives that credential an [`Unresolved`] limiter, which refuses its
+/// calls and says why: the fault stays with the credential's calls,
+/// and is never a silent pass (issue #59 item 5: one panicking resolver
+/// made `stats()` panic for everyone, and a fresh bucket per call let
+/// 100 of 100 calls through a 1/s quota).
 fn erased<L: RateLimiter + 'static>(
     resolve: impl Fn(&str) -> Option<Arc<L>> + Send + Sync + 'static,
 ) -> Box<SharedResolver> {
     Box::new(move |credential: &str| -> Option<Arc<dyn SharedLimiter>> {
-        resolve(credential).map(|l| l as Arc<dyn SharedLimiter>)
+        // The resolver is called again by the credential's next call:
+        // whatever its panic left, it is the resolver's to see again.
+        let resolved =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| resolve(credential)));
+        match resolved {
+            Err(_) => Some(Arc::new(Unresolved::Panicked)),
+            Ok(Some(l)) if Arc::strong_count(&l) == 1 => Some(Arc::new(Unresolved::Fresh)),
+            Ok(l) => l.map(|l| l as Arc<dyn SharedLimiter>),
+        }
     })
 }
 

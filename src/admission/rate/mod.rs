@@ -321,6 +321,14 @@ where
         let shared = inner.rates.shared.get(&spec.credential);
         // The weighted quotas this credential keeps in a shared limiter.
         let shared_costs = inner.rates.shared.resources_of(&spec.credential);
+        if let Some(why) = shared
+            .iter()
+            .chain(shared_costs.iter().map(|(_, l)| l))
+            .find_map(|l| l.unresolved())
+        {
+            return Err(Throttled::new(Status::Unavailable, API_KEY, why)
+                .with_retry_after(shared::UNRESOLVED_RETRY));
+        }
         let mut reserved = Reserved::new(self, &spec.credential, scope_key.as_ref());
         loop {
             // Queued settles first: the cells they give back may be the

@@ -206,7 +206,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         let mut ready_at = planned;
         // Relaxed: a name, unique by the atomic add alone.
         let id = SLEEPERS.fetch_add(1, Ordering::Relaxed);
-        let mut asleep = Asleep { turns, id };
+        let asleep = Asleep { turns, id };
         loop {
             let now = inner.clock.now_nanos();
             if now >= ready_at {

@@ -57,7 +57,68 @@ pub(crate) trait SharedLimiter: Send + Sync {
 
     /// Stores `quota` for every process (a limit the server stated).
     fn adopt(&self, quota: Quota) -> SharedFuture<'_, ()>;
+
+    /// Why a resolver gave no limiter a call may use (see [`Unresolved`]).
+    fn unresolved(&self) -> Option<&'static str> {
+        None
+    }
 }
+
+/// What a resolver gave that no call may be admitted through: the
+/// credential's calls are refused, and told why.
+#[derive(Debug)]
+pub(crate) enum Unresolved {
+    /// The resolver panicked.
+    Panicked,
+    /// The resolver returned a limiter it keeps nowhere.
+    Fresh,
+}
+
+impl SharedLimiter for Unresolved {
+    fn reserve_n(
+        &self,
+        _: u32,
+        _: Duration,
+        _: Duration,
+    ) -> SharedFuture<'_, Result<Duration, ReserveError>> {
+        Box::pin(core::future::ready(Err(ReserveError::Unavailable {
+            retry_after: UNRESOLVED_RETRY,
+        })))
+    }
+
+    fn penalize_all(&self, _: Duration) -> SharedFuture<'_, ()> {
+        Box::pin(core::future::ready(()))
+    }
+
+    fn settle(&self, _: i64) -> SharedFuture<'_, ()> {
+        Box::pin(core::future::ready(()))
+    }
+
+    fn quota_in_force(&self) -> Option<Quota> {
+        None
+    }
+
+    fn adopt(&self, _: Quota) -> SharedFuture<'_, ()> {
+        Box::pin(core::future::ready(()))
+    }
+
+    fn unresolved(&self) -> Option<&'static str> {
+        Some(match self {
+            Unresolved::Panicked => {
+                "the resolver of this credential's shared quota panicked; nothing is sent \
+                 until it returns a limiter"
+            }
+            Unresolved::Fresh => {
+                "the resolver of this credential's shared quota returned a limiter it keeps \
+                 nowhere (a fresh one starts full on every call and limits nothing); return \
+                 the same limiter for a credential each time"
+            }
+        })
+    }
+}
+
+/// When a call refused for an [`Unresolved`] limiter is told to come back.
+pub(crate) const UNRESOLVED_RETRY: Duration = Duration::from_secs(1);
 
 impl<L: RateLimiter> SharedLimiter for L {
     fn reserve_n(
