@@ -194,7 +194,9 @@ impl<S, C> Builder<S, C> {
         }
     }
 
-    /// At most `n` calls in flight across all tools (0 is taken as 1).
+    /// At most `n` calls in flight across all tools (0 is taken as 1,
+    /// and more than [`Semaphore::MAX_PERMITS`](crate::Semaphore::MAX_PERMITS)
+    /// as that many).
     ///
     /// # Examples
     ///
@@ -208,7 +210,8 @@ impl<S, C> Builder<S, C> {
         self
     }
 
-    /// Concurrency cap and policy for tools not configured by name.
+    /// Concurrency cap (clamped as in [`global_concurrency`](Self::global_concurrency))
+    /// and policy for tools not configured by name.
     ///
     /// # Examples
     ///
@@ -223,7 +226,8 @@ impl<S, C> Builder<S, C> {
         self
     }
 
-    /// Concurrency cap (0 is taken as 1) and slot policy of one tool.
+    /// Concurrency cap (clamped as in [`global_concurrency`](Self::global_concurrency))
+    /// and slot policy of one tool.
     ///
     /// # Examples
     ///

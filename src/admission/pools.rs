@@ -90,7 +90,11 @@ impl Drop for Waiting<'_> {
 }
 
 impl Pool {
+    /// A pool of `cap` slots, clamped to `1..=Semaphore::MAX_PERMITS`
+    /// (issue #59 item 6: `global_concurrency(usize::MAX)` panicked in
+    /// `build`).
     pub(crate) fn new(cap: usize, expected_hold: Duration) -> Self {
+        let cap = cap.clamp(1, Semaphore::MAX_PERMITS);
         Self {
             sem: Arc::new(Semaphore::new(cap)),
             cap,

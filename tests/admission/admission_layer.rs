@@ -1434,3 +1434,28 @@ fn a_deadline_zero_trial_is_out_a_tenth_of_the_cool_down_on_a_late_clock() {
         drop(trial);
     });
 }
+
+/// Issue #59 item 6: `global_concurrency(usize::MAX)` (and a tool cap of
+/// `usize::MAX`) panicked in `build`. Clamped to the semaphore's most,
+/// it admits as many calls as asked.
+#[test]
+fn no_panic_building_a_layer_with_usize_max_slots() {
+    use backpressure::admission::SlotPolicy;
+    let admission = Admission::builder()
+        .global_concurrency(usize::MAX)
+        .tool("search", usize::MAX, SlotPolicy::FailFast)
+        .default_tool(usize::MAX, SlotPolicy::FailFast)
+        .fixed_rates()
+        .default_quota(Quota::per_second(std::num::NonZeroU32::new(1_000).unwrap()))
+        .build();
+    futures::executor::block_on(async {
+        let mut held = Vec::new();
+        for tool in ["search", "other"] {
+            for _ in 0..50 {
+                held.push(admission.admit(&CallSpec::new(tool, "key")).await.unwrap());
+            }
+        }
+        assert_eq!(held.len(), 100);
+        assert_eq!(admission.stats().in_flight, 100);
+    });
+}

@@ -141,6 +141,30 @@ fn a_long_retry_after_is_surfaced_not_slept() {
     assert_eq!(script.sent.load(Ordering::SeqCst), 1, "no second request");
 }
 
+/// Issue #59 item 6: `Retry-After: 99999999999` told the caller that got
+/// it 4,294,967,295 s, while the layer holds the key 300 s at most and
+/// told every later caller 5 min. Each is told when it would be admitted.
+#[test]
+fn no_caller_is_told_a_wait_past_the_layers_cap_on_holds() {
+    let script = Script::new(vec![(429, vec![("retry-after", "99999999999".into())])]);
+    let admission = Admission::builder().build();
+    let runner: Runner<String> = Runner::new(admission.clone(), Duration::ZERO);
+    let results =
+        rt().block_on(runner.execute(vec![script.call(CallSpec::new("search", "k"), None)]));
+    let first = results[0].throttled().expect("surfaced");
+    assert_eq!(first.status, Status::QuotaExhausted, "{first}");
+    let told = first.retry_after_ms.unwrap();
+    assert!((299_000..=300_000).contains(&told), "told {told} ms");
+    let later =
+        futures::executor::block_on(admission.admit(&CallSpec::new("search", "k"))).unwrap_err();
+    assert_eq!(later.status, first.status);
+    assert!(
+        later.retry_after_ms.unwrap() <= told,
+        "{later} after {first}"
+    );
+    assert_eq!(script.sent.load(Ordering::SeqCst), 1);
+}
+
 #[test]
 fn transient_failures_retry_within_the_deadline_then_fail() {
     // Three 503s, backoff 300 ms fixed, deadline 500 ms: the first retry fits,

@@ -239,7 +239,8 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
                 Decision::Readmit { after } => {
                     if !resend {
                         let status = status.unwrap_or(429);
-                        return Ended::Throttled(cannot_resend(status, &hint, after, sent, why));
+                        let refused = cannot_resend(status, &hint, after, sent, why);
+                        return Ended::Throttled(self.told_within_cap(refused, &spec.credential));
                     }
                     readmit = after;
                     last = Some((result, true));
@@ -266,7 +267,10 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
                 }
                 // The server's capacity, not retried: a rate limit, never
                 // a plain 429 or a failure.
-                Decision::Surface(t) => return Ended::Throttled(t.with_attempts(sent)),
+                Decision::Surface(t) => {
+                    let refused = self.told_within_cap(t.with_attempts(sent), &spec.credential);
+                    return Ended::Throttled(refused);
+                }
                 // A fault the policy would not retry now: the fault
                 // stands, with the policy's reason.
                 Decision::NotRetried(t) => {

@@ -100,17 +100,7 @@ where
         let told = self.held_until(credential, None).saturating_sub(now);
         match e.retry_after() {
             Some(after) if told > saturating_nanos(inner.rates.max_retry_after) => {
-                return Throttled::new(
-                    Status::QuotaExhausted,
-                    scope,
-                    format!(
-                        "the server said the limit resets in {}, longer than any retry is worth; \
-                         this layer asks it again in {}; tell the operator",
-                        Human(Duration::from_nanos(told)),
-                        Human(after)
-                    ),
-                )
-                .with_retry_after(after);
+                return past_cap(scope, Duration::from_nanos(told), after);
             }
             _ => {}
         }
@@ -161,6 +151,29 @@ where
     /// The end of the latest server hold that covers `credential`'s calls
     /// (its own, its weighted quotas', its shared quota's as last observed
     /// here, and the server scope `scope` it falls under).
+    /// What the caller whose answer asked for a wait past the layer's
+    /// cap on holds (`max_retry_after`) is told: when it would be
+    /// admitted, the capped hold, as every later caller is, not the
+    /// server's word (issue #59 item 6: `Retry-After: 99999999999` told
+    /// the first caller 4,294,967,295 s and the next ones 5 min).
+    pub(in crate::admission) fn told_within_cap(
+        &self,
+        refused: Throttled,
+        credential: &str,
+    ) -> Throttled {
+        let cap = self.inner.rates.max_retry_after;
+        match refused.retry_after_ms {
+            Some(ms) if Duration::from_millis(ms) > cap => {
+                let now = self.inner.clock.now_nanos();
+                let held = self.held_until(credential, None).saturating_sub(now);
+                let after = Duration::from_nanos(held).min(cap);
+                past_cap(refused.scope, Duration::from_millis(ms), after)
+                    .with_attempts(refused.attempts)
+            }
+            _ => refused,
+        }
+    }
+
     pub(super) fn held_until(&self, credential: &str, scope: Option<&(String, String)>) -> u64 {
         let inner = &*self.inner;
         let key = credential.to_string();
@@ -182,4 +195,21 @@ where
             .unwrap_or(0);
         own.max(resources).max(scoped).max(shared)
     }
+}
+
+/// A limit whose reset (`resets`, the server's word) is past the layer's
+/// cap on holds: the layer asks the server again `after`.
+#[cold]
+fn past_cap(scope: impl Into<String>, resets: Duration, after: Duration) -> Throttled {
+    Throttled::new(
+        Status::QuotaExhausted,
+        scope,
+        format!(
+            "the server said the limit resets in {}, longer than any retry is worth; \
+             this layer asks it again in {}; tell the operator",
+            Human(resets),
+            Human(after)
+        ),
+    )
+    .with_retry_after(after)
 }
