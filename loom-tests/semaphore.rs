@@ -8,8 +8,10 @@
 //! (with the word loaded, and with a permit's guess), guessed releases
 //! racing each other, more wakes than one batch (`WAKE_BATCH` is 2 under loom), and
 //! concurrent `add_permits` near `MAX_PERMITS` (lock-free and through the
-//! wait list), and a close after a waiter was handed its permits (the
-//! closed hint that lets that waiter skip the state word).
+//! wait list), a close after a waiter was handed its permits (the
+//! closed hint that lets that waiter skip the state word), a thread told
+//! "closed" by `try_acquire` then polling such a waiter, and the
+//! thread's `try_acquire` hint gone stale.
 //!
 //! Every model ends by checking conservation: with every future and permit
 //! dropped, `available_permits` equals what was issued.
@@ -203,6 +205,62 @@ fn close_after_the_hand_off_fails_the_waiter() {
         t.join().unwrap();
         drop(second);
         assert_eq!(sem.available_permits(), 1);
+    });
+}
+
+/// Issue #59 item 2: a thread whose `try_acquire` saw the semaphore
+/// closed then polls a waiter that was handed its permit before the
+/// close. `try_acquire` reads the word Relaxed and the waiter reads the
+/// closed hint Relaxed: without an Acquire fence on the closed path, the
+/// hint may still read clear, the waiter skips the word, and the thread
+/// is told "closed" and then `Ok`.
+#[test]
+fn a_closed_try_acquire_then_a_handed_off_waiter() {
+    model(|| {
+        // A std `Arc`: the owned acquire takes one.
+        let sem = std::sync::Arc::new(Semaphore::new(1));
+        sem.try_acquire().unwrap().forget();
+        let (_, w) = counter();
+        let mut waiter = Box::pin(sem.clone().acquire_owned());
+        assert!(poll(waiter.as_mut(), &w).is_pending());
+        let s = sem.clone();
+        let t = thread::spawn(move || {
+            let saw_closed = matches!(s.try_acquire(), Err(crate::TryAcquireError::Closed));
+            let polled = poll(waiter.as_mut(), &w);
+            if saw_closed {
+                assert!(
+                    matches!(polled, Poll::Ready(Err(_))),
+                    "told closed, then Ok"
+                );
+            }
+        });
+        sem.add_permits(1);
+        sem.close();
+        t.join().unwrap();
+        assert_eq!(sem.available_permits(), 1);
+    });
+}
+
+/// The thread's `try_acquire` hint (the word it last left the state in)
+/// goes stale when another thread moves the word: it is only where the
+/// CAS starts. Here this thread's hint says "none left" while the other
+/// thread gives both permits back: a hint believed without a CAS would
+/// refuse a permit that is there.
+#[test]
+fn a_stale_try_acquire_hint_is_only_a_first_guess() {
+    model(|| {
+        // A std `Arc`: the owned permits take one.
+        let sem = std::sync::Arc::new(Semaphore::new(2));
+        // This thread's hint: 0 left.
+        let both = sem.clone().try_acquire_many_owned(2).unwrap();
+        let t = thread::spawn(move || drop(both));
+        let racing = sem.try_acquire();
+        t.join().unwrap();
+        // Two permits back, `racing` holds one at most.
+        let after = sem.try_acquire();
+        assert!(after.is_ok(), "a permit was there: {after:?}");
+        drop((racing, after));
+        assert_eq!(sem.available_permits(), 2);
     });
 }
 

@@ -95,7 +95,7 @@ use core::pin::Pin;
 use core::ptr::NonNull;
 use core::task::{Context, Poll};
 
-use crate::sync::{AtomicBool, AtomicUsize, Backoff, ListGuard, ListLock, Ordering};
+use crate::sync::{fence, AtomicBool, AtomicUsize, Backoff, ListGuard, ListLock, Ordering};
 use crate::wait_list::{Panic, WaitList, WaitNode, WakeBatch};
 
 use super::{AcquireError, TryAcquireError};
@@ -294,7 +294,7 @@ impl RawSemaphore {
         let backoff = Backoff::new();
         loop {
             if curr & CLOSED == CLOSED {
-                return Err(TryAcquireError::Closed);
+                return Err(closed_seen());
             }
             // Invariant 1: with waiters queued the count is 0, so a non-zero
             // request fails here and cannot overtake them.
@@ -557,7 +557,10 @@ impl RawSemaphore {
         // Relaxed: a waiter that must see it is one whose poll this call
         // happens-before, and coherence alone then shows it the store
         // (see `ANY_CLOSED`); the state word's CLOSED bit carries the
-        // ordering, as before.
+        // ordering, as before. Every path that reports "closed" has
+        // that happens-before: `is_closed` loads Acquire, `enqueue` reads
+        // CLOSED under the lock it is set under, and `try_acquire`'s
+        // Relaxed read is followed by an Acquire fence (`closed_seen`).
         self.closed_hint().store(true, Ordering::Relaxed);
         let mut guard = self.waiters.lock();
         // Set under the lock so that no waiter queues after the drain below
@@ -659,6 +662,21 @@ pub(crate) fn assert_max(n: usize) {
 #[inline]
 fn is_terminal(node_state: usize) -> bool {
     node_state == 0 || node_state & NODE_CLOSED == NODE_CLOSED
+}
+
+/// A `try_acquire` read CLOSED with a Relaxed load: the Acquire fence
+/// makes the close happen-before what this thread does next, so a
+/// waiter it polls then sees the closed hint (`close` stores it before
+/// its Release `fetch_or`, which this load read) and fails, as
+/// `try_acquire` said. Without it a thread could be told "closed" and
+/// then `Ok` by a waiter handed its permits before the close (issue
+/// #59 item 2; the model is `a_closed_try_acquire_then_a_handed_off_waiter`
+/// in `loom-tests/semaphore.rs`). Only the cold path pays.
+#[cold]
+fn closed_seen() -> TryAcquireError {
+    // Acquire: pairs with the Release `fetch_or(CLOSED)` in `close`.
+    fence(Ordering::Acquire);
+    TryAcquireError::Closed
 }
 
 mod hint;

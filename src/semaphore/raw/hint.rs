@@ -7,47 +7,38 @@
 //! finds a stale word, which costs a failed compare-and-swap. Neither is
 //! unsound: the word is only ever a CAS's expected value.
 //!
-//! Under loom the hint is never given (the acquire loads, as it would on
-//! a miss): a thread-local that outlives one model's run would make the
-//! next run's branches depend on the last one's.
+//! Under loom the slot is `loom::thread_local!`, which starts empty in
+//! every execution of a model, so the models run the hinted CAS too
+//! (issue #59 item 2: the hint returned `None` there, and no model
+//! covered it).
+
+use core::cell::Cell;
 
 #[cfg(not(all(test, feature = "loom")))]
-mod imp {
-    use core::cell::Cell;
-
-    std::thread_local! {
-        /// `(semaphore address, word)`; address 0 is no hint.
-        static LAST: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
-    }
-
-    /// The word this thread last left the semaphore at `sem` in, if it
-    /// was this one.
-    #[inline]
-    pub(crate) fn get(sem: usize) -> Option<usize> {
-        // `try_with`: never fails for a const-initialised slot without a
-        // destructor, but a hint is not worth a panic if it ever does.
-        match LAST.try_with(Cell::get) {
-            Ok((at, word)) if at == sem => Some(word),
-            _ => None,
-        }
-    }
-
-    /// Records that this thread left the semaphore at `sem` in `word`.
-    #[inline]
-    pub(crate) fn set(sem: usize, word: usize) {
-        let _ = LAST.try_with(|last| last.set((sem, word)));
-    }
+std::thread_local! {
+    /// `(semaphore address, word)`; address 0 is no hint.
+    static LAST: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
 }
 
 #[cfg(all(test, feature = "loom"))]
-mod imp {
-    #[inline]
-    pub(crate) fn get(_sem: usize) -> Option<usize> {
-        None
-    }
-
-    #[inline]
-    pub(crate) fn set(_sem: usize, _word: usize) {}
+loom::thread_local! {
+    static LAST: Cell<(usize, usize)> = Cell::new((0, 0));
 }
 
-pub(super) use imp::{get, set};
+/// The word this thread last left the semaphore at `sem` in, if it was
+/// this one.
+#[inline]
+pub(super) fn get(sem: usize) -> Option<usize> {
+    // `try_with`: never fails for a const-initialised slot without a
+    // destructor, but a hint is not worth a panic if it ever does.
+    match LAST.try_with(Cell::get) {
+        Ok((at, word)) if at == sem => Some(word),
+        _ => None,
+    }
+}
+
+/// Records that this thread left the semaphore at `sem` in `word`.
+#[inline]
+pub(super) fn set(sem: usize, word: usize) {
+    let _ = LAST.try_with(|last| last.set((sem, word)));
+}

@@ -48,6 +48,8 @@ impl RawSemaphore {
         // with Acquire.
         let mut curr = self.state.load(Ordering::Relaxed);
         loop {
+            // CLOSED is set under this lock: read here, the close
+            // happens-before this thread's next steps (see `close`).
             if curr & CLOSED == CLOSED {
                 drop(guard);
                 waiter.phase = Phase::Done;
