@@ -18,6 +18,19 @@
 //! node, the releaser unlinks it). `BENCHMARKS.md` has the hand-off rows
 //! measured before and after.
 //!
+//! # Eventual fairness
+//!
+//! An unlock that wakes a thread parked for [`FAIR_AFTER`] or longer
+//! (since it first parked for this lock) hands the lock to it: `LOCKED`
+//! stays set and the woken thread returns owning it, so a thread cannot
+//! lose the lock to newcomers for ever (issue #59 item 6: under
+//! oversubscription a parked thread kept losing it, and the worst
+//! operation reached 7.7-11.5 ms against futures-intrusive's 2-3 ms,
+//! whose `parking_lot` 0.12 mutex hands off about every 0.5 ms; 0.13
+//! dropped that). Other unlocks let the woken thread race for it, which
+//! keeps a lock that changes hands often from convoying. The age rides
+//! in the park token, so the lock keeps no clock of its own.
+//!
 //! # Why not `parking_lot::Mutex`
 //!
 //! It is the same protocol (`LOCKED` and `PARKED` bits, parking on
@@ -39,6 +52,9 @@ const LOCKED: u8 = 1;
 /// A thread is parked, or about to park, waiting for the lock: the unlock
 /// must wake one.
 const PARKED: u8 = 2;
+
+/// How long a parked thread waits before an unlock hands it the lock.
+const FAIR_AFTER: core::time::Duration = core::time::Duration::from_micros(500);
 
 /// A lock that spins briefly, then parks. No poisoning: nothing that runs
 /// under it can panic half-way through a change.
@@ -105,6 +121,9 @@ impl<T> ListLock<T> {
     #[inline(never)]
     fn lock_slow(&self) {
         let mut backoff = SpinWait::new();
+        // When this thread first parked for the lock (see "Eventual
+        // fairness"); read from the clock only once it parks.
+        let mut since = None;
         // Relaxed (all loads and failed CASes here): a guess at the state;
         // only the Acquire CAS that takes the lock synchronizes.
         let mut state = self.state.load(Ordering::Relaxed);
@@ -148,24 +167,46 @@ impl<T> ListLock<T> {
             // Sleeps only if, under the table's lock, the lock is still
             // held with `PARKED` set: the unlock that clears it takes the
             // table's lock too, so it finds this thread queued and wakes it.
-            self.park(|| self.state.load(Ordering::Relaxed) == LOCKED | PARKED);
+            let since = *since.get_or_insert_with(lot::now);
+            if self.park(since, || {
+                self.state.load(Ordering::Relaxed) == LOCKED | PARKED
+            }) {
+                // Handed the lock by the unlock that woke us: it is ours,
+                // and the unlock's writes happen-before this return (the
+                // parking table's lock orders them, as for `parking_lot`'s
+                // fair unlock).
+                return;
+            }
             backoff = SpinWait::new();
             state = self.state.load(Ordering::Relaxed);
         }
     }
 
     /// Unlocks a lock some thread parked on: wakes one, and leaves
-    /// `PARKED` set if others still sleep.
+    /// `PARKED` set if others still sleep. A thread parked for
+    /// [`FAIR_AFTER`] is handed the lock (see "Eventual fairness").
     #[cold]
     #[inline(never)]
     fn unlock_slow(&self) {
-        self.unpark_one(|more| {
+        self.unpark_one(|woken, more| {
+            // Nothing else changes the state meanwhile: `LOCKED` is set,
+            // so no lock takes it, and `PARKED` is set, so no thread sets
+            // it again.
+            if woken == Woken::Due {
+                // Still `LOCKED`: the woken thread owns it. Relaxed: the
+                // parking table's lock orders this thread's writes before
+                // the woken one's return, and every other thread takes
+                // the lock only after that one's Release unlock.
+                if !more {
+                    self.state.store(LOCKED, Ordering::Relaxed);
+                }
+                return true;
+            }
             // Release: pairs with the Acquire CAS of the next lock, which
-            // sees every write made under the guard. Nothing else changes
-            // the state meanwhile: `LOCKED` is set, so no lock takes it,
-            // and `PARKED` is set, so no thread sets it again.
+            // sees every write made under the guard.
             self.state
                 .store(if more { PARKED } else { 0 }, Ordering::Release);
+            false
         });
     }
 
@@ -176,45 +217,85 @@ impl<T> ListLock<T> {
         core::ptr::from_ref(&self.state) as usize
     }
 
+    /// Parks this thread (parked since `since`, see [`lot::now`]) while
+    /// `validate` holds; returns whether it was handed the lock.
     #[cfg(not(all(test, feature = "loom")))]
-    fn park(&self, validate: impl FnOnce() -> bool) {
+    fn park(&self, since: usize, validate: impl FnOnce() -> bool) -> bool {
         // SAFETY: the key is this lock's own address (see `key`), and
         // `validate` (an atomic load and a compare) neither unwinds nor
         // calls into `parking_lot`.
-        unsafe {
+        let result = unsafe {
             parking_lot_core::park(
                 self.key(),
                 validate,
                 || {},
                 |_, _| {},
-                parking_lot_core::DEFAULT_PARK_TOKEN,
+                parking_lot_core::ParkToken(since),
                 None,
+            )
+        };
+        result == parking_lot_core::ParkResult::Unparked(HANDOFF)
+    }
+
+    /// Wakes the first parked thread; `callback` (told whether it is due
+    /// the lock and whether others still sleep) returns whether it is
+    /// handed the lock.
+    #[cfg(not(all(test, feature = "loom")))]
+    fn unpark_one(&self, callback: impl FnOnce(Woken, bool) -> bool) {
+        use parking_lot_core::FilterOp;
+        let now = lot::now();
+        let woken = core::cell::Cell::new(None);
+        // SAFETY: the key is this lock's own address; neither the filter
+        // (a compare) nor `callback` (an atomic store) unwinds or calls
+        // into `parking_lot`.
+        unsafe {
+            parking_lot_core::unpark_filter(
+                self.key(),
+                |parked| {
+                    if woken.get().is_some() {
+                        return FilterOp::Stop;
+                    }
+                    woken.set(Some(lot::due(now, parked.0)));
+                    FilterOp::Unpark
+                },
+                |result| {
+                    let woken = match woken.get() {
+                        Some(w) if result.unparked_threads != 0 => w,
+                        _ => Woken::None,
+                    };
+                    if callback(woken, result.have_more_threads) {
+                        HANDOFF
+                    } else {
+                        parking_lot_core::DEFAULT_UNPARK_TOKEN
+                    }
+                },
             );
         }
     }
 
-    #[cfg(not(all(test, feature = "loom")))]
-    fn unpark_one(&self, callback: impl FnOnce(bool)) {
-        // SAFETY: the key is this lock's own address, and `callback` (an
-        // atomic store) neither unwinds nor calls into `parking_lot`.
-        unsafe {
-            parking_lot_core::unpark_one(self.key(), |result| {
-                callback(result.have_more_threads);
-                parking_lot_core::DEFAULT_UNPARK_TOKEN
-            });
-        }
+    #[cfg(all(test, feature = "loom"))]
+    fn park(&self, _since: usize, validate: impl FnOnce() -> bool) -> bool {
+        self.lot.park(validate)
     }
 
     #[cfg(all(test, feature = "loom"))]
-    fn park(&self, validate: impl FnOnce() -> bool) {
-        self.lot.park(validate);
-    }
-
-    #[cfg(all(test, feature = "loom"))]
-    fn unpark_one(&self, callback: impl FnOnce(bool)) {
+    fn unpark_one(&self, callback: impl FnOnce(Woken, bool) -> bool) {
         self.lot.unpark_one(callback);
     }
 }
+
+/// The thread an unlock woke: none, one to race for the lock, or one
+/// parked long enough to be handed it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Woken {
+    None,
+    Racing,
+    Due,
+}
+
+/// The unpark token of a hand-off: the woken thread owns the lock.
+#[cfg(not(all(test, feature = "loom")))]
+const HANDOFF: parking_lot_core::UnparkToken = parking_lot_core::UnparkToken(1);
 
 impl<T> Deref for ListGuard<'_, T> {
     type Target = T;
@@ -267,20 +348,58 @@ impl<T: fmt::Debug> fmt::Debug for ListLock<T> {
     }
 }
 
+/// The clock of a parked thread's age: nanoseconds since the first
+/// read, wrapping (only differences under a few seconds are compared).
+#[cfg(not(all(test, feature = "loom")))]
+mod lot {
+    use std::sync::OnceLock;
+    use std::time::Instant;
+
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+
+    pub(super) fn now() -> usize {
+        #[allow(clippy::cast_possible_truncation)] // wraps, see above
+        let nanos = EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as usize;
+        nanos
+    }
+
+    /// Whether a thread parked at `since` is due the lock at `now`.
+    pub(super) fn due(now: usize, since: usize) -> super::Woken {
+        #[allow(clippy::cast_possible_truncation)] // 500 µs fits any usize
+        let after = super::FAIR_AFTER.as_nanos() as usize;
+        if now.wrapping_sub(since) >= after {
+            super::Woken::Due
+        } else {
+            super::Woken::Racing
+        }
+    }
+}
+
 /// Under loom, `parking_lot_core`'s table for one lock: a mutex and a
 /// condition variable loom models, with `park` and `unpark_one`'s
 /// contract (validate and callback run under the table's lock; an unpark
 /// removes one sleeper from the queue and says whether more remain).
+/// Loom has no clock: every other wake is due the lock, so the models
+/// run the hand-off and the race alike.
 #[cfg(all(test, feature = "loom"))]
 mod lot {
+    use std::collections::VecDeque;
+
     use loom::sync::{Condvar, Mutex};
+
+    pub(super) fn now() -> usize {
+        0
+    }
 
     #[derive(Debug, Default)]
     struct Queue {
         /// Threads parked and not yet picked by an unpark.
         parked: usize,
-        /// Unparks not yet taken by a woken thread.
-        wakeups: usize,
+        /// Unparks not yet taken by a woken thread: whether each hands
+        /// the lock over.
+        wakeups: VecDeque<bool>,
+        /// Whether the next wake is due the lock.
+        due: bool,
     }
 
     #[derive(Debug)]
@@ -297,25 +416,37 @@ mod lot {
             }
         }
 
-        pub(super) fn park(&self, validate: impl FnOnce() -> bool) {
+        pub(super) fn park(&self, validate: impl FnOnce() -> bool) -> bool {
             let mut q = self.queue.lock().unwrap();
             if !validate() {
-                return;
+                return false;
             }
             q.parked += 1;
-            while q.wakeups == 0 {
+            loop {
+                if let Some(handoff) = q.wakeups.pop_front() {
+                    return handoff;
+                }
                 q = self.wake.wait(q).unwrap();
             }
-            q.wakeups -= 1;
         }
 
-        pub(super) fn unpark_one(&self, callback: impl FnOnce(bool)) {
+        pub(super) fn unpark_one(&self, callback: impl FnOnce(super::Woken, bool) -> bool) {
             let mut q = self.queue.lock().unwrap();
-            if q.parked > 0 {
+            let woken = if q.parked > 0 {
                 q.parked -= 1;
-                q.wakeups += 1;
+                q.due = !q.due;
+                if q.due {
+                    super::Woken::Due
+                } else {
+                    super::Woken::Racing
+                }
+            } else {
+                super::Woken::None
+            };
+            let handoff = callback(woken, q.parked > 0);
+            if woken != super::Woken::None {
+                q.wakeups.push_back(handoff);
             }
-            callback(q.parked > 0);
             drop(q);
             self.wake.notify_all();
         }
@@ -384,6 +515,31 @@ mod tests {
             format!("{lock:?}"),
             "ListLock { locked: false, parked: false, .. }"
         );
+    }
+
+    /// Issue #59 item 6: an unlock never handed the lock to the thread it
+    /// woke, so a thread that unlocked and locked again at once took it
+    /// back, and a parked thread could keep losing it to newcomers. One
+    /// parked past `FAIR_AFTER` is handed it.
+    #[test]
+    fn a_thread_parked_past_fair_after_is_handed_the_lock() {
+        let lock = Arc::new(ListLock::new(Vec::new()));
+        let mut g = lock.lock();
+        let parked = {
+            let lock = lock.clone();
+            std::thread::spawn(move || lock.lock().push("parked"))
+        };
+        while !format!("{lock:?}").contains("parked: true") {
+            std::thread::yield_now();
+        }
+        // Parked a while (a wait, not a measurement).
+        std::thread::sleep(super::FAIR_AFTER * 40);
+        g.push("holder");
+        drop(g);
+        // At once: the lock is the parked thread's now.
+        lock.lock().push("holder again");
+        parked.join().unwrap();
+        assert_eq!(*lock.lock(), ["holder", "parked", "holder again"]);
     }
 
     /// Two shared borrows of one guard live at once (as `&*guard` twice
