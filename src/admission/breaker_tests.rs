@@ -375,7 +375,9 @@ fn below_the_bound_a_closed_circuit_keeps_its_run_of_failures() {
 #[test]
 fn a_breaker_past_its_circuit_cap_does_not_scan_for_every_new_pair() {
     let b = Breakers::new(cfg(2));
-    let pairs = 20_000;
+    // Enough pairs that a sweep that came too late would let the map
+    // grow past its bound.
+    let pairs = 40_000;
     for i in 0..pairs {
         // A tool each, failing twice: open, so the first sweep frees
         // nothing of what it visits.
@@ -386,6 +388,8 @@ fn a_breaker_past_its_circuit_cap_does_not_scan_for_every_new_pair() {
         }
     }
     assert!(b.len() <= MAX_CIRCUITS, "{}", b.len());
+    // The first sweep found the map full of open circuits: two visits.
+    assert!(b.visited() >= 2 * MAX_CIRCUITS, "visited {}", b.visited());
     assert!(
         b.visited() <= 10 * pairs,
         "visited {} for {pairs} pairs",

@@ -341,7 +341,11 @@ impl RawSemaphore {
             // or pass it without a CAS (`n == 0`) is not believed.
             Some(word) if n > 0 && word & CLOSED == 0 && word >> SHIFT >= n => word,
             // Relaxed: only the successful CAS needs to synchronize.
-            _ => self.state.load(Ordering::Relaxed),
+            _ => {
+                #[cfg(all(test, not(feature = "loom")))]
+                hint::loaded();
+                self.state.load(Ordering::Relaxed)
+            }
         }
     }
 

@@ -525,9 +525,15 @@ mod tests {
     fn a_thread_parked_past_fair_after_is_handed_the_lock() {
         let lock = Arc::new(ListLock::new(Vec::new()));
         let mut g = lock.lock();
+        let (go, wait) = std::sync::mpsc::channel::<()>();
         let parked = {
             let lock = lock.clone();
-            std::thread::spawn(move || lock.lock().push("parked"))
+            std::thread::spawn(move || {
+                let mut g = lock.lock();
+                g.push("parked");
+                // Held until the holder has looked.
+                wait.recv().unwrap();
+            })
         };
         while !format!("{lock:?}").contains("parked: true") {
             std::thread::yield_now();
@@ -536,7 +542,9 @@ mod tests {
         std::thread::sleep(super::FAIR_AFTER * 40);
         g.push("holder");
         drop(g);
-        // At once: the lock is the parked thread's now.
+        // At once: the lock is the parked thread's now, never free.
+        assert!(format!("{lock:?}").contains("locked: true"));
+        go.send(()).unwrap();
         lock.lock().push("holder again");
         parked.join().unwrap();
         assert_eq!(*lock.lock(), ["holder", "parked", "holder again"]);

@@ -139,6 +139,9 @@ struct Watched {
     /// (0 before the first), or a quarter above what the last sweep
     /// could not forget, so sweeps stay a quarter of the map apart.
     sweep_at: usize,
+    /// Sweeps so far, for the test that bounds them.
+    #[cfg(all(test, not(feature = "loom")))]
+    sweeps: usize,
 }
 
 /// One credential's watches, by quota name (a credential has a few).
@@ -179,6 +182,10 @@ impl Watched {
     /// Forgets the watches nobody holds, and the credentials left with none.
     #[cold]
     fn sweep(&mut self) {
+        #[cfg(all(test, not(feature = "loom")))]
+        {
+            self.sweeps += 1;
+        }
         self.by_credential.retain(|_, quotas| {
             quotas.retain(|(_, watch)| Arc::strong_count(watch) > 1);
             !quotas.is_empty()
@@ -259,7 +266,35 @@ mod tests {
             drop(watches.of(&format!("key{i}"), "requests"));
         }
         assert!(watches.len() <= MAX_WATCHED, "{}", watches.len());
+        assert!(watches.len() > 1, "{}", watches.len());
         // The watch a call sleeps on is kept, and found again.
         assert!(Arc::ptr_eq(&held, &watches.of("busy", "requests")));
+    }
+
+    /// Watches a call holds cannot be forgotten: past the bound, sweeps
+    /// still come a quarter of the map apart, not on every new credential.
+    #[test]
+    fn sweeps_stay_a_quarter_of_the_map_apart_when_nothing_can_go() {
+        let watches = Watches::default();
+        let held: Vec<_> = (0..MAX_WATCHED)
+            .map(|i| watches.of(&format!("held{i}"), "requests"))
+            .collect();
+        for i in 0..20_000 {
+            drop(watches.of(&format!("key{i}"), "requests"));
+        }
+        let all = watches.0.lock();
+        assert!((2..=40).contains(&all.sweeps), "{} sweeps", all.sweeps);
+        assert!(all.by_credential.len() <= MAX_WATCHED + MAX_WATCHED / 4);
+        drop(held);
+    }
+
+    /// Below the bound nothing is forgotten: a watch nobody holds keeps
+    /// the period it saw (a sweep on every new credential would lose it).
+    #[test]
+    fn below_the_bound_an_unheld_watch_keeps_what_it_saw() {
+        let watches = Watches::default();
+        watches.of("a", "requests").observe(per_second(10.0), 0);
+        drop(watches.of("b", "requests"));
+        assert_ne!(watches.of("a", "requests").seen.lock().period, 0);
     }
 }

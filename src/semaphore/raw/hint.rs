@@ -42,3 +42,39 @@ pub(super) fn get(sem: usize) -> Option<usize> {
 pub(super) fn set(sem: usize, word: usize) {
     let _ = LAST.try_with(|last| last.set((sem, word)));
 }
+
+/// Counts, per thread, the acquires that loaded the word (no hint).
+#[cfg(all(test, not(feature = "loom")))]
+std::thread_local! {
+    static LOADS: Cell<usize> = const { Cell::new(0) };
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+pub(super) fn loaded() {
+    LOADS.with(|n| n.set(n.get() + 1));
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::LOADS;
+    use crate::Semaphore;
+
+    /// What the hint is for: a thread that acquires and releases on one
+    /// semaphore, alone, starts each CAS from the word it left and loads
+    /// it once, at its first acquire (every mutant that drops or ignores
+    /// the hint loads it each time).
+    #[test]
+    fn a_thread_alone_on_a_semaphore_loads_its_word_once() {
+        std::thread::spawn(|| {
+            let sem = Semaphore::new(4);
+            for _ in 0..100 {
+                drop(sem.try_acquire().unwrap());
+            }
+            let other = Semaphore::new(1);
+            drop(other.try_acquire().unwrap());
+            assert_eq!(LOADS.with(std::cell::Cell::get), 2);
+        })
+        .join()
+        .unwrap();
+    }
+}
