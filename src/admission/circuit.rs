@@ -25,6 +25,7 @@ where
         &self,
         breakers: &breaker::Breakers,
         spec: &CallSpec,
+        deadline: Duration,
         tool: &ToolState,
         now: u64,
     ) -> Result<breaker::Pass, Throttled> {
@@ -36,7 +37,7 @@ where
         // through at one instant).
         let cool_down = breakers.config.cool_down_nanos();
         let trial_for = cool_down
-            .min(saturating_nanos(spec.deadline))
+            .min(saturating_nanos(deadline))
             .max(cool_down / 10)
             .max(1);
         match circuit.admit(now, trial_for) {

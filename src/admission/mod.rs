@@ -228,16 +228,19 @@ where
     // admission at once is not wrapped in a second state machine.
     #[inline]
     pub fn admit(&self, spec: &CallSpec) -> impl Future<Output = Result<Ticket<S, C>, Throttled>> {
-        self.admit_within(spec, Duration::ZERO)
+        self.admit_within(spec, spec.deadline, Duration::ZERO)
     }
 
-    /// [`admit`](Self::admit), sleeping a rate wait of up to `inline`
-    /// even past the layer's inline wait: the retry of a capacity answer
+    /// [`admit`](Self::admit) with `deadline` in place of the spec's (an
+    /// attempt's, what is left of its call's: no copy of the spec per
+    /// attempt), sleeping a rate wait of up to `inline` even past the
+    /// layer's inline wait: the retry of a capacity answer
     /// (`Decision::Readmit`), whose wait the retry policy already judged
     /// (its clamp, the deadline) and which the credential's hold enforces.
     pub(crate) async fn admit_within(
         &self,
         spec: &CallSpec,
+        deadline: Duration,
         inline: Duration,
     ) -> Result<Ticket<S, C>, Throttled> {
         let started = self.inner.clock.now_nanos();
@@ -247,12 +250,12 @@ where
         // admitted at once stays a few words, and moving a large future
         // would cost more than the admission. (A `let`, so the fast path's
         // result is not kept across the `await`.)
-        let waiting = match self.admit_now(spec, started) {
+        let waiting = match self.admit_now(spec, deadline, started) {
             Ok(decided) => {
                 self.record(spec, started, &decided);
                 return decided;
             }
-            Err(taken) => Box::pin(self.stages(spec, started, inline, taken)),
+            Err(taken) => Box::pin(self.stages(spec, deadline, started, inline, taken)),
         };
         let admitted = waiting.await;
         self.record(spec, started, &admitted);
@@ -294,12 +297,13 @@ where
     async fn stages<'a>(
         &'a self,
         spec: &'a CallSpec,
+        deadline: Duration,
         started: u64,
         inline: Duration,
         mut taken: Taken<'a, S, C>,
     ) -> Result<Ticket<S, C>, Throttled> {
         let inner = &*self.inner;
-        let deadline_at = started.saturating_add(saturating_nanos(spec.deadline));
+        let deadline_at = started.saturating_add(saturating_nanos(deadline));
 
         // A background call's turn in its class's share of the rate.
         if spec.priority.is_background() && taken.turn.is_none() && !taken.slots {
@@ -371,6 +375,7 @@ where
     fn admit_now<'a>(
         &'a self,
         spec: &'a CallSpec,
+        deadline: Duration,
         started: u64,
     ) -> Result<Result<Ticket<S, C>, Throttled>, Taken<'a, S, C>> {
         let inner = &*self.inner;
@@ -389,7 +394,7 @@ where
         // The circuit: a server that keeps failing is sent nothing.
         let pass = match inner.breakers.as_ref() {
             None => None,
-            Some(breakers) => match self.circuit(breakers, spec, &tool, started) {
+            Some(breakers) => match self.circuit(breakers, spec, deadline, &tool, started) {
                 Ok(pass) => Some(pass),
                 Err(refused) => return Ok(Err(refused)),
             },

@@ -72,7 +72,7 @@ pub use result::CallResult;
 /// Why a led execution ended without a value (a fault is shared with
 /// followers).
 #[derive(Debug)]
-enum Ended<E> {
+enum NoValue<E> {
     Throttled(Throttled),
     /// The caller's own request count is added by `to_result`.
     Failed {
@@ -83,17 +83,17 @@ enum Ended<E> {
 }
 
 /// A call's own outcome, and the copy the calls that joined it share.
-type Outcome<V, E> = Result<V, Ended<E>>;
+type Outcome<V, E> = Result<V, NoValue<E>>;
 
-impl<E> Clone for Ended<E> {
+impl<E> Clone for NoValue<E> {
     fn clone(&self) -> Self {
         match self {
-            Ended::Throttled(t) => Ended::Throttled(t.clone()),
-            Ended::Failed { error, not_retried } => Ended::Failed {
+            NoValue::Throttled(t) => NoValue::Throttled(t.clone()),
+            NoValue::Failed { error, not_retried } => NoValue::Failed {
                 error: error.clone(),
                 not_retried: not_retried.clone(),
             },
-            Ended::Panicked(m) => Ended::Panicked(m.clone()),
+            NoValue::Panicked(m) => NoValue::Panicked(m.clone()),
         }
     }
 }
@@ -362,7 +362,7 @@ where
     }
 
     /// [`attempts`](Self::attempts), with a panic turned into
-    /// [`Ended::Panicked`] (shared with nobody): the attempt's future
+    /// [`NoValue::Panicked`] (shared with nobody): the attempt's future
     /// (holding the ticket) is dropped, so its slots are released, and the
     /// other calls go on.
     async fn contained(
@@ -376,7 +376,7 @@ where
             match std::panic::catch_unwind(AssertUnwindSafe(|| attempts.as_mut().poll(cx))) {
                 Ok(p) => p,
                 Err(payload) => {
-                    let panicked = Ended::Panicked(panic_message(&*payload));
+                    let panicked = NoValue::Panicked(panic_message(&*payload));
                     Poll::Ready((Err(panicked), Sharing::Own))
                 }
             }
@@ -396,11 +396,10 @@ where
         let policy = self.retry.lock().fork();
         let mut exchange = Attempt { call };
         // A caller that waited for another's read has less time left.
-        let spec = match left == call.spec.deadline {
-            true => std::borrow::Cow::Borrowed(&call.spec),
-            false => std::borrow::Cow::Owned(call.spec.clone().deadline(left)),
-        };
-        let ended = self.admission.drive(&spec, policy, &mut exchange).await;
+        let ended = self
+            .admission
+            .drive(&call.spec, left, policy, &mut exchange)
+            .await;
         let sharing = ended.sharing();
         let (failure, attempts) = match ended {
             attempt::Ended::Answered {
@@ -413,7 +412,7 @@ where
                 }
                 // A final status (a 404): retrying cannot change it.
                 Ok(reply) => (
-                    Ended::Failed {
+                    NoValue::Failed {
                         error: CallFailure::Status {
                             status: reply.status,
                         },
@@ -422,7 +421,7 @@ where
                     attempts,
                 ),
                 Err(e) => (
-                    Ended::Failed {
+                    NoValue::Failed {
                         error: CallFailure::Transport(Arc::new(e)),
                         not_retried: None,
                     },
@@ -431,7 +430,7 @@ where
             },
             attempt::Ended::Throttled(t) => {
                 let attempts = t.attempts;
-                (Ended::Throttled(t), attempts)
+                (NoValue::Throttled(t), attempts)
             }
             attempt::Ended::Failed {
                 result,
@@ -444,7 +443,7 @@ where
                     },
                     Err(e) => CallFailure::Transport(Arc::new(e)),
                 };
-                (Ended::Failed { error, not_retried }, attempts)
+                (NoValue::Failed { error, not_retried }, attempts)
             }
         };
         sent.store(attempts, Relaxed);
@@ -524,18 +523,18 @@ impl<V, E> Joined<Outcome<V, E>, Outcome<V, E>> {
     }
 }
 
-impl<E> Ended<E> {
+impl<E> NoValue<E> {
     /// The result for a caller that sent `attempts` requests itself.
     fn to_result<V>(&self, attempts: u32) -> CallResult<V, E> {
         match self {
             // The requests this caller sent (a follower sent none).
-            Ended::Throttled(t) => CallResult::Throttled(t.clone().with_attempts(attempts)),
-            Ended::Failed { error, not_retried } => CallResult::Failed {
+            NoValue::Throttled(t) => CallResult::Throttled(t.clone().with_attempts(attempts)),
+            NoValue::Failed { error, not_retried } => CallResult::Failed {
                 error: error.clone(),
                 not_retried: not_retried.clone(),
                 attempts,
             },
-            Ended::Panicked(message) => CallResult::Panicked {
+            NoValue::Panicked(message) => CallResult::Panicked {
                 message: message.clone(),
             },
         }

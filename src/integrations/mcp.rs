@@ -340,7 +340,10 @@ where
     ) -> (CallResult<CallToolResult, ServiceError>, Sharing) {
         let policy = self.retry.lock().fork();
         let mut call = exchange::ToolCall::new(&self.peer, params);
-        let ended = self.admission.drive(spec, policy, &mut call).await;
+        let ended = self
+            .admission
+            .drive(spec, spec.deadline, policy, &mut call)
+            .await;
         let sharing = ended.sharing();
         let failure = |result: Result<CallToolResult, ServiceError>| match (call.status(), result) {
             // The server answered a status (at the transport, or a tool's

@@ -712,7 +712,10 @@ where
             usage: self.usage.as_ref(),
             body_usage: self.body_usage.as_ref(),
         };
-        let ended = self.admission.drive(spec, policy, &mut exchange).await;
+        let ended = self
+            .admission
+            .drive(spec, spec.deadline, policy, &mut exchange)
+            .await;
         drop(exchange);
         let sharing = ended.sharing();
         let (result, mut outcome) = match ended {

@@ -141,17 +141,18 @@ pub(crate) fn default_policy() -> RetryPolicy {
 pub(crate) const DEFAULT_CLAMP: Duration = Duration::from_secs(2);
 
 impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
-    /// Runs one call to its end: admits each attempt as `spec` (whose
-    /// deadline is the call's, from now, on this layer's clock), sends it
+    /// Runs one call to its end: admits each attempt as `spec` within
+    /// `budget` (the call's deadline, from now, on this layer's clock:
+    /// the spec's, or what a caller that waited has left), sends it
     /// through `exchange`, observes and settles its answer, and does what
     /// `policy` (forked for this call) decides.
     pub(crate) async fn drive<X: Exchange>(
         &self,
         spec: &CallSpec,
+        budget: Duration,
         mut policy: RetryPolicy,
         exchange: &mut X,
     ) -> Ended<X::Output, X::Error, S, C> {
-        let budget = spec.deadline;
         let mut deadline = Deadline::after(self.clock().clone(), budget);
         let mut sent = 0u32;
         // The last answer, and whether it was the server's capacity: what
@@ -169,8 +170,7 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
                 return refused_retry(no_time_left(budget, sent), last, sent);
             }
             let inline = core::mem::take(&mut readmit);
-            let spec = spec.clone().deadline(left);
-            let mut ticket = match self.admit_within(&spec, inline).await {
+            let mut ticket = match self.admit_within(spec, left, inline).await {
                 Ok(t) => t,
                 Err(refused) => return refused_retry(refused.with_attempts(sent), last, sent),
             };
@@ -228,7 +228,9 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
                             attempts: sent,
                         };
                     }
-                    self.sync_shared().await;
+                    // This credential's hold, for the other processes
+                    // (issue #60: every credential's was pushed here).
+                    self.push_shared(&spec.credential).await;
                     (Some(status), hint)
                 }
             };

@@ -182,7 +182,9 @@ where
         C: Clock + Clone,
         R: Release<S::Response, Sl, C>,
     {
-        let ended = admission.drive(spec, policy, &mut self).await;
+        let ended = admission
+            .drive(spec, spec.deadline, policy, &mut self)
+            .await;
         let sharing = ended.sharing();
         match ended {
             Ended::Answered {
