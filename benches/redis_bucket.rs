@@ -2,7 +2,7 @@
 //! per second and p50/p99 latency per decision, with and without leasing,
 //! with 1 and 8 concurrent callers.
 //!
-//! `cargo bench --features redis --bench redis_bucket` (a plain `main`:
+//! `cargo bench -p backpressure-benches --features redis --bench redis_bucket` (a plain `main`:
 //! criterion's sampling does not fit a shared server and a tokio runtime
 //! well). `BENCH_SECS` sets the seconds per case (default 2). Without
 //! `--bench` (as `cargo test --all-targets` runs it) each case runs for

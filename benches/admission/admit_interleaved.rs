@@ -4,7 +4,7 @@
 //! round of each is kept (the one least disturbed by other processes).
 //! Ratios from one run; `benches/admission.rs` is the criterion version.
 //!
-//! Run: `cargo bench --bench admission -- interleaved`
+//! Run: `cargo bench -p backpressure-benches --bench admission -- interleaved`
 
 use std::sync::Arc;
 use std::task::Context;

@@ -8,7 +8,7 @@
 //! semaphore `try_acquire_owned` + drop, and one keyed bucket `reserve`
 //! per quota, on the same clock.
 //!
-//! Run: `cargo bench --bench admission -- --warm-up-time 1 --measurement-time 3`
+//! Run: `cargo bench -p backpressure-benches --bench admission -- --warm-up-time 1 --measurement-time 3`
 
 use std::task::Context;
 
@@ -43,8 +43,8 @@ fn admission(c: &mut Criterion) {
 }
 
 criterion_group!(benches, admission);
-/// `cargo bench --bench admission` runs the criterion groups above;
-/// `cargo bench --bench admission -- interleaved` runs `admit_interleaved.rs` instead.
+/// `cargo bench -p backpressure-benches --bench admission` runs the criterion groups above;
+/// `cargo bench -p backpressure-benches --bench admission -- interleaved` runs `admit_interleaved.rs` instead.
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "interleaved") {

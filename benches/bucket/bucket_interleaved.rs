@@ -13,7 +13,7 @@
 //! test clock (an atomic load), the same arithmetic and CAS, so they show
 //! the algorithms' own cost.
 //!
-//! Run: `cargo bench --bench bucket -- interleaved`
+//! Run: `cargo bench -p backpressure-benches --bench bucket -- interleaved`
 
 use std::hint::black_box;
 use std::num::NonZeroU32;

@@ -9,7 +9,7 @@
 //! governor's benchmark quota (10^9/s, burst 10^9), as in `benches/bucket.rs`;
 //! both sides read the quanta clock on every call.
 //!
-//! Run: `cargo bench --bench bucket -- keyed-interleaved`
+//! Run: `cargo bench -p backpressure-benches --bench bucket -- keyed-interleaved`
 
 use std::cell::Cell;
 use std::hint::black_box;

@@ -1,7 +1,7 @@
 //! TokenBucket and Scoped beside governor, same groups, same clock source
 //! (quanta) read on every call.
 //!
-//! Run: `cargo bench --bench bucket -- --warm-up-time 1 --measurement-time 3`
+//! Run: `cargo bench -p backpressure-benches --bench bucket -- --warm-up-time 1 --measurement-time 3`
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -217,9 +217,9 @@ criterion_group!(
     keyed_zipf,
     keyed_1m
 );
-/// `cargo bench --bench bucket` runs the criterion groups above;
-/// `cargo bench --bench bucket -- interleaved` runs `bucket_interleaved.rs` instead.
-/// `cargo bench --bench bucket -- keyed-interleaved` runs `keyed_interleaved.rs` instead.
+/// `cargo bench -p backpressure-benches --bench bucket` runs the criterion groups above;
+/// `cargo bench -p backpressure-benches --bench bucket -- interleaved` runs `bucket_interleaved.rs` instead.
+/// `cargo bench -p backpressure-benches --bench bucket -- keyed-interleaved` runs `keyed_interleaved.rs` instead.
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "interleaved") {

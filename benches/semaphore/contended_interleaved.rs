@@ -33,7 +33,7 @@
 //! Each table gives the per-round ratio
 //! to futures-intrusive and to the best peer of that round.
 //!
-//! Run: `cargo bench --bench semaphore -- interleaved`
+//! Run: `cargo bench -p backpressure-benches --bench semaphore -- interleaved`
 //! (`SEM_BENCH_ONLY=<substring>` keeps the matching cases, for a profiler;
 //! `SEM_BENCH_WORKERS=<n>` sets the number of worker threads, default 2.)
 

@@ -15,7 +15,7 @@
 //! the row; this table shows what waking one at a time costs when the
 //! runtime has other work.
 //!
-//! Run: `cargo bench --bench semaphore -- loaded`
+//! Run: `cargo bench -p backpressure-benches --bench semaphore -- loaded`
 //! (`SEM_BENCH_BACKGROUND=<n>` sets the number of background tasks.)
 
 use std::hint::black_box;

@@ -9,7 +9,7 @@
 //! Cases interleave round after round; prints each case's median round
 //! and the median of the per-round ratios to futures-intrusive.
 //!
-//! Run: `cargo bench --bench semaphore -- handoff`
+//! Run: `cargo bench -p backpressure-benches --bench semaphore -- handoff`
 
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};

@@ -3,7 +3,7 @@
 //! groups, so the report reads as ratios from one run. The `floor` rows are
 //! the atomic operations alone (what no semaphore can beat).
 //!
-//! Run: `cargo bench --bench semaphore` (add `-- --quick` for a fast look).
+//! Run: `cargo bench -p backpressure-benches --bench semaphore` (add `-- --quick` for a fast look).
 
 use std::future::Future;
 use std::hint::black_box;
@@ -236,13 +236,13 @@ fn sizes(_: &mut Criterion) {
 }
 
 criterion_group!(benches, sizes, uncontended, contended);
-/// `cargo bench --bench semaphore` runs the criterion groups above;
-/// `cargo bench --bench semaphore -- interleaved` runs `contended_interleaved.rs` instead.
-/// `cargo bench --bench semaphore -- handoff` runs `handoff_alone.rs` instead.
-/// `cargo bench --bench semaphore -- loaded` runs `contended_loaded.rs` instead.
-/// `cargo bench --bench semaphore -- oversubscribed` runs `oversubscribed.rs` instead.
-/// `cargo bench --bench semaphore -- uncontended-interleaved` runs `uncontended_interleaved.rs` instead.
-/// `cargo bench --bench semaphore -- two-threads-interleaved` runs `two_threads_interleaved.rs` instead.
+/// `cargo bench -p backpressure-benches --bench semaphore` runs the criterion groups above;
+/// `cargo bench -p backpressure-benches --bench semaphore -- interleaved` runs `contended_interleaved.rs` instead.
+/// `cargo bench -p backpressure-benches --bench semaphore -- handoff` runs `handoff_alone.rs` instead.
+/// `cargo bench -p backpressure-benches --bench semaphore -- loaded` runs `contended_loaded.rs` instead.
+/// `cargo bench -p backpressure-benches --bench semaphore -- oversubscribed` runs `oversubscribed.rs` instead.
+/// `cargo bench -p backpressure-benches --bench semaphore -- uncontended-interleaved` runs `uncontended_interleaved.rs` instead.
+/// `cargo bench -p backpressure-benches --bench semaphore -- two-threads-interleaved` runs `two_threads_interleaved.rs` instead.
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "interleaved") {

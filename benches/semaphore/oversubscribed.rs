@@ -11,7 +11,7 @@
 //! all threads) and of the round's worst operation, and the worst
 //! operation over all rounds.
 //!
-//! Run: `cargo bench --bench semaphore -- oversubscribed`
+//! Run: `cargo bench -p backpressure-benches --bench semaphore -- oversubscribed`
 //! (`SEM_BENCH_ONLY=<substring>` keeps the matching cases and
 //! `SEM_BENCH_THREADS=2,8` the thread counts, for a profiler.)
 

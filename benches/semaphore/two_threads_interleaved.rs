@@ -10,7 +10,7 @@
 //! must see whether waiters queued), and a compare-and-swap each way, the
 //! least a semaphore's state word can do.
 //!
-//! Run: `cargo bench --bench semaphore -- two-threads-interleaved`
+//! Run: `cargo bench -p backpressure-benches --bench semaphore -- two-threads-interleaved`
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Barrier;

@@ -5,7 +5,7 @@
 //! pays) beside tokio's `try_acquire`, which says how low a ratio this
 //! machine allows at all.
 //!
-//! Run: `cargo bench --bench semaphore -- uncontended-interleaved`
+//! Run: `cargo bench -p backpressure-benches --bench semaphore -- uncontended-interleaved`
 
 use std::future::Future;
 use std::hint::black_box;

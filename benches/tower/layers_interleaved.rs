@@ -3,7 +3,7 @@
 //! interleaved round after round, and the best round of each is kept (the
 //! one least disturbed by other processes). Ratios from one run.
 //!
-//! Run: `cargo bench --features tower --bench tower -- interleaved`
+//! Run: `cargo bench -p backpressure-benches --features tower --bench tower -- interleaved`
 
 use std::future::{ready, Ready};
 use std::hint::black_box;

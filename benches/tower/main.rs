@@ -8,7 +8,7 @@
 //! `Clone`). Futures are polled once with `now_or_never`: a no-op service
 //! completes at the first poll, so no executor cost is measured.
 //!
-//! Run: `cargo bench --features tower --bench tower -- --warm-up-time 1 --measurement-time 3`
+//! Run: `cargo bench -p backpressure-benches --features tower --bench tower -- --warm-up-time 1 --measurement-time 3`
 
 use std::future::{ready, Ready};
 use std::hint::black_box;
@@ -184,8 +184,8 @@ fn rate(c: &mut Criterion) {
 }
 
 criterion_group!(benches, floor, concurrency, rate);
-/// `cargo bench --bench tower` runs the criterion groups above;
-/// `cargo bench --bench tower -- interleaved` runs `layers_interleaved.rs` instead.
+/// `cargo bench -p backpressure-benches --bench tower` runs the criterion groups above;
+/// `cargo bench -p backpressure-benches --bench tower -- interleaved` runs `layers_interleaved.rs` instead.
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "interleaved") {

@@ -1,0 +1,1 @@
+//! Nothing: the package exists for its benches (see `Cargo.toml`).
