@@ -1,16 +1,7 @@
 //! Time sources: monotonic nanoseconds from an origin.
 //!
-//! All time arithmetic in the crate is integer nanoseconds (`u64`, about 584
-//! years of range), saturating, so it neither drifts like floats nor panics
-//! on overflow, even with a clock at `u64::MAX`.
-//!
-//! * `DefaultClock`, every type's default: backed by `quanta` (TSC where
-//!   available, else the OS monotonic clock), its origin the moment it was
-//!   created.
-//! * [`ManualClock`]: moved only by [`advance`](ManualClock::advance) and
-//!   [`set`](ManualClock::set); clones share one time. It is also a
-//!   [`Sleeper`](crate::Sleeper) whose sleeps complete when the clock
-//!   passes their deadline. For tests, models and simulations.
+//! All time arithmetic in the crate is integer nanoseconds (`u64`),
+//! saturating, so it neither drifts nor panics, even at `u64::MAX`.
 
 use core::fmt;
 use core::future::Future;
@@ -45,16 +36,13 @@ pub trait Clock: Send + Sync + fmt::Debug {
     fn now_nanos(&self) -> u64;
 
     /// A cheaper, coarser reading for expiry checks, on a time base of the
-    /// clock's own (not `now_nanos`'s, and not comparable with it):
-    /// `(earliest, latest)` in nanoseconds, the true time on that base
-    /// lying between the two. Successive `earliest`s never go backwards.
+    /// clock's own (not comparable with `now_nanos`'s): `(earliest,
+    /// latest)` in nanoseconds, the true time lying between the two.
+    /// Successive `earliest`s never go backwards.
     ///
     /// `None` (the default) if the clock has none; callers then use
     /// [`now_nanos`](Clock::now_nanos). `DefaultClock` has one on Linux
-    /// (`CLOCK_MONOTONIC_COARSE`, a few nanoseconds to read, one kernel
-    /// tick of resolution); [`SingleFlight`](crate::SingleFlight) uses it
-    /// to tell a cached value far from its expiry without reading the
-    /// precise time.
+    /// (`CLOCK_MONOTONIC_COARSE`, one kernel tick of resolution).
     ///
     /// # Examples
     ///
@@ -115,9 +103,8 @@ mod tsc;
 impl DefaultClock {
     /// A clock whose origin is now.
     pub fn new() -> Self {
-        // Under miri (which runs no inline assembly: no TSC, no cpuid) it
-        // is quanta's mock clock, which stands still; tests that need time
-        // under miri run on `ManualClock`.
+        // Under miri (no inline assembly) it is quanta's mock clock, which
+        // stands still; tests that need time under miri use `ManualClock`.
         #[cfg(miri)]
         let (clock, tsc) = (quanta::Clock::mock().0, tsc::Tsc::OS);
         #[cfg(not(miri))]
@@ -138,10 +125,9 @@ impl DefaultClock {
 /// tick, read from the vDSO without a syscall or a TSC read.
 #[cfg(all(target_os = "linux", not(miri)))]
 mod coarse {
-    /// Twice the clock's resolution (one tick): the time it reads is that
-    /// of the last tick, so the true time is at most one tick later; the
-    /// second tick is margin for a tick handled late. 0 (no coarse clock)
-    /// if the resolution is unknown or above 10 ms.
+    /// Twice the clock's resolution (one tick, plus a tick of margin for a
+    /// tick handled late). 0 (no coarse clock) if the resolution is
+    /// unknown or above 10 ms.
     pub(super) fn lag() -> u64 {
         let mut ts = libc::timespec {
             tv_sec: 0,
@@ -244,10 +230,9 @@ pub struct ManualClock {
     sleeps: Arc<ManualSleeps>,
 }
 
-/// The sleeps registered on a [`ManualClock`], woken when it passes their
-/// deadline. Plain std atomics and a thread mutex, not `crate::sync`: the
-/// loom models move the clock but never sleep on it, and a loom atomic here
-/// would add a scheduling point to every `advance` in them.
+/// The sleeps registered on a [`ManualClock`]. Plain std atomics, not
+/// `crate::sync`: a loom atomic would add a scheduling point to every
+/// `advance` in the models, which never sleep on it.
 #[derive(Default)]
 struct ManualSleeps {
     /// How many entries `waiting` holds, read by a clock move without the
@@ -290,9 +275,8 @@ impl ManualClock {
     /// ```
     pub fn advance(&self, d: Duration) {
         let d = saturating_nanos(d);
-        // Relaxed: the clock value is the only datum; readers need no other
-        // memory to be ordered with it. (A sleeper's registration is ordered
-        // against the move by the SeqCst fence in `wake_due`.)
+        // Relaxed: the clock value orders no other memory (a sleeper's
+        // registration is ordered by the SeqCst fences in `wake_due`).
         let _ = self
             .now
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
@@ -323,9 +307,8 @@ impl ManualClock {
     /// Wakes the registered sleeps whose deadline the clock has reached.
     fn wake_due(&self) {
         // SeqCst fence, paired with the one in `ManualSleep::poll`: either
-        // this move sees the sleeper's `len` increment, or the sleeper's
-        // re-check after registering sees this move's time (store buffering
-        // with a fence on both sides), so no due sleep is left unwoken.
+        // this move sees the sleeper's `len`, or the sleeper's re-check
+        // sees this move's time, so no due sleep is left unwoken.
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         if self.sleeps.len.load(std::sync::atomic::Ordering::Relaxed) == 0 {
             return;

@@ -1,8 +1,6 @@
 //! [`CallFailure`]: why a call failed for a reason that is not about
-//! capacity, carrying the caller's own error type.
-//!
-//! It sits beside [`Throttled`](crate::Throttled) ("not now") below the
-//! admission layer: it depends on nothing else in the crate.
+//! capacity, carrying the caller's own error type. Depends on nothing else
+//! in the crate.
 
 use core::fmt;
 use std::sync::Arc;

@@ -3,62 +3,32 @@
 //!
 //! # Layout
 //!
-//! A power-of-two number of shards, each a `CachePadded` reader-writer
-//! lock over a `hashbrown` table of `key -> bucket`. The key is hashed
-//! once (ahash); bits 32.. pick the shard and the full hash is reused by the
-//! table, so a lookup hashes once. An existing key takes only the read
-//! lock; the bucket's own atomics do the rest, so threads on different keys
-//! of one shard do not exclude each other.
+//! A power-of-two number of shards, each a `CachePadded` `RwLock` over a
+//! `hashbrown` table of `key -> bucket`. The key is hashed once (ahash):
+//! bits 32.. pick the shard and the table reuses the hash. An existing key
+//! takes only the read lock; the bucket's atomics do the rest.
 //!
-//! A bucket lives in its table slot (one 64-byte line with its key), so a
-//! check on a key that is not in cache costs the slot's miss and no more.
-//! Only a key that is `reserve`d moves its bucket behind an `Arc`, once,
-//! under the write lock: a [`Reservation`] outlives the call and must reach
-//! the same bucket to refund, even after the table has resized or evicted
-//! the entry. The move copies the bucket's words while no operation can be
-//! in flight (every operation holds the read lock), so it loses nothing.
-//! (The admission layer's tickets keep only a reservation's stamps and
-//! find the bucket again by key, so their keys stay inline; see
-//! `keyed/stamps.rs`.)
+//! A bucket lives in its table slot (one 64-byte line with its key). Only
+//! a key that is `reserve`d moves its bucket behind an `Arc`, once, under
+//! the write lock: a [`Reservation`] must reach the same bucket to refund
+//! even after a resize or eviction. The move copies the bucket's words
+//! while no operation is in flight (they all hold the read lock).
 //!
 //! # Bounded memory
 //!
-//! A bucket that is full again (its `tat` is not after `now`) is
-//! indistinguishable from a fresh one, so dropping it changes no decision:
-//! the next call for that key starts a full bucket, exactly what it would
-//! have found. Dropping it too early costs time, though: with a fast-refill
-//! quota every hot key is full again between two of its calls, and a sweep
-//! that dropped it would make its next call re-insert it (write lock, an
-//! allocation, a table insert). So a bucket is dropped only once it is
-//! full *and* has been idle for a grace period (1 s by default, see
-//! [`Scoped::with_idle_grace`]), tracked with a second-chance bit:
+//! A full bucket is indistinguishable from a fresh one, so dropping it
+//! changes no decision. It is dropped once full *and* idle for a grace
+//! period (see [`Scoped::with_idle_grace`]), tracked with a second-chance
+//! bit: every call sets `touched` (store only when clear); a shard's sweep,
+//! at most once per grace period, drops full entries whose bit is clear and
+//! clears the rest. A shard is swept when an insert finds it doubled since
+//! its last sweep, or a grace period has passed (amortized O(1)).
 //!
-//! * every call sets its entry's `touched` bit, with a relaxed load and a
-//!   store only when the bit is clear, so a hot key does not write a shared
-//!   line on every call;
-//! * a shard's sweep runs at most once per grace period: it drops the full
-//!   entries whose bit is still clear (untouched since the previous sweep,
-//!   so idle for at least one grace period) and clears the bit of the rest.
-//!
-//! An idle key therefore goes between one and two grace periods after its
-//! last call, at the first sweep then. A shard is swept when an insert
-//! finds it has doubled since its last sweep, or a grace period has passed
-//! since it (amortized O(1) per insert, no background thread). At most
-//! `max_keys` buckets live across all shards (one counter, taken before an
-//! insert, given back by the sweep that drops a bucket). A new key that
-//! finds the count at the cap sweeps its shard, then every other shard
-//! (one lock at a time), and only then is refused (`TooManyKeys`): never
-//! admitted unmetered, never by evicting a bucket that still holds debt,
-//! and never while another shard has room. A sweep that drops most of a
-//! shard also gives the table's memory back.
-//!
-//! Per-key quotas are kept apart from the buckets, so evicting a bucket
-//! never forgets its quota. They are configuration, not state: evicting
-//! one for being idle would change later decisions, so they are bounded
-//! by a cap instead. At most `max_keys` keys hold a quota of their own
-//! (counted across shards, exactly); a quota equal to the default is not
-//! stored (setting it removes the key's own), and a new key past the cap
-//! is refused (`TooManyKeys`).
+//! At most `max_keys` buckets live across all shards (one counter, taken
+//! before an insert, given back by the sweep). A new key at the cap sweeps
+//! every shard before it is refused (`TooManyKeys`): never admitted
+//! unmetered, never by evicting a bucket with debt. Per-key quotas are
+//! kept apart (eviction never forgets them) and capped the same way.
 
 use core::fmt;
 use core::hash::Hash;
@@ -85,8 +55,7 @@ const DEFAULT_MAX_KEYS: usize = 1 << 20;
 const DEFAULT_IDLE_GRACE: u64 = 1_000_000_000;
 
 /// An insert sweeps its shard for time's sake at most this often (100 ms),
-/// whatever the grace period: a sweep costs the whole shard, so a tiny
-/// grace must not make every insert pay one.
+/// whatever the grace period.
 const MIN_SWEEP_INTERVAL: u64 = 100_000_000;
 
 /// A sharded registry of token buckets, one per key, created on first use
@@ -116,13 +85,10 @@ pub struct Scoped<K, C: Clock = DefaultClock> {
     hasher: ahash::RandomState,
     default_quota: Quota,
     max_keys: usize,
-    /// Buckets across shards: at most `max_keys`. A slot is taken before
-    /// an insert and given back by the sweep that drops the bucket.
+    /// Buckets across shards: at most `max_keys`.
     live_keys: AtomicUsize,
-    /// When an insert at the cap last swept every shard (the registry's
-    /// clock): at most one such pass per `MIN_SWEEP_INTERVAL` (100 ms), so
-    /// a flood of new keys at the cap does not write-lock every shard per
-    /// key.
+    /// When an insert at the cap last swept every shard: at most once per
+    /// `MIN_SWEEP_INTERVAL`.
     full_sweep_at: AtomicU64,
     /// Keys with a quota of their own, across shards: at most `max_keys`.
     custom_quotas: AtomicUsize,
@@ -136,23 +102,20 @@ struct Shard<K> {
     quotas: HashTable<(K, Quota)>,
     /// Sweep on the insert that finds this many entries.
     sweep_at: usize,
-    /// When the last sweep cleared the `touched` bits: an entry whose bit
-    /// is still clear has been idle since then at least.
+    /// When the last sweep cleared the `touched` bits.
     swept_at: u64,
-    /// Past the epoch of every bucket this shard has dropped (mod 2³¹): a
-    /// key's next bucket starts here, so a refund kept from its dropped
-    /// one (see [`Scoped::cancel_stamps`]) never matches.
+    /// Past the epoch of every bucket this shard has dropped (mod 2³¹), so
+    /// a refund kept from a dropped bucket (see [`Scoped::cancel_stamps`])
+    /// never matches the key's next one.
     epoch_floor: u32,
 }
 
-/// One key's slot: one cache line, so the key and its bucket's words
-/// arrive together.
+/// One key's slot, one cache line.
 #[repr(align(64))]
 struct Entry<K> {
     key: K,
     bucket: Slot,
-    /// Set by every call on the key, cleared by the sweep (the
-    /// second-chance bit; see the module docs).
+    /// The second-chance bit (see the module docs).
     touched: AtomicBool,
 }
 
@@ -182,9 +145,8 @@ impl Slot {
         }
     }
 
-    /// Moves an inline bucket behind an `Arc`. `&mut self`: the shard's
-    /// write lock is held, so no operation is in flight on the bucket and
-    /// its copy is exact.
+    /// Moves an inline bucket behind an `Arc`. `&mut self`: the write lock
+    /// is held, so the copy is exact.
     fn share(&mut self) -> &Arc<Gcra> {
         if let Slot::Inline(g) = self {
             *self = Slot::Shared(Arc::new(g.duplicate()));
@@ -200,11 +162,8 @@ impl<K> Entry<K> {
     /// Marks the entry used; writes only if the bit is clear.
     #[inline]
     fn touch(&self) {
-        // Relaxed (both): the bit orders no other memory. The sweep that
-        // reads and clears it holds the shard's write lock, which orders it
-        // after every call made under the read lock; a touch it misses
-        // could only make an idle key go one sweep earlier, and dropping a
-        // full bucket never changes a decision.
+        // Relaxed (both): the bit orders no other memory; the sweep holds
+        // the write lock, and a missed touch only drops a full bucket early.
         if !self.touched.load(Ordering::Relaxed) {
             self.touched.store(true, Ordering::Relaxed);
         }
@@ -441,10 +400,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         self.reserve_at(key, n, max_wait, self.clock.now_nanos())
     }
 
-    /// [`reserve`](Self::reserve) at `now`, a time the caller has just read
-    /// from this registry's clock (an earlier `now` only errs towards a
-    /// longer wait): the admission layer reads the clock once for all its
-    /// quotas.
+    /// [`reserve`](Self::reserve) at `now`, just read from this registry's
+    /// clock (the admission layer reads it once for all its quotas).
     #[inline]
     pub(crate) fn reserve_at(
         &self,
@@ -485,9 +442,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         self.with_bucket(key, |b, now| b.gcra().penalize(d, now))
     }
 
-    /// [`penalize`](Self::penalize) for `hold`, the server having asked for
-    /// `told` (longer, before a cap): the bucket admits nothing for `hold`,
-    /// and the hold's recorded end is `told`'s, for refusals to report.
+    /// [`penalize`](Self::penalize) for `hold`, recording `told` (the
+    /// server's longer ask, before a cap) as the hold's end for refusals.
     pub(crate) fn penalize_told(
         &self,
         key: &K,
@@ -535,18 +491,15 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         self.requota(key, quota, Learned::No).map(|_| ())
     }
 
-    /// [`set_quota`](Scoped::set_quota) for a learned rate's change (the
-    /// admission layer's adaptive rates): a live bucket's calls already
-    /// queued past its burst keep their instants (see the bucket's
-    /// `convert_keeping_queue`).
+    /// [`set_quota`](Scoped::set_quota) for a learned rate: calls already
+    /// queued past the burst keep their instants.
     pub(crate) fn set_learned_quota(&self, key: &K, quota: Quota) -> Result<(), TooManyKeys> {
         self.requota(key, quota, Learned::KeepQueue).map(|_| ())
     }
 
-    /// [`set_learned_quota`](Scoped::set_learned_quota), except that a
-    /// change of rate alone with no hold running moves the cells already
-    /// queued to the new rate too (see `Gcra::rescale_learned_quota`),
-    /// and is returned.
+    /// As [`set_learned_quota`](Scoped::set_learned_quota), but a change of
+    /// rate alone with no hold moves the queued cells too (see
+    /// `Gcra::rescale_learned_quota`), and is returned.
     pub(crate) fn rescale_learned_quota(
         &self,
         key: &K,
@@ -738,9 +691,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     }
 
     /// Runs `f` on `key`'s bucket, creating it if needed, at a time read
-    /// once the bucket is found: the read lock's RMW is a full barrier
-    /// on x86, so a clock read before it would not overlap the probe's
-    /// loads, and read after it, it does.
+    /// once the bucket is found (so the clock read overlaps the probe).
     #[inline]
     fn with_bucket<R>(&self, key: &K, f: impl FnOnce(&Slot, u64) -> R) -> Result<R, TooManyKeys> {
         self.find_or_insert(key, || self.clock.now_nanos(), false, f)
@@ -759,10 +710,9 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         self.find_or_insert(key, || now, shared, f)
     }
 
-    /// Both of the above: `now` is called once, after the probe (under the
-    /// read lock on a hit, after it on a miss). The clock is monotonic and
-    /// no sweep runs under a read lock, so reading it there decides as
-    /// reading it first would.
+    /// Both of the above: `now` is called once, after the probe. The clock
+    /// is monotonic and no sweep runs under a read lock, so this decides
+    /// as reading it first would.
     #[inline(always)]
     fn find_or_insert<R>(
         &self,

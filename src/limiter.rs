@@ -2,21 +2,11 @@
 //! or shared, so callers and the admission layer take a
 //! [`TokenBucket`](crate::TokenBucket) and a `RedisBucket` alike.
 //!
-//! # Why futures
-//!
-//! A local bucket decides at once; a shared one (Redis) decides after a
-//! round trip. The trait returns futures, and a local bucket's are ready at
-//! once, so one generic function serves both and a local decision pays for
-//! no allocation or poll it does not need. The trait uses `impl Future` in
-//! its methods, so it is not object safe: take it as a generic parameter.
-//!
-//! # Reservations
-//!
-//! [`reserve`](RateLimiter::reserve) here keeps the cells it takes and
-//! returns the wait: what a caller that is about to make the call needs.
-//! A caller that may abandon the call uses the limiter's own `reserve`
-//! (`TokenBucket::reserve`, `RedisBucket::reserve`), whose reservation can
-//! give its cells back.
+//! The trait returns futures (a local bucket's are ready at once), so one
+//! generic function serves local and shared limiters. It uses `impl
+//! Future`, so it is not object safe: take it as a generic parameter. Its
+//! `reserve` keeps the cells; a caller that may abandon the call uses the
+//! limiter's own `reserve`, whose reservation can give them back.
 
 use core::future::{ready, Future};
 use core::time::Duration;
@@ -81,14 +71,10 @@ pub trait RateLimiter: Send + Sync {
 
     /// [`reserve`](RateLimiter::reserve) for a call that goes no earlier
     /// than `not_before` from now (another quota holds it until then): the
-    /// cells are taken as of that instant, so a bucket that would fill to
-    /// its burst in between does not count that refill as spent twice (a
-    /// server's bucket, capped, loses it). The wait is from now and at
-    /// least `not_before`.
-    ///
-    /// The default reserves now and waits the longer of the two, which
-    /// overstates what a full bucket has left by up to the refill before
-    /// `not_before`; the crate's limiters take the cells at that instant.
+    /// cells are taken as of that instant, so a refill in between is not
+    /// counted as spent twice. The wait is from now and at least
+    /// `not_before`. The default reserves now and waits the longer of the
+    /// two; the crate's limiters take the cells at that instant.
     ///
     /// # Errors
     ///
@@ -140,10 +126,9 @@ pub trait RateLimiter: Send + Sync {
     /// next callers wait for. For a call that used more than it reserved
     /// (an LLM reply reporting more tokens than its estimate).
     ///
-    /// The default reserves the `n` cells with no bound on the wait, so a
-    /// limiter that implements only the four methods above counts them
-    /// unless `n` is above its burst (then nothing is charged); the
-    /// crate's limiters charge exactly.
+    /// The default reserves the `n` cells with no bound on the wait
+    /// (nothing if `n` is above the burst); the crate's limiters charge
+    /// exactly.
     ///
     /// # Examples
     ///

@@ -10,10 +10,8 @@
 //! Any other timer is a few lines of [`Sleeper`] (see its example).
 //!
 //! The sleep future is an associated type, not a boxed future: a wait
-//! allocates nothing, and the runtime's timer (tokio's `Sleep` is 100-odd
-//! bytes and `!Unpin`) is stored inline in the caller's future. The cost
-//! is that `Sleeper` is not object safe; a `Box<dyn Future>` adapter on top
-//! is a few lines should anyone need one.
+//! allocates nothing and the runtime's timer is stored inline in the
+//! caller's future. The cost: `Sleeper` is not object safe.
 
 use core::future::Future;
 use core::pin::Pin;
@@ -94,21 +92,9 @@ impl<S: Sleeper + ?Sized> Sleeper for &S {
 // ---------------------------------------------------------------------------
 // ThreadSleeper
 
-/// A sleeper that needs no async runtime.
-///
-/// All sleeps share one timer thread, started on first use and kept for the
-/// life of the process: a min-heap of `(deadline, waker)` behind a mutex,
-/// and a condition variable the thread waits on until the earliest
-/// deadline (or until an earlier one is pushed). Wakers are woken after the
-/// mutex is released. A dropped sleep leaves its heap entry (without its
-/// waker) until the deadline passes, so the heap holds at most the sleeps
-/// started within the longest pending duration.
-///
-/// [`DefaultSleeper`] sleeps on it outside a tokio runtime.
-///
-/// # Panics
-///
-/// The first sleep panics if the OS refuses to start the timer thread.
+/// A sleeper that needs no async runtime: one shared timer thread (see
+/// [`DefaultSleeper`], which sleeps on it outside a tokio runtime). The
+/// first sleep panics if the OS refuses to start the thread.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct ThreadSleeper {
     _private: (),

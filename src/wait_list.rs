@@ -140,15 +140,12 @@ unsafe fn set_next<T: Link + ?Sized>(node: NonNull<T>, value: Option<NonNull<T>>
 }
 
 /// The waiter node of the crate's lists (the semaphore's and the
-/// single-flight's): the links, a state word whose meaning belongs to the
-/// list's owner, and the task to wake. It lives pinned inside the future
-/// that waits.
+/// single-flight's), pinned inside the future that waits.
 ///
-/// The protocol both owners follow: while the node is linked, only the
-/// lock holder writes `state` and `waker`; to release a node, the lock
-/// holder unlinks it and calls [`WaitNode::finish`], whose `Release` store
-/// of a terminal state is its last access, so the owner can see that state
-/// with an `Acquire` load and go on (or drop the node) without the lock.
+/// Protocol: while linked, only the lock holder writes `state` and
+/// `waker`; to release a node it unlinks it and calls
+/// [`WaitNode::finish`], whose `Release` store of a terminal state is its
+/// last access, so the owner can go on with an `Acquire` load, lockless.
 pub(crate) struct WaitNode {
     pointers: Pointers<WaitNode>,
     /// Meaning defined by the owning list (see `semaphore::raw`,
@@ -355,21 +352,14 @@ impl<T: Link + ?Sized> fmt::Debug for WaitList<T> {
 /// to hand to [`std::panic::resume_unwind`] once its own work is done.
 pub(crate) type Panic = Box<dyn Any + Send + 'static>;
 
-/// Up to [`WAKE_BATCH`] wakers collected under a wait-list lock, to be woken
-/// after it is released (a waker is user code: it may call back into the
-/// primitive, so it never runs under the lock).
+/// Up to [`WAKE_BATCH`] wakers collected under a wait-list lock, woken
+/// after it is released (a waker is user code and may call back in).
 ///
-/// Waking may panic. A panicking waker must strand neither the other
-/// wakers in the batch (their tasks would never be polled again) nor the
-/// work the caller still has to do after the batch (serve the next waiters,
-/// store leftover permits). So [`wake_all`](Self::wake_all) wakes *every*
-/// waker even if some panic, and returns the first panic's payload instead
-/// of unwinding: the caller finishes its hand-off, then resumes the panic.
-/// If a batch is dropped with wakers still in it (a panic elsewhere
-/// unwound past it), `Drop` wakes them the same way.
-///
-/// Each slot is emptied before its waker runs, so after a panic the `Some`
-/// slots are exactly the wakers not yet woken: none is woken twice.
+/// A panicking waker must strand neither the rest of the batch nor the
+/// caller's remaining hand-off, so [`wake_all`](Self::wake_all) wakes
+/// *every* waker and returns the first panic's payload for the caller to
+/// resume when done; `Drop` does the same. Each slot is emptied before its
+/// waker runs, so none is woken twice.
 pub(crate) struct WakeBatch {
     slots: SmallVec<[Option<Waker>; WAKE_BATCH]>,
 }

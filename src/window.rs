@@ -1,19 +1,7 @@
 //! [`RollingWindow`]: an exact "at most T per rolling window W" limit, for
 //! a server that counts that way (a sliding log, as many API gateways do).
 //!
-//! GCRA ([`TokenBucket`](crate::TokenBucket)) admits `burst + rate x t` over
-//! any span `t`, so matching "T per W" with it means choosing
-//! `burst + rate x W <= T`: half the burst for half the rate, or the other
-//! way round, and either leaves capacity unused. A rolling window admits
-//! exactly T in any window of length W, with bursts up to T.
-//!
-//! It keeps the instants of the last T cells it handed out (reserved
-//! instants, possibly in the future), oldest first: a new cell goes at the
-//! earliest instant that is at least W after the cell T places before it,
-//! so any T + 1 consecutive cells span at least W. Memory is 8 bytes per
-//! cell of the limit (at most [`MAX_LIMIT`](RollingWindow::MAX_LIMIT)),
-//! taken as cells are handed out. One mutex around the log: a decision is
-//! a few comparisons and a push under it.
+//! One mutex around the log: a decision is a few comparisons and a push.
 
 use core::fmt;
 use core::future::{ready, Future};

@@ -12,23 +12,16 @@ const DEFAULT_BACKOFF: f64 = 0.75;
 /// multiply it by `backoff` on a drop.
 ///
 /// * **Increase.** Each [`Success`](Outcome::Success) whose request started
-///   with at least half the limit in flight (the window was used) earns a
-///   credit; `limit` credits raise the limit by 1. So a full window of
-///   successes adds one permit per round trip, as TCP does. An under-used
-///   window does not grow: it says nothing about what the downstream could
-///   take.
+///   with at least half the limit in flight earns a credit; `limit`
+///   credits raise the limit by 1 (one permit per round trip, as TCP). An
+///   under-used window does not grow.
 /// * **Decrease.** A [`Dropped`](Outcome::Dropped) multiplies the limit by
 ///   `backoff`, at most once per round trip: a drop of a request that
-///   started before the last decrease is ignored, because that decrease
-///   already answered the congestion it reports. Eight requests that get a
-///   429 together lower the limit once, not eight times.
-/// * **The backoff** (default 0.75) sets the saw-tooth: every cycle from
+///   started before the last decrease is ignored. Eight requests that get a
+///   429 together lower the limit once.
+/// * **The backoff** (default 0.75) sets the saw-tooth: each cycle from
 ///   `backoff × peak` back to the peak ends with about one drop, so a
-///   deeper backoff means longer cycles and fewer drops. Netflix's 0.9 made
-///   cycles of 3 round trips and 1.4% of requests dropped in front of a
-///   server of 16 workers (`examples/adaptive`); 0.75 drops about 0.6%,
-///   and keeps such a server busy as long as its queue holds at least a
-///   third of its capacity.
+///   deeper backoff means longer cycles and fewer drops.
 /// * [`Ignored`](Outcome::Ignored) samples change nothing. Latency is not
 ///   looked at (see [`Gradient2`](super::Gradient2) for that).
 ///

@@ -38,16 +38,13 @@ const MIN_GRADIENT: f64 = 0.5;
 ///   otherwise holds still: a standing queue cannot drag it up (an average
 ///   would follow the queue, and the limit would creep up with it).
 /// * **Probes** keep `long` true when the downstream becomes slower, or
-///   when the first measurement was taken with a queue (the initial limit
-///   above what the downstream serves at once): after 8 round trips, and
-///   then after `long_window` round trips (default 600) in which `long`
-///   did not fall, the limit is **halved until one round trip of requests
-///   sent after the halving has come back**; their mean RTT becomes `long`
-///   (higher or lower), and the limit goes back to where it was. A probe
-///   that finds `long` 10% lower than before is followed by another after
-///   8 round trips (it was measured with a queue), until it holds still.
-///   Like BBR's ProbeRTT, this costs about two round trips at half the
-///   limit every `long_window`.
+///   when the first measurement was taken with a queue: after 8 round
+///   trips, then after `long_window` round trips (default 600) in which
+///   `long` did not fall, the limit is **halved until one round trip of
+///   requests sent after the halving has come back**; their mean RTT
+///   becomes `long`, and the limit goes back. A probe that finds `long`
+///   10% lower is followed by another after 8 round trips. Like BBR's
+///   ProbeRTT, this costs about two round trips at half the limit.
 /// * `gradient = clamp(tolerance × long / short, 0.5, 1)`: 1 while the
 ///   short-term RTT is within `tolerance` (default 1: no slower at all) of
 ///   the no-load one, down to 0.5 as it grows past that.
@@ -62,17 +59,12 @@ const MIN_GRADIENT: f64 = 0.5;
 ///   round trip: a drop of a request that started before the last decrease
 ///   (or probe) is ignored.
 ///
-/// The result, with the defaults, in front of a downstream whose RTT grows
-/// linearly with its queue: the limit settles where the queue is about the
-/// headroom, at `tolerance × capacity + √limit / 2` (C = 16: about 18, a
-/// round trip 20% over the no-load one; C = 40: about 43), and stays there
-/// between probes. It grows by `√limit / 2` per round trip while no queue
-/// is seen, and falls by at most 10% per round trip above the equilibrium.
-/// Latency alone cannot push the limit below about 1 (where half the limit
-/// plus the headroom is the limit); drops can.
-///
-/// A tolerance of 1 compares like with like (a window's mean RTT with a
-/// window's mean RTT); for a downstream whose RTT is noisy at no load, a
+/// Against a downstream whose RTT grows linearly with its queue, the limit
+/// settles where the queue is about the headroom (`tolerance × capacity +
+/// √limit / 2`) and stays there between probes; it grows by `√limit / 2`
+/// per round trip while no queue is seen and falls by at most 10% per
+/// round trip above the equilibrium. Latency alone cannot push it below
+/// about 1; drops can. For a downstream whose RTT is noisy at no load, a
 /// tolerance above 1 (Netflix uses 1.5) keeps the noise from holding the
 /// limit down, at the price of a longer standing queue.
 ///

@@ -42,45 +42,16 @@
 //! # });
 //! ```
 //!
-//! # Resizing without losing a permit
+//! # Resizing and recording
 //!
-//! * **Grow** by `n`: first un-mark permits that an earlier shrink still
-//!   wanted back (they are out, so they count), then `add_permits` the
-//!   rest, which go to the oldest waiters first.
-//! * **Shrink** by `n`: add `n` to an atomic *excess*, then forget free
-//!   permits up to the excess (`forget_permits` never touches permits that
-//!   a queued waiter is owed). Each returning permit then CAS-decrements the
-//!   excess and is forgotten instead of released, until the excess is paid.
-//!
-//! So `issued == limit + excess` at all times, the semaphore's wait list is
-//! only ever served by its own FIFO hand-off, and once everything is back
-//! `available == limit`. A returning permit decides "withhold or release"
-//! before releasing, then re-reads the excess with the same RMW that lowers
-//! the in-flight count; if a shrink slipped in between, it asks for the
-//! free permit to be forgotten. `state.rs` documents the words and why this
-//! leaves no permit hiding.
-//!
-//! # No blocking lock on the fast path
-//!
-//! The algorithm is `&mut self`, so it needs exclusive access, but a permit
-//! drop must never wait for another thread. The algorithm sits behind a
-//! *try-lock that nobody waits for*: a drop takes it with one CAS, feeds its
-//! sample, applies the new limit and unlocks. A drop that finds it taken
-//! adds its sample to lock-free atomic accumulators (count and RTT sum of
-//! successes in one word; the latest start of a drop in another) and sets a
-//! `DIRTY` bit; the holder's unlock fails on that bit, so it drains the
-//! accumulators before leaving, and if it had already left, the `fetch_or`
-//! that set the bit took the lock for the late thread instead. No sample is
-//! lost and no drop signal is lost; merged samples only lose their
-//! individual detail (the algorithm sees their mean RTT, and one drop with
-//! the latest start, which is the one that can count under the
-//! once-per-round-trip rule).
-//!
-//! Why not the alternatives: a mutex puts a blocking lock on every permit
-//! drop; sampling only one request in N loses drop signals, which are the
-//! ones that matter; a lock-free queue of samples allocates per sample. A
-//! plain `drop` (an ignored outcome) skips the algorithm entirely and costs
-//! one CAS on the semaphore and one RMW on the in-flight word.
+//! A shrink never revokes a held permit: returning permits are forgotten
+//! until the shrink is paid, and the wait list is served only by the
+//! semaphore's FIFO hand-off, so once everything is back `available ==
+//! limit`. A permit's drop never waits for a lock: a sample that finds the
+//! algorithm busy is merged into atomic accumulators for the busy thread
+//! to feed (no sample or drop signal is lost; merged samples keep their
+//! mean RTT and the latest drop). A plain `drop` (an ignored outcome)
+//! skips the algorithm and costs one CAS and one RMW.
 
 mod aimd;
 mod algorithm;

@@ -1,103 +1,62 @@
 //! A request rate learned from 429s: [`AdaptiveRate`] (the configuration)
 //! makes one [`RateController`] per credential, which the admission layer
 //! feeds every reply and which answers with the [`Quota`] the credential's
-//! token bucket should use.
-//!
-//! # Why not plain AIMD
-//!
-//! Each 429 costs a hold of the credential (`Retry-After`, typically 1 s,
-//! 3–5% of a 30 s run), and at 4 requests/s a 5% budget of 429s is four
-//! of them. AIMD with a factor of 0.5 averages 75% of the server's rate
-//! and keeps sawing into it. This controller instead *measures* the
-//! server's rate from the replies, settles just below it after one or two
-//! 429s, and probes above it rarely.
+//! token bucket should use. Rather than AIMD's saw-tooth (each 429 costs a
+//! hold), it *measures* the server's rate, settles just below it after one
+//! or two 429s, and probes above it rarely.
 //!
 //! # The bounds
 //!
-//! A server that limits a credential to `R` requests per second with a
-//! burst of `b` (GCRA, or a token bucket) admits, over any window of length
-//! `w`, at most `b + R·w` requests. The controller records the successes
-//! of the current *epoch* (since its last decrease; the last 128) and turns
-//! that into two bounds when a 429 arrives:
+//! A server limiting to `R`/s with burst `b` admits at most `b + R·w` in
+//! any window `w`. From the current *epoch*'s successes (since the last
+//! decrease; the last 128), a 429 yields:
 //!
-//! * **floor**: `n` successes that reached the server within `w` prove
-//!   `R ≥ (n − b) / w`; the floor is the best such bound over the epoch's
-//!   windows.
-//! * **ceiling**: a request refused at `t`, when the server's bucket was
-//!   full at the epoch's start, proves `R < (n_i + 1 − b) / (t − t_i)` for
-//!   some earlier success `i` (with `n_i` the successes since `i`); the
-//!   largest of those is an upper bound. The rate that was refused is one
-//!   too; the ceiling is the lower of the two.
+//! * **floor**: `n` successes within `w` prove `R ≥ (n − b) / w`; the best
+//!   such bound over the epoch's windows.
+//! * **ceiling**: a refusal at `t`, the server's bucket full at the epoch's
+//!   start, proves `R < (n_i + 1 − b) / (t − t_i)` for some earlier success
+//!   `i`; the lower of the largest such bound and the refused rate.
 //!
-//! The server is assumed to see a request halfway through its round trip.
-//! The ceiling is only used when it can be trusted: when round trips vary
-//! by less than one period (so no success can still be in flight behind
-//! the refusal), when the pause before the epoch was long enough to refill
-//! `b` requests, and when it is above the floor.
+//! The server sees a request halfway through its round trip. The ceiling
+//! is used only when round trips vary by less than one period, the pause
+//! before the epoch refilled `b`, and it is above the floor.
 //!
-//! `b` is the [`server_burst`](AdaptiveRate::server_burst) assumption
-//! (default 2). The floor is exact when it is at least the real burst, the
-//! ceiling when it is at most. A wrong guess costs about `error / w`
-//! requests per second, so it fades as the epochs grow longer, and a 429
-//! at a rate the floor had proven grows the assumption (by one the first
-//! time, then doubling). nginx's `limit_req burst=b` lets `b + 1` through
-//! at once, so the first 429 (out of slow start) also reads the floor with
-//! `b + 1`: when that floor is within 15%, the rate starts there and
-//! approaches the other at 3% a second (a server one cell larger absorbs
-//! the excess for seconds, past a turn's end), and a 429 at or below the
-//! first floor, sent past half the holdoff after it, is not ignored.
+//! `b` is the [`server_burst`](AdaptiveRate::server_burst) assumption. A
+//! 429 at a rate the floor had proven grows it (by one, then doubling). The
+//! first 429 out of slow start also reads the floor with `b + 1` (nginx's
+//! `burst=b` passes `b + 1` at once): when that floor is within 15%, the
+//! rate starts there and approaches the other at 3% a second, and a 429 at
+//! or below the first floor, sent past half the holdoff, is not ignored.
 //!
 //! # Decreases
 //!
-//! On a 429 the new rate is the floor, but never below
-//! [`decrease`](AdaptiveRate::decrease) × the ceiling (the classic
-//! multiplicative decrease, for a 429 that came too fast to measure
-//! anything), and always at least 2% below the rate that was refused.
-//! 429s of requests sent before the last decrease are ignored, so a burst
-//! of them (everything that was in flight) lowers the rate once per round
-//! trip; so are those sent within [`holdoff`](AdaptiveRate::holdoff)
-//! (2 s) after it, which the admission layer had admitted before the hold
-//! began.
+//! The new rate is the floor, never below
+//! [`decrease`](AdaptiveRate::decrease) × the ceiling, and at least 2%
+//! below the refused rate. 429s of requests sent before the last decrease,
+//! or within [`holdoff`](AdaptiveRate::holdoff) after it, are ignored.
 //!
 //! # Increases
 //!
-//! * **slow start**, until the first 429: +1 request/s per success, so
-//!   the rate roughly doubles every second and a low initial guess costs
-//!   little;
-//! * after a **settled** decrease (the floor is within 15% of the
-//!   ceiling, or within 5% of the floor measured at the decrease before)
-//!   the rate holds for [`probe_after`](AdaptiveRate::probe_after)
-//!   (default 30 s, and at least 100 successes), since each probe above the
-//!   server's rate costs one 429; a probe that finds the same limit again
-//!   doubles that wait, up to 16×;
-//! * after a **guessed** decrease the rate holds just long enough for a
-//!   too-high guess to draw its 429 (at most 5 s), then climbs by 50% per
-//!   second to halfway between the guess and the ceiling;
-//! * a **probe** then raises the rate by
-//!   [`probe_gain`](AdaptiveRate::probe_gain) per second (default 5%,
-//!   compounding), until the next 429;
-//! * a 429 with no success at all since the last decrease (an exhausted
-//!   quota, an outage) means what was learned is stale: the rate is cut
-//!   and slow start begins again, so it comes back within seconds of the
-//!   first success.
+//! * **slow start** until the first 429: +1 request/s per success;
+//! * after a **settled** decrease (floor within 15% of the ceiling, or
+//!   within 5% of the previous floor): hold for
+//!   [`probe_after`](AdaptiveRate::probe_after) and 100 successes, doubled
+//!   (up to 16×) by each probe that finds the same limit;
+//! * after a **guessed** decrease: hold just long enough for a too-high
+//!   guess to draw its 429 (at most 5 s), then climb 50%/s to halfway
+//!   between the guess and the ceiling;
+//! * a **probe** then grows by [`probe_gain`](AdaptiveRate::probe_gain)
+//!   per second, compounding, until the next 429;
+//! * a 429 with no success since the last decrease (exhausted quota,
+//!   outage): cut, and slow start again.
 //!
-//! The rate only grows while the client uses it: when requests leave at
-//! less than half the rate (the callers have nothing to send), it stays
-//! where it is, so an idle credential does not come back with a rate it
-//! never tried.
+//! The rate grows only while requests leave at half the rate or more.
+//! [`RateOutcome::ServerLimit`] sets the server's numbers at once and caps
+//! every later probe there.
 //!
-//! A `RateLimit`/`X-RateLimit` header ([`RateOutcome::ServerLimit`]) sets
-//! the rate to the server's numbers at once and caps every later probe
-//! there.
-//!
-//! # Thread safety
-//!
-//! Every method takes `&self`; the state sits behind a small
-//! `parking_lot::Mutex`, held for a few arithmetic operations per reply
-//! (and, on a 429 that lowers the rate, a pass over at most 128 recorded
-//! successes: about 8,000 steps, once per round trip at most). This is a
-//! harness-level object fed once per reply, not a hot-path primitive: the
-//! token bucket it configures stays lock-free.
+//! The state sits behind a small `parking_lot::Mutex`, held for a few
+//! operations per reply (on a lowering 429, one pass over at most 128
+//! successes): fed once per reply, not a hot path.
 
 use core::fmt;
 use core::num::NonZeroU32;
@@ -143,10 +102,8 @@ const AGAIN: f64 = 0.05;
 /// The growth, per second, of the climb back after a guessed cut.
 const CLIMB_GAIN: f64 = 0.5;
 /// How fast an approach to a floor read with the assumed burst grows (see
-/// `Phase::Approach`): 3% of its start a second. Slow enough that a
-/// server with one cell more of burst than assumed (nginx's `burst=2`
-/// lets three through) absorbs the excess for seconds before it refuses;
-/// a server with the assumed burst is at its floor in about four.
+/// `Phase::Approach`): 3% of its start a second, so a server with one cell
+/// more burst than assumed absorbs the excess for seconds before refusing.
 const APPROACH_GAIN: f64 = 0.03;
 /// The longest hold, in seconds, after a guessed cut.
 const MAX_TRIAL: f64 = 5.0;
@@ -317,13 +274,10 @@ impl RateController {
     }
 
     /// The burst of a quota at `rate`: the configured one, but never more
-    /// than the server is assumed to allow (the configured `server_burst`:
-    /// a burst the server refuses buys one 429 per excess request and a
-    /// hold; the assumption the floor doubles after a 429 at a proven rate
-    /// is a guess, often jitter, and never widens the burst), unless
-    /// the rate itself sends more than that within a timer tick (1 ms): a
-    /// smaller burst there would not space the requests out, only round
-    /// each wait up to the tick and cap the rate at `burst` per tick.
+    /// than the configured `server_burst` (an excess buys one 429 each; the
+    /// doubled assumption is a guess and never widens it), unless the rate
+    /// sends more than that per timer tick (1 ms), where a smaller burst
+    /// would only cap the rate at `burst` per tick.
     fn burst(&self, server_burst: u32, rate: f64) -> NonZeroU32 {
         let per_tick = (rate / TICKS_PER_SEC).ceil() as u32;
         NonZeroU32::new(server_burst.min(self.cfg.server_burst).max(per_tick))
@@ -347,10 +301,7 @@ impl RateController {
     /// The rate the controller expects to run at soon, in requests per
     /// second: after a cut it only guessed (its bounds far apart), the rate
     /// it is climbing back to; otherwise [`rate`](RateController::rate).
-    /// An estimate of when the k-th waiting call gets its turn uses this
-    /// one: spaced at the guessed rate, the calls refused now would be
-    /// told to come back long after the rate has climbed, and the slots
-    /// between would go unused.
+    /// Use it to estimate when the k-th waiting call gets its turn.
     ///
     /// # Examples
     ///
@@ -418,13 +369,10 @@ impl RateController {
             }
             RateOutcome::Throttled => {
                 let holdoff = saturating_nanos(self.cfg.holdoff);
-                // A 429 for a request sent after the last decrease, at a
-                // rate the floor had proven, is no echo of the old rate:
-                // the server's burst is larger than assumed (see
-                // `throttled`), and waiting out the holdoff would cost the
-                // next 429 too (issue #41: nginx at 4 r/s).
-                // (Sent past half the holdoff: a request admitted before a
-                // hold and sent as it begins is an echo too.)
+                // A 429 for a request sent after the last decrease (past
+                // half the holdoff), at a rate the floor had proven, is no
+                // echo of the old rate: the server's burst is larger than
+                // assumed (issue #41: nginx at 4 r/s).
                 let disproves = st.proven_first
                     && matches!(st.phase, Phase::Hold { climb_to: None, .. })
                     && st

@@ -1,8 +1,7 @@
-//! The shared state behind an `AdaptiveLimiter` and its protocol: how
-//! samples reach the algorithm without a blocking lock, and how a new limit
-//! is applied to the semaphore without losing a permit. The module docs
-//! (`mod.rs`) explain the why; this file documents the words and the
-//! orderings.
+//! The shared state behind an `AdaptiveLimiter`: how samples reach the
+//! algorithm without a blocking lock (a mutex would block drops; sampling
+//! one in N would lose drop signals; a sample queue would allocate), and
+//! how a new limit is applied to the semaphore without losing a permit.
 //!
 //! # The `state` word (`AtomicU64`)
 //!
@@ -12,10 +11,8 @@
 //! | 32..64 | `excess`    | permits out (held, or released but not yet forgotten) that a shrink has marked to be withheld |
 //!
 //! Both live in one word so that a returning permit's single `fetch_sub`
-//! of `in_flight` also reads `excess` afresh (see "Returning a permit").
-//! Neither can pass `MAX_LIMIT` (2³¹ − 1): `issued` never exceeds the
-//! largest limit applied, and `in_flight <= issued` (plus, for an instant,
-//! the few permits between a release and its `fetch_sub`).
+//! of `in_flight` also reads `excess` afresh. Neither can pass
+//! `MAX_LIMIT` (2³¹ − 1).
 //!
 //! # Invariants
 //!
@@ -122,13 +119,10 @@ struct Core {
 ///
 /// Each sample writes its in-flight count first (Relaxed `fetch_max`), then
 /// its signal word with Release; the holder swaps the signal word with
-/// Acquire, then the in-flight word. A merged sample keeps everything an
-/// algorithm needs (count, mean RTT, the latest drop start) but not each
-/// sample's detail. The in-flight maxima may go to the next batch.
+/// Acquire, then the in-flight word.
 struct Pending {
-    /// See `OK_COUNT_SHIFT`. Saturates: the 65,536th merged success is
-    /// dropped rather than overflow (only detail is lost; nothing waits on
-    /// it).
+    /// See `OK_COUNT_SHIFT`. Saturates: a success past 65,535 merged is
+    /// dropped rather than overflow.
     ok: AtomicU64,
     ok_in_flight: AtomicUsize,
     /// The latest start of a merged drop, plus one; 0 when none.
@@ -253,10 +247,9 @@ impl Shared {
     /// time and the in-flight count including it.
     #[inline]
     pub(super) fn on_acquired(&self) -> (u64, usize) {
-        // Relaxed: a count; the semaphore ordered the permit itself. (An RMW,
-        // so it continues the release sequences of returners' `fetch_sub`.)
-        // The clock first: it is the user's, and may panic; then nothing
-        // has been counted yet, and the caller still owns the permit.
+        // Relaxed: a count; the semaphore ordered the permit itself (an RMW,
+        // so it continues the release sequence). The clock (user code, may
+        // panic) is read first, before anything is counted.
         let start = self.clock.now_nanos();
         let prev = self.state.fetch_add(IN_FLIGHT_ONE, Ordering::Relaxed);
         (start, in_flight_of(prev) + 1)
@@ -389,9 +382,7 @@ impl Shared {
             // Permits a shrink marked to withhold are still out: un-mark
             // them before adding new ones.
             let mut cancelled = 0;
-            // AcqRel/Acquire: like every RMW of `state` here (pairs with
-            // returners' Release `fetch_sub`); the value read is the latest
-            // in any case.
+            // AcqRel/Acquire: pairs with returners' Release `fetch_sub`.
             let _ = self
                 .state
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {

@@ -14,15 +14,10 @@
 //! new tat  = max(tat, now) + n*T
 //! ```
 //!
-//! so over any window of length `t`, at most `burst + t / T` cells are
-//! admitted. `n*T <= τ` (since `n <= burst`), so `earliest` never
-//! overflows; the one sum that can is `new tat`, and a decision whose new
-//! `tat` does not fit in `u64` (584 years after the clock's origin) is a
-//! denial, never a wrap. Every other sum saturates.
-//!
-//! A *reservation* admits cells whose `earliest` is in the future (at most
-//! `max_wait` ahead): the same `new tat`, and the caller waits until
-//! `earliest`. Denials write nothing.
+//! `n*T <= τ` (since `n <= burst`), so `earliest` never overflows; a new
+//! `tat` that does not fit in `u64` is a denial, never a wrap. Every other
+//! sum saturates. A *reservation* admits cells whose `earliest` is at most
+//! `max_wait` ahead, and the caller waits until then. Denials write nothing.
 //!
 //! # The words
 //!
@@ -35,37 +30,24 @@
 //! |          | 32..64 | burst                                                     |
 //! | `period` | 0..64  | nanoseconds per cell                                       |
 //!
-//! `tat` is the theoretical arrival time in nanoseconds since the clock's
-//! origin; every rule above is written in `tat`, and `stamp - skew` gives
-//! it back.
+//! Every rule is written in `tat`; `stamp - skew` gives it back.
 //!
 //! # Why the quota is a seqlock, and what makes a quota change safe
 //!
-//! The quota is 96 bits (a `u64` period and a `u32` burst) and cannot share
-//! the `stamp` word without cutting the time range to a few years, so it
-//! lives beside it: the burst in `word`, the period in `period`, and `word`
-//! is the sequence counter of a seqlock. A decision reads `word` (Acquire),
-//! `period`, `skew` and `stamp` (Acquire), then `word` again, and retries
-//! if the two reads differ or `LOCKED` was set; writers change `period`,
-//! `skew` and `stamp` only while `LOCKED` is held, with Release stores. The
-//! hot path therefore pays three extra loads of a line it reads anyway, and
-//! no write.
+//! The quota (a `u64` period, a `u32` burst) cannot share the `stamp` word,
+//! so `word` (burst, epoch, `LOCKED`) is the sequence counter of a seqlock.
+//! A decision reads `word` (Acquire), `period`, `skew` and `stamp`
+//! (Acquire), then `word` again, and retries if they differ or `LOCKED` was
+//! set; writers change `period`, `skew` and `stamp` only under `LOCKED`,
+//! with Release stores. The hot path writes nothing extra.
 //!
-//! The seqlock makes each decision see a consistent (quota, tat) pair; the
-//! compare-and-swap that applies it must also fail if the quota changed in
-//! between. That is what the stamp is for. A quota change may well *lower*
-//! `tat` (a faster rate makes the same cells of debt shorter, see
-//! [`convert`]), and a plain `tat` lowered and then raised again by
-//! admissions could come back to exactly the value a decision still in
-//! flight read under the old quota: its CAS would succeed. So the CAS is on
-//! `stamp`, and `stamp` only moves up: admissions and penalties raise `tat`
-//! (and `stamp` with it), while a quota change or a reset, whatever it does
-//! to `tat`, adds exactly 1 to `stamp` and puts the difference into `skew`.
-//! A decision still in flight expects a `stamp` the word will never hold
-//! again, so its CAS fails and it retries under the new quota. (Only
-//! cancels lower `stamp`, back to a value taken after the last change; see
-//! below. "Never again" holds until `stamp` wraps, which takes 2⁶⁴ ns of
-//! arrivals and converted debt: centuries, not a race window.)
+//! The CAS that applies a decision must also fail if the quota changed
+//! meanwhile. A quota change may *lower* `tat` (see [`convert`]), and a
+//! `tat` lowered then raised could come back to the value an in-flight
+//! decision read. So the CAS is on `stamp`, which only moves up: a quota
+//! change or reset adds exactly 1 to `stamp` and puts the difference into
+//! `skew`, so an in-flight decision's CAS fails and it retries. (Only
+//! cancels lower `stamp`, see below; a wrap takes 2⁶⁴ ns of arrivals.)
 //!
 //! `reset` lowers `tat` to `FULL` (it writes nothing when the bucket is
 //! already full), through the same `stamp + 1`. Its reservations carry the
@@ -75,16 +57,12 @@
 //! # Cancelling
 //!
 //! A reservation remembers the `stamp` it found (`before`), the one it
-//! wrote (`after`) and the epoch. Cancelling compare-and-swaps `after` back
-//! to `before`: that succeeds only if nothing was admitted, reserved or
-//! penalized since, so a refund never frees cells that someone else holds,
-//! and the bucket never holds more than its burst. The epoch check and the
-//! CAS run under `LOCKED`, so a `reset` or quota change cannot slip between
-//! them, and an equal epoch means `skew` has not changed since the
-//! reservation. Apart from reset and quota changes, `stamp` moves like the
-//! top of a stack: admissions and penalties raise it, and only the
-//! reservation on top can lower it, to the value below. So
-//! `stamp == after` means that reservation is still on top.
+//! wrote (`after`) and the epoch. Cancelling CASes `after` back to
+//! `before`, under `LOCKED` with an epoch check: apart from resets and
+//! quota changes `stamp` moves like the top of a stack (only the
+//! reservation on top can lower it), so this succeeds only if nothing was
+//! admitted, reserved or penalized since, and a refund never frees cells
+//! someone else holds.
 
 use core::fmt;
 
@@ -201,9 +179,8 @@ pub(crate) struct Gcra {
     /// `stamp - tat` (wrapping); written only under `LOCKED`.
     skew: AtomicU64,
     /// The latest end of a server hold (`now + retry_after` of the latest
-    /// `penalize`), or 0. Not part of the decision: callers that reserved
-    /// before a hold read it when they wake to see whether their instant
-    /// fell inside it.
+    /// `penalize`), or 0. Not part of the decision: read by callers waking
+    /// from a reservation to see whether their instant fell inside it.
     held_until: AtomicU64,
 }
 
@@ -212,9 +189,8 @@ impl Gcra {
         Gcra::with_epoch(quota, 0)
     }
 
-    /// A fresh bucket whose epoch starts at `epoch` (mod 2³¹): `Scoped`
-    /// starts a key's new bucket past the epochs of the buckets it evicted,
-    /// so a refund kept from an evicted bucket never matches its successor.
+    /// A fresh bucket whose epoch starts at `epoch` (mod 2³¹), so that
+    /// `Scoped`'s refunds from an evicted bucket never match its successor.
     pub(crate) fn with_epoch(quota: Quota, epoch: u32) -> Gcra {
         let quota = quota.clamped();
         let epoch = (u64::from(epoch) << 1) & EPOCH_MASK;
@@ -234,10 +210,9 @@ impl Gcra {
         ((self.word.load(Ordering::Relaxed) & EPOCH_MASK) >> 1) as u32
     }
 
-    /// A copy of this bucket, words and all, for a caller that has it to
-    /// itself (no operation in flight: `Scoped` holds its shard's write
-    /// lock). Relaxed loads: that lock's acquisition orders them after
-    /// every write made under the read locks before it.
+    /// A copy of this bucket for a caller that has it to itself (`Scoped`
+    /// holds its shard's write lock). Relaxed loads: that lock orders them
+    /// after every write made under the read locks.
     pub(crate) fn duplicate(&self) -> Gcra {
         Gcra {
             stamp: AtomicU64::new(self.stamp.load(Ordering::Relaxed)),
@@ -250,9 +225,8 @@ impl Gcra {
 
     /// The end of the latest server hold (0: none yet).
     pub(crate) fn held_until(&self) -> u64 {
-        // Relaxed: a lone value that orders no other memory; a reader that
-        // misses a hold landing concurrently is in the same position as a
-        // call that started just before the 429 arrived.
+        // Relaxed: a lone value; missing a concurrent hold is the same as
+        // starting just before the 429 arrived.
         self.held_until.load(Ordering::Relaxed)
     }
 
@@ -264,10 +238,9 @@ impl Gcra {
             // the loads below see what the last admin operation wrote.
             let word = self.word.load(Ordering::Acquire);
             if word & LOCKED == 0 {
-                // Acquire (both): if either load sees a value an admin
-                // operation stored (Release) after taking the lock, the
-                // second `word` load below sees the lock or later, and the
-                // view is discarded. They also keep that load after them.
+                // Acquire (both): if either sees an admin operation's
+                // Release store, the second `word` load sees the lock or
+                // later and the view is discarded.
                 let period = self.period.load(Ordering::Acquire);
                 let skew = self.skew.load(Ordering::Acquire);
                 let stamp = self.stamp.load(Ordering::Acquire);
@@ -343,20 +316,15 @@ impl Gcra {
         }
     }
 
-    /// The view after a failed compare-and-swap found `stamp == actual`:
-    /// the old quota and skew with the new stamp if no admin operation ran
-    /// since `view` was read (its word is unchanged), else a fresh
-    /// [`view`](Gcra::view). Saves re-reading the seqlock on the contended
-    /// path, where another admission (not an admin operation) is the usual
-    /// reason for the failure.
+    /// The view after a failed CAS found `stamp == actual`: the old quota
+    /// and skew with the new stamp if `word` is unchanged since `view`,
+    /// else a fresh [`view`](Gcra::view) (saves re-reading the seqlock on
+    /// the contended path).
     ///
-    /// Sound because every write of `stamp` that comes with a new skew or
-    /// quota (`set_quota`, `reset`) is made under `LOCKED`, taken before
-    /// it: the failed CAS read `actual` with Acquire, so if an admin
-    /// operation wrote it, the `word` load below sees `LOCKED` or the
-    /// bumped epoch that operation unlocks with, never `view.word` again.
-    /// Admin writes that keep the word (`cancel`, a `reset` of a full
-    /// bucket) change neither skew nor quota.
+    /// Sound because every `stamp` write with a new skew or quota is made
+    /// under `LOCKED`: the failed CAS read `actual` with Acquire, so the
+    /// `word` load then sees `LOCKED` or the bumped epoch, never
+    /// `view.word`. Admin writes that keep the word change neither.
     #[inline]
     fn refresh(&self, view: &View, actual: u64) -> View {
         // Relaxed: ordered after the Acquire failure load in `apply` (see
@@ -466,11 +434,9 @@ impl Gcra {
         }
     }
 
-    /// Takes `n` cells at `now` whatever the wait and whatever the burst:
-    /// debt the next callers wait for (a usage reported above the
-    /// estimate). One CAS, retried only if another write got there first;
-    /// O(1) in `n`. The new `tat` saturates: a debt past `u64` nanoseconds
-    /// admits nothing again, as a `Never` rule would.
+    /// Takes `n` cells at `now` whatever the wait and the burst: debt the
+    /// next callers wait for. O(1) in `n`; the new `tat` saturates (a debt
+    /// past `u64` admits nothing again).
     pub(crate) fn charge(&self, n: u64, now: u64) {
         if n == 0 {
             return;
@@ -564,9 +530,8 @@ fn nanos(n: u64) -> core::time::Duration {
     core::time::Duration::from_nanos(n)
 }
 
-/// After a failed compare-and-swap: retry at once the first time (the
-/// admission that beat us is done, and a `pause` costs more than the
-/// retry on most x86 parts), back off from the second.
+/// After a failed CAS: retry at once the first time (a `pause` costs more
+/// than the retry on most x86 parts), back off from the second.
 #[inline]
 fn contended(backoff: &Backoff, retried: &mut bool) {
     if core::mem::replace(retried, true) {

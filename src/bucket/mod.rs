@@ -57,10 +57,8 @@ use gcra::Gcra;
 /// assert!(bucket.try_acquire(1).is_ok());
 /// ```
 pub struct TokenBucket<C: Clock = DefaultClock> {
-    /// Alone on its cache line(s): the clock (read on every call) must
-    /// not share a line with `stamp`, which every admission writes, or
-    /// each call on one thread would miss on the clock after each call on
-    /// another (false sharing).
+    /// Alone on its cache line(s): the clock must not false-share with
+    /// `stamp`, which every admission writes.
     gcra: CachePadded<Gcra>,
     clock: C,
 }
@@ -296,14 +294,11 @@ impl<C: Clock> TokenBucket<C> {
     }
 
     /// [`set_quota`](Self::set_quota) for a quota a
-    /// [`RateController`](crate::adaptive::RateController) hands out: the
-    /// debt within the burst is kept in cells (capped at the new burst),
-    /// and what lies past it is kept as time, whatever made it: calls
-    /// already queued keep their instants (they go when they were told,
-    /// and the next call queues behind the last of them at the new rate),
-    /// and a hold keeps its end. `set_quota` instead charges queued cells
-    /// in full at the new rate (a quota is a quota); a learned rate moves
-    /// by guesses, and charging a whole queue at each cut would stall it.
+    /// [`RateController`](crate::adaptive::RateController) hands out: debt
+    /// within the burst is kept in cells (capped at the new burst), debt
+    /// past it as time: queued calls keep their instants and a hold keeps
+    /// its end. (`set_quota` charges queued cells in full at the new rate,
+    /// which would stall a queue at each cut of a learned rate.)
     ///
     /// # Examples
     ///
@@ -494,11 +489,9 @@ impl<C: Clock> TokenBucket<C> {
     }
 }
 
-/// `until_ready`'s loop, for a bucket and for a `Scoped` key: reserve
-/// within what is left of `max_wait`, sleep, and reserve again behind a
-/// hold placed meanwhile. `held` is read before each reservation: a hold
-/// placed between the two is then seen as new (a reservation made after
-/// it lies behind it anyway).
+/// `until_ready`'s loop, for a bucket and a `Scoped` key: reserve within
+/// what is left of `max_wait`, sleep, and reserve again behind a hold
+/// placed meanwhile. `held` is read before each reservation.
 pub(crate) async fn wait_unless_held<'a, C: Clock, S: Sleeper>(
     clock: &C,
     max_wait: Duration,
@@ -518,11 +511,8 @@ pub(crate) async fn wait_unless_held<'a, C: Clock, S: Sleeper>(
 
 /// Sleeps out `reservation`'s wait; cancels it if dropped before the end.
 /// Returns `true` when its cells are the caller's to use, `false` when a
-/// hold placed since `held_before` (the bucket's recorded hold end, read
-/// before the reservation was made) covers its instant (a 429 another
-/// caller heard: going now would draw the same one): the cells are then
-/// given back (the penalty usually voids the refund, which errs towards
-/// admitting less) and the caller queues again behind the hold.
+/// hold placed since `held_before` covers its instant: the cells are then
+/// given back and the caller queues again behind the hold.
 async fn sleep_unless_held<S: Sleeper>(
     held_before: u64,
     reservation: Reservation<'_>,

@@ -213,10 +213,8 @@ impl Quota {
         self.burst
     }
 
-    /// This quota as a bucket holds it: the burst capped so the whole of
-    /// it refills within [`MAX_TOLERANCE`] (at least one cell). Beyond
-    /// that, the bucket's instants would not fit in `u64` nanoseconds and
-    /// the later cells of the burst could never be granted.
+    /// This quota as a bucket holds it: the burst capped to refill within
+    /// [`MAX_TOLERANCE`] (see [`Quota::allow_burst`]), at least one cell.
     pub(crate) const fn clamped(self) -> Quota {
         let fit = MAX_TOLERANCE / self.period;
         if self.burst.get() as u64 <= fit {

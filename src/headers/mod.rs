@@ -42,11 +42,10 @@ use serde::{Deserialize, Serialize};
 /// | `X-RateLimit-Scope`, `-Resource`, `-Bucket` | [`scope`](Self::scope), in that order of preference |
 ///
 /// A per-resource limit whose header names its window (Kong's `second`,
-/// `minute`, `hour`, `day`) gets it as the policy's
-/// window, and so do Anthropic's, whose documented
-/// window is the minute. OpenAI's names get none: servers using them count
-/// over different windows (Groq's requests are per day, compatible proxies
-/// often use a second); [`Provider::OpenAi`](crate::admission::Provider::OpenAi)
+/// `minute`, `hour`, `day`) gets it as the policy's window, and so do
+/// Anthropic's (the minute). OpenAI's names get none: servers using them
+/// count over different windows (Groq's requests are per day, proxies
+/// often a second); [`Provider::OpenAi`](crate::admission::Provider::OpenAi)
 /// on the admission layer says they count per minute. With a window, a
 /// request limit becomes the learned rate's ceiling (`limit / window`)
 /// from the first reply, and a weighted quota's limit the ceiling of the

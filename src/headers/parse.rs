@@ -2,10 +2,8 @@
 //! IETF structured fields (via `sfv`).
 //!
 //! One pass collects every recognised field into an [`Acc`]; absolute times
-//! stay absolute until the end, when the response's `Date` (if any) is
-//! known and every time becomes a wait. Unparseable values are skipped one
-//! by one; nothing here panics or allocates per byte of garbage beyond the
-//! structured-field buffers.
+//! stay absolute until the response's `Date` is known. Unparseable values
+//! are skipped one by one; nothing here panics.
 
 use std::time::{Duration, SystemTime};
 
@@ -125,15 +123,10 @@ impl Field {
     }
 }
 
-/// The window a vendor header's per-resource limit names itself: Kong's
-/// `x-ratelimit-limit-{second,minute,hour,day}`. OpenAI's
-/// `x-ratelimit-limit-{requests,tokens}` get none: their documented minute
-/// is not what every server using those names counts over (Groq's
-/// requests are per day; compatible proxies and fakes use a second), and a
-/// window assumed too long would read as a far lower limit than the
-/// server's (`Provider::OpenAi` on the admission layer says it is a
-/// minute). Anthropic's names are Anthropic's alone, and its documented
-/// window is the minute ([`ANTHROPIC_WINDOW`]).
+/// The window a vendor header's per-resource limit names itself (Kong's
+/// `x-ratelimit-limit-{second,minute,hour,day}`; see [`ServerHint`] for why
+/// OpenAI's names get none). Anthropic's documented window is the minute
+/// ([`ANTHROPIC_WINDOW`]).
 fn documented_window(resource: &str) -> Option<u128> {
     let secs: u128 = match resource {
         "minute" => 60,
@@ -282,11 +275,9 @@ impl Acc {
 
     pub(super) fn finish(mut self, now: SystemTime) -> ServerHint {
         self.parse_structured();
-        // Absolute times are read against the server's own clock when it
-        // sent one, so our clock's skew does not distort the wait; unless
-        // the two disagree by more than `MAX_DATE_SKEW`, when the server's
-        // clock is the one plainly wrong (a `Date` of 1970 would turn
-        // every epoch reset into decades).
+        // Absolute times are read against the server's own `Date`, unless
+        // it is more than `MAX_DATE_SKEW` off ours (then it is the one
+        // plainly wrong).
         let now = value::unix_nanos(now);
         let max_skew = ServerHint::MAX_DATE_SKEW.as_nanos() as i128;
         let reference = self

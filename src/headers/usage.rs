@@ -1,9 +1,6 @@
-//! The one reader of an LLM provider's `usage` object (feature `http`):
-//! a whole reply's body ([`llm_usage`], for the reqwest middleware's
-//! `usage_from_body`) and each event of a streamed reply
-//! ([`llm_event_usage`], for `usage_from_stream` on the middleware and
-//! the tower layer) go through one function, so they agree on every
-//! field.
+//! The one reader of an LLM provider's `usage` object (feature `http`), for
+//! a whole reply's body ([`llm_usage`]) and each event of a streamed reply
+//! ([`llm_event_usage`]), so they agree on every field.
 //!
 //! | provider | `usage` fields | reported as |
 //! | --- | --- | --- |
@@ -88,8 +85,7 @@ mod tests {
         pairs.iter().map(|(n, u)| (n.to_string(), *u)).collect()
     }
 
-    /// Issue #39 item 4: the body's and the stream's parsers disagreed on
-    /// when `tokens` is set. One reader, one rule.
+    /// One rule for when `tokens` is set, in a body and a stream (issue #39).
     #[test]
     fn the_body_and_the_stream_read_usage_alike() {
         let openai =

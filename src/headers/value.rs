@@ -170,12 +170,9 @@ pub(super) fn parse_http_date(s: &str) -> Option<i128> {
 /// every weekday, repeats after that.
 const GREGORIAN_CYCLE_NANOS: i128 = 146_097 * 86_400 * NANOS_PER_SEC as i128;
 
-/// `httpdate` reads the years 1970 to 9999 only, so a well-formed date
-/// before 1970 (a server clock reset to 0, a sentinel) would be skipped
-/// instead of read as the past it is. The same date `400·k` years later
-/// has the same weekday: `httpdate` validates that one, and the result is
-/// shifted back. Only IMF-fixdate and asctime carry a four-digit year (an
-/// RFC 850 year is 1970–2069 by definition).
+/// `httpdate` reads the years 1970 to 9999 only, so a date before 1970 is
+/// shifted `400·k` years later (same weekday), validated, and shifted back.
+/// (An RFC 850 year is 1970–2069 by definition.)
 fn parse_http_date_before_1970(s: &str) -> Option<i128> {
     let year_at = match s.len() {
         29 => 12, // "Sun, 06 Nov 1994 08:49:37 GMT"

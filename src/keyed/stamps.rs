@@ -87,10 +87,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
 
     /// Gives back a reservation of [`reserve_stamps`](Self::reserve_stamps)
     /// if `key` still has the bucket it came from and nothing was stacked
-    /// on it since (see `Gcra::cancel`). A bucket dropped and created again
-    /// for the key starts past every epoch of the dropped one (see
-    /// `Shard::epoch_floor`), so it refuses the refund: a refund never
-    /// frees cells of a bucket it did not take them from.
+    /// on it since (see `Gcra::cancel`; a re-created bucket refuses it, see
+    /// the module docs).
     pub(crate) fn cancel_stamps<Q>(&self, key: &Q, stamps: Stamps) -> bool
     where
         K: core::borrow::Borrow<Q>,

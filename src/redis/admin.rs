@@ -67,28 +67,16 @@ impl RedisBucket {
     /// ceiling when it is faster or has a larger burst than the quota it
     /// was built with.
     ///
-    /// Stored, it is advice, not an order: each other process adopts it
-    /// with the reply to its next round trip (so its
-    /// [`quota`](RedisBucket::quota) changes then), within its own bounds:
-    /// never faster nor with a larger burst than its own ceiling (the
-    /// quota it was built with, or its own if higher), never slower than
-    /// 1/1000 of its own rate, and never a burst of more than the stored
-    /// rate gives in its ceiling's window (at least a second). Out of
-    /// them, it takes the quota clamped to them (logged with the
-    /// `tracing` feature). It goes back to its own quota when the key no
-    /// longer states one (expired, deleted).
+    /// Other processes adopt it with the reply to their next round trip,
+    /// within their own bounds (see *A stored quota is advice* on
+    /// [`RedisBucket`]).
     ///
-    /// The contract is [`TokenBucket::set_quota`]'s: the debt already
-    /// taken is kept, in cells (none forgiven, past the new burst too), a
-    /// running penalty keeps its end, and no burst is opened. The key
-    /// still expires: a quota stored with it is kept for one window of it
-    /// and a minute past the bucket's refill, from its last write. The
-    /// fail-open fallback follows at its share.
-    ///
-    /// Reservations taken before a change no longer give their cells back
-    /// (as [`Reservation::cancel`](crate::Reservation::cancel) after
-    /// [`TokenBucket::set_quota`]); setting the quota in force changes
-    /// nothing here.
+    /// The contract is [`TokenBucket::set_quota`]'s: the debt is kept in
+    /// cells (none forgiven), a running penalty keeps its end, and no burst
+    /// is opened. The key still expires (a stored quota lasts one window of
+    /// it and a minute past the bucket's refill). The fail-open fallback
+    /// follows at its share. Reservations taken before a change no longer
+    /// give their cells back; setting the quota in force changes nothing.
     ///
     /// # Errors
     ///

@@ -254,10 +254,8 @@ impl Common {
     }
 }
 
-/// `key` as a cluster key: unchanged when it already has a hash tag (a
-/// non-empty `{...}`), else wrapped whole in one, so that everything the
-/// script touches for one quota hashes to one slot whatever the key's
-/// characters.
+/// `key` as a cluster key: unchanged when it has a hash tag (a non-empty
+/// `{...}`), else wrapped whole in one, so one quota hashes to one slot.
 pub(super) fn hash_tagged(key: String) -> String {
     if let Some(open) = key.find('{')
         && let Some(close) = key[open + 1..].find('}')
@@ -302,11 +300,8 @@ impl RedisBucketBuilder {
     }
 
     /// The longest any Redis call may take (connecting included); default
-    /// 50 ms. It must be in `(0, MAX_TIMEOUT]`
-    /// ([`MAX_TIMEOUT`](RedisBucketBuilder::MAX_TIMEOUT) is 60 s):
-    /// [`build`](RedisBucketBuilder::build) refuses zero (every call would
-    /// fail) and anything longer (`Duration::MAX` would wait forever on a
-    /// server that accepts and never answers).
+    /// 50 ms. [`build`](RedisBucketBuilder::build) refuses zero and anything
+    /// above [`MAX_TIMEOUT`](RedisBucketBuilder::MAX_TIMEOUT) (60 s).
     ///
     /// # Examples
     ///
@@ -366,13 +361,12 @@ impl RedisBucketBuilder {
         self
     }
 
-    /// Decide on `clock`'s time instead of Redis's `TIME`. Every process on
-    /// the key must then share the clock, and the key no longer expires
-    /// (its expiry would be in Redis's time). Meant for tests and
-    /// simulations, with a [`ManualClock`](crate::ManualClock); the local
-    /// deadlines and leases use the same clock. A `reserve`'s `max_wait`
-    /// is then a span of that clock, not of real time, so it no longer
-    /// bounds the round trip: only the [`timeout`](Self::timeout) does.
+    /// Decide on `clock`'s time instead of Redis's `TIME` (tests and
+    /// simulations, with a [`ManualClock`](crate::ManualClock)). Every
+    /// process on the key must share the clock; the key no longer expires;
+    /// local deadlines and leases use it too, so a `reserve`'s `max_wait` no
+    /// longer bounds the round trip: only the [`timeout`](Self::timeout)
+    /// does.
     ///
     /// # Examples
     ///

@@ -153,32 +153,24 @@ impl Connection {
 
 impl RedisBucket {
     /// Sends `op` to Redis within the store timeout, or within `bound` (the
-    /// caller's budget) when that is shorter, unless the breaker says not
-    /// to try yet. Counts round trips, failures and calls out of budget.
+    /// caller's budget) when shorter, unless the breaker says not to try
+    /// yet. Counts round trips, failures and calls out of budget.
     ///
-    /// Every call also carries the refunds of reservations dropped unused
-    /// since the last one (see [`RedisReservation`](super::RedisReservation)),
-    /// this process's own quota and the bounds it takes a stored one
-    /// within; every reply carries the quota in force for this process:
-    /// the key's stored quota within those bounds, or its own when the key
-    /// states none. It becomes the quota in force here (the fail-open
-    /// fallback follows); the own quota stays as it was. A reply whose
-    /// quota is outside the bounds sent is not the script's: a failure.
+    /// Every call also carries the queued refunds, this process's own quota
+    /// and its bounds; every reply carries the quota in force for this
+    /// process, which becomes the quota here (a reply outside the bounds
+    /// sent is not the script's: a failure).
     ///
     /// Only a connection error or the store timeout trips the breaker.
-    /// Running out of a shorter `bound` is [`Failed::Budget`]: a caller
-    /// that could not wait for the round trip learns nothing about Redis's
-    /// health, and must not fail the callers after it. An error reply
-    /// means Redis is up: a failure for this call only.
+    /// Running out of a shorter `bound` is [`Failed::Budget`] (it says
+    /// nothing about Redis); an error reply fails this call only.
     pub(super) async fn call(&self, op: Op, bound: Option<Duration>) -> Result<Vec<i64>, Failed> {
         let now = self.clock.now_nanos();
         // The connection and its timer need a tokio runtime; without one,
         // this is a failure, not a panic (and queued refunds stay queued).
         let runtime = tokio::runtime::Handle::try_current().is_ok();
-        // The reply's quota must hold `expected`: the bounds sent, or,
-        // storing a new own quota (in force as it is), the bounds it
-        // makes. The own quota and bounds sent are still the old ones: the
-        // key's state converts from the quota in force under them.
+        // The reply's quota must hold `expected`: the bounds sent, or, when
+        // storing a new own quota, the bounds it makes.
         let (params, bounds, expected, refunds) = {
             let mut state = self.state.lock();
             if state.breaker.is_open(now) {

@@ -102,9 +102,7 @@ impl RedisBucket {
         self.state.lock().lease.live(now)
     }
 
-    /// Empties the lease into the give-back count and returns that count
-    /// (taken: the caller sends it). With `all == false`, a live lease is
-    /// kept.
+    /// As `LeaseState::drain`.
     pub(super) fn drain_lease(&self, all: bool) -> u32 {
         let now = self.clock.now_nanos();
         self.state.lock().lease.drain(all, now)

@@ -1,14 +1,8 @@
-//! `RedisBucket`: the [`TokenBucket`] contract enforced in Redis, so that
-//! every process on one API key shares one quota.
-//!
-//! A local bucket stops a process's own bursts, but two processes on one
-//! key each run their own and together send twice the key's rate. Here the
-//! GCRA decision runs inside Redis, atomically, in one round trip (a Lua
-//! script called by hash; see `script.rs` for the arithmetic), on Redis's
-//! clock.
-//!
-//! The public documentation (API shape, leasing, failure policy,
-//! runtime) is on [`RedisBucket`].
+//! `RedisBucket`: the [`TokenBucket`] contract enforced in Redis, so every
+//! process on one API key shares one quota (two local buckets would send
+//! twice the key's rate). The GCRA decision runs inside Redis, atomically,
+//! in one round trip (`script.rs`), on Redis's clock. The public
+//! documentation is on [`RedisBucket`].
 
 mod admin;
 mod breaker;
@@ -101,70 +95,58 @@ impl RedisStats {
 ///
 /// Each process builds its own `RedisBucket` on the key; all of them must
 /// use the same quota. The decision runs in Redis, atomically, in one
-/// round trip, on Redis's clock (`TIME`, integer microseconds: see the
-/// arithmetic in `src/redis/script.rs`); the key expires when the bucket
-/// is full again (a key stating a quota one window of it and a minute
-/// later).
+/// round trip, on Redis's clock (`TIME`, integer microseconds); the key
+/// expires when the bucket is full again (a key stating a quota one window
+/// of it and a minute later).
 ///
 /// # A stored quota is advice
 ///
 /// A quota stored with the key ([`set_quota`](RedisBucket::set_quota) in
 /// any process, or anyone who can write the key) is taken by this process
-/// only within its bounds: never faster, nor with a larger burst, than
-/// its ceiling (the quota it was built with, or the one it set itself if
-/// higher); never slower than 1/1000 of its own rate; never a burst of
-/// more than the stored rate gives in the ceiling's window (at least a
-/// second). Out of them it is clamped (logged with the `tracing`
-/// feature). The process keeps its own quota apart and is back on it as
-/// soon as the key states none. So no value in the key can make a
-/// process admit more than its own ceiling, or wait more than a thousand
-/// of its own periods a cell.
+/// only within its bounds: never faster, nor with a larger burst, than its
+/// ceiling (the quota it was built with, or the one it set itself if
+/// higher); never slower than 1/1000 of its own rate; never a burst of more
+/// than the stored rate gives in the ceiling's window (at least a second).
+/// Out of them it is clamped (logged with `tracing`). The process is back
+/// on its own quota as soon as the key states none.
 ///
 /// # Shape of the API
 ///
-/// A Redis decision is a network round trip, and so is a refund, so the
-/// methods are `async` and [`reserve`](RedisBucket::reserve) returns a
-/// [`RedisReservation`] whose [`cancel`](RedisReservation::cancel) is
-/// `async` too. Method names and error types are those of
-/// [`TokenBucket`]; both implement [`RateLimiter`], which callers
-/// (and the admission layer) take to accept either.
+/// A decision and a refund are network round trips, so the methods are
+/// `async`, as is [`cancel`](RedisReservation::cancel) on the
+/// [`RedisReservation`] that [`reserve`](RedisBucket::reserve) returns.
+/// Names and error types are [`TokenBucket`]'s; both implement
+/// [`RateLimiter`].
 ///
 /// # Leasing
 ///
 /// With [`lease`](RedisBucketBuilder::lease), a decision that reaches Redis
-/// takes up to `size` cells in the same round trip (only cells usable now,
-/// and never more than fit), and later calls are admitted from them
-/// locally, without a round trip, until they run out or the lease's `ttl`
-/// passes. Unused cells go back to Redis with the next round trip after
-/// the lease expires (or with [`release_lease`](RedisBucket::release_lease)).
+/// takes up to `size` cells in the same round trip (only cells usable now),
+/// and later calls are admitted from them locally until they run out or
+/// the lease's `ttl` passes. Unused cells go back with the next round trip
+/// after the lease expires (or with
+/// [`release_lease`](RedisBucket::release_lease)).
 ///
-/// The trade-off: fewer round trips against burstier fairness. Cells sit
-/// in one process while another is refused, and a process may spend the
-/// cells it holds after the window they were taken in. Over any window of
-/// length `t`, the cells admitted across `P` processes stay within
-/// `burst + t / period + P * size`; `size` is capped at the burst. A
-/// [`penalize`](RedisBucket::penalize) from another process reaches this
+/// The trade-off: fewer round trips against burstier fairness. Over any
+/// window of length `t`, the cells admitted across `P` processes stay
+/// within `burst + t / period + P * size` (`size` is capped at the burst).
+/// A [`penalize`](RedisBucket::penalize) from another process reaches this
 /// one at its next round trip, so up to `size` leased cells may still be
-/// spent under a penalty.
+/// spent under it.
 ///
 /// # Failure policy
 ///
 /// Every Redis call has a timeout ([`timeout`](RedisBucketBuilder::timeout),
-/// and never longer than a [`reserve`](RedisBucket::reserve) call's
-/// `max_wait`). When Redis does not answer within the store timeout (or
-/// the connection fails, or Redis answers with an error), the decision
-/// follows the [`FailPolicy`]: fall back to a local bucket at a share of
-/// the rate, or refuse with `Unavailable` (nothing consumed). A `max_wait`
-/// too short for the round trip is that caller's refusal
-/// (`RateLimited`), not a failure. After a connection error or a store
-/// timeout, decisions skip Redis for
-/// [`probe_interval`](RedisBucketBuilder::probe_interval)
-/// (so a dead server costs no timeouts), then try again; the connection
-/// (a `redis` crate `ConnectionManager`) reconnects on its own. Nothing
-/// here panics or waits without a bound. A call that timed out may still
-/// be applied by Redis later, and cells being given back with it are
-/// dropped rather than sent twice: failures only ever lose cells, never
-/// admit extra ones.
+/// never longer than a [`reserve`](RedisBucket::reserve)'s `max_wait`).
+/// When Redis does not answer in the store timeout (or the connection
+/// fails, or it answers with an error), the decision follows the
+/// [`FailPolicy`]: a local bucket at a share of the rate, or `Unavailable`
+/// (nothing consumed). A `max_wait` too short for the round trip is that
+/// caller's `RateLimited`, not a failure. After a connection error or a
+/// store timeout, decisions skip Redis for
+/// [`probe_interval`](RedisBucketBuilder::probe_interval), then try again
+/// (the connection reconnects on its own). Nothing here panics or waits
+/// without a bound. Failures only ever lose cells, never admit extra ones.
 ///
 /// # Runtime
 ///
@@ -332,23 +314,19 @@ impl RedisBucket {
     }
 
     /// Takes `n` cells usable within `max_wait`, or nothing, in one round
-    /// trip (or from the lease). `max_wait` is the caller's budget for the
-    /// whole call: the round trip's timeout is at most `max_wait` (when it
-    /// is not zero), and a wait that no longer fits once the reply is in
-    /// is given back and refused, so sleeping the returned
-    /// [`wait`](RedisReservation::wait) never passes the caller's deadline.
+    /// trip (or from the lease). `max_wait` bounds the whole call: the round
+    /// trip's timeout too (when not zero), and a wait that no longer fits
+    /// once the reply is in is given back and refused.
     ///
     /// # Errors
     ///
     /// As [`TokenBucket::reserve`], plus [`ReserveError::Unavailable`] when
     /// Redis does not answer within the store timeout and the policy is
     /// [`FailPolicy::FailClosed`]. When a `max_wait` shorter than the store
-    /// timeout runs out before Redis answers, the caller could not afford
-    /// the round trip: [`ReserveError::RateLimited`] with `retry_after` =
-    /// `max_wait` (the earliest an answer could have come), counted in
-    /// [`RedisStats::out_of_budget`]. That is this caller's refusal only:
-    /// it neither takes the failure policy nor makes other calls skip
-    /// Redis.
+    /// timeout runs out first: [`ReserveError::RateLimited`] with
+    /// `retry_after` = `max_wait`, counted in
+    /// [`RedisStats::out_of_budget`] (this caller's refusal only: no
+    /// failure policy, no effect on other calls).
     ///
     /// # Examples
     ///
@@ -453,12 +431,10 @@ impl RedisBucket {
     }
 
     /// The server said "not before `retry_after`" (a 429 or 503 with
-    /// `Retry-After`): no process on the key is admitted before then. At
-    /// that instant one cell fits, then one per period, as
-    /// [`TokenBucket::penalize`]. This process's unused leased cells go
-    /// back in the same round trip, and the fail-open fallback bucket is
-    /// penalized too. If Redis does not answer, only this process holds
-    /// back (through its fallback when failing open).
+    /// `Retry-After`): no process on the key is admitted before then, as
+    /// [`TokenBucket::penalize`]. This process's unused leased cells go back
+    /// in the same round trip; the fail-open fallback is penalized too. If
+    /// Redis does not answer, only this process holds back.
     ///
     /// # Examples
     ///
@@ -484,12 +460,10 @@ impl RedisBucket {
     }
 
     /// Takes `n` more cells in Redis now, whatever the wait and the burst:
-    /// debt every process waits for (a call that used more than it
-    /// reserved). One round trip, which also gives back this process's
-    /// unused leased cells; the fail-open fallback bucket is charged too.
-    /// If Redis does not answer, the charge is lost (it is not sent again:
-    /// Redis may have applied it), which admits at most `n` cells more
-    /// across the fleet.
+    /// debt every process waits for. One round trip, which also gives back
+    /// this process's unused leased cells; the fail-open fallback is
+    /// charged too. If Redis does not answer, the charge is lost (not sent
+    /// again: Redis may have applied it).
     ///
     /// # Examples
     ///
@@ -514,12 +488,11 @@ impl RedisBucket {
         let _ = self.call(Op::Charge { n, give }, None).await;
     }
 
-    /// Gives back `n` cells taken earlier and not used (a call that used
-    /// less than it reserved), however many other processes took since:
-    /// the key refills by `n` cells' worth, never past full and never
-    /// into a [`penalize`](Self::penalize) hold. One round trip, which also
-    /// gives back this process's unused leased cells. If Redis does not
-    /// answer, the refund is lost (errs towards admitting less).
+    /// Gives back `n` cells taken earlier and not used, however many other
+    /// processes took since: the key refills by `n` cells' worth, never
+    /// past full and never into a [`penalize`](Self::penalize) hold. One
+    /// round trip, which also gives back unused leased cells. If Redis does
+    /// not answer, the refund is lost (errs towards admitting less).
     ///
     /// # Examples
     ///

@@ -13,27 +13,20 @@ use crate::clock::saturating_nanos;
 ///
 /// # Dropping it
 ///
-/// A reservation dropped **after** its wait has passed keeps its cells:
-/// the call ran (or is running). One dropped **before** its wait has
-/// passed was abandoned (its caller gave up, or the future sleeping the
-/// wait was cancelled; nothing may use the cells before the wait), so it
-/// gives them back, at most once:
+/// A reservation dropped **after** its wait has passed keeps its cells.
+/// One dropped **before** it was abandoned, so it gives them back, at most
+/// once:
 ///
-/// * cells from this process's lease or from the fail-open fallback go
-///   back at once, in `Drop`;
-/// * cells taken in Redis cannot (a round trip cannot run in `Drop`): the
-///   refund is queued in the bucket (at most
-///   [`MAX_QUEUED_REFUNDS`](super::RedisBucket::MAX_QUEUED_REFUNDS), the oldest
-///   forgotten first) and sent with the bucket's **next round trip**,
-///   whatever its operation. No task is spawned and nothing needs
-///   flushing; a bucket that makes no further call never sends it, and
-///   its cells count as used until the bucket refills. Queued refunds wait
-///   while the breaker skips Redis; if the round trip carrying them fails,
-///   they are dropped (Redis may have applied them, and applying one twice
-///   could undo another process's take). Redis applies each
-///   refund as [`cancel`](RedisReservation::cancel) does, only if no
-///   other take was stacked on it since, so a stack of dropped
-///   reservations unwinds whole; counted in
+/// * cells from this process's lease or the fail-open fallback go back at
+///   once, in `Drop`;
+/// * cells taken in Redis are queued in the bucket (at most
+///   [`MAX_QUEUED_REFUNDS`](super::RedisBucket::MAX_QUEUED_REFUNDS), the
+///   oldest forgotten first) and sent with the bucket's **next round
+///   trip**, whatever its operation. No task is spawned; a bucket that makes
+///   no further call never sends them (the cells count as used until it
+///   refills). If the round trip carrying them fails, they are dropped.
+///   Redis applies each as [`cancel`](RedisReservation::cancel) does, so a
+///   stack of dropped reservations unwinds whole; counted in
 ///   [`RedisStats::refunded`](super::RedisStats::refunded).
 ///
 /// A caller that takes the wait and lets the reservation go before using

@@ -13,18 +13,14 @@
 //! new tat  = max(tat, at) + n*T
 //! ```
 //!
-//! `not_before` is capped at `max_wait` by the caller, so `at` adds no term
-//! beyond the bounds below.
+//! `not_before` is capped at `max_wait` by the caller.
 //!
-//! Lua 5.1 numbers are doubles, exact for integers below 2^53. `now` is
-//! about 1.8 * 10^15 µs today (2^53 µs is the year 2255); the period is the
-//! quota's nanoseconds rounded *up* to whole microseconds (so the shared
-//! rate never exceeds the one asked for), and the tolerance `τ = burst*T`,
-//! every wait and every penalty are capped at 2^51 µs (71 years), so every
-//! sum the script forms stays below 2^53. Divisions (`available`, lease
-//! sizes) divide integers below 2^53, where `floor` of the rounded quotient
-//! is the exact integer quotient. Values are written back with `%.0f`
-//! (Lua's `tostring` keeps only 14 digits).
+//! Lua 5.1 numbers are doubles, exact for integers below 2^53 (`now` in µs
+//! reaches 2^53 in 2255). The period is the quota's nanoseconds rounded
+//! *up* to whole µs (the shared rate never exceeds the one asked for); the
+//! tolerance, every wait and every penalty are capped at 2^51 µs, so every
+//! sum stays below 2^53 and `floor` of a quotient is exact. Values are
+//! written back with `%.0f` (`tostring` keeps only 14 digits).
 //!
 //! # The key
 //!
@@ -32,81 +28,56 @@
 //! lease returning cells or a refund never lowers `tat` below it, so a 429
 //! seen by one process holds every process back until its retry time.
 //!
-//! A quota set at run time (`set_quota`) is stored in the same hash, as
-//! `qt` (period, µs) and `qb` (burst). It is advice, not an order: each
-//! process takes it within its own [`Bounds`] (below), and every reply
-//! starts with the quota in force for the caller (and the stored one as
-//! written), so every process adopts it at its next round trip. The
-//! conversion keeps the debt in cells, as `bucket/gcra.rs` `convert`
-//! does: `ceil(debt * T' / T)`, none forgiven (a lowered burst leaves the
-//! bucket over-drawn), and the part of the wait a running penalty
-//! explains keeps its end in time, the bucket drained behind it. The kept
-//! debt is capped at 2^51 µs. In doubles, `debt * T'` may pass 2^53 for
-//! very long periods; the script then rounds the kept debt up by one more
-//! microsecond (more debt is the safe side).
+//! A quota set at run time (`set_quota`) is stored as `qt` (period, µs) and
+//! `qb` (burst). It is advice: each process takes it within its own
+//! [`Bounds`], and every reply starts with the quota in force for the
+//! caller, so every process adopts it at its next round trip. The
+//! conversion keeps the debt in cells as `bucket/gcra.rs` `convert` does
+//! (none forgiven; a running penalty's part kept in time), capped at 2^51
+//! µs; where `debt * T'` passes 2^53 it rounds up one more µs (safe side).
 //!
-//! Every write `PEXPIRE`s the key: when the bucket is full again (`tat -
-//! now`, at least 1 ms), so idle keys cost nothing; when the key states a
-//! quota, one window of it (its tolerance in force, `τ`) and a minute
-//! (the script's `KEEP_MS`) later, so that a process starting meanwhile
-//! still learns it, and no later: a tenant's key goes within `τ` and a
-//! minute of its refill, whether or not a limit was stated (nothing is
-//! `PERSIST`ed). On an explicit clock (tests, simulations), whose time is
-//! not Redis's, the expiry gets an hour (`EXPLICIT_MS`) more, so no
-//! real pause drops state that clock still needs. A key found without an
-//! expiry (written by hand, or persisted by an earlier version) gets one
-//! with the first call that reads it.
+//! Every write `PEXPIRE`s the key: when the bucket is full again (at least
+//! 1 ms); when the key states a quota, `τ` and a minute (`KEEP_MS`) later,
+//! so a process starting meanwhile still learns it. Nothing is
+//! `PERSIST`ed. On an explicit clock (tests) the expiry gets an hour
+//! (`EXPLICIT_MS`) more. A key found without an expiry gets one.
 //!
 //! # Bounds
 //!
 //! A process sends its own quota (the one it was built with, or the last
-//! it set itself: a limit its server stated to it) and the bounds it
-//! takes a stored quota within ([`Bounds::new`]). The script, the one
-//! place the rule runs, takes a stored `(T, b)` as
+//! it set itself) and its bounds ([`Bounds::new`]). The script takes a
+//! stored `(T, b)` as
 //!
 //! ```text
 //! T' = clamp(T, min_period, max_period)
 //! b' = min(b, max_burst, max(1, floor(window / T')))
 //! ```
 //!
-//! - never faster than the ceiling: `min_period` is the shorter period
-//!   of the quota the process was built with and its own (a server that
-//!   stated a higher limit to this process raised it);
-//! - never slower than the floor: `max_period` is [`FLOOR_FACTOR`] (1000)
-//!   times its own period (a rate at least 1/1000 of its own; a poisoned
-//!   `qt = 2^51`, 71 years a cell, becomes 200 s a cell for a 5/s quota);
-//! - never a burst above the ceiling's (`max_burst`, the larger burst),
-//!   nor more than the stored rate gives in the ceiling's window
-//!   (`window`: the longer tolerance of the two quotas, at least
-//!   [`MIN_WINDOW_US`], one second: a limit stated "per window" allows no
-//!   more than that window's cells at once).
+//! - `min_period`: the shorter of the built-with and own periods (the
+//!   ceiling);
+//! - `max_period`: [`FLOOR_FACTOR`] (1000) times its own period;
+//! - `max_burst`: the larger burst; `window`: the longer tolerance of the
+//!   two quotas, at least [`MIN_WINDOW_US`] (one second).
 //!
-//! So over any span `t` a process admits at most `max_burst + t /
-//! min_period`, what its own ceiling allows, whatever the key says; and
-//! its own quota is always within its bounds. A stored quota outside them
-//! is not rewritten (another process, told a higher limit, may hold it
-//! legitimately): each process clamps it, and says so once in its log
-//! (`tracing`, a warning, when the quota in force changes to a clamped
-//! one). When the key states no quota (expired, deleted, lost in a
-//! failover), the reply brings the process's own again.
+//! So a process admits at most `max_burst + t / min_period` over any span
+//! `t`, whatever the key says. A stored quota outside the bounds is not
+//! rewritten (another process may hold it legitimately): each process
+//! clamps it and logs once (`tracing`). When the key states no quota, the
+//! reply brings the process's own again.
 //!
 //! # Refunds of dropped reservations
 //!
-//! Each call carries the refunds queued by reservations dropped before
-//! their wait had passed: `(before, after, n)` triples, sorted by `after`,
-//! highest first. Each is applied as a `cancel` is (`tat = max(before, p)`
-//! when `tat == after`, that is, when nothing is stacked on it) in that
-//! order, so a stack of dropped reservations unwinds in one call
-//! whichever order they were dropped in; one with a take of another
-//! process on top stays taken (the safe side). The reply's first field is
-//! the number of cells given back.
+//! Each call carries the refunds of reservations dropped before their wait
+//! had passed: `(before, after, n)`, sorted by `after`, highest first, each
+//! applied as a `cancel` (`tat = max(before, p)` when `tat == after`), so a
+//! stack of dropped reservations unwinds in one call; one with another
+//! process's take on top stays taken. The reply's first field is the
+//! number of cells given back.
 //!
-//! The script owns the key. A value it could not have written (not a
-//! hash, a field that is not an integer in `[0, now + 2^52]`: `1e300`,
-//! `abc`, `-1`, `inf`) is repaired on the safe side, to an empty bucket
-//! refilling from now (`tat = max(tat, p, now + τ)`, keeping a valid
-//! field), with a warning in the Redis log. The caller then sees an
-//! ordinary denial with a real wait, never a zero-wait one.
+//! The script owns the key. A value it could not have written (not a hash,
+//! a field outside the integers in `[0, now + 2^52]`) is repaired on the
+//! safe side, to an empty bucket refilling from now, with a warning in the
+//! Redis log: the caller sees an ordinary denial with a real wait.
 
 use ::redis::aio::ConnectionLike;
 use ::redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind};

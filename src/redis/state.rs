@@ -19,10 +19,8 @@ pub(super) struct State {
     /// reply carried it, else `own`.
     pub(super) quota: Quota,
     pub(super) params: Params,
-    /// This process's own quota: the one it was built with, or the last
-    /// it set itself (`set_quota`: a limit its server stated to it). Sent
-    /// with every call, and in force again whenever the key states no
-    /// quota; a stored quota never replaces it.
+    /// This process's own quota (built with, or last set itself). Sent with
+    /// every call, and in force whenever the key states none.
     pub(super) own: Quota,
     pub(super) own_params: Params,
     /// The quota it was built with: with `own`, the ceiling a stored

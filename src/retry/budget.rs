@@ -5,16 +5,13 @@
 //!
 //! # The account
 //!
-//! One word holds the balance (in thousandths of a retry) and the time of
-//! its last change (milliseconds, wrapping). Every call's first attempt
-//! deposits `ratio`; every retry withdraws one. The balance decays
-//! exponentially with the window as its time constant, so a burst of
-//! successes long ago does not pay for a storm now: with first attempts
-//! at `q` per second the balance settles at `ratio × q × window`, and
-//! retries are held to `ratio × q` on average. A floor of `min_per_sec`
-//! retries a second (its own token bucket, burst one second's worth) lets
-//! a quiet caller still retry. Deposits and withdrawals are one
-//! compare-and-swap each; nothing blocks.
+//! One word holds the balance (thousandths of a retry) and the time of its
+//! last change (ms, wrapping). Every first attempt deposits `ratio`; every
+//! retry withdraws one. The balance decays exponentially with the window as
+//! time constant, so with first attempts at `q`/s it settles at `ratio × q
+//! × window` and retries are held to `ratio × q` on average. A floor of
+//! `min_per_sec` (its own token bucket) lets a quiet caller still retry.
+//! Every change is one CAS; nothing blocks.
 
 use core::fmt;
 use core::num::NonZeroU32;
@@ -27,9 +24,8 @@ use crate::sync::{AtomicU64, Ordering};
 /// Thousandths of a retry per unit of balance.
 const MILLI: f64 = 1_000.0;
 
-/// How far ahead of a thread's `now` another thread's stamp can be (it
-/// read the clock later, and won the race to write): a minute is far more
-/// than any such race, and far less than the 49.7 days the stamp wraps at.
+/// How far ahead of a thread's `now` another thread's stamp can be (a race
+/// to write): far more than any race, far less than the 49.7-day wrap.
 const BEHIND_MS: u32 = 60_000;
 
 /// A process-wide retry budget (the Finagle / tower `retry::budget` idea):
@@ -148,9 +144,7 @@ impl<C: Clock + Clone> RetryBudget<C> {
     /// Applies `f` to the decayed balance in one compare-and-swap loop;
     /// `false` (and nothing written) when `f` refuses.
     fn update(&self, f: impl Fn(u32) -> Option<u32>) -> bool {
-        // Relaxed throughout: the word is its own and only datum; the RMW
-        // orders every change to it, and no other memory is published
-        // through it.
+        // Relaxed throughout: the word is its own and only datum.
         let mut current = self.state.load(Ordering::Relaxed);
         loop {
             let now = self.now_ms();
@@ -175,12 +169,9 @@ impl<C: Clock + Clone> RetryBudget<C> {
     /// nothing).
     fn decayed(&self, balance: u32, stamp: u32, now: u32) -> u32 {
         let elapsed = now.wrapping_sub(stamp);
-        // The clock never goes back, but a thread may read `now` just
-        // before another one stamps a later instant: a stamp at most
-        // `BEHIND` ahead is that race, and decays nothing. Any other
-        // difference is time that passed (the 32-bit stamp wraps after
-        // 49.7 days: an idle of more than 24.8 days read as the clock
-        // going back left the balance undecayed for good, issue #40).
+        // A stamp at most `BEHIND` ahead of `now` is a racing writer, and
+        // decays nothing; any other difference is time that passed (even
+        // past half the 32-bit wrap, issue #40).
         if elapsed == 0 || elapsed > u32::MAX - BEHIND_MS {
             return balance;
         }
@@ -249,9 +240,8 @@ mod tests {
         assert!(huge.available() > 4_000_000.0);
     }
 
-    /// Issue #40 item 10: after ~25 idle days the elapsed time (over
-    /// `u32::MAX / 2` ms) was read as the clock going backwards, and the
-    /// balance never decayed again.
+    /// A balance idle for over `u32::MAX / 2` ms still decays (issue #40
+    /// item 10).
     #[test]
     fn retry_budget_forgets_to_decay_after_25_idle_days_is_fixed() {
         let c = ManualClock::new();
@@ -267,8 +257,7 @@ mod tests {
     }
 
     /// The balance in retries, a window's decay, the floor, and the race
-    /// bound (cargo-mutants on `with_clock`, `try_withdraw`, `available`
-    /// and `decayed` survived the tests above).
+    /// bound.
     #[test]
     fn the_balance_counts_retries_decays_by_e_per_window_and_falls_back_to_the_floor() {
         let c = ManualClock::new();

@@ -9,11 +9,9 @@
 //!   [`charge`](Deadline::charge) accepts a wait only if it fits: a retry
 //!   that would sleep past the deadline is refused (`timed_out`)
 //!   instead of sleeping.
-//! * [`RetryPolicy`]: the one owner of retry decisions. It classes an
-//!   answer once (capacity, transient, final), holds the retry
-//!   cap, lets the server's wait (clamped) override the computed backoff,
-//!   and answers with a [`Decision`]; a retry it will not make now is a
-//!   [`Throttled`](crate::Throttled), the crate's one "not now".
+//! * [`RetryPolicy`]: the one owner of retry decisions: classes an answer
+//!   once, holds the retry cap, lets the server's wait (clamped) override
+//!   the backoff, and answers with a [`Decision`].
 //! * [`RetryBudget`]: retries as a share of calls, across callers.
 //! * [`Attempts`] and [`RequestDeadline`]: the request count a response
 //!   carries and one request's own deadline, in `http::Extensions` (read

@@ -12,10 +12,9 @@ use super::{Backoff, Deadline};
 use crate::throttled::{Human, Status, Throttled};
 use crate::{headers::Advice, headers::Clamp, headers::ServerHint, Clock};
 
-/// How a [`RetryPolicy`] classes one attempt's answer (see
-/// `RetryPolicy::classify`). Crate-private: callers get the class's
-/// consequence from [`decide_reply`](RetryPolicy::decide_reply), so the
-/// policy classifies once.
+/// How a [`RetryPolicy`] classes one attempt's answer. Crate-private:
+/// callers get its consequence from
+/// [`decide_reply`](RetryPolicy::decide_reply), which classifies once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum ReplyClass {
     /// 2xx.
@@ -34,9 +33,8 @@ pub(crate) enum ReplyClass {
 
 /// What to do after a failed attempt.
 ///
-/// When the policy will not retry "now", it says why in the crate's one
-/// vocabulary for "not now", a [`Throttled`]: `rate_limited` (the server's
-/// wait is longer than the clamp or the deadline, or a capacity answer
+/// When the policy will not retry "now", it says why as a [`Throttled`]:
+/// `rate_limited` (the server's wait does not fit, or a capacity answer
 /// outlasted the retries) or `timed_out` (our own backoff would pass the
 /// deadline, or it has passed).
 ///
@@ -88,10 +86,9 @@ pub enum Decision {
 }
 
 /// Decides, after each failed attempt of one call, whether and when to
-/// retry. It owns every part of that decision: how an answer is classed
-/// (once, in [`decide_reply`](Self::decide_reply)), the retry cap, the clamp on the
-/// server's wait and the backoff. [`Runner`](crate::admission::Runner) asks it after
-/// every attempt that did not succeed and does what it says.
+/// retry: how an answer is classed, the retry cap, the clamp on the
+/// server's wait and the backoff. [`Runner`](crate::admission::Runner)
+/// asks it after every attempt that did not succeed.
 ///
 /// [`decide_reply`](Self::decide_reply) sees the whole answer (a status or
 /// a transport error, and the headers):
@@ -104,16 +101,14 @@ pub enum Decision {
 /// | anything else | final | [`Stop`](Decision::Stop) |
 ///
 /// [`decide`](Self::decide) (a fault, given the server's hint), in order:
-/// past the attempt cap, [`Decision::GiveUp`]. Once the deadline has
-/// passed, [`NotRetried`](Decision::NotRetried) `timed_out`, whatever the
-/// wait (even zero). If the server gave a wait ([`ServerHint::wait`])
-/// longer than the clamp or the remaining deadline, `NotRetried`
-/// `rate_limited`; otherwise the server's wait overrides the
-/// backoff, plus a jitter of up to `base` (dropped when only the exact wait
-/// fits) so clients told the same `Retry-After` do not come back in
-/// lockstep, and never earlier than asked. Without a server wait, the
-/// [`Backoff`] delay, `timed_out` if it does not fit the deadline. A
-/// retry's wait is charged to the deadline; a surfaced one costs nothing.
+/// past the attempt cap, [`Decision::GiveUp`]; past the deadline,
+/// [`NotRetried`](Decision::NotRetried) `timed_out` (even for a zero
+/// wait); a server wait ([`ServerHint::wait`]) longer than the clamp or
+/// the deadline left, `NotRetried` `rate_limited`; otherwise the server's
+/// wait overrides the backoff, plus a jitter of up to `base` (dropped when
+/// only the exact wait fits), never earlier than asked. Without a server
+/// wait, the [`Backoff`] delay, `timed_out` if it does not fit. A retry's
+/// wait is charged to the deadline; a surfaced one costs nothing.
 ///
 /// A surfaced [`Throttled`] names its scope as [`Admission`](crate::admission::Admission)
 /// does: `server:<name>` when the server named its limit, else `api_key`
@@ -572,8 +567,7 @@ mod classify_tests {
     use super::*;
     use std::time::SystemTime;
 
-    /// Issue #12: the runner classified statuses itself (`is_capacity`,
-    /// `retryable`) beside the policy. The policy now owns the table.
+    /// The policy, not the runner, owns the status table (issue #12).
     #[test]
     fn the_policy_classes_every_answer() {
         use ReplyClass::{Capacity, Final, Success, Transient};

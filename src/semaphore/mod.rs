@@ -1,19 +1,10 @@
 //! An async, FIFO, cancellation-safe counting semaphore.
 //!
-//! [`Semaphore`] has the API of `tokio::sync::Semaphore` (tokio 1.54): the
-//! same method names, signatures, errors, panics and edge cases, so moving
-//! to it is a one-line change of a `use`. It differs where tokio's could be
-//! better:
-//!
-//! * Releasing permits while nobody waits is one compare-and-swap; tokio
-//!   takes its wait-list mutex on every release.
-//! * The acquire futures are named types ([`Acquire`], `AcquireOwned`), so
-//!   they can be stored in structs without boxing.
-//! * Nothing depends on a runtime: futures use only `core::task::Waker`, and
-//!   the `blocking_*` methods park the calling thread.
-//!
-//! The algorithm (state word, invariants, wait list) is documented in
-//! `src/semaphore/raw.rs`.
+//! [`Semaphore`] has the API of `tokio::sync::Semaphore` (tokio 1.54), so
+//! moving to it is a one-line change of a `use`. It differs where tokio's
+//! could be better: a release with nobody waiting is one CAS (tokio takes
+//! its mutex), the acquire futures are named types, and nothing depends on
+//! a runtime. The algorithm is documented in `raw.rs`.
 
 mod acquire;
 mod permit;
@@ -157,20 +148,16 @@ impl std::error::Error for TryAcquireError {}
 impl Semaphore {
     /// The maximum number of permits a semaphore can hold: `usize::MAX >> 3`.
     ///
-    /// Exceeding it panics, with tokio's messages and at tokio's moment:
-    /// [`new`](Self::new) or an acquire asking for more; or a release (an
-    /// [`add_permits`](Self::add_permits) call, or the drop of a permit)
-    /// whose permits, after serving the queued waiters, would push
-    /// [`available_permits`](Self::available_permits) past it. Like tokio,
-    /// `add_permits` only checks the permits available, not those held: a
-    /// permit out while `add_permits` fills the semaphore to the bound
-    /// panics when it is dropped.
+    /// Exceeding it panics with tokio's messages at tokio's moment: in
+    /// [`new`](Self::new), an acquire asking for more, or a release
+    /// ([`add_permits`](Self::add_permits) or a permit's drop) whose leftover
+    /// after serving queued waiters would push
+    /// [`available_permits`](Self::available_permits) past it. So a permit
+    /// held while `add_permits` fills the semaphore panics when dropped.
     ///
-    /// Unlike tokio, the count never passes the bound, even for a moment or
-    /// under concurrent calls: the release that would pass it is refused
-    /// (its permits are dropped, the count is unchanged) and then panics.
-    /// A permit dropped during unwinding does not panic a second time
-    /// (which would abort); its permits are dropped.
+    /// Unlike tokio, the count never passes the bound, even for a moment: the
+    /// offending release is refused (count unchanged), then panics. A permit
+    /// dropped during unwinding does not panic again; its permits are dropped.
     ///
     /// # Examples
     ///
@@ -634,13 +621,9 @@ impl Semaphore {
     }
 }
 
-// Unwind safe, like tokio's `Semaphore` (so `catch_unwind(|| sem.add_permits(n))`
-// compiles after a switch from tokio). The raw pointers and cells inside
-// opt it out automatically, but no panic leaves the semaphore half-updated:
-// the `MAX_PERMITS` and request-size checks panic before changing anything;
-// a panicking waker (clone, wake or drop) runs outside the lock, and a
-// panicking wake is resumed only after the hand-off it interrupted is
-// complete; the wait-list mutex does not poison.
+// Unwind safe, like tokio's `Semaphore`: no panic leaves it half-updated
+// (bound checks panic before any change, wakers run outside the lock and
+// their panics are resumed after the hand-off, the mutex does not poison).
 impl std::panic::UnwindSafe for Semaphore {}
 impl std::panic::RefUnwindSafe for Semaphore {}
 

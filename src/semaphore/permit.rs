@@ -47,25 +47,18 @@ pub struct OwnedSemaphorePermit {
     held: Held,
 }
 
-/// A permit's count and what its release's CAS expects the state word to
-/// be (see [`Guess`]), in one word: the guess takes the four bytes the
-/// pointer's alignment leaves spare.
-///
-/// One word, not two fields, so that a permit is two scalars (a pointer
-/// and a word) and a call returns it in two registers. As three fields it
-/// is returned through memory, and the caller's 16-byte load of it waits
-/// for the callee's three narrower stores to drain (a failed store
-/// forward): perf put a third of an uncontended `acquire().await` + drop
-/// on that load.
+/// A permit's count and its release's [`Guess`] in one word (the guess
+/// takes the four bytes the pointer's alignment leaves spare). One word so
+/// a permit is returned in two registers, not through memory (measured:
+/// a failed store forward cost a third of an uncontended acquire + drop).
 ///
 /// | bit 63 | bits 32-62 | bits 0-31 |
 /// | --- | --- | --- |
 /// | 0 (narrow) | the guess (its bit 31 is 0) | the count |
 /// | 1 (wide) | the count's high bits | the count's low bits; no guess |
 ///
-/// A count past `u32::MAX` (merged permits: tokio's counts are `usize`)
-/// or a guess with bit 31 set (`Guess::NONE`, or a word of 2^29 permits or
-/// more) is wide: the release loads the word, as with no guess.
+/// A count past `u32::MAX` or a guess with bit 31 set is wide: the release
+/// loads the word, as with no guess.
 #[derive(Clone, Copy)]
 struct Held(u64);
 

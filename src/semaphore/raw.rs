@@ -25,17 +25,12 @@
 //! # Acquiring
 //!
 //! `try_acquire` (and an acquire future's first poll) is one CAS taking
-//! `n` permits off the count. Its expected value is the word this thread
-//! last left this semaphore in, kept in a thread-local slot (`hint.rs`),
-//! when there is one that would let the CAS succeed; else a load. A load
-//! first makes the CAS wait on it: one thread's `try_acquire` + drop went
-//! from 14.5 to 12.6 ns with the hint (Intel Xeon, BENCHMARKS.md). As
-//! with the release's guess below, the hint is never believed on its
-//! own: one that says closed or too few permits is replaced by a load,
-//! and a wrong one is a failed CAS, which returns the word. A failed CAS
-//! backs off only if the word it returned lets the acquire try again; a
-//! word with too few permits fails it at once (two threads on one permit
-//! went 78-91 -> 65-81 ns per acquisition).
+//! `n` permits off the count. Its expected value is this thread's hint
+//! (`hint.rs`: the word it last left this semaphore in) when that would
+//! let the CAS succeed, else a load (measured faster, see BENCHMARKS.md).
+//! The hint is never believed on its own: one saying closed or too few
+//! permits is replaced by a load, and a wrong one is a failed CAS. A
+//! failed CAS backs off only if the word it returned lets it try again.
 //!
 //! # Releasing
 //!
@@ -50,30 +45,20 @@
 //! when that panics, and how it matches tokio).
 //!
 //! A permit's drop does not load the word before that CAS: it expects the
-//! value its own acquire left (a [`Guess`], kept in the permit's spare
-//! four bytes). When nothing changed the word meanwhile (one permit
-//! passing between threads, or one task's acquire and release) the CAS
-//! is the only access, and on another core's line that is one transfer
-//! instead of two (a load fetches the line shared, the CAS then has to
-//! upgrade it). A wrong guess costs a failed CAS, which returns the word,
-//! and the loop goes on from there as it would from a load. The guess is
-//! never believed on its own: it is only the CAS's expected value, and a
-//! guess that would decide anything without a CAS (`QUEUED` set, the
-//! bound reached) is replaced by a load first.
+//! value its own acquire left (a [`Guess`], in the permit's spare four
+//! bytes), saving a cache-line transfer when nothing changed the word. A
+//! wrong guess costs a failed CAS, which returns the word. A guess that
+//! would decide anything without a CAS (`QUEUED` set, the bound reached)
+//! is replaced by a load first.
 //!
 //! The locked path wakes in batches after unlocking. A waker that panics
 //! strands nothing: the rest of its batch is woken, the remaining waiters
 //! are served and the leftover stored, and then the panic is resumed
-//! (`WakeBatch` in `wait_list.rs`; tokio drops the rest of the batch).
+//! (`WakeBatch` in `wait_list.rs`).
 //!
-//! Every waiter a release satisfies is woken then, not when the waiter
-//! before it has run. futures-intrusive wakes one at a time (the woken
-//! waiter's poll wakes the next): on an idle two-worker runtime that lets
-//! tokio park a worker, and 64 tasks on 4 permits run on one core in
-//! about 0.6x our time. But permits then wait on tasks nobody woke, and
-//! with as many other tasks as workers a minimal FIFO that wakes one at
-//! a time reads 1.0x futures-intrusive where one that wakes at once reads
-//! 0.76x (ours 0.72x; `benches/semaphore/fifo_floor.rs`, BENCHMARKS.md).
+//! Every waiter a release satisfies is woken then, not one at a time by
+//! the waiter before it (that leaves permits waiting on tasks nobody
+//! woke; `benches/semaphore/fifo_floor.rs`, BENCHMARKS.md).
 //!
 //! # The waiter node
 //!
@@ -107,22 +92,14 @@ const SHIFT: usize = 2;
 const NODE_CLOSED: usize = 1;
 
 /// Whether any semaphore in this process has ever been closed: set by
-/// [`RawSemaphore::close`], never cleared. A waiter whose permits were all
-/// handed to it reads it before the state word (see `finish_terminal` in
-/// `wait.rs`): while it is clear no semaphore can be closed, and the
-/// state word's line, which every acquire and release on the semaphore
-/// writes, is not pulled to this core once more. In the 64-task,
-/// two-worker row skipping that load went 1.69-1.78x -> 1.55-1.64x
-/// futures-intrusive (three alternating pairs on an Intel Xeon,
-/// BENCHMARKS.md). Once any semaphore closes,
-/// every such completion reads the state word, as it did before.
+/// [`RawSemaphore::close`], never cleared. A fully served waiter reads it
+/// before the state word (`finish_terminal` in `wait.rs`): while it is
+/// clear no semaphore can be closed and the contended state word is not
+/// read (measured faster, BENCHMARKS.md).
 ///
-/// Under loom each semaphore keeps the flag itself (`closed_hint`): a
-/// static would carry one execution's (or one concurrently running
-/// model's) close into the next, and loom needs every execution of a
-/// model to take the same branches for the same schedule. The protocol
-/// (set before the close takes the lock, read `Relaxed` before the state
-/// word) is the same, so the models run both paths.
+/// Under loom each semaphore keeps its own flag (`closed_hint`), since a
+/// static would leak one execution's close into the next; the protocol is
+/// the same.
 #[cfg(not(all(test, feature = "loom")))]
 static ANY_CLOSED: AtomicBool = AtomicBool::new(false);
 
@@ -143,8 +120,8 @@ impl Guess {
         u32::try_from(word).map_or(Guess::NONE, Guess)
     }
 
-    /// For a permit to pack (any bits are a sound guess: it is only ever a
-    /// CAS's expected value).
+    /// For a permit to pack (any bits are a sound guess: only ever a CAS's
+    /// expected value).
     #[inline]
     pub(crate) const fn to_bits(self) -> u32 {
         self.0
@@ -160,16 +137,9 @@ impl Guess {
 /// Same bound as tokio: the count must fit the word with room for flags.
 pub(crate) const MAX_PERMITS: usize = usize::MAX >> 3;
 
-/// Aligned to its size (32 bytes on 64-bit targets), so it never
-/// straddles two cache lines: every acquire, release and queued waiter
-/// touches the state word and the wait list's lock together, and split
-/// across lines each of them moves two lines between cores. Unaligned,
-/// an `Arc<Semaphore>` sat across a line in about one allocation of
-/// four: two threads queuing and cancelling (`oversubscribed`) ran
-/// 3.4-3.6 M ops/s in six processes where it did, 5.1-5.2 M in three
-/// aligned, and the 64-task, two-worker row read 1.54-1.72x
-/// futures-intrusive against 1.49-1.51x aligned (three alternating pairs;
-/// Intel Xeon, BENCHMARKS.md). An `Arc` of it takes 64 bytes, not 48.
+/// Aligned to its size (32 bytes on 64-bit targets) so the state word and
+/// the lock, touched together, never straddle two cache lines (measured
+/// faster, see BENCHMARKS.md). An `Arc` of it takes 64 bytes, not 48.
 #[repr(align(32))]
 pub(crate) struct RawSemaphore {
     /// See the module docs for the layout.
@@ -187,10 +157,8 @@ type Node = WaitNode;
 /// Where an acquire future is in its life, and whether its node is
 /// written.
 ///
-/// Four bytes, like `needed` beside it: a new future's two constant
-/// fields are then one 8-byte store, which the 8-byte load of its move
-/// into an `.await` (or a `pin!`) forwards from; a 1-byte phase is a
-/// second, narrower store, and that load waits for both to drain.
+/// `repr(u32)`, like `needed` beside it, so a new future's two fields are
+/// one 8-byte store that the move into an `.await` can forward from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 enum Phase {
@@ -206,15 +174,11 @@ enum Phase {
     Settled,
 }
 
-/// The part of an acquire future that talks to the semaphore: the node,
-/// the number of permits wanted and the phase. `Acquire` and `AcquireOwned`
-/// wrap it with a borrowed or an owned semaphore.
+/// An acquire future's core: the node, the permits wanted and the phase.
+/// `Acquire` and `AcquireOwned` wrap it with a borrowed or owned semaphore.
 ///
 /// The node is written only when the future queues (`Phase::Queued`), so
-/// a new future is two stores (the semaphore and `needed` + `phase`) and
-/// not seven: an acquire that completes at once never touches the node's
-/// 40 bytes, and moving the new future into an `.await` reads no field
-/// still on its way to memory but those two (see `Phase`).
+/// an acquire that completes at once never touches it.
 pub(crate) struct Waiter {
     node: MaybeUninit<Node>,
     needed: u32,
@@ -319,9 +283,7 @@ impl RawSemaphore {
                 Err(actual) => {
                     curr = actual;
                     // Back off only before another CAS: a word that
-                    // decides the acquire (closed, too few permits) fails
-                    // it at once, as a pause would only delay the failure
-                    // (two threads on one permit, see BENCHMARKS.md).
+                    // decides the acquire fails it at once.
                     if curr & CLOSED == 0 && (curr >> SHIFT) >= n {
                         backoff.spin();
                     }
@@ -330,10 +292,8 @@ impl RawSemaphore {
         }
     }
 
-    /// Where a `try_acquire` of `n` permits starts its compare-and-swap:
-    /// this thread's hint, if it has one for this semaphore and it would
-    /// let the CAS decide (see "Acquiring" in the module docs), else the
-    /// word as loaded.
+    /// Where a `try_acquire` of `n` permits starts its CAS: this thread's
+    /// hint if it would let the CAS decide, else the loaded word.
     #[inline]
     fn expected(&self, n: usize) -> usize {
         match hint::get(self.addr()) {
@@ -373,11 +333,10 @@ impl RawSemaphore {
         }
     }
 
-    /// Adds `n` permits to the word, one CAS per attempt, unless `QUEUED`
-    /// is set or the count would pass `MAX_PERMITS`. The bound is checked
-    /// on the very value the CAS is conditioned on, so two concurrent
-    /// additions can never both pass it, and it costs no extra atomic.
-    /// The first CAS expects `guess` (see "Releasing" in the module docs).
+    /// Adds `n` permits to the word unless `QUEUED` is set or the count
+    /// would pass `MAX_PERMITS`, checked on the value the CAS is
+    /// conditioned on (so concurrent additions cannot both pass). The
+    /// first CAS expects `guess`.
     #[inline]
     fn add_unqueued(&self, n: usize, guess: Guess) -> Added {
         let mut curr = guess.0 as usize;
@@ -429,15 +388,10 @@ impl RawSemaphore {
     }
 
     /// Hands `rem` permits to the oldest waiters, then stores what is left.
-    /// Wakes the satisfied waiters after unlocking, in batches of
-    /// `WAKE_BATCH` so the lock is never held while user code runs.
+    /// Wakes satisfied waiters after unlocking, in batches of `WAKE_BATCH`.
     ///
-    /// Panics, if any, wait until the hand-off is complete: a waker that
-    /// panics is caught (the rest of its batch is still woken), the
-    /// remaining waiters are still served and the leftover still stored,
-    /// and only then is the panic resumed. Likewise a leftover that would
-    /// pass `MAX_PERMITS` is refused and reported after the lock is
-    /// released and every satisfied waiter woken.
+    /// A panicking waker, or a leftover past `MAX_PERMITS`, is reported only
+    /// after the hand-off is complete and every satisfied waiter woken.
     #[track_caller]
     fn release_locked<'a>(&'a self, mut rem: usize, mut guard: ListGuard<'a, WaitList<Node>>) {
         let mut wakers = WakeBatch::new();
@@ -558,13 +512,10 @@ impl RawSemaphore {
 
     /// Closes the semaphore and fails every queued waiter.
     pub(crate) fn close(&self) {
-        // Relaxed: a waiter that must see it is one whose poll this call
-        // happens-before, and coherence alone then shows it the store
-        // (see `ANY_CLOSED`); the state word's CLOSED bit carries the
-        // ordering, as before. Every path that reports "closed" has
-        // that happens-before: `is_closed` loads Acquire, `enqueue` reads
-        // CLOSED under the lock it is set under, and `try_acquire`'s
-        // Relaxed read is followed by an Acquire fence (`closed_seen`).
+        // Relaxed: whoever must see it is polled after this call, so
+        // coherence suffices; the CLOSED bit carries the ordering
+        // (`is_closed` Acquire, `enqueue` under the lock, `closed_seen`'s
+        // Acquire fence).
         self.closed_hint().store(true, Ordering::Relaxed);
         let mut guard = self.waiters.lock();
         // Set under the lock so that no waiter queues after the drain below
@@ -613,28 +564,15 @@ impl RawSemaphore {
 ///
 /// # The decision
 ///
-/// tokio 1.x (`batch_semaphore.rs`, `add_permits_locked`) makes
-/// `add_permits` and a permit's drop the same operation, and checks the
-/// bound only on what is left after feeding the queued waiters. So
-/// `new(1)`, hold the permit, `add_permits(MAX_PERMITS)` succeeds, and it
-/// is the permit's *drop* that panics with "number of added permits (1)
-/// would overflow MAX_PERMITS". We do the same, for the same inputs and at
-/// the same call, with the same two messages. We do not panic earlier in
-/// `add_permits` (which would need a count of the permits held out): that
-/// would reject programs tokio accepts, e.g. ones whose held permits are
-/// later `forget`-ten and never come back.
+/// Like tokio 1.x (`add_permits_locked`), the bound is checked only on what
+/// is left after feeding the queued waiters, so a permit's *drop* may be
+/// what panics. We do not panic earlier in `add_permits`: that would
+/// reject programs tokio accepts (e.g. held permits later `forget`-ten).
 ///
-/// Where we differ, we are stricter about the state: tokio adds first and
-/// asserts after (leaving `MAX_PERMITS + 1` available); we check the value
-/// the CAS is conditioned on and refuse the addition, so the count never
-/// passes `MAX_PERMITS` (the word cannot wrap) and concurrent additions
-/// cannot both slip under the bound. The refused permits are dropped; the
-/// satisfied waiters are still woken. The check reuses the value the fast
-/// path already loaded: no extra atomic on release.
-///
-/// A permit dropped while its thread is already unwinding does not panic a
-/// second time (that would abort the process, as tokio does): its refused
-/// permits are dropped silently.
+/// Unlike tokio (which adds first and asserts after), the addition is
+/// refused, so the count never passes `MAX_PERMITS`. Satisfied waiters are
+/// still woken. A permit dropped while unwinding does not panic again
+/// (that would abort); its permits are dropped silently.
 #[cold]
 #[inline(never)]
 #[track_caller]
@@ -669,13 +607,9 @@ fn is_terminal(node_state: usize) -> bool {
 }
 
 /// A `try_acquire` read CLOSED with a Relaxed load: the Acquire fence
-/// makes the close happen-before what this thread does next, so a
-/// waiter it polls then sees the closed hint (`close` stores it before
-/// its Release `fetch_or`, which this load read) and fails, as
-/// `try_acquire` said. Without it a thread could be told "closed" and
-/// then `Ok` by a waiter handed its permits before the close (issue
-/// #59 item 2; the model is `a_closed_try_acquire_then_a_handed_off_waiter`
-/// in `loom-tests/semaphore.rs`). Only the cold path pays.
+/// makes the close happen-before what this thread does next, so a waiter
+/// it then polls sees the closed hint and fails too (issue #59 item 2;
+/// loom model `a_closed_try_acquire_then_a_handed_off_waiter`).
 #[cold]
 fn closed_seen() -> TryAcquireError {
     // Acquire: pairs with the Release `fetch_or(CLOSED)` in `close`.

@@ -66,14 +66,12 @@ impl<K, V, E, C: Clock> SingleFlightBuilder<K, V, E, C> {
 
     /// Keeps each successful value for `ttl` after its work completes, so a
     /// later call for the key within `ttl` gets it without running the work
-    /// ([`Provenance::Cached`](super::Provenance::Cached)). At most `max_entries` values are kept
-    /// (divided evenly among the shards, rounded up); past that the oldest
-    /// of a shard is evicted. Errors are never cached. A zero `ttl` or
-    /// `max_entries` disables the cache. A huge `ttl` (up to
-    /// [`Duration::MAX`]) or `max_entries` (up to `usize::MAX`) saturates:
-    /// values never expire, or the cache is unbounded. Expired values are reclaimed as
-    /// later calls insert into the same shard, or by
-    /// [`clear`](SingleFlight::clear).
+    /// ([`Provenance::Cached`](super::Provenance::Cached)). At most
+    /// `max_entries` values are kept (divided among the shards, rounded up);
+    /// past that a shard's oldest is evicted. Errors are never cached. A zero
+    /// `ttl` or `max_entries` disables the cache; huge ones saturate (never
+    /// expire, unbounded). Expired values are reclaimed as later calls insert
+    /// into the same shard, or by [`clear`](SingleFlight::clear).
     ///
     /// # Examples
     ///

@@ -11,11 +11,10 @@
 //! | `FAILED`   | `Err(Arc<E>)`    | the work returned an error; followers share it     |
 //! | `PANICKED` | uninitialized    | the leader panicked; followers get `LeaderPanicked` |
 //!
-//! `RUNNING` changes once, to one of the others, with the shard lock held,
-//! by whoever leads the flight at that moment (see [`Flight::publish`]). The
-//! outcome cell is written by that leader *before* the change, without the
-//! lock, and never again, so after observing `OK`/`FAILED` with `Acquire`
-//! anyone may read it through a shared reference.
+//! `RUNNING` changes once, with the shard lock held, by the current leader
+//! ([`Flight::publish`]). The outcome cell is written by that leader
+//! *before* the change, without the lock, and never again, so after
+//! observing `OK`/`FAILED` with `Acquire` anyone may read it.
 //!
 //! # Node state
 //!
@@ -72,9 +71,8 @@ unsafe impl<V: Send + Sync, E: Send + Sync> Send for Flight<V, E> {}
 // SAFETY: as for `Send`.
 unsafe impl<V: Send + Sync, E: Send + Sync> Sync for Flight<V, E> {}
 
-/// Proof that the caller holds the shard lock of a flight's key: the
-/// methods that touch the wait list take it. (It cannot prove that it is the
-/// *right* shard; every call site passes the guard of `shard_of(hash)`.)
+/// Proof that the caller holds the shard lock of a flight's key (every
+/// call site passes the guard of `shard_of(hash)`).
 pub(super) type Locked<'a, T> = &'a mut T;
 
 impl<V, E> Flight<V, E> {
@@ -210,8 +208,7 @@ impl<V, E> Flight<V, E> {
 
 impl<V, E> Drop for Flight<V, E> {
     fn drop(&mut self) {
-        // Acquire: pairs with `publish`; the `Arc` drop already orders this
-        // after every other access, so this is belt and braces.
+        // Acquire: pairs with `publish` (belt and braces after the `Arc`).
         if matches!(self.state.load(Ordering::Acquire), OK | FAILED) {
             // SAFETY: `OK`/`FAILED` means the cell was written, and this is
             // the last reference.

@@ -3,37 +3,28 @@
 //!
 //! # Design
 //!
-//! The map is split into a power-of-two number of shards, each a
-//! `parking_lot` mutex (in its own cache line) around a hash table from key
-//! to *flight*: the `Arc`-shared state of one execution (`flight.rs`). The
-//! first caller of a key inserts a flight and becomes its **leader**: it runs
-//! its own future, in its own task, with no lock held. Later callers find the
-//! flight and **join** it: they link a node that lives inside their own
-//! future into the flight's intrusive wait list (so joining allocates
-//! nothing) and sleep until the leader publishes the outcome.
+//! The map is split into a power-of-two number of `parking_lot`-mutex
+//! shards (each on its own cache line) over a hash table from key to
+//! *flight*, the `Arc`-shared state of one execution (`flight.rs`). The
+//! first caller of a key inserts a flight and **leads**: it runs its own
+//! future, in its own task, with no lock held. Later callers **join**:
+//! they link a node inside their own future into the flight's intrusive
+//! wait list (no allocation) and sleep until the outcome is published.
 //!
-//! * The leader finishes: it writes the outcome into the flight (cloning
-//!   the value only if someone needs the copy), then, under the lock,
-//!   detaches the entry (or turns it into a cache entry), publishes the
-//!   state and unlinks every follower; it wakes them after unlocking.
-//! * The leader is dropped before finishing (cancelled): under the lock it
-//!   pops the oldest follower and marks it `PROMOTED`; that follower runs
-//!   its own future for the same flight, and the others keep waiting. If
-//!   nobody waits, the entry is removed. So a flight is never abandoned
-//!   while someone waits, and never outlives its last waiter.
-//! * The leader panics: the panic is caught around its poll, the entry is
-//!   removed, the followers are woken with `LeaderPanicked`, and the panic
-//!   resumes in the leader's task.
+//! * The leader finishes: it writes the outcome (cloning the value only if
+//!   needed), then under the lock detaches (or caches) the entry,
+//!   publishes the state and unlinks every follower, waking them after.
+//! * The leader is dropped (cancelled): the oldest follower is `PROMOTED`
+//!   and runs its own future for the same flight; with no follower the
+//!   entry is removed. A flight is never abandoned while someone waits.
+//! * The leader panics: the entry is removed, followers get
+//!   `LeaderPanicked`, and the panic resumes in the leader's task.
 //!
 //! No lock is held while user code runs, except `K::eq` during a lookup
-//! and `V::clone` on a cache hit: `K::hash`, the work, every other
-//! `V::clone`, wakers and every `Drop` run unlocked. A hit clones the
-//! cached value under the shard's lock instead of taking a reference to
-//! its flight (an `Arc` increment and decrement, two contended atomic
-//! writes, on the hottest path), so `V::clone` must be cheap (it should be
-//! anyway: every caller gets a clone) and must not call into the same
-//! map, like `K::eq`. A panicking `V::clone` leaves the shard unchanged:
-//! the hit only reads it.
+//! and `V::clone` on a cache hit (cloning under the lock avoids two
+//! contended `Arc` writes on the hottest path), so `V::clone` must be cheap
+//! and must not call into the same map. A panicking `V::clone` leaves the
+//! shard unchanged.
 
 mod builder;
 mod flight;
@@ -413,20 +404,13 @@ impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
         let state = if result.is_ok() { OK } else { FAILED };
         if let (Some(cache), Ok(value)) = (self.cache, &result) {
             // User code (the clock, `V::clone`) runs before the outcome is
-            // written: if it panics, `fail_panicked` finds the cell empty
-            // and the entry in flight. From the write to the publication
-            // below nothing may panic (`cache_flight` does not), or the
-            // value would leak and a cached entry would point at a flight
-            // that is not `OK`.
-            // The coarse clock is read first: the coarse expiry counts from
-            // the earliest the caching can be, and the precise one from a
-            // later reading, so a leader descheduled between the two reads
-            // makes the coarse expiry earlier, never later (read the other
-            // way round, coarse hits served the entry past its TTL). Less
-            // 1/1024 of the TTL: margin for the two time bases' rates
-            // differing (clock calibration errors are parts per million).
-            // 0 (never live by the coarse check) if the clock has no coarse
-            // time or the TTL is too short for it.
+            // written, so a panic there finds the cell empty. From the write
+            // to the publication nothing may panic.
+            // The coarse clock is read first, so a leader descheduled
+            // between the reads makes the coarse expiry earlier, never
+            // later. Less 1/1024 of the TTL: margin for the two time bases'
+            // rates. 0 (never live by the coarse check) if there is no
+            // coarse time or the TTL is too short for it.
             let coarse = self.clock.coarse_bounds();
             let now = self.clock.now_nanos();
             let fresh_until = coarse.map_or(0, |(earliest, latest)| {
@@ -542,15 +526,11 @@ impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
 }
 
 /// The followers of a published flight still to be woken: the current
-/// batch (unlinked and marked `DONE` under the lock) and whether more wait
-/// in the list.
+/// batch and whether more wait in the list.
 ///
-/// A waker is user code and may panic. Without this guard, a panic would
-/// drop the rest of the batch unwoken and leave the followers still in the
-/// list linked to a finished flight, asleep for good. Its `Drop` (which only
-/// has work left if a wake panicked) wakes them all, catching their own
-/// panics (a second panic while unwinding would abort), and the first
-/// panic then continues.
+/// A waker may panic; without this guard the rest would sleep for good.
+/// Its `Drop` (work left only if a wake panicked) wakes them all, catching
+/// their panics, and the first panic then continues.
 struct Waking<'s, K, V, E, C: Clock> {
     map: &'s SingleFlight<K, V, E, C>,
     flight: &'s Flight<V, E>,

@@ -103,9 +103,8 @@ where
         // The key's `Hash` and the clock run before the lock.
         let hash = map.hasher.hash_one(&key);
         self.hash = hash;
-        // A hit reads the clock's coarse time if it has one (a few ns
-        // cheaper than `now_nanos`); a value it cannot call live is looked
-        // up again on the precise time.
+        // A hit reads the coarse time if the clock has one; a value it
+        // cannot call live is looked up again on the precise time.
         let expiry = match map.cache {
             None => Expiry::Off,
             Some(_) => match map.clock.coarse_bounds() {

@@ -1,45 +1,34 @@
 //! One shard: a hash table from key to in-flight or cached flight, and the
-//! bookkeeping of the TTL cache. Everything here runs with the shard's lock
-//! held, so nothing here calls user code except `K::eq` (the lookup by key)
-//! and `V::clone` (a cache hit), and nothing is dropped here: removed entries are handed back to the
-//! caller, which drops them after unlocking.
+//! TTL cache's bookkeeping. Runs under the shard's lock, so it calls no
+//! user code but `K::eq` and `V::clone`, and drops nothing: removed entries
+//! are handed back for the caller to drop after unlocking.
 //!
 //! # Identity
 //!
-//! A flight is identified by its `Arc` pointer, not its key: a completing,
-//! resigning or panicking leader removes "the entry of *this* flight", so it
-//! never removes a newer flight for the same key (Go's #31420). The pointer
-//! cannot be reused while the caller holds its `Arc`.
+//! A flight is identified by its `Arc` pointer, not its key, so a leader
+//! never removes a newer flight for the same key (Go's #31420).
 //!
 //! # The cache
 //!
-//! A completed value is cached by turning its entry from `InFlight` into
-//! `Cached` in place (the flight already holds the value). Each cached entry
-//! has one [`Record`] in `records`, in insertion order, which with one TTL
-//! for all is expiry order (up to the instant between reading the clock and
-//! taking the lock). Expired entries are reclaimed from the front of
-//! `records`, a bounded number per insertion, so no background thread is
-//! needed and no call pays for a whole sweep. Records whose entry was
-//! invalidated or replaced go stale; they are skipped when reached, and
+//! A completed value is cached by turning its entry `InFlight` -> `Cached`
+//! in place. Each cached entry has one [`Record`] in `records`, in
+//! insertion (so, with one TTL, expiry) order. Expired entries are
+//! reclaimed from the front, a bounded number per insertion. Records of
+//! invalidated or replaced entries go stale; they are skipped, and
 //! compacted away when they outnumber the live ones.
 //!
 //! # Invalidation during a flight
 //!
-//! `invalidate`/`clear` of a key that is in flight marks its entry
-//! [`Entry::cacheable`] `false`: the flight's value was computed from what
-//! was there before the invalidation, so it goes to the flight's own
-//! followers but is not cached (the entry is removed when it completes).
-//! The mark lives on the entry, which is this flight's alone: a new flight
-//! for the key (after `forget` or expiry) starts cacheable.
+//! `invalidate`/`clear` of a key in flight marks its entry
+//! [`Entry::cacheable`] `false`: the value (computed from the old state)
+//! goes to the flight's followers but is not cached.
 //!
 //! # No panics after publication
 //!
 //! [`Shard::cache_flight`] runs between the leader writing its value and
-//! publishing it, so it must not panic: a panic there would leave a value
-//! written and never dropped, and followers told `LeaderPanicked` about a
-//! flight that succeeded. Its arithmetic saturates (a cache of
-//! `usize::MAX` entries is "unbounded", not an overflow) and its loops end
-//! even if the bookkeeping were wrong.
+//! publishing it, so it must not panic (a written value would never be
+//! dropped, and followers would be told `LeaderPanicked`): its arithmetic
+//! saturates and its loops end even if the bookkeeping were wrong.
 
 use std::collections::VecDeque;
 
@@ -52,10 +41,8 @@ use crate::sync::Arc;
 const RECLAIM_BUDGET: usize = 16;
 
 /// How many records (live and stale) a shard of `capacity` cached entries
-/// keeps before it compacts them: twice the live ones plus slack, saturating
-/// so that an "unbounded" capacity (`usize::MAX`) means "never compact"
-/// instead of overflowing (a panic in debug builds, a wrap to 14 and a
-/// compaction on every insertion in release builds).
+/// keeps before compacting: twice the live ones plus slack, saturating so
+/// an unbounded `capacity` (`usize::MAX`) never compacts.
 #[inline]
 pub(super) const fn record_bound(capacity: usize) -> usize {
     capacity.saturating_mul(2).saturating_add(RECLAIM_BUDGET)
@@ -100,12 +87,9 @@ impl<V: Clone, E> Slot<V, E> {
     /// A clone of the cached value if this slot holds one that is live by
     /// `expiry`.
     ///
-    /// `state() == OK` always holds for a `Cached` slot: `cache_flight`
-    /// makes it `Cached` and the same critical section publishes `OK`, and
-    /// nothing between them can panic (see the module docs). Checking it
-    /// anyway costs one load of a line the hit reads next, and is what lets
-    /// `Run` treat any other state of a hit as unreachable: a slot that
-    /// breaks the rule is served like an expired one.
+    /// A `Cached` slot is always `OK` (see the module docs); checking it
+    /// anyway is cheap, and lets `Run` treat any other state of a hit as
+    /// unreachable: such a slot is served like an expired one.
     #[inline]
     fn live_value(&self, expiry: Expiry) -> Option<V> {
         let Slot::Cached {
@@ -185,13 +169,10 @@ impl<K, V, E> Shard<K, V, E> {
         self.table.len()
     }
 
-    /// The hit path of [`Shard::lookup`] alone, small enough to inline into
-    /// the caller: a clone of `key`'s value if it is cached and live by
-    /// `expiry`, else `None` (and nothing changed; the caller goes on to
-    /// `lookup`). Returning the value rather than a `Lookup` keeps it in
-    /// registers: an out-of-line `lookup` returned its 48-byte answer
-    /// through memory, and the caller's reads of it stalled on the stores
-    /// (a third of a hit's time in the profile).
+    /// The hit path of [`Shard::lookup`] alone, small enough to inline: a
+    /// clone of `key`'s live cached value, else `None` (nothing changed).
+    /// Returns the value, not a `Lookup`, to keep it in registers (a 48-byte
+    /// answer through memory cost a third of a hit in the profile).
     #[inline]
     pub(super) fn live_value(&self, hash: u64, key: &K, expiry: Expiry) -> Option<V>
     where
@@ -247,8 +228,7 @@ impl<K, V, E> Shard<K, V, E> {
     }
 
     /// Removes the entry of `flight` if it is still here, in flight or
-    /// (only if a completion was cut short by a panic, which the module
-    /// docs rule out) cached: a flight that failed must not stay cached.
+    /// (after a panic cut a completion short) cached.
     pub(super) fn remove_flight(
         &mut self,
         hash: u64,
@@ -267,14 +247,11 @@ impl<K, V, E> Shard<K, V, E> {
         Some(occ.remove().0)
     }
 
-    /// Turns the entry of `flight`, if it is still in flight here and was
-    /// not invalidated meanwhile, into a cached entry that expires at
-    /// `expires_at` (`fresh_until` on the clock's coarse time), keeping at most `capacity` cached entries. An
-    /// invalidated entry is removed instead. Entries reclaimed, evicted or
-    /// removed are pushed to `trash`. Returns whether the value was cached.
-    ///
-    /// Never panics (see the module docs): the caller publishes the flight
-    /// right after, under the same lock.
+    /// Turns `flight`'s entry, if still in flight here and not invalidated,
+    /// into a cached entry expiring at `expires_at` (`fresh_until` on the
+    /// coarse clock), keeping at most `capacity`; an invalidated entry is
+    /// removed instead. Whatever is removed goes to `trash`. Returns whether
+    /// the value was cached. Never panics (see the module docs).
     pub(super) fn cache_flight(
         &mut self,
         hash: u64,

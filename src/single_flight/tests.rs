@@ -76,11 +76,8 @@ fn shard_count_is_a_power_of_two() {
     }
 }
 
-// Issue #10, item 8: `2 * capacity + RECLAIM_BUDGET` overflowed for an
-// "unbounded" cache. In release builds it wrapped to 14, so a shard with
-// more than 14 records compacted on every insertion (30,000 keys: 1.5 s
-// instead of 7 ms); in debug builds it panicked mid-completion. Stale
-// records must survive an insertion below the (saturated) bound.
+// `2 * capacity + RECLAIM_BUDGET` must saturate for an unbounded cache
+// (issue #10 item 8): stale records survive an insertion below the bound.
 #[test]
 fn record_bound_overflow_with_unbounded_cache_neither_panics_nor_compacts_every_insert() {
     assert_eq!(super::shard::record_bound(usize::MAX), usize::MAX);
@@ -105,10 +102,8 @@ fn record_bound_overflow_with_unbounded_cache_neither_panics_nor_compacts_every_
     }
 }
 
-/// Issue #13, item 3: a cache hit now clones the value under the shard's
-/// lock (instead of an `Arc` increment and decrement of the flight). A
-/// `V::clone` that panics there must leave the shard as it was: the entry
-/// stays cached, the lock is released, and later calls are served.
+/// A `V::clone` that panics on a hit (cloned under the lock) leaves the
+/// shard as it was (issue #13 item 3).
 #[test]
 fn a_panicking_clone_on_a_cache_hit_leaves_the_shard_usable() {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -160,11 +155,9 @@ impl crate::Clock for TwoClocks {
     }
 }
 
-/// Issue #13, item 3: a cache hit read the precise clock (quanta, ~10 ns of
-/// a ~40 ns hit). With a clock that has a coarse time, a hit far from its
-/// expiry is served on the coarse time alone; one the coarse time cannot
-/// call live (near its expiry, within the coarse clock's lag) is checked
-/// on the precise time. Either way a value is never served past its TTL.
+/// With a coarse clock, a hit far from its expiry is served on the coarse
+/// time alone; one near it is rechecked on the precise time. A value is
+/// never served past its TTL (issue #13 item 3).
 #[test]
 fn a_cache_hit_uses_the_coarse_time_and_never_outlives_the_ttl() {
     use crate::Clock as _;

@@ -38,12 +38,8 @@ pub enum RateOutcome {
     /// The server accepted it and said its limit: `limit` requests per
     /// `window` (the `RateLimit` / `X-RateLimit-*` headers). The rate jumps
     /// to `limit / window` and never probes above it. A zero `limit` or
-    /// `window` is taken as a plain [`Success`](RateOutcome::Success).
-    ///
-    /// For a 429 that also carries these headers, feed
-    /// [`Throttled`](RateOutcome::Throttled): the rate falls below the
-    /// server's numbers for a while, and a later `ServerLimit` with the same
-    /// numbers does not undo that (new numbers do).
+    /// `window` is taken as a plain [`Success`](RateOutcome::Success). For
+    /// a 429 with these headers, feed [`Throttled`](RateOutcome::Throttled).
     ServerLimit {
         /// Requests allowed per window.
         limit: u64,
@@ -244,11 +240,8 @@ impl AdaptiveRate {
     /// probes above it again (also at least 100 successes). Each probe
     /// that finds the same limit doubles this wait, up to 16×.
     ///
-    /// The default is 30 s: a probe that finds the limit costs one 429 and
-    /// the hold that follows it (`Retry-After: 1` holds the credential for
-    /// a second), so probing every 10 s would give up a tenth of the
-    /// server's capacity to learn of a raise that rarely comes; every 30 s,
-    /// about 3%, less as the wait doubles.
+    /// Each probe that finds the limit costs one 429 and a hold: at the
+    /// 30 s default about 3% of the server's capacity, less as it doubles.
     ///
     /// # Examples
     ///
@@ -303,12 +296,9 @@ impl AdaptiveRate {
     }
 
     /// The largest burst of the quotas handed out (default 1; 0 is taken
-    /// as 1). The quotas never burst past the
-    /// [`server_burst`](AdaptiveRate::server_burst) assumed either, which
-    /// grows when the server shows it allows more: a burst the server
-    /// refuses costs one 429 per request over it, and then a hold. This is
-    /// how a configured quota's implied burst (`Quota::per_second(10)`
-    /// bursts 10) is kept from costing more 429s than no quota at all.
+    /// as 1). They never burst past the
+    /// [`server_burst`](AdaptiveRate::server_burst) assumed either: a burst
+    /// the server refuses costs one 429 per request over it, and a hold.
     ///
     /// # Examples
     ///
@@ -328,12 +318,10 @@ impl AdaptiveRate {
     }
 
     /// The burst the server is assumed to allow (default 2; 0 is taken as
-    /// 1). It enters the floor and the ceiling the controller measures
-    /// (see the module docs): too low and the floor comes out high (a 429
-    /// at a rate the floor had proven then grows the assumption, by one
-    /// and then doubling), too high and the rate settles lower. A server
-    /// that spaces requests strictly (no burst at all) is best described
-    /// with 1; nginx's `limit_req burst=2` lets three through at once.
+    /// 1). It enters the floor and ceiling the controller measures: too low
+    /// and the floor comes out high (a 429 at a proven rate then grows it),
+    /// too high and the rate settles lower. A server with no burst at all is
+    /// 1; nginx's `limit_req burst=2` lets three through at once.
     ///
     /// # Examples
     ///
@@ -365,12 +353,10 @@ impl AdaptiveRate {
     }
 
     /// How long after a decrease 429s still count as the same event
-    /// (default 2 s). 429s of requests sent before a decrease are always
-    /// ignored (they were sent at the old rate); this also ignores those
-    /// sent shortly after it, which the admission layer had admitted
-    /// before the hold began (a token reserved up to its inline wait,
-    /// 2 s by default, ahead) and which say nothing about the new rate.
-    /// Zero keeps only the first rule.
+    /// (default 2 s): those of requests sent shortly after it, admitted
+    /// before the hold began, say nothing about the new rate. (429s of
+    /// requests sent before a decrease are always ignored.) Zero keeps
+    /// only that rule.
     ///
     /// # Examples
     ///

@@ -57,15 +57,12 @@ impl RateController {
         let mut rate = floor.max(guess).min(refused * (1.0 - MIN_CUT));
         rate = rate.clamp(cfg.min_rate, st.cap);
         st.proven = (floor >= guess && rate <= floor).then_some(rate);
-        // The same successes read with one more cell of burst: nginx's
-        // `limit_req burst=b` lets the request in progress through beside
-        // its b of excess, and a floor read with one cell too few comes out
-        // above the rate (27.4/s for a 25/s nginx, issue #41): the next
-        // 429 and its hold. When that floor is close, start from it and
-        // approach the other slowly (`Phase::Approach`).
-        // Only from slow start: the first 429, where a turn is still
-        // running and a second hold costs it a second; a later 429 reads
-        // a floor the controller has already lived with.
+        // The same successes read with one more cell of burst (nginx's
+        // `burst=b` passes b + 1 at once; a floor read one cell short
+        // comes out above the rate, issue #41). When that floor is close,
+        // start from it and approach the other slowly (`Phase::Approach`).
+        // Only out of slow start: a later 429 reads a floor the controller
+        // has already lived with.
         let from_slow_start = matches!(st.phase, Phase::SlowStart);
         let wary = (settled && st.proven.is_some() && from_slow_start)
             .then(|| bounds(epoch, refusal, b + 1.0, refused, idle, spread).0)

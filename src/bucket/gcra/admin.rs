@@ -1,7 +1,5 @@
 //! The operations that write under the admin lock (and bump the epoch
-//! that voids refunds): a server's penalty, cells given back without
-//! their stamps, a reset, a quota change. The
-//! seqlock protocol they follow is the parent module's.
+//! that voids refunds), following the parent module's seqlock protocol.
 
 use super::{
     bump_epoch, convert, convert_keeping_queue, Gcra, Quota, BURST_SHIFT, EPOCH_MASK, FULL,
@@ -9,26 +7,18 @@ use super::{
 use crate::sync::{Backoff, Ordering};
 
 impl Gcra {
-    /// Admits nothing before `now + retry_after`: raises `tat` so that the
-    /// first single cell fits exactly then, in one CAS (retried only if
-    /// another write got there first).
+    /// Admits nothing before `now + retry_after`: raises `tat` so the first
+    /// single cell fits exactly then.
     ///
     /// A penalty shorter than the current debt leaves `tat` alone but voids
-    /// every outstanding refund (it bumps the epoch under the admin lock):
-    /// otherwise cancelling the reservation that made the debt could lower
-    /// `tat` below the penalty and admit a call before the server's
-    /// `Retry-After`. Voiding refunds only ever errs towards admitting less.
-    ///
-    /// A zero penalty (`Retry-After: 0`, "retry now") holds nothing back
-    /// and leaves the bucket as it is: a retry now should not cost the
-    /// headroom the bucket still has.
+    /// every outstanding refund (bumps the epoch), so no cancel can lower
+    /// `tat` below the penalty. A zero penalty changes nothing.
     pub(crate) fn penalize(&self, retry_after: u64, now: u64) {
         self.penalize_told(retry_after, retry_after, now);
     }
 
-    /// [`penalize`](Self::penalize) for `hold`, recording `told` (at least
-    /// `hold`: what the server asked for, before a cap) as the hold's end
-    /// that sleepers and refusals read.
+    /// [`penalize`](Self::penalize) for `hold`, recording `told` (>= `hold`,
+    /// the server's ask before a cap) as the hold's end.
     pub(crate) fn penalize_told(&self, hold: u64, told: u64, now: u64) {
         let retry_after = hold;
         if retry_after == 0 {
@@ -51,10 +41,8 @@ impl Gcra {
                 continue;
             }
             let word = self.lock();
-            // Relaxed (both): we hold the admin lock (taken with Acquire),
-            // `skew` changes only under it, and the only writes that lower
-            // `tat` (cancel, reset, set_quota) hold it too; concurrent
-            // admissions only raise it.
+            // Relaxed (both): under the admin lock (taken with Acquire);
+            // every write that lowers `tat` holds it too.
             let skew = self.skew.load(Ordering::Relaxed);
             let tat = self.stamp.load(Ordering::Relaxed).wrapping_sub(skew);
             if tat >= target {
@@ -66,17 +54,12 @@ impl Gcra {
         }
     }
 
-    /// Gives `n` cells taken earlier back at `now`, without their stamps
-    /// (a usage settled below its estimate on a quota shared across
-    /// processes, where other calls stacked on it since): lowers `tat` by
-    /// `n` periods, never below `now` (a full bucket banks nothing) nor
-    /// below a running server hold's `tat` (what `penalize` set for it).
+    /// Gives `n` cells back at `now` without their stamps: lowers `tat` by
+    /// `n` periods, never below `now` nor below a running hold's `tat`.
     /// Returns the cells given back.
     ///
-    /// It lowers `tat`, so it runs under the admin lock and moves `stamp`
-    /// by `+ 1` as a quota change does (decisions in flight retry), and it
-    /// voids every outstanding cancel (bumps the epoch): their stamps no
-    /// longer describe the stack. That errs towards admitting less.
+    /// It lowers `tat`, so it runs under the admin lock, moves `stamp` by
+    /// `+ 1` as a quota change does, and voids every outstanding cancel.
     pub(crate) fn give(&self, n: u64, now: u64) -> u64 {
         if n == 0 {
             return 0;
@@ -134,11 +117,10 @@ impl Gcra {
         let word = self.lock();
         // Relaxed: we hold the lock, and took it with Acquire.
         let skew = self.skew.load(Ordering::Relaxed);
-        // An RMW, not a load and a store: a decision landing in between
-        // must be either seen (and wiped) or fail its CAS. `stamp + 1`
-        // fences out every decision in flight (module docs). Release:
-        // seqlock data, published by `unlock`. Relaxed on failure: nothing
-        // to see.
+        // An RMW: a decision landing in between is either wiped or fails
+        // its CAS; `stamp + 1` fences out every decision in flight.
+        // Release: seqlock data, published by `unlock`. Relaxed on
+        // failure: nothing to see.
         let wiped = self
             .stamp
             .fetch_update(Ordering::Release, Ordering::Relaxed, |stamp| {
@@ -155,27 +137,22 @@ impl Gcra {
         }
     }
 
-    /// Switches to `quota`, converting the state as [`convert`] says: the
-    /// debt in cells is kept (none forgiven), a full bucket stays full, and
-    /// a server hold keeps its end.
+    /// Switches to `quota`, converting the state as [`convert`] says.
     pub(crate) fn set_quota(&self, quota: Quota, now: u64) {
         self.requota(quota, now, Requota::Cells);
     }
 
-    /// [`set_quota`](Self::set_quota) for a learned rate's change: the
-    /// state converted as [`convert_keeping_queue`] says (calls already
-    /// queued past the burst keep their instants).
+    /// [`set_quota`](Self::set_quota) for a learned rate, converting as
+    /// [`convert_keeping_queue`] says.
     pub(crate) fn set_learned_quota(&self, quota: Quota, now: u64) {
         self.requota(quota, now, Requota::KeepQueue);
     }
 
     /// [`set_learned_quota`](Self::set_learned_quota), except that a
-    /// change of rate alone (the same burst) with no server hold running
-    /// converts the debt as cells ([`convert`]): the cells already queued
-    /// come at the new rate too, sooner after a raise, later after a cut.
-    /// Returns the change, for the holders of those cells to move their
-    /// instants the same way (see [`Rescale`]); `None` when it was
-    /// converted keeping the queue.
+    /// change of rate alone with no hold running converts the debt as
+    /// cells ([`convert`]), so the queue moves with the rate. Returns the
+    /// change for the holders of those cells (see [`Rescale`]); `None`
+    /// when the queue was kept.
     pub(crate) fn rescale_learned_quota(&self, quota: Quota, now: u64) -> Option<Rescale> {
         self.requota(quota, now, Requota::Rescale)
     }
@@ -202,10 +179,9 @@ impl Gcra {
         let mut stamp = self.stamp.load(Ordering::Acquire);
         let rate_alone = how == Requota::Rescale && quota.burst == old.burst;
         let (new_tat, rescaled) = loop {
-            // Relaxed, after the Acquire that read `stamp`: a penalty whose
-            // `tat` this stamp holds stored its end before its Release CAS,
-            // so it is seen here; one landing later fails its CAS against
-            // ours and raises the converted `tat` itself.
+            // Relaxed, after the Acquire that read `stamp`: a penalty in
+            // this stamp stored its end before its Release CAS; a later one
+            // fails its CAS against ours and raises the new `tat` itself.
             let held_until = self.held_until.load(Ordering::Relaxed);
             let tat = stamp.wrapping_sub(skew);
             let rescaled = rate_alone && held_until <= now;
@@ -274,9 +250,7 @@ pub(crate) struct Rescale {
 
 impl Rescale {
     /// Where an instant `ready_at` reserved before the change lies after
-    /// it: the same number of cells past `at`, at the new period. (The
-    /// bucket's `tat` and a queued cell's instant differ by the tolerance,
-    /// which scales the same way: both move alike.)
+    /// it: the same number of cells past `at`, at the new period.
     pub(crate) fn moved(&self, ready_at: u64) -> u64 {
         if ready_at <= self.at {
             return ready_at;

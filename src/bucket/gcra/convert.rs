@@ -2,39 +2,22 @@
 
 use crate::bucket::quota::Quota;
 
-/// Converts a `tat` from quota `old` to quota `new` at `now`, by the
-/// debt `D = tat - now` the bucket holds, with `held_until` the end of the
-/// latest server hold (0: none):
+/// Converts a `tat` from quota `old` to `new` at `now`, by the debt
+/// `D = tat - now`, with `held_until` the end of the latest server hold
+/// (0: none):
 ///
-/// * `D == 0` (full): `tat` is returned as it is. A full bucket stays
-///   full, whatever the change.
-/// * A server hold still running (`held_until > now`) with the bucket
-///   held past its next cell (`D > τ_old - T_old`): the wait until the
-///   next cell, `D - (τ_old - T_old)`, is the hold's up to its end, and
-///   that part is kept as time, so a server's `Retry-After` survives any
-///   quota change; what lies past the hold's end is cells reserved behind
-///   it, kept as cells (`× T_new / T_old`, rounded up to a nanosecond).
-///   The bucket is drained behind it under the new quota (`τ_new -
-///   T_new`).
-/// * Otherwise the whole debt is cells, taken or reserved, and stays that
-///   many cells at the new period: `D * T_new / T_old`, rounded up to a
-///   nanosecond. Nothing is forgiven: cells reserved past the new burst
-///   leave the bucket over-drawn (its next cell waits for them), so a
-///   change of quota and back never frees what calls already hold. Raising
-///   the burst opens the difference at once (those cells were never taken);
-///   lowering the rate makes the same cells last longer.
+/// * `D == 0` (full): `tat` is returned as it is.
+/// * A hold still running with the bucket held past its next cell
+///   (`D > τ_old - T_old`): the wait until the next cell is kept as time
+///   up to the hold's end (a `Retry-After` survives any quota change);
+///   what lies past it is cells, scaled `× T_new / T_old` (rounded up).
+/// * Otherwise the whole debt is cells: `D * T_new / T_old`, rounded up.
+///   Nothing is forgiven: a burst lowered below the debt leaves the bucket
+///   over-drawn.
 ///
-/// Monotonic in the debt within each case. (A hold enforced in full
-/// leaves the bucket past its next cell until it ends: the penalty's
-/// target is `hold end + τ - T`, and only a reset, which ends the hold,
-/// lowers `tat` below it. One recorded longer than enforced may find the
-/// bucket within its burst, whose debt then converts as cells.)
-///
-/// No term adds periods, so converting back and forth never builds debt
-/// beyond a nanosecond of rounding per change. Never overflows (u128
-/// inside, capped at `u64::MAX`). A hold recorded longer than the one
-/// enforced (a server's wait past the layer's cap) only makes more of the
-/// wait count as time, which errs towards admitting less.
+/// Monotonic in the debt within each case. No term adds periods, so
+/// converting back and forth builds at most a nanosecond of rounding per
+/// change. Never overflows (u128 inside, capped at `u64::MAX`).
 pub(crate) fn convert(tat: u64, now: u64, old: Quota, new: Quota, held_until: u64) -> u64 {
     let debt = tat.saturating_sub(now) as u128;
     if debt == 0 {
@@ -59,14 +42,10 @@ pub(crate) fn convert(tat: u64, now: u64, old: Quota, new: Quota, held_until: u6
     (now as u128).saturating_add(kept).min(u64::MAX as u128) as u64
 }
 
-/// The conversion a learned rate's change uses (the admission layer's
-/// adaptive rates): what lies past the burst is kept as time, whatever
-/// made it (a hold, or calls already queued: their instants are fixed
-/// and they go when they were told), with the bucket drained behind it;
-/// a debt within the burst is kept in cells, capped at the new burst.
-/// A learned change keeps the burst, so the cap frees nothing there; it
-/// is what the learned rate's simulations were measured with. Monotonic
-/// in the debt; never overflows.
+/// The conversion for a learned rate's change: debt past the burst is kept
+/// as time (queued calls keep their instants), with the bucket drained
+/// behind it; debt within the burst is kept in cells, capped at the new
+/// burst. Monotonic in the debt; never overflows.
 pub(crate) fn convert_keeping_queue(tat: u64, now: u64, old: Quota, new: Quota) -> u64 {
     let debt = tat.saturating_sub(now) as u128;
     if debt == 0 {

@@ -132,9 +132,8 @@ fn flipping_quotas_builds_no_debt_and_forgives_none() {
     }
 }
 
-/// Issue #21, item 7: 10/s with 15 cells reserved, then 1/s, then 10/s
-/// again. The 15 cells are still owed: nothing is free at once (the old
-/// conversion capped the debt at each burst and freed 9).
+/// 10/s with 15 cells reserved, then 1/s, then 10/s again: the 15 cells
+/// are still owed (issue #21 item 7).
 #[test]
 fn a_quota_flip_keeps_reserved_cells() {
     let ten = q(100_000_000, 10);
@@ -173,10 +172,8 @@ fn a_quota_change_moves_the_stamp_by_one() {
     assert_eq!(g.available(1_000), 10);
 }
 
-/// Issue #13, item 2: a failed compare-and-swap re-read the whole
-/// seqlock and paused before retrying; it now retries with the value
-/// it found, keeping the quota and skew only if no admin operation ran
-/// in between. After another admission: the found stamp, same quota.
+/// A failed CAS retries with the stamp it found, keeping the quota and
+/// skew only if no admin operation ran in between (issue #13 item 2).
 #[test]
 fn a_failed_cas_after_an_admission_retries_with_the_stamp_it_found() {
     let g = Gcra::new(q(100, 10));
@@ -188,9 +185,7 @@ fn a_failed_cas_after_an_admission_retries_with_the_stamp_it_found() {
     assert_eq!((fresh.word, fresh.period), (stale.word, stale.period));
 }
 
-/// The same after a quota change (which moves the stamp by one and the
-/// skew): the retry must see the new quota and skew, not pair the new
-/// stamp with the old skew.
+/// The same after a quota change: the retry sees the new quota and skew.
 #[test]
 fn a_failed_cas_after_a_quota_change_rereads_the_quota() {
     let g = Gcra::new(q(100, 10));
@@ -203,8 +198,7 @@ fn a_failed_cas_after_a_quota_change_rereads_the_quota() {
     assert_ne!(fresh.word, stale.word);
 }
 
-// `convert_keeping_queue`: the learned rates' conversion (the one every
-// quota change used before issue #21, item 7).
+// `convert_keeping_queue`: the learned rates' conversion.
 
 #[test]
 fn keeping_queue_keeps_the_wait_past_the_burst() {

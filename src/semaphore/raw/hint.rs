@@ -7,10 +7,8 @@
 //! finds a stale word, which costs a failed compare-and-swap. Neither is
 //! unsound: the word is only ever a CAS's expected value.
 //!
-//! Under loom the slot is `loom::thread_local!`, which starts empty in
-//! every execution of a model, so the models run the hinted CAS too
-//! (issue #59 item 2: the hint returned `None` there, and no model
-//! covered it).
+//! Under loom the slot is `loom::thread_local!` (empty in every execution),
+//! so the models run the hinted CAS too.
 
 use core::cell::Cell;
 
