@@ -41,9 +41,9 @@ pub(super) fn set(sem: usize, word: usize) {
     let _ = LAST.try_with(|last| last.set((sem, word)));
 }
 
-/// Counts, per thread, the acquires that loaded the word (no hint).
 #[cfg(all(test, not(feature = "loom")))]
 std::thread_local! {
+    /// Counts, per thread, the acquires that loaded the word (no hint).
     static LOADS: Cell<usize> = const { Cell::new(0) };
 }
 
