@@ -902,11 +902,13 @@ impl<S, C> Builder<S, C> {
     /// call per key: with the `redis` feature, `resolve` is a `RedisScoped`'s
     /// `bucket(key)`. It is called on every admit and observe of such a
     /// credential, so it should be a lookup, not a connection, and it
-    /// must return the same limiter for a credential each time: one it
-    /// keeps nowhere (a fresh bucket per call, which would start full
-    /// every time) is refused, as is a resolver that panics, with
-    /// [`Status::Unavailable`](crate::Status::Unavailable) and the reason
-    /// for that credential's calls only.
+    /// must return the same limiter for a credential each time, or a
+    /// handle onto the same shared state (as `RedisScoped::bucket` is): a
+    /// fresh local `TokenBucket` per call starts full every time and
+    /// limits nothing. The layer cannot tell a fresh handle onto shared
+    /// state from a fresh bucket, so this is the resolver's to keep. A
+    /// resolver that panics refuses that credential's calls only, with
+    /// [`Status::Unavailable`](crate::Status::Unavailable) and the reason.
     ///
     /// # Examples
     ///
@@ -1081,13 +1083,13 @@ fn clamp_share(share: f64) -> f64 {
 
 /// A resolver of shared limiters of one type, as the layer keeps them.
 ///
-/// A resolver that panics, or returns a limiter it keeps nowhere (a
-/// fresh bucket per call starts full each time, so it limits nothing),
-/// gives that credential an [`Unresolved`] limiter, which refuses its
-/// calls and says why: the fault stays with the credential's calls,
-/// and is never a silent pass (issue #59 item 5: one panicking resolver
-/// made `stats()` panic for everyone, and a fresh bucket per call let
-/// 100 of 100 calls through a 1/s quota).
+/// A resolver that panics gives that credential an [`Unresolved`]
+/// limiter, which refuses its calls and says why: the fault stays with
+/// the credential's calls, and is never a silent pass (issue #59 item 5:
+/// one panicking resolver made `stats()` panic for everyone). A resolver
+/// that builds a fresh limiter per call is documented, not detected: an
+/// `Arc` nobody else holds may well be a handle onto shared state (a
+/// `RedisBucket` wrapped anew), which the layer cannot tell apart.
 fn erased<L: RateLimiter + 'static>(
     resolve: impl Fn(&str) -> Option<Arc<L>> + Send + Sync + 'static,
 ) -> Box<SharedResolver> {
@@ -1098,7 +1100,6 @@ fn erased<L: RateLimiter + 'static>(
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| resolve(credential)));
         match resolved {
             Err(_) => Some(Arc::new(Unresolved::Panicked)),
-            Ok(Some(l)) if Arc::strong_count(&l) == 1 => Some(Arc::new(Unresolved::Fresh)),
             Ok(l) => l.map(|l| l as Arc<dyn SharedLimiter>),
         }
     })

@@ -70,8 +70,6 @@ pub(crate) trait SharedLimiter: Send + Sync {
 pub(crate) enum Unresolved {
     /// The resolver panicked.
     Panicked,
-    /// The resolver returned a limiter it keeps nowhere.
-    Fresh,
 }
 
 impl SharedLimiter for Unresolved {
@@ -107,11 +105,6 @@ impl SharedLimiter for Unresolved {
             Unresolved::Panicked => {
                 "the resolver of this credential's shared quota panicked; nothing is sent \
                  until it returns a limiter"
-            }
-            Unresolved::Fresh => {
-                "the resolver of this credential's shared quota returned a limiter it keeps \
-                 nowhere (a fresh one starts full on every call and limits nothing); return \
-                 the same limiter for a credential each time"
             }
         })
     }
