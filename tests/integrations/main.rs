@@ -5,6 +5,8 @@
 
 #[cfg(all(feature = "reqwest", feature = "tower"))]
 mod conformance;
+#[cfg(all(feature = "reqwest", feature = "tower", feature = "mcp"))]
+mod mcp_cancel;
 #[cfg(all(feature = "reqwest", feature = "testing"))]
 mod reqwest_seam;
 #[cfg(all(feature = "reqwest", feature = "tower", feature = "http"))]

@@ -53,10 +53,16 @@ struct Script {
     then: Step,
     next: AtomicUsize,
     seen: Arc<Mutex<Vec<Seen>>>,
+    /// The `requestId` of every `notifications/cancelled` the client sent.
+    cancelled: Arc<Mutex<Vec<serde_json::Value>>>,
+    /// The JSON-RPC `id` of every `tools/call`.
+    calls: Arc<Mutex<Vec<serde_json::Value>>>,
 }
 
 pub struct McpScripted {
     seen: Arc<Mutex<Vec<Seen>>>,
+    cancelled: Arc<Mutex<Vec<serde_json::Value>>>,
+    calls: Arc<Mutex<Vec<serde_json::Value>>>,
     server: tokio::task::JoinHandle<()>,
     client: RunningService<RoleClient, ()>,
 }
@@ -68,11 +74,15 @@ impl McpScripted {
     /// connection is refused.
     pub async fn start(steps: Vec<Step>, then: Step, refused: bool) -> McpScripted {
         let seen = Arc::new(Mutex::new(Vec::new()));
+        let cancelled = Arc::new(Mutex::new(Vec::new()));
+        let calls = Arc::new(Mutex::new(Vec::new()));
         let script = Arc::new(Script {
             steps,
             then,
             next: AtomicUsize::new(0),
             seen: seen.clone(),
+            cancelled: cancelled.clone(),
+            calls: calls.clone(),
         });
         let config = StreamableHttpServerConfig::default();
         let service: StreamableHttpService<Tools, LocalSessionManager> =
@@ -101,6 +111,8 @@ impl McpScripted {
         }
         McpScripted {
             seen,
+            cancelled,
+            calls,
             server,
             client,
         }
@@ -108,6 +120,18 @@ impl McpScripted {
 
     pub fn peer(&self) -> Peer<RoleClient> {
         self.client.peer().clone()
+    }
+
+    /// The request ids the client cancelled (`notifications/cancelled`).
+    #[allow(dead_code)] // used by the MCP tests only
+    pub fn cancelled(&self) -> Vec<serde_json::Value> {
+        self.cancelled.lock().unwrap().clone()
+    }
+
+    /// The JSON-RPC ids of the `tools/call` requests, in arrival order.
+    #[allow(dead_code)] // used by the MCP tests only
+    pub fn calls(&self) -> Vec<serde_json::Value> {
+        self.calls.lock().unwrap().clone()
     }
 
     /// The record itself, for a task that watches it.
@@ -129,11 +153,16 @@ async fn front(State(script): State<Arc<Script>>, req: Request, next: Next) -> R
         .await
         .unwrap_or_default();
     let message: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    if message["method"] == "notifications/cancelled" {
+        let id = message["params"]["requestId"].clone();
+        script.cancelled.lock().unwrap().push(id);
+    }
     if message["method"] != "tools/call" {
         return next
             .run(Request::from_parts(parts, Body::from(bytes)))
             .await;
     }
+    script.calls.lock().unwrap().push(message["id"].clone());
     let i = script.next.fetch_add(1, Ordering::SeqCst);
     script.seen.lock().unwrap().push(Seen {
         at: Instant::now(),
