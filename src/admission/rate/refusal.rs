@@ -148,9 +148,6 @@ where
         }
     }
 
-    /// The end of the latest server hold that covers `credential`'s calls
-    /// (its own, its weighted quotas', its shared quota's as last observed
-    /// here, and the server scope `scope` it falls under).
     /// What the caller whose answer asked for a wait past the layer's
     /// cap on holds (`max_retry_after`) is told: when it would be
     /// admitted, the capped hold, as every later caller is, not the
@@ -174,6 +171,9 @@ where
         }
     }
 
+    /// The end of the latest server hold that covers `credential`'s calls
+    /// (its own, its weighted quotas', its shared quota's as last observed
+    /// here, and the server scope `scope` it falls under).
     pub(super) fn held_until(&self, credential: &str, scope: Option<&(String, String)>) -> u64 {
         let inner = &*self.inner;
         let key = credential.to_string();
