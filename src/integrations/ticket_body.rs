@@ -213,9 +213,7 @@ where
                     held.scan_buf(data);
                 }
                 // A consumer may stop at `is_end_stream` (hyper's encoder
-                // does) and never poll the `None`: the body has ended all
-                // the same (issue #40: the slot was held to the drop and
-                // the usage never settled).
+                // does) and never poll the `None`: the body has ended.
                 if this.inner.is_end_stream()
                     && let Some(held) = this.held.take()
                 {

@@ -92,11 +92,9 @@ where
                 ),
             );
         }
-        // A server hold is capped at `max_retry_after` (the key is probed
-        // again then). While it lasts, a refusal says what the server said
-        // (past the cap, an operator's problem) but tells the caller when
-        // it would be admitted: the capped hold, never the server's
-        // 136 years (issue #40).
+        // A server hold is capped at `max_retry_after`. While it lasts, a
+        // refusal says what the server said but tells the caller when it
+        // would be admitted: the capped hold, not the server's word.
         let told = self.held_until(credential, None).saturating_sub(now);
         match e.retry_after() {
             Some(after) if told > saturating_nanos(inner.rates.max_retry_after) => {
@@ -150,12 +148,8 @@ where
 
     /// The end of the latest server hold that covers `credential`'s calls
     /// (its own, its weighted quotas', its shared quota's as last observed
-    /// here, and the server scope `scope` it falls under).
-    /// What the caller whose answer asked for a wait past the layer's
-    /// cap on holds (`max_retry_after`) is told: when it would be
-    /// admitted, the capped hold, as every later caller is, not the
-    /// server's word (issue #59 item 6: `Retry-After: 99999999999` told
-    /// the first caller 4,294,967,295 s and the next ones 5 min).
+    /// here, and the server scope `scope` it falls under), capped at
+    /// `max_retry_after`: what every caller is told, the first one too.
     pub(in crate::admission) fn told_within_cap(
         &self,
         refused: Throttled,

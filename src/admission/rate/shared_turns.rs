@@ -125,10 +125,8 @@ impl Watch {
 /// quota name (not by limiter: a resolver may build a new one per call).
 ///
 /// A watch nobody holds (no call sleeps on its quota) is forgotten once
-/// the map is full: it loses the period last seen, so the next round
-/// trip's is taken as the first, which moves no turn, and no turn is
-/// left to move (issue #59 item 4: a watch was kept for every credential
-/// ever shared, about 450 B each, long after the credential was evicted).
+/// the map is full: the next round trip's period is taken as the first,
+/// which moves no turn, and no turn is left to move.
 #[derive(Default)]
 pub(crate) struct Watches(Mutex<Watched>);
 
