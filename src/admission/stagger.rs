@@ -131,9 +131,7 @@ mod tests {
     }
 
     /// A map full of live bursts forgets the oldest to make room; one
-    /// full of bursts that are over forgets them all (cargo-mutants: the
-    /// prune's conditions survived `the_map_stays_bounded`, whose bursts
-    /// were all over).
+    /// full of bursts that are over forgets them all.
     #[test]
     fn a_full_map_forgets_the_oldest_live_burst_or_every_burst_that_is_over() {
         let s = Stagger::default();
@@ -153,9 +151,7 @@ mod tests {
     }
 
     /// A full map makes room only for a limit it does not remember: a
-    /// refusal on a remembered limit forgets no other burst (cargo-mutants:
-    /// `&&` to `||` in the guard survived, dropping the oldest live burst
-    /// on every refusal once the map was full).
+    /// refusal on a remembered limit forgets no other burst.
     #[test]
     fn a_full_map_forgets_nothing_for_a_limit_it_remembers() {
         let s = Stagger::default();

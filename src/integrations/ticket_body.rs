@@ -395,7 +395,7 @@ mod tests {
         drop(body);
     }
 
-    /// cargo-mutants (issue #40): a line of exactly `MAX_LINE` bytes, in
+    /// A line of exactly `MAX_LINE` bytes, in
     /// two frames, is read; a last line with no newline is read; usage
     /// reported in parts (Anthropic's input at the start, output at the
     /// end) settles their sum; the body says what its inner body says
