@@ -257,11 +257,8 @@ impl Circuit {
     /// Records an answer (`trial`: the answer of a call admitted as the
     /// circuit's trial). While a trial is out, only a trial's answer
     /// decides: an answer closes the circuit and a failure reopens it; a
-    /// late answer of a call sent before the circuit opened says how the
-    /// server was, not how it is, and counts for nothing (issue #40: a
-    /// stale 200 closed the circuit while the trial was out, and a stale
-    /// 500 reopened it so the trial's own 200 could not close it). While
-    /// open, nothing counts: the cool-down runs out.
+    /// late answer of a call sent before the circuit opened counts for
+    /// nothing (issue #40). While open, nothing counts.
     pub(crate) fn record(&self, cfg: &CircuitBreaker, outcome: Outcome, now: u64, trial: bool) {
         let mut word = self.word.load(Ordering::Relaxed);
         loop {
@@ -372,10 +369,8 @@ pub(super) struct Breakers {
 struct Map {
     circuits: hashbrown::HashMap<PairKey, Arc<Circuit>, std::collections::hash_map::RandomState>,
     /// The size at which the next new pair sweeps: [`MAX_CIRCUITS`], or
-    /// a quarter above what a sweep could not free, so a sweep (two
-    /// visits of the map at most) comes a quarter of the map after the
-    /// last whatever it freed (issue #59: a full
-    /// map cost every new pair a scan, and every admit a sum over tools).
+    /// a quarter above what a sweep could not free, so sweeps stay
+    /// amortised over a quarter of the map.
     sweep_at: usize,
     /// Entries the sweeps visited, for the test that bounds them.
     #[cfg(all(test, not(feature = "loom")))]
@@ -383,14 +378,10 @@ struct Map {
 }
 
 /// At most this many circuits are tracked, but for those held by a call
-/// in admission. Past it the closed ones nobody holds are forgotten (a
-/// closed circuit's count of failures is all they lose), and if that
-/// leaves more than three quarters, open ones nobody holds too, down to
-/// three quarters: a sweep frees a quarter of the map at least, so its
-/// cost is spread over that many new pairs, and every pair has a circuit
-/// that can open (issue #40: a map full of circuits that had seen a
-/// failure scanned itself on every call and handed new pairs a circuit
-/// that never opened).
+/// in admission. Past it the closed ones nobody holds are forgotten, then
+/// if needed open ones nobody holds, down to three quarters: a sweep's
+/// cost is spread over a quarter of the map in new pairs, and every pair
+/// has a circuit that can open (issue #40).
 pub(super) const MAX_CIRCUITS: usize = 16_384;
 
 impl Breakers {

@@ -1084,12 +1084,10 @@ fn clamp_share(share: f64) -> f64 {
 /// A resolver of shared limiters of one type, as the layer keeps them.
 ///
 /// A resolver that panics gives that credential an [`Unresolved`]
-/// limiter, which refuses its calls and says why: the fault stays with
-/// the credential's calls, and is never a silent pass (issue #59 item 5:
-/// one panicking resolver made `stats()` panic for everyone). A resolver
-/// that builds a fresh limiter per call is documented, not detected: an
-/// `Arc` nobody else holds may well be a handle onto shared state (a
-/// `RedisBucket` wrapped anew), which the layer cannot tell apart.
+/// limiter, which refuses its calls and says why (never a silent pass,
+/// never a panic elsewhere). A resolver that builds a fresh limiter per
+/// call is documented, not detected: a fresh `Arc` may be a handle onto
+/// shared state.
 fn erased<L: RateLimiter + 'static>(
     resolve: impl Fn(&str) -> Option<Arc<L>> + Send + Sync + 'static,
 ) -> Box<SharedResolver> {

@@ -32,9 +32,7 @@ where
         let circuit = breakers.circuit(&tool.name, &spec.credential);
         // A trial is out until answered, for a cool-down at most (its
         // deadline, if shorter), and for a tenth of one at least: a trial
-        // with no time of its own must not make the very next call a
-        // trial too (issue #40: 100 calls with deadline 0 let 4 trials
-        // through at one instant).
+        // with no time of its own must not make the next call a trial too.
         let cool_down = breakers.config.cool_down_nanos();
         let trial_for = cool_down
             .min(saturating_nanos(deadline))

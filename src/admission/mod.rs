@@ -329,8 +329,7 @@ where
         }
 
         // A slot that came free only at the deadline leaves no time for
-        // the rate: the call timed out waiting (issue #40: it was refused
-        // `rate_limited`, "slot is in 699 ms, after its deadline").
+        // the rate: the call timed out waiting (issue #40), not rate limited.
         if rate_from.is_none() && inner.clock.now_nanos() >= deadline_at {
             return Err(Throttled::new(
                 Status::TimedOut,

@@ -91,8 +91,7 @@ impl Drop for Waiting<'_> {
 
 impl Pool {
     /// A pool of `cap` slots, clamped to `1..=Semaphore::MAX_PERMITS`
-    /// (issue #59 item 6: `global_concurrency(usize::MAX)` panicked in
-    /// `build`).
+    /// (issue #59: `usize::MAX` panicked).
     pub(crate) fn new(cap: usize, expected_hold: Duration) -> Self {
         let cap = cap.clamp(1, Semaphore::MAX_PERMITS);
         Self {
@@ -182,11 +181,9 @@ impl Pool {
 
     /// Little's law: with `ahead` calls in front and `cap` slots each held
     /// for the mean hold time, the last of them starts after about
-    /// `ceil((ahead + 1) / cap)` hold times. That is the honest
-    /// `retry_after` for a call shed at `now`, unless the calls in flight
-    /// hang: with every slot taken and none given back for longer than the
-    /// mean hold, a round takes at least that long (issue #40: 99 ms was
-    /// told while the calls in flight had hung for seconds).
+    /// `ceil((ahead + 1) / cap)` hold times: the `retry_after` for a call
+    /// shed at `now`. With every slot taken and none given back for longer
+    /// than the mean hold, a round takes at least that long.
     pub(crate) fn drain_estimate(&self, ahead: usize, now: u64) -> Duration {
         // Relaxed: advisory.
         let mut hold = self.hold_ns.load(Ordering::Relaxed);

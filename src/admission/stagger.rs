@@ -1,28 +1,19 @@
 //! `Stagger`: the retry instants told to calls refused together.
 //!
-//! A bucket refusing six calls in the same millisecond knows the same next
-//! slot for all six. Telling each of them that instant makes their callers
-//! (a model planning its next turn, a harness sleeping `retry_after_ms`)
-//! come back as one burst, which the bucket then refuses again. The honest
-//! answer for the k-th call refused on a limit is when *its* turn would
-//! come if the k - 1 before it take theirs: the next slot plus k - 1
-//! periods of the limit (or, for a full queue, k - 1 drain steps).
+//! A bucket refusing several calls at once knows the same next slot for
+//! all; telling each that instant brings them back as one burst, refused
+//! again. So the k-th call refused on a limit is told the next slot plus
+//! k - 1 periods of the limit (or, for a full queue, k - 1 drain steps).
 //!
 //! "Together" is one burst: the refusals on a limit within one period of
-//! the first of them. A refusal a period or more after the burst began
-//! starts a new one, told the limit's real next slot: a lone caller that
-//! asks again and again is told, each time, when it would be admitted,
-//! never a step later per ask (issue #40: a caller asking every 100 ms of
-//! a 1 s cool-down was told 1,000 ms each time, and a flood of refusals
-//! drifted to 109.6 s). A limit whose turns are not real places (an open
-//! circuit: the calls after its trial all go together) spreads a burst
-//! over a fixed number of steps, round and round, instead of queueing it.
+//! the first. A refusal later starts a new burst, told the limit's real
+//! next slot, so a lone caller asking again and again is never told a
+//! step later per ask (issue #40). A limit whose turns are not real places
+//! (an open circuit) spreads a burst over a fixed number of steps, round
+//! and round, instead of queueing it.
 //!
-//! Nothing is reserved: a promise is advice, and a caller that comes back
-//! early is simply refused again.
-//!
-//! It sits on the refusal path only (cold): a mutex-guarded map, bounded
-//! by pruning the bursts already over.
+//! Nothing is reserved: a promise is advice. Refusal path only (cold): a
+//! mutex-guarded map, bounded by pruning the bursts already over.
 
 use std::collections::HashMap;
 
@@ -140,9 +131,7 @@ mod tests {
     }
 
     /// A map full of live bursts forgets the oldest to make room; one
-    /// full of bursts that are over forgets them all (cargo-mutants: the
-    /// prune's conditions survived `the_map_stays_bounded`, whose bursts
-    /// were all over).
+    /// full of bursts that are over forgets them all.
     #[test]
     fn a_full_map_forgets_the_oldest_live_burst_or_every_burst_that_is_over() {
         let s = Stagger::default();
@@ -162,9 +151,7 @@ mod tests {
     }
 
     /// A full map makes room only for a limit it does not remember: a
-    /// refusal on a remembered limit forgets no other burst (cargo-mutants:
-    /// `&&` to `||` in the guard survived, dropping the oldest live burst
-    /// on every refusal once the map was full).
+    /// refusal on a remembered limit forgets no other burst.
     #[test]
     fn a_full_map_forgets_nothing_for_a_limit_it_remembers() {
         let s = Stagger::default();
@@ -175,10 +162,8 @@ mod tests {
         assert_eq!(s.bursts.lock().len(), MAX_LIMITS);
     }
 
-    /// Issue #40 item 2: a lone caller asking every 100 ms of a 1 s
-    /// cool-down was told 1,000 ms each time (each promise still ahead
-    /// pushed the next one a step further). Asked a step or more apart,
-    /// it is told its real next chance each time.
+    /// Issue #40: asked a step or more apart, a lone caller is told its
+    /// real next chance each time, not a step more per ask.
     #[test]
     fn a_lone_caller_is_told_the_cool_down_left_not_a_step_more_per_ask() {
         let s = Stagger::default();

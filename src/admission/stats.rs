@@ -326,7 +326,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
 mod tests {
     use super::*;
 
-    /// cargo-mutants (issue #40): in flight is admitted less finished.
+    /// In flight is admitted less finished.
     #[test]
     fn in_flight_is_the_tickets_not_yet_dropped() {
         let c = Counters::default();
@@ -337,7 +337,7 @@ mod tests {
         assert_eq!(c.in_flight(), 2);
     }
 
-    /// cargo-mutants (issue #40): each status reads its own count, and the
+    /// Each status reads its own count, and the
     /// total is their sum (a digit per status, so a wrong sign or factor
     /// shows).
     #[test]

@@ -213,9 +213,7 @@ where
                     held.scan_buf(data);
                 }
                 // A consumer may stop at `is_end_stream` (hyper's encoder
-                // does) and never poll the `None`: the body has ended all
-                // the same (issue #40: the slot was held to the drop and
-                // the usage never settled).
+                // does) and never poll the `None`: the body has ended.
                 if this.inner.is_end_stream()
                     && let Some(held) = this.held.take()
                 {
@@ -397,7 +395,7 @@ mod tests {
         drop(body);
     }
 
-    /// cargo-mutants (issue #40): a line of exactly `MAX_LINE` bytes, in
+    /// A line of exactly `MAX_LINE` bytes, in
     /// two frames, is read; a last line with no newline is read; usage
     /// reported in parts (Anthropic's input at the start, output at the
     /// end) settles their sum; the body says what its inner body says

@@ -228,8 +228,7 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
                             attempts: sent,
                         };
                     }
-                    // This credential's hold, for the other processes
-                    // (issue #60: every credential's was pushed here).
+                    // This credential's hold only, for the other processes.
                     self.push_shared(&spec.credential).await;
                     (Some(status), hint)
                 }

@@ -259,12 +259,10 @@ where
         Some(held)
     }
 
-    /// Holds the requests for the server's `wait`, capped alike for every
-    /// hold: a hostile `Retry-After: 999999999` holds the key for
-    /// `max_retry_after`, not for decades, and that hold is what is
-    /// returned (issue #40: the server's 999,999,999 s came back while
-    /// the key was held 300 s). A named limit holds only the calls under
-    /// its scope; a shared credential's hold is pushed by its next admit.
+    /// Holds the requests for the server's `wait`, capped at
+    /// `max_retry_after` alike for every hold; the capped hold is what is
+    /// returned. A named limit holds only the calls under its scope; a
+    /// shared credential's hold is pushed by its next admit.
     fn hold_requests(
         &self,
         tool: Tool<'_>,

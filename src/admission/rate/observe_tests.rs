@@ -64,7 +64,7 @@ fn with(policies: Vec<Policy>) -> ServerHint {
 
 const MINUTE: Duration = Duration::from_secs(60);
 
-/// cargo-mutants (issue #40): a name that only starts like a quota's is
+/// A name that only starts like a quota's is
 /// another quota (`tokens` is not `tokens_in`).
 #[test]
 fn a_name_is_the_same_quota_only_whole() {
@@ -74,7 +74,7 @@ fn a_name_is_the_same_quota_only_whole() {
     assert!(!same_name("tokens", "tokenz"));
 }
 
-/// cargo-mutants (issue #40): only a named limit without a window needs
+/// Only a named limit without a window needs
 /// the provider's, and only such a limit is given it; a window the server
 /// stated is kept.
 #[test]
@@ -101,7 +101,7 @@ fn only_a_named_limit_without_a_window_is_given_one() {
     }
 }
 
-/// cargo-mutants (issue #40): the quota a 429 spends is the named one with
+/// The quota a 429 spends is the named one with
 /// nothing left, even when the reply says nothing of requests; a limit of
 /// 0 has no share, so its remaining counts as a full share.
 #[test]
@@ -130,7 +130,7 @@ fn a_429_spends_the_quota_with_nothing_left() {
     );
 }
 
-/// cargo-mutants (issue #40): a reply's wait on the requests is the reset
+/// A reply's wait on the requests is the reset
 /// of a spent request limit; a spent weighted quota the layer meters, or
 /// a limit with some left, puts none on them.
 #[test]

@@ -92,11 +92,9 @@ where
                 ),
             );
         }
-        // A server hold is capped at `max_retry_after` (the key is probed
-        // again then). While it lasts, a refusal says what the server said
-        // (past the cap, an operator's problem) but tells the caller when
-        // it would be admitted: the capped hold, never the server's
-        // 136 years (issue #40).
+        // A server hold is capped at `max_retry_after`. While it lasts, a
+        // refusal says what the server said but tells the caller when it
+        // would be admitted: the capped hold, not the server's word.
         let told = self.held_until(credential, None).saturating_sub(now);
         match e.retry_after() {
             Some(after) if told > saturating_nanos(inner.rates.max_retry_after) => {

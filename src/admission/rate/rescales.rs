@@ -3,18 +3,10 @@
 //! A call reserves its cell, then sleeps until the cell's instant. When a
 //! learned rate changes while calls sleep, the bucket converts the queued
 //! cells to the new rate (`Gcra::rescale_learned_quota`) and the change
-//! is logged here; it wakes each sleeper, which moves its instant the
-//! same way and sleeps on. Without it the queue drained at the old rate:
-//! eight callers queued at the 10/s starting guess kept the next 800 ms
-//! at 10/s while the rate was learned up to 25/s (a third of slow
-//! start's time lost), and after a cut the cells queued during a climb
-//! went at the climb's rate right after the hold, and drew a 429.
-//!
-//! The log is [`Rescales`]; a call sleeps towards its cell in
-//! `Admission::sleep_turn`.
-//!
-//! Every call sleeping on a learned credential's request cell follows
-//! the changes: one that kept its old instant would go in another cell's
+//! is logged here ([`Rescales`]); it wakes each sleeper
+//! (`Admission::sleep_turn`), which moves its instant the same way and
+//! sleeps on. Every call sleeping on a learned credential's request cell
+//! must follow: one that kept its old instant would go in another cell's
 //! slot, and send one request too many in that window.
 
 use std::collections::VecDeque;
@@ -45,12 +37,10 @@ pub(crate) struct Rescales {
     logged: AtomicU64,
     /// The latest changes, oldest first.
     log: Mutex<VecDeque<Rescale>>,
-    /// The calls sleeping towards a cell, by sleeper, woken by the next
-    /// change (and then dropped: each registers again as it sleeps on).
-    /// A sleep that ends (its timer fired, the layer closed, the call was
-    /// dropped) takes its entry back, so the list holds only calls still
-    /// asleep (issue #59 item 3: finished sleepers' wakers piled up until
-    /// the next change, keeping their tasks alive).
+    /// The calls sleeping towards a cell, by sleeper, woken (and dropped)
+    /// by the next change. A sleep that ends takes its entry back, so the
+    /// list holds only calls still asleep (issue #59: else finished
+    /// sleepers' tasks were kept alive).
     wakers: Mutex<Vec<(u64, Waker)>>,
 }
 

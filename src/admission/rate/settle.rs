@@ -88,9 +88,9 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
 
 /// Takes `units` from `key`'s bucket now, whatever the wait and the burst:
 /// debt that the next calls wait for. O(1) in `units`: one CAS. One
-/// charge is at most `cap`'s worth of the quota's rate: a usage a hostile
-/// or buggy reply reports (2^40 tokens) holds the key no longer than a
-/// server's hold may (`max_retry_after`), not for weeks (issue #40).
+/// charge is at most `cap`'s worth of the quota's rate: a huge reported
+/// usage holds the key no longer than a server's hold may
+/// (`max_retry_after`).
 pub(in crate::admission) fn charge<C: Clock>(
     buckets: &Scoped<String, C>,
     key: &String,

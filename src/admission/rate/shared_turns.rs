@@ -1,36 +1,25 @@
 //! Changes of a shared quota that reach the calls already waiting on it.
 //!
-//! A call takes its cells from a shared limiter (a `RedisBucket` that
-//! every process of a fleet admits through), then sleeps until they are
-//! usable. When the quota in force changes meanwhile (this process or
-//! another stored a limit the server stated), the limiter converts the
-//! cells queued in it to the new rate (`set_quota`), but the instants
-//! the sleeping calls were given are this process's own. Without this
-//! log they went at the old rate: told a first quota twice the key's,
-//! four processes drew 429s seconds after the first replies, from calls
-//! given a slot before the change.
+//! A call takes its cells from a shared limiter (a `RedisBucket` every
+//! process of a fleet admits through), then sleeps until they are usable.
+//! When the quota in force changes meanwhile, the limiter converts its
+//! queued cells to the new rate (`set_quota`), but the sleeping calls'
+//! instants are this process's own: without this log they went at the
+//! old rate and drew 429s.
 //!
 //! So each shared quota of a credential has a [`Watch`]: the period in
-//! force as this process last saw it, and a [`Rescales`] log of its
-//! changes. Every round trip through the limiter (a reservation, a
-//! settle, a stored quota, a hold) refreshes the limiter's quota in
-//! force, and the admission layer then looks at it here; a change is
-//! logged (as of when, see [`Watch::observe`]) and wakes the calls
+//! force as last seen here, and a [`Rescales`] log of its changes. Every
+//! round trip through the limiter refreshes the quota in force; a change
+//! is logged (as of when, see [`Watch::observe`]) and wakes the calls
 //! sleeping on that quota, which move their instants the way the limiter
 //! moved its cells (`Admission::sleep_turns`).
 //!
-//! What this does not give (so a wrong first quota is not held yet, see
-//! ARCHITECTURE.md): the instant the limiter moved its cells is not
-//! known, only bounded, and a moved call off its cell by either side can
-//! meet another's; a process learns of a change at its next round trip,
-//! so the cells of its calls due before it go at the old rate; a change
-//! of burst alone moves no
-//! instant (a cell's instant moves with the period only, as for a learned
-//! local rate); and the quota in force is the limiter's latest reply, so
-//! a call whose reservation came back under the old quota just after
-//! another call's reply brought the new one takes its turn under the new
-//! epoch and keeps its instant (the limiter does not say which quota each
-//! reservation was taken under).
+//! Not exact (see ARCHITECTURE.md, "A wrong first quota"): the instant
+//! the limiter moved its cells is only bounded; a process learns of a
+//! change at its next round trip; a change of burst alone moves no
+//! instant; and a reservation taken under the old quota just after a
+//! reply brought the new one keeps its instant (the limiter does not say
+//! which quota each reservation was taken under).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -67,16 +56,12 @@ impl Watch {
     /// clock): a new period is logged, and the calls sleeping on this
     /// quota are woken to move.
     ///
-    /// The limiter moved its cells as of the instant the quota was stored
-    /// there, which this process does not know: only that it fell between
-    /// the last round trip that brought the old period and this one. A
-    /// slower rate is logged as of the earlier end (an instant moves the
-    /// further the earlier its change starts), a faster one as of `now`.
-    /// Logged at `now` always, a slowdown moved each instant early by up
-    /// to that gap times the change, and a fleet told twice the key's rate
-    /// drew 429s eight seconds in. (Neither end is exact: a call moved
-    /// later than the limiter's cell can land on a cell given to another
-    /// call since. See ARCHITECTURE.md, "A wrong first quota".)
+    /// The limiter moved its cells at an instant known only to fall
+    /// between the last round trip that brought the old period and this
+    /// one. A slower rate is logged as of the earlier end (an instant moves
+    /// the further the earlier its change starts), a faster one as of
+    /// `now`: logging a slowdown at `now` moved instants early and drew
+    /// 429s.
     pub(crate) fn observe(&self, quota: Option<Quota>, now: u64) {
         let Some(quota) = quota else { return };
         let wakers = {
@@ -125,10 +110,8 @@ impl Watch {
 /// quota name (not by limiter: a resolver may build a new one per call).
 ///
 /// A watch nobody holds (no call sleeps on its quota) is forgotten once
-/// the map is full: it loses the period last seen, so the next round
-/// trip's is taken as the first, which moves no turn, and no turn is
-/// left to move (issue #59 item 4: a watch was kept for every credential
-/// ever shared, about 450 B each, long after the credential was evicted).
+/// the map is full: the next round trip's period is taken as the first,
+/// which moves no turn, and no turn is left to move.
 #[derive(Default)]
 pub(crate) struct Watches(Mutex<Watched>);
 

@@ -1,18 +1,14 @@
 //! `Line`: the callers waiting for a rate limit's cells, counted, so each
-//! is told when its turn comes without holding a cell while it sleeps.
+//! is told when its turn comes without holding a cell while it sleeps (a
+//! GCRA can only give back the reservation on top of its stack, so a
+//! waiter cancelled out of order would leave its cell taken).
 //!
-//! The rate layers used to reserve a cell and sleep towards it. A GCRA
-//! can only give back the reservation on top of its stack, so every
-//! waiter cancelled out of order (a dropped `oneshot`, a timed-out
-//! request) left its cell taken: 50 cancelled waiters left a 10/s bucket
-//! 5 s in debt. Now a waiter joins the line, sleeps until the next cell
-//! plus one period per caller ahead of it, and takes the cell when it
-//! wakes (or, beaten to it, sleeps until the next one). A caller whose
-//! turn would come after its budget is refused at once, as before. The
-//! line is advice for the sleeps, never a decision: the bucket decides.
-//!
-//! Cold: touched only by callers that must wait (a mutex-guarded count
-//! per key, removed at zero).
+//! A waiter joins the line, sleeps until the next cell plus one period
+//! per caller ahead of it, and takes the cell when it wakes (or, beaten
+//! to it, sleeps until the next one). A caller whose turn would come
+//! after its budget is refused at once. The line is advice for the
+//! sleeps; the bucket decides. Cold: a mutex-guarded count per key,
+//! removed at zero.
 
 use core::hash::Hash;
 use std::collections::HashMap;

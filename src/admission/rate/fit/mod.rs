@@ -1,50 +1,24 @@
 //! A credential's quotas fitted to a server that counts over a rolling
-//! window (issue #41): the shape of the limit, learned from a 429 the
-//! local bucket did not predict.
+//! window (issue #41), learned from a 429 the local bucket did not predict.
 //!
-//! A learned quota is a GCRA bucket at the server's stated rate with one
-//! slice's worth of burst (a second's, see `Provider`). Over any span `t`
-//! it admits `burst + rate x t`: after idle, a whole burst at once and then
-//! the refill. A server that counts the same limit over a rolling window
-//! (a sliding log: at most `burst` in any second) refuses the refill part
-//! of that first second, every time the caller comes back from idle: the
-//! same 429 at every turn's start.
+//! A GCRA bucket admits `burst + rate x t` over any span `t`; a server
+//! counting the same limit over a rolling window refuses the refill part
+//! of the first second after idle. No bucket fits both without giving up
+//! rate, so an exact window sits beside the bucket: at most the bucket's
+//! burst in any span the burst takes to refill. The bucket still decides;
+//! the window only delays a call, never admits more than the bucket alone,
+//! and never turns off.
 //!
-//! No bucket can fit both: a GCRA matching "T per W" needs
-//! `burst + rate x W <= T`, so it must give up rate (a burst of one call
-//! of 805 tokens leaves 1,195 of the 2,000 a second), on every server.
-//! So the evidence turns on an exact window beside the bucket, not a
-//! smaller burst: at most the bucket's burst in any span the burst takes
-//! to refill. The bucket still decides (its holds, debts, settles and
-//! rate changes are unchanged); the window only delays a call that would
-//! put more than a burst in one span. It never admits more than the bucket
-//! alone, and it admits the bucket's own rate over any long run, so it has
-//! nothing to give back and never turns off: against a server that does
-//! allow the double burst it costs only the first span after idle (one
-//! burst instead of two).
+//! Evidence: a 429 charged to a quota whose rate is the server's stated
+//! limit, for a call sent less than a burst's span after the bucket was
+//! last full. A quota whose rate is only guessed learns through its rate
+//! instead, and gets no window. The window counts what a call reserved,
+//! not what its reply settles.
 //!
-//! Evidence: a 429 charged to a quota whose rate is the server's own
-//! stated limit (a weighted quota the provider's headers state, or a
-//! request rate from a stated request limit), for a call sent less than
-//! a burst's span after the quota's bucket was last full (a turn's start,
-//! after idle). The rate cannot be what is wrong there, so the shape is.
-//! Later in a run the bucket paces at the rate and a 429 says something
-//! else (a first reply's usage nothing metered, another user of the key). A quota whose rate is only guessed (no
-//! limit stated: nginx's `limit_req`) learns from the 429 through its rate
-//! instead, and gets no window.
-//!
-//! The window counts what a call reserved (its estimate), not what its
-//! reply settles: a settle moves the bucket, whose rate still bounds the
-//! long run.
-//!
-//! Not a lock-free structure: the windows live behind one mutex per
-//! credential, and every decision is taken under it. Its atomics are
-//! hints read outside the lock (which quotas have a window or a stated
-//! limit; when a busy period began), all relaxed: a stale read makes one
-//! call skip the window as it is being installed, or one 429 miss or take
-//! a piece of evidence, and never loses or double-counts a unit. So it has
-//! no loom model; the placement rules are tested on plain instants
-//! (`tests.rs`) and through the layer (`tests/admission/rolling_window.rs`).
+//! The windows live behind one mutex per credential; the atomics are
+//! relaxed hints read outside it: a stale read makes one call skip the
+//! window or one 429 miss evidence, never loses or double-counts a unit.
+//! No loom model: see `tests.rs` and `tests/admission/rolling_window.rs`.
 
 use core::time::Duration;
 use std::collections::VecDeque;
@@ -136,11 +110,8 @@ pub(in crate::admission) struct Shape {
 
 impl Shape {
     /// The window of a bucket of `quota`: its burst, in the time the burst
-    /// takes to refill, plus 1/64 of it (15.6 ms a second). The server
-    /// starts its window when a request reaches it, and a call placed a
-    /// span after another can reach it sooner after that one than it left
-    /// (the first was slower on its way): the margin keeps such a pair
-    /// apart, for 1.5% of the rate.
+    /// takes to refill, plus 1/64 of it. The margin keeps apart two calls
+    /// placed a span apart that reach the server closer than that.
     pub(in crate::admission) fn of(quota: crate::bucket::Quota) -> Shape {
         let limit = quota.burst().get();
         let refill = saturating_nanos(quota.period()).saturating_mul(u64::from(limit));
