@@ -444,6 +444,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
 
     /// [`penalize`](Self::penalize) for `hold`, recording `told` (the
     /// server's longer ask, before a cap) as the hold's end for refusals.
+    #[cfg(feature = "admission")]
     pub(crate) fn penalize_told(
         &self,
         key: &K,
@@ -493,6 +494,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
 
     /// [`set_quota`](Scoped::set_quota) for a learned rate: calls already
     /// queued past the burst keep their instants.
+    #[cfg(feature = "admission")]
     pub(crate) fn set_learned_quota(&self, key: &K, quota: Quota) -> Result<(), TooManyKeys> {
         self.requota(key, quota, Learned::KeepQueue).map(|_| ())
     }
@@ -500,6 +502,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// As [`set_learned_quota`](Scoped::set_learned_quota), but a change of
     /// rate alone with no hold moves the queued cells too (see
     /// `Gcra::rescale_learned_quota`), and is returned.
+    #[cfg(feature = "admission")]
     pub(crate) fn rescale_learned_quota(
         &self,
         key: &K,
@@ -738,6 +741,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
 
 /// Which conversion a quota change on a key uses (see `Scoped::requota`).
 #[derive(Clone, Copy)]
+#[cfg_attr(not(feature = "admission"), allow(dead_code))]
 enum Learned {
     /// A quota set by the user: the debt in cells.
     No,

@@ -37,14 +37,18 @@
 )]
 #![doc(test(attr(deny(warnings))))]
 
+#[cfg(feature = "admission")]
 pub mod adaptive;
+#[cfg(feature = "admission")]
 pub mod admission;
 mod bucket;
 mod clock;
+#[cfg(feature = "admission")]
 mod failure;
 #[cfg(any(fuzzing, all(test, not(feature = "loom"))))]
 #[doc(hidden)]
 pub mod fuzzing;
+#[cfg(feature = "admission")]
 pub mod headers;
 mod integrations;
 mod keyed;
@@ -52,6 +56,7 @@ mod limiter;
 mod park;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "admission")]
 pub mod retry;
 mod semaphore;
 mod single_flight;
@@ -96,5 +101,6 @@ pub use single_flight::{FlightError, Provenance, SingleFlight, SingleFlightBuild
 #[path = "../loom-tests/mod.rs"]
 mod loom_tests;
 
+#[cfg(feature = "admission")]
 #[doc = include_str!("guide.md")]
 pub mod guide {}

@@ -29,6 +29,7 @@ pub use default::DefaultSleeper;
 
 /// `work`'s output, or `None` if `timer` (a sleep) ends first: the one
 /// race of a request, or a body, against its deadline.
+#[cfg(feature = "admission")]
 pub(crate) async fn within<F: Future>(
     work: F,
     timer: impl Future<Output = ()>,

@@ -239,6 +239,7 @@ impl std::error::Error for Throttled {}
 /// dropped, and the call is `timed_out` (never a transport failure, which
 /// a caller would retry at once). `Runner`, the reqwest middleware and the
 /// tower `AdmissionLayer` all answer it.
+#[cfg(feature = "admission")]
 #[cold]
 pub(crate) fn request_timed_out(budget: Duration, attempts: u32) -> Throttled {
     Throttled::new(
@@ -261,9 +262,11 @@ pub(crate) fn ceil_ms(d: Duration) -> u64 {
 
 /// A duration written for a person or a model: "350 ms", "2.25 s",
 /// "4 min 10 s", "3.5 h". Exact values belong in `retry_after_ms`.
+#[cfg(feature = "admission")]
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Human(pub(crate) Duration);
 
+#[cfg(feature = "admission")]
 impl fmt::Display for Human {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let d = self.0;
@@ -290,7 +293,7 @@ impl fmt::Display for Human {
     }
 }
 
-#[cfg(all(test, not(feature = "loom")))]
+#[cfg(all(test, feature = "admission", not(feature = "loom")))]
 mod tests {
     use super::*;
 

@@ -490,6 +490,7 @@ impl Gcra {
     /// The debt at `now` (how long until the bucket is full again, in
     /// nanoseconds; 0 when full) and the quota it is measured in, from one
     /// consistent view. For writing `RateLimit` response headers.
+    #[cfg(feature = "admission")]
     pub(crate) fn debt(&self, now: u64) -> (u64, Quota) {
         let view = self.view();
         let quota = Quota {

@@ -464,6 +464,7 @@ impl<C: Clock> TokenBucket<C> {
 
     /// The debt now (nanoseconds until full) and the quota, read together;
     /// see `headers::write`.
+    #[cfg(feature = "admission")]
     pub(crate) fn debt(&self) -> (u64, Quota) {
         self.gcra.debt(self.clock.now_nanos())
     }

@@ -5,9 +5,11 @@
 //!
 //! Compiled only with `--cfg fuzzing` (set by cargo-fuzz) or in tests.
 
+#[cfg(feature = "admission")]
 mod headers;
 mod semaphore_ops;
 
+#[cfg(feature = "admission")]
 pub use headers::headers;
 mod bucket_model;
 

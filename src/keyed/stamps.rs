@@ -10,6 +10,9 @@
 //! cells of its successor. (Epochs are 31 bits: a collision would take
 //! 2³⁰ epoch changes in one shard while the refund is held.)
 
+// Without `admission` only `raise_floor` is built.
+#![cfg_attr(not(feature = "admission"), allow(unused_imports))]
+
 use core::hash::Hash;
 use core::time::Duration;
 
@@ -30,6 +33,7 @@ pub(super) fn raise_floor(floor: &mut u32, dropped: &Gcra) {
     }
 }
 
+#[cfg(feature = "admission")]
 impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// Whether `key` is as a fresh key would be at `now`: no bucket, or a
     /// full one with no hold ahead.
@@ -108,7 +112,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     }
 }
 
-#[cfg(all(test, not(feature = "loom")))]
+#[cfg(all(test, feature = "admission", not(feature = "loom")))]
 mod tests {
     use super::*;
     use crate::bucket::Quota;

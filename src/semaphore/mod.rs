@@ -608,6 +608,7 @@ impl Semaphore {
     /// Takes `n` permits now or fails, with no permit object: for a caller
     /// that tracks them itself and gives them back with
     /// [`release`](Self::release) (the tower layer's one-pointer permit).
+    #[cfg(feature = "admission")]
     #[inline]
     pub(crate) fn try_take(&self, n: usize) -> Result<(), TryAcquireError> {
         self.raw.try_acquire(n).map(|_| ())

@@ -251,6 +251,7 @@ pub(crate) struct Rescale {
 impl Rescale {
     /// Where an instant `ready_at` reserved before the change lies after
     /// it: the same number of cells past `at`, at the new period.
+    #[cfg(feature = "admission")]
     pub(crate) fn moved(&self, ready_at: u64) -> u64 {
         if ready_at <= self.at {
             return ready_at;
