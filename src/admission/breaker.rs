@@ -1,25 +1,8 @@
-//! The circuit breaker per (tool, credential): a server that keeps
-//! failing (5xx, transport errors, no answer by the deadline) is not sent
-//! more calls until a cool-down has passed, then one trial call tests it.
-//!
-//! A 429, or a 503 with `Retry-After`, is the server's capacity, not a
-//! fault: it neither trips nor resets the breaker (its hold already makes
-//! callers wait). Any other answer (a 2xx, a 4xx) says the server is up.
-//!
-//! Each circuit is one atomic word, changed by compare-and-swap:
-//!
-//! | tag (bits 62-63) | low 62 bits |
-//! | --- | --- |
-//! | `CLOSED` | failures in a row (bits 0-20), answers (21-41) and failures (42-61) in the current ratio window |
-//! | `OPEN` | the instant (layer clock, ns) the cool-down ends |
-//! | `TRIAL` | the instant the trial out lapses |
-//!
-//! A trial is out until it is answered, or for at most one cool-down (or
-//! its deadline, if shorter): a trial whose ticket is dropped unanswered
-//! delays the next trial by that much, never for good. A trial that a
-//! later stage of admission refuses is given back at once. Tickets carry
-//! nothing for this (an answer finds its circuit by name), so a layer
-//! without a breaker pays one branch per call.
+//! The circuit breaker per (tool, credential). Each circuit is one atomic
+//! word, changed by CAS: tag in bits 62-63; `CLOSED` holds failures in a
+//! row (bits 0-20), answers (21-41) and failures (42-61) of the ratio
+//! window; `OPEN` the instant the cool-down ends; `TRIAL` the instant the
+//! trial lapses. Capacity answers (429) neither trip nor reset it.
 
 use core::time::Duration;
 use std::sync::Arc;
@@ -34,20 +17,16 @@ use crate::sync::{AtomicU64, Ordering};
 ///
 /// A circuit is kept per (tool, credential). It opens after
 /// [`consecutive_failures`](Self::consecutive_failures) failures in a row,
-/// or (if set) when at least [`failure_ratio`](Self::failure_ratio)'s
-/// share of a window of answers failed. A failure is a 5xx (but a 503
-/// with `Retry-After`), a transport error, or no answer by the deadline.
-/// 429s never count: they are the server's capacity, and hold the
-/// credential instead.
+/// or (if set) when [`failure_ratio`](Self::failure_ratio)'s share of a
+/// window of answers failed. A failure is a 5xx (but a 503 with
+/// `Retry-After`), a transport error, or no answer by the deadline; 429s
+/// never count.
 ///
 /// While open, calls are refused at once with
 /// [`Status::Unavailable`](crate::Status::Unavailable) and `retry_after_ms`
-/// set to the cool-down left; nothing is sent. After the cool-down one
-/// call goes out as a trial (the others are still refused): an answer
-/// closes the circuit, a failure opens it for another cool-down. A trial
-/// is out until it is answered, or for one cool-down at most (its
-/// deadline, if shorter): a trial dropped unanswered only delays the
-/// next one.
+/// set to the cool-down left. After the cool-down one trial call goes out:
+/// an answer closes the circuit, a failure reopens it. A trial dropped
+/// unanswered only delays the next one (by one cool-down at most).
 ///
 /// # Examples
 ///
@@ -82,16 +61,14 @@ use crate::sync::{AtomicU64, Ordering};
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CircuitBreaker {
     consecutive: u32,
-    /// The share of failed answers, and the window of answers it is
-    /// judged over.
+    /// The failure share, and the window of answers it is judged over.
     ratio: Option<(f64, u32)>,
     cool_down: Duration,
 }
 
 impl CircuitBreaker {
-    /// The most failures in a row, and the largest ratio window, a
-    /// circuit counts (the fields of its word); larger settings are
-    /// clamped to it.
+    /// The most failures in a row, and the largest ratio window, a circuit
+    /// counts; larger settings are clamped to it.
     pub const MAX_COUNT: u32 = (1 << 20) - 1;
 
     /// Opens after 5 failures in a row, for 5 s; no failure ratio.
@@ -117,13 +94,9 @@ impl CircuitBreaker {
         self
     }
 
-    /// Also opens when, over a window of `window` answers (clamped to
-    /// `1..=MAX_COUNT`), at least `ratio` of them failed. A ratio that is
-    /// not a number in `(0, 1]` turns the ratio off (0 or less would open
-    /// on every window; above 1 never could).
-    ///
-    /// Windows are counted back to back (tumbling), not sliding: each is
-    /// judged when its last answer arrives, then counted afresh.
+    /// Also opens when at least `ratio` of a window of `window` answers
+    /// (clamped to `1..=MAX_COUNT`) failed; a ratio outside `(0, 1]` turns it
+    /// off. Windows are tumbling, not sliding.
     ///
     /// # Examples
     ///
@@ -162,8 +135,7 @@ const TAG: u64 = 0b11 << 62;
 const CLOSED: u64 = 0;
 const OPEN: u64 = 0b01 << 62;
 const TRIAL: u64 = 0b10 << 62;
-/// The low bits: an instant (an instant past it, some 146 years of
-/// uptime, saturates).
+/// The low bits: an instant (saturating).
 const VALUE: u64 = !TAG;
 const FIELD: u64 = (1 << 21) - 1;
 const CALLS_SHIFT: u32 = 21;
@@ -176,13 +148,12 @@ pub(crate) enum Outcome {
     Answered,
     /// A 5xx, a transport error, no answer by the deadline.
     Failed,
-    /// Its capacity (a 429, a 503 with `Retry-After`): no verdict while
-    /// closed, but an answer all the same while a trial is out.
+    /// Its capacity (429, 503 with `Retry-After`): no verdict while closed,
+    /// but an answer while a trial is out.
     Capacity,
 }
 
-/// What an answer (`None`: no answer) says about the server, in the
-/// retry policy's one classification.
+/// What an answer (`None`: no answer) says about the server.
 pub(crate) fn outcome(status: Option<u16>, hint: &crate::headers::ServerHint) -> Outcome {
     use crate::retry::ReplyClass;
     match crate::retry::reply_class(status, hint) {
@@ -200,8 +171,7 @@ pub(crate) enum Admit {
     Closed,
     /// The trial call, out until this instant at the latest.
     Trial(u64),
-    /// Open until this instant (layer clock, ns); `trial` when a trial is
-    /// out (until then at the latest).
+    /// Open until this instant; `trial` when a trial is out.
     Refused { until: u64, trial: bool },
 }
 
@@ -212,7 +182,6 @@ pub(crate) struct Circuit {
 }
 
 impl Default for Circuit {
-    /// Closed, nothing counted.
     fn default() -> Self {
         Self {
             word: AtomicU64::new(CLOSED),
@@ -221,11 +190,10 @@ impl Default for Circuit {
 }
 
 impl Circuit {
-    /// Whether a call may go now (`now` on the layer clock); a trial is
-    /// out for at most `trial_for` nanoseconds.
+    /// Whether a call may go now; a trial is out for at most `trial_for` ns.
     pub(crate) fn admit(&self, now: u64, trial_for: u64) -> Admit {
-        // Relaxed loads and CASes throughout: the word is the only state a
-        // circuit has, and no other memory is published through it.
+        // Relaxed throughout: the word is the circuit's only state, and no other
+        // memory is published through it.
         let mut word = self.word.load(Ordering::Relaxed);
         loop {
             let (tag, at) = (word & TAG, word & VALUE);
@@ -254,11 +222,9 @@ impl Circuit {
         }
     }
 
-    /// Records an answer (`trial`: the answer of a call admitted as the
-    /// circuit's trial). While a trial is out, only a trial's answer
-    /// decides: an answer closes the circuit and a failure reopens it; a
-    /// late answer of a call sent before the circuit opened counts for
-    /// nothing (issue #40). While open, nothing counts.
+    /// Records an answer. While a trial is out only the trial's answer
+    /// decides (a late answer of a call sent before the circuit opened counts
+    /// for nothing); while open, nothing counts.
     pub(crate) fn record(&self, cfg: &CircuitBreaker, outcome: Outcome, now: u64, trial: bool) {
         let mut word = self.word.load(Ordering::Relaxed);
         loop {
@@ -284,19 +250,16 @@ impl Circuit {
         }
     }
 
-    /// The trial out until `lapse` was not sent after all (a later stage
-    /// of admission refused it, or its admission was cancelled): the
-    /// circuit is due at once, so the next call is the trial.
+    /// The trial out until `lapse` was not sent after all: the circuit is due
+    /// at once, so the next call is the trial.
     pub(crate) fn release(&self, lapse: u64) {
-        // A failed CAS: an answer was recorded meanwhile, or the circuit
-        // moved on; either way there is nothing to give back.
+        // A failed CAS: the circuit moved on; nothing to give back.
         let _ =
             self.word
                 .compare_exchange(TRIAL | lapse, OPEN, Ordering::Relaxed, Ordering::Relaxed);
     }
 
-    /// Closed (counting or not): forgetting it loses a count of
-    /// failures at most, never a refusal.
+    /// Closed: forgetting it loses a failure count at most, never a refusal.
     fn is_closed(&self) -> bool {
         self.word.load(Ordering::Relaxed) & TAG == CLOSED
     }
@@ -306,8 +269,8 @@ fn open_until(now: u64, cfg: &CircuitBreaker) -> u64 {
     OPEN | now.saturating_add(cfg.cool_down_nanos()).min(VALUE)
 }
 
-/// A closed circuit's next word after `outcome`, or `None` when it does
-/// not change (an answer with nothing to reset: no write on the hot path).
+/// A closed circuit's next word after `outcome`, or `None` if unchanged
+/// (no write on the hot path).
 fn closed_next(word: u64, cfg: &CircuitBreaker, outcome: Outcome, now: u64) -> Option<u64> {
     let mut run = word & FIELD;
     let mut calls = (word >> CALLS_SHIFT) & FIELD;
@@ -344,9 +307,8 @@ fn closed_next(word: u64, cfg: &CircuitBreaker, outcome: Outcome, now: u64) -> O
 /// A (tool, credential) pair as the map stores it.
 type PairKey = (Arc<str>, Arc<str>);
 
-/// A (tool, credential) pair as a caller holds it: hashed and compared
-/// as the stored pair is (a tuple hashes its fields in order), so a
-/// lookup allocates nothing.
+/// A (tool, credential) pair hashed as the stored tuple is, so a lookup
+/// allocates nothing.
 #[derive(Hash)]
 struct Pair<'a>(&'a str, &'a str);
 
@@ -356,8 +318,7 @@ impl hashbrown::Equivalent<PairKey> for Pair<'_> {
     }
 }
 
-/// The layer's circuits, one per (tool, credential): one mutex-guarded
-/// map (consulted only when a breaker is configured), bounded by
+/// The layer's circuits, one per (tool, credential), bounded by
 /// forgetting clean circuits nobody holds.
 #[derive(Debug)]
 pub(super) struct Breakers {
@@ -368,20 +329,16 @@ pub(super) struct Breakers {
 #[derive(Debug)]
 struct Map {
     circuits: hashbrown::HashMap<PairKey, Arc<Circuit>, std::collections::hash_map::RandomState>,
-    /// The size at which the next new pair sweeps: [`MAX_CIRCUITS`], or
-    /// a quarter above what a sweep could not free, so sweeps stay
-    /// amortised over a quarter of the map.
+    /// The size at which the next new pair sweeps, keeping sweeps amortised
+    /// over a quarter of the map.
     sweep_at: usize,
-    /// Entries the sweeps visited, for the test that bounds them.
     #[cfg(all(test, not(feature = "loom")))]
     visited: usize,
 }
 
-/// At most this many circuits are tracked, but for those held by a call
-/// in admission. Past it the closed ones nobody holds are forgotten, then
-/// if needed open ones nobody holds, down to three quarters: a sweep's
-/// cost is spread over a quarter of the map in new pairs, and every pair
-/// has a circuit that can open (issue #40).
+/// At most this many circuits are tracked (but those held by a call in
+/// admission); a sweep forgets unheld closed, then unheld open ones, down
+/// to three quarters.
 pub(super) const MAX_CIRCUITS: usize = 16_384;
 
 impl Breakers {
@@ -412,13 +369,11 @@ impl Breakers {
         circuit
     }
 
-    /// Circuits tracked now.
     #[cfg(all(test, not(feature = "loom")))]
     pub(super) fn len(&self) -> usize {
         self.map.lock().circuits.len()
     }
 
-    /// Entries visited by sweeps so far.
     #[cfg(all(test, not(feature = "loom")))]
     pub(super) fn visited(&self) -> usize {
         self.map.lock().visited
@@ -426,8 +381,8 @@ impl Breakers {
 }
 
 impl Map {
-    /// Makes room: forgets the closed circuits nobody holds, then, while
-    /// more than three quarters of the map remain, open ones nobody holds.
+    /// Forgets unheld closed circuits, then unheld open ones while more than
+    /// three quarters of the map remain.
     #[cold]
     fn sweep(&mut self) {
         let unheld = |c: &Arc<Circuit>| Arc::strong_count(c) == 1;
@@ -453,9 +408,8 @@ impl Map {
     }
 }
 
-/// A call's place in its circuit while it is being admitted: a trial
-/// that a later stage refuses (or whose admission is dropped) is given
-/// back. Its ticket keeps nothing: an answer finds the circuit by name.
+/// A call's place in its circuit while being admitted: a trial not
+/// admitted after all is given back on drop.
 #[derive(Debug)]
 pub(crate) struct Pass {
     pub(crate) circuit: Arc<Circuit>,
@@ -464,8 +418,7 @@ pub(crate) struct Pass {
 }
 
 impl Pass {
-    /// The call is admitted: a trial stays out. Returns whether the call
-    /// is the trial.
+    /// The call is admitted: a trial stays out. Returns whether it is one.
     pub(crate) fn keep(mut self) -> bool {
         core::mem::take(&mut self.trial) != 0
     }

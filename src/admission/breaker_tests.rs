@@ -197,9 +197,7 @@ fn the_map_stays_bounded_and_keeps_what_it_must() {
     ));
 }
 
-/// Issue #40 item 4: while the trial was out, a 200 from a call admitted
-/// before the circuit opened closed it, and a stale 500 reopened it so
-/// the trial's own 200 could not close it. Only the trial decides.
+/// While a trial is out, only the trial's own answer decides.
 #[test]
 fn a_stale_answer_does_not_decide_the_half_open_state() {
     let c = Circuit::default();
@@ -223,9 +221,7 @@ fn a_stale_answer_does_not_decide_the_half_open_state() {
     assert_eq!(c.admit(MS + 6, MS), Admit::Closed);
 }
 
-/// Issue #40 item 5: past 16,384 circuits that had each seen a failure,
-/// every lookup scanned the whole map and handed a new pair a fresh
-/// circuit that was never registered, so it never opened.
+/// A full map of failed-once circuits sweeps, and new pairs still get registered circuits.
 #[test]
 fn no_breaker_past_16384_failing_pairs_is_fixed_a_new_pair_still_opens() {
     let b = Breakers::new(cfg(2));
@@ -247,9 +243,7 @@ fn no_breaker_past_16384_failing_pairs_is_fixed_a_new_pair_still_opens() {
     assert!(b.len() <= MAX_CIRCUITS / 4 * 3 + 1, "{}", b.len());
 }
 
-/// The counts share one word with the state's tag: at the largest
-/// settings, the failures a circuit counts before it opens still fit
-/// their fields (a count one past them would spill into the tag).
+/// At the largest settings the counts still fit their fields without spilling into the tag.
 #[test]
 fn the_largest_counts_open_the_circuit_before_they_spill_into_the_tag() {
     let cfg = CircuitBreaker::new()
@@ -272,9 +266,7 @@ fn the_largest_counts_open_the_circuit_before_they_spill_into_the_tag() {
     );
 }
 
-/// What each answer says of the server: the classification the breaker
-/// counts by (a 408 is the client's slowness; a 429, or a 503 that says
-/// when, is capacity).
+/// Each answer is classified as the breaker counts it (408 answered, 429 capacity).
 #[test]
 fn each_answer_is_classified_as_the_docs_say() {
     use crate::headers::ServerHint;
@@ -305,9 +297,7 @@ fn each_answer_is_classified_as_the_docs_say() {
     assert!(matches!(c.admit(0, MS), Admit::Refused { .. }));
 }
 
-/// A full map forgets the closed circuits nobody holds first: while they
-/// make room, every open circuit is kept (forgetting one would let its
-/// failing server be sent calls at once).
+/// A full map forgets unheld closed circuits first, keeping every open one.
 #[test]
 fn a_full_map_forgets_closed_circuits_before_any_open_one() {
     let b = Breakers::new(cfg(1));
@@ -329,9 +319,7 @@ fn a_full_map_forgets_closed_circuits_before_any_open_one() {
     }
 }
 
-/// Past the bound with every circuit open, the sweep forgets open ones
-/// nobody holds, down to three quarters of the map and no further; a
-/// held circuit stays.
+/// With every circuit open, a sweep forgets unheld ones down to three quarters, no further.
 #[test]
 fn a_map_full_of_open_circuits_forgets_unheld_ones_down_to_three_quarters() {
     let b = Breakers::new(cfg(1));
@@ -349,8 +337,7 @@ fn a_map_full_of_open_circuits_forgets_unheld_ones_down_to_three_quarters() {
     assert!(matches!(held.admit(1, MS), Admit::Refused { .. }));
 }
 
-/// Below the bound nothing is forgotten: a closed circuit nobody holds
-/// keeps its run of failures while other pairs come and go.
+/// Below the bound nothing is forgotten.
 #[test]
 fn below_the_bound_a_closed_circuit_keeps_its_run_of_failures() {
     let b = Breakers::new(cfg(2));
@@ -367,20 +354,14 @@ fn below_the_bound_a_closed_circuit_keeps_its_run_of_failures() {
     ));
 }
 
-/// Issue #59 item 1: past its cap the breaker cost every admit of a new
-/// pair a sum over every tool's map, and a sweep of the whole map that
-/// freed nothing when the circuits were held. Each sweep now visits the
-/// map at most twice and comes a quarter of the map after the last,
-/// whatever it freed: at most 10 entries visited per new pair, amortized.
+/// Sweeps stay amortised: at most 10 entries visited per new pair.
 #[test]
 fn a_breaker_past_its_circuit_cap_does_not_scan_for_every_new_pair() {
     let b = Breakers::new(cfg(2));
-    // Enough pairs that a sweep that came too late would let the map
-    // grow past its bound.
+    // Enough pairs that a late sweep would let the map pass its bound.
     let pairs = 40_000;
     for i in 0..pairs {
-        // A tool each, failing twice: open, so the first sweep frees
-        // nothing of what it visits.
+        // A tool each, failing twice: open, so the first sweep frees nothing.
         let tool: Arc<str> = Arc::from(format!("t{i}"));
         for _ in 0..2 {
             b.circuit(&tool, "k")
@@ -396,8 +377,7 @@ fn a_breaker_past_its_circuit_cap_does_not_scan_for_every_new_pair() {
         b.visited()
     );
 
-    // Circuits held by calls in admission cannot be forgotten: sweeps
-    // still come a quarter of the map apart.
+    // Held circuits cannot be forgotten; sweeps still come a quarter apart.
     let b = Breakers::new(cfg(2));
     let tool: Arc<str> = Arc::from("t");
     let held: Vec<_> = (0..MAX_CIRCUITS)

@@ -1,12 +1,11 @@
-//! The first stage: the run's call budget and the tool's, taken before a
-//! call waits for anything and given back if it is refused later.
+//! The first stage: the run's and the tool's call budgets, given back if
+//! the call is refused later.
 
 use super::tools::ToolState;
 use crate::sync::{AtomicU32, Ordering};
 use crate::throttled::{Status, Throttled};
 
-/// Which budget units a call holds: the run's and its tool's (each only
-/// when that budget is limited). Given back by [`RunBudget::give_back`].
+/// Which budget units a call holds (each only when that budget is limited).
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Units {
     run: bool,
@@ -25,8 +24,7 @@ pub(super) fn take_below(counter: &AtomicU32, limit: Option<u32>) -> bool {
         .is_ok()
 }
 
-/// The run's call budget (`Builder::run_budget`): what `reset_run`
-/// starts again.
+/// The run's call budget (`Builder::run_budget`).
 pub(super) struct RunBudget {
     limit: Option<u32>,
     used: AtomicU32,
@@ -83,7 +81,6 @@ impl RunBudget {
         }
     }
 
-    /// The run counts from zero again.
     pub(super) fn reset(&self) {
         // Relaxed: a counter.
         self.used.store(0, Ordering::Relaxed);

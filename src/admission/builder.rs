@@ -66,8 +66,7 @@ pub struct Builder<S = DefaultSleeper, C = DefaultClock> {
 /// A weighted quota: its name, its default and per-credential overrides.
 type ResourceConfig = (String, Quota, Vec<(String, Quota)>);
 
-/// Everything but the sleeper and the clock (which change the builder's
-/// type).
+/// Everything but the sleeper and the clock.
 struct Settings {
     global: usize,
     default_tool: ToolConfig,
@@ -77,7 +76,6 @@ struct Settings {
     default_quota_set: bool,
     adaptive: Option<AdaptiveRate>,
     quotas: Vec<(String, Quota)>,
-    /// Weighted quotas: (name, default quota, per-credential overrides).
     resources: Vec<ResourceConfig>,
     queue_capacity: usize,
     inline_wait: Duration,
@@ -86,24 +84,18 @@ struct Settings {
     run_budget: Option<u32>,
     max_tools: usize,
     shared: Shared,
-    /// The API whose headers are read with its documented meaning.
     provider: Option<Provider>,
     breaker: Option<CircuitBreaker>,
-    /// With priority lanes: the share of the global slots background
-    /// calls may hold.
+    /// With priority lanes: background calls' share of the global slots.
     background_share: Option<f64>,
     background_rate_share: Option<f64>,
-    /// The share of each limit the server states that this layer takes.
     key_share: Option<f64>,
 }
 
 impl Builder {
-    /// Proposes a concurrency cap from Little's law: in-flight calls =
-    /// rate x latency, rounded up, at least 1 and at most `u32::MAX`, to
-    /// size a tool's slots ([`tool`](Builder::tool)) from its quota. An
-    /// infinite rate (no limit) at a positive latency needs no cap:
-    /// `u32::MAX`. A rate that is not a number, negative, or met with a
-    /// zero latency gives 1.
+    /// Proposes a concurrency cap from Little's law (rate x latency, rounded
+    /// up, clamped to `1..=u32::MAX`) to size a tool's slots from its quota.
+    /// An infinite rate gives `u32::MAX`; NaN, negative or zero latency give 1.
     ///
     /// # Examples
     ///
@@ -155,10 +147,8 @@ impl Builder {
 }
 
 impl<S, C> Builder<S, C> {
-    /// The timer used for inline waits. The default,
-    /// [`DefaultSleeper`](crate::DefaultSleeper), is tokio's timer inside a
-    /// tokio runtime (feature `tokio`) and a shared timer thread elsewhere;
-    /// pass [`ManualClock`](crate::ManualClock) in tests.
+    /// The timer used for inline waits (default:
+    /// [`DefaultSleeper`](crate::DefaultSleeper)).
     ///
     /// # Examples
     ///
@@ -296,14 +286,10 @@ impl<S, C> Builder<S, C> {
     /// The quota of credentials not configured by name.
     ///
     /// With adaptive rates on (the default), this is each such credential's
-    /// starting rate and its ceiling: 429s lower it, success climbs back up
-    /// to it, never past it. Its burst is a ceiling too: the bucket bursts
-    /// no more than the server is believed to allow
-    /// ([`AdaptiveRate::server_burst`], 2 unless set), so a guess such as
-    /// `Quota::per_second(10)` (an implied burst of 10) costs no more 429s
-    /// than no quota. Without a `default_quota`, a credential starts at
-    /// [`AdaptiveRate`]'s guess (10/s) and may climb above it. With
-    /// [`fixed_rates`](Self::fixed_rates) the quota is used as given.
+    /// starting rate and its ceiling; its burst is capped at what the server
+    /// is believed to allow ([`AdaptiveRate::server_burst`]). Without it, a
+    /// credential starts at [`AdaptiveRate`]'s guess (10/s) and may climb
+    /// above it. With [`fixed_rates`](Self::fixed_rates) it is used as given.
     ///
     /// # Examples
     ///
@@ -342,16 +328,12 @@ impl<S, C> Builder<S, C> {
         self
     }
 
-    /// A weighted quota every credential has besides its requests: tokens
-    /// per minute for an LLM API, bytes per second for a storage API. A
-    /// call says what it costs with [`CallSpec::cost`](super::CallSpec::cost); `admit` reserves
-    /// the request and every cost all or nothing within the call's wait
-    /// budget, and gives all back if the call is refused or dropped.
-    /// [`Ticket::settle`](super::Ticket::settle) reconciles an estimate with
-    /// the actual usage. A server policy of the same name that has nothing
-    /// remaining (`x-ratelimit-remaining-tokens: 0`, an IETF `RateLimit`
-    /// member named so) holds back this quota alone until its reset.
-    /// Setting the same name again replaces its default quota.
+    /// A weighted quota every credential has besides its requests (tokens per
+    /// minute, bytes per second). A call states its cost with
+    /// [`CallSpec::cost`](super::CallSpec::cost); `admit` reserves the request
+    /// and every cost all or nothing, giving all back if the call is refused
+    /// or dropped. [`Ticket::settle`](super::Ticket::settle) reconciles an
+    /// estimate with actual usage. Setting the same name again replaces it.
     ///
     /// # Examples
     ///
@@ -383,9 +365,8 @@ impl<S, C> Builder<S, C> {
     }
 
     /// The weighted quota `name` of one credential (see
-    /// [`resource`](Self::resource), which declares the quota for every
-    /// other credential; if it was not called, this declares it with no
-    /// limit for the rest).
+    /// [`resource`](Self::resource); without it, the quota is unlimited for
+    /// the other credentials).
     ///
     /// # Examples
     ///
@@ -417,10 +398,8 @@ impl<S, C> Builder<S, C> {
         self
     }
 
-    /// Reads the server's limit headers with `provider`'s documented
-    /// meaning: its per-minute limits set the learned request rate and
-    /// the quotas it reports on (`tokens`, ...), which need not be
-    /// configured. See [`Provider`]. The last call wins.
+    /// Reads the server's limit headers with `provider`'s documented meaning
+    /// (see [`Provider`]). The last call wins.
     ///
     /// # Examples
     ///
@@ -435,14 +414,9 @@ impl<S, C> Builder<S, C> {
     }
 
     /// How each credential's rate is learned from the server's answers
-    /// (the default: [`AdaptiveRate::new`]). A 429 (or a 503 with
-    /// `Retry-After`) lowers the rate at most once per round trip, sustained
-    /// success raises it, and `RateLimit-Policy` headers set it to the
-    /// server's own numbers. Credentials with a shared quota
-    /// ([`shared_quota`](Self::shared_quota)) only take the limit the server
-    /// states, stored for every process; at most
-    /// 4,096 credentials are learned at once (later ones keep their
-    /// configured quota).
+    /// (default: [`AdaptiveRate::new`]): 429s lower it, sustained success
+    /// raises it, `RateLimit-Policy` sets it. Credentials with a
+    /// [`shared_quota`](Self::shared_quota) only take the stated limit.
     ///
     /// # Examples
     ///
@@ -461,8 +435,7 @@ impl<S, C> Builder<S, C> {
     }
 
     /// Turns adaptive rates off: every credential keeps its configured quota
-    /// (or the default, 10/s with a burst of 10) whatever the server answers;
-    /// a 429 still holds the credential back for its `Retry-After`.
+    /// (default 10/s, burst 10); a 429 still holds it back for `Retry-After`.
     ///
     /// # Examples
     ///
@@ -556,18 +529,12 @@ impl<S, C> Builder<S, C> {
     }
 
     /// Serves waiting calls by [`Priority`](super::Priority)
-    /// ([`CallSpec::priority`](super::CallSpec::priority)): a waiting
-    /// interactive call takes the next free slot (of its tool and the
-    /// global pool) before any background one; within a priority, the
-    /// credential handed a slot from the queue least recently goes next;
-    /// within a credential, arrival order. Background calls hold at most `background_share` of
-    /// the global slots (at least one; a share outside `[0, 1]` is clamped,
-    /// not a number is 1), so an interactive call always finds the rest
-    /// free of them (for their share of a key's rate, see
-    /// [`background_rate_share`](Self::background_rate_share)). A
-    /// background call still ends by its deadline: it is refused
-    /// `timed_out` (scope `global:background` when the cap held it back),
-    /// never left waiting. Off by default (first come, first served).
+    /// ([`CallSpec::priority`](super::CallSpec::priority)): interactive calls
+    /// take free slots before background ones; then the credential served
+    /// least recently; then arrival order. Background calls hold at most
+    /// `background_share` of the global slots (at least one; clamped to
+    /// `[0, 1]`, NaN is 1); see also
+    /// [`background_rate_share`](Self::background_rate_share). Off by default.
     ///
     /// # Examples
     ///
@@ -592,21 +559,13 @@ impl<S, C> Builder<S, C> {
     }
 
     /// Background calls ([`Priority::BACKGROUND`](super::Priority::BACKGROUND)
-    /// and below) draw at most `share` of each credential's request rate: its
-    /// quota, configured or learned, as it is at each call, with a burst of
-    /// `floor(burst x share)`, at least one. A background call first waits
-    /// for its turn in that share, holding no slot and booking none of the
-    /// credential's own cells, then is admitted like any call. So a flood of
-    /// background calls never books a key's cells ahead of the interactive
-    /// ones: an interactive call waits at most one cell behind them, and
-    /// gets the rest of the rate. A turn past the call's deadline or the
-    /// inline wait is refused at once, `rate_limited` with scope
-    /// `api_key:background`; a turn taken by a call refused later is given
-    /// back. A share outside `[0, 1]` is clamped (0 leaves background calls
-    /// next to nothing), not a number is 1 (off). Weighted quotas and a
-    /// credential shared across processes are not split. Interactive calls
-    /// pay nothing for it; a background call, two lookups and a bucket.
-    /// Off by default.
+    /// and below) draw at most `share` of each credential's request rate
+    /// (burst `floor(burst x share)`, at least one). A background call waits
+    /// for its turn in that share before taking a slot, so background floods
+    /// never book cells ahead of interactive calls. A turn past the deadline
+    /// or inline wait is refused `rate_limited`, scope `api_key:background`.
+    /// Clamped to `[0, 1]`, NaN is 1 (off). Weighted and shared quotas are
+    /// not split. Off by default.
     ///
     /// # Examples
     ///
@@ -640,29 +599,12 @@ impl<S, C> Builder<S, C> {
         self
     }
 
-    /// Takes at most `share` of every limit the server states for a key
-    /// (`RateLimit-Policy`, `X-RateLimit-Limit`, a provider's limit
-    /// headers), leaving the rest to the key's other users (a production
-    /// job on the org's key): a stated limit `L` is read as
-    /// `floor(L x share)`, so the learned rate and the weighted quotas take
-    /// that part; and once the server reports less left than the headroom
-    /// `L - floor(L x share)`, this layer holds the key back until the
-    /// reset, before the others hear a 429. A share outside `[0, 1]` is
-    /// clamped (at least one request of each limit is taken), not a number
-    /// is 1.
-    ///
-    /// A server that states no limit gives no part to take, and this
-    /// changes nothing for it (decided in issue #41). A rate learned from
-    /// 429s alone measures what the key's other users leave at that
-    /// moment, not the key's limit: a share of it would shrink with every
-    /// round in which the others grow (a share of a share of what is
-    /// left), and "the highest rate sustained without a 429" is the same
-    /// measurement taken at an emptier moment, not the key's limit either.
-    /// The learned rate already backs off at the first 429 the others
-    /// cause, and probes back up slowly (a few % a second, after 30 s):
-    /// that is the headroom it leaves. To keep a fixed part of such a key,
-    /// configure it: `default_quota` (or `quota` per credential) with
-    /// `fixed_rates`.
+    /// Takes at most `share` of every limit the server states for a key,
+    /// leaving the rest to the key's other users: a stated limit `L` is read
+    /// as `floor(L x share)`, and once the server reports less left than
+    /// `L - floor(L x share)` the key is held back until the reset. Clamped
+    /// to `[0, 1]`, NaN is 1. A server that states no limit is unaffected; to
+    /// keep a fixed part of such a key, use `quota` with `fixed_rates`.
     ///
     /// # Examples
     ///
@@ -686,9 +628,8 @@ impl<S, C> Builder<S, C> {
         self
     }
 
-    /// Keeps a circuit breaker per (tool, credential): a server that
-    /// keeps failing is sent nothing for a cool-down, then one trial call
-    /// (see [`CircuitBreaker`] for what counts as a failure). Refusals are
+    /// Keeps a circuit breaker per (tool, credential) (see
+    /// [`CircuitBreaker`]); refusals are
     /// [`Status::Unavailable`](crate::Status::Unavailable). Off by default.
     ///
     /// # Examples
@@ -707,16 +648,10 @@ impl<S, C> Builder<S, C> {
     }
 
     /// Admits `credential` through `limiter`, a quota shared with other
-    /// processes (a `RedisBucket` with the `redis` feature), instead of a
-    /// local bucket. A 429 observed on it holds back every process. With
-    /// adaptive rates (the default) a request limit the server states
-    /// (`RateLimit-Policy`, a provider's headers) is stored in the limiter
-    /// for every process ([`RateLimiter::set_quota`], with a second's worth
-    /// of burst; stored once however many processes are told it); the
-    /// rate is not otherwise learned for the credential (the limiter is
-    /// the quota). Any [`RateLimiter`] will do: a
-    /// [`RollingWindow`](crate::RollingWindow) matches a server that
-    /// counts "T per rolling W" exactly.
+    /// processes (e.g. a `RedisBucket`), instead of a local bucket. A 429 on
+    /// it holds back every process; a limit the server states is stored in
+    /// it ([`RateLimiter::set_quota`]). Any [`RateLimiter`] will do, e.g. a
+    /// [`RollingWindow`](crate::RollingWindow).
     ///
     /// # Examples
     ///
@@ -753,37 +688,17 @@ impl<S, C> Builder<S, C> {
         self
     }
 
-    /// Keeps `credential`'s weighted quota `name` (tokens, ...) in
-    /// `limiter`, a quota shared with other processes (a `RedisBucket`
-    /// with the `redis` feature), instead of a local bucket: a call's cost
-    /// on `name` is reserved there, all or nothing with its other quotas,
-    /// and [`Ticket::settle`](super::Ticket::settle) settles it there to
-    /// the usage the reply reports, both ways (the excess charged, the
-    /// unused part given back, whatever other processes took since).
+    /// Keeps `credential`'s weighted quota `name` in `limiter`, a quota
+    /// shared with other processes, instead of a local bucket.
+    /// [`Ticket::settle`](super::Ticket::settle) settles it there both ways.
     ///
-    /// Reserving waits for the limiter's round trip. A settle cannot: it
-    /// is queued and sent by the next `admit` on the credential,
-    /// [`Admission::sync_shared`](super::Admission::sync_shared), or
-    /// [`Runner`](super::Runner) (and every seam on its attempt loop)
-    /// before it hands a reply back. A call refused or dropped after its
-    /// cells were reserved queues their refund the same way. Each settle
-    /// is sent once; a process that dies first leaves its calls counted
-    /// at their estimates. A charge is capped as local ones are: at most
-    /// `max_retry_after`'s worth of the quota declared here for `name`
-    /// (uncapped if none is).
-    ///
-    /// What a reply says of the quota reaches every process too: a limit
-    /// the server states for `name` is stored in the limiter
-    /// ([`RateLimiter::set_quota`]): taken up or down, with a second's
-    /// worth of burst, when no local limit is declared for `name` (the
-    /// server's is all there is); only if lower, keeping the limiter's
-    /// burst, when one is. The quota spent (nothing left before its reset,
-    /// or the quota a 429 is for) holds the limiter until the reset,
-    /// capped at `max_retry_after`. Both are queued and sent as settles
-    /// are.
-    ///
-    /// Declares `name` for the other credentials with no limit if
-    /// [`resource`](Self::resource) did not.
+    /// Settles and refunds are queued and sent by the next `admit` on the
+    /// credential, [`Admission::sync_shared`](super::Admission::sync_shared),
+    /// or [`Runner`](super::Runner); each is sent once. Limits the server
+    /// states for `name` are stored in the limiter
+    /// ([`RateLimiter::set_quota`]), and a spent quota holds it until its
+    /// reset, capped at `max_retry_after`. Declares `name` for the other
+    /// credentials with no limit if [`resource`](Self::resource) did not.
     ///
     /// # Examples
     ///
@@ -832,21 +747,12 @@ impl<S, C> Builder<S, C> {
         self
     }
 
-    /// Keeps the weighted quota `name` (tokens, ...) of every credential
-    /// not named for it in [`shared_resource`](Self::shared_resource) in the
-    /// limiter `resolve` returns for the credential, if any (`None`: a
-    /// local bucket, as without this). What
-    /// [`shared_resource`](Self::shared_resource) does for one credential,
-    /// for a fleet's per-tenant keys: with the `redis` feature, `resolve`
-    /// is a `RedisScoped`'s `bucket(key)` under a key of its own for the
-    /// quota. It is called on every admit, settle and observe of such a
-    /// credential, so it should be a lookup, not a connection, returning
-    /// the same limiter each time (see [`shared_quotas`](Self::shared_quotas)
-    /// for what happens otherwise). A second call for the same `name`
-    /// replaces the first.
-    ///
-    /// Declares `name` for the other credentials with no limit if
-    /// [`resource`](Self::resource) did not.
+    /// Keeps the weighted quota `name` of every credential not named in
+    /// [`shared_resource`](Self::shared_resource) in the limiter `resolve`
+    /// returns for it (`None`: a local bucket). `resolve` runs on every admit,
+    /// settle and observe, so it must be a cheap lookup returning the same
+    /// limiter each time (see [`shared_quotas`](Self::shared_quotas)). A second
+    /// call for `name` replaces the first; declares `name` as `shared_resource` does.
     ///
     /// # Examples
     ///
@@ -897,18 +803,12 @@ impl<S, C> Builder<S, C> {
     }
 
     /// Admits every credential not named in [`shared_quota`](Self::shared_quota)
-    /// through the limiter `resolve` returns for it, if any (`None`: a local
-    /// bucket, as without this). A fleet's per-tenant quotas need no builder
-    /// call per key: with the `redis` feature, `resolve` is a `RedisScoped`'s
-    /// `bucket(key)`. It is called on every admit and observe of such a
-    /// credential, so it should be a lookup, not a connection, and it
-    /// must return the same limiter for a credential each time, or a
-    /// handle onto the same shared state (as `RedisScoped::bucket` is): a
-    /// fresh local `TokenBucket` per call starts full every time and
-    /// limits nothing. The layer cannot tell a fresh handle onto shared
-    /// state from a fresh bucket, so this is the resolver's to keep. A
-    /// resolver that panics refuses that credential's calls only, with
-    /// [`Status::Unavailable`](crate::Status::Unavailable) and the reason.
+    /// through the limiter `resolve` returns for it (`None`: a local bucket).
+    /// `resolve` runs on every admit and observe, so it must be a cheap lookup
+    /// returning the same limiter (or a handle onto the same shared state)
+    /// each time: a fresh local bucket per call limits nothing. A resolver that
+    /// panics refuses that credential's calls with
+    /// [`Status::Unavailable`](crate::Status::Unavailable).
     ///
     /// # Examples
     ///
@@ -973,8 +873,7 @@ impl<S, C> Builder<S, C> {
         let mut tools = self.cfg.tools;
         let mut default_tool = self.cfg.default_tool;
         if let Some(share) = self.cfg.background_share {
-            // At least one slot, so a background call can ever run; at
-            // most all of them.
+            // At least one slot, at most all of them.
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             let cap = ((self.cfg.global as f64 * share).floor() as usize).clamp(1, self.cfg.global);
             global = global.with_lanes(cap);
@@ -985,9 +884,8 @@ impl<S, C> Builder<S, C> {
         }
         let credentials = Scoped::with_clock(self.cfg.default_quota, self.clock.clone());
         for (cred, q) in &self.cfg.quotas {
-            // Refused only past the registry's key limit (2^20 credentials
-            // with a quota of their own); such a credential keeps the
-            // default quota rather than failing the build.
+            // Refused only past the registry's key limit; such a credential keeps
+            // the default quota.
             let _ = credentials.set_quota(cred, *q);
         }
         // Server-scope buckets only ever act through `penalize`: their own
@@ -1006,8 +904,7 @@ impl<S, C> Builder<S, C> {
             .map(|(name, quota, overrides)| {
                 let buckets = Scoped::with_clock(quota, self.clock.clone());
                 for (cred, q) in &overrides {
-                    // Refused only past 2^20 overrides: that credential then
-                    // has the default quota.
+                    // Refused only past 2^20 overrides: the default quota then.
                     let _ = buckets.set_quota(cred, *q);
                 }
                 Resource {
@@ -1081,19 +978,13 @@ fn clamp_share(share: f64) -> f64 {
     }
 }
 
-/// A resolver of shared limiters of one type, as the layer keeps them.
-///
-/// A resolver that panics gives that credential an [`Unresolved`]
-/// limiter, which refuses its calls and says why (never a silent pass,
-/// never a panic elsewhere). A resolver that builds a fresh limiter per
-/// call is documented, not detected: a fresh `Arc` may be a handle onto
-/// shared state.
+/// A resolver of shared limiters, type-erased; a panic yields an
+/// [`Unresolved`] limiter that refuses that credential's calls.
 fn erased<L: RateLimiter + 'static>(
     resolve: impl Fn(&str) -> Option<Arc<L>> + Send + Sync + 'static,
 ) -> Box<SharedResolver> {
     Box::new(move |credential: &str| -> Option<Arc<dyn SharedLimiter>> {
-        // The resolver is called again by the credential's next call:
-        // whatever its panic left, it is the resolver's to see again.
+        // Unwind-safe enough: whatever a panic leaves, the resolver sees again.
         let resolved =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| resolve(credential)));
         match resolved {

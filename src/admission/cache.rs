@@ -1,33 +1,10 @@
-//! A per-thread cache in front of the two registries `admit` reads on
-//! every call (tools, credentials). Each registry keeps its own
-//! `thread_local!` of a [`Cache`]; this file knows neither.
-//!
-//! Both registries are copy-on-write maps behind an `ArcSwap`: a lookup
-//! is a load (the hybrid strategy's debt slot: a few sequentially
-//! consistent operations, and one more when the guard drops), a hash and a
-//! compare. A thread that admits calls for the same few tools and
-//! credentials does not need any of it: it remembers the last few
-//! `(registry version, name) -> state` it looked up, and a hit costs a
-//! load of the registry's version, a string compare and a
-//! `Weak::upgrade` (the clone the ticket needs anyway).
-//!
-//! # Why a hit is as good as a registry load
-//!
-//! Every registry write (a new tool or credential, an eviction) stores
-//! the new map and then a new [`Generation`]: a number unique across
-//! every registry of the process, so an entry cached from one layer never
-//! matches another's. A hit therefore means the registry was not written
-//! since the entry was filled, or was written and its new generation is
-//! not yet visible: exactly the snapshot a racing `ArcSwap` load could
-//! return. A write never replaces a name's state with another in one step
-//! (it adds names and evicts idle ones), so the state found is the one the
-//! map holds or held. An evicted tool reached this way is as harmless as
-//! one cloned from the map just before its eviction (see
-//! `ToolState::is_idle`).
-//!
-//! The cache keeps `Weak`s, so it does not keep a tool from being evicted
-//! (eviction reads the strong count), and a state evicted meanwhile fails
-//! to upgrade: a miss.
+//! A per-thread cache in front of the registries `admit` reads on every
+//! call (tools, credentials): the last few `(generation, name) -> Weak`
+//! lookups. Correctness: every registry write stores the new map, then a
+//! process-unique [`Generation`]; a hit means the registry was not written
+//! since (or the write is not yet visible), exactly what a racing load
+//! could return. Writes only add names or evict idle states, and `Weak`s
+//! neither keep a state from eviction nor upgrade after it.
 
 use std::cell::RefCell;
 use std::sync::{Arc, Weak};
@@ -35,13 +12,11 @@ use std::thread::LocalKey;
 
 use crate::sync::{AtomicU64, Ordering};
 
-/// Entries per thread and registry kind: a thread alternating between a
-/// few tools (or credentials) still hits.
+/// Entries per thread and registry kind.
 const WAYS: usize = 4;
 
-/// The source of generations: every value is handed out once per process.
-/// A plain `std` atomic: a counter, not a synchronization protocol (and a
-/// `static`, which loom's atomics cannot be).
+/// The source of generations, each handed out once per process. A plain
+/// `std` atomic: a counter, and a `static` (which loom's cannot be).
 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 fn next() -> u64 {
@@ -57,14 +32,12 @@ impl Generation {
         Self(AtomicU64::new(next()))
     }
 
-    /// Called by the registry's writer after it stored the new map.
     pub(crate) fn bump(&self) {
         // Release: pairs with the Acquire in `current`; a reader that sees
         // the new generation sees the new map too.
         self.0.store(next(), Ordering::Release);
     }
 
-    /// The version now.
     #[inline]
     pub(crate) fn current(&self) -> u64 {
         // Acquire: pairs with the Release in `bump`.
@@ -86,7 +59,6 @@ struct Entry<T> {
 }
 
 impl<T> Cache<T> {
-    /// An empty cache, for a registry's `thread_local!`.
     pub(crate) const fn new() -> Self {
         Self {
             entries: [const { None }; WAYS],
@@ -122,8 +94,7 @@ impl<T> Cache<T> {
     }
 }
 
-/// `a == b`, inline for the short names tools and credentials have (a
-/// `memcmp` call costs more than the compare).
+/// `a == b`, inline for short names (a `memcmp` call costs more).
 #[inline]
 fn same(a: &str, b: &str) -> bool {
     let (a, b) = (a.as_bytes(), b.as_bytes());
@@ -136,9 +107,8 @@ fn same(a: &str, b: &str) -> bool {
     a.iter().zip(b).all(|(x, y)| x == y)
 }
 
-/// `name`'s state in the registry versioned by `generation`: from this
-/// thread's cache, or from `lookup`, whose answer is cached when it comes
-/// with the interned name (the registry holds the state).
+/// `name`'s state: from this thread's cache, or from `lookup`, whose
+/// answer is cached when it comes with the interned name.
 #[inline]
 pub(crate) fn lookup<T: 'static, E>(
     cache: &'static LocalKey<RefCell<Cache<T>>>,
@@ -146,11 +116,10 @@ pub(crate) fn lookup<T: 'static, E>(
     name: &str,
     lookup: impl FnOnce() -> Result<(Arc<T>, Option<Arc<str>>), E>,
 ) -> Result<Arc<T>, E> {
-    // Read before the lookup: an entry filled under a generation the
-    // registry has left behind is never hit.
+    // Read before the lookup: an entry filled under a stale generation is
+    // never hit.
     let generation = generation.current();
-    // `try_with`/`try_borrow`: during the thread's teardown, or (never
-    // expected) re-entered, the registry answers directly.
+    // `try_with`/`try_borrow`: during teardown or re-entry, go direct.
     let hit = cache
         .try_with(|c| c.try_borrow().ok().and_then(|c| c.get(generation, name)))
         .ok()

@@ -1,6 +1,4 @@
-//! The circuit stage of [`Admission`]: a call's place in the circuit of
-//! its (tool, credential), the words of an open circuit's refusal, and
-//! the outcomes fed back (the circuits themselves are `breaker.rs`).
+//! The circuit stage of [`Admission`] (the circuits are in `breaker.rs`).
 
 use core::time::Duration;
 use std::sync::Arc;
@@ -18,8 +16,8 @@ where
     S: Sleeper,
     C: Clock,
 {
-    /// The call's place in the circuit of its (tool, credential): closed,
-    /// or the trial; refused while open or while another trial is out.
+    /// The call's place in its circuit: closed, or the trial; refused while
+    /// open or while another trial is out.
     #[inline(never)]
     pub(super) fn circuit(
         &self,
@@ -30,9 +28,8 @@ where
         now: u64,
     ) -> Result<breaker::Pass, Throttled> {
         let circuit = breakers.circuit(&tool.name, &spec.credential);
-        // A trial is out until answered, for a cool-down at most (its
-        // deadline, if shorter), and for a tenth of one at least: a trial
-        // with no time of its own must not make the next call a trial too.
+        // A trial is out for a cool-down at most (or its deadline), and a tenth
+        // of one at least, so a trial with no time does not make the next call one.
         let cool_down = breakers.config.cool_down_nanos();
         let trial_for = cool_down
             .min(saturating_nanos(deadline))
@@ -47,9 +44,8 @@ where
         }
     }
 
-    /// Words an open circuit's refusal. Calls refused together are told
-    /// instants a tenth of the cool-down apart (see `stagger.rs`): once
-    /// the trial succeeds they come back spread, not as one wave.
+    /// Words an open circuit's refusal; calls refused together are told
+    /// instants a tenth of the cool-down apart.
     #[cold]
     fn circuit_refusal(
         &self,
@@ -61,8 +57,7 @@ where
     ) -> Throttled {
         let inner = &*self.inner;
         let step = config.cool_down_nanos() / 10;
-        // A trial out is answered within its latency, usually well before
-        // it lapses (`until`): come back a step later, not at the lapse.
+        // A trial is usually answered well before it lapses: a step later.
         let ready = if trial {
             now.saturating_add(step).min(until)
         } else {
@@ -86,8 +81,7 @@ where
             .with_retry_after(after)
     }
 
-    /// Feeds a call's outcome to the circuit of (`tool`, `credential`),
-    /// if the layer keeps circuits.
+    /// Feeds a call's outcome to its circuit, if the layer keeps circuits.
     #[inline]
     pub(super) fn circuit_outcome(
         &self,

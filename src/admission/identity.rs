@@ -1,18 +1,7 @@
-//! What makes two calls "the same read": the one identity every seam
-//! (`Runner` and its turn cache, the reqwest middleware, the tower layer,
-//! the MCP gate) keys its coalescing with.
-//!
-//! Two calls share one request, or one cached answer, only when their
-//! [`ReadKey`]s are equal, and equal means equal: every part is kept
-//! whole and compared byte for byte. A hash only picks the map's bucket.
-//! Each key holds the credential and the tool, so callers with different
-//! credentials never share, whatever else they declared.
-//!
-//! An HTTP request's identity ([`http`]) is everything its server could
-//! see: the method, the whole target (scheme, host, port, path, query),
-//! the version, every header (the `Cookie`, `x-api-key`, `Accept` and
-//! `Range` of one caller are not another's) and, for a read the user
-//! declared, the body.
+//! What makes two calls "the same read", for every seam's coalescing.
+//! Keys are compared whole, byte for byte (a hash only picks the bucket),
+//! and include the credential and tool, so different credentials never
+//! share. An HTTP identity is everything its server could see.
 
 use core::fmt;
 
@@ -21,8 +10,7 @@ use core::fmt;
 pub(crate) struct ReadKey(Box<str>);
 
 impl ReadKey {
-    /// The key of a read of `tool` with `credential`, identified by `what`
-    /// (the seam's identity of the request, or the user's declared key).
+    /// The key of a read of `tool` with `credential`, identified by `what`.
     pub(crate) fn new(tool: &str, credential: &str, what: &str) -> ReadKey {
         let mut key = Parts::default();
         key.push(credential.as_bytes());
@@ -39,9 +27,8 @@ impl fmt::Debug for ReadKey {
     }
 }
 
-/// Parts written one after the other, each behind its length, each byte
-/// as the `char` of the same number (Latin-1): no two lists of parts
-/// write the same string, so equal strings mean equal parts.
+/// Length-prefixed parts, each byte as a Latin-1 `char`: no two lists of
+/// parts write the same string.
 #[derive(Default)]
 struct Parts(String);
 
@@ -53,10 +40,8 @@ impl Parts {
     }
 }
 
-/// The identity of an HTTP request, as [`ReadKey::new`]'s `what`: its
-/// method, target, version, every header (names in order, each name's
-/// values in the order sent) and `body` (`None` for a request read
-/// without one: a `GET`).
+/// The identity of an HTTP request: method, target, version, every header
+/// (names sorted, values in order sent) and `body` (`None`: no body).
 #[cfg(feature = "http")]
 pub(crate) fn http(
     method: &http::Method,
@@ -90,8 +75,7 @@ pub(crate) fn http(
     key.0
 }
 
-/// The identity of a `reqwest` request (the middleware's, and
-/// `Call::request`'s), with its body when `body` is set.
+/// The identity of a `reqwest` request, with its body when `body` is set.
 #[cfg(feature = "reqwest")]
 pub(crate) fn reqwest(req: &::reqwest::Request, body: bool) -> Option<String> {
     let body = match body {
@@ -228,8 +212,7 @@ mod tests {
             r
         }
 
-        /// The property: two requests that differ in any header, the
-        /// host, the target or the body never have one identity.
+        /// Requests differing in anything a server sees never share an identity.
         #[test]
         fn requests_that_differ_in_anything_a_server_sees_never_share_an_identity() {
             let mut rng = fastrand::Rng::with_seed(58);

@@ -1,25 +1,10 @@
-//! Priority lanes: the waiting calls of one pool, served by priority
-//! (lower first), fairly across credentials within a priority, and in
-//! arrival order within a credential; and, on the global pool, the cap on
-//! the slots background calls hold.
-//!
-//! A pool with lanes hands a freed slot straight to the waiter that goes
-//! next instead of releasing it to its semaphore, so a call arriving later
-//! cannot take it first: the semaphore has permits only while no call that
-//! could use one waits. A waiter enqueues under the lanes' lock after one
-//! more try of the semaphore, and a slot is released to the semaphore
-//! under the same lock, so a slot cannot be freed between a failed try and
-//! the enqueue without the waiter being handed it (no lost wake-up).
-//!
-//! "Fair across credentials" is: within a priority, the credential handed
-//! a slot from the queue least recently goes next (one never handed one
-//! goes first; a call that found its slot free was not queued and does
-//! not count), so a credential flooding the queue does not make another
-//! wait behind all of its calls.
-//!
-//! The lock is a mutex around a few small queues: only calls that wait and
-//! tickets dropped while calls wait take it, never an admission that finds
-//! its slots free.
+//! Priority lanes: one pool's waiting calls, served by priority (lower
+//! first), then the credential served least recently, then arrival order;
+//! and the cap on slots background calls hold. A freed slot is handed
+//! straight to the next waiter, so the semaphore has permits only while
+//! no eligible call waits. Invariant (no lost wake-up): a waiter enqueues
+//! under the lock after one more try, and slots are released to the
+//! semaphore under the same lock.
 
 use core::future::Future;
 use core::pin::Pin;
@@ -32,10 +17,9 @@ use crate::sync::Mutex;
 
 /// A call's priority: lower is served first. Calls at
 /// [`BACKGROUND`](Self::BACKGROUND) or above are background calls, which
-/// [`Builder::priority_lanes`](super::Builder::priority_lanes) can cap to a
-/// share of the global slots and
+/// [`Builder::priority_lanes`](super::Builder::priority_lanes) and
 /// [`Builder::background_rate_share`](super::Builder::background_rate_share)
-/// to a share of each key's rate.
+/// can cap.
 ///
 /// # Examples
 ///
@@ -52,9 +36,8 @@ pub struct Priority(u8);
 impl Priority {
     /// A call a person is waiting for: served first. The default.
     pub const INTERACTIVE: Priority = Priority(0);
-    /// Work nobody waits on (an agent in the background, a crawl): served
-    /// after every interactive call, and capped to a share of the global
-    /// slots when the layer has lanes.
+    /// Work nobody waits on (a background agent, a crawl): served after every
+    /// interactive call.
     pub const BACKGROUND: Priority = Priority(128);
 
     /// Priority `level` (0 first); 128 and above are background.
@@ -72,9 +55,7 @@ impl Priority {
 #[derive(Debug)]
 enum Cell {
     Waiting(Option<Waker>),
-    /// Handed a slot: it is the waiter's now.
     Granted,
-    /// The pool was closed.
     Closed,
 }
 
@@ -92,21 +73,17 @@ struct State {
     /// Hand-offs so far; `last_served` holds each credential's latest.
     served: u64,
     last_served: HashMap<Box<str>, u64>,
-    /// Background calls holding a slot of this pool.
     background_held: usize,
     closed: bool,
 }
 
 /// At most this many credentials are remembered for fairness; past it,
-/// those with no call waiting are forgotten (they count as never served,
-/// which errs towards serving them).
+/// those with no call waiting are forgotten (erring towards serving them).
 const MAX_TENANTS: usize = 4096;
 
-/// The lanes of one pool (see the module docs).
 #[derive(Debug)]
 pub(crate) struct Lanes {
     state: Mutex<State>,
-    /// Background slots this pool may hand out at once.
     background_cap: usize,
 }
 
@@ -118,14 +95,12 @@ impl Lanes {
         }
     }
 
-    /// The background cap.
     pub(crate) fn background_cap(&self) -> usize {
         self.background_cap
     }
 
-    /// A slot now, without waiting (`true`), for a call of `priority`.
-    /// An interactive call tries the semaphore alone; a background call
-    /// takes the lock to count itself against the cap.
+    /// A slot now, without waiting, for a call of `priority`; only a
+    /// background call takes the lock (to count against the cap).
     pub(crate) fn try_take(&self, sem: &Semaphore, priority: Priority) -> bool {
         if !priority.is_background() {
             return sem.try_take(1).is_ok();
@@ -138,8 +113,8 @@ impl Lanes {
         true
     }
 
-    /// A slot for a call of `priority` from `tenant`: taken now (`Ok`), or
-    /// the waiter to await (`Err`), enqueued in its lane. `None`: closed.
+    /// A slot taken now (`Ok`), or the waiter enqueued in its lane (`Err`);
+    /// `None`: closed.
     pub(crate) fn take_or_wait(
         &self,
         sem: &Semaphore,
@@ -151,8 +126,7 @@ impl Lanes {
         if state.closed || sem.is_closed() {
             return None;
         }
-        // Again under the lock: a slot freed since the caller's try went
-        // to the semaphore only if nobody eligible was waiting.
+        // Again under the lock (see the module docs): no lost wake-up.
         let ahead = state.queues.range(..=priority).any(|(_, q)| !q.is_empty());
         let capped = background && state.background_held >= self.background_cap;
         if !ahead && !capped && sem.try_take(1).is_ok() {
@@ -174,8 +148,8 @@ impl Lanes {
         Some(Err(waiter))
     }
 
-    /// A slot held by a call (background or not) is free: handed to the
-    /// waiter that goes next, or released to the semaphore.
+    /// A held slot is free: handed to the next waiter, or released to the
+    /// semaphore.
     pub(crate) fn release(&self, sem: &Semaphore, background: bool) {
         let mut woken = Vec::new();
         {
@@ -184,8 +158,8 @@ impl Lanes {
                 state.background_held = state.background_held.saturating_sub(1);
             }
             let mut slot = true;
-            // The freed slot first; then, while background waiters held
-            // back by the cap may now go, any permit the semaphore has.
+            // The freed slot first; then, while capped background waiters may now
+            // go, any permit the semaphore has.
             while let Some(waiter) = self.next(&mut state) {
                 if !slot && sem.try_take(1).is_err() {
                     // No slot for it after all: back to the front of its lane.
@@ -231,9 +205,7 @@ impl Lanes {
         }
     }
 
-    /// Removes and returns the waiter to serve next: the first priority
-    /// with an eligible waiter (background ones only under the cap), then
-    /// the credential served least recently, then arrival order.
+    /// Removes and returns the waiter to serve next (see the module docs).
     fn next(&self, state: &mut State) -> Option<Arc<Waiter>> {
         let capped = state.background_held >= self.background_cap;
         let State {
@@ -243,7 +215,6 @@ impl Lanes {
         } = state;
         let (priority, queue) = queues
             .iter_mut()
-            // Skipped: empty lanes, and background ones at the cap.
             .find(|(p, q)| !(q.is_empty() || (capped && p.is_background())))?;
         let priority = *priority;
         let at = queue
@@ -258,8 +229,7 @@ impl Lanes {
         waiter
     }
 
-    /// A waiter gave up (its deadline passed, or its future was dropped):
-    /// out of its lane, and a slot it was handed meanwhile passed on.
+    /// A waiter gave up: out of its lane, and a slot it was handed passed on.
     pub(crate) fn cancel(&self, sem: &Semaphore, waiter: &Arc<Waiter>) {
         let granted = {
             let mut state = self.state.lock();
@@ -297,7 +267,7 @@ impl Lanes {
 }
 
 /// Waits for a waiter's slot: `Ok` when handed one, `Err` when closed.
-/// The caller cancels it ([`Lanes::cancel`]) if it stops waiting first.
+/// The caller must [`Lanes::cancel`] it if it stops waiting first.
 pub(crate) struct Wait<'a> {
     pub(crate) waiter: &'a Arc<Waiter>,
 }
@@ -399,8 +369,7 @@ mod tests {
         let b3 = wait(&lanes, &sem, B, "k");
         assert!(lanes.try_take(&sem, I));
         assert!(lanes.try_take(&sem, I));
-        // An interactive slot freed: b3 is still capped, so it goes to the
-        // semaphore for the next interactive call.
+        // An interactive slot freed: b3 is still capped; the semaphore gets it.
         lanes.release(&sem, false);
         assert!(!granted(&b3));
         assert_eq!(sem.available_permits(), 1);
@@ -416,8 +385,7 @@ mod tests {
         let lanes = Lanes::new(1);
         assert!(lanes.try_take(&sem, B));
         assert!(lanes.try_take(&sem, I));
-        // One slot free, but the cap holds b2 back; an interactive call
-        // arriving now takes the free slot without waiting.
+        // One slot free, but the cap holds b2 back.
         let b2 = wait(&lanes, &sem, B, "k");
         lanes.release(&sem, false);
         assert!(!granted(&b2), "an interactive slot does not lift the cap");
@@ -425,7 +393,6 @@ mod tests {
         lanes.release(&sem, true);
         assert!(granted(&b2), "the background slot freed goes to b2");
         assert_eq!(sem.available_permits(), 2);
-        // b2 holds the one background slot now.
         assert!(!lanes.try_take(&sem, B));
         assert!(lanes.try_take(&sem, I));
     }

@@ -8,11 +8,9 @@
 //! | `backpressure_in_flight` | gauge | `tool` |
 //! | `backpressure_admission_wait_seconds` | histogram | `tool` |
 //!
-//! Labels carry the tool's name (an `Arc<str>`, no copy); the credential is
-//! never a label (it may be a secret, and it is unbounded). The number
-//! waiting is in [`Admission::stats`](super::Admission::stats). The facade
-//! builds its label keys on the heap, so with this feature `admit`'s
-//! success path allocates (it does not without it).
+//! Labels carry the tool's name; the credential is never a label (it may
+//! be secret, and is unbounded). With this feature `admit`'s success path
+//! allocates (the facade builds label keys on the heap).
 
 use std::sync::Arc;
 

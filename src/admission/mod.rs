@@ -12,14 +12,10 @@
 //!    `rate_limited` without consuming a token;
 //! 4. **the deadline**: no wait ever runs past the call's deadline.
 //!
-//! Slots are taken before the rate token so that a call starts at the
-//! instant its token was reserved for: reserving first and then queueing for
-//! a slot would let reserved calls bunch up and reach the server as a burst.
-//!
-//! [`Ticket::observe`] feeds the server's answer back: a 429 or a
-//! `Retry-After` holds back every call on that credential (or on that
-//! server scope), and `remaining: 0` waits for the reset instead of for the
-//! next 429.
+//! Slots are taken before the rate token, so a call starts at the instant
+//! its token was reserved for instead of bunching up behind a slot.
+//! [`Ticket::observe`] feeds the server's answer (429, `Retry-After`,
+//! `remaining: 0`) back to the credential's or server scope's limit.
 
 pub(crate) mod attempt;
 pub(crate) mod breaker;
@@ -65,47 +61,32 @@ pub use ticket::Ticket;
 
 use tools::ToolState;
 
-/// The layer's state, one field per stage: each stage's type owns its
-/// state and is reached through its methods (`slots.rs`, `budget.rs`,
-/// `rate.rs`, `stats.rs`).
+/// The layer's state, one field per stage.
 struct Inner<S, C: Clock> {
     sleeper: S,
     clock: C,
     closed: AtomicBool,
-    /// Never holds a permit: `close` closes it, which wakes every call
-    /// sleeping for a rate token or a retry (they race its `acquire`).
+    /// Never holds a permit: `close` closes it, waking every sleeping call.
     closed_signal: Semaphore,
-    /// The run's call budget.
     budget: budget::RunBudget,
-    /// The global pool, the tools' pools and budgets, the wait queue.
     slots: slots::Slots,
-    /// Every rate the call draws on, and what the server says back.
     rates: rate::Rates<C>,
-    /// Calls admitted and refused.
     totals: stats::Totals,
-    /// The retry instants told to refused calls, per limit (slots and
-    /// rates both tell them).
+    /// Retry instants told to refused calls, per limit.
     told: stagger::Stagger,
-    /// The circuit of every (tool, credential), if the layer keeps them.
     breakers: Option<breaker::Breakers>,
-    /// Background calls sleeping for their turn in their class's share of
-    /// a rate (`waiting` counts them with the calls queued for a slot).
+    /// Background calls sleeping for their turn (counted by `waiting`).
     turns_waiting: AtomicUsize,
 }
 
-/// What a call being admitted holds so far: its tool, its budget units
-/// and (once `slots`) both slots, as counts. Dropped before
-/// [`keep`](Taken::keep), it gives them back: a refused or cancelled call
-/// consumes nothing. The fast path hands it to the staged path, which
-/// continues from the first stage it lacks.
+/// What a call being admitted holds so far (tool, budget units, slots);
+/// dropped before [`keep`](Taken::keep), it gives them all back.
 struct Taken<'a, S: Sleeper, C: Clock> {
     admission: &'a Admission<S, C>,
-    /// A background call's turn in its share of the credential's rate
-    /// (given back if the call is not admitted; see `background_turn`).
+    /// A background call's turn in its share of the credential's rate.
     turn: Option<(&'a str, rate::Kept)>,
     tool: Arc<ToolState>,
-    /// The call's place in its circuit (a trial is released if the call
-    /// is not admitted after all).
+    /// Released if the call is not admitted after all.
     pass: Option<breaker::Pass>,
     units: budget::Units,
     slots: bool,
@@ -113,10 +94,8 @@ struct Taken<'a, S: Sleeper, C: Clock> {
 }
 
 impl<S: Sleeper, C: Clock> Taken<'_, S, C> {
-    /// The call is admitted: its ticket holds the slots and the budget
-    /// units from here on (its `Drop` releases the slots), and a trial of
-    /// its circuit stays out.
-    /// Returns the tool, and whether the call is its circuit's trial.
+    /// Hands the slots and budget units to the ticket. Returns the tool, and
+    /// whether the call is its circuit's trial.
     #[inline]
     fn keep(self) -> (Arc<ToolState>, bool) {
         let this = core::mem::ManuallyDrop::new(self);
@@ -142,9 +121,9 @@ impl<S: Sleeper, C: Clock> Drop for Taken<'_, S, C> {
     }
 }
 
-/// The admission layer: concurrency pools, rate limits per credential,
-/// a bounded wait queue and a run budget, answering every call with a
-/// [`Ticket`] or a structured [`Throttled`]. Cheap to clone (shared).
+/// The admission layer: concurrency pools, per-credential rate limits, a
+/// bounded wait queue and a run budget, answering every call with a
+/// [`Ticket`] or a [`Throttled`]. Cheap to clone (shared).
 ///
 /// # Examples
 ///
@@ -224,19 +203,16 @@ where
     /// # drop(first);
     /// # });
     /// ```
-    // Not an `async fn`: it hands out `admit_within`'s own future, so an
-    // admission at once is not wrapped in a second state machine.
+    // Not an `async fn`, so an immediate admission is not wrapped in a second
+    // state machine.
     #[inline]
     pub fn admit(&self, spec: &CallSpec) -> impl Future<Output = Result<Ticket<S, C>, Throttled>> {
         self.admit_within(spec, spec.deadline, Duration::ZERO)
     }
 
-    /// [`admit`](Self::admit) with `deadline` in place of the spec's (an
-    /// attempt's, what is left of its call's: no copy of the spec per
-    /// attempt), sleeping a rate wait of up to `inline` even past the
-    /// layer's inline wait: the retry of a capacity answer
-    /// (`Decision::Readmit`), whose wait the retry policy already judged
-    /// (its clamp, the deadline) and which the credential's hold enforces.
+    /// [`admit`](Self::admit) with `deadline` in place of the spec's, sleeping
+    /// a rate wait of up to `inline` even past the layer's inline threshold
+    /// (the retry of a capacity answer, whose wait the retry policy judged).
     pub(crate) async fn admit_within(
         &self,
         spec: &CallSpec,
@@ -244,12 +220,8 @@ where
         inline: Duration,
     ) -> Result<Ticket<S, C>, Throttled> {
         let started = self.inner.clock.now_nanos();
-        // Something to wait for (a slot, a rate token, a shared quota's
-        // round trip) sends the call down the staged path, boxed, which
-        // continues from what the fast path took: the future of a call
-        // admitted at once stays a few words, and moving a large future
-        // would cost more than the admission. (A `let`, so the fast path's
-        // result is not kept across the `await`.)
+        // Anything to wait for goes down the boxed staged path, so the future of
+        // a call admitted at once stays small.
         let waiting = match self.admit_now(spec, deadline, started) {
             Ok(decided) => {
                 self.record(spec, started, &decided);
@@ -290,10 +262,8 @@ where
         }
     }
 
-    /// The stages the fast path could not finish: the slots if it has
-    /// not taken them (waited for until the deadline), then the rate
-    /// (slept inline within the threshold and the deadline). What `taken`
-    /// holds is given back if a stage refuses or the future is dropped.
+    /// The stages the fast path could not finish. What `taken` holds is given
+    /// back if a stage refuses or the future is dropped.
     async fn stages<'a>(
         &'a self,
         spec: &'a CallSpec,
@@ -312,8 +282,7 @@ where
         }
 
         // 3. Slots: the tool's, then the global one, until the deadline.
-        // The instant the rate stage starts from: `started` unless a slot
-        // had to be waited for (one clock read less otherwise).
+        // Where the rate stage starts from: `started` unless a slot was waited for.
         let mut rate_from = Some(started);
         if !taken.slots {
             rate_from = None;
@@ -328,8 +297,7 @@ where
             taken.slots = true;
         }
 
-        // A slot that came free only at the deadline leaves no time for
-        // the rate: the call timed out waiting (issue #40), not rate limited.
+        // A slot freed only at the deadline leaves no time for the rate: timed out.
         if rate_from.is_none() && inner.clock.now_nanos() >= deadline_at {
             return Err(Throttled::new(
                 Status::TimedOut,
@@ -339,8 +307,7 @@ where
             ));
         }
 
-        // 4. Rate: every quota the call draws on, all or nothing, slept
-        // inline within the threshold and the deadline.
+        // 4. Rate: every quota the call draws on, all or nothing.
         let credential = inner
             .rates
             .credential(&spec.credential, inner.clock.now_nanos());
@@ -364,12 +331,9 @@ where
         })
     }
 
-    /// The stages in order (open, budget, slots, rate) with no wait
-    /// allowed: the decision, or (`Err`) what was taken before a stage
-    /// would have to wait (a slot, a rate token) or needs what only the
-    /// staged path does (a shared quota, a server scope), which
-    /// [`stages`](Self::stages) continues from. Refusals that need no wait
-    /// are final here.
+    /// The stages with no wait allowed: the decision, or (`Err`) what was
+    /// taken before a stage would wait or need the staged path, which
+    /// [`stages`](Self::stages) continues from.
     #[inline]
     fn admit_now<'a>(
         &'a self,
@@ -378,8 +342,7 @@ where
         started: u64,
     ) -> Result<Result<Ticket<S, C>, Throttled>, Taken<'a, S, C>> {
         let inner = &*self.inner;
-        // A cost on a quota the layer does not have would go unmetered:
-        // refused, never sent free.
+        // A cost on a quota the layer lacks would go unmetered: refuse it.
         if !spec.costs.is_empty()
             && let Some(refused) = inner.rates.unknown_cost(spec)
         {
@@ -412,8 +375,7 @@ where
             slots: false,
             priority: spec.priority,
         };
-        // A background call's turn in its share of the rate, if it is
-        // now; one to wait for is waited for before the slots.
+        // A background call's turn, if it is now; otherwise wait before slots.
         if spec.priority.is_background() && !self.turn_now(spec, started, &mut taken) {
             return Err(taken);
         }
@@ -427,12 +389,8 @@ where
         if taken.tool.scoped.load(Ordering::Relaxed) || inner.rates.is_remote(&spec.credential) {
             return Err(taken);
         }
-        // 4. Rate, with no wait allowed: a quota that would make the call
-        // wait refuses with nothing consumed, and the staged path takes it
-        // from there.
-        // As of `started`, the ticket's send time: a controller created
-        // after it would take the credential's first request for one sent
-        // before its epoch and learn nothing from it.
+        // 4. Rate, no wait allowed. As of `started`, the ticket's send time, so a
+        // controller created now still learns from this request.
         let credential = inner.rates.credential(&spec.credential, started);
         let at = rate::Instant {
             now: started,
@@ -457,8 +415,7 @@ where
         }))
     }
 
-    /// Stage 1: refuses at once when closed; the tool's state (created on
-    /// first use).
+    /// Stage 1: refuses when closed; else the tool's state.
     #[inline]
     fn open_tool(&self, spec: &CallSpec) -> Result<Arc<ToolState>, Throttled> {
         let inner = &*self.inner;
@@ -467,9 +424,8 @@ where
             return Err(self.closed_refusal());
         }
         let tool = inner.slots.tool(&spec.tool)?;
-        // Again: a tool created after `close` walked the map was not closed
-        // by it, but its creation (under the map's write lock) happened
-        // after `close`'s store, so this load sees it.
+        // Again: a tool created after `close` walked the map was not closed by it,
+        // but the map's lock orders its creation after `close`'s store.
         if inner.closed.load(Ordering::Relaxed) {
             return Err(self.closed_refusal());
         }
@@ -512,9 +468,8 @@ where
     /// ```
     pub fn close(&self) {
         let inner = &*self.inner;
-        // Relaxed: the tools map's lock orders this store before any tool
-        // created later (see `admit`, which checks again after creating
-        // its tool); the semaphores below carry their own ordering.
+        // Relaxed: the tools map's lock orders this store before any tool created
+        // later (`open_tool` checks again); the semaphores carry their own ordering.
         inner.closed.store(true, Ordering::Relaxed);
         inner.slots.close();
         inner.closed_signal.close();
@@ -536,8 +491,7 @@ where
         self.inner.closed.load(Ordering::Relaxed)
     }
 
-    /// Sleeps for `d` unless the layer is closed first; returns whether the
-    /// whole sleep ran (false: closed).
+    /// Sleeps for `d` unless closed first; false if closed.
     pub(crate) async fn sleep_unless_closed(&self, d: Duration) -> bool {
         let inner = &*self.inner;
         let mut sleep = core::pin::pin!(inner.sleeper.sleep(d));
@@ -631,15 +585,13 @@ where
         &self.inner.clock
     }
 
-    /// The layer's timer (the tower `AdmissionLayer` bounds a request with
-    /// it, and `Runner` its attempts).
+    /// The layer's timer.
     pub(crate) fn sleeper(&self) -> &S {
         &self.inner.sleeper
     }
 
-    /// Whether the layer was told the LLM provider it talks to
-    /// ([`Builder::provider`]): then a `POST` through an HTTP seam is a
-    /// completion, whose only effect is its cost, and may be sent again.
+    /// Whether [`Builder::provider`] was called: then an HTTP `POST` is a
+    /// completion and may be sent again.
     #[cfg(any(feature = "reqwest", feature = "tower"))]
     pub(crate) fn told_provider(&self) -> bool {
         self.inner.rates.told_provider()

@@ -1,12 +1,7 @@
-//! Concurrency pools: a global one and one per tool, admitted together.
-//!
-//! A call takes its tool's slot first and the global slot second. So a call
-//! waiting for a saturated tool holds no global slot, and the calls of a
-//! saturated tool never stand in front of other tools' calls (there is no
-//! head-of-line blocking across tools); within one tool, the semaphore's
-//! FIFO orders the calls. Each wait is bounded: by a queue capacity (the
-//! call is shed at once, with a drain estimate, when the queue is full) and
-//! by the call's deadline.
+//! Concurrency pools: a global one and one per tool. A call takes its
+//! tool's slot first and the global slot second, so a call waiting for a
+//! saturated tool holds no global slot (no head-of-line blocking across
+//! tools). Each wait is bounded by a queue capacity and the deadline.
 
 use core::future::Future;
 use core::pin::Pin;
@@ -44,33 +39,26 @@ pub enum SlotPolicy {
     Queue(usize),
 }
 
-/// One pool of concurrency slots with its waiting count and an estimate
-/// of how long a slot is held.
+/// One pool of concurrency slots, its waiting count and mean hold time.
 #[derive(Debug)]
 pub(crate) struct Pool {
     pub(crate) sem: Arc<Semaphore>,
     pub(crate) cap: usize,
-    /// Calls currently waiting for a slot of this pool.
     waiting: AtomicUsize,
-    /// Exponentially weighted mean of how long a slot is held, in nanos.
+    /// EWMA of how long a slot is held, in nanos.
     hold_ns: AtomicU64,
-    /// When a slot last came free (the admission clock's nanos; 0: never).
-    /// A full pool whose slots have not come free for longer than the
-    /// mean hold has calls that hang: the drain estimate takes the longer.
+    /// When a slot last came free (layer clock; 0: never); lets the drain
+    /// estimate notice hung calls.
     released_ns: AtomicU64,
     /// With priority lanes, the waiting calls (the semaphore then has no
-    /// waiters of its own: every slot is taken and given back here).
-    /// Boxed: a pool without lanes stays small (the tool state's hot
-    /// fields keep their cache lines).
+    /// waiters of its own). Boxed to keep a pool without lanes small.
     lanes: Option<Box<Lanes>>,
 }
 
 /// Why slots were not granted.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum SlotError {
-    /// The queue was full (or the policy is fail-fast): shed, with `ahead`
-    /// calls waiting in front (the drain estimate is made from it where
-    /// the clock is, `Pool::drain_estimate`).
+    /// The queue was full (or fail-fast): shed, with `ahead` calls in front.
     Full { ahead: usize },
     /// The deadline passed while waiting.
     TimedOut,
@@ -83,15 +71,13 @@ struct Waiting<'a>(&'a AtomicUsize);
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        // Relaxed: the count is advisory (a queue bound and an estimate),
-        // it guards no memory.
+        // Relaxed: the count is advisory; it guards no memory.
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 impl Pool {
-    /// A pool of `cap` slots, clamped to `1..=Semaphore::MAX_PERMITS`
-    /// (issue #59: `usize::MAX` panicked).
+    /// A pool of `cap` slots, clamped to `1..=Semaphore::MAX_PERMITS`.
     pub(crate) fn new(cap: usize, expected_hold: Duration) -> Self {
         let cap = cap.clamp(1, Semaphore::MAX_PERMITS);
         Self {
@@ -104,8 +90,8 @@ impl Pool {
         }
     }
 
-    /// Serves its waiting calls by priority (see `lanes.rs`), with at most
-    /// `background_cap` slots held by background calls.
+    /// Serves waiters by priority, with at most `background_cap` slots held
+    /// by background calls.
     pub(crate) fn with_lanes(mut self, background_cap: usize) -> Self {
         self.lanes = Some(Box::new(Lanes::new(background_cap)));
         self
@@ -119,8 +105,7 @@ impl Pool {
             .filter(|&c| c < self.cap)
     }
 
-    /// Takes a slot now, if one is free to a call of `priority`; held as a
-    /// count, given back with [`release`](Self::release).
+    /// Takes a slot now if one is free to `priority`; held as a count.
     #[inline]
     pub(crate) fn try_take(&self, priority: Priority) -> bool {
         match &self.lanes {
@@ -138,8 +123,7 @@ impl Pool {
         }
     }
 
-    /// Closes the pool: every waiting and later acquire fails with
-    /// [`SlotError::Closed`]; slots already held stay valid.
+    /// Closes the pool: waiting and later acquires fail; held slots stay valid.
     pub(crate) fn close(&self) {
         self.sem.close();
         if let Some(lanes) = &self.lanes {
@@ -147,12 +131,10 @@ impl Pool {
         }
     }
 
-    /// Calls holding a slot now.
     pub(crate) fn in_flight(&self) -> usize {
         self.cap.saturating_sub(self.sem.available_permits())
     }
 
-    /// Calls waiting for a slot now.
     pub(crate) fn waiting(&self) -> usize {
         // Relaxed: advisory.
         self.waiting.load(Ordering::Relaxed)
@@ -164,26 +146,20 @@ impl Pool {
         Duration::from_nanos(self.hold_ns.load(Ordering::Relaxed))
     }
 
-    /// Folds one observed hold time into the mean (weight 1/8), for a slot
-    /// that came free at `now`.
+    /// Folds one hold time into the mean (weight 1/8); a slot came free at `now`.
     pub(crate) fn record_hold(&self, sample: u64, now: u64) {
-        // Relaxed: advisory, like the mean; a store, not a read-modify-write
-        // (see below).
+        // Relaxed: advisory.
         self.released_ns.store(now, Ordering::Relaxed);
-        // Relaxed: an estimate. A load and a store, not a read-modify-write:
-        // every ticket of the layer drops through the global pool, and a CAS
-        // loop there would make this one hot line a point of contention. A
-        // sample lost to a concurrent drop only weighs the next one more.
+        // Relaxed: an estimate. A load and a store, not a CAS loop: every ticket
+        // drops through the global pool; a lost sample only weighs the next more.
         let old = self.hold_ns.load(Ordering::Relaxed);
         self.hold_ns
             .store(old - old / 8 + sample / 8, Ordering::Relaxed);
     }
 
-    /// Little's law: with `ahead` calls in front and `cap` slots each held
-    /// for the mean hold time, the last of them starts after about
-    /// `ceil((ahead + 1) / cap)` hold times: the `retry_after` for a call
-    /// shed at `now`. With every slot taken and none given back for longer
-    /// than the mean hold, a round takes at least that long.
+    /// Little's law: with `ahead` calls in front and `cap` slots, the
+    /// `retry_after` for a call shed at `now` is `ceil((ahead + 1) / cap)`
+    /// mean holds (longer if a full pool has not released for a while).
     pub(crate) fn drain_estimate(&self, ahead: usize, now: u64) -> Duration {
         // Relaxed: advisory.
         let mut hold = self.hold_ns.load(Ordering::Relaxed);
@@ -195,21 +171,16 @@ impl Pool {
         Duration::from_nanos(hold.saturating_mul(rounds))
     }
 
-    /// How often, on average, a slot comes free (the mean hold over the
-    /// slots), in nanoseconds: the spacing of the instants told to calls
-    /// shed together.
+    /// How often a slot comes free on average, in ns: the spacing of the
+    /// instants told to calls shed together.
     pub(crate) fn drain_step(&self) -> u64 {
         // Relaxed: advisory.
         self.hold_ns.load(Ordering::Relaxed) / self.cap.max(1) as u64
     }
 
     /// Takes one slot now, or waits for it within the policy's queue bound
-    /// and until `timeout` completes; held as a count (see
-    /// [`try_take`](Self::try_take)). A refused or dropped wait holds
-    /// nothing.
-    ///
-    /// `shared_waiting` is the admission-wide count of waiting calls and
-    /// `shared_cap` its capacity.
+    /// and `timeout`; held as a count. A refused or dropped wait holds
+    /// nothing. `shared_*` are the admission-wide wait count and capacity.
     pub(crate) async fn acquire<T: Future<Output = ()>>(
         &self,
         call: Caller<'_>,
@@ -228,8 +199,8 @@ impl Pool {
             SlotPolicy::Wait => usize::MAX,
             SlotPolicy::Queue(n) => n,
         };
-        // Relaxed: advisory counts; a race can let one call past the bound
-        // by the number of racing callers, never unboundedly.
+        // Relaxed: advisory counts; a race can overshoot the bound by the number
+        // of racing callers, never unboundedly.
         let ahead = self.waiting.fetch_add(1, Ordering::Relaxed);
         let _mine = Waiting(&self.waiting);
         let shared_ahead = shared_waiting.fetch_add(1, Ordering::Relaxed);
@@ -256,8 +227,7 @@ impl Pool {
             Some(Ok(())) => return Ok(()),
             Some(Err(waiter)) => waiter,
         };
-        // Out of its lane however the wait ends (a slot handed to it after
-        // it stopped waiting is passed on), unless it got one.
+        // Out of its lane however the wait ends, unless it got a slot.
         let mut guard = LaneGuard {
             lanes,
             sem: &self.sem,
@@ -280,8 +250,7 @@ impl Pool {
     }
 }
 
-/// Who is asking for a slot: the tool's policy, the call's priority and
-/// the credential it is fair among.
+/// Who is asking for a slot.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Caller<'a> {
     pub(crate) policy: SlotPolicy,
@@ -305,8 +274,7 @@ impl Drop for LaneGuard<'_> {
     }
 }
 
-/// A slot held as a count while the call takes its next one: given back
-/// if it is dropped before [`keep`](Self::keep).
+/// A slot held as a count, given back if dropped before [`keep`](Self::keep).
 struct Taken<'a> {
     pool: &'a Pool,
     background: bool,
@@ -324,8 +292,7 @@ impl Drop for Taken<'_> {
     }
 }
 
-/// Takes the tool's slot, then the global one (see the module docs); both
-/// held as counts.
+/// Takes the tool's slot, then the global one; both held as counts.
 pub(crate) async fn acquire_both<T: Future<Output = ()>>(
     tool: &Pool,
     global: &Pool,
@@ -334,11 +301,9 @@ pub(crate) async fn acquire_both<T: Future<Output = ()>>(
     shared_cap: usize,
     mut timeout: Pin<&mut T>,
 ) -> Result<(), (SlotError, Which)> {
-    // A background call under a cap takes its global slot first: waiting
-    // for the cap, it holds none of its tool's slots, which stay free for
-    // interactive calls. (It may then hold a global slot while it waits
-    // for its tool; the cap leaves the other global slots to interactive
-    // calls, which take their tool's slot first, so no wait cycle forms.)
+    // A background call under a cap takes its global slot first, so while
+    // waiting for the cap it holds none of its tool's slots. No wait cycle:
+    // the cap leaves the other global slots to interactive calls.
     if call.priority.is_background() && global.background_cap().is_some() {
         global
             .acquire(call, shared_waiting, shared_cap, timeout.as_mut())
@@ -361,9 +326,8 @@ pub(crate) async fn acquire_both<T: Future<Output = ()>>(
         pool: tool,
         background: call.priority.is_background(),
     };
-    // The global pool has no per-tool policy: a call that holds its tool's
-    // slot waits for a global one in its lane's order, within the shared
-    // bound.
+    // The global pool has no per-tool policy: wait in lane order within
+    // the shared bound.
     let global_policy = match call.policy {
         SlotPolicy::FailFast => SlotPolicy::FailFast,
         _ => SlotPolicy::Wait,
@@ -387,8 +351,8 @@ pub(crate) enum Which {
     Global,
 }
 
-/// The refusal for a call of `tool` whose slots were not granted; a shed
-/// call is told `told` (its staggered drain estimate).
+/// The refusal for a call whose slots were not granted; a shed call is
+/// told `told`.
 pub(super) fn slot_refusal(tool: &str, e: SlotError, which: Which, told: Duration) -> Throttled {
     let scope = match which {
         Which::Tool => format!("tool:{tool}"),

@@ -1,45 +1,8 @@
 //! `Runner`: executes one model turn's calls through [`Admission`] and
-//! returns their results in input order, one [`CallResult`] per call.
-//!
-//! * Reads with the same tool, credential and key
-//!   ([`Call::coalesce_key`], compared whole) share one execution
-//!   ([`SingleFlight`](crate::SingleFlight)) and, within the cache TTL,
-//!   one result; a call with another credential never shares. A caller
-//!   that joins waits no longer than its own deadline, and a refusal or
-//!   timeout of the call it joined is not its answer: it runs its own.
-//!   Writes are never coalesced or cached, and never run again once they
-//!   may have run (unless [`idempotent`](super::CallSpec::idempotent)).
-//!   Which calls are reads is the caller's decision
-//!   ([`CallSpec::write`](super::CallSpec::write)).
-//! * Every attempt is admitted first ([`Admission::admit`]), so retries
-//!   pay the same slots, rate and deadline as first attempts.
-//! * A panic in a call is contained in that call's result
-//!   ([`CallResult::Panicked`]); the turn's other calls complete.
-//!
-//! Every reply is fed back to the admission layer ([`Ticket::observe`]),
-//! and the call's [`RetryPolicy`] alone decides whether and when to retry
-//! (it classes the answer, counts the retries and clamps the server's
-//! wait); the runner sleeps what it says and admits the retry. With the
-//! default policy (3 retries, jittered backoff from 100 ms to 5 s, server
-//! waits slept up to 2 s: see [`Runner::retry_policy`]; `attempts` counts
-//! the requests the call sent):
-//!
-//! | reply | fed back | retried? | ends as |
-//! | --- | --- | --- | --- |
-//! | 2xx | `observe` (`remaining: 0` waits for the reset) | no | `Done` |
-//! | 429, or 503 with `Retry-After` | the credential (or server scope) is held for `Retry-After` (1 s if absent) | yes, after that wait, while it fits the policy's clamp and the deadline | `Throttled { rate_limited }` when the wait does not fit or the retries run out, never `Failed` |
-//! | 408, other 5xx | `observe` | yes, after jittered backoff charged to the deadline | `Failed` with [`CallFailure::Status`] when retries, deadline or admission run out |
-//! | transport error (the attempt's `Err(E)`) | nothing (not a rate limit) | yes, as 5xx | `Failed` with [`CallFailure::Transport`], never `rate_limited` |
-//! | other 4xx | `observe` | no | `Failed` |
-//! | refused by admission | | no | `Throttled` with the refusal's status |
-//! | panic | | no | `Panicked` |
-//!
-//! A retry refused (by the policy's deadline, by admission, or by
-//! [`Admission::close`]) after a transport error or a 5xx ends as that
-//! `Failed`, with the refusal in `not_retried`; after a 429 it ends as the
-//! refusal, `Throttled`.
-//!
-//! [`Ticket::observe`]: super::Ticket::observe
+//! returns their results in input order. Identical reads share one
+//! execution; every attempt (retries too) is admitted first; every reply
+//! is fed back via `Ticket::observe`, and the call's [`RetryPolicy`] alone
+//! decides whether and when to retry. A panic is contained in its call.
 
 use core::fmt;
 use core::future::Future;
@@ -69,12 +32,10 @@ mod result;
 pub use call::{Call, Reply};
 pub use result::CallResult;
 
-/// Why a led execution ended without a value (a fault is shared with
-/// followers).
+/// Why a led execution ended without a value.
 #[derive(Debug)]
 enum NoValue<E> {
     Throttled(Throttled),
-    /// The caller's own request count is added by `to_result`.
     Failed {
         error: CallFailure<E>,
         not_retried: Option<Throttled>,
@@ -82,7 +43,6 @@ enum NoValue<E> {
     Panicked(String),
 }
 
-/// A call's own outcome, and the copy the calls that joined it share.
 type Outcome<V, E> = Result<V, NoValue<E>>;
 
 impl<E> Clone for NoValue<E> {
@@ -160,8 +120,7 @@ pub struct Runner<
 > {
     admission: Admission<S, C>,
     flights: Reads<Outcome<V, E>, Outcome<V, E>, C>,
-    /// The template every call forks its own policy from: the one owner of
-    /// classification, the retry cap and the clamp.
+    /// The template every call forks its own policy from.
     retry: Arc<parking_lot::Mutex<RetryPolicy>>,
 }
 
@@ -172,18 +131,15 @@ where
     C: Clock + Clone,
     E: Send + Sync + 'static,
 {
-    /// The clamp of the default policy: a server wait up to this is
-    /// waited out (the retry is re-admitted and waits behind the
-    /// credential's hold), a longer one returned as `rate_limited` (the
-    /// same 2 s as [`Builder::inline_wait`](super::Builder::inline_wait)'s
-    /// default, so a call and the calls held behind its 429 wait alike).
+    /// The clamp of the default policy: a server wait up to this is waited
+    /// out, a longer one returned as `rate_limited` (the same 2 s as
+    /// [`Builder::inline_wait`](super::Builder::inline_wait)'s default).
     pub const DEFAULT_CLAMP: Duration = attempt::DEFAULT_CLAMP;
 
     /// A runner over `admission` whose read cache keeps results for
-    /// `cache_ttl` (zero disables the cache; coalescing of reads in flight
-    /// stays on). Its [`RetryPolicy`] retries up to 3 times, with full
-    /// jitter from 100 ms to 5 s, and sleeps server waits up to
-    /// [`DEFAULT_CLAMP`](Self::DEFAULT_CLAMP).
+    /// `cache_ttl` (zero disables the cache, not coalescing). Its
+    /// [`RetryPolicy`] retries up to 3 times, with full jitter from 100 ms to
+    /// 5 s, and sleeps server waits up to [`DEFAULT_CLAMP`](Self::DEFAULT_CLAMP).
     ///
     /// # Examples
     ///
@@ -228,9 +184,8 @@ where
         self
     }
 
-    /// Sets the whole retry policy: the classification, the retry cap, the
-    /// clamp on the server's wait and the backoff all come from it. Each
-    /// call forks its own copy ([`RetryPolicy::fork`]).
+    /// Sets the whole retry policy (classification, retry cap, clamp,
+    /// backoff); each call forks its own copy ([`RetryPolicy::fork`]).
     ///
     /// # Examples
     ///
@@ -294,11 +249,9 @@ where
     /// # });
     /// ```
     pub async fn execute(&self, calls: Vec<Call<V, E>>) -> Vec<CallResult<V, E>> {
-        // Identical reads of one turn share one execution even when the
-        // first finishes inside its first poll, before the others would
-        // find its flight: they are joined here, by position.
-        // Only calls alike in everything, their deadline included, are
-        // joined so: each then hears what the other would have.
+        // Identical reads (deadline included) are joined here by position, so
+        // they share even when the first finishes before the others could find
+        // its flight.
         let mut first: HashMap<(ReadKey, Duration), usize> = HashMap::new();
         let joins: Vec<Option<usize>> = calls
             .iter()
@@ -342,7 +295,6 @@ where
     /// # });
     /// ```
     pub async fn one(&self, call: Call<V, E>) -> CallResult<V, E> {
-        // Requests this caller sent itself (it led, or ran its own).
         let sent = AtomicU32::new(0);
         let Some(key) = read_key(&call) else {
             let (own, _) = self.contained(&call, &sent, call.spec.deadline).await;
@@ -362,9 +314,7 @@ where
     }
 
     /// [`attempts`](Self::attempts), with a panic turned into
-    /// [`NoValue::Panicked`] (shared with nobody): the attempt's future
-    /// (holding the ticket) is dropped, so its slots are released, and the
-    /// other calls go on.
+    /// [`NoValue::Panicked`]; the attempt's future (and ticket) is dropped.
     async fn contained(
         &self,
         call: &Call<V, E>,
@@ -384,9 +334,7 @@ where
         .await
     }
 
-    /// One call through the admission's attempt loop, within `left` of
-    /// its deadline, and what the calls that joined it may have of it;
-    /// `sent` counts the requests sent.
+    /// One call through the attempt loop within `left`; `sent` counts requests.
     async fn attempts(
         &self,
         call: &Call<V, E>,
@@ -395,7 +343,6 @@ where
     ) -> (Outcome<V, E>, Sharing) {
         let policy = self.retry.lock().fork();
         let mut exchange = Attempt { call };
-        // A caller that waited for another's read has less time left.
         let ended = self
             .admission
             .drive(&call.spec, left, policy, &mut exchange)
@@ -451,9 +398,7 @@ where
     }
 }
 
-/// A [`Call`] as the attempt loop sends it: each attempt is the call's
-/// closure, its [`Reply`] read as the server's answer and an `Err` as no
-/// answer.
+/// A [`Call`] as the attempt loop sends it.
 struct Attempt<'a, V, E> {
     call: &'a Call<V, E>,
 }
@@ -492,8 +437,7 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// The key a call's read shares (tool, credential and the call's key), or
-/// `None` for a write or a call without a key.
+/// The key a call's read shares, or `None` for a write or keyless call.
 fn read_key<V, E>(call: &Call<V, E>) -> Option<ReadKey> {
     match (&call.key, call.spec.write) {
         (Some(key), false) => Some(ReadKey::new(&call.spec.tool, &call.spec.credential, key)),
@@ -502,8 +446,7 @@ fn read_key<V, E>(call: &Call<V, E>) -> Option<ReadKey> {
 }
 
 impl<V, E> Joined<Outcome<V, E>, Outcome<V, E>> {
-    /// The caller's result: its own (it sent `attempts` requests), or a
-    /// copy of the call it joined (it sent none).
+    /// The caller's result: its own, or a copy of the call it joined.
     fn into_result(self, attempts: u32) -> CallResult<V, E> {
         match self {
             Joined::Own(Ok(value)) => CallResult::Done {
@@ -527,7 +470,6 @@ impl<E> NoValue<E> {
     /// The result for a caller that sent `attempts` requests itself.
     fn to_result<V>(&self, attempts: u32) -> CallResult<V, E> {
         match self {
-            // The requests this caller sent (a follower sent none).
             NoValue::Throttled(t) => CallResult::Throttled(t.clone().with_attempts(attempts)),
             NoValue::Failed { error, not_retried } => CallResult::Failed {
                 error: error.clone(),

@@ -1,6 +1,5 @@
-//! The slot stage: the global pool, the tool registry (each tool's pool
-//! and budget) and the admission-wide bound on waiting calls. `admit`
-//! reaches them only through [`Slots`]' methods.
+//! The slot stage: the global pool, the tool registry and the
+//! admission-wide bound on waiting calls.
 
 use core::future::Future;
 use core::pin::Pin;
@@ -41,20 +40,17 @@ impl Slots {
         self.tools.get(name)
     }
 
-    /// `name`'s state if it exists; never creates one.
     #[inline]
     pub(super) fn peek_tool(&self, name: &str) -> Option<Arc<ToolState>> {
         self.tools.peek(name)
     }
 
-    /// Every tool's state (for the stats).
     pub(super) fn tools(&self) -> &Tools {
         &self.tools
     }
 
-    /// Takes both slots now, or neither (`false`). Taken slots are held
-    /// as counts, not permits: a ticket gives them back in its `Drop`, a
-    /// call that is not admitted with [`give_back`](Self::give_back).
+    /// Takes both slots now, or neither. Held as counts: a ticket gives them
+    /// back in its `Drop`, a call not admitted with [`give_back`](Self::give_back).
     #[inline]
     pub(super) fn try_take(&self, tool: &ToolState, priority: Priority) -> bool {
         if !tool.pool.try_take(priority) {
@@ -67,18 +63,15 @@ impl Slots {
         true
     }
 
-    /// Gives back both slots of a call of `priority` that was not
-    /// admitted (no hold time is recorded).
+    /// Gives back both slots of a call that was not admitted.
     #[cold]
     pub(super) fn give_back(&self, tool: &ToolState, priority: Priority) {
         tool.pool.release(priority.is_background());
         self.global.release(priority.is_background());
     }
 
-    /// Takes both slots, waiting for them (in FIFO order, within the
-    /// tool's policy and the shared queue bound) until `timeout` completes;
-    /// held as counts, as by [`try_take`](Self::try_take). A refused or
-    /// dropped wait holds nothing.
+    /// Takes both slots, waiting until `timeout`; held as counts. A refused
+    /// or dropped wait holds nothing.
     pub(super) async fn take<T: Future<Output = ()>>(
         &self,
         tool: &ToolState,
@@ -102,7 +95,6 @@ impl Slots {
         .await
     }
 
-    /// The pool that refused a call of `tool`.
     pub(super) fn pool<'a>(&'a self, tool: &'a ToolState, which: Which) -> &'a Pool {
         match which {
             Which::Tool => &tool.pool,
@@ -110,31 +102,26 @@ impl Slots {
         }
     }
 
-    /// A ticket's global slot, held `held` ns by a call of a background
-    /// priority or not, given back at `now`.
+    /// A ticket's global slot, held `held` ns, given back at `now`.
     #[inline]
     pub(super) fn release_global(&self, held: u64, now: u64, background: bool) {
         self.global.record_hold(held, now);
         self.global.release(background);
     }
 
-    /// The global pool (its background cap, for a refusal's words).
     pub(super) fn global(&self) -> &Pool {
         &self.global
     }
 
-    /// Calls in flight (holding a global slot).
     pub(super) fn in_flight(&self) -> usize {
         self.global.in_flight()
     }
 
-    /// Calls waiting for a slot right now.
     pub(super) fn waiting(&self) -> usize {
         // Relaxed: advisory.
         self.waiting.load(Ordering::Relaxed)
     }
 
-    /// Every tool's budget counts from zero again.
     pub(super) fn reset_budgets(&self) {
         self.tools.reset_budgets();
     }
@@ -145,15 +132,14 @@ impl Slots {
         self.global.close();
     }
 
-    /// The global cap and the queue bound, for `Debug`.
     pub(super) fn bounds(&self) -> (usize, usize) {
         (self.global.cap, self.queue_capacity)
     }
 }
 
 impl<S: crate::sleep::Sleeper, C: crate::clock::Clock> super::Admission<S, C> {
-    /// Words a slot refusal; calls shed together by one pool are told
-    /// instants one drain step apart (see `stagger.rs`), not one instant.
+    /// Words a slot refusal; calls shed together are told instants one drain
+    /// step apart (see `stagger.rs`).
     #[cold]
     pub(super) fn slot_refusal(
         &self,

@@ -29,34 +29,26 @@ pub struct CallSpec {
     /// The credential the call is sent with: what the server throttles.
     pub credential: String,
     /// Whether the call has effects: a write is never coalesced or cached,
-    /// and, unless [`idempotent`](Self::idempotent), never sent again once
-    /// its request may have reached the server's handler (after a reset,
-    /// a timeout, a 5xx or a tool's answer; a 429 or 503 the server sent
-    /// instead of running it is still retried). `false` (the default): a
-    /// read, which identical reads may share.
+    /// and, unless [`idempotent`](Self::idempotent), never sent again once its
+    /// request may have reached the server's handler (a 429 or 503 the server
+    /// sent instead of running it is still retried). `false`: a read.
     pub write: bool,
-    /// Whether a write may run twice with one effect (a `PUT`, a call
-    /// carrying an idempotency key, an LLM completion whose only effect is
-    /// its cost): then it is retried after a fault like a read. Never
-    /// coalesced all the same.
+    /// Whether a write may run twice with one effect (a `PUT`, an
+    /// idempotency key, an LLM completion): then it is retried after a fault
+    /// like a read, though never coalesced.
     pub idempotent: bool,
     /// What the call costs against each named quota of its credential, as
-    /// (quota, units): `("tokens", 1_800)`. `"requests"` defaults to 1;
-    /// other quotas to 0. A cost against a quota the layer was not given
-    /// ([`Builder::resource`](super::Builder::resource)) is not limited.
+    /// (quota, units). `"requests"` defaults to 1, other quotas to 0.
     pub costs: Vec<(Cow<'static, str>, u32)>,
-    /// How long the call may wait to be admitted, from the `admit` call
-    /// (through [`Runner`](super::Runner), from the call's start: every retry and its
-    /// backoff is charged to it). A slot is waited for up to the deadline;
-    /// a rate-limit wait is slept only while it fits both the deadline and
-    /// the layer's inline wait ([`Builder::inline_wait`](super::Builder::inline_wait), 2 s by default):
-    /// a longer one is returned at once as `rate_limited` with
-    /// `retry_after_ms`, so a long deadline never means a long sleep.
+    /// How long the call may wait to be admitted (through
+    /// [`Runner`](super::Runner), every retry and backoff is charged to it).
+    /// A slot is waited for up to the deadline; a rate-limit wait is slept
+    /// only while it also fits [`Builder::inline_wait`](super::Builder::inline_wait),
+    /// else returned at once as `rate_limited`.
     pub deadline: Duration,
-    /// Which calls go first when calls wait for slots, with
+    /// Which calls go first when waiting for slots, with
     /// [`Builder::priority_lanes`](super::Builder::priority_lanes):
-    /// [`Priority::INTERACTIVE`] (the default) or
-    /// [`Priority::BACKGROUND`], or any level between and beyond.
+    /// [`Priority::INTERACTIVE`] (default), [`Priority::BACKGROUND`], or any level.
     pub priority: Priority,
 }
 
@@ -129,13 +121,10 @@ impl CallSpec {
     }
 
     /// Sets what the call costs against the quota `name` of its credential
-    /// (replacing an earlier cost for the same quota): an estimate of an
-    /// LLM call's tokens, say. [`Ticket::settle`](super::Ticket::settle)
-    /// reconciles it with the actual usage after the reply. A name that
-    /// is no quota of the layer (`"requests"`, or one declared with
-    /// `Builder::resource`) makes `admit` refuse the call as
-    /// `quota_exhausted`, naming the quotas it has: a misspelt cost is never
-    /// admitted free.
+    /// (replacing an earlier cost for it), e.g. an LLM call's estimated tokens;
+    /// [`Ticket::settle`](super::Ticket::settle) reconciles it later. A name
+    /// that is no quota of the layer makes `admit` refuse the call as
+    /// `quota_exhausted`: a misspelt cost is never admitted free.
     ///
     /// # Examples
     ///
@@ -162,9 +151,8 @@ impl CallSpec {
         self.costs.iter().find(|(n, _)| n == name).map(|(_, u)| *u)
     }
 
-    /// Sets the deadline (a budget from the `admit` call; see
-    /// [`CallSpec::deadline`](struct.CallSpec.html#structfield.deadline)
-    /// for how it meets the inline wait).
+    /// Sets the deadline (see
+    /// [`CallSpec::deadline`](struct.CallSpec.html#structfield.deadline)).
     ///
     /// # Examples
     ///
@@ -193,8 +181,7 @@ pub(super) fn concurrency_for(rate_per_sec: f64, latency: Duration) -> u32 {
     }
 }
 
-/// Sets `name`'s units in a list of named quantities (a spec's costs, a
-/// reply's usage): a name given again replaces its earlier value.
+/// Sets `name`'s units in a list of named quantities, replacing any earlier value.
 pub(super) fn set_units(
     list: &mut Vec<(Cow<'static, str>, u32)>,
     name: Cow<'static, str>,

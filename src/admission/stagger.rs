@@ -1,38 +1,25 @@
-//! `Stagger`: the retry instants told to calls refused together.
-//!
-//! A bucket refusing several calls at once knows the same next slot for
-//! all; telling each that instant brings them back as one burst, refused
-//! again. So the k-th call refused on a limit is told the next slot plus
-//! k - 1 periods of the limit (or, for a full queue, k - 1 drain steps).
-//!
-//! "Together" is one burst: the refusals on a limit within one period of
-//! the first. A refusal later starts a new burst, told the limit's real
-//! next slot, so a lone caller asking again and again is never told a
-//! step later per ask (issue #40). A limit whose turns are not real places
-//! (an open circuit) spreads a burst over a fixed number of steps, round
-//! and round, instead of queueing it.
-//!
-//! Nothing is reserved: a promise is advice. Refusal path only (cold): a
-//! mutex-guarded map, bounded by pruning the bursts already over.
+//! `Stagger`: the retry instants told to calls refused together. The k-th
+//! refusal on a limit within one period of the first is told the next
+//! slot plus k - 1 periods, so they do not return as one burst; a later
+//! refusal starts a new burst at the real next slot. A `spread` limit (an
+//! open circuit) cycles over a fixed number of steps instead. Advisory
+//! only; refusal path, so a bounded mutex-guarded map.
 
 use std::collections::HashMap;
 
 use parking_lot::Mutex;
 
-/// At most this many limits are remembered; past it, the bursts already
-/// over are dropped, and if none are, the oldest limit goes.
+/// At most this many limits are remembered; past it, finished bursts are
+/// dropped, else the oldest.
 const MAX_LIMITS: usize = 4096;
 
 /// One limit's current burst of refusals.
 #[derive(Clone, Copy, Debug)]
 struct Burst {
-    /// When its first refusal was told (layer clock, nanoseconds).
+    /// When its first refusal was told (layer clock, ns).
     began: u64,
-    /// The next slot its first refusal was told.
     ready: u64,
-    /// Refusals told in it before the latest.
     told: u64,
-    /// The latest instant told in it.
     last: u64,
 }
 
@@ -42,10 +29,9 @@ pub(super) struct Stagger {
 }
 
 impl Stagger {
-    /// The instant to tell a call refused now on `limit`, whose own next
-    /// chance is `ready`, on a limit that frees one place per `period`
-    /// nanoseconds. Never earlier than `ready`; with `spread`, never more
-    /// than `spread - 1` periods past it.
+    /// The instant to tell a call refused now on `limit` (its next chance
+    /// `ready`, one place freed per `period` ns): never earlier than `ready`;
+    /// with `spread`, at most `spread - 1` periods past it.
     pub(super) fn tell(
         &self,
         limit: &str,
@@ -67,8 +53,7 @@ impl Stagger {
             }
         }
         let burst = match bursts.get(limit) {
-            // Within a period of the burst's first refusal: queued behind
-            // the ones told before it (or spread round its steps).
+            // Within a period of the burst's first refusal: queued behind it.
             Some(b) if now < b.began.saturating_add(period.max(1)) => {
                 let told = b.told + 1;
                 let last = match spread {
@@ -104,7 +89,6 @@ mod tests {
         let s = Stagger::default();
         let told: Vec<u64> = (0..4).map(|_| s.tell("k", 0, 1_000, 250, None)).collect();
         assert_eq!(told, [1_000, 1_250, 1_500, 1_750]);
-        // Another limit has its own queue of promises.
         assert_eq!(s.tell("other", 0, 1_000, 250, None), 1_000);
     }
 
@@ -113,11 +97,8 @@ mod tests {
         let s = Stagger::default();
         assert_eq!(s.tell("k", 0, 1_000, 250, None), 1_000);
         assert_eq!(s.tell("k", 0, 1_000, 250, None), 1_250);
-        // Once the burst is over, the limit's own next slot.
         assert_eq!(s.tell("k", 2_000, 3_000, 250, None), 3_000);
-        // A next slot later than the promises is never told earlier.
         assert_eq!(s.tell("k", 2_000, 5_000, 250, None), 5_000);
-        // The clock moves within the burst: still one period apart.
         assert_eq!(s.tell("k", 2_100, 3_100, 250, None), 5_250);
     }
 
@@ -130,8 +111,7 @@ mod tests {
         assert!(s.bursts.lock().len() <= MAX_LIMITS);
     }
 
-    /// A map full of live bursts forgets the oldest to make room; one
-    /// full of bursts that are over forgets them all.
+    /// A full map forgets the oldest live burst, or every finished one.
     #[test]
     fn a_full_map_forgets_the_oldest_live_burst_or_every_burst_that_is_over() {
         let s = Stagger::default();
@@ -144,14 +124,12 @@ mod tests {
             MAX_LIMITS,
             "live bursts: the oldest go"
         );
-        // At 148 only the 82 bursts begun at 49 are live (a burst begun at
-        // 48 is over at 148): the rest go, and the new one comes in.
+        // At 148 only the 82 bursts begun at 49 are live.
         s.tell("late", 148, 1_000, period, None);
         assert_eq!(s.bursts.lock().len(), 83);
     }
 
-    /// A full map makes room only for a limit it does not remember: a
-    /// refusal on a remembered limit forgets no other burst.
+    /// A refusal on a remembered limit forgets no other burst.
     #[test]
     fn a_full_map_forgets_nothing_for_a_limit_it_remembers() {
         let s = Stagger::default();
@@ -162,8 +140,7 @@ mod tests {
         assert_eq!(s.bursts.lock().len(), MAX_LIMITS);
     }
 
-    /// Issue #40: asked a step or more apart, a lone caller is told its
-    /// real next chance each time, not a step more per ask.
+    /// A lone caller is told its real next chance each time.
     #[test]
     fn a_lone_caller_is_told_the_cool_down_left_not_a_step_more_per_ask() {
         let s = Stagger::default();
@@ -177,9 +154,7 @@ mod tests {
         }
     }
 
-    /// Issue #40 item 2: a flood of refusals drifted to 109.6 s for a 1 s
-    /// cool-down. A spread limit tells a burst at most `spread - 1`
-    /// steps past its next chance, round and round.
+    /// A flood on a spread limit stays within its spread.
     #[test]
     fn a_flood_on_a_spread_limit_stays_within_its_spread() {
         let s = Stagger::default();
@@ -190,7 +165,6 @@ mod tests {
         assert!(told
             .iter()
             .all(|&t| (until..until + 10 * step).contains(&t)));
-        // Still staggered: ten instants, a step apart, none told twice in a row.
         assert_eq!(
             &told[..11],
             &[1_000, 1_100, 1_200, 1_300, 1_400, 1_500, 1_600, 1_700, 1_800, 1_900, 1_000]

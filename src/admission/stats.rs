@@ -1,6 +1,5 @@
-//! Numbers a harness can watch: [`Admission::stats`] returns a snapshot
-//! per tool and per credential; each counter is one relaxed atomic, bumped
-//! once per decision.
+//! [`Admission::stats`]: a snapshot per tool and per credential; each
+//! counter is one relaxed atomic.
 
 use core::time::Duration;
 
@@ -14,14 +13,13 @@ use crate::throttled::Status;
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     admitted: AtomicU64,
-    /// Tickets dropped (a credential's: in flight is `admitted -
-    /// finished`, one add per edge instead of two).
+    /// Tickets dropped (a credential's in flight is `admitted - finished`).
     finished: AtomicU64,
     refused: [AtomicU64; 7],
 }
 
-/// The layer's own totals: calls admitted, and refusals whether or not
-/// their tool or credential was known (in flight is the slots').
+/// The layer's own totals, counting refusals whether or not their tool or
+/// credential was known.
 #[derive(Default)]
 pub(super) struct Totals {
     admitted: AtomicU64,
@@ -48,15 +46,12 @@ impl Counters {
         self.admitted.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A ticket was dropped (counted only where in flight is read from
-    /// these counters: a tool's in-flight count is its pool's).
+    /// A ticket was dropped (only counted where in flight is read from here).
     pub(crate) fn finished(&self) {
         self.finished.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Tickets issued and not yet dropped. Two relaxed loads: a ticket
-    /// dropped between them can make the difference negative for an
-    /// instant, which saturates at zero.
+    /// Tickets issued and not yet dropped (racy; saturates at zero).
     fn in_flight(&self) -> usize {
         let finished = self.finished.load(Ordering::Relaxed);
         let admitted = self.admitted.load(Ordering::Relaxed);
@@ -93,8 +88,8 @@ fn index(status: Status) -> usize {
     }
 }
 
-/// Refused calls, by [`Status`]: [`AdmissionStats::refused`], read in
-/// place (the type has no public name: nothing takes or builds one).
+/// Refused calls, by [`Status`] (read in place from
+/// [`AdmissionStats::refused`]).
 ///
 /// # Examples
 ///
@@ -191,8 +186,7 @@ pub struct ToolStats {
     pub refused: Refusals,
     /// The running mean of how long a call holds its slot.
     pub mean_hold: Duration,
-    /// What a call shed now would be told to wait (Little's law over the
-    /// calls waiting and the mean hold).
+    /// What a call shed now would be told to wait (Little's law).
     pub drain_estimate: Duration,
 }
 
@@ -201,8 +195,7 @@ pub struct ToolStats {
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct CredentialStats {
-    /// The credential, as given in `CallSpec::credential`: redact it before
-    /// it leaves the process if it is a secret.
+    /// The credential, as given in `CallSpec::credential` (redact it if secret).
     pub credential: String,
     /// Calls on it holding a ticket now.
     pub in_flight: usize,
@@ -214,10 +207,8 @@ pub struct CredentialStats {
     pub learned_rate: Option<f64>,
     /// Requests it could start now without waiting.
     pub available: Option<u32>,
-    /// Its quotas (`requests`, `tokens`, ...) the server showed to count
-    /// over a rolling window, which now also keep at most a burst in any
-    /// span the burst takes to refill (issue #41: a 429 charged to a
-    /// quota whose rate is the server's stated limit).
+    /// Its quotas the server showed to count over a rolling window, which
+    /// now also keep at most a burst in any refill span.
     pub windowed: Vec<String>,
 }
 
@@ -233,25 +224,22 @@ pub struct AdmissionStats {
     /// Calls admitted since the layer was built.
     pub admitted: u64,
     /// Calls refused, by status (including those refused before their tool
-    /// or credential was known, e.g. after `close`).
+    /// or credential was known).
     pub refused: Refusals,
     /// Every tool seen, by name.
     pub tools: Vec<ToolStats>,
     /// Every credential seen (up to the registry's cap), by name.
     pub credentials: Vec<CredentialStats>,
     /// Told a provider ([`Builder::provider`](crate::admission::Builder::provider)),
-    /// and its first 16 replies stated no limit: nothing is learned from
-    /// them (no request rate, no token quota), so every setting that
-    /// depends on them is off. Usually the replies' headers never reach
-    /// the layer (a `Reply` built without them). Logged once as a
-    /// `tracing` warning too.
+    /// but its first 16 replies stated no limit, so nothing is learned from
+    /// them (usually the replies' headers never reach the layer). Also
+    /// logged once as a `tracing` warning.
     pub provider_silent: bool,
 }
 
 impl<S: Sleeper, C: Clock> Admission<S, C> {
-    /// A snapshot of what the layer is doing and has done, per tool and per
-    /// credential, sorted by name. Each number is read on its own (relaxed):
-    /// a snapshot taken while calls run is not one instant.
+    /// A snapshot of the layer, per tool and per credential, sorted by name.
+    /// Each number is read on its own, so it is not one instant.
     ///
     /// # Examples
     ///
@@ -337,9 +325,7 @@ mod tests {
         assert_eq!(c.in_flight(), 2);
     }
 
-    /// Each status reads its own count, and the
-    /// total is their sum (a digit per status, so a wrong sign or factor
-    /// shows).
+    /// Each status reads its own count, and the total is their sum.
     #[test]
     fn each_status_reads_its_own_count_and_the_total_sums_them() {
         let refused = Refusals {

@@ -1,8 +1,5 @@
-//! The `Taken` hand-off (its `keep` moves fields out with `ptr::read`):
-//! run under miri in CI. A call admitted at once, one that waits for a
-//! slot, one refused after taking slots and a circuit trial, and one
-//! whose admission is dropped mid-wait: every slot, budget unit and trial
-//! comes back exactly once.
+//! The `Taken` hand-off (its `keep` uses `ptr::read`; run under miri):
+//! every slot, budget unit and trial comes back exactly once.
 
 use super::*;
 use crate::clock::ManualClock;
@@ -46,8 +43,8 @@ fn every_path_through_taken_gives_back_or_keeps_exactly_once() {
     };
     second.observe(500, &crate::headers::ServerHint::default());
     drop(second);
-    // The circuit opened; after its cool-down the trial is refused by
-    // the rate stage (a hold), so the trial and the slots come back.
+    // The circuit opened; after its cool-down the rate stage refuses the
+    // trial, so the trial and the slots come back.
     clock.advance(Duration::from_secs(5));
     let hint = crate::headers::ServerHint::from_headers(
         [("retry-after", "600")],

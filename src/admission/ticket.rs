@@ -44,25 +44,19 @@ where
     pub(super) admission: Admission<S, C>,
     pub(super) tool: Arc<ToolState>,
     pub(super) credential: Arc<CredentialState>,
-    /// When it was admitted (layer clock, ns), with
-    /// [`BACKGROUND`] set for a background call (see [`stamp`]).
+    /// When it was admitted (layer clock, ns), with flag bits (see [`stamp`]).
     pub(super) started_at: u64,
-    /// The cells reserved for the call, for `settle`.
     pub(super) held: Held,
-    // The call's tool slot and global slot are held by the ticket itself
-    // (taken and forgotten by `admit`): `Drop` releases them to
-    // `tool.pool` and the layer's global pool, which saves the two `Arc`s
-    // an owned permit would carry.
+    // The tool and global slots are held by the ticket itself (taken and
+    // forgotten by `admit`); `Drop` releases them.
 }
 
 impl<S: Sleeper, C: Clock> Ticket<S, C> {
     /// Feeds the server's answer back; returns the hold applied, if any.
     ///
-    /// * a `Retry-After` (on a 429, 503 or any status) holds back every call
-    ///   on this credential until then; with a server scope in the headers,
-    ///   only the calls under that scope (this tool's);
-    /// * `remaining: 0` with a reset time holds calls until the reset, so
-    ///   the next call waits instead of drawing the next 429;
+    /// * a `Retry-After` holds back every call on this credential (or, with
+    ///   a server scope in the headers, under that scope) until then;
+    /// * `remaining: 0` with a reset time holds calls until the reset;
     /// * a bare 429 holds the credential for one second.
     ///
     /// # Examples
@@ -97,12 +91,10 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
         )
     }
 
-    /// The call got no answer: a transport error (refused connection,
-    /// reset, TLS failure), or it was dropped at its deadline. Counts as a
-    /// failure of the (tool, credential)'s circuit, if the layer keeps
-    /// circuits ([`Builder::circuit_breaker`](super::Builder::circuit_breaker));
-    /// it says nothing about rates. `Runner`, the reqwest middleware and
-    /// the tower `AdmissionLayer` call it for you.
+    /// The call got no answer (transport error, or dropped at its deadline):
+    /// a failure of the (tool, credential)'s circuit, if the layer keeps
+    /// circuits ([`Builder::circuit_breaker`](super::Builder::circuit_breaker)).
+    /// `Runner` and the reqwest and tower integrations call it for you.
     ///
     /// # Examples
     ///
@@ -128,14 +120,11 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
         );
     }
 
-    /// [`observe`](Self::observe), and for a credential whose quota is
-    /// shared across processes ([`Builder::shared_quota`](super::Builder::shared_quota)),
-    /// the hold pushed to the shared limiter before this returns, so every
-    /// process holds back at its next round trip. `observe` cannot await:
-    /// it leaves a shared hold for this layer's next `admit` on the
-    /// credential (or [`Admission::sync_shared`]) to push. Use `report`
-    /// wherever an `.await` is possible; for local credentials the two are
-    /// the same.
+    /// [`observe`](Self::observe), and for a credential whose quota is shared
+    /// across processes ([`Builder::shared_quota`](super::Builder::shared_quota)),
+    /// the hold pushed to the shared limiter before this returns (`observe`
+    /// leaves it for the next `admit` or [`Admission::sync_shared`]). Use it
+    /// wherever an `.await` is possible.
     ///
     /// # Examples
     ///
@@ -164,29 +153,19 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
         held
     }
 
-    /// Reconciles what the call was admitted for against the quota `name`
-    /// (its [`CallSpec::cost`](super::CallSpec::cost), or 1 request) with
-    /// what it actually used, once the reply says so (an LLM's `usage`).
-    /// Returns the units charged (positive) or given back (negative).
+    /// Reconciles what the call was admitted for on the quota `name` (its
+    /// [`CallSpec::cost`](super::CallSpec::cost), or 1 request) with what it
+    /// actually used. Returns the units charged (positive) or given back
+    /// (negative).
     ///
-    /// * Used more: the excess is charged now as debt (at once, whatever
-    ///   the quota's burst), so later calls wait for it.
-    /// * Used less: the estimate is given back and the actual usage charged
-    ///   instead, if no other call reserved after this one on that quota
-    ///   (the bucket's refunds only undo the latest reservation); otherwise
-    ///   nothing is given back, which errs towards admitting less.
+    /// * Used more: the excess is charged at once as debt.
+    /// * Used less: the difference is given back only if no other call
+    ///   reserved on that quota since (else nothing, erring towards less).
     ///
-    /// A later call for the same quota settles against what the earlier
-    /// one left: it charges any further excess, and never gives anything
-    /// back (the refund is spent: after it, the bucket may hand the same
-    /// stamps to another call). A quota the call reserved nothing on
-    /// (no cost, or settled to 0) is charged all it used; a name that is
-    /// no quota of the layer changes nothing.
-    ///
-    /// A quota kept in a shared limiter
+    /// A later settle of the same quota only charges further excess. A name
+    /// that is no quota of the layer changes nothing. A shared quota
     /// ([`Builder::shared_resource`](super::Builder::shared_resource)) is
-    /// settled exactly both ways, every time (a shared refund needs no
-    /// stamps), and sent by the next push (see there).
+    /// settled exactly both ways, at the next push.
     ///
     /// # Examples
     ///
@@ -237,7 +216,7 @@ impl<S: Sleeper, C: Clock> Drop for Ticket<S, C> {
         self.credential.counters.finished();
         #[cfg(feature = "metrics")]
         super::metrics_out::finished(&self.tool.name);
-        // The slots `admit` took and forgot (see the `held` field).
+        // Release the slots `admit` took and forgot.
         let background = self.started_at & BACKGROUND != 0;
         self.tool.pool.release(background);
         self.admission
@@ -256,18 +235,14 @@ impl<S: Sleeper, C: Clock> fmt::Debug for Ticket<S, C> {
     }
 }
 
-/// The top bit of a ticket's `started_at`: a background call's (its
-/// slots are given back as such). An instant on the layer clock reaches
-/// it after 292 years; the ticket stays 128 bytes, the size its moves
-/// stay inline at.
+/// The top bit of `started_at`: a background call's (an instant reaches
+/// it after 292 years). Keeps the ticket at 128 bytes.
 pub(super) const BACKGROUND: u64 = 1 << 63;
 
-/// Bit 62 of a ticket's `started_at`: the call is its circuit's trial
-/// (only its answer decides a half-open circuit).
+/// Bit 62 of `started_at`: the call is its circuit's trial.
 pub(super) const TRIAL: u64 = 1 << 62;
 
-/// `started_at` for a call of `priority` admitted at `at`, the trial of
-/// its circuit or not.
+/// `started_at` for a call admitted at `at`, with its flag bits.
 #[inline]
 pub(super) fn stamp(at: u64, priority: super::Priority, trial: bool) -> u64 {
     let mut at = at & !(BACKGROUND | TRIAL);

@@ -20,43 +20,34 @@ thread_local! {
 use crate::sync::{AtomicBool, AtomicU32, Ordering};
 use crate::throttled::{Status, Throttled};
 
-/// Configuration of one tool.
 #[derive(Clone, Debug)]
 pub(super) struct ToolConfig {
     pub(super) cap: usize,
     pub(super) policy: SlotPolicy,
     pub(super) budget: Option<u32>,
-    /// Whether the tool's waiting calls are served by priority.
     pub(super) lanes: bool,
 }
 
 pub(super) struct ToolState {
     pub(super) name: Arc<str>,
-    /// Created on first use with the defaults (not configured by name):
-    /// such a tool may be evicted once idle.
+    /// Created on first use with the defaults: may be evicted once idle.
     dynamic: bool,
     pub(super) pool: Pool,
     pub(super) policy: SlotPolicy,
     /// Calls admitted in this run, against `budget`.
     pub(super) used: AtomicU32,
     pub(super) budget: Option<u32>,
-    /// The server scope (from limit headers) this tool was seen to fall
-    /// under, if any.
+    /// The server scope (from limit headers) this tool was seen under.
     pub(super) server_scope: RwLock<Option<String>>,
-    /// Whether `server_scope` was ever set: the rate stage reads the lock
-    /// only then.
+    /// Whether `server_scope` was ever set (the lock is read only then).
     pub(super) scoped: AtomicBool,
     pub(super) counters: Counters,
 }
 
 impl ToolState {
-    /// Nobody but the registry's `maps` holds it (no ticket, no admit in
-    /// progress) and evicting it loses no budget. Called by the registry's
-    /// writer while the installed map and its copy both hold it (`maps` is
-    /// 2). A reader may clone it from the installed map meanwhile: then the
-    /// count is above `maps` (or the clone comes after the check, and that
-    /// call runs on a tool no longer tracked, which is harmless: its slots
-    /// are its own and it is dropped with its last ticket).
+    /// Held only by the registry's `maps` maps, and it has used no
+    /// budget. A reader cloning it concurrently either raises the count or
+    /// runs on an untracked tool, which is harmless (its slots are its own).
     fn is_idle(self: &Arc<Self>, maps: usize) -> bool {
         // Relaxed: a counter, read by the registry's single writer.
         Arc::strong_count(self) == maps && self.used.load(Ordering::Relaxed) == 0
@@ -72,8 +63,7 @@ impl ToolState {
             name: Arc::from(name),
             dynamic,
             pool: match cfg.lanes {
-                // No cap on a tool's pool: background calls are capped on
-                // the global one.
+                // No cap on a tool's pool: background calls are capped on the global one.
                 true => Pool::new(cfg.cap, expected_latency).with_lanes(usize::MAX),
                 false => Pool::new(cfg.cap, expected_latency),
             },
@@ -87,13 +77,11 @@ impl ToolState {
     }
 }
 
-/// The tools of one admission layer.
 pub(super) struct Tools {
-    /// Read without a lock (a snapshot); replaced whole by a writer holding
-    /// `write`, so a lookup on the admit path costs no atomic read-modify-write.
+    /// Read without a lock; replaced whole by a writer holding `write`, so
+    /// a lookup costs no atomic read-modify-write.
     map: ArcSwap<ToolMap>,
-    /// Replaced after every store to `map`: validates the per-thread
-    /// cache (see `cache`).
+    /// Bumped after every store to `map`: validates the per-thread cache.
     generation: Generation,
     /// Serializes writers (new tools, evictions) and `close_all`.
     write: Mutex<()>,
@@ -129,19 +117,13 @@ impl Tools {
         }
     }
 
-    /// The state of `tool`, created with the defaults on first use.
-    ///
-    /// Tools not configured by name are capped at `max_dynamic`: at the cap,
-    /// the idle ones (no call admitted or waiting, no budget used this run)
-    /// are evicted first, and a new name is refused only if none is idle.
-    /// An evicted tool forgets its hold-time estimate and the server scope
-    /// it was seen under; both are learned again.
-    /// A thread that looked `tool` up lately finds it in its cache (see
-    /// `cache`).
+    /// The state of `tool`, created with the defaults on first use. Dynamic
+    /// tools are capped at `max_dynamic`: idle ones are evicted first (losing
+    /// their learned hold time and scope), and a new name is refused only if
+    /// none is idle.
     #[inline]
     pub(super) fn get(&self, tool: &str) -> Result<Arc<ToolState>, Throttled> {
         cache::lookup(&TOOLS, &self.generation, tool, || {
-            // Every state the map gives is in the map: cacheable.
             let t = self.get_uncached(tool)?;
             let name = t.name.clone();
             Ok((t, Some(name)))
@@ -191,20 +173,17 @@ impl Tools {
         Ok(state)
     }
 
-    /// The tool `name`, if it is registered (never creates it).
     pub(super) fn peek(&self, name: &str) -> Option<Arc<ToolState>> {
         self.map.load().get(name).cloned()
     }
 
-    /// Every registered tool.
     pub(super) fn all(&self) -> Vec<Arc<ToolState>> {
         self.map.load().values().cloned().collect()
     }
 
-    /// Closes every tool's pool (see `Admission::close`). Under the writer
-    /// lock: a tool created concurrently is either in the map walked here
-    /// or created after it, by a writer that then sees the closed flag
-    /// (stored before this call) when `admit` checks it again.
+    /// Closes every tool's pool. Under the writer lock: a tool created
+    /// concurrently is either walked here or sees the closed flag (stored
+    /// before this call) when `admit` checks again.
     pub(super) fn close_all(&self) {
         let _writer = self.write.lock();
         for tool in self.map.load().values() {
@@ -212,7 +191,6 @@ impl Tools {
         }
     }
 
-    /// Starts a new run: every tool's budget counts from zero.
     pub(super) fn reset_budgets(&self) {
         for t in self.map.load().values() {
             // Relaxed: counters.

@@ -1,14 +1,7 @@
 //! Identical reads in flight at once go out once, on every seam: the
-//! first caller leads (its answer stays exactly its own: a streamed body,
-//! its ticket), the callers that join it get a copy of that answer when
-//! one can be made, and run their own call when it cannot.
-//!
-//! A caller that joins is a caller of its own: it waits for the leader
-//! only until its own deadline (then it is `timed_out`, having sent
-//! nothing), and an answer the seam will not copy (a refusal or timeout
-//! that belongs to the leader's deadline and budget, a body too large or
-//! streamed) sends it off to make its own call, with what is left of its
-//! deadline.
+//! first caller leads and keeps its own answer; joiners get a copy when
+//! one can be made, else run their own call. A joiner waits only until
+//! its own deadline.
 
 use core::future::Future;
 use core::task::Poll;
@@ -27,49 +20,40 @@ use crate::sleep::Sleeper;
 use crate::throttled::Human;
 use crate::{Status, Throttled};
 
-/// What a read's leader leaves behind: its own answer (taken by the
-/// leader alone) and, when its answer can be copied, the copy the callers
-/// that joined it each make theirs from.
+/// What a read's leader leaves behind: its own answer (for the leader
+/// alone) and, if copyable, the copy joiners take theirs from.
 #[derive(Debug)]
 pub(crate) struct Flight<T, U> {
     own: Mutex<Option<T>>,
     copy: Option<U>,
 }
 
-/// The reads in flight of one seam, by [`ReadKey`]. A flight whose answer
-/// cannot be copied ends as the map's error: never cached, and each
-/// caller that joined it runs its own call.
+/// The reads in flight of one seam, by [`ReadKey`]. An uncopyable answer
+/// ends as the map's error: never cached.
 pub(crate) type Reads<T, U, C> = SingleFlight<ReadKey, Arc<Flight<T, U>>, Flight<T, U>, C>;
 
 /// What of a leader's answer the callers that join it may have.
 #[derive(Debug)]
 pub(crate) enum Share<U> {
-    /// Nothing: the answer is the leader's own (a refusal, a timeout, a
-    /// body too large to copy); each caller that joined runs its own call.
+    /// Nothing (a refusal, a timeout, a body too large): joiners run their own.
     Not,
-    /// This copy, for the callers in flight now (a fault): never cached.
+    /// A copy for the callers in flight now (a fault): never cached.
     InFlight(U),
-    /// This copy, for the callers in flight and, where the seam keeps a
-    /// cache, later ones (a success).
+    /// A copy for callers in flight and, where cached, later ones (a success).
     Cached(U),
 }
 
-/// What the callers that joined a call may have of how it ended
-/// ([`Ended::sharing`]: the one rule, for every seam).
+/// What joiners may have of how a call ended ([`Ended::sharing`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Sharing {
-    /// Nothing: it is the leader's own.
     Own,
-    /// A copy, for the callers in flight now.
     InFlight,
-    /// A copy, for those in flight and, where the seam keeps a cache,
-    /// later ones.
     Cached,
 }
 
 impl Sharing {
-    /// The copy `copy` makes, as far as this sharing allows (none made:
-    /// nothing shared); `copy` runs only when something may be.
+    /// The copy `copy` makes, as far as this sharing allows; `copy` runs only
+    /// when something may be shared.
     pub(crate) fn with<U>(self, copy: impl FnOnce() -> Option<U>) -> Share<U> {
         match self {
             Sharing::Own => Share::Not,
@@ -81,7 +65,7 @@ impl Sharing {
 
 #[cfg(feature = "tower")]
 impl<U> Share<U> {
-    /// The same sharing of another copy (the tower layer's, type-erased).
+    /// The same sharing of another copy.
     pub(crate) fn map<V>(self, f: impl FnOnce(U) -> V) -> Share<V> {
         match self {
             Share::Not => Share::Not,
@@ -92,12 +76,9 @@ impl<U> Share<U> {
 }
 
 impl<T, E, S: Sleeper, C: Clock> Ended<T, E, S, C> {
-    /// What the callers that joined this call may have of its end: the
-    /// server's answer is shared (and cached where the seam keeps a
-    /// cache); a fault that outlasted its retries, or an error that is the
-    /// answer, with the calls in flight only; a refusal, a timeout and a
-    /// fault whose retry something refused (the leader's deadline, budget
-    /// or breaker) are the leader's own.
+    /// What joiners may have of this call's end: a server answer is shared
+    /// (and cached); a fault that outlasted its retries only with calls in
+    /// flight; a refusal, timeout, or refused retry is the leader's own.
     pub(crate) fn sharing(&self) -> Sharing {
         match self {
             Ended::Answered { result: Ok(_), .. } => Sharing::Cached,
@@ -113,21 +94,17 @@ impl<T, E, S: Sleeper, C: Clock> Ended<T, E, S, C> {
 /// How a coalesced call ended for this caller.
 #[derive(Debug)]
 pub(crate) enum Joined<T, U> {
-    /// This caller's own answer: it led, or it ran its own call because
-    /// the answer it joined could not be copied.
+    /// This caller's own answer: it led, or the joined answer was uncopyable.
     Own(T),
-    /// A copy of the answer of the call this caller joined (or of a
-    /// cached one: `Provenance::Cached`).
+    /// A copy of the joined (or cached) answer.
     Copy(U, Provenance),
-    /// This caller's deadline passed while it waited for the call it
-    /// joined: it sent nothing.
+    /// This caller's deadline passed while waiting: it sent nothing.
     TimedOut(Throttled),
 }
 
 impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
-    /// Runs `run` for `key` unless an identical read is in flight (then
-    /// joins it, for at most `budget`). `run` is given what is left of
-    /// `budget` and gives the answer and what of it may be shared.
+    /// Runs `run` for `key` unless an identical read is in flight (then joins
+    /// it, for at most `budget`). `run` gets what is left of `budget`.
     pub(crate) async fn coalesce<T, U, RC, F, Fut>(
         &self,
         reads: &Reads<T, U, RC>,
@@ -142,9 +119,7 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
         Fut: Future<Output = (T, Share<U>)>,
     {
         let deadline = Deadline::after(self.clock().clone(), budget);
-        // `run` is called at most once: by the leader, or by a caller
-        // whose leader's answer could not be copied.
-        // (Locks, not cells: the seams' futures are `Send`.)
+        // `run` is called at most once. (Locks, not cells: futures are `Send`.)
         let run = Mutex::new(Some(run));
         let ran = Mutex::new(false);
         let led = {
@@ -175,8 +150,8 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
             let mut timeout = core::pin::pin!(self.sleeper().sleep(budget));
             core::future::poll_fn(|cx| match flight.as_mut().poll(cx) {
                 Poll::Ready(led) => Poll::Ready(Some(led)),
-                // A caller running its own call is bounded by the loop's
-                // deadline; one waiting for another's, here.
+                // A caller running its own call is bounded by the attempt loop; one
+                // waiting for another's, here.
                 Poll::Pending if *ran.lock() => Poll::Pending,
                 Poll::Pending => timeout.as_mut().poll(cx).map(|()| None),
             })
@@ -204,9 +179,8 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
             // The leader panicked: this caller runs its own call.
             Err(_) => None,
         };
-        // This caller led, and its answer is not for sharing (only the
-        // caller that ran the work takes the answer: the others share the
-        // same flight).
+        // This caller led and its answer is not for sharing (only the caller
+        // that ran the work takes it).
         if let Some(own) = flight
             .filter(|_| *ran.lock())
             .and_then(|f| f.own.lock().take())

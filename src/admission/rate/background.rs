@@ -1,10 +1,6 @@
-//! The background share of each credential's request rate
-//! (`Builder::priority_lanes`): a background call reserves a cell of its
-//! credential's background bucket, at `share` of the credential's rate,
-//! as well as the credential's own cell. So background calls draw at most
-//! that share of the rate over any stretch of time, and the calls they
-//! reserve ahead (queued inline for their turn) leave the rest of the
-//! rate to interactive calls, which never touch this bucket.
+//! The background share of each credential's request rate: a background
+//! call reserves a cell of its credential's background bucket (at `share`
+//! of the rate) before its own, so interactive calls keep the rest.
 
 use core::num::NonZeroU32;
 use core::time::Duration;
@@ -22,15 +18,13 @@ use crate::sleep::Sleeper;
 use crate::sync::{AtomicUsize, Ordering};
 use crate::throttled::Throttled;
 
-/// The background buckets, one per credential, each following its
-/// credential's request quota (configured, learned or the server's).
+/// The background buckets, one per credential, following its quota.
 pub(in crate::admission) struct Background<C: Clock> {
     share: f64,
     pub(super) buckets: Scoped<String, C>,
 }
 
 impl<C: Clock> Background<C> {
-    /// `share` (in `(0, 1)`) of each credential's rate in `credentials`.
     pub(in crate::admission) fn new(share: f64, credentials: &Scoped<String, C>, clock: C) -> Self {
         Background {
             share,
@@ -39,23 +33,19 @@ impl<C: Clock> Background<C> {
     }
 
     /// Brings `credential`'s background bucket to its share of the
-    /// credential's quota now (it changes as the rate is learned or the
-    /// server states one): two lookups, and a write only on a change.
+    /// credential's current quota (a write only on a change).
     pub(super) fn follow(&self, credentials: &Scoped<String, C>, credential: &String) {
         let want = part(credentials.quota_of(credential), self.share);
         if self.buckets.quota_of(credential) != want {
-            // Refused only past the registry's key limit (2^20 credentials
-            // with a quota of their own): that credential's background
-            // calls then share the default's part.
+            // Refused only past the registry's key limit: the default's part then.
             let _ = self.buckets.set_quota(credential, want);
         }
     }
 }
 
 impl<S: Sleeper, C: Clock> Admission<S, C> {
-    /// The fast path's turn: taken into `taken` if it is now (or the call
-    /// draws on no share); `false` if it must be waited for (the staged
-    /// path does, before the slots).
+    /// The fast path's turn, taken into `taken` if it is now; `false` if it
+    /// must be waited for (on the staged path, before the slots).
     #[inline]
     pub(in crate::admission) fn turn_now<'a>(
         &'a self,
@@ -78,9 +68,8 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         }
     }
 
-    /// The staged path's turn: reserved within the inline wait and the
-    /// deadline, and slept for holding no slot and no cell of the
-    /// credential's own.
+    /// The staged path's turn: reserved within the inline wait and deadline,
+    /// and slept for holding no slot and no credential cell.
     pub(in crate::admission) async fn wait_turn<'a>(
         &'a self,
         spec: &'a CallSpec,
@@ -101,8 +90,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         if let Some((kept, wait)) = turn {
             taken.turn = Some((&spec.credential, kept));
             if !wait.is_zero() {
-                // Counted in `waiting` while it sleeps (and uncounted if
-                // the call is dropped mid-sleep).
+                // Counted in `waiting` while it sleeps.
                 let _waiting = TurnWaiting::new(&self.inner.turns_waiting);
                 if !self.sleep_unless_closed(wait).await {
                     return Err(self.closed_refusal());
@@ -112,15 +100,10 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         Ok(())
     }
 
-    /// A background call's turn within its class's share of its
-    /// credential's request rate (`Builder::priority_lanes`): a cell of
-    /// the credential's background bucket reserved at `at.now` within
-    /// `at.max_wait`, and the wait until it. The call waits for its turn
-    /// before it takes a slot or its credential's own cell, so it neither
-    /// holds a slot nor books a cell of the shared rate ahead of
-    /// interactive calls while it waits. `None` when the call draws on no
-    /// share (interactive, a credential shared across processes, no
-    /// share configured).
+    /// A background call's turn: a cell of the credential's background bucket
+    /// reserved at `at.now` within `at.max_wait`, and the wait until it.
+    /// `None` when the call draws on no share (interactive, shared credential,
+    /// or no share configured).
     fn background_turn(
         &self,
         spec: &CallSpec,
@@ -137,7 +120,6 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         background.follow(&inner.rates.credentials, &spec.credential);
         let buckets = &background.buckets;
         match buckets.reserve_stamps(&spec.credential, cells, at.max_wait, at.now) {
-            // Zero cells is ruled out above: the stamps are there.
             Ok(r) => Ok(r.ticket.map(|stamps| {
                 (
                     Kept::new(stamps, cells),
@@ -153,30 +135,27 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         }
     }
 
-    /// Whether `credential`'s quota is shared with other processes.
     fn rates_shared(&self, credential: &str) -> bool {
         self.inner.rates.is_shared(credential)
     }
 
-    /// Gives back a turn `background_turn` reserved for a call that was
-    /// not admitted (if the bucket has taken nothing since).
+    /// Gives back a turn reserved for a call that was not admitted.
     pub(in crate::admission) fn give_back_turn(&self, credential: &str, kept: &Kept) {
         let _ = self.undo(credential, None, Source::Background, kept);
     }
 }
 
-/// `share` of `quota`: its period stretched by `1 / share` (rounded up:
-/// never more than the share), its burst scaled down (at least one).
+/// `share` of `quota`: period stretched by `1 / share` (rounded up),
+/// burst scaled down (at least one).
 pub(super) fn part(quota: Quota, share: f64) -> Quota {
     let period = quota.period().as_nanos() as f64 / share;
-    // `as` saturates (a share of 0 divides to infinity); past the longest
-    // tolerance a bucket keeps, a period is as good as never.
+    // `as` saturates (a share of 0 gives infinity); cap at the longest
+    // tolerance a bucket keeps.
     let period = Duration::from_nanos((period.ceil() as u64).min(MAX_TOLERANCE));
     let burst = (f64::from(quota.burst().get()) * share).floor() as u32;
     Quota::with_period(period).allow_burst(NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN))
 }
 
-/// One background call sleeping for its turn, counted while it lives.
 struct TurnWaiting<'a>(&'a AtomicUsize);
 
 impl<'a> TurnWaiting<'a> {

@@ -1,13 +1,7 @@
 //! The reservations of one call: [`Reserved`] while `admit` takes them
-//! (dropped, it gives them back), [`Held`] once a ticket keeps them (to
-//! settle them after the reply).
-//!
-//! Neither holds a bucket: a reservation is its stamps, and giving it back
-//! looks the bucket up again by key (`Scoped::cancel_stamps`), which
-//! refuses when the key's bucket was dropped and created again meanwhile.
-//! So a reservation clones no `Arc`, the bucket stays in its table slot,
-//! and a ticket stays 128 bytes (it is moved a few times per call; larger
-//! moves are a `memcpy` call each).
+//! (dropped, it gives them back), [`Held`] once a ticket keeps them.
+//! Neither holds a bucket: giving back looks it up by key and refuses if
+//! it was recreated meanwhile. This keeps a ticket at 128 bytes.
 
 use core::num::NonZeroU32;
 
@@ -16,8 +10,7 @@ use crate::bucket::gcra::Ticket as Stamps;
 use crate::clock::Clock;
 use crate::sleep::Sleeper;
 
-/// Which bucket a reservation came from: the credential's request quota,
-/// its server scope, or the index of a weighted quota.
+/// Which bucket a reservation came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(in crate::admission) enum Source {
     Requests,
@@ -28,8 +21,8 @@ pub(in crate::admission) enum Source {
 }
 
 impl Source {
-    /// Where a ticket keeps this source's reservation; a server scope's
-    /// cell is never settled, so it has no place.
+    /// Where a ticket keeps this source's reservation (scope and background
+    /// cells are never settled: none).
     #[inline]
     pub(in crate::admission) fn place(self) -> Option<Place> {
         match self {
@@ -40,20 +33,17 @@ impl Source {
     }
 }
 
-/// A quota's place in [`Held`]: the request quota at 0, weighted quota `i`
-/// at `1 + i`. Made only by [`Source::place`], read back by
-/// [`Place::source`]: the one spot that knows the layout.
+/// A quota's place in [`Held`]: requests at 0, weighted quota `i` at
+/// `1 + i`. Only [`Source::place`] and [`Place::source`] know the layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(in crate::admission) struct Place(usize);
 
 impl Place {
-    /// Its index: 0 for the request quota, `1 + i` for weighted quota `i`.
     #[inline]
     pub(in crate::admission) fn index(self) -> usize {
         self.0
     }
 
-    /// The quota kept at this place.
     #[inline]
     pub(in crate::admission) fn source(self) -> Source {
         match self.0 {
@@ -63,13 +53,12 @@ impl Place {
     }
 }
 
-/// One reservation, 24 bytes: the cells and what gives them back.
+/// One reservation, 24 bytes: the cells and the stamps to give them back.
 #[derive(Clone, Copy, Debug)]
 pub(in crate::admission) struct Kept {
     before: u64,
     after: u64,
-    /// The bucket's epoch + 1 (epochs are 31 bits): a niche, so that
-    /// [`Held`] needs no tag of its own.
+    /// The bucket's epoch + 1: a niche, so [`Held`] needs no tag.
     epoch: NonZeroU32,
     /// 0: an empty place in [`Held`].
     pub(in crate::admission) cells: u32,
@@ -92,8 +81,7 @@ impl Kept {
         }
     }
 
-    /// `cells` already settled: counted, and never given back again (the
-    /// stamps are gone; `EMPTY` is the same epoch with no cells).
+    /// `cells` already settled: counted, never given back again.
     pub(in crate::admission) fn settled(cells: u32) -> Kept {
         Kept {
             cells,
@@ -101,12 +89,10 @@ impl Kept {
         }
     }
 
-    /// Whether the stamps can still give the cells back (not settled).
     pub(in crate::admission) fn refundable(&self) -> bool {
         self.epoch != NonZeroU32::MAX
     }
 
-    /// The stamps to give the cells back with.
     pub(in crate::admission) fn stamps(&self) -> Stamps {
         Stamps {
             before: self.before,
@@ -116,10 +102,8 @@ impl Kept {
     }
 }
 
-/// The reservations a ticket keeps, by [`Place`] (a server scope's cell
-/// is never settled, so it is not kept). Inline for up to three weighted quotas (96 bytes,
-/// no tag: `Kept`'s niche tells the two apart); a layer with more spills
-/// to the heap.
+/// The reservations a ticket keeps, by [`Place`]. Inline for up to three
+/// weighted quotas (no tag, via `Kept`'s niche); more spill to the heap.
 #[derive(Debug)]
 pub(in crate::admission) enum Held {
     Inline([Kept; 4]),
@@ -146,10 +130,8 @@ impl Held {
         }
     }
 
-    /// The place to settle quota `place` on: the call's reservation there,
-    /// or an empty place (nothing reserved, so any usage is excess). A
-    /// place settled to 0 is still a place: a later settle charges what
-    /// the server reports beyond it.
+    /// The reservation at `place` to settle on (empty if nothing was
+    /// reserved, so any usage is excess).
     pub(in crate::admission) fn place_mut(&mut self, place: Place) -> &mut Kept {
         if place.0 >= self.all().len() {
             self.set(place, Kept::EMPTY);
@@ -157,7 +139,6 @@ impl Held {
         &mut self.all_mut()[place.0]
     }
 
-    /// Puts `kept` at `place`, spilling to the heap past the fourth.
     #[inline]
     fn set(&mut self, Place(place): Place, kept: Kept) {
         if place >= self.all().len() {
@@ -169,21 +150,16 @@ impl Held {
     }
 }
 
-/// The reservations of a call being admitted, by place as in [`Held`]
-/// (so keeping them moves them once). Until [`keep`](Self::keep),
-/// dropping it gives every one back (a refused or cancelled call consumes
-/// nothing the buckets can refund).
+/// The reservations of a call being admitted, laid out as in [`Held`].
+/// Until [`keep`](Self::keep), dropping it gives every one back.
 pub(in crate::admission) struct Reserved<'a, S: Sleeper, C: Clock> {
     admission: &'a Admission<S, C>,
     credential: &'a str,
-    /// The server scope's key, for a call that reserves a cell of it.
     pub(in crate::admission) scope: Option<&'a (String, String)>,
     held: Held,
-    /// The server scope's cell: given back if the call is not admitted,
-    /// never settled.
+    /// The server scope's cell: given back if not admitted, never settled.
     scoped: Option<Kept>,
-    /// What the call placed in its quotas' windows (see `fit`), taken
-    /// back with the reservations.
+    /// What the call placed in its quotas' windows, taken back with it.
     placed: Option<super::fit::Placed>,
 }
 
@@ -203,7 +179,6 @@ impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
         }
     }
 
-    /// The reservations taken so far, by place.
     pub(in crate::admission) fn taken(&self) -> impl Iterator<Item = (Place, &Kept)> {
         self.held
             .all()
@@ -213,7 +188,6 @@ impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
             .map(|(i, k)| (Place(i), k))
     }
 
-    /// What the call placed in its quotas' windows (see `fit`).
     pub(in crate::admission) fn set_placed(&mut self, placed: super::fit::Placed) {
         self.placed = Some(placed);
     }
@@ -224,7 +198,6 @@ impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
         stamps: Option<Stamps>,
         cells: u32,
     ) {
-        // `None`: zero cells, nothing to give back.
         let Some(stamps) = stamps else { return };
         let kept = Kept::new(stamps, cells);
         match source.place() {
@@ -233,9 +206,8 @@ impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
         }
     }
 
-    /// `cells` of weighted quota `source` taken from a shared limiter:
-    /// kept without stamps (settled as `cells`), so that giving them back
-    /// queues a refund to the shared limiter instead (`cancel_some`).
+    /// `cells` of a weighted quota taken from a shared limiter: kept without
+    /// stamps, so giving them back queues a shared refund instead.
     pub(in crate::admission) fn push_shared(&mut self, source: Source, cells: u32) {
         if let Some(place) = source.place() {
             self.held.set(place, Kept::settled(cells));
@@ -262,8 +234,7 @@ impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
                 if kept.refundable() {
                     let _ = admission.undo(credential, scope, source, kept);
                 } else if let Source::Resource(i) = source {
-                    // Taken from a shared limiter (`push_shared`): its
-                    // refund needs a round trip, so it is queued.
+                    // Shared: the refund needs a round trip, so it is queued.
                     let name = &admission.inner.rates.resources[i].name;
                     let refund = -i64::from(kept.cells);
                     admission
@@ -285,8 +256,7 @@ impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
         }
     }
 
-    /// The cells are used now: hand them to the ticket, which may settle
-    /// them against the actual usage.
+    /// The cells are used now: hand them to the ticket.
     pub(in crate::admission) fn keep(&mut self) -> Held {
         self.scoped = None;
         self.placed = None;
@@ -295,9 +265,7 @@ impl<'a, S: Sleeper, C: Clock> Reserved<'a, S, C> {
 }
 
 impl<S: Sleeper, C: Clock> Admission<S, C> {
-    /// Gives `kept` back to the bucket of `source` for `credential` (the
-    /// server scope `scope`), if that bucket has taken nothing since (see
-    /// `Scoped::cancel_stamps`).
+    /// Gives `kept` back to `source`'s bucket, if it has taken nothing since.
     pub(in crate::admission) fn undo(
         &self,
         credential: &str,

@@ -1,9 +1,6 @@
-//! Learned rates: one [`RateController`] per credential, fed with the
-//! server's answers, whose proposals become the credential's quota.
-//!
-//! The controller is created on the credential's first admit, so its quota
-//! is in force before the first token is taken. What it is fed, and in what
-//! order the result is applied, is decided here (see [`Learned::observe`]).
+//! Learned rates: one [`RateController`] per credential, created on its
+//! first admit (so its quota is in force before the first token), fed
+//! with the server's answers.
 
 use core::time::Duration;
 use std::collections::HashMap;
@@ -26,32 +23,23 @@ thread_local! {
         const { std::cell::RefCell::new(Cache::new()) };
 }
 
-/// At most this many credentials are tracked (and learn a rate). Past it,
-/// the idle ones (no ticket, no hold, their bucket full again) are
-/// forgotten to make room, a batch at a time: one that comes back starts
-/// from its configured quota or the starting guess again. Only while every
-/// tracked credential is busy does a new one go untracked (its configured
-/// quota, nothing learned).
+/// At most this many credentials are tracked. Past it, idle ones (no
+/// ticket, no hold, bucket full) are forgotten; only while all are busy
+/// does a new one go untracked (configured quota, nothing learned).
 pub(crate) const MAX_LEARNED: usize = 4096;
 
-/// The learned rates of an admission layer (empty with fixed rates).
 type KnownMap = HashMap<Arc<str>, Arc<CredentialState>, ahash::RandomState>;
 
 pub(crate) struct Learned {
-    /// `None`: fixed rates.
     adaptive: Option<AdaptiveRate>,
-    /// The starting rate and ceiling of credentials without a quota by name
-    /// (`None`: the adaptive guess, with no ceiling but its own).
+    /// Starting rate and ceiling of credentials without a quota by name
+    /// (`None`: the adaptive guess).
     default: Option<Quota>,
-    /// Quotas set by name: each one's starting rate and ceiling.
     configured: HashMap<String, Quota>,
-    /// Every credential tracked: its interned name (so a ticket names it
-    /// without allocating), its controller and its counters. Updated in
-    /// place (a new credential costs one insert, not a copy of the map);
-    /// most reads are served by the per-thread cache in front of it.
+    /// Every credential tracked (interned name, controller, counters);
+    /// updated in place, mostly read through the per-thread cache.
     known: RwLock<KnownMap>,
-    /// Replaced after every store to `known`: validates the per-thread
-    /// cache (see `cache`).
+    /// Bumped after every store to `known`: validates the per-thread cache.
     generation: Generation,
 }
 
@@ -70,13 +58,9 @@ impl Learned {
         }
     }
 
-    /// The interned name of `credential`, registering it on first use: with
-    /// adaptive rates, its controller is created and its starting quota
-    /// applied to `buckets` (as of `now`: no later than the asking call's
-    /// start) before the first token is taken. Past
-    /// [`MAX_LEARNED`] credentials a fresh name is returned and nothing is
-    /// learned for it. A thread that looked `credential` up lately finds
-    /// it in its cache (see `cache`).
+    /// The interned state of `credential`, registered on first use: with
+    /// adaptive rates its starting quota is applied to `buckets` as of `now`.
+    /// Past [`MAX_LEARNED`] an untracked state is returned.
     #[inline]
     pub(crate) fn ensure<C: Clock>(
         &self,
@@ -110,13 +94,11 @@ impl Learned {
         let name: Arc<str> = Arc::from(credential);
         if known.len() >= MAX_LEARNED {
             Self::evict_idle(&mut known, buckets, now);
-            // Bumped after the map changed: no thread's cache serves a
-            // forgotten credential's state.
+            // Bumped after the map changed: no cache serves a forgotten state.
             self.generation.bump();
         }
         if known.len() >= MAX_LEARNED {
-            // Every tracked credential is busy. Not in the registry: not
-            // cached either.
+            // Every tracked credential is busy: not registered, so not cached.
             return (Arc::new(CredentialState::new(name, None)), None);
         }
         let controller = self.adaptive.as_ref().and_then(|adaptive| {
@@ -132,8 +114,7 @@ impl Learned {
                 None => adaptive.clone(),
             };
             let controller = Arc::new(cfg.controller(now));
-            // Refused only past the registry's cap of custom quotas: the
-            // credential then keeps the default quota, and learns nothing.
+            // Refused only past the registry's cap: the default quota, nothing learned.
             buckets
                 .set_learned_quota(&credential.to_string(), controller.quota())
                 .is_ok()
@@ -146,10 +127,8 @@ impl Learned {
         (state, Some(name))
     }
 
-    /// Forgets the credentials nothing uses: no ticket or stats snapshot
-    /// holds their state (the per-thread caches hold `Weak`s), and their
-    /// bucket is full (no debt, no hold) at `now`. Their learned quota is
-    /// dropped from `buckets` too, so the custom-quota slots come back.
+    /// Forgets credentials nothing holds (caches hold `Weak`s) whose bucket
+    /// is full at `now`, freeing their custom-quota slots.
     #[cold]
     fn evict_idle<C: Clock>(known: &mut KnownMap, buckets: &Scoped<String, C>, now: u64) {
         let default = buckets.default_quota();
@@ -157,28 +136,20 @@ impl Learned {
             let key = name.to_string();
             let idle = Arc::strong_count(state) == 1 && buckets.is_full_at(&key, now);
             if idle {
-                // Back to the default quota: not stored, the slot is free.
                 let _ = buckets.set_quota(&key, default);
             }
             !idle
         });
     }
 
-    /// Feeds one reply on `credential` (a request sent at `sent_at`) to its
-    /// controller and applies the new quota, if any, to `buckets`.
+    /// Feeds one reply (a request sent at `sent_at`) to `credential`'s
+    /// controller and applies any new quota to `buckets`.
     ///
-    /// Called before the reply's hold is applied: the new quota first, then
-    /// the caller's penalty. Penalizing first would have the quota change
-    /// convert the hold's debt at the lower rate and stretch it.
-    ///
-    /// A change does not reset the bucket. The reservations taken at the
-    /// old rate keep their cells, converted to the new rate with the
-    /// calls that hold them (see `rescales`): after a cut, those whose
-    /// new instant falls inside the hold are absorbed by it (their calls
-    /// wake, see the hold and queue again behind it), and those past it
-    /// go at their new instant, still counted. A reset would forget the
-    /// latter's cells while they still go, and the bucket would admit its
-    /// full burst beside them when the hold ends: one more 429 per cut.
+    /// Must run before the reply's hold is applied: penalizing first would
+    /// have the quota change convert the hold's debt and stretch it. A change
+    /// does not reset the bucket: queued reservations are converted with
+    /// their calls (see `rescales`); a reset would let a full burst go beside
+    /// them when the hold ends.
     pub(crate) fn observe<C: Clock>(
         &self,
         credential: &str,
@@ -189,8 +160,7 @@ impl Learned {
         buckets: &Scoped<String, C>,
     ) {
         if self.adaptive.is_none() || hint.scope.is_some() {
-            // A scoped limit is the server's, for some tools only: it is
-            // held, not learned as the credential's rate.
+            // A scoped limit is held, not learned as the credential's rate.
             return;
         }
         let Some(state) = self.known.read().get(credential).cloned() else {
@@ -202,61 +172,50 @@ impl Learned {
         let outcome = outcome(status, hint);
         if let Some(quota) = controller.on_reply(now, sent_at, outcome) {
             let key = credential.to_string();
-            // The credential has a custom quota already (set on creation),
-            // so this replaces it and cannot be refused for room. A change
-            // moves the calls already queued with it (see `rescales`).
+            // Replaces the custom quota set on creation, so never refused for room.
             if let Ok(Some(change)) = buckets.rescale_learned_quota(&key, quota) {
                 state.rescales.push(change);
             }
         }
     }
 
-    /// Whether rates are learned (not `fixed_rates`).
     pub(crate) fn is_adaptive(&self) -> bool {
         self.adaptive.is_some()
     }
 
-    /// The rate `credential` runs at now, if it is learned.
     pub(crate) fn rate(&self, credential: &str) -> Option<f64> {
         self.known.read().get(credential)?.rate()
     }
 
-    /// The credential `name`, if it is tracked (never registers it).
     pub(crate) fn peek(&self, name: &str) -> Option<Arc<CredentialState>> {
         self.known.read().get(name).cloned()
     }
 
-    /// Every credential tracked, for `Admission::stats`.
     pub(crate) fn all(&self) -> Vec<Arc<CredentialState>> {
         self.known.read().values().cloned().collect()
     }
 }
 
 impl Learned {
-    /// The period, in nanoseconds, of the rate `credential` is expected to
-    /// run at soon (see [`RateController::expected_rate`]), if it is
-    /// learned.
+    /// The period (ns) of the rate `credential` is expected to run at soon,
+    /// if learned.
     pub(crate) fn expected_period(&self, credential: &str) -> Option<u64> {
         let rate = self.peek(credential)?.controller.as_ref()?.expected_rate();
         Some((1e9 / rate).ceil().max(1.0) as u64)
     }
 }
 
-/// One credential the layer has seen.
 pub(crate) struct CredentialState {
     pub(crate) name: Arc<str>,
     controller: Option<Arc<RateController>>,
     pub(crate) counters: Counters,
-    /// Its learned rate's changes, for the calls waiting on it (see
-    /// `rescales`).
+    /// Its learned rate's changes, for the calls waiting on it.
     pub(crate) rescales: super::rescales::Rescales,
-    /// Its quotas fitted to a server's rolling window (see `fit`).
     pub(crate) fits: super::fit::Fits,
 }
 
 impl CredentialState {
-    /// Whether its rate is learned (calls sleeping on it then follow its
-    /// rate changes).
+    /// Whether its rate is learned.
     pub(crate) fn is_learned(&self) -> bool {
         self.controller.is_some()
     }
@@ -273,13 +232,11 @@ impl CredentialState {
         }
     }
 
-    /// The rate it runs at now, if it is learned.
     pub(crate) fn rate(&self) -> Option<f64> {
         self.controller.as_ref().map(|c| c.rate())
     }
 }
 
-/// What a reply says about the credential's rate.
 fn outcome(status: u16, hint: &ServerHint) -> RateOutcome {
     if let Some((limit, window)) = server_limit(hint) {
         return RateOutcome::ServerLimit { limit, window };
@@ -292,10 +249,8 @@ fn outcome(status: u16, hint: &ServerHint) -> RateOutcome {
     }
 }
 
-/// The tightest request quota the server stated (`RateLimit-Policy`), as
-/// requests per window. Policies that count something else (a `qu` other
-/// than requests, or a per-resource limit such as tokens) are not request
-/// rates.
+/// The tightest request quota the server stated, as requests per window
+/// (policies counting tokens, bytes or other units are skipped).
 pub(super) fn server_limit(hint: &ServerHint) -> Option<(u64, Duration)> {
     hint.policies
         .iter()

@@ -1,7 +1,5 @@
 //! Stage 4's local half: the quotas of this process a call reserves all
-//! or nothing (its credential's request cell, its weighted costs, its
-//! server scope's cell, the fitted windows). Shared limiters are reserved
-//! after these, in `take_rate`.
+//! or nothing. Shared limiters are reserved after these, in `take_rate`.
 
 use core::time::Duration;
 use std::borrow::Cow;
@@ -21,14 +19,10 @@ where
     S: Sleeper,
     C: Clock,
 {
-    /// Reserves, all or nothing at `now`, every local quota the call draws
-    /// on: its credential's request quota (unless `requests` is false: a
-    /// shared credential's requests go through its shared limiter), its
-    /// cost on each weighted quota, and a cell of the server scope named
-    /// `scope` (keyed by `reserved.scope`), at `at.now`. Each wait must fit
-    /// `at.max_wait`. Pushes the reservations to `reserved` (which gives
-    /// them back if dropped before `keep`) and returns the longest wait, or
-    /// the first quota that refused.
+    /// Reserves, all or nothing at `at.now`, every local quota the call draws
+    /// on (the request quota only if `requests`; shared ones go through their
+    /// limiter), each within `at.max_wait`, into `reserved`. Returns the
+    /// waits, or the first refusal.
     pub(in crate::admission) fn reserve_local(
         &self,
         spec: &CallSpec,
@@ -43,9 +37,8 @@ where
         let mut wait = Duration::ZERO;
         let mut others = Duration::ZERO;
         let mut cell = None;
-        // One load: no quota of most credentials has a window.
+        // One load: which quotas have a window (and, `<< 32`, a stated limit).
         let fitted = credential.fits.mask();
-        // (and, `<< 32`, which quotas' limits the server states)
         let mut take = |source: Source, buckets: &Scoped<String, C>, cells: u32| {
             let r = buckets.reserve_stamps(&spec.credential, cells, max_wait, now)?;
             let w = Duration::from_nanos(r.ready_at - now);
@@ -62,12 +55,10 @@ where
             reserved.push(source, r.ticket, cells);
             Ok::<(), ReserveError>(())
         };
-        // Only a refusal asks how long the limit takes to free the cells.
         let period = |buckets: &Scoped<String, C>, cells: u32| {
             saturating_nanos(buckets.period_of(&spec.credential)).saturating_mul(u64::from(cells))
         };
-        // Weighted quotas kept in a shared limiter are reserved there
-        // (`reserve_shared_costs`), not here.
+        // Shared weighted quotas are reserved in `reserve_shared_costs`.
         let shared_costs = inner.rates.shared.resources_of(&spec.credential);
         let request_cells = spec.cost_of(REQUESTS).unwrap_or(1);
         if requests
@@ -77,8 +68,7 @@ where
             if fitted & fit::FITTED != 0 {
                 e = self.with_window(credential, Source::Requests, request_cells, now, e);
             }
-            // A learned rate climbing back from a guessed cut frees
-            // the waiting calls' turns faster than its period now.
+            // A learned rate climbing back frees turns faster than its period now.
             let expected = inner
                 .rates
                 .learned
@@ -91,8 +81,7 @@ where
                 period: expected.map_or(now_period, |p| p.min(now_period)),
             });
         }
-        // A spec without costs (most calls) costs nothing on any weighted
-        // quota: no need to look each one up.
+        // Most specs have no costs: skip the weighted quotas.
         let weighted = if spec.costs.is_empty() {
             &[][..]
         } else {
@@ -107,10 +96,8 @@ where
             if let Err(ReserveError::InsufficientCapacity { capacity, .. }) = taken
                 && resource.learned
             {
-                // A learned burst is a guess at the server's slice (a
-                // second's worth), not a limit the call was told: a bigger
-                // call waits for a full burst and goes. (Asked only after
-                // the refusal: the common call pays no lookup.)
+                // A learned burst is only a guess at the server's slice, not a limit:
+                // a bigger call waits for a full burst and goes.
                 let burst = capacity.max(1);
                 taken = take(Source::Resource(i), &resource.buckets, burst);
             }
@@ -147,10 +134,8 @@ where
             }
         }
         if fitted != 0 {
-            // Out of line: most credentials pay only this branch.
             let w = self.windows(spec, credential, fitted, requests, at, wait, reserved)?;
-            // Slept like a weighted quota's wait: a rate change does not
-            // move it.
+            // Slept like a weighted quota's wait: a rate change does not move it.
             wait = wait.max(w);
             others = others.max(w);
         }

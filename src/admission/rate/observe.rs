@@ -1,7 +1,6 @@
-//! What the server says back: a reply's status and headers become holds
-//! (on the credential, a weighted quota or a server scope), a lowered
-//! local quota when the server has less left, and food for the learned
-//! rate. The one place a server's wait is turned into a hold.
+//! What the server says back: a reply's status and headers become holds,
+//! lowered local quotas and food for the learned rate. The one place a
+//! server's wait is turned into a hold.
 
 use core::time::Duration;
 use std::borrow::Cow;
@@ -30,8 +29,8 @@ where
     C: Clock,
 {
     /// Applies a server's answer for `credential` (and `tool`) without a
-    /// ticket, e.g. from a response of a call made outside this layer.
-    /// Returns the hold applied. See [`Ticket::observe`](crate::admission::Ticket::observe).
+    /// ticket, e.g. for a call made outside this layer. Returns the hold
+    /// applied. See [`Ticket::observe`](crate::admission::Ticket::observe).
     ///
     /// # Examples
     ///
@@ -54,16 +53,9 @@ where
         self.observe_sent(Tool::Named(tool), credential, status, hint, now)
     }
 
-    /// [`observe`](Self::observe) for a request sent at `sent_at` (on the
-    /// layer's clock): the learned rate ignores 429s of requests sent
-    /// before its last decrease. `tool` is the call's tool state when the
-    /// caller holds it (a ticket does), else it is looked up by name.
-    ///
-    /// In order: the hint as this layer reads it (the provider's window,
-    /// its share of the key), the learned rate, the weighted quotas the
-    /// server reports on, a spent weighted quota's hold, then the
-    /// requests' hold (on a server scope, a shared credential or the
-    /// credential).
+    /// [`observe`](Self::observe) for a request sent at `sent_at` (layer
+    /// clock): the learned rate ignores 429s sent before its last decrease.
+    /// `tool` is the ticket's tool state, or a name to look up.
     pub(in crate::admission) fn observe_sent(
         &self,
         tool: Tool<'_>,
@@ -75,9 +67,8 @@ where
         self.note_silence(hint);
         let hint = self.as_read(hint);
         let hint = &*hint;
-        // A 429 for another quota than requests (tokens spent, requests
-        // left) says nothing about the request rate: it is not fed to it,
-        // and it holds that quota alone when the layer has it.
+        // A 429 for another quota than requests is no verdict on the request
+        // rate; it holds that quota alone when the layer has it.
         let spent = if status == 429 {
             spent_quota(hint)
         } else {
@@ -97,20 +88,16 @@ where
         }
         let wait = match request_wait(hint, &self.inner.rates.resources) {
             Some(w) => w,
-            // A 429 with no hint: hold the key back (a second) rather than
-            // let the next call find out the same way; the retry policy
-            // waits the same hold.
+            // A bare 429: hold the key for the same hold the retry policy waits.
             None if status == 429 => crate::retry::RetryPolicy::BARE_429_HOLD,
             None => return None,
         };
         Some(self.hold_requests(tool, credential, hint, wait))
     }
 
-    /// Told a provider, counts its replies until one states a limit; at
-    /// the `SILENT_REPLIES`th without one, says once (a `tracing`
-    /// warning, and `AdmissionStats::provider_silent`) that the learned
-    /// limits and token quotas it was told to expect are off: a recipe
-    /// that hands the layer no headers, or a gateway that strips them.
+    /// Told a provider, counts replies until one states a limit; at the
+    /// `SILENT_REPLIES`th without one, warns once (headers are not reaching
+    /// the layer).
     fn note_silence(&self, hint: &ServerHint) {
         let rates = &self.inner.rates;
         if rates.provider_window.is_none() {
@@ -137,9 +124,8 @@ where
         }
     }
 
-    /// The hint as this layer reads it: told the provider, its limits
-    /// count per minute; on a key shared with others, this layer's part
-    /// of each limit.
+    /// The hint as this layer reads it: the provider's window on unwindowed
+    /// limits, and this layer's share of a shared key.
     fn as_read<'h>(&self, hint: &'h ServerHint) -> Cow<'h, ServerHint> {
         let rates = &self.inner.rates;
         let mut hint = Cow::Borrowed(hint);
@@ -156,10 +142,8 @@ where
         hint
     }
 
-    /// Feeds the learned rate (a local credential's; a shared one is not
-    /// adapted). The new rate is set before any hold (see
-    /// `Learned::observe`); a 429 for another quota is no verdict on the
-    /// rate (status 0: only a request limit the reply states is taken).
+    /// Feeds the learned rate (local credentials only). A 429 for another
+    /// quota is no verdict on the rate (status 0).
     fn learn(
         &self,
         credential: &str,
@@ -183,14 +167,11 @@ where
         );
     }
 
-    /// A weighted quota the server reports on (a policy of the same
-    /// name): spent, it is held until its reset, alone; with less left
-    /// than this process believes (another process, or a job, spends the
-    /// same key), the difference is charged here, so the next calls wait
-    /// for what the server will really allow. The server's count can only
-    /// be stale by requests it has not seen yet, which the local bucket
-    /// already holds: taking the smaller never admits more than the
-    /// server has left.
+    /// A weighted quota the server reports on: spent, it is held alone until
+    /// its reset; with less left than believed (another user of the key), the
+    /// difference is charged here. The server's count can only be stale by
+    /// requests the local bucket already holds, so taking the smaller never
+    /// admits more than the server has left.
     fn follow_weighted_quotas(&self, credential: &str, hint: &ServerHint) {
         let inner = &*self.inner;
         let key = credential.to_string();
@@ -231,10 +212,8 @@ where
         }
     }
 
-    /// A 429 for a weighted quota the layer meters holds that quota alone
-    /// (until its reset, capped): the hold applied. `None` when the layer
-    /// does not meter it: holding the requests is then the only way not
-    /// to hear the same 429 again at once.
+    /// A 429 for a metered weighted quota holds that quota alone (capped);
+    /// `None` if not metered, so the requests are held instead.
     fn hold_spent_quota(
         &self,
         credential: &str,
@@ -260,9 +239,8 @@ where
     }
 
     /// Holds the requests for the server's `wait`, capped at
-    /// `max_retry_after` alike for every hold; the capped hold is what is
-    /// returned. A named limit holds only the calls under its scope; a
-    /// shared credential's hold is pushed by its next admit.
+    /// `max_retry_after`; returns the capped hold. A named scope holds only
+    /// its calls; a shared credential's hold is pushed by its next admit.
     fn hold_requests(
         &self,
         tool: Tool<'_>,
@@ -275,16 +253,14 @@ where
         let wait = told.min(inner.rates.max_retry_after);
         match &hint.scope {
             Some(scope) => {
-                // The server named the limit: hold back only the calls that
-                // fall under it (this tool's, from now on).
+                // A named limit: hold back only the calls under it (this tool's).
                 let _ = inner
                     .rates
                     .server_scopes
                     .penalize_told(&(key, scope.clone()), wait, told);
                 let state = match tool {
                     Tool::Held(state) => Some(state.clone()),
-                    // A tool the registry cannot hold right now learns its
-                    // scope on a later reply.
+                    // A tool the registry cannot hold now learns its scope later.
                     Tool::Named(name) => inner.slots.tool(name).ok(),
                 };
                 if let Some(state) = state {
@@ -294,8 +270,7 @@ where
                 }
             }
             None if inner.rates.shared.contains(credential) => {
-                // Reaching the shared limiter needs an await: the next admit
-                // on this credential applies it before reserving.
+                // Reaching the shared limiter needs an await: the next admit does it.
                 let until = inner
                     .clock
                     .now_nanos()
@@ -311,11 +286,10 @@ where
         wait
     }
 
-    /// Lifts every server hold on `credential` (its request quota and its
-    /// weighted quotas start full again, and a pending hold for its shared
-    /// quota is dropped): for an operator who knows the server's wait was
-    /// wrong. Holds on server scopes (`server:<name>`) run out by
-    /// themselves.
+    /// Lifts every server hold on `credential` (its request and weighted
+    /// quotas start full again; a pending shared hold is dropped), for an
+    /// operator who knows the server's wait was wrong. Server-scope holds
+    /// run out by themselves.
     ///
     /// # Examples
     ///
@@ -343,8 +317,8 @@ where
     }
 }
 
-/// Whether a server's policy name and a quota's name are the same quota:
-/// `input-tokens` (Anthropic's headers) is `input_tokens`, in any case.
+/// Whether a policy name and a quota name are the same quota
+/// (`input-tokens` is `input_tokens`, in any case).
 pub(super) fn same_name(a: &str, b: &str) -> bool {
     a.len() == b.len()
         && a.bytes().zip(b.bytes()).all(|(x, y)| {
@@ -366,16 +340,13 @@ fn needs_window(hint: &ServerHint) -> bool {
         .any(|p| p.name.is_some() && p.quota.is_some() && p.window.is_none())
 }
 
-/// Whether `hint` states a limit (a share of it can be taken).
 fn states_limits(hint: &ServerHint) -> bool {
     hint.limit.is_some() || hint.policies.iter().any(|p| p.quota.is_some())
 }
 
-/// `hint` as this layer's part of the key: each stated limit `L` becomes
-/// `floor(L x share)` (at least 1), and what is left of it is what is
-/// left beyond the headroom `L - floor(L x share)` kept for the key's
-/// other users. Spent below the headroom, it reads 0 left: the layer
-/// holds back until the reset before the others are refused.
+/// `hint` as this layer's share of the key: each limit `L` becomes
+/// `floor(L x share)` (at least 1), and remaining is reduced by the
+/// headroom `L - floor(L x share)`, reading 0 once spent below it.
 fn with_share(hint: &ServerHint, share: f64) -> ServerHint {
     let part = |limit: u64| -> u64 {
         #[allow(
@@ -384,7 +355,6 @@ fn with_share(hint: &ServerHint, share: f64) -> ServerHint {
             clippy::cast_precision_loss
         )]
         let mine = ((limit as f64) * share).floor() as u64;
-        // A limit of 0 stays 0 (nothing to share); any other keeps at least 1.
         mine.clamp(limit.min(1), limit)
     };
     let mut hint = hint.clone();
@@ -403,7 +373,6 @@ fn with_share(hint: &ServerHint, share: f64) -> ServerHint {
     hint
 }
 
-/// `hint` with `window` on every named limit that states none.
 fn with_window(hint: &ServerHint, window: Duration) -> ServerHint {
     let mut hint = hint.clone();
     for p in &mut hint.policies {
@@ -414,13 +383,9 @@ fn with_window(hint: &ServerHint, window: Duration) -> ServerHint {
     hint
 }
 
-/// A weighted quota's limit, stated by the server for this credential
-/// (`x-ratelimit-limit-tokens: 120000`, per minute): a ceiling. A quota
-/// configured above it is lowered to it for the credential, keeping its
-/// burst (no more than the server's whole limit); one below it is left
-/// alone (the operator may mean to leave the rest to others). A learned
-/// quota (no limit configured) takes a second's worth of burst (see
-/// `Provider`).
+/// A weighted quota's stated limit is a ceiling: a configured quota above
+/// it is lowered to it (keeping its burst), one below is left alone; a
+/// learned quota takes a second's worth of burst.
 fn lower_to_server<C: Clock>(
     resource: &Resource<C>,
     key: &String,
@@ -431,18 +396,14 @@ fn lower_to_server<C: Clock>(
     };
     let current = resource.buckets.quota_of(key);
     if let Some(lowered) = stated_quota(Some(current), (limit, window), resource.learned, false) {
-        // Refused only past the registry's cap of per-key quotas: the
-        // credential then keeps the configured one.
+        // Refused only past the registry's cap: the configured quota stays.
         let _ = resource.buckets.set_quota(key, lowered);
     }
 }
 
-/// The quota `limit` per `window`, a limit the server stated, makes of
-/// `current` (`None`: not known), or `None` if it leaves it as it is. It
-/// only lowers a quota, keeping its burst up to the limit, unless the
-/// quota is `learned` (its limit is the server's to say) and may `raise`.
-/// A learned or unknown quota takes a second's worth of burst (see
-/// `Provider`: a minute's limit is enforced a second at a time).
+/// What the stated `limit` per `window` makes of `current`, or `None` if
+/// unchanged. Only lowers, unless `learned` and `raise`. A learned or
+/// unknown quota takes a second's worth of burst (see `Provider`).
 pub(super) fn stated_quota(
     current: Option<Quota>,
     (limit, window): (u64, Duration),
@@ -469,13 +430,9 @@ pub(super) fn stated_quota(
         .filter(|q| current != Some(*q))
 }
 
-/// The quota a 429 says is spent when it is not the request count: a named
-/// policy other than `requests` with nothing left (`x-ratelimit-remaining-tokens: 0`,
-/// `anthropic-ratelimit-tokens-remaining: 0`), while the requests policy,
-/// if the reply has one, still has some. When nothing reads zero (a call
-/// asking 805 tokens with 400 left; a server counting a minute's limit in
-/// slices, whose `remaining` is of the minute), the policy with the
-/// smallest share of its limit left, if that is not `requests`.
+/// The quota a 429 says is spent, if not requests: a named policy with
+/// nothing left while requests have some; failing that, the policy with
+/// the smallest share of its limit left, if not `requests`.
 fn spent_quota(hint: &ServerHint) -> Option<&crate::headers::Policy> {
     let is_requests = |p: &crate::headers::Policy| p.name.as_deref() == Some(REQUESTS);
     let requests_left = hint
@@ -495,9 +452,8 @@ fn spent_quota(hint: &ServerHint) -> Option<&crate::headers::Policy> {
         let of = p.quota.filter(|&q| q > 0)?;
         Some(p.remaining? as f64 / of as f64)
     };
-    // Without the requests' limit their share is unknown: requests are
-    // left, so the scarcest of the rest (an unknown limit: its remaining
-    // counts as a full share).
+    // Without the requests' limit their share is unknown; an unknown limit
+    // counts as a full share.
     let requests_known = named().any(|p| is_requests(p) && share(p).is_some());
     named()
         .filter(|p| requests_known || !is_requests(p))
@@ -507,9 +463,9 @@ fn spent_quota(hint: &ServerHint) -> Option<&crate::headers::Policy> {
         .filter(|p| !is_requests(p))
 }
 
-/// The wait the reply puts on the credential's requests: `Retry-After`, or
-/// a spent request limit until its reset. A spent *weighted* quota (a
-/// policy named like one) holds only that quota (see `observe_sent`).
+/// The wait the reply puts on the credential's requests: `Retry-After`,
+/// or a spent request limit until its reset (a spent weighted quota holds
+/// only itself).
 fn request_wait<C: Clock>(hint: &ServerHint, resources: &[Resource<C>]) -> Option<Duration> {
     if hint.retry_after.is_some() {
         return hint.retry_after;

@@ -64,8 +64,7 @@ fn with(policies: Vec<Policy>) -> ServerHint {
 
 const MINUTE: Duration = Duration::from_secs(60);
 
-/// A name that only starts like a quota's is
-/// another quota (`tokens` is not `tokens_in`).
+/// A name that only starts like a quota's is another quota.
 #[test]
 fn a_name_is_the_same_quota_only_whole() {
     assert!(same_name("input-tokens", "INPUT_tokens"));
@@ -74,9 +73,7 @@ fn a_name_is_the_same_quota_only_whole() {
     assert!(!same_name("tokens", "tokenz"));
 }
 
-/// Only a named limit without a window needs
-/// the provider's, and only such a limit is given it; a window the server
-/// stated is kept.
+/// Only a named limit without a window is given the provider's.
 #[test]
 fn only_a_named_limit_without_a_window_is_given_one() {
     let cases = [
@@ -101,9 +98,7 @@ fn only_a_named_limit_without_a_window_is_given_one() {
     }
 }
 
-/// The quota a 429 spends is the named one with
-/// nothing left, even when the reply says nothing of requests; a limit of
-/// 0 has no share, so its remaining counts as a full share.
+/// The quota a 429 spends is the named one with nothing left.
 #[test]
 fn a_429_spends_the_quota_with_nothing_left() {
     let hint = with(vec![left("tokens", Some(1_000), 0, None)]);
@@ -117,8 +112,7 @@ fn a_429_spends_the_quota_with_nothing_left() {
         left("tokens", Some(1_000), 0, None),
     ]);
     assert!(spent_quota(&hint).is_none());
-    // None at 0: the scarcest share. A limit of 0 counts as a full share
-    // (1.0), less than a quota with more left than its limit (1.5).
+    // None at 0: the scarcest share (a limit of 0 counts as a full share).
     let hint = with(vec![
         left(REQUESTS, None, 3, None),
         left("tokens", Some(0), 5, None),
@@ -130,9 +124,7 @@ fn a_429_spends_the_quota_with_nothing_left() {
     );
 }
 
-/// A reply's wait on the requests is the reset
-/// of a spent request limit; a spent weighted quota the layer meters, or
-/// a limit with some left, puts none on them.
+/// A reply's wait on the requests is a spent request limit's reset only.
 #[test]
 fn only_a_spent_request_limit_waits_the_requests() {
     let clock = crate::clock::ManualClock::new();

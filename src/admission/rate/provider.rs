@@ -1,6 +1,5 @@
-//! What the layer knows of an LLM provider it is told it talks to: the
-//! window its limit headers count over, and the weighted quotas those
-//! headers describe (learned from the first reply, never configured).
+//! What the layer knows of an LLM provider it is told it talks to: its
+//! limit headers' window and the weighted quotas they describe.
 
 use core::time::Duration;
 
@@ -15,30 +14,17 @@ use core::time::Duration;
 /// Told the provider, the layer learns the server's numbers from its first
 /// reply and needs no quota configured:
 ///
-/// * a `requests` limit sets the credential's learned rate
-///   (`limit / 60 s`, as a `RateLimit-Policy` would);
-/// * each learned quota starts unlimited and takes the server's limit for
-///   the credential that reported it, with a burst of one second's worth:
-///   providers enforce a minute's limit in shorter slices (OpenAI says its
-///   limits "may be quantized"), so a minute's worth at once would be
-///   refused. A call costing more than that burst waits for a full one and
-///   is then sent (it is charged the burst; its usage settles the rest);
-/// * a quota configured with [`resource`](crate::admission::Builder::resource) is
-///   kept, and lowered to the server's limit when the server's is lower;
-/// * what calls sent before the first reply used is not counted against
-///   the learned quota (nothing metered them); the server's `remaining`,
-///   when lower than what the layer believes is left, is charged as usual.
+/// * a `requests` limit sets the credential's learned rate (`limit / 60 s`);
+/// * each learned quota starts unlimited and takes the server's limit,
+///   with a burst of one second's worth (providers enforce a minute's
+///   limit in shorter slices); a call costing more waits for a full burst;
+/// * a quota configured with [`resource`](crate::admission::Builder::resource)
+///   is kept, and lowered to the server's limit if that is lower.
 ///
-/// A call draws on a learned quota only when it says what it costs
-/// ([`CallSpec::cost`](crate::admission::CallSpec::cost), the middleware's
-/// `cost_from`); usage read from the reply
-/// (`Provider::usage_in_body`, feature `http`) settles the estimate.
-///
-/// Without this, OpenAI's names are still read for holds (`remaining: 0`
-/// with its reset, a 429 charged to the quota that is spent) but set no
-/// rate: the same names count per second on some compatible servers and
-/// per day on others, and a minute assumed wrongly reads a limit as 60
-/// times lower than it is.
+/// A call draws on a learned quota only when it states its cost
+/// ([`CallSpec::cost`](crate::admission::CallSpec::cost)). Without a
+/// provider, OpenAI's header names still drive holds but set no rate,
+/// since compatible servers use the same names for other windows.
 ///
 /// # Examples
 ///
@@ -64,9 +50,8 @@ use core::time::Duration;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Provider {
-    /// OpenAI, and OpenAI-compatible servers whose `x-ratelimit-*-requests`
-    /// and `-tokens` limits count per minute as OpenAI's do (not Groq's,
-    /// whose requests limit is per day).
+    /// OpenAI, and compatible servers whose `x-ratelimit-*` limits count per
+    /// minute (not Groq's, whose requests limit is per day).
     OpenAi,
     /// Anthropic's Messages API.
     Anthropic,
@@ -74,21 +59,17 @@ pub enum Provider {
 
 impl Provider {
     /// What a whole (non-streamed) JSON reply of an LLM provider says the
-    /// call used, as `(quota name, units)`: `input_tokens`, `output_tokens`
-    /// and `tokens`. For the
-    /// reqwest middleware's `usage_from_body`, or
-    /// [`Ticket::settle`](crate::admission::Ticket::settle). A body that is
-    /// not JSON, or has no `usage`, reports nothing; a count past `u32::MAX`
-    /// is clamped to it. Names the layer has no quota for are ignored by the
-    /// settle, so the three can always be reported.
+    /// call used, as `(quota name, units)`, for the reqwest middleware's
+    /// `usage_from_body` or [`Ticket::settle`](crate::admission::Ticket::settle).
+    /// A body that is not JSON, or has no `usage`, reports nothing; counts
+    /// are clamped to `u32::MAX`.
     ///
     /// | provider | `usage` fields | reported as |
     /// | --- | --- | --- |
     /// | OpenAI (and compatible servers) | `prompt_tokens`, `completion_tokens`, `total_tokens` | `input_tokens`, `output_tokens`, `tokens` |
     /// | Anthropic | `input_tokens` (+ `cache_creation_input_tokens`, `cache_read_input_tokens`), `output_tokens` | `input_tokens` (all input), `output_tokens`, `tokens` |
     ///
-    /// `tokens` is `total_tokens` when the reply states it, else input plus
-    /// output (a missing output counts as 0: an embedding).
+    /// `tokens` is `total_tokens` when stated, else input plus output.
     ///
     /// # Examples
     ///
@@ -110,12 +91,9 @@ impl Provider {
     }
 
     /// What one event of an LLM's streamed reply says it used (for
-    /// `usage_from_stream` on the reqwest middleware or the tower layer):
-    /// the fields it carries. OpenAI sends `usage` in its last chunk (with
-    /// `stream_options.include_usage`); Anthropic sends the input in
-    /// `message_start` (under `message`) and the output so far in each
-    /// `message_delta`. The stream keeps the largest count per name and,
-    /// when it ends, `tokens` is at least `input_tokens + output_tokens`.
+    /// `usage_from_stream` on the reqwest middleware or the tower layer).
+    /// The stream keeps the largest count per name, and at the end `tokens`
+    /// is at least `input_tokens + output_tokens`.
     ///
     /// # Examples
     ///
@@ -133,7 +111,6 @@ impl Provider {
         crate::headers::llm_event_usage(data)
     }
 
-    /// The window the provider's limit headers count over.
     pub(in crate::admission) const fn window(self) -> Duration {
         match self {
             Provider::OpenAi | Provider::Anthropic => Duration::from_secs(60),
@@ -141,7 +118,7 @@ impl Provider {
     }
 
     /// The weighted quotas the provider's headers report on, as the layer
-    /// names them (`input-tokens` in a header is the quota `input_tokens`).
+    /// names them.
     pub(in crate::admission) const fn quotas(self) -> &'static [&'static str] {
         match self {
             Provider::OpenAi => &["tokens"],
@@ -150,8 +127,8 @@ impl Provider {
     }
 }
 
-/// The burst a learned weighted quota gets at `rate` units a second: one
-/// second's worth, at least one unit, at most the server's whole `limit`.
+/// A learned weighted quota's burst: one second's worth, clamped to
+/// `1..=limit`.
 pub(in crate::admission) fn learned_burst(rate: f64, limit: u64) -> u32 {
     let second = rate.ceil().max(1.0);
     let limit = limit.max(1) as f64;

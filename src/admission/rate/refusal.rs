@@ -1,6 +1,5 @@
 //! How a quota's refusal is worded: which limit, until when (staggered
-//! across the calls refused together) and in words that agree with the
-//! numbers, and the end of the latest server hold a refusal reports.
+//! across calls refused together), and the end of the latest server hold.
 
 use core::time::Duration;
 use std::borrow::Cow;
@@ -12,16 +11,13 @@ use crate::clock::{saturating_nanos, Clock};
 use crate::sleep::Sleeper;
 use crate::throttled::{Human, Status, Throttled};
 
-/// A quota that would not reserve: why, which limit (its scope in the
-/// [`Throttled`]), and how long that limit takes to free what the call
-/// asked for (to stagger the calls it refuses together). Built without
-/// allocating: the fast path drops it and tries again on the staged path,
-/// which words it (see `Admission::rate_refusal`).
+/// A quota that would not reserve: why, which limit, and how long it
+/// takes to free the call's cells (to stagger refusals). Allocation-free:
+/// the fast path drops it and the staged path words it.
 #[derive(Debug)]
 pub(in crate::admission) struct Refusal {
     pub(super) e: ReserveError,
     pub(super) scope: Cow<'static, str>,
-    /// Nanoseconds the limit needs to free the cells this call asked for.
     pub(super) period: u64,
 }
 
@@ -30,10 +26,8 @@ where
     S: Sleeper,
     C: Clock,
 {
-    /// Words a quota's refusal of `credential`'s call at `at`. Calls that a
-    /// limit refuses together are told staggered instants (see
-    /// `stagger.rs`): the k-th is told the limit's next slot plus k - 1
-    /// times what the limit takes to free such a call's cells.
+    /// Words a quota's refusal of `credential`'s call at `at`; calls refused
+    /// together are told staggered instants (see `stagger.rs`).
     pub(in crate::admission) fn rate_refusal(
         &self,
         refusal: Refusal,
@@ -66,8 +60,7 @@ where
             Duration::from_nanos(told - now)
         };
         if let ReserveError::Unavailable { retry_after } = e {
-            // Not a quota: the store that keeps the shared one is down (its
-            // fail policy is closed). Say so, with its configured wait.
+            // Not a quota: the shared quota store is down (fail closed).
             return Throttled::new(
                 Status::RateLimited,
                 scope,
@@ -92,9 +85,8 @@ where
                 ),
             );
         }
-        // A server hold is capped at `max_retry_after`. While it lasts, a
-        // refusal says what the server said but tells the caller when it
-        // would be admitted: the capped hold, not the server's word.
+        // While a capped server hold lasts, tell the capped hold, not the
+        // server's word.
         let told = self.held_until(credential, None).saturating_sub(now);
         match e.retry_after() {
             Some(after) if told > saturating_nanos(inner.rates.max_retry_after) => {
@@ -146,11 +138,8 @@ where
         }
     }
 
-    /// What the caller whose answer asked for a wait past the layer's
-    /// cap on holds (`max_retry_after`) is told: when it would be
-    /// admitted, the capped hold, as every later caller is, not the
-    /// server's word (issue #59 item 6: `Retry-After: 99999999999` told
-    /// the first caller 4,294,967,295 s and the next ones 5 min).
+    /// A refusal whose server wait exceeds `max_retry_after` tells the capped
+    /// hold, as every later caller is told.
     pub(in crate::admission) fn told_within_cap(
         &self,
         refused: Throttled,
@@ -169,9 +158,8 @@ where
         }
     }
 
-    /// The end of the latest server hold that covers `credential`'s calls
-    /// (its own, its weighted quotas', its shared quota's as last observed
-    /// here, and the server scope `scope` it falls under).
+    /// The end of the latest server hold covering `credential`'s calls (own,
+    /// weighted, pending shared, and server scope `scope`).
     pub(super) fn held_until(&self, credential: &str, scope: Option<&(String, String)>) -> u64 {
         let inner = &*self.inner;
         let key = credential.to_string();
@@ -195,8 +183,7 @@ where
     }
 }
 
-/// A limit whose reset (`resets`, the server's word) is past the layer's
-/// cap on holds: the layer asks the server again `after`.
+/// A limit whose reset is past the layer's cap: asked again `after`.
 #[cold]
 fn past_cap(scope: impl Into<String>, resets: Duration, after: Duration) -> Throttled {
     Throttled::new(

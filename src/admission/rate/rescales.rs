@@ -1,13 +1,7 @@
-//! Changes of a learned rate that reach the calls already waiting.
-//!
-//! A call reserves its cell, then sleeps until the cell's instant. When a
-//! learned rate changes while calls sleep, the bucket converts the queued
-//! cells to the new rate (`Gcra::rescale_learned_quota`) and the change
-//! is logged here ([`Rescales`]); it wakes each sleeper
-//! (`Admission::sleep_turn`), which moves its instant the same way and
-//! sleeps on. Every call sleeping on a learned credential's request cell
-//! must follow: one that kept its old instant would go in another cell's
-//! slot, and send one request too many in that window.
+//! Changes of a learned rate that reach calls already sleeping towards a
+//! cell: the bucket rescales queued cells, the change is logged here, and
+//! each sleeper is woken to move its instant the same way. Invariant:
+//! every such sleeper must follow, or it would send one request too many.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,24 +17,18 @@ use crate::bucket::gcra::{epoch_distance, Rescale, EPOCH_HALF};
 use crate::clock::Clock;
 use crate::sleep::Sleeper;
 
-/// Changes kept. Every sleeper is woken by each change and catches up
-/// when it runs, so it would take this many changes while one sleeper
-/// waits to be polled for it to miss one (it then keeps the instant it
-/// had before the missed ones).
+/// Changes kept; a sleeper that misses more than this while unpolled keeps
+/// its earlier instant.
 const LOG: usize = 64;
 
 /// One credential's learned rate changes.
 #[derive(Default)]
 pub(crate) struct Rescales {
-    /// How many changes were ever logged: a sleeper that saw this count
-    /// has nothing to catch up on.
+    /// Changes ever logged: a sleeper that saw this count is up to date.
     logged: AtomicU64,
-    /// The latest changes, oldest first.
     log: Mutex<VecDeque<Rescale>>,
-    /// The calls sleeping towards a cell, by sleeper, woken (and dropped)
-    /// by the next change. A sleep that ends takes its entry back, so the
-    /// list holds only calls still asleep (issue #59: else finished
-    /// sleepers' tasks were kept alive).
+    /// The calls sleeping towards a cell, by sleeper id, woken (and dropped)
+    /// by the next change; a sleep that ends takes its entry back.
     wakers: Mutex<Vec<(u64, Waker)>>,
 }
 
@@ -61,27 +49,23 @@ impl Drop for Asleep<'_, '_> {
     }
 }
 
-/// A sleeper's turn on its credential's request quota.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Turn {
     /// When its cell may be used, on the bucket's clock.
     pub(crate) ready_at: u64,
     /// The bucket epoch its cell was reserved under, or moved to.
     epoch: u32,
-    /// `Rescales::logged` when it last caught up (`u64::MAX`: never).
     seen: u64,
 }
 
 impl Rescales {
-    /// Logs `change` and wakes every call sleeping towards a cell.
     pub(crate) fn push(&self, change: Rescale) {
         for waker in self.log_change(change) {
             waker.wake();
         }
     }
 
-    /// Logs `change`; returns the wakers of the calls sleeping towards a
-    /// cell, for the caller to wake once it holds no lock of its own.
+    /// Logs `change`; returns the sleepers' wakers, to wake once no lock is held.
     #[must_use = "the sleepers must be woken"]
     pub(crate) fn log_change(&self, change: Rescale) -> Vec<Waker> {
         {
@@ -94,16 +78,14 @@ impl Rescales {
             // the log itself.
             self.logged.fetch_add(1, Ordering::Release);
         }
-        // After the count: a sleeper registering from here on sees it
-        // (`changed` reads it under this lock), one registered before is
-        // woken by the caller.
+        // After the count: a sleeper registering from now sees it (`changed`
+        // reads it under this lock); one registered before is woken.
         let wakers = core::mem::take(&mut *self.wakers.lock());
         wakers.into_iter().map(|(_, w)| w).collect()
     }
 
     /// Whether a change was logged since `turn` last caught up; if not,
-    /// `waker` is woken by the next one, in place of any waker sleeper
-    /// `id` left before.
+    /// `waker` replaces sleeper `id`'s waker for the next one.
     fn changed(&self, turn: &Turn, id: u64, waker: &Waker) -> bool {
         let mut wakers = self.wakers.lock();
         // Acquire: see `push`. Read under the lock `push` drains under, so
@@ -118,7 +100,6 @@ impl Rescales {
         false
     }
 
-    /// Sleeper `id`'s sleep ended: its waker, if any, leaves the list.
     fn forget(&self, id: u64) {
         let mut wakers = self.wakers.lock();
         if let Some(i) = wakers.iter().position(|(of, _)| *of == id) {
@@ -126,26 +107,22 @@ impl Rescales {
         }
     }
 
-    /// Wakers held now.
     #[cfg(all(test, not(feature = "loom")))]
     pub(crate) fn sleepers(&self) -> usize {
         self.wakers.lock().len()
     }
 
-    /// The turn of a cell usable at `ready_at`, reserved under `epoch`.
     pub(crate) fn turn(&self, ready_at: u64, epoch: u32) -> Turn {
         Turn {
             ready_at,
             epoch,
-            // Not a count yet: the first `catch_up` reads the log, so a
-            // change logged between the reservation and now is not missed
-            // (the epochs tell which changes came after the cell).
+            // Not a count yet: the first `catch_up` reads the log, and the epochs
+            // tell which changes came after the cell.
             seen: u64::MAX,
         }
     }
 
-    /// Moves `turn` by every logged change applied after its cell was
-    /// reserved. Returns whether it moved.
+    /// Moves `turn` by every change after its cell's epoch; whether it moved.
     pub(crate) fn catch_up(&self, turn: &mut Turn) -> bool {
         // Acquire: see `push`.
         let logged = self.logged.load(Ordering::Acquire);
@@ -175,16 +152,11 @@ pub(super) enum Slept {
 }
 
 impl<S: Sleeper, C: Clock> Admission<S, C> {
-    /// Sleeps towards the latest of `turns` (each a cell of a quota whose
-    /// rate may change, with that quota's log: the request cell of a
-    /// learned rate, the cells taken from shared limiters) and `others_at`
-    /// (the other quotas' instant; `planned` all together), moving each
-    /// turn by every change its log records meanwhile; returns the
-    /// instant slept to, or why it stopped before: the layer closed, or a
-    /// cut moved a turn past `deadline_at`. (A cut may stretch a wait
-    /// past the inline threshold it was admitted under: refusing the call
-    /// then would leave its cell unused, and the threshold is a choice of
-    /// how long to wait, the deadline a promise.)
+    /// Sleeps towards the latest of `turns` (cells whose rate may change) and
+    /// `others_at`, moving each turn by every logged change. Returns the
+    /// instant slept to, or why it stopped: closed, or a cut moved a turn past
+    /// `deadline_at`. A cut may stretch a wait past the inline threshold: the
+    /// threshold is a preference, the deadline a promise.
     pub(super) async fn sleep_turns(
         &self,
         turns: &mut [(&Rescales, Turn)],
@@ -213,7 +185,6 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
                 if closed.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(None);
                 }
-                // Each log not changed keeps the waker for its next change.
                 if asleep
                     .turns
                     .iter()
@@ -259,9 +230,7 @@ mod tests {
         }
     }
 
-    /// Issue #59 item 3: a call whose sleep ended (its timer fired, or it
-    /// was dropped) left its waker in the log until the next change,
-    /// which for a quiet credential never comes.
+    /// No waker of a finished or cancelled sleeper stays in the log.
     #[test]
     fn no_waker_of_a_finished_or_cancelled_sleeper_stays_in_the_log() {
         use crate::admission::{Admission, CallSpec};
@@ -270,14 +239,12 @@ mod tests {
         use core::task::Context;
 
         let clock = ManualClock::new();
-        // A learned credential: 10/s to start, one call at once.
         let admission = Admission::builder()
             .clock(clock.clone())
             .sleeper(clock.clone())
             .build();
         let spec = CallSpec::new("search", "k").deadline(Duration::from_secs(60));
-        // A waker of its own per call (one waker would be registered once
-        // whatever the bug).
+        // A waker of its own per call (one waker would register once anyway).
         struct Own;
         impl futures::task::ArcWake for Own {
             fn wake_by_ref(_: &std::sync::Arc<Self>) {}
@@ -292,8 +259,7 @@ mod tests {
         };
         drop(first);
 
-        // Three calls asleep towards their cells (within the default
-        // slots), then dropped.
+        // Three calls asleep towards their cells, then dropped.
         let mut asleep: Vec<_> = (0..3).map(|_| Box::pin(admission.admit(&spec))).collect();
         for call in &mut asleep {
             assert!(call
@@ -329,8 +295,7 @@ mod tests {
         let mut late = changes.turn(500 * MS, 4);
         changes.push(change(100, 50, 25, 5));
         assert!(changes.catch_up(&mut early));
-        // 800 ms at 100 ms a cell is 8 cells: at 50 ms they end at 400 ms,
-        // then the 6 cells past 100 ms at 25 ms end at 250 ms.
+        // 8 cells at 100 ms → 400 ms at 50 ms, then 6 past 100 ms at 25 ms → 250.
         assert_eq!(early.ready_at, 250 * MS);
         assert!(changes.catch_up(&mut late));
         assert_eq!(late.ready_at, 300 * MS);
@@ -365,8 +330,7 @@ mod tests {
         for e in 2..=(LOG as u32 + 1) {
             changes.push(change(0, 100, 100, e));
         }
-        // The change that would have moved it is gone, the ones kept do not
-        // (the same period): it stays where it was, never earlier.
+        // The change that would have moved it is gone: it stays, never earlier.
         changes.catch_up(&mut turn);
         assert_eq!(turn.ready_at, 10_000 * MS);
         assert!(after(0, crate::bucket::gcra::EPOCH_MAX));

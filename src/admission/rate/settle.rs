@@ -1,5 +1,4 @@
-//! Settling a call's reservation with what the server says it used, and
-//! the debt a charge leaves (`Ticket::settle`).
+//! Settling a call's reservation with what the server says it used.
 
 use core::time::Duration;
 
@@ -11,8 +10,7 @@ use crate::keyed::Scoped;
 use crate::sleep::Sleeper;
 
 impl<S: Sleeper, C: Clock> Admission<S, C> {
-    /// See [`Ticket::settle`](crate::admission::Ticket::settle); `held` is the
-    /// ticket's reservations.
+    /// See [`Ticket::settle`](crate::admission::Ticket::settle).
     pub(in crate::admission) fn settle(
         &self,
         credential: &str,
@@ -37,15 +35,12 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
             return 0;
         };
         let h = held.place_mut(place);
-        // What the call is counted for so far: its estimate, or what an
-        // earlier settle left.
         let counted = h.cells;
         if let Source::Resource(i) = source
             && inner.rates.shared.has_resource(credential, name)
         {
-            // Kept in a shared limiter: settled there exactly, both ways
-            // (its refunds need no stamps), by the next push. One charge
-            // is at most what `charge` below allows.
+            // Shared: settled there exactly, both ways, by the next push; capped
+            // as `charge` is.
             let key = credential.to_string();
             let most = charge_cap(
                 &inner.rates.resources[i].buckets,
@@ -71,9 +66,8 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
             *h = Kept::settled(actual);
             return i64::from(actual - counted);
         }
-        // The stamps undo the reservation at most once: after a refund the
-        // bucket may hand the very same stamps to another call, which a
-        // second undo would then give back. So a settled place is never
+        // Stamps undo a reservation at most once: after a refund the bucket may
+        // hand the same stamps to another call, so a settled place is never
         // refunded again.
         let refunded = actual < counted && h.refundable() && self.undo(credential, None, source, h);
         if !refunded {
@@ -86,11 +80,9 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
     }
 }
 
-/// Takes `units` from `key`'s bucket now, whatever the wait and the burst:
-/// debt that the next calls wait for. O(1) in `units`: one CAS. One
-/// charge is at most `cap`'s worth of the quota's rate: a huge reported
-/// usage holds the key no longer than a server's hold may
-/// (`max_retry_after`).
+/// Takes `units` from `key`'s bucket now, whatever the wait and burst:
+/// debt the next calls wait for. Capped at `cap`'s worth of the rate, so
+/// a huge reported usage holds the key no longer than a server hold may.
 pub(in crate::admission) fn charge<C: Clock>(
     buckets: &Scoped<String, C>,
     key: &String,
@@ -99,12 +91,10 @@ pub(in crate::admission) fn charge<C: Clock>(
     cap: Duration,
 ) {
     let most = charge_cap(buckets, key, cap);
-    // Too many keys: nothing can be charged to a bucket that cannot exist.
     let _ = buckets.charge(key, u64::from(units).min(most), now);
 }
 
-/// The most one charge takes from `key`'s quota: `cap`'s worth of its
-/// rate, at least 1.
+/// The most one charge takes: `cap`'s worth of the rate, at least 1.
 fn charge_cap<C: Clock>(buckets: &Scoped<String, C>, key: &String, cap: Duration) -> u64 {
     let period = saturating_nanos(buckets.period_of(key)).max(1);
     (saturating_nanos(cap) / period).max(1)

@@ -1,6 +1,5 @@
 //! Limits that live outside the process: a credential whose quota is
-//! shared with other processes (a `RedisBucket`, or any
-//! [`RateLimiter`]) is admitted through it instead of a local bucket.
+//! shared with other processes is admitted through its [`RateLimiter`].
 
 use core::future::Future;
 use core::pin::Pin;
@@ -27,17 +26,12 @@ use crate::sleep::Sleeper;
 /// A boxed future borrowing the limiter.
 pub(crate) type SharedFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The object-safe face of a [`RateLimiter`] that [`Admission`] keeps for a
-/// credential shared across processes; every `RateLimiter` has it.
-///
-/// A call takes one cell. If the admit is cancelled while it sleeps the
-/// reserved wait, the cell is not given back (a shared refund needs a round
-/// trip a dropped future cannot make): that errs towards admitting less.
-///
-/// [`Admission`]: crate::admission::Admission
+/// The object-safe face of a [`RateLimiter`] kept for a shared
+/// credential. A cell reserved by an admit cancelled while sleeping is not
+/// given back (that needs a round trip): errs towards admitting less.
 pub(crate) trait SharedLimiter: Send + Sync {
     /// Takes `n` cells usable within `max_wait`, as of `not_before` from
-    /// now (`RateLimiter::reserve_after`); returns the wait.
+    /// now; returns the wait.
     fn reserve_n(
         &self,
         n: u32,
@@ -45,30 +39,27 @@ pub(crate) trait SharedLimiter: Send + Sync {
         max_wait: Duration,
     ) -> SharedFuture<'_, Result<Duration, ReserveError>>;
 
-    /// Holds every process back for `retry_after` (a 429 seen here).
+    /// Holds every process back for `retry_after`.
     fn penalize_all(&self, retry_after: Duration) -> SharedFuture<'_, ()>;
 
-    /// Settles cells taken earlier: `delta > 0` more are charged, `delta
-    /// < 0` given back.
+    /// Settles cells taken earlier: `delta > 0` charged, `< 0` given back.
     fn settle(&self, delta: i64) -> SharedFuture<'_, ()>;
 
-    /// The quota in force, if the limiter knows it.
     fn quota_in_force(&self) -> Option<Quota>;
 
     /// Stores `quota` for every process (a limit the server stated).
     fn adopt(&self, quota: Quota) -> SharedFuture<'_, ()>;
 
-    /// Why a resolver gave no limiter a call may use (see [`Unresolved`]).
+    /// Why a resolver gave no usable limiter.
     fn unresolved(&self) -> Option<&'static str> {
         None
     }
 }
 
-/// What a resolver gave that no call may be admitted through: the
-/// credential's calls are refused, and told why.
+/// A limiter no call may be admitted through: the credential's calls are
+/// refused, and told why.
 #[derive(Debug)]
 pub(crate) enum Unresolved {
-    /// The resolver panicked.
     Panicked,
 }
 
@@ -110,7 +101,6 @@ impl SharedLimiter for Unresolved {
     }
 }
 
-/// When a call refused for an [`Unresolved`] limiter is told to come back.
 pub(crate) const UNRESOLVED_RETRY: Duration = Duration::from_secs(1);
 
 impl<L: RateLimiter> SharedLimiter for L {
@@ -145,53 +135,41 @@ impl<L: RateLimiter> SharedLimiter for L {
     }
 }
 
-/// Finds the shared limiter of a credential not registered by name (see
-/// [`Builder::shared_quotas`](crate::admission::Builder::shared_quotas)).
+/// Finds the shared limiter of a credential not registered by name.
 pub(crate) type SharedResolver = dyn Fn(&str) -> Option<Arc<dyn SharedLimiter>> + Send + Sync;
 
-/// A weighted quota's name and the shared limiter that keeps it.
 pub(crate) type SharedCost = (String, Arc<dyn SharedLimiter>);
 
-/// The credentials admitted through a shared limiter: by name, then through
-/// the resolver; and the weighted quotas of a credential that live in a
-/// shared limiter, with the settles not yet sent to them.
+/// Credentials and weighted quotas kept in shared limiters, and what
+/// this process owes them.
 #[derive(Default)]
 pub(in crate::admission) struct Shared {
     pub(in crate::admission) by_name: HashMap<String, Arc<dyn SharedLimiter>>,
     pub(in crate::admission) resolver: Option<Box<SharedResolver>>,
-    /// A credential's weighted quotas kept in a shared limiter, by name
-    /// (see `Builder::shared_resource`).
+    /// Per credential, by `Builder::shared_resource`.
     pub(in crate::admission) resources: HashMap<String, Vec<SharedCost>>,
-    /// Weighted quotas kept, for any credential not named above, in the
-    /// limiter a resolver returns (see `Builder::shared_resources`).
+    /// For other credentials, by `Builder::shared_resources`.
     pub(in crate::admission) resource_resolvers: Vec<(String, Box<SharedResolver>)>,
-    /// What this process owes the shared limiters of a credential and has
-    /// not sent yet, by credential and quota name (`requests` for the
-    /// credential's own shared quota): queued where no `.await` is
-    /// possible (`Ticket::settle`, `Ticket::observe`, a dropped `admit`),
-    /// sent by the next push for the credential.
+    /// Owed and not yet sent, by credential and quota name: queued where no
+    /// `.await` is possible, sent by the next push for the credential.
     owed: parking_lot::Mutex<HashMap<String, Vec<Owed>>>,
-    /// The quota in force of each shared quota as this process last saw
-    /// it, and its changes, which move the calls sleeping on it.
+    /// Each shared quota's quota in force as last seen, and its changes.
     pub(in crate::admission) watches: Watches,
 }
 
-/// What one shared quota is owed by this process.
 #[derive(Debug)]
 struct Owed {
     name: String,
     /// Net cells to charge (> 0) or give back (< 0).
     delta: i64,
-    /// A hold to place until this instant (layer clock, ns; 0 for none).
+    /// A hold until this instant (layer clock; 0 for none).
     hold_until: u64,
-    /// A limit the server stated, to store for every process.
     quota: Option<Quota>,
 }
 
 impl Shared {
-    /// `credential`'s weighted quotas kept in a shared limiter (empty for
-    /// most credentials): those named for it, then those a resolver
-    /// finds (a quota named for the credential wins over its resolver).
+    /// `credential`'s weighted quotas in shared limiters: named ones first,
+    /// then those a resolver finds.
     #[inline]
     pub(in crate::admission) fn resources_of(&self, credential: &str) -> Cow<'_, [SharedCost]> {
         if self.resources.is_empty() && self.resource_resolvers.is_empty() {
@@ -216,13 +194,11 @@ impl Shared {
         Cow::Owned(all)
     }
 
-    /// Whether `credential`'s quota `name` lives in a shared limiter.
     #[inline]
     pub(in crate::admission) fn has_resource(&self, credential: &str, name: &str) -> bool {
         self.limiter_of_resource(credential, name).is_some()
     }
 
-    /// Whether nothing lives in a shared limiter (most layers).
     #[inline]
     fn is_empty(&self) -> bool {
         self.resources.is_empty()
@@ -231,7 +207,6 @@ impl Shared {
             && self.resolver.is_none()
     }
 
-    /// The shared limiter keeping `credential`'s quota `name`.
     fn limiter_of(&self, credential: &str, name: &str) -> Option<Arc<dyn SharedLimiter>> {
         if name == REQUESTS {
             return self.get(credential);
@@ -239,7 +214,6 @@ impl Shared {
         self.limiter_of_resource(credential, name)
     }
 
-    /// The shared limiter keeping `credential`'s weighted quota `name`.
     fn limiter_of_resource(&self, credential: &str, name: &str) -> Option<Arc<dyn SharedLimiter>> {
         if self.resources.is_empty() && self.resource_resolvers.is_empty() {
             return None;
@@ -255,7 +229,6 @@ impl Shared {
         resolve(credential)
     }
 
-    /// Runs `f` on what `credential`'s shared quota `name` is owed.
     fn owe(&self, credential: &str, name: &str, f: impl FnOnce(&mut Owed)) {
         let mut owed = self.owed.lock();
         let queued = owed.entry(credential.to_string()).or_default();
@@ -274,8 +247,7 @@ impl Shared {
         f(&mut queued[i]);
     }
 
-    /// Queues `delta` cells (charged if > 0, given back if < 0) for
-    /// `credential`'s shared quota `name`; sent by the next push.
+    /// Queues `delta` cells for `credential`'s shared quota `name`.
     pub(in crate::admission) fn queue_settle(&self, credential: &str, name: &str, delta: i64) {
         if delta != 0 {
             self.owe(credential, name, |o| {
@@ -284,19 +256,14 @@ impl Shared {
         }
     }
 
-    /// Queues a hold of `credential`'s shared quota `name` until `until`
-    /// (the longest queued wins); sent by the next push.
+    /// Queues a hold of `credential`'s shared quota `name` until `until`.
     pub(in crate::admission) fn queue_hold(&self, credential: &str, name: &str, until: u64) {
         self.owe(credential, name, |o| o.hold_until = o.hold_until.max(until));
     }
 
-    /// Queues `stated`, a limit the server stated for `credential`'s
-    /// shared quota `name`, to be stored for every process, as
-    /// `stated_quota` makes it of the quota in force there: a `learned`
-    /// quota (its limit is the server's to say) takes it up or down; any
-    /// other only if lower (the rule of a local quota: a lower one is the
-    /// operator's choice). Nothing is queued when the quota in force
-    /// already says it, so processes told the same number store it once.
+    /// Queues a stated limit for `credential`'s shared quota `name`: a
+    /// `learned` quota takes it up or down, any other only if lower. Nothing
+    /// is queued if already in force, so it is stored once across processes.
     pub(in crate::admission) fn queue_stated(
         &self,
         credential: &str,
@@ -312,15 +279,13 @@ impl Shared {
         }
     }
 
-    /// Whether anything is owed to `credential`'s shared limiters.
     pub(in crate::admission) fn owes(&self, credential: &str) -> bool {
         !self.is_empty() && self.owed.lock().contains_key(credential)
     }
 
-    /// Sends what `credential`'s shared limiters are owed (at `now`, layer
-    /// clock), each once: taken from the queue before the round trips,
-    /// never sent again (see `RateLimiter::charge` for what a failed one
-    /// costs). The quota first, so a settle or a hold counts in its cells.
+    /// Sends what `credential`'s shared limiters are owed, each once (taken
+    /// from the queue before the round trips). The quota first, so a settle
+    /// or hold counts in its cells.
     pub(in crate::admission) async fn push_owed(&self, credential: &str, now: u64) {
         if self.is_empty() {
             return;
@@ -349,7 +314,6 @@ impl Shared {
         }
     }
 
-    /// The credentials owed something.
     fn owing(&self) -> Vec<String> {
         if self.is_empty() {
             return Vec::new();
@@ -357,7 +321,6 @@ impl Shared {
         self.owed.lock().keys().cloned().collect()
     }
 
-    /// `credential`'s shared limiter, if it has one.
     #[inline]
     pub(in crate::admission) fn get(&self, credential: &str) -> Option<Arc<dyn SharedLimiter>> {
         if let Some(l) = self.by_name.get(credential) {
@@ -366,10 +329,8 @@ impl Shared {
         self.resolver.as_ref().and_then(|r| r(credential))
     }
 
-    /// Whether `credential` is admitted through a shared limiter.
     #[inline]
     pub(in crate::admission) fn contains(&self, credential: &str) -> bool {
-        // Most layers share nothing: no lookup then.
         if self.by_name.is_empty() && self.resolver.is_none() {
             return false;
         }
@@ -378,15 +339,13 @@ impl Shared {
 }
 
 impl<S: Sleeper, C: Clock> Admission<S, C> {
-    /// Pushes the penalties observed on credentials with a shared quota
-    /// (see [`Builder::shared_quota`](crate::admission::Builder::shared_quota)) to
-    /// their shared limiters, so other processes hold back too, and the
-    /// settles queued for weighted quotas kept in a shared limiter
-    /// ([`Builder::shared_resource`](crate::admission::Builder::shared_resource)).
-    /// [`Ticket::observe`](crate::admission::Ticket::observe) cannot await, so it
-    /// records them; the next `admit` on the same credential pushes them,
-    /// and this pushes them all now ([`Runner`](crate::admission::Runner) calls it
-    /// after every throttled reply).
+    /// Pushes pending holds and queued settles of shared quotas (see
+    /// [`Builder::shared_quota`](crate::admission::Builder::shared_quota) and
+    /// [`Builder::shared_resource`](crate::admission::Builder::shared_resource))
+    /// to their shared limiters now, so other processes hold back too.
+    /// [`Ticket::observe`](crate::admission::Ticket::observe) cannot await and
+    /// only queues them; the next `admit` on the credential, or
+    /// [`Runner`](crate::admission::Runner), also pushes them.
     ///
     /// # Examples
     ///
@@ -421,8 +380,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         }
     }
 
-    /// Sends what `credential`'s shared limiters are owed, if anything (a
-    /// lock, and nothing more, for a credential owing nothing).
+    /// Sends what `credential`'s shared limiters are owed, if anything.
     pub(in crate::admission) async fn push_owed(&self, credential: &str) {
         let shared = &self.inner.rates.shared;
         if shared.owes(credential) {
@@ -432,8 +390,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         }
     }
 
-    /// Pushes `credential`'s pending shared hold and queued settles, if
-    /// any.
+    /// Pushes `credential`'s pending shared hold and queued settles.
     pub(in crate::admission) async fn push_shared(&self, credential: &str) {
         if let Some(shared) = self.inner.rates.shared.get(credential) {
             self.push_penalty(credential, shared.as_ref()).await;
@@ -441,13 +398,10 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         self.push_owed(credential).await;
     }
 
-    /// Reserves the call's cost on each of `limiters` (its credential's
-    /// weighted quotas kept in a shared limiter), within `max_wait`, each
-    /// as of the latest instant so far (from `not_before`: the call goes
-    /// no earlier); keeps them in `reserved`, which queues their refund if
-    /// the call is not admitted, and each one's turn (waits from `now`) in
-    /// `turns`. Returns the longest wait (at least `not_before`), or the
-    /// first refusal.
+    /// Reserves the call's cost on each shared weighted quota within
+    /// `max_wait`, each no earlier than the latest instant so far; records
+    /// them in `reserved` (refunded if not admitted) and their turns in
+    /// `turns`. Returns the longest wait, or the first refusal.
     pub(super) async fn reserve_shared_costs(
         &self,
         spec: &CallSpec,
@@ -485,11 +439,8 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         Ok(wait)
     }
 
-    /// What a reply says about `credential`'s quotas kept in a shared
-    /// limiter, queued for every process: a limit the server states
-    /// (`queue_stated`), and a weighted quota spent (nothing left before
-    /// its reset, or the quota a 429 is for) held until its reset, capped
-    /// as every hold. The shared request quota's hold is `hold_requests`'.
+    /// Queues what a reply says about `credential`'s shared quotas: stated
+    /// limits, and a spent weighted quota held until its reset (capped).
     pub(in crate::admission) fn note_shared(
         &self,
         credential: &str,
@@ -501,8 +452,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         if shared.is_empty() || hint.policies.is_empty() {
             return;
         }
-        // Fixed rates keep a shared request quota fixed, as a local one;
-        // adaptive ones follow what the server states.
+        // Fixed rates keep a shared request quota fixed, as a local one.
         let adaptive = rates.learned.is_adaptive();
         if let Some(stated) = super::learned::server_limit(hint)
             && adaptive
@@ -539,9 +489,8 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         }
     }
 
-    /// The turn of cells just taken from `credential`'s shared quota
-    /// `name` (kept in `limiter`), usable `wait` after `now`; the quota in
-    /// force the reply brought is looked at first (see `shared_turns`).
+    /// The turn of cells just taken from `credential`'s shared quota `name`,
+    /// usable `wait` after `now`.
     pub(super) fn shared_turn(
         &self,
         credential: &str,

@@ -1,25 +1,8 @@
-//! Changes of a shared quota that reach the calls already waiting on it.
-//!
-//! A call takes its cells from a shared limiter (a `RedisBucket` every
-//! process of a fleet admits through), then sleeps until they are usable.
-//! When the quota in force changes meanwhile, the limiter converts its
-//! queued cells to the new rate (`set_quota`), but the sleeping calls'
-//! instants are this process's own: without this log they went at the
-//! old rate and drew 429s.
-//!
-//! So each shared quota of a credential has a [`Watch`]: the period in
-//! force as last seen here, and a [`Rescales`] log of its changes. Every
-//! round trip through the limiter refreshes the quota in force; a change
-//! is logged (as of when, see [`Watch::observe`]) and wakes the calls
-//! sleeping on that quota, which move their instants the way the limiter
-//! moved its cells (`Admission::sleep_turns`).
-//!
-//! Not exact (see ARCHITECTURE.md, "A wrong first quota"): the instant
-//! the limiter moved its cells is only bounded; a process learns of a
-//! change at its next round trip; a change of burst alone moves no
-//! instant; and a reservation taken under the old quota just after a
-//! reply brought the new one keeps its instant (the limiter does not say
-//! which quota each reservation was taken under).
+//! Changes of a shared quota that reach the calls already sleeping on it.
+//! Each shared quota of a credential has a [`Watch`]: the period in force
+//! as last seen and a [`Rescales`] log; each round trip refreshes it, and
+//! a change wakes the sleepers to move their instants as the limiter moved
+//! its cells. Approximate: see ARCHITECTURE.md, "A wrong first quota".
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -30,12 +13,9 @@ use super::rescales::{Rescales, Turn};
 use crate::bucket::gcra::{Rescale, EPOCH_MAX};
 use crate::bucket::Quota;
 
-/// One shared quota of one credential, as this process last saw it.
 #[derive(Default)]
 pub(crate) struct Watch {
-    /// Its changes, for the calls sleeping on it.
     pub(crate) rescales: Rescales,
-    /// What this process last saw of it.
     seen: Mutex<Seen>,
 }
 
@@ -43,25 +23,17 @@ pub(crate) struct Watch {
 struct Seen {
     /// The period in force (0: none seen yet).
     period: u64,
-    /// The epoch of the latest change logged.
     epoch: u32,
-    /// When a round trip last brought `period` (layer clock): the change
-    /// to the next one happened in the limiter after this, and before the
-    /// round trip that brings it.
+    /// When a round trip last brought `period` (layer clock): a change to
+    /// the next happened after this.
     confirmed_at: u64,
 }
 
 impl Watch {
-    /// Looks at the quota in force after a round trip at `now` (layer
-    /// clock): a new period is logged, and the calls sleeping on this
-    /// quota are woken to move.
-    ///
-    /// The limiter moved its cells at an instant known only to fall
-    /// between the last round trip that brought the old period and this
-    /// one. A slower rate is logged as of the earlier end (an instant moves
-    /// the further the earlier its change starts), a faster one as of
-    /// `now`: logging a slowdown at `now` moved instants early and drew
-    /// 429s.
+    /// Looks at the quota in force after a round trip at `now`; a new period
+    /// is logged and wakes the sleepers. The limiter's change happened some
+    /// time since `confirmed_at`: a slowdown is logged as of then (moving
+    /// instants no earlier than the limiter's), a speedup as of `now`.
     pub(crate) fn observe(&self, quota: Option<Quota>, now: u64) {
         let Some(quota) = quota else { return };
         let wakers = {
@@ -99,43 +71,34 @@ impl Watch {
         }
     }
 
-    /// The turn of a cell usable at `ready_at`, taken under the quota
-    /// last observed.
+    /// The turn of a cell usable at `ready_at`, under the quota last observed.
     pub(crate) fn turn(&self, ready_at: u64) -> Turn {
         self.rescales.turn(ready_at, self.seen.lock().epoch)
     }
 }
 
 /// The [`Watch`]es of every credential's shared quotas, by credential and
-/// quota name (not by limiter: a resolver may build a new one per call).
-///
-/// A watch nobody holds (no call sleeps on its quota) is forgotten once
-/// the map is full: the next round trip's period is taken as the first,
-/// which moves no turn, and no turn is left to move.
+/// quota name (a resolver may build a new limiter per call). Unheld ones
+/// are forgotten once the map is full.
 #[derive(Default)]
 pub(crate) struct Watches(Mutex<Watched>);
 
 #[derive(Default)]
 struct Watched {
     by_credential: HashMap<String, Named>,
-    /// The count of credentials at which a new one sweeps: [`MAX_WATCHED`]
-    /// (0 before the first), or a quarter above what the last sweep
-    /// could not forget, so sweeps stay a quarter of the map apart.
+    /// The count at which a new credential sweeps, keeping sweeps a quarter
+    /// of the map apart.
     sweep_at: usize,
-    /// Sweeps so far, for the test that bounds them.
     #[cfg(all(test, not(feature = "loom")))]
     sweeps: usize,
 }
 
-/// One credential's watches, by quota name (a credential has a few).
 type Named = Vec<(String, Arc<Watch>)>;
 
-/// Credentials watched before the ones nobody sleeps on are forgotten:
-/// as many as the learned credentials kept (`MAX_LEARNED`).
+/// Credentials watched before unheld ones are forgotten.
 const MAX_WATCHED: usize = super::learned::MAX_LEARNED;
 
 impl Watches {
-    /// `credential`'s quota `name`'s watch.
     pub(crate) fn of(&self, credential: &str, name: &str) -> Arc<Watch> {
         let mut all = self.0.lock();
         if let Some(quotas) = all.by_credential.get(credential)
@@ -154,7 +117,6 @@ impl Watches {
         watch
     }
 
-    /// Credentials watched now.
     #[cfg(all(test, not(feature = "loom")))]
     pub(crate) fn len(&self) -> usize {
         self.0.lock().by_credential.len()
@@ -198,9 +160,8 @@ mod tests {
         watch.observe(None, 60 * MS);
         assert!(!watch.rescales.catch_up(&mut before));
         assert_eq!(before.ready_at, 300 * MS);
-        // The round trip at 100 ms brings half the rate, stored in the
-        // limiter since the one at 50 ms: the 2.5 cells left past 50 ms
-        // take twice as long from there, the latest the limiter's can be.
+        // Half the rate, stored since the 50 ms trip: the 2.5 cells left past
+        // 50 ms take twice as long from there.
         watch.observe(per_second(5.0), 100 * MS);
         let mut after = watch.turn(700 * MS);
         assert!(watch.rescales.catch_up(&mut before));
@@ -214,8 +175,7 @@ mod tests {
         let watch = Watch::default();
         watch.observe(per_second(5.0), 0);
         let mut turn = watch.turn(600 * MS);
-        // Stored somewhere in (0, 100 ms]: as of 100 ms, the 2.5 cells
-        // left take half as long, no earlier than the limiter's.
+        // Stored in (0, 100 ms]: as of 100 ms, the 2.5 cells left take half as long.
         watch.observe(per_second(10.0), 100 * MS);
         assert!(watch.rescales.catch_up(&mut turn));
         assert_eq!(turn.ready_at, 350 * MS);
@@ -239,8 +199,7 @@ mod tests {
         assert!(!Arc::ptr_eq(&a, &watches.of("other", "requests")));
     }
 
-    /// Issue #59 item 4: a watch was kept for every credential ever
-    /// shared, so memory grew with credentials long gone.
+    /// Watches of credentials nobody uses are forgotten.
     #[test]
     fn watches_of_credentials_nobody_uses_are_forgotten() {
         let watches = Watches::default();
@@ -254,8 +213,7 @@ mod tests {
         assert!(Arc::ptr_eq(&held, &watches.of("busy", "requests")));
     }
 
-    /// Watches a call holds cannot be forgotten: past the bound, sweeps
-    /// still come a quarter of the map apart, not on every new credential.
+    /// With every watch held, sweeps stay a quarter of the map apart.
     #[test]
     fn sweeps_stay_a_quarter_of_the_map_apart_when_nothing_can_go() {
         let watches = Watches::default();
@@ -271,8 +229,7 @@ mod tests {
         drop(held);
     }
 
-    /// Below the bound nothing is forgotten: a watch nobody holds keeps
-    /// the period it saw (a sweep on every new credential would lose it).
+    /// Below the bound an unheld watch keeps the period it saw.
     #[test]
     fn below_the_bound_an_unheld_watch_keeps_what_it_saw() {
         let watches = Watches::default();

@@ -35,12 +35,9 @@ pub struct Reply<V> {
     pub hint: ServerHint,
     /// The body or parsed value.
     pub value: V,
-    /// What the call actually used of each weighted quota, as the reply
-    /// reported it (`usage.total_tokens`, ...). [`Runner`](super::Runner)
-    /// settles each entry against the call's estimate
-    /// ([`Ticket::settle`](crate::admission::Ticket::settle)) whatever the
-    /// status, so the quota is charged what the server counted, not what
-    /// was guessed.
+    /// What the call used of each weighted quota, as the reply reported it.
+    /// [`Runner`](super::Runner) settles each entry against the estimate
+    /// ([`Ticket::settle`](crate::admission::Ticket::settle)), whatever the status.
     pub usage: Vec<(Cow<'static, str>, u32)>,
 }
 
@@ -125,8 +122,7 @@ impl<V> Reply<V> {
     }
 }
 
-/// The boxed future of one attempt: a reply, or the caller's transport
-/// error `E`.
+/// The boxed future of one attempt.
 pub(crate) type AttemptFuture<V, E = String> =
     Pin<Box<dyn Future<Output = Result<Reply<V>, E>> + Send>>;
 
@@ -161,8 +157,7 @@ impl<V, E> Call<V, E> {
     ///
     /// ```
     /// use backpressure::admission::{Call, CallSpec, Reply};
-    /// // `E`, the transport error, is `String` unless the runner or the
-    /// // closure says otherwise.
+    // `E`, the transport error, is `String` unless stated otherwise.
     /// let call: Call<u64> = Call::new(CallSpec::new("get_usage", "key"), || async { Ok(Reply::new(200, 42u64)) });
     /// # let _ = call;
     /// ```

@@ -31,28 +31,21 @@ pub enum CallResult<V, E = String> {
     },
     /// Not now, and why: plan with it, do not retry blindly.
     Throttled(Throttled),
-    /// The call failed for a reason that is not about capacity: a status
-    /// the [`RetryPolicy`] does not retry (a 4xx other than 408/429), or a
-    /// 5xx or transport error that outlasted its retries or whose retry was
-    /// refused. Never a 429: a call whose last answer was a 429 ends as
-    /// [`Throttled`].
+    /// The call failed for a reason that is not about capacity: a status the
+    /// [`RetryPolicy`] does not retry, or a 5xx or transport error that
+    /// outlasted its retries. Never a 429 (that ends as [`Throttled`]).
     Failed {
         /// What the last attempt got: its status, or the caller's
         /// transport error (shared with coalesced followers).
         error: CallFailure<E>,
-        /// Why it was not retried again, when something refused the retry:
-        /// the policy (`timed_out`: the backoff would pass the deadline;
-        /// `rate_limited`: the server's wait is longer than the clamp),
-        /// the admission layer (its refusal), or `closed`. `None` when the
-        /// status is final or the retries ran out.
+        /// Why the retry was refused (by the policy, the admission layer, or
+        /// `closed`); `None` when the status is final or retries ran out.
         not_retried: Option<Throttled>,
-        /// Requests this call itself sent (0 when it joined an identical
-        /// call that failed).
+        /// Requests this call itself sent (0 when joined).
         attempts: u32,
     },
-    /// The call's attempt (or the closure making it) panicked. The panic is
-    /// contained: the turn's other calls complete, and the call's slots
-    /// were released.
+    /// The call's attempt panicked; the turn's other calls complete and the
+    /// call's slots were released.
     Panicked {
         /// The panic's message, if it was a string.
         message: String,
@@ -202,8 +195,7 @@ impl<V: serde::Serialize, E: fmt::Display> serde::Serialize for CallResult<V, E>
 }
 
 impl<V: Clone, E> CallResult<V, E> {
-    /// This result as a caller that joined it hears it: the same answer,
-    /// with the value `Joined` and no requests of its own.
+    /// This result as a caller that joined it hears it (`Joined`, 0 attempts).
     pub(crate) fn joined(&self) -> CallResult<V, E> {
         match self {
             CallResult::Done { value, .. } => CallResult::Done {

@@ -1,6 +1,5 @@
-//! The evidence that fits a quota to a rolling window (see the parent
-//! module): which quotas' limits the server states, and a 429 at the
-//! start of such a quota's busy period.
+//! The evidence that fits a quota to a rolling window: stated limits, and
+//! a 429 at the start of such a quota's busy period.
 
 use super::super::super::Admission;
 use super::super::held::Source;
@@ -11,10 +10,8 @@ use crate::headers::ServerHint;
 use crate::sleep::Sleeper;
 
 impl<S: Sleeper, C: Clock> Admission<S, C> {
-    /// The quotas of `credential` whose limits `hint` states (a learned
-    /// request rate from a stated request limit, a weighted quota from a
-    /// policy of its name with a window) have their busy periods tracked
-    /// from now on (see `fit`).
+    /// The quotas of `credential` whose limits `hint` states have their busy
+    /// periods tracked from now on.
     pub(in crate::admission) fn note_stated(
         &self,
         credential: &str,
@@ -53,11 +50,9 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         }
     }
 
-    /// A 429 charged to a quota whose rate is the server's own stated
-    /// limit, at the start of the quota's busy period, says the rate is
-    /// right and the shape is wrong: that quota of `credential` gets a
-    /// rolling window (see `fit`). `spent` is the
-    /// weighted quota the 429 is for, if not the requests.
+    /// A 429 charged to a quota whose rate is the server's stated limit, at
+    /// the start of its busy period, means the shape is wrong: that quota
+    /// gets a rolling window. `spent` is the weighted quota it is for, if any.
     pub(in crate::admission) fn fit_to_window(
         &self,
         credential: &str,
@@ -85,8 +80,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
                     _ => return,
                 }
             }
-            // The request rate is the server's when the reply states a
-            // request limit (a guessed rate learns from the 429 instead).
+            // The request rate is the server's only when a request limit is stated.
             None if state.is_learned() && learned::server_limit(hint).is_some() => Source::Requests,
             None => return,
         };

@@ -1,7 +1,5 @@
-//! Where a call meets its credential's windows: tracking the busy
-//! periods of the quotas whose limit the server states, placing an
-//! admitted call in every window it draws on, and telling a refused call
-//! when the window lets it through.
+//! Where a call meets its credential's windows: busy-period tracking,
+//! placement, and the instant a refused call is told.
 
 use core::time::Duration;
 use std::borrow::Cow;
@@ -19,7 +17,6 @@ use crate::keyed::Scoped;
 use crate::sleep::Sleeper;
 
 impl<S: Sleeper, C: Clock> Admission<S, C> {
-    /// The bucket of the quota at `source`.
     fn window_buckets(&self, source: Source) -> &Scoped<String, C> {
         match source {
             Source::Resource(i) => &self.inner.rates.resources[i].buckets,
@@ -27,8 +24,8 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         }
     }
 
-    /// A bucket's refusal `e` of `cells` on a fitted quota, told when the
-    /// window lets them through too (never sooner than the bucket).
+    /// A bucket's refusal `e` of `cells` on a fitted quota, delayed until the
+    /// window lets them through too.
     #[cold]
     #[inline(never)]
     pub(in crate::admission) fn with_window(
@@ -59,12 +56,9 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         }
     }
 
-    /// After a call reserved its quotas (the longest wait `longest`) on a
-    /// credential whose flags `mask` are not all clear: tracks the busy
-    /// periods of the quotas whose limit the server states, and places the
-    /// call in the windows of those that have one (see
-    /// [`place_in_windows`](Self::place_in_windows)). Returns the window's
-    /// wait.
+    /// After a call reserved its quotas on a credential with window flags
+    /// set: tracks busy periods of stated quotas and places the call in its
+    /// windows. Returns the windows' wait.
     #[cold]
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
@@ -95,10 +89,8 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         self.place_in_windows(spec, credential, requests, at, longest, reserved)
     }
 
-    /// Places a call that reserved its quotas (the longest wait `longest`)
-    /// in the windows of those that have one, at one instant, kept in
-    /// `reserved` to be taken back if it is not admitted. Returns the
-    /// window's wait, or refuses it when that does not fit `at.max_wait`.
+    /// Places a reserved call in its windows at one instant (recorded in
+    /// `reserved`); refuses if the wait exceeds `at.max_wait`.
     fn place_in_windows(
         &self,
         spec: &CallSpec,

@@ -28,8 +28,7 @@ fn fitted() -> (Fits, Place) {
 #[test]
 fn a_window_lets_one_burst_through_per_span() {
     let (fits, p) = fitted();
-    // 805-token calls, all ready at once: two fit a second, the third
-    // waits until the first leaves, the fifth until the third does.
+    // 805-token calls, all ready at once: two fit a second, the rest wait.
     let at: Vec<u64> = (0..5)
         .map(|_| fits.place(&call(&[(p, TOKENS, 805)]), 0, 0).at)
         .collect();
@@ -88,8 +87,7 @@ fn a_call_goes_at_one_instant_in_every_window() {
         limit: 3,
         span: SEC,
     };
-    // Requests allow three a second, tokens two calls: the third call
-    // waits for the tokens, and is counted at that instant in both.
+    // Requests allow three a second, tokens two: the third waits for tokens.
     let both = call(&[(requests, three, 1), (tokens, TOKENS, 805)]);
     let at: Vec<u64> = (0..4).map(|_| fits.place(&both, 0, 0).at).collect();
     assert_eq!(at, [0, 0, SEC, SEC]);
