@@ -1,5 +1,4 @@
-//! Additive increase, multiplicative decrease: TCP Reno's congestion
-//! window, applied to a concurrency limit.
+//! [`Aimd`]: TCP Reno's congestion window, applied to a concurrency limit.
 
 use super::algorithm::{clamp_f64, LimitAlgorithm, Limits, Outcome, Sample};
 
@@ -13,17 +12,14 @@ const DEFAULT_BACKOFF: f64 = 0.75;
 ///
 /// * **Increase.** Each [`Success`](Outcome::Success) whose request started
 ///   with at least half the limit in flight earns a credit; `limit`
-///   credits raise the limit by 1 (one permit per round trip, as TCP). An
-///   under-used window does not grow.
+///   credits raise the limit by 1 (one per round trip, as TCP).
 /// * **Decrease.** A [`Dropped`](Outcome::Dropped) multiplies the limit by
 ///   `backoff`, at most once per round trip: a drop of a request that
-///   started before the last decrease is ignored. Eight requests that get a
-///   429 together lower the limit once.
-/// * **The backoff** (default 0.75) sets the saw-tooth: each cycle from
-///   `backoff × peak` back to the peak ends with about one drop, so a
-///   deeper backoff means longer cycles and fewer drops.
-/// * [`Ignored`](Outcome::Ignored) samples change nothing. Latency is not
-///   looked at (see [`Gradient2`](super::Gradient2) for that).
+///   started before the last decrease is ignored.
+/// * **The backoff** (default 0.75) sets the saw-tooth: a deeper backoff
+///   means longer cycles and fewer drops.
+/// * [`Ignored`](Outcome::Ignored) samples change nothing; latency is not
+///   looked at (see [`Gradient2`](super::Gradient2)).
 ///
 /// | setting | default | clamp |
 /// | --- | --- | --- |
@@ -165,8 +161,7 @@ mod tests {
         Sample::new(start, rtt, 8, Outcome::Dropped)
     }
 
-    /// The example: 8 requests in flight together all get a 429.
-    /// The limit must fall once (to 0.5 x), not eight times (to 0.004 x).
+    /// 8 requests in flight together all get a 429: the limit falls once, not 8 times.
     #[test]
     fn aimd_eight_concurrent_drops_decrease_once() {
         let mut aimd = Aimd::new().with_limits(1, 64, 100).with_backoff(0.5);

@@ -30,17 +30,13 @@ pub enum Outcome {
     /// timeout. A congestion signal.
     Dropped,
     /// Says nothing about the downstream (the caller gave up, a client-side
-    /// error). Algorithms must not change the limit for it.
-    /// [`AdaptiveLimiter`](super::AdaptiveLimiter) does not even pass these
-    /// on.
+    /// error). [`AdaptiveLimiter`](super::AdaptiveLimiter) does not pass these on.
     Ignored,
 }
 
 /// One finished request: when it started, how long it took, how many
 /// requests were in flight when it started (itself included), and how it
-/// ended.
-///
-/// Times are nanoseconds of the limiter's [`Clock`](crate::Clock).
+/// ended. Times are nanoseconds of the limiter's [`Clock`](crate::Clock).
 ///
 /// # Examples
 ///
@@ -150,11 +146,10 @@ impl Sample {
 ///
 /// An implementation should keep its limit within its own bounds, ignore
 /// [`Outcome::Ignored`], and lower the limit at most once per round trip
-/// (a burst of drops from requests that were already in flight at the last
-/// decrease is one congestion event, not many). The limiter clamps whatever
-/// it returns into `[1, MAX_LIMIT]`. If `update` panics, the panic
-/// propagates out of the permit's drop; the permit is still given back and
-/// the limiter goes on with the limit it had.
+/// (drops of requests already in flight at the last decrease are one
+/// event). The limiter clamps the result into `[1, MAX_LIMIT]`. If `update`
+/// panics, the panic propagates out of the permit's drop; the permit is
+/// still given back and the limit stays as it was.
 ///
 /// # Examples
 ///
@@ -201,9 +196,8 @@ impl<A: LimitAlgorithm + ?Sized> LimitAlgorithm for Box<A> {
     }
 }
 
-/// `[min, max]` bounds and an initial limit, clamped as documented on the
-/// algorithms' `with_limits`: `1 <= min <= max <= MAX_LIMIT`, `initial`
-/// into `[min, max]`.
+/// `[min, max]` bounds and an initial limit: `1 <= min <= max <= MAX_LIMIT`,
+/// `initial` in `[min, max]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Limits {
     pub(super) min: usize,

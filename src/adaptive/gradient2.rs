@@ -1,9 +1,6 @@
-//! A latency-gradient limit in the manner of Netflix's `Gradient2Limit`,
-//! with three changes: the long-term RTT is the no-load RTT, which only
-//! falls and is re-measured by probes (BBR's ProbeRTT) instead of an
-//! average that follows a standing queue up; the default tolerance is 1 and
-//! the headroom half a square root, so the standing queue is small; and a
-//! drop halves the limit (Netflix's ignores drops).
+//! [`Gradient2`]: Netflix's `Gradient2Limit` with a no-load long-term RTT
+//! re-measured by probes (BBR's ProbeRTT), a small standing queue, and
+//! halving on a drop.
 
 use super::algorithm::{clamp_f64, LimitAlgorithm, Limits, Outcome, Sample};
 
@@ -15,9 +12,8 @@ const DEFAULT_SMOOTHING: f64 = 0.2;
 const DEFAULT_LONG_WINDOW: u32 = 600;
 /// The queue the limit settles on, in `√limit`s.
 const HEADROOM: f64 = 0.5;
-/// Round trips before the first probe: the first measurement was taken
-/// with the initial limit in flight at once, often more than the
-/// downstream serves without a queue, on cold connections.
+/// Round trips before the first probe: the first measurement was likely
+/// taken with a queue (the initial limit in flight at once).
 const FIRST_PROBE: u32 = 8;
 /// A probe that measures less than this share of the no-load RTT it
 /// replaces is followed by another after `FIRST_PROBE` round trips.
@@ -30,43 +26,33 @@ const MIN_GRADIENT: f64 = 0.5;
 /// drop.
 ///
 /// Samples are grouped into **windows of one round trip**: a window closes
-/// with the first sample of a request that started after the window
-/// opened. Per window:
+/// with the first sample of a request that started after it opened. Per
+/// window:
 ///
 /// * `short` is the window's mean RTT of successes.
 /// * `long`, the no-load RTT, falls to `short` when `short` is lower and
-///   otherwise holds still: a standing queue cannot drag it up (an average
-///   would follow the queue, and the limit would creep up with it).
-/// * **Probes** keep `long` true when the downstream becomes slower, or
-///   when the first measurement was taken with a queue: after 8 round
-///   trips, then after `long_window` round trips (default 600) in which
-///   `long` did not fall, the limit is **halved until one round trip of
-///   requests sent after the halving has come back**; their mean RTT
-///   becomes `long`, and the limit goes back. A probe that finds `long`
-///   10% lower is followed by another after 8 round trips. Like BBR's
-///   ProbeRTT, this costs about two round trips at half the limit.
-/// * `gradient = clamp(tolerance × long / short, 0.5, 1)`: 1 while the
-///   short-term RTT is within `tolerance` (default 1: no slower at all) of
-///   the no-load one, down to 0.5 as it grows past that.
-/// * `headroom = √limit / 2`: how many requests may queue at the
-///   downstream for the limit to keep probing upwards.
-/// * `limit += smoothing × (limit × gradient + headroom − limit)`, with
-///   smoothing 0.2 by default; a window with gradient 1 (no queue seen)
-///   takes its whole headroom at once. A window whose requests never used
-///   half the limit (app-limited) does not grow.
-/// * A window with a drop instead **halves** the limit, unsmoothed, as TCP
-///   does: that drains the queue which caused it. Drops count once per
-///   round trip: a drop of a request that started before the last decrease
-///   (or probe) is ignored.
+///   otherwise holds still, so a standing queue cannot drag it up.
+/// * **Probes** keep `long` true if the downstream becomes slower or the
+///   first measurement was queued: after 8 round trips, then after
+///   `long_window` (default 600) without `long` falling, the limit is
+///   **halved until one round trip of requests sent after the halving has
+///   come back**; their mean RTT becomes `long`, and the limit goes back.
+///   A probe that finds `long` 10% lower is repeated after 8 round trips.
+/// * `gradient = clamp(tolerance × long / short, 0.5, 1)`.
+/// * `headroom = √limit / 2`: the queue the limit may keep to probe upward.
+/// * `limit += smoothing × (limit × gradient + headroom − limit)`
+///   (smoothing 0.2 by default); a window with gradient 1 takes its whole
+///   headroom at once, and an app-limited window (under half the limit in
+///   use) does not grow.
+/// * A window with a drop **halves** the limit, unsmoothed, like TCP. A
+///   drop of a request that started before the last decrease (or probe) is
+///   ignored.
 ///
 /// Against a downstream whose RTT grows linearly with its queue, the limit
-/// settles where the queue is about the headroom (`tolerance × capacity +
-/// √limit / 2`) and stays there between probes; it grows by `√limit / 2`
-/// per round trip while no queue is seen and falls by at most 10% per
-/// round trip above the equilibrium. Latency alone cannot push it below
-/// about 1; drops can. For a downstream whose RTT is noisy at no load, a
-/// tolerance above 1 (Netflix uses 1.5) keeps the noise from holding the
-/// limit down, at the price of a longer standing queue.
+/// settles where the queue is about the headroom and stays there between
+/// probes. For a downstream with noisy no-load RTT, a tolerance above 1
+/// (Netflix uses 1.5) keeps the noise from holding the limit down, at the
+/// price of a longer standing queue.
 ///
 /// | setting | default | clamp |
 /// | --- | --- | --- |
@@ -114,8 +100,7 @@ pub struct Gradient2 {
     limit: f64,
     /// The no-load RTT in nanoseconds; 0 until the first window closes.
     long_rtt: f64,
-    /// Windows closed since `long_rtt` was last measured (lowered by a
-    /// window or re-measured by a probe).
+    /// Windows closed since `long_rtt` was last lowered or re-measured.
     stale: u32,
     /// `end_nanos` of the sample that closed the last decreasing window.
     last_decrease: u64,
@@ -126,17 +111,15 @@ pub struct Gradient2 {
     probed: bool,
 }
 
-/// A probe: the limit is halved until one round trip of requests that
-/// started after the halving has come back; their mean RTT is the new
-/// no-load RTT.
+/// A probe: the limit is halved until one round trip of requests started
+/// after the halving has come back; their mean RTT is the new no-load RTT.
 #[derive(Debug, Clone)]
 struct Probe {
     /// The limit to go back to.
     resume: f64,
-    /// When it started: requests that started at or after it are clean
-    /// (they found at most the halved limit in flight).
+    /// When it started: requests that started at or after it are clean.
     start: u64,
-    /// `end_nanos` of the first clean sample: the probe ends with the first
+    /// `end_nanos` of the first clean sample; the probe ends with the first
     /// clean sample of a request that started at or after it.
     first_end: Option<u64>,
     successes: u64,
@@ -228,9 +211,8 @@ impl Gradient2 {
         self
     }
 
-    /// Sets after how many round trips without a lower RTT the no-load RTT
-    /// is re-measured by a probe (default 600; see the type's docs). At
-    /// least 1.
+    /// Sets after how many round trips without a lower RTT a probe
+    /// re-measures the no-load RTT (default 600; at least 1).
     ///
     /// # Examples
     ///
@@ -349,9 +331,8 @@ impl Gradient2 {
             // A measurement, not a minimum: the downstream may have become
             // slower, and then the no-load RTT goes up.
             let measured = (p.rtt_sum / u128::from(p.successes)) as f64;
-            // Much lower than what it replaces: that was measured with a
-            // queue (the halved limit may still have queued), so probe
-            // again soon, until the measurement holds still.
+            // Much lower than what it replaces: that was measured with a queue,
+            // so probe again soon.
             self.probed = measured >= REPROBE_BELOW * self.long_rtt;
             self.long_rtt = measured;
             self.limit = p.resume;
@@ -472,10 +453,8 @@ mod tests {
         assert!((3..=9).contains(&g.limit()));
     }
 
-    /// A closed loop in front of a server of `capacity` workers with
-    /// no-load latency `base`: every round trip, `limit` requests go out
-    /// together and take `base × max(1, limit / capacity)` (the queue).
-    /// Returns the end time.
+    /// A closed loop before a server of `capacity` workers with no-load latency
+    /// `base`: each round trip takes `base × max(1, limit / capacity)`.
     fn closed_loop(g: &mut Gradient2, mut t: u64, rounds: u32, base: u64, capacity: usize) -> u64 {
         for _ in 0..rounds {
             let l = g.limit();
@@ -488,10 +467,7 @@ mod tests {
         t
     }
 
-    /// The bug: the long-term RTT was an average that rose with a standing
-    /// queue, so the limit settled at 1.5-2x the capacity and crept up from
-    /// there. Now it settles just above the capacity and stays, across
-    /// several probes (one every 600 round trips).
+    /// The limit settles just above the capacity and stays there across probes.
     #[test]
     fn gradient2_settles_near_capacity_without_drifting_up() {
         let mut g = Gradient2::new().with_limits(1, 10, 1000);
@@ -504,9 +480,7 @@ mod tests {
         }
     }
 
-    /// The bug: with the initial limit above the capacity, the first round
-    /// trips are already queued, and their RTT was taken for the no-load
-    /// one. The first probe, 8 round trips in, measures it.
+    /// With the initial limit above capacity, the first probe learns the no-load RTT.
     #[test]
     fn gradient2_learns_the_no_load_rtt_when_the_initial_limit_is_above_capacity() {
         let mut g = Gradient2::new().with_limits(1, 40, 1000);
@@ -515,8 +489,7 @@ mod tests {
         assert_eq!(g.long_rtt, (10 * MS) as f64);
     }
 
-    /// A downstream that became slower for good (no queue): the probe
-    /// re-measures its no-load RTT, and the limit comes back.
+    /// A downstream that became slower for good: the probe re-measures its RTT.
     #[test]
     fn gradient2_probe_relearns_a_slower_downstream() {
         let mut g = Gradient2::new().with_limits(1, 10, 1000);

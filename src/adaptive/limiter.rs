@@ -1,5 +1,5 @@
-//! The public shell: [`AdaptiveLimiter`], its acquire future and its
-//! permit. The protocol lives in `state.rs`.
+//! [`AdaptiveLimiter`], its acquire future and its permit; the protocol
+//! lives in `state.rs`.
 
 use core::fmt;
 use core::future::Future;
@@ -17,14 +17,13 @@ use super::state::Shared;
 /// A concurrency limit that a [`LimitAlgorithm`] moves, applied to a FIFO
 /// [`Semaphore`](crate::Semaphore).
 ///
-/// Each permit records a sample when it is dropped:
-/// [`success`](AdaptivePermit::success) and
-/// [`dropped`](AdaptivePermit::dropped) say how the request went, a plain
-/// drop says nothing ([`Outcome::Ignored`]). The algorithm's new limit is
-/// applied at once: growth adds permits (to the oldest waiters first);
-/// shrinking forgets free permits, then withholds returning ones until the
-/// excess is paid back. Nothing is lost or invented and the wait list keeps
-/// its order. See the [module docs](super) for how this stays lock-free.
+/// Each permit records a sample when dropped:
+/// [`success`](AdaptivePermit::success) or
+/// [`dropped`](AdaptivePermit::dropped); a plain drop says nothing
+/// ([`Outcome::Ignored`]). A new limit is applied at once: growth adds
+/// permits (oldest waiters first); a shrink forgets free permits, then
+/// withholds returning ones until the excess is paid. The wait list keeps
+/// its order. See the [module docs](super).
 ///
 /// Cloning is cheap (an `Arc`); clones share the limit. Permits are
 /// `'static` and may move to other tasks or threads.
@@ -50,8 +49,7 @@ pub struct AdaptiveLimiter {
 impl AdaptiveLimiter {
     /// The largest limit the limiter applies: 2³¹ − 1, or
     /// [`Semaphore::MAX_PERMITS`](crate::Semaphore::MAX_PERMITS) where that
-    /// is smaller. Algorithms clamp their configured bounds to it, and the
-    /// limiter clamps every proposal into `[1, MAX_LIMIT]`.
+    /// is smaller. Every proposal is clamped into `[1, MAX_LIMIT]`.
     ///
     /// # Examples
     ///
@@ -231,8 +229,7 @@ impl AdaptiveLimiter {
         self.shared.sem.is_closed()
     }
 
-    /// Permits out that returns still owe to a shrink (for tests and
-    /// models).
+    /// Permits out that returns still owe to a shrink.
     #[cfg(test)]
     pub(crate) fn excess(&self) -> usize {
         self.shared.excess()
@@ -297,16 +294,12 @@ impl fmt::Debug for AdaptiveAcquire {
 }
 
 /// One permit of an [`AdaptiveLimiter`]; dropping it gives the permit
-/// back and records how the request went.
+/// back and records how the request went, with the round trip measured
+/// from the grant:
 ///
-/// * [`success`](Self::success): the downstream answered; the round-trip
-///   time is a sample.
-/// * [`dropped`](Self::dropped): a 429, a 503, a timeout; a congestion
-///   signal.
+/// * [`success`](Self::success): the downstream answered; an RTT sample.
+/// * [`dropped`](Self::dropped): a 429, a 503, a timeout; congestion.
 /// * a plain drop (an error on this side, a cancelled task): ignored.
-///
-/// The round trip runs from the moment the permit was granted to the
-/// moment it is consumed.
 ///
 /// # Examples
 ///

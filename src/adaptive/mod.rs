@@ -45,13 +45,11 @@
 //! # Resizing and recording
 //!
 //! A shrink never revokes a held permit: returning permits are forgotten
-//! until the shrink is paid, and the wait list is served only by the
-//! semaphore's FIFO hand-off, so once everything is back `available ==
+//! until the shrink is paid, so once everything is back `available ==
 //! limit`. A permit's drop never waits for a lock: a sample that finds the
 //! algorithm busy is merged into atomic accumulators for the busy thread
-//! to feed (no sample or drop signal is lost; merged samples keep their
-//! mean RTT and the latest drop). A plain `drop` (an ignored outcome)
-//! skips the algorithm and costs one CAS and one RMW.
+//! to feed, so no sample or drop signal is lost. A plain `drop` skips the
+//! algorithm.
 
 mod aimd;
 mod algorithm;

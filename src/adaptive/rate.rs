@@ -1,62 +1,19 @@
-//! A request rate learned from 429s: [`AdaptiveRate`] (the configuration)
-//! makes one [`RateController`] per credential, which the admission layer
-//! feeds every reply and which answers with the [`Quota`] the credential's
-//! token bucket should use. Rather than AIMD's saw-tooth (each 429 costs a
-//! hold), it *measures* the server's rate, settles just below it after one
-//! or two 429s, and probes above it rarely.
-//!
-//! # The bounds
+//! A request rate learned from 429s: [`AdaptiveRate`] makes one
+//! [`RateController`] per credential, fed every reply, answering with the
+//! [`Quota`] for the credential's token bucket. It measures the server's
+//! rate and settles just below it instead of AIMD's saw-tooth.
 //!
 //! A server limiting to `R`/s with burst `b` admits at most `b + R·w` in
-//! any window `w`. From the current *epoch*'s successes (since the last
-//! decrease; the last 128), a 429 yields:
+//! any window `w`. On a 429, the epoch's successes (since the last
+//! decrease, the last 128) give a **floor** (`n` successes within `w`
+//! prove `R ≥ (n − b) / w`) and a **ceiling** (the refusal at `t` proves
+//! `R < (n_i + 1 − b) / (t − t_i)` for some earlier success `i`). The
+//! ceiling is used only when round trips vary by less than one period, the
+//! pause before the epoch refilled `b`, and it is above the floor. A 429 at
+//! a proven rate grows the assumed `b`.
 //!
-//! * **floor**: `n` successes within `w` prove `R ≥ (n − b) / w`; the best
-//!   such bound over the epoch's windows.
-//! * **ceiling**: a refusal at `t`, the server's bucket full at the epoch's
-//!   start, proves `R < (n_i + 1 − b) / (t − t_i)` for some earlier success
-//!   `i`; the lower of the largest such bound and the refused rate.
-//!
-//! The server sees a request halfway through its round trip. The ceiling
-//! is used only when round trips vary by less than one period, the pause
-//! before the epoch refilled `b`, and it is above the floor.
-//!
-//! `b` is the [`server_burst`](AdaptiveRate::server_burst) assumption. A
-//! 429 at a rate the floor had proven grows it (by one, then doubling). The
-//! first 429 out of slow start also reads the floor with `b + 1` (nginx's
-//! `burst=b` passes `b + 1` at once): when that floor is within 15%, the
-//! rate starts there and approaches the other at 3% a second, and a 429 at
-//! or below the first floor, sent past half the holdoff, is not ignored.
-//!
-//! # Decreases
-//!
-//! The new rate is the floor, never below
-//! [`decrease`](AdaptiveRate::decrease) × the ceiling, and at least 2%
-//! below the refused rate. 429s of requests sent before the last decrease,
-//! or within [`holdoff`](AdaptiveRate::holdoff) after it, are ignored.
-//!
-//! # Increases
-//!
-//! * **slow start** until the first 429: +1 request/s per success;
-//! * after a **settled** decrease (floor within 15% of the ceiling, or
-//!   within 5% of the previous floor): hold for
-//!   [`probe_after`](AdaptiveRate::probe_after) and 100 successes, doubled
-//!   (up to 16×) by each probe that finds the same limit;
-//! * after a **guessed** decrease: hold just long enough for a too-high
-//!   guess to draw its 429 (at most 5 s), then climb 50%/s to halfway
-//!   between the guess and the ceiling;
-//! * a **probe** then grows by [`probe_gain`](AdaptiveRate::probe_gain)
-//!   per second, compounding, until the next 429;
-//! * a 429 with no success since the last decrease (exhausted quota,
-//!   outage): cut, and slow start again.
-//!
-//! The rate grows only while requests leave at half the rate or more.
-//! [`RateOutcome::ServerLimit`] sets the server's numbers at once and caps
-//! every later probe there.
-//!
-//! The state sits behind a small `parking_lot::Mutex`, held for a few
-//! operations per reply (on a lowering 429, one pass over at most 128
-//! successes): fed once per reply, not a hot path.
+//! The state sits behind a `parking_lot::Mutex`: fed once per reply, not a
+//! hot path.
 
 use core::fmt;
 use core::num::NonZeroU32;
@@ -101,9 +58,8 @@ const SETTLED: f64 = 0.85;
 const AGAIN: f64 = 0.05;
 /// The growth, per second, of the climb back after a guessed cut.
 const CLIMB_GAIN: f64 = 0.5;
-/// How fast an approach to a floor read with the assumed burst grows (see
-/// `Phase::Approach`): 3% of its start a second, so a server with one cell
-/// more burst than assumed absorbs the excess for seconds before refusing.
+/// How fast `Phase::Approach` grows: 3% of its start a second, so a server
+/// with one cell more burst than assumed absorbs the excess for seconds.
 const APPROACH_GAIN: f64 = 0.03;
 /// The longest hold, in seconds, after a guessed cut.
 const MAX_TRIAL: f64 = 5.0;
@@ -120,39 +76,28 @@ const REQUOTA: f64 = 0.01;
 ///
 /// # How the rate is learned
 ///
-/// Until the first 429 the rate climbs fast from the initial guess (+1
-/// request/s per success). On a 429 the controller bounds the server's
-/// rate from the replies since its last decrease (a server with burst `b`
-/// admits at most `b + R·w` requests in any window `w`, so `n` successes
-/// within `w` prove `R ≥ (n − b) / w`, and the refusal bounds `R` from
-/// above) and sets the rate to that floor; when the 429 came too soon to
-/// measure anything it cuts to [`decrease`](AdaptiveRate::decrease) × the
-/// ceiling instead and climbs back halfway. Once the floor and ceiling
-/// agree it holds for [`probe_after`](AdaptiveRate::probe_after) before
-/// probing higher, slowly: each probe above the server's rate costs one
-/// 429. 429s of requests sent before a decrease, or within
-/// [`holdoff`](AdaptiveRate::holdoff) after it, do not lower the rate
-/// again. [`RateOutcome::ServerLimit`] jumps to the server's own numbers
-/// and caps the probes there.
+/// Until the first 429 the rate climbs fast (+1 request/s per success). On
+/// a 429 the controller bounds the server's rate from the replies since its
+/// last decrease (`n` successes within a window `w` prove `R ≥ (n − b) / w`
+/// for a server with burst `b`; the refusal bounds `R` from above) and sets
+/// the rate to that floor. When the 429 came too soon to measure anything,
+/// it cuts to [`decrease`](AdaptiveRate::decrease) × the ceiling and climbs
+/// back halfway. Once the bounds agree it holds for
+/// [`probe_after`](AdaptiveRate::probe_after) before probing higher. 429s
+/// of requests sent before a decrease, or within
+/// [`holdoff`](AdaptiveRate::holdoff) after it, are ignored.
+/// [`RateOutcome::ServerLimit`] jumps to the server's own numbers and caps
+/// the probes there.
 ///
 /// # Wiring
 ///
-/// The caller keeps the credential's [`TokenBucket`](crate::TokenBucket)
-/// (or `Scoped` entry) and, for every reply, calls
-/// [`on_reply`](RateController::on_reply) with the instant the request
-/// actually left. When it returns a quota, the caller applies it with
-/// [`set_learned_quota`](crate::TokenBucket::set_learned_quota) (calls
-/// already queued keep their instants) **before** any `penalize` for the
-/// same reply: that conversion keeps what lies past the burst as time, so
-/// a lower rate applied after a hold keeps the hold as it is.
-///
-/// Calls that reserved their token before a hold began should ask again
-/// once it is over rather than fire during it (they were admitted at the
-/// old rate and mostly draw 429s). Do not `reset` the bucket on a cut:
-/// the reservations whose instant falls after the hold still go, and a
-/// reset would forget their cells and admit a full burst beside them.
-/// The controller itself stays correct either way: those 429s fall
-/// inside the holdoff.
+/// For every reply, call [`on_reply`](RateController::on_reply) with the
+/// instant the request actually left. Apply a returned quota to the
+/// credential's [`TokenBucket`](crate::TokenBucket) with
+/// [`set_learned_quota`](crate::TokenBucket::set_learned_quota) **before**
+/// any `penalize` for the same reply, so a hold is kept as it is. Do not
+/// `reset` the bucket on a cut: reservations past the hold still go, and a
+/// reset would admit a full burst beside them.
 ///
 /// # Examples
 ///
@@ -232,9 +177,8 @@ struct State {
     last_settled: Option<f64>,
     /// The rate held, when the floor proved it.
     proven: Option<f64>,
-    /// `proven` was settled by the first 429, out of slow start: the one
-    /// floor a larger burst than assumed can still have inflated unseen
-    /// (see `on_reply`).
+    /// `proven` was settled by the first 429 out of slow start: the one floor a
+    /// larger burst than assumed can still have inflated unseen.
     proven_first: bool,
     /// The floor measured at the last decrease that measured one.
     last_floor: Option<f64>,
@@ -273,11 +217,9 @@ impl RateController {
         st.applied_burst = self.burst(st.server_burst, st.applied);
     }
 
-    /// The burst of a quota at `rate`: the configured one, but never more
-    /// than the configured `server_burst` (an excess buys one 429 each; the
-    /// doubled assumption is a guess and never widens it), unless the rate
-    /// sends more than that per timer tick (1 ms), where a smaller burst
-    /// would only cap the rate at `burst` per tick.
+    /// The burst of a quota at `rate`: the configured one, capped at the
+    /// configured `server_burst` (the doubled assumption never widens it),
+    /// unless the rate sends more than that per 1 ms timer tick.
     fn burst(&self, server_burst: u32, rate: f64) -> NonZeroU32 {
         let per_tick = (rate / TICKS_PER_SEC).ceil() as u32;
         NonZeroU32::new(server_burst.min(self.cfg.server_burst).max(per_tick))
@@ -369,10 +311,9 @@ impl RateController {
             }
             RateOutcome::Throttled => {
                 let holdoff = saturating_nanos(self.cfg.holdoff);
-                // A 429 for a request sent after the last decrease (past
-                // half the holdoff), at a rate the floor had proven, is no
-                // echo of the old rate: the server's burst is larger than
-                // assumed (issue #41: nginx at 4 r/s).
+                // A 429 for a request sent past half the holdoff, at a rate the floor
+                // had proven, is no echo of the old rate: the server's burst is larger
+                // than assumed.
                 let disproves = st.proven_first
                     && matches!(st.phase, Phase::Hold { climb_to: None, .. })
                     && st

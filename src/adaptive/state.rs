@@ -1,59 +1,32 @@
-//! The shared state behind an `AdaptiveLimiter`: how samples reach the
-//! algorithm without a blocking lock (a mutex would block drops; sampling
-//! one in N would lose drop signals; a sample queue would allocate), and
-//! how a new limit is applied to the semaphore without losing a permit.
+//! Shared state behind an `AdaptiveLimiter`: samples reach the algorithm
+//! without a blocking lock, and a new limit is applied to the semaphore
+//! without losing a permit.
 //!
-//! # The `state` word (`AtomicU64`)
+//! `state` (`AtomicU64`) holds `in_flight` (bits 0..32, permits held by
+//! `AdaptivePermit`s) and `excess` (bits 32..64, permits out that a shrink
+//! has marked to be withheld), so a returner's `fetch_sub` of `in_flight`
+//! also reads `excess` afresh. Neither can pass `MAX_LIMIT`.
 //!
-//! | bits   | name        | meaning                                                |
-//! |--------|-------------|--------------------------------------------------------|
-//! | 0..32  | `in_flight` | permits held by `AdaptivePermit`s                      |
-//! | 32..64 | `excess`    | permits out (held, or released but not yet forgotten) that a shrink has marked to be withheld |
+//! `ctl` is a lock nobody waits for: `LOCKED` (one thread feeds the
+//! algorithm and resizes) and `DIRTY` (work was left for the holder). A
+//! recorder that fails to CAS `LOCKED` adds its sample to `Pending` and
+//! `fetch_or`s `LOCKED | DIRTY`: either it now holds the lock, or the
+//! holder's unlocking CAS fails on `DIRTY` and it goes round again.
 //!
-//! Both live in one word so that a returning permit's single `fetch_sub`
-//! of `in_flight` also reads `excess` afresh. Neither can pass
-//! `MAX_LIMIT` (2³¹ − 1).
+//! Invariants:
+//! 1. `issued == limit + excess` (`issued`: the semaphore's available +
+//!    held + assigned to waiters), outside the steps of one operation.
+//! 2. With nothing held, running or waiting, `excess == 0`, so
+//!    `available == limit`.
+//! 3. Only the holder of `LOCKED` touches `core`, changes `limit` and runs
+//!    `settle`.
 //!
-//! # Invariants
-//!
-//! 1. Conservation: `issued == limit + excess`, where `issued` is what the
-//!    semaphore accounts for (available + held + assigned to waiters),
-//!    outside the few steps of one operation.
-//! 2. Quiescent exactness: with no permit held, no operation running and
-//!    nobody waiting, `excess == 0`, so `available == limit`.
-//! 3. Only the holder of `ctl`'s `LOCKED` bit touches `core` (the
-//!    algorithm), changes `limit` and runs `settle`.
-//!
-//! # The `ctl` word: a lock that nobody waits for
-//!
-//! | bit | name     | meaning                                                 |
-//! |-----|----------|---------------------------------------------------------|
-//! | 0   | `LOCKED` | one thread is feeding the algorithm and resizing        |
-//! | 1   | `DIRTY`  | someone left work (a sample, or a settle) for the holder |
-//!
-//! A recorder takes `LOCKED` with one CAS. If that fails it adds its sample
-//! to `Pending` (atomic accumulators) and sets `LOCKED | DIRTY` with one
-//! `fetch_or`: if `LOCKED` was clear, it now holds the lock itself;
-//! otherwise the holder's unlocking CAS (`LOCKED -> 0`) fails on `DIRTY`,
-//! and the holder clears it and does another round, draining `Pending`.
-//! Nobody ever waits; work is handed to whoever holds the lock, so no
-//! sample, and no drop signal, is lost.
-//!
-//! # Returning a permit
-//!
-//! 1. If `excess > 0`, CAS `excess -= 1, in_flight -= 1` and forget the
-//!    permit: it pays one unit of a shrink. Done.
-//! 2. Else release it to the semaphore (FIFO hand-off to the oldest
-//!    waiter), then `fetch_sub` `in_flight`. If that RMW sees `excess > 0`,
-//!    a shrink landed between step 1 and the release, and the permit may
-//!    now sit free in the semaphore: `kick` the lock holder to `settle`.
-//!
-//! A shrink is `fetch_add(excess)` then `settle` (forget free permits, up to
-//! `excess`). The two RMWs on `state` are ordered: if the returner's
-//! `fetch_sub` comes first, the shrink's `fetch_add` (Acquire) synchronizes
-//! with it (Release), so `settle` sees the released permit; if the shrink
-//! comes first, the returner sees `excess > 0` and kicks. Either way a free
-//! permit cannot hide from the excess, which gives invariant 2.
+//! Returning a permit: if `excess > 0`, CAS `excess -= 1, in_flight -= 1`
+//! and forget it; else release it to the semaphore, then `fetch_sub`
+//! `in_flight`, and if that sees `excess > 0` (a shrink landed in between)
+//! `kick` the holder to `settle`. A shrink is `fetch_add(excess)` (Acquire,
+//! pairing with the returner's Release) then `settle`: whichever RMW comes
+//! first, a free permit cannot hide from the excess (invariant 2).
 
 use core::fmt;
 use std::sync::Arc;
@@ -437,8 +410,7 @@ impl Drop for GiveBack<'_> {
     }
 }
 
-/// Releases `ctl` if the algorithm panics while this thread holds it, so
-/// later samples are still applied instead of piling up in `Pending`.
+/// Releases `ctl` if the algorithm panics while this thread holds it.
 /// Forgotten on the normal path, which unlocks with a CAS.
 struct UnlockOnPanic<'a>(&'a AtomicUsize);
 

@@ -40,35 +40,25 @@ type Outcome = CallResult<CallToolResult, ServiceError>;
 /// | refused by admission, the server's wait past the clamp or the deadline, an open breaker, no answer by the deadline | `Ok` of an `isError` result whose `structuredContent` is the [`Throttled`] ([`refusal`](McpGate::refusal)) | `Throttled` |
 /// | a JSON-RPC error (final), or a fault past its retries | `Err(error)`, as rmcp gave it | `Failed` |
 ///
-/// * The **tool** an admission sees is `"<server>/<tool>"` (configure
-///   per-tool slots under that name); the **credential** is the gate's
-///   ([`credential`](Self::credential)), its server's name unless set: a
-///   429 from one server holds no other server's calls, and two gates
-///   share a hold only when given the same credential.
+/// * The **tool** an admission sees is `"<server>/<tool>"`; the
+///   **credential** is the gate's ([`credential`](Self::credential)), its
+///   server's name unless set, so a 429 from one server holds no other's.
 /// * The server's **"not now"** is read in the shapes it comes in: a 429
-///   or 5xx at the HTTP transport (with its `Retry-After`), a JSON-RPC
-///   error or an `isError` result that says it is a rate limit (which
-///   ones: the `shapes` table in this module's source, and the README). A short wait
-///   is slept (the caller never sees it), a long one is the refusal;
-///   the credential is held for every call behind it.
+///   or 5xx at the HTTP transport (with its `Retry-After`), or a JSON-RPC
+///   error or `isError` result that says it is a rate limit (see the
+///   README). A short wait is slept; a long one is the refusal. The
+///   credential is held for every call behind it.
 /// * **Retries.** A call refused before the tool ran (a 429 or 503 at the
 ///   transport, a JSON-RPC rate-limit error) is sent again. A call that
-///   may have run (no answer, a 5xx, or any result of the tool's own,
-///   a limit it reports included) is sent again only when its tool is
+///   may have run is sent again only when its tool is
 ///   [`idempotent`](Self::idempotent) or a [`read`](Self::read): a write
-///   runs at most once, and a limit its result reports comes back as
-///   `rate_limited` with the wait, for the caller to plan with. A closed
-///   transport does not come back: its calls fail at once.
+///   runs at most once. A closed transport fails its calls at once.
 /// * **Reads coalesce.** Identical concurrent calls (same credential,
-///   tool and arguments, compared whole) to a tool declared a
-///   [`read`](Self::read) send one request. A caller that joins one waits
-///   no longer than its own deadline, and a refusal or timeout of the
-///   call it joined is not its answer: it sends its own. The server's
-///   `readOnlyHint` counts only with
-///   [`trust_annotations`](Self::trust_annotations): the MCP spec says
-///   annotations from an untrusted server are hints.
-/// * rmcp's multi-round `input_required` replies are not driven: the gate
-///   sends single `tools/call` requests through the [`Peer`].
+///   tool and arguments) to a [`read`](Self::read) send one request; a
+///   joiner waits no longer than its own deadline, and sends its own on
+///   the leader's refusal or timeout. The server's `readOnlyHint` counts
+///   only with [`trust_annotations`](Self::trust_annotations).
+/// * rmcp's multi-round `input_required` replies are not driven.
 ///
 /// # Examples
 ///
@@ -109,10 +99,8 @@ pub struct McpGate<S: Sleeper = DefaultSleeper, C: Clock = DefaultClock> {
 }
 
 impl<S: Sleeper, C: Clock + Clone> McpGate<S, C> {
-    /// The gate over `peer` (an rmcp client's peer: `service.peer().clone()`),
-    /// for the MCP server named `server`, with a 30 s deadline and the
-    /// policy every seam starts from (3 retries, server waits slept up to
-    /// 2 s).
+    /// The gate over `peer` (`service.peer().clone()`), for the MCP server
+    /// named `server`, with a 30 s deadline and the default retry policy.
     ///
     /// # Examples
     ///
@@ -137,9 +125,8 @@ impl<S: Sleeper, C: Clock + Clone> McpGate<S, C> {
         }
     }
 
-    /// The credential every call is admitted under (an id or a hash, not
-    /// a secret: it names quotas and may be logged); the server's name
-    /// unless set. Gates given one credential share its holds and quotas.
+    /// The credential every call is admitted under (an id, not a secret: it
+    /// may be logged); the server's name unless set.
     pub fn credential(mut self, credential: impl Into<String>) -> Self {
         self.credential = credential.into();
         self
@@ -152,8 +139,7 @@ impl<S: Sleeper, C: Clock + Clone> McpGate<S, C> {
         self
     }
 
-    /// The retry policy (each call forks its own; a retry budget in it is
-    /// shared).
+    /// The retry policy (each call forks its own).
     pub fn retry_policy(self, policy: RetryPolicy) -> Self {
         *self.retry.lock() = policy;
         self
@@ -175,9 +161,8 @@ impl<S: Sleeper, C: Clock + Clone> McpGate<S, C> {
 
     /// Takes the server's word for its tools (from `tools/list`): a
     /// `readOnlyHint` makes a tool a [`read`](Self::read), an
-    /// `idempotentHint` [`idempotent`](Self::idempotent). Trust it only
-    /// for a server you trust: a server that calls a write a read gets
-    /// its concurrent calls merged into one.
+    /// `idempotentHint` [`idempotent`](Self::idempotent). Only for a server
+    /// you trust: calling a write a read merges its concurrent calls.
     pub fn trust_annotations(mut self, tools: &[Tool]) -> Self {
         for tool in tools {
             let Some(a) = &tool.annotations else { continue };
@@ -233,10 +218,9 @@ impl<S: Sleeper, C: Clock + Clone> McpGate<S, C> {
 
 impl McpGate {
     /// The refusal as the tool result a model reads: `isError`, the
-    /// [`Throttled`]'s sentence as text, and the `Throttled` itself
-    /// (`status`, `scope`, `retry_after_ms`, `hint`) as
-    /// `structuredContent`. Also what an MCP server's tool handler
-    /// returns when the API behind it refused (see the README).
+    /// [`Throttled`]'s sentence as text, and the `Throttled` itself as
+    /// `structuredContent`. Also what an MCP server's tool handler returns
+    /// when the API behind it refused.
     ///
     /// # Examples
     ///
@@ -265,11 +249,9 @@ where
     S: Sleeper,
     C: Clock + Clone,
 {
-    /// Calls a tool through the gate, answering as rmcp does: a refusal
-    /// comes back as a tool result ([`refusal`](McpGate::refusal)), so a
-    /// model sees it and plans with it; a fault past its retries is the
-    /// `ServiceError` rmcp gave (a 5xx at the transport as rmcp reports
-    /// one).
+    /// Calls a tool through the gate, answering as rmcp does: a refusal is a
+    /// tool result ([`refusal`](McpGate::refusal)); a fault past its retries
+    /// is the `ServiceError` rmcp gave.
     ///
     /// # Examples
     ///
@@ -289,10 +271,9 @@ where
     }
 
     /// Calls a tool through the gate and answers as every seam does: a
-    /// [`CallResult`] with the requests the call sent (0 for a caller that
-    /// joined an identical read), a typed [`Throttled`], or the failure
-    /// (`CallFailure::Status` for a 5xx at the transport, else the rmcp
-    /// error: no answer, or a JSON-RPC error, which is final).
+    /// [`CallResult`] with the requests sent (0 for a joiner), a typed
+    /// [`Throttled`], or the failure (`CallFailure::Status` for a 5xx at the
+    /// transport, else the rmcp error).
     pub async fn call_result(
         &self,
         params: CallToolRequestParams,
@@ -346,8 +327,7 @@ where
             .await;
         let sharing = ended.sharing();
         let failure = |result: Result<CallToolResult, ServiceError>| match (call.status(), result) {
-            // The server answered a status (at the transport, or a tool's
-            // `unavailable`): that status, as on the HTTP seams.
+            // A status the server answered: that status, as on the HTTP seams.
             (Some(status), _) => CallFailure::Status { status },
             (None, Err(e)) => CallFailure::Transport(Arc::new(e)),
             (None, Ok(_)) => CallFailure::Status { status: 503 },
@@ -387,9 +367,8 @@ where
     }
 }
 
-/// A failure as the `ServiceError` rmcp would have returned: its own when
-/// this caller holds it alone, else (a failure shared by identical reads)
-/// a copy: the same JSON-RPC error, or a transport error with its message.
+/// A failure as the `ServiceError` rmcp would have returned: its own, or
+/// a copy when shared by identical reads.
 fn service_error(failure: CallFailure<ServiceError>) -> ServiceError {
     let transport = |error: Box<dyn std::error::Error + Send + Sync>| {
         let kind = core::any::TypeId::of::<McpGate>();

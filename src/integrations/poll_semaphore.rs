@@ -1,6 +1,4 @@
-//! [`PollSemaphore`]: acquiring a permit from a `poll_*` method (a tower
-//! `poll_ready`, a hand-written `Future` or `Stream`), where no `async fn`
-//! can be awaited.
+//! [`PollSemaphore`]: acquiring a permit from a `poll_*` method.
 
 use core::fmt;
 use core::future::Future;
@@ -14,18 +12,14 @@ use crate::semaphore::{AcquireOwned, OwnedSemaphorePermit, Semaphore, TryAcquire
 /// polled for from `poll_ready`.
 ///
 /// [`poll_acquire`](Self::poll_acquire) takes a free permit without
-/// allocating (one compare-and-swap); only when it has to queue does it
-/// box an `AcquireOwned`, and that box is reused by later waits. The
-/// queued future keeps its place in the semaphore's FIFO across polls.
-///
-/// Clones share the semaphore but not the stored future: each clone waits
-/// in its own place.
+/// allocating; only when it has to queue does it box an `AcquireOwned`,
+/// reused by later waits. The queued future keeps its FIFO place across
+/// polls. Clones share the semaphore but each waits in its own place.
 ///
 /// # Cancel safety
 ///
-/// Dropping a `PollSemaphore` while it waits drops its acquire future:
-/// every permit already assigned to it goes back to the semaphore (see
-/// `AcquireOwned`).
+/// Dropping a `PollSemaphore` while it waits gives every permit already
+/// assigned to it back to the semaphore.
 ///
 /// # Examples
 ///
@@ -51,8 +45,7 @@ use crate::semaphore::{AcquireOwned, OwnedSemaphorePermit, Semaphore, TryAcquire
 /// ```
 pub struct PollSemaphore {
     semaphore: Arc<Semaphore>,
-    /// The stored acquire future; kept (completed) after a wait so the
-    /// allocation is reused.
+    /// The stored acquire future, kept after a wait so the box is reused.
     acquire: Option<Pin<Box<AcquireOwned>>>,
     /// Whether `acquire` holds a future still waiting for its permit.
     waiting: bool,
@@ -164,8 +157,7 @@ impl PollSemaphore {
     fn start_wait(&mut self) {
         let fresh = self.semaphore.clone().acquire_owned();
         match &mut self.acquire {
-            // The stored future has completed (`waiting` was false), so
-            // replacing it in place drops nothing that is queued.
+            // Completed (`waiting` was false): replacing it drops nothing queued.
             Some(stored) => stored.set(fresh),
             None => self.acquire = Some(Box::pin(fresh)),
         }
@@ -174,8 +166,7 @@ impl PollSemaphore {
 
     fn poll_wait(&mut self, cx: &mut Context<'_>) -> Poll<Option<OwnedSemaphorePermit>> {
         let Some(acquire) = self.acquire.as_mut() else {
-            // Unreachable: `waiting` implies a stored future. Start one
-            // rather than panic.
+            // Unreachable: `waiting` implies a stored future.
             self.start_wait();
             return self.poll_wait(cx);
         };

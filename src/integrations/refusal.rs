@@ -14,13 +14,12 @@ impl Throttled {
     /// This refusal as the response an HTTP client keeps (feature `http`).
     ///
     /// An LLM client (rig, async-openai, ...) keeps a 429's status, headers
-    /// and body and plans with them; it wraps an error from inside its HTTP
-    /// stack as a retryable transport failure. So the reqwest middleware
-    /// and the tower `AdmissionLayer` can answer a `Throttled` as this
-    /// response: 429 (503 for `closed`), `retry-after` (whole seconds,
-    /// rounded up) and `retry-after-ms`, [`REFUSAL_HEADER`](Self::REFUSAL_HEADER),
-    /// an [`Attempts`] extension, and a JSON body in the providers' error
-    /// shape that carries every field:
+    /// and body, but retries an error from its HTTP stack at once. So the
+    /// reqwest middleware and the tower `AdmissionLayer` can answer a
+    /// `Throttled` as this response: 429 (503 for `closed`), `retry-after`
+    /// (whole seconds, rounded up) and `retry-after-ms`,
+    /// [`REFUSAL_HEADER`](Self::REFUSAL_HEADER), an [`Attempts`] extension,
+    /// and a JSON body in the providers' error shape carrying every field:
     ///
     /// ```json
     /// {"error": {"type": "rate_limited", "code": "rate_limited",

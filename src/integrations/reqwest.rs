@@ -55,24 +55,22 @@ use outcome::Outcome;
 /// `anyhow::Error`), or, with [`refusals_as_responses`](Self::refusals_as_responses),
 /// as a synthetic 429 response an LLM client keeps ([`Throttled::to_response`](crate::Throttled::to_response)).
 ///
-/// * The **tool** of a request is, by default, its host and route
+/// * The **tool** is, by default, the host and route
 ///   (`api.openai.com/v1/chat/completions`; id-like segments become `*`,
 ///   at most four segments); the **credential** is a hash of the
-///   configured header's value (`authorization` by default), never the
-///   value itself, so it can be logged ([`credential_of`](AdmissionMiddleware::credential_of)). Both can be
-///   replaced with closures.
+///   configured header's value (`authorization` by default), so it can be
+///   logged ([`credential_of`](AdmissionMiddleware::credential_of)). Both
+///   can be replaced with closures.
 /// * The **deadline** is [`RequestDeadline`](crate::retry::RequestDeadline) from the request's
-///   extensions, else the default (30 s). Admission waits, the requests,
-///   retries and their backoff are all charged to it.
+///   extensions, else the default (30 s); waits, requests, retries and
+///   backoff are all charged to it.
 /// * The **priority** is a [`Priority`](crate::admission::Priority) in the
-///   request's extensions (`.with_extension(Priority::BACKGROUND)`), else
-///   interactive; it orders waiting calls on a layer with
-///   [`priority_lanes`](crate::admission::Builder::priority_lanes).
-/// * A bare or unparsable 429 waits [`RetryPolicy::BARE_429_HOLD`] (the
-///   same hold admission puts on the credential), not the backoff.
+///   request's extensions, else interactive (see
+///   [`priority_lanes`](crate::admission::Builder::priority_lanes)).
+/// * A bare or unparsable 429 waits [`RetryPolicy::BARE_429_HOLD`].
 /// * **Costs**: [`cost_from`](Self::cost_from) says what a request draws
-///   from the weighted quotas (tokens, ...), [`usage_from`](Self::usage_from)
-///   what the response says it used (settled on the ticket).
+///   from the weighted quotas, [`usage_from`](Self::usage_from) what the
+///   response says it used.
 /// * A request whose body cannot be cloned (a stream) is sent once.
 ///
 /// # Examples
@@ -107,11 +105,9 @@ pub struct AdmissionMiddleware<S: Sleeper = DefaultSleeper, C: Clock = DefaultCl
     responses: bool,
     /// Identical reads in flight at once share one request.
     coalesce: bool,
-    /// Which other requests (a `POST` the caller knows to be a read) are
-    /// reads too, keyed with their body.
+    /// Which other requests (a `POST` the caller knows to be a read) are reads.
     reads_when: Option<Declared>,
-    /// Which other requests (a `POST` with an idempotency key) may be
-    /// sent again after they may have run.
+    /// Which other requests may be sent again after they may have run.
     idempotent_when: Option<Declared>,
     reads: Reads<Result<Response>, outcome::Copy, C>,
 }
@@ -237,10 +233,9 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
         self
     }
 
-    /// What each request draws from the layer's weighted quotas (tokens,
-    /// ...), as `(quota name, units)`: reserved before the request is sent,
-    /// all or nothing. A name that matches no quota of the layer is
-    /// refused (`quota_exhausted`), never sent unmetered.
+    /// What each request draws from the layer's weighted quotas, as `(quota
+    /// name, units)`, reserved all or nothing before it is sent. A name that
+    /// matches no quota is refused (`quota_exhausted`), never sent unmetered.
     ///
     /// # Examples
     ///
@@ -262,10 +257,9 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
         self
     }
 
-    /// What a response says the request used, as `(quota name, units)`
-    /// (from its headers: the body stays the caller's), settled on the
-    /// request's ticket: the estimate from [`cost_from`](Self::cost_from)
-    /// is corrected to it.
+    /// What a response says the request used, as `(quota name, units)` (from
+    /// its headers), settled on the request's ticket in place of the
+    /// [`cost_from`](Self::cost_from) estimate.
     ///
     /// # Examples
     ///
@@ -290,13 +284,12 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
         self
     }
 
-    /// What a successful response's body says the request used, as
-    /// `(quota name, units)` ([`Provider::usage_in_body`](crate::admission::Provider::usage_in_body) reads OpenAI's and Anthropic's
-    /// `usage` object), settled on the request's ticket like
-    /// [`usage_from`](Self::usage_from). The body is read once, here, and
-    /// the caller gets a response with the same status, headers,
-    /// extensions, URL and body; a streamed body (`text/event-stream`) is
-    /// left alone here (see [`usage_from_stream`](Self::usage_from_stream)).
+    /// What a successful response's body says the request used, as `(quota
+    /// name, units)` ([`Provider::usage_in_body`](crate::admission::Provider::usage_in_body)
+    /// reads OpenAI's and Anthropic's `usage`), settled like
+    /// [`usage_from`](Self::usage_from). The body is read once and the caller
+    /// gets an equivalent response; a streamed body (`text/event-stream`) is
+    /// left to [`usage_from_stream`](Self::usage_from_stream).
     ///
     /// # Examples
     ///
@@ -322,17 +315,14 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     }
 
     /// What a streamed reply (`text/event-stream`) says it used: `f` reads
-    /// each event's data ([`Provider::usage_in_event`](crate::admission::Provider::usage_in_event)
-    /// reads OpenAI's final `usage` chunk and Anthropic's `message_start`
-    /// and `message_delta`), the largest count per name is kept, and when
-    /// the body is read to its end the request's ticket is settled with
-    /// them (`tokens` is at least `input_tokens + output_tokens`).
+    /// each event's data ([`Provider::usage_in_event`](crate::admission::Provider::usage_in_event)),
+    /// the largest count per name is kept, and the ticket is settled with
+    /// them when the body ends.
     ///
-    /// A streamed reply keeps its ticket (its tool slot and global slot)
-    /// until its body is read to the end or dropped, with or without this:
-    /// the concurrency limits count the streams still being read, not
-    /// only the requests waiting for their headers. A stream cut off by an
-    /// error counts against the circuit, and settles nothing.
+    /// A streamed reply keeps its ticket until its body is read to the end or
+    /// dropped, with or without this, so the concurrency limits count streams
+    /// still being read. A stream cut off by an error counts against the
+    /// circuit, and settles nothing.
     ///
     /// # Examples
     ///
@@ -352,12 +342,9 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     }
 
     /// Answers a refusal as a synthetic 429 response (503 for `closed`)
-    /// instead of an error: `retry-after`, `retry-after-ms` and a JSON
-    /// body in the providers' error shape carrying the [`Throttled`] (see
-    /// [`Throttled::to_response`](crate::Throttled::to_response)). Use it under a client library (an LLM client
-    /// over reqwest-middleware) that reports errors from its HTTP stack as
-    /// retryable transport failures but keeps a 429's status, headers and
-    /// body.
+    /// instead of an error (see [`Throttled::to_response`](crate::Throttled::to_response)),
+    /// for a client library that retries errors from its HTTP stack at once
+    /// but keeps a 429.
     ///
     /// # Examples
     ///
@@ -372,26 +359,21 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
         self
     }
 
-    /// Whether identical reads in flight at once share one request (on
-    /// by default). Two requests are identical only when nothing their
-    /// server could see differs: a `GET` or `HEAD` with the same method,
-    /// whole URL (scheme, host, port, path, query), version and every
-    /// header, `Authorization`, `Cookie`, `x-api-key`, `Accept` and `Range`
-    /// among them, byte for byte, and the same credential. Headers the
-    /// client adds after its middleware (its default headers, its cookie
+    /// Whether identical reads in flight at once share one request (on by
+    /// default). Two requests are identical only when nothing their server
+    /// could see differs: a `GET` or `HEAD` with the same method, whole URL,
+    /// version and every header, byte for byte, and the same credential.
+    /// Headers the client adds after its middleware (default headers, cookie
     /// jar) are not seen here: don't share one middleware between clients
     /// that differ in them.
     ///
-    /// The caller that joins one in flight waits for it no longer than its
-    /// own deadline (then it is `timed_out`, having sent nothing), and gets
-    /// a copy of its answer (`attempts: 0`) only when one is safe to share:
-    /// a response whose body declares (`Content-Length`) at most 1 MiB,
-    /// read within the first caller's deadline, or the server's fault. A
-    /// streamed or larger body comes back to the first caller untouched
-    /// and at once, and a refusal or timeout is the first caller's own: in
-    /// those cases each caller that joined sends its own request. A write
-    /// (any method but `GET`, `HEAD`, `OPTIONS` and `TRACE`) is never
-    /// shared unless declared a read ([`reads_when`](Self::reads_when)).
+    /// A joiner waits no longer than its own deadline (then it is
+    /// `timed_out`, having sent nothing), and gets a copy of the answer
+    /// (`attempts: 0`) only when one is safe to share: a body declaring at
+    /// most 1 MiB, read within the first caller's deadline, or the server's
+    /// fault. Otherwise (a stream, a larger body, a refusal or timeout) each
+    /// joiner sends its own request. A write is never shared unless declared
+    /// a read ([`reads_when`](Self::reads_when)).
     ///
     /// # Examples
     ///
@@ -408,12 +390,10 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     }
 
     /// Declares which requests beyond `GET` and `HEAD` are reads (an LLM
-    /// completion the caller will accept the same answer for): identical
-    /// ones in flight at once, by everything `GET`s are compared by and
-    /// the body, share one request as reads do (see
-    /// [`coalesce_reads`](Self::coalesce_reads), which this needs on), and
-    /// are retried after a fault. A body that is a stream is never
-    /// shared. Nothing is a read on the server's word.
+    /// completion the caller will accept the same answer for): identical ones
+    /// in flight, compared with their body, share one request (see
+    /// [`coalesce_reads`](Self::coalesce_reads)), and are retried after a
+    /// fault. A streamed body is never shared.
     ///
     /// # Examples
     ///
@@ -430,16 +410,12 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
         self
     }
 
-    /// Declares which requests may be sent again after they may have
-    /// reached the server's handler. Without it, a `POST` or `PATCH` is
-    /// sent again only after a 429 or 503 (the server did not run it), or
-    /// when it never left (a refused connection): after a reset, a
-    /// timeout or a 5xx it may have run, and the fault stands. `GET`,
-    /// `HEAD`, `PUT`, `DELETE`, `OPTIONS` and `TRACE` are idempotent by
-    /// their definition (RFC 9110), a declared read
-    /// ([`reads_when`](Self::reads_when)) is too, and so is every request
-    /// through an admission told its [`Provider`](crate::admission::Provider):
-    /// an LLM completion's only effect is its cost.
+    /// Declares which requests may be sent again after they may have reached
+    /// the server's handler. Otherwise a `POST` or `PATCH` is sent again only
+    /// when the server did not run it (a 429, a 503, a refused connection).
+    /// Idempotent methods (RFC 9110), declared reads, and every request
+    /// through an admission told its [`Provider`](crate::admission::Provider)
+    /// (a completion's only effect is its cost) need no declaration.
     ///
     /// # Examples
     ///
@@ -470,8 +446,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     }
 }
 
-/// The functions a middleware is configured with, on the default type so
-/// they are named without type parameters.
+/// The functions a middleware is configured with, on the default type.
 impl AdmissionMiddleware {
     /// The credential the middleware's default derivation gives a header
     /// value: a stable 64-bit hash, in hex. Ask
@@ -549,10 +524,8 @@ fn credential_from_header(name: String) -> Derive {
 }
 
 /// The host and the path's route: `api.openai.com/v1/chat/completions`.
-/// Segments that look like ids (any digit, except a version such as `v1`)
-/// become `*`, and at most four segments are kept, so `/v1/items/8731`
-/// and `/v1/items/8732` are one tool (`api.example.com/v1/items/*`) and
-/// the registry of tools stays small.
+/// Id-like segments (any digit, except a version such as `v1`) become
+/// `*`, and at most four segments are kept, so the registry stays small.
 fn default_tool(req: &Request) -> String {
     let url = req.url();
     let mut tool = url.host_str().unwrap_or("").to_string();
@@ -589,7 +562,6 @@ mod tests {
 
     #[test]
     fn the_default_tool_is_the_route_not_the_first_segment() {
-        // Every completion landed on one tool, `127.0.0.1/v1`.
         assert_eq!(
             tool("https://api.openai.com/v1/chat/completions"),
             "api.openai.com/v1/chat/completions"
@@ -735,8 +707,7 @@ where
                 (result, Outcome::new(attempts))
             }
             Ended::Throttled(refused) => (self.refuse(refused.clone()), Outcome::refused(refused)),
-            // A fault (a transport error, a 5xx) not retried: the last
-            // answer stands, as what it was.
+            // A fault not retried: the last answer stands.
             Ended::Failed {
                 result,
                 not_retried,

@@ -1,9 +1,5 @@
-//! [`TicketBody`]: a response body that holds its call's ticket, so the
-//! slots stay held until the body is read to its end or dropped (the
-//! concurrency limits count the streams still being read), and the usage
-//! the stream reports (an LLM's final `usage` event) settles the call's
-//! estimate when it ends. The reqwest middleware wraps streamed replies in
-//! it; the tower `AdmissionLayer` every body, with `hold_bodies`.
+//! [`TicketBody`]: a response body that holds its call's ticket until it
+//! ends, fails or is dropped, and settles the usage its stream reports.
 
 use core::fmt;
 use core::pin::Pin;
@@ -20,29 +16,18 @@ use crate::sleep::{DefaultSleeper, Sleeper};
 /// Reads what one event's data says it used.
 pub(crate) type EventUsage = dyn Fn(&[u8]) -> Vec<(String, u32)> + Send + Sync;
 
-/// A line longer than this is not an event this reads (its usage is
-/// skipped, the bytes still pass through): memory stays bounded whatever
-/// the server sends.
+/// A longer line is not read for usage (its bytes still pass through), so
+/// memory stays bounded.
 const MAX_LINE: usize = 1 << 20;
 
 pin_project_lite::pin_project! {
     /// A response body holding its call's
-    /// [`Ticket`](crate::admission::Ticket): the call's tool slot and global
-    /// slot are released when the body ends, fails or is dropped, not when
-    /// the response head arrives.
-    ///
-    /// Its frames are the inner body's, unchanged. When built to read
-    /// usage, each `data:` line of the stream (server-sent events) is
-    /// handed to the reader; the largest count per quota name is kept and
-    /// settles the ticket when the body ends (`tokens` is at least
-    /// `input_tokens + output_tokens`). A body cut off by an error counts
-    /// against the circuit and settles nothing. A line over 1 MiB is passed
-    /// through unread, so memory stays bounded.
-    ///
-    /// Made by the tower
-    /// [`AdmissionLayer::hold_bodies`](crate::tower::AdmissionLayer::hold_bodies)
-    /// (and, wrapped in a `reqwest::Body`, by the reqwest middleware for a
-    /// streamed reply).
+    /// [`Ticket`](crate::admission::Ticket), released when the body ends,
+    /// fails or is dropped, not when the head arrives. Its frames are the
+    /// inner body's, unchanged. When built to read usage, each `data:` line is
+    /// handed to the reader; the largest count per quota name settles the
+    /// ticket at the end. A body cut off by an error counts against the
+    /// circuit and settles nothing.
     pub struct TicketBody<B, S = DefaultSleeper, C = DefaultClock>
     where
         S: Sleeper,
@@ -67,8 +52,8 @@ struct Held<S: Sleeper, C: Clock> {
 }
 
 impl<B, S: Sleeper, C: Clock> TicketBody<B, S, C> {
-    /// `inner`, holding `ticket` until it ends (and reading `usage` from
-    /// its events), or holding nothing.
+    /// `inner`, holding `ticket` until it ends (reading `usage` from its
+    /// events), or holding nothing.
     pub(crate) fn new(
         inner: B,
         ticket: Option<Ticket<S, C>>,
@@ -86,8 +71,7 @@ impl<B, S: Sleeper, C: Clock> TicketBody<B, S, C> {
         }
     }
 
-    /// Whether the body still holds its call's ticket (it has neither
-    /// ended nor failed; a refusal answered as a response never held one).
+    /// Whether the body still holds its call's ticket.
     ///
     /// # Examples
     ///
@@ -139,8 +123,7 @@ impl<S: Sleeper, C: Clock> Held<S, C> {
             self.scan(slice);
         }
         if seen < data.remaining() {
-            // More chunks than one look shows (no `Buf` in use here has
-            // them): the line they end is not read.
+            // More chunks than one look shows: the line they end is not read.
             self.skipping = true;
             self.line.clear();
         }
@@ -162,15 +145,13 @@ impl<S: Sleeper, C: Clock> Held<S, C> {
         }
     }
 
-    /// The body ended: the usage it reported settles the ticket, which is
-    /// then released.
+    /// The body ended: the usage it reported settles the ticket, then released.
     fn finish(mut self) {
         // A last line with no newline.
         if !self.line.is_empty() && !self.skipping {
             self.event_line();
         }
-        // Counts reported in parts (input at the start, output at the end)
-        // add up to at least their total.
+        // Counts reported in parts add up to at least their total.
         let get = |used: &[(String, u32)], n: &str| {
             used.iter().find(|(name, _)| name == n).map(|(_, u)| *u)
         };
@@ -212,8 +193,8 @@ where
                 {
                     held.scan_buf(data);
                 }
-                // A consumer may stop at `is_end_stream` (hyper's encoder
-                // does) and never poll the `None`: the body has ended.
+                // A consumer may stop at `is_end_stream` (hyper does) and never poll
+                // the `None`: the body has ended.
                 if this.inner.is_end_stream()
                     && let Some(held) = this.held.take()
                 {
@@ -221,8 +202,7 @@ where
                 }
             }
             Poll::Ready(Some(Err(_))) => {
-                // Cut off mid-stream: no answer to settle with, and a
-                // failure for the circuit.
+                // Cut off mid-stream: nothing to settle, a failure for the circuit.
                 if let Some(held) = this.held.take() {
                     held.ticket.observe_error();
                 }
@@ -367,10 +347,7 @@ mod tests {
         assert_eq!(admit().unwrap_err().status, Status::Unavailable);
     }
 
-    /// Issue #40 item 6: a consumer that stops at `is_end_stream` (hyper's
-    /// encoder does) never polls `Ready(None)`: the slot was held until
-    /// the body was dropped and the usage never settled (9,500 tokens
-    /// available instead of 9,195).
+    /// A consumer that stops at `is_end_stream` still settles and releases.
     #[test]
     fn ticket_body_settles_only_on_ready_none_is_fixed() {
         let admission = layer();
@@ -395,11 +372,7 @@ mod tests {
         drop(body);
     }
 
-    /// A line of exactly `MAX_LINE` bytes, in
-    /// two frames, is read; a last line with no newline is read; usage
-    /// reported in parts (Anthropic's input at the start, output at the
-    /// end) settles their sum; the body says what its inner body says
-    /// until it ends.
+    /// A `MAX_LINE` line, a last line with no newline and usage in parts are read.
     #[test]
     fn the_longest_line_the_last_line_and_usage_in_parts_are_read() {
         let admission = layer();

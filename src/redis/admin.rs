@@ -1,6 +1,5 @@
-//! The rest of the bucket API on Redis: `until_ready` (one reserve, then
-//! a sleep holding the reservation), and the operations that change the
-//! key for every process: `set_quota` (stored with the key) and `reset`.
+//! `until_ready`, and the operations that change the key for every
+//! process: `set_quota` and `reset`.
 
 use core::time::Duration;
 
@@ -60,31 +59,22 @@ impl RedisBucket {
         Ok(())
     }
 
-    /// Makes `quota` this process's own (a limit its server stated to it,
-    /// or an operator's) and stores it with the key for **every** process
-    /// on it. Here it is the quota in force, and the one this process
-    /// returns to when the key states none; it also raises this process's
-    /// ceiling when it is faster or has a larger burst than the quota it
-    /// was built with.
-    ///
-    /// Other processes adopt it with the reply to their next round trip,
-    /// within their own bounds (see *A stored quota is advice* on
-    /// [`RedisBucket`]).
+    /// Makes `quota` this process's own and stores it with the key for
+    /// **every** process on it. Here it is in force at once, and it raises
+    /// this process's ceiling when faster or burstier than the quota it was
+    /// built with. Other processes adopt it at their next round trip, within
+    /// their own bounds (see *A stored quota is advice* on [`RedisBucket`]).
     ///
     /// The contract is [`TokenBucket::set_quota`]'s: the debt is kept in
-    /// cells (none forgiven), a running penalty keeps its end, and no burst
-    /// is opened. The key still expires (a stored quota lasts one window of
-    /// it and a minute past the bucket's refill). The fail-open fallback
-    /// follows at its share. Reservations taken before a change no longer
-    /// give their cells back; setting the quota in force changes nothing.
+    /// cells, a running penalty keeps its end, and no burst is opened. The
+    /// fail-open fallback follows at its share. Reservations taken before a
+    /// change no longer give their cells back.
     ///
     /// # Errors
     ///
     /// A quota whose tolerance (`burst * period`) exceeds 2^51 µs (nothing
     /// changes), or Redis not answering: the quota is this process's own
-    /// either way (in force with the next reply), and the key either did
-    /// not store it or stored it without this process hearing of it: call
-    /// again.
+    /// either way, but the key may not have stored it: call again.
     ///
     /// # Examples
     ///

@@ -1,11 +1,7 @@
-//! The one way a script call reaches Redis: a lazily made connection (a
-//! `redis` crate `ConnectionManager` on a single node, or its async
-//! cluster connection; both reconnect on their own), bounded by the store
-//! timeout or the caller's shorter budget, behind the breaker; and what
-//! each outcome counts as.
-//!
-//! The connection ([`Link`]) is shared: every bucket of a
-//! [`RedisScoped`](super::RedisScoped) sends through one.
+//! How a script call reaches Redis: a lazily made, self-reconnecting
+//! connection ([`Link`], shared by every bucket of a
+//! [`RedisScoped`](super::RedisScoped)), bounded by the store timeout or
+//! the caller's shorter budget, behind the breaker.
 
 use core::time::Duration;
 
@@ -19,8 +15,7 @@ use super::script::{self, Bounds, Op, Params, Refund};
 use super::RedisBucket;
 use crate::sync::Arc;
 
-/// Where the connection goes: one node, or a cluster (seeded by one or
-/// more of its nodes).
+/// Where the connection goes: one node, or a cluster.
 pub(super) enum Target {
     Single(Client),
     /// Boxed: a cluster client is twice a single one's size.
@@ -39,13 +34,11 @@ pub(super) struct Link {
     target: Target,
     conn: OnceCell<Conn>,
     script: Script,
-    /// The store timeout: the longest any call may take, connecting
-    /// included.
+    /// The store timeout: the longest any call may take, connecting included.
     pub(super) timeout: Duration,
     /// Cap on the reconnect backoff (the probe interval).
     reconnect_cap: Duration,
-    /// Send the bucket's clock with each call instead of using Redis's
-    /// `TIME`.
+    /// Send the bucket's clock with each call instead of using Redis's `TIME`.
     pub(super) explicit_time: bool,
 }
 
@@ -111,12 +104,11 @@ pub(super) struct Connection {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Failed {
     /// Redis did not decide: a connection error, the store timeout, an
-    /// error or malformed reply, or a recent failure said not to try.
-    /// Counted in `failures`; the failure policy answers.
+    /// error or malformed reply, or an open breaker. Counted in `failures`;
+    /// the failure policy answers.
     Store,
-    /// The caller's budget, shorter than the store timeout, ran out before
-    /// the reply. Counted in `out_of_budget`; the caller's own refusal,
-    /// which says nothing about Redis.
+    /// The caller's budget, shorter than the store timeout, ran out first.
+    /// Counted in `out_of_budget`; says nothing about Redis.
     Budget,
 }
 
@@ -152,18 +144,14 @@ impl Connection {
 }
 
 impl RedisBucket {
-    /// Sends `op` to Redis within the store timeout, or within `bound` (the
-    /// caller's budget) when shorter, unless the breaker says not to try
-    /// yet. Counts round trips, failures and calls out of budget.
+    /// Sends `op` within the store timeout, or within `bound` (the caller's
+    /// budget) when shorter, unless the breaker is open. Every call carries
+    /// the queued refunds, this process's own quota and its bounds; every
+    /// reply carries the quota in force, adopted here (a reply outside the
+    /// bounds sent is a failure).
     ///
-    /// Every call also carries the queued refunds, this process's own quota
-    /// and its bounds; every reply carries the quota in force for this
-    /// process, which becomes the quota here (a reply outside the bounds
-    /// sent is not the script's: a failure).
-    ///
-    /// Only a connection error or the store timeout trips the breaker.
-    /// Running out of a shorter `bound` is [`Failed::Budget`] (it says
-    /// nothing about Redis); an error reply fails this call only.
+    /// Only a connection error or the store timeout trips the breaker; an
+    /// exhausted `bound` is [`Failed::Budget`]; an error reply fails this call.
     pub(super) async fn call(&self, op: Op, bound: Option<Duration>) -> Result<Vec<i64>, Failed> {
         let now = self.clock.now_nanos();
         // The connection and its timer need a tokio runtime; without one,
@@ -257,10 +245,8 @@ impl RedisBucket {
         Err(Failed::Store)
     }
 
-    /// Logs a change of the quota in force (`tracing`, when the feature is
-    /// on): a warning when the key's stored quota (`stored`, as written)
-    /// was out of this process's bounds and is taken clamped; once per
-    /// change, not per call.
+    /// Logs a change of the quota in force (feature `tracing`): a warning
+    /// when the key's stored quota was out of bounds and is taken clamped.
     #[cold]
     #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
     fn log_adopted(&self, in_force: Params, stored: (i64, i64)) {
@@ -307,9 +293,8 @@ impl RedisBucket {
     }
 }
 
-/// Whether `e` is Redis's answer (an error reply: a script error,
-/// `WRONGTYPE`, `BUSY`, `LOADING`, ...) rather than a transport failure:
-/// Redis is up and answers at once, so there is no timeout to avoid.
+/// Whether `e` is an error reply from Redis (script error, `WRONGTYPE`,
+/// `BUSY`, ...) rather than a transport failure: Redis is up.
 fn is_reply(e: &RedisError) -> bool {
     matches!(
         e.kind(),

@@ -1,7 +1,5 @@
-//! Leasing: cells taken from Redis ahead of need, in the same round trip
-//! as a decision, and handed out locally until they run out or expire.
-//! The trade-off is documented under *Leasing* on
-//! [`RedisBucket`](super::RedisBucket).
+//! Leasing: cells taken from Redis ahead of need and handed out locally
+//! (see *Leasing* on [`RedisBucket`](super::RedisBucket)).
 
 use super::RedisBucket;
 

@@ -1,8 +1,6 @@
 //! `RedisBucket`: the [`TokenBucket`] contract enforced in Redis, so every
-//! process on one API key shares one quota (two local buckets would send
-//! twice the key's rate). The GCRA decision runs inside Redis, atomically,
-//! in one round trip (`script.rs`), on Redis's clock. The public
-//! documentation is on [`RedisBucket`].
+//! process on one key shares one quota. The GCRA decision runs inside
+//! Redis, atomically, in one round trip (`script.rs`), on Redis's clock.
 
 mod admin;
 mod breaker;
@@ -35,8 +33,7 @@ pub use scoped::{RedisScoped, RedisScopedBuilder};
 use script::{Op, Refund, MAX_MICROS};
 use state::State;
 
-/// Refunds of dropped reservations queued per bucket, at most
-/// ([`RedisBucket::MAX_QUEUED_REFUNDS`]).
+/// Refunds of dropped reservations queued per bucket, at most.
 const MAX_QUEUED_REFUNDS: usize = 1024;
 
 /// Counters of a [`RedisBucket`]'s decisions, for measuring leasing and
@@ -58,21 +55,18 @@ pub struct RedisStats {
     pub admitted: u64,
     /// Of those, cells admitted from a lease, without a round trip.
     pub leased: u64,
-    /// Calls Redis did not answer within the store
-    /// [`timeout`](RedisBucketBuilder::timeout), lost to a connection
-    /// error, answered with an error or a malformed reply, or that were not
-    /// sent because a recent call had failed.
+    /// Calls Redis did not decide: no answer within the store
+    /// [`timeout`](RedisBucketBuilder::timeout), a connection error, an error
+    /// or malformed reply, or skipped after a recent failure.
     pub failures: u64,
-    /// [`reserve`](RedisBucket::reserve) calls whose own budget
-    /// (`max_wait`, shorter than the store timeout) ran out before Redis
-    /// answered. Refused as rate limited; not failures: they neither take
-    /// the failure policy nor make later calls skip Redis.
+    /// [`reserve`](RedisBucket::reserve) calls whose own `max_wait`, shorter
+    /// than the store timeout, ran out first. Refused as rate limited; not
+    /// failures (no failure policy, no effect on later calls).
     pub out_of_budget: u64,
     /// Decisions made by the fail-open fallback bucket.
     pub fallback: u64,
-    /// Cells given back by reservations dropped before their wait had
-    /// passed (queued, then applied by Redis with a later round trip).
-    /// They are no longer counted in `admitted`.
+    /// Cells given back by reservations dropped before their wait had passed
+    /// (applied by Redis with a later round trip); no longer in `admitted`.
     pub refunded: u64,
 }
 
@@ -93,22 +87,19 @@ impl RedisStats {
 /// A GCRA bucket held in Redis, shared by every process that uses the same
 /// key (and quota).
 ///
-/// Each process builds its own `RedisBucket` on the key; all of them must
-/// use the same quota. The decision runs in Redis, atomically, in one
-/// round trip, on Redis's clock (`TIME`, integer microseconds); the key
-/// expires when the bucket is full again (a key stating a quota one window
-/// of it and a minute later).
+/// Each process builds its own `RedisBucket` on the key, all with the same
+/// quota. The decision runs in Redis, atomically, in one round trip, on
+/// Redis's clock; the key expires when the bucket is full again.
 ///
 /// # A stored quota is advice
 ///
-/// A quota stored with the key ([`set_quota`](RedisBucket::set_quota) in
-/// any process, or anyone who can write the key) is taken by this process
-/// only within its bounds: never faster, nor with a larger burst, than its
-/// ceiling (the quota it was built with, or the one it set itself if
-/// higher); never slower than 1/1000 of its own rate; never a burst of more
-/// than the stored rate gives in the ceiling's window (at least a second).
-/// Out of them it is clamped (logged with `tracing`). The process is back
-/// on its own quota as soon as the key states none.
+/// A quota stored with the key ([`set_quota`](RedisBucket::set_quota), or
+/// anyone who can write the key) is taken only within this process's
+/// bounds: never faster or burstier than its ceiling (its own quota, or
+/// one it set higher); never slower than 1/1000 of its own rate; never a
+/// burst of more than the stored rate gives in the ceiling's window (at
+/// least a second). Outside them it is clamped (logged with `tracing`).
+/// With no quota stored, the process is back on its own.
 ///
 /// # Shape of the API
 ///
@@ -609,9 +600,8 @@ impl RedisBucket {
             give,
             not_before,
         };
-        // On failure the give-back is dropped: it may have been applied,
-        // and returning it twice would over-admit. Lost cells are the safe
-        // side.
+        // On failure the give-back is dropped: it may have been applied, and
+        // returning it twice would over-admit.
         let reply = self.call(op, bound).await.map_err(Denial::Failed)?;
         let [granted, wait, before, after] = match reply[..] {
             [g, w, b, a] if g >= 0 && w >= 0 && b >= 0 && a >= 0 => [g, w, b, a].map(|v| v as u64),

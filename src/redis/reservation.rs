@@ -14,24 +14,18 @@ use crate::clock::saturating_nanos;
 /// # Dropping it
 ///
 /// A reservation dropped **after** its wait has passed keeps its cells.
-/// One dropped **before** it was abandoned, so it gives them back, at most
-/// once:
+/// One dropped **before** it gives them back, at most once: cells from
+/// this process's lease or the fail-open fallback at once, in `Drop`;
+/// cells taken in Redis are queued (at most
+/// [`MAX_QUEUED_REFUNDS`](super::RedisBucket::MAX_QUEUED_REFUNDS), the
+/// oldest forgotten first) and sent with the bucket's **next round trip**,
+/// whatever its operation. No task is spawned: without a further call (or
+/// if that call fails) they count as used until the key refills. Redis
+/// applies each as [`cancel`](RedisReservation::cancel) does; counted in
+/// [`RedisStats::refunded`](super::RedisStats::refunded).
 ///
-/// * cells from this process's lease or the fail-open fallback go back at
-///   once, in `Drop`;
-/// * cells taken in Redis are queued in the bucket (at most
-///   [`MAX_QUEUED_REFUNDS`](super::RedisBucket::MAX_QUEUED_REFUNDS), the
-///   oldest forgotten first) and sent with the bucket's **next round
-///   trip**, whatever its operation. No task is spawned; a bucket that makes
-///   no further call never sends them (the cells count as used until it
-///   refills). If the round trip carrying them fails, they are dropped.
-///   Redis applies each as [`cancel`](RedisReservation::cancel) does, so a
-///   stack of dropped reservations unwinds whole; counted in
-///   [`RedisStats::refunded`](super::RedisStats::refunded).
-///
-/// A caller that takes the wait and lets the reservation go before using
-/// the cells (say, to sleep elsewhere) calls
-/// [`keep`](RedisReservation::keep), which keeps the cells taken.
+/// To let the reservation go before using the cells (say, to sleep
+/// elsewhere), call [`keep`](RedisReservation::keep).
 /// [`cancel`](RedisReservation::cancel) gives them back now and says
 /// whether it could.
 ///
@@ -191,10 +185,8 @@ impl<'a> RedisReservation<'a> {
 }
 
 impl RedisReservation<'_> {
-    /// Whether the bucket was neither reset nor given a new quota since
-    /// (by this process; another process's change shows as a failed
-    /// refund in Redis instead). The fallback's own reservations check
-    /// that themselves.
+    /// Whether this process has neither reset the bucket nor changed its quota
+    /// since (another's change shows as a failed refund in Redis).
     fn current(&self) -> bool {
         matches!(self.source, Source::Local(_))
             || self.bucket.state.lock().generation == self.generation

@@ -21,24 +21,20 @@ use crate::sync::{Arc, ThreadMutex};
 /// Each key gets the default quota, or its override
 /// ([`quota_for`](RedisScopedBuilder::quota_for) at build time,
 /// [`set_quota`](RedisScoped::set_quota) at run time, which also stores it
-/// with the key in Redis so every process adopts it, each within its own
-/// bounds: see *A stored quota is advice* on [`RedisBucket`]). Leases, the store
-/// timeout and the failure policy are per key, as configured once on the
-/// builder: each key's [`RedisBucket`] leases for itself.
+/// in Redis for every process to adopt within its own bounds: see *A
+/// stored quota is advice* on [`RedisBucket`]). Leases, the store timeout
+/// and the failure policy are configured once and apply per key.
 ///
 /// # Memory
 ///
-/// A key's bucket is made on first use and kept while it is used. When an
-/// insert finds the map has doubled since the last sweep, buckets idle for
-/// longer than [`idle`](RedisScopedBuilder::idle) (default 60 s) and not
-/// held by a caller are dropped (amortized O(1) per insert): the client
-/// holds about as many buckets as keys active within that window.
-/// Dropping one loses nothing of the quota, which lives in Redis; unused
-/// leased cells or queued refunds it still had count as used until the
-/// key refills. Overrides are configuration and are kept. In Redis, each
-/// key expires too: when its bucket is full again, or, when it states a
-/// quota, one window of it and a minute later, so keys do not pile up
-/// for every tenant ever seen.
+/// A key's bucket is made on first use. When an insert finds the map has
+/// doubled since the last sweep, buckets idle for longer than
+/// [`idle`](RedisScopedBuilder::idle) (default 60 s) and not held by a
+/// caller are dropped (amortized O(1) per insert). The quota lives in
+/// Redis, so nothing of it is lost; a dropped bucket's unused leased cells
+/// and queued refunds count as used until the key refills. Overrides are
+/// kept. In Redis each key expires when its bucket is full again (one
+/// window and a minute later when it states a quota).
 ///
 /// # Examples
 ///
@@ -183,14 +179,13 @@ impl<K: Hash + Eq + Clone + fmt::Display + Send + Sync> RedisScoped<K> {
                 format!("{}{}", self.prefix, key),
                 quota,
             )
-            // The default quota was checked by `build`, and an override
-            // that does not fit falls back to it above.
+            // Checked by `build`; an override that does not fit falls back above.
             .expect("a checked quota")
     }
 
-    /// `key`'s quota as configured here: its override, or the default.
-    /// (A quota stored with the key in Redis by another process shows in
-    /// its bucket's [`quota`](RedisBucket::quota) after a round trip.)
+    /// `key`'s quota as configured here: its override, or the default (a quota
+    /// another process stored shows in its bucket's
+    /// [`quota`](RedisBucket::quota) after a round trip).
     ///
     /// # Examples
     ///

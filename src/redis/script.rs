@@ -1,11 +1,10 @@
-//! The GCRA script and how it is called: one `EVALSHA` per decision,
-//! `EVAL` after a `NOSCRIPT` reply (a restarted or flushed server).
+//! The GCRA script (`gcra.lua`) and how it is called: one `EVALSHA` per
+//! decision, `EVAL` after `NOSCRIPT` (a restarted or flushed server).
 //!
 //! # Arithmetic
 //!
-//! The script runs the same rule as the local bucket (`bucket/gcra.rs`),
-//! in integer **microseconds** on Redis's own clock (`TIME`), so no
-//! client's clock skew can over-admit:
+//! The rule of `bucket/gcra.rs`, in integer **microseconds** on Redis's
+//! clock (`TIME`), so no client's clock skew can over-admit:
 //!
 //! ```text
 //! at       = now + not_before       (0 unless another quota holds the call)
@@ -13,71 +12,48 @@
 //! new tat  = max(tat, at) + n*T
 //! ```
 //!
-//! `not_before` is capped at `max_wait` by the caller.
-//!
-//! Lua 5.1 numbers are doubles, exact for integers below 2^53 (`now` in µs
-//! reaches 2^53 in 2255). The period is the quota's nanoseconds rounded
-//! *up* to whole µs (the shared rate never exceeds the one asked for); the
-//! tolerance, every wait and every penalty are capped at 2^51 µs, so every
-//! sum stays below 2^53 and `floor` of a quotient is exact. Values are
-//! written back with `%.0f` (`tostring` keeps only 14 digits).
+//! The caller caps `not_before` at `max_wait`. Lua numbers are doubles,
+//! exact below 2^53: the period is rounded *up* to whole µs, and the
+//! tolerance, waits and penalties are capped at 2^51 µs, so every sum stays
+//! exact. Values are written back with `%.0f` (`tostring` keeps 14 digits).
 //!
 //! # The key
 //!
-//! A hash `{t: tat, p: penalty}`. `p` is the latest penalty's target: a
-//! lease returning cells or a refund never lowers `tat` below it, so a 429
-//! seen by one process holds every process back until its retry time.
-//!
-//! A quota set at run time (`set_quota`) is stored as `qt` (period, µs) and
-//! `qb` (burst). It is advice: each process takes it within its own
-//! [`Bounds`], and every reply starts with the quota in force for the
-//! caller, so every process adopts it at its next round trip. The
-//! conversion keeps the debt in cells as `bucket/gcra.rs` `convert` does
-//! (none forgiven; a running penalty's part kept in time), capped at 2^51
-//! µs; where `debt * T'` passes 2^53 it rounds up one more µs (safe side).
+//! A hash `{t: tat, p: penalty}`: a give-back or refund never lowers `tat`
+//! below `p`, so a 429 seen by one process holds every process back. A
+//! quota from `set_quota` is stored as `qt` (period, µs) and `qb` (burst);
+//! every reply starts with the quota in force for the caller. Converting
+//! keeps the debt in cells, like `convert` in `bucket/gcra.rs`.
 //!
 //! Every write `PEXPIRE`s the key: when the bucket is full again (at least
-//! 1 ms); when the key states a quota, `τ` and a minute (`KEEP_MS`) later,
-//! so a process starting meanwhile still learns it. Nothing is
-//! `PERSIST`ed. On an explicit clock (tests) the expiry gets an hour
-//! (`EXPLICIT_MS`) more. A key found without an expiry gets one.
+//! 1 ms); when it states a quota, `τ` plus a minute (`KEEP_MS`); on an
+//! explicit clock an hour (`EXPLICIT_MS`) more. Nothing is `PERSIST`ed; a
+//! key found without an expiry gets one.
 //!
 //! # Bounds
 //!
-//! A process sends its own quota (the one it was built with, or the last
-//! it set itself) and its bounds ([`Bounds::new`]). The script takes a
-//! stored `(T, b)` as
+//! A stored quota is advice. Each call sends the process's own quota and
+//! its [`Bounds`]; the script takes a stored `(T, b)` as
 //!
 //! ```text
 //! T' = clamp(T, min_period, max_period)
 //! b' = min(b, max_burst, max(1, floor(window / T')))
 //! ```
 //!
-//! - `min_period`: the shorter of the built-with and own periods (the
-//!   ceiling);
-//! - `max_period`: [`FLOOR_FACTOR`] (1000) times its own period;
-//! - `max_burst`: the larger burst; `window`: the longer tolerance of the
-//!   two quotas, at least [`MIN_WINDOW_US`] (one second).
+//! so a process admits at most `max_burst + t / min_period` over any span
+//! `t`, whatever the key says. An out-of-bounds quota is clamped, not
+//! rewritten (another process may hold it legitimately).
 //!
-//! So a process admits at most `max_burst + t / min_period` over any span
-//! `t`, whatever the key says. A stored quota outside the bounds is not
-//! rewritten (another process may hold it legitimately): each process
-//! clamps it and logs once (`tracing`). When the key states no quota, the
-//! reply brings the process's own again.
-//!
-//! # Refunds of dropped reservations
+//! # Refunds
 //!
 //! Each call carries the refunds of reservations dropped before their wait
-//! had passed: `(before, after, n)`, sorted by `after`, highest first, each
-//! applied as a `cancel` (`tat = max(before, p)` when `tat == after`), so a
-//! stack of dropped reservations unwinds in one call; one with another
-//! process's take on top stays taken. The reply's first field is the
-//! number of cells given back.
+//! had passed, `(before, after, n)` highest `after` first, each applied as
+//! a `cancel` (`tat = max(before, p)` when `tat == after`), so a stack of
+//! them unwinds in one call. The reply's first field is the cells given back.
 //!
-//! The script owns the key. A value it could not have written (not a hash,
-//! a field outside the integers in `[0, now + 2^52]`) is repaired on the
-//! safe side, to an empty bucket refilling from now, with a warning in the
-//! Redis log: the caller sees an ordinary denial with a real wait.
+//! The script owns the key: a value it could not have written is repaired
+//! on the safe side (an empty bucket refilling from now), with a warning in
+//! the Redis log.
 
 use ::redis::aio::ConnectionLike;
 use ::redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind};
@@ -85,17 +61,14 @@ use ::redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind};
 /// The script's source.
 pub(super) const SOURCE: &str = include_str!("gcra.lua");
 
-/// Cap on the tolerance, waits and penalties, in microseconds (see the
-/// module docs).
+/// Cap on the tolerance, waits and penalties, in microseconds.
 pub(super) const MAX_MICROS: u64 = 1 << 51;
 
 /// The floor under a stored quota: its period at most this many times the
 /// process's own (a rate no slower than 1/1000 of its own).
 pub(super) const FLOOR_FACTOR: u64 = 1000;
 
-/// The shortest window a stored burst is measured against, µs (one
-/// second: limits are stated per second or longer, and a limit the
-/// admission layer stores has a second's worth of burst).
+/// The shortest window a stored burst is measured against, µs (one second).
 pub(super) const MIN_WINDOW_US: u64 = 1_000_000;
 
 /// One request to the script.
@@ -145,8 +118,7 @@ pub(super) struct Params {
     pub(super) burst: u32,
 }
 
-/// What a process takes a stored quota within (see *Bounds* in the
-/// module docs); the script clamps to them.
+/// What a process takes a stored quota within; the script clamps to them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Bounds {
     /// The ceiling's period: no faster than this.
@@ -160,9 +132,8 @@ pub(super) struct Bounds {
 }
 
 impl Bounds {
-    /// The bounds of a process built with `configured` whose own quota
-    /// (what it was built with, or the last it set) is `own`. Both passed
-    /// `params_of`, so every product here is at most 2^51.
+    /// The bounds of a process built with `configured` whose own quota is
+    /// `own`. Both passed `params_of`, so every product here is at most 2^51.
     pub(super) fn new(configured: Params, own: Params) -> Bounds {
         let tolerance = |p: Params| p.period_us.saturating_mul(p.burst as u64);
         Bounds {
@@ -176,9 +147,8 @@ impl Bounds {
         }
     }
 
-    /// Whether `quota` is within the bounds: what every quota a reply
-    /// brings must be (the script clamps to them; a reply outside them is
-    /// not the script's).
+    /// Whether `quota` is within the bounds, as every quota a reply brings
+    /// must be.
     pub(super) fn hold(&self, quota: Params) -> bool {
         let Params { period_us, burst } = quota;
         (self.min_period_us..=self.max_period_us).contains(&period_us)
@@ -248,9 +218,8 @@ fn args(cmd: &mut Cmd, now_us: Option<u64>, call: Call<'_>) {
     };
 }
 
-/// Runs `call` on `key`: `EVALSHA`, then `EVAL` (which also caches the
-/// script again) if the server does not know the hash. Returns the reply
-/// and how many round trips it took.
+/// Runs `call` on `key`: `EVALSHA`, then `EVAL` on `NOSCRIPT`. Returns the
+/// reply and the round trips taken.
 pub(super) async fn run<C: ConnectionLike + Send>(
     conn: &mut C,
     script: &Script,

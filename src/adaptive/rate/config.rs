@@ -237,11 +237,8 @@ impl AdaptiveRate {
     }
 
     /// How long the rate holds, once the server's rate is known, before it
-    /// probes above it again (also at least 100 successes). Each probe
-    /// that finds the same limit doubles this wait, up to 16×.
-    ///
-    /// Each probe that finds the limit costs one 429 and a hold: at the
-    /// 30 s default about 3% of the server's capacity, less as it doubles.
+    /// probes above it again (and at least 100 successes). Each probe that
+    /// finds the same limit costs one 429 and doubles this wait, up to 16×.
     ///
     /// # Examples
     ///
@@ -352,11 +349,9 @@ impl AdaptiveRate {
         self
     }
 
-    /// How long after a decrease 429s still count as the same event
-    /// (default 2 s): those of requests sent shortly after it, admitted
-    /// before the hold began, say nothing about the new rate. (429s of
-    /// requests sent before a decrease are always ignored.) Zero keeps
-    /// only that rule.
+    /// How long after a decrease 429s still count as the same event (default
+    /// 2 s): requests sent shortly after it were admitted before the hold
+    /// began. 429s of requests sent before a decrease are always ignored.
     ///
     /// # Examples
     ///

@@ -19,10 +19,8 @@ impl RateController {
             Phase::Hold { climb_to: None, .. } | Phase::Approach { .. }
         ) && st.proven.is_some_and(|p| refused <= p)
         {
-            // Refused at a rate the floor had proven: the server allows a
-            // larger burst than assumed, which inflated the floor. One
-            // cell more first (nginx's `burst=b` is b + 1 at once), then
-            // doubling.
+            // Refused at a rate the floor had proven: the server's burst is larger
+            // than assumed. One cell more first, then doubling.
             st.server_burst = if st.server_burst == self.cfg.server_burst {
                 st.server_burst.saturating_add(1)
             } else {
@@ -58,11 +56,8 @@ impl RateController {
         rate = rate.clamp(cfg.min_rate, st.cap);
         st.proven = (floor >= guess && rate <= floor).then_some(rate);
         // The same successes read with one more cell of burst (nginx's
-        // `burst=b` passes b + 1 at once; a floor read one cell short
-        // comes out above the rate, issue #41). When that floor is close,
-        // start from it and approach the other slowly (`Phase::Approach`).
-        // Only out of slow start: a later 429 reads a floor the controller
-        // has already lived with.
+        // `burst=b` passes b + 1 at once). When that floor is close, start from
+        // it and approach the other slowly. Only out of slow start.
         let from_slow_start = matches!(st.phase, Phase::SlowStart);
         let wary = (settled && st.proven.is_some() && from_slow_start)
             .then(|| bounds(epoch, refusal, b + 1.0, refused, idle, spread).0)
@@ -96,15 +91,13 @@ impl RateController {
                 climb_to: None,
             }
         } else if st.epoch.is_empty() {
-            // Nothing got through since the last decrease (an exhausted
-            // quota, an outage): what was learned before is stale. Start
-            // over, and climb fast from the first success.
+            // Nothing got through since the last decrease (exhausted quota,
+            // outage): what was learned is stale. Start over.
             st.last_settled = None;
             Phase::SlowStart
         } else {
-            // A guess: hold long enough for a too-high guess to draw its
-            // 429 (at most `MAX_TRIAL`), then climb halfway back to the
-            // ceiling.
+            // A guess: hold long enough for a too-high guess to draw its 429,
+            // then climb halfway back to the ceiling.
             st.last_settled = None;
             let trial = ((2.0 * b + 2.0) / rate).min(MAX_TRIAL);
             Phase::Hold {

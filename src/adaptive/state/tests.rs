@@ -127,8 +127,7 @@ fn proposals_are_clamped_into_one_to_max_limit() {
     assert_quiescent(&l);
 }
 
-/// The example, end to end: 8 requests in flight together all
-/// get a 429. AIMD must halve once, not 8 times.
+/// 8 requests in flight together all get a 429: AIMD halves once, not 8 times.
 #[test]
 fn eight_concurrent_429s_through_the_limiter_halve_once() {
     let clock = ManualClock::new();
@@ -149,9 +148,7 @@ fn eight_concurrent_429s_through_the_limiter_halve_once() {
     assert_quiescent(&l);
 }
 
-/// A drop whose recorder finds the algorithm busy goes to the
-/// accumulators and is applied by the holder before it unlocks: the
-/// drop signal is not lost.
+/// A drop that finds the algorithm busy is applied by the holder before it unlocks.
 #[test]
 fn lost_race_drop_signal_is_not_lost() {
     let l = AdaptiveLimiter::with_clock(
@@ -174,8 +171,7 @@ fn lost_race_drop_signal_is_not_lost() {
     assert_quiescent(&l);
 }
 
-/// Successes merged under contention count one by one: ten merged
-/// successes at limit 10 are one round trip, +1 for AIMD.
+/// Ten successes merged under contention at limit 10 count as one round trip (+1).
 #[test]
 fn merged_successes_keep_their_count() {
     let l = AdaptiveLimiter::with_clock(Aimd::new().with_limits(1, 10, 100), ManualClock::new());
@@ -230,9 +226,7 @@ fn close_fails_waiters_but_held_permits_still_record() {
     assert_eq!(l.in_flight(), 0);
 }
 
-/// Threads acquire (waiting or trying), and end each request with a
-/// random outcome, so the limit moves both ways while permits are out
-/// and waiters queue. Afterwards every permit is accounted for.
+/// Random outcomes from many threads: afterwards every permit is accounted for.
 #[test]
 fn threads_resize_and_return_without_losing_permits() {
     let iters = if cfg!(miri) { 30 } else { 3_000 };

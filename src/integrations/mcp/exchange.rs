@@ -10,9 +10,8 @@ use rmcp::ServiceError;
 use super::shapes;
 use crate::admission::attempt::{Exchange, Read};
 
-/// A `tools/call` through `peer`. Whether it is sent again is the loop's
-/// rule on the spec (a write runs once); what this says is when the tool
-/// may have run: after any result of its own.
+/// A `tools/call` through `peer`. The tool may have run after any result
+/// of its own.
 pub(super) struct ToolCall<'a> {
     peer: &'a Peer<RoleClient>,
     params: &'a CallToolRequestParams,
@@ -30,9 +29,8 @@ impl<'a> ToolCall<'a> {
         }
     }
 
-    /// The HTTP status the last attempt's failure stands for: a 429 or
-    /// 5xx at the transport, or a tool's `unavailable`; `None` for no
-    /// answer or a JSON-RPC error.
+    /// The HTTP status the last failure stands for (a 429 or 5xx at the
+    /// transport, or a tool's `unavailable`); `None` otherwise.
     pub(super) fn status(&self) -> Option<u16> {
         self.status.get().filter(|s| *s != shapes::FINAL)
     }
@@ -46,9 +44,8 @@ impl Exchange for ToolCall<'_> {
         true
     }
 
-    /// A result of the tool's own (a limit it reports too) means it ran;
-    /// a 429 or 503 at the transport or a JSON-RPC rate-limit error came
-    /// before it did.
+    /// A result of the tool's own means it ran; a 429 or 503 at the transport
+    /// or a JSON-RPC rate-limit error came before it did.
     fn may_have_run(&self, result: &Result<CallToolResult, ServiceError>, read: &Read) -> bool {
         match (result, read) {
             (Ok(_), _) => true,

@@ -1,41 +1,29 @@
-//! What an MCP server's answer says about its capacity. Servers do not
-//! agree on how to say "not now", so these are the shapes recognised, in
-//! the order they are tried:
+//! What an MCP server's answer says about its capacity, in the shapes
+//! recognised, tried in order:
 //!
 //! | where | read as the server's capacity when | its wait |
 //! | --- | --- | --- |
 //! | the HTTP transport (rmcp's streamable HTTP client) | a 429 or 5xx status | its `Retry-After` (the only header rmcp keeps) |
-//! | a JSON-RPC error | code 429 or `-32029` (ToolHive's), a message whose whole text is a limit (below), or `data` that says so (below) | `data`'s wait field, else the message's |
-//! | a tool result with `isError: true` | `structuredContent` that says so (below), or a text block whose whole text is a limit, or is a JSON object that says so | the object's wait field, else the text's |
+//! | a JSON-RPC error | code 429 or `-32029` (ToolHive's), a message whose whole text is a limit, or `data` that says so | `data`'s wait field, else the message's |
+//! | a tool result with `isError: true` | `structuredContent` that says so, or a text block whose whole text is a limit, or is a JSON object that says so | the object's wait field, else the text's |
 //!
-//! A **text is a limit** only when its whole shape is one (case aside, at
-//! most 200 characters): at most four words of preamble (`Error:`,
-//! `GitHub API`), one of the phrases of [`PHRASES`], and then nothing but
-//! a stated wait: `retry after N`, `try again in N`, with `ms`,
-//! `s`/`sec`/`seconds` or `m`/`min`/`minutes` (seconds when no unit is
-//! given). "Rate limit exceeded, retry after 1 seconds", "Too Many
-//! Requests" and "Error: quota exceeded. Try again in 20s." are limits;
-//! "rate limit must be 1..100", "the rate limit is 5 per call" and a
-//! stack trace that mentions a 429 are the tool's own answer. A phrase
-//! found somewhere in a text is never a limit: a tool's ordinary error
-//! read as one would be retried, and a write run again.
+//! A **text is a limit** only when its whole shape is one (at most 200
+//! characters): at most four words of preamble, one of [`PHRASES`], then
+//! nothing but a stated wait (`retry after N`, `try again in N`, ...). A
+//! phrase found somewhere in a text is never a limit: a tool's ordinary
+//! error read as one would be retried, and a write run again.
 //!
-//! An object (`data`, `structuredContent`, a JSON text) says so with a
-//! `status` of `rate_limited`, `quota_exhausted` or `shed` (a
-//! [`Throttled`] from a gate further in), `unavailable` (read as a 503), a
-//! string field `error`, `code`, `message` or `type` whose whole text is a
-//! limit, or a wait field. Its wait is the first of `retry_after_ms` /
-//! `retryAfterMs` (milliseconds), `retry_after_seconds` /
-//! `retryAfterSeconds` / `retry_after` / `retryAfter` (seconds, or a
-//! `Retry-After` value: an HTTP date). Anything else is the tool's own
-//! answer: final, not retried.
+//! An **object** says so with a `status` of `rate_limited`,
+//! `quota_exhausted`, `shed` or `unavailable` (a 503), a string field
+//! `error`, `code`, `message` or `type` whose whole text is a limit, or a
+//! wait field (`retry_after_ms`/`retryAfterMs` in ms;
+//! `retry_after_seconds`/`retryAfterSeconds`/`retry_after`/`retryAfter`
+//! in seconds or as an HTTP date).
 //!
-//! A limit a tool reports in its result is the tool's (the API behind
-//! it): it holds only that tool's calls, under the object's `scope` if it
-//! names one, else the tool's name. The tool ran, so its call is sent
-//! again only when the tool is a read or idempotent. A limit at the
-//! transport or in a JSON-RPC error is the server's, said before the
-//! tool ran: it holds the credential (unless `data` names a `scope`).
+//! A limit in a tool's result holds only that tool (or the object's
+//! `scope`); the tool ran, so it is retried only for a read or idempotent
+//! tool. A limit at the transport or in a JSON-RPC error was said before
+//! the tool ran: it holds the credential (unless `data` names a `scope`).
 
 use std::time::{Duration, SystemTime};
 
@@ -72,9 +60,8 @@ pub(crate) const PHRASES: [&str; 14] = [
 /// A JSON-RPC error code that says "rate limited": ToolHive's.
 const RPC_RATE_LIMITED: i32 = -32029;
 
-/// The status a JSON-RPC error that says it is a rate limit stands for.
-/// A JSON-RPC error that does not is final: a 400 (retrying the same
-/// arguments cannot change it).
+/// The status of a JSON-RPC error that says it is a rate limit; any other
+/// is final, a 400.
 pub(super) const FINAL: u16 = 400;
 
 /// What a `tools/call`'s result says, for the attempt loop.
@@ -101,11 +88,9 @@ pub(crate) fn read(result: &Result<CallToolResult, ServiceError>, tool: &str) ->
             }
             None => Read::NoAnswer,
         },
-        // A closed transport does not come back: the call's answer as it
-        // is, never retried.
+        // A closed transport does not come back: final, never retried.
         Err(ServiceError::TransportClosed) => Read::Refusal,
-        // Timed out in rmcp, cancelled, an unexpected reply: no answer
-        // from the server.
+        // Timed out in rmcp, cancelled, an unexpected reply: no answer.
         Err(_) => Read::NoAnswer,
     }
 }
@@ -118,9 +103,8 @@ fn answer(status: u16, hint: ServerHint) -> Read {
     }
 }
 
-/// The HTTP status rmcp's streamable HTTP client reports: its reqwest
-/// client's error, or an [`HttpStatusError`] a custom backend puts in its
-/// error's `source` chain.
+/// The HTTP status rmcp's streamable HTTP client reports, or an
+/// [`HttpStatusError`] in the error's `source` chain.
 fn http_status<'e>(
     error: &'e (dyn std::error::Error + Send + Sync + 'static),
 ) -> Option<&'e HttpStatusError> {
@@ -181,8 +165,7 @@ fn tool_error(r: &CallToolResult, tool: &str) -> Option<(u16, ServerHint)> {
     None
 }
 
-/// The status an object stands for, when it says the server is out of
-/// capacity.
+/// The status an object stands for, when it says it is out of capacity.
 fn object_status(o: &Map<String, Value>) -> Option<u16> {
     match o.get("status").and_then(Value::as_str) {
         Some("rate_limited" | "quota_exhausted" | "shed") => return Some(429),
@@ -196,9 +179,8 @@ fn object_status(o: &Map<String, Value>) -> Option<u16> {
     (said || wait(o).is_some()).then_some(429)
 }
 
-/// Whether `text`'s whole shape is a limit (see the module docs), and the
-/// wait it states: `None` when it is not one, `Some(None)` when it is one
-/// that states no wait.
+/// Whether `text`'s whole shape is a limit, and its wait: `None` when not
+/// one, `Some(None)` when one that states no wait.
 fn limit_text(text: &str) -> Option<Option<Duration>> {
     let text = text.trim();
     if text.len() > 200 {
@@ -269,9 +251,7 @@ fn hint_of(o: &Map<String, Value>, scope: Option<&str>) -> ServerHint {
     }
 }
 
-/// The wait an object states, if any (negative, fractional or absurd
-/// numbers are clamped like a `Retry-After` header: the hold's own cap
-/// applies when it is placed).
+/// The wait an object states, if any, clamped like a `Retry-After`.
 fn wait(o: &Map<String, Value>) -> Option<Duration> {
     for key in ["retry_after_ms", "retryAfterMs"] {
         if let Some(ms) = o.get(key).and_then(Value::as_f64) {
@@ -334,7 +314,6 @@ mod tests {
 
     #[test]
     fn a_tool_error_in_words_is_a_bare_429() {
-        // Meraki's shape (panoramicdata/Meraki.Api#389): words, no number.
         let r = Ok(CallToolResult::error(vec![ContentBlock::text(
             r#"{"type":"error","error":"Meraki API rate limit reached."}"#,
         )]));
@@ -345,8 +324,7 @@ mod tests {
         Ok(CallToolResult::error(vec![ContentBlock::text(t)]))
     }
 
-    /// Issue #58: a tool's ordinary error that mentions a limit was read
-    /// as one, so a write ran four times.
+    /// A tool's ordinary error that mentions a limit is not read as one.
     #[test]
     fn a_phrase_inside_a_tools_error_is_not_a_rate_limit() {
         for t in [
@@ -360,7 +338,7 @@ mod tests {
         }
     }
 
-    /// Issue #59 item 7, #61 item 3: the wait a text states is read.
+    /// The wait a text states is read.
     #[test]
     fn a_limit_in_words_states_its_wait() {
         let cases = [
@@ -391,7 +369,7 @@ mod tests {
         );
     }
 
-    /// Issue #59 item 6: a closed transport is final, not retried.
+    /// A closed transport is final, not retried.
     #[test]
     fn a_closed_transport_is_final() {
         assert!(matches!(

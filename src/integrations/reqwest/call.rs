@@ -1,7 +1,5 @@
 //! [`Call::request`]: a reqwest request as a [`Runner`](crate::admission::Runner)
-//! call, so coalescing, the turn's cache, `attempts` and the typed
-//! [`CallResult`](crate::admission::CallResult) work over the client a
-//! harness already has.
+//! call.
 
 use std::time::SystemTime;
 
@@ -15,25 +13,18 @@ use crate::headers::ServerHint;
 type HttpReply = http::Response<Vec<u8>>;
 
 impl Call<HttpReply, reqwest_middleware::Error> {
-    /// The call that sends `request` (from a `reqwest_middleware` client,
-    /// or `ClientWithMiddleware::from(reqwest::Client)`), admitted as
-    /// `spec`, once per attempt. Each attempt's response is read whole
-    /// into an `http::Response<Vec<u8>>` (`Clone`, so the callers of one
-    /// coalesced read share it);
-    /// its status and limit headers go back to the admission layer, and a
-    /// 429 is retried or answered as `Throttled` by the runner.
+    /// The call that sends `request` (from a `reqwest_middleware` client, or
+    /// `ClientWithMiddleware::from(reqwest::Client)`), admitted as `spec`,
+    /// once per attempt. Each response is read whole into an
+    /// `http::Response<Vec<u8>>` (`Clone`, so the callers of one coalesced
+    /// read share it); its status and limit headers go back to the admission
+    /// layer.
     ///
     /// A `GET` or `HEAD` with `spec` a read is coalesced with the identical
-    /// ones of the turn: the same method, whole URL, version and every
-    /// header (as the reqwest middleware compares them), under the same
-    /// tool and credential; set [`coalesce_key`](Call::coalesce_key) for
-    /// anything else.
-    ///
-    /// Put the admission in the `Runner` *or* in the client's middleware,
-    /// not both: each would admit every request.
-    ///
-    /// A request whose body cannot be cloned (a stream) is sent by the
-    /// first attempt only; a retry fails as a transport error.
+    /// ones of the turn (compared as the reqwest middleware does); set
+    /// [`coalesce_key`](Call::coalesce_key) for anything else. Put the
+    /// admission in the `Runner` *or* the client's middleware, not both. A
+    /// request with a streamed body is sent by the first attempt only.
     ///
     /// # Examples
     ///

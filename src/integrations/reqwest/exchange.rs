@@ -19,9 +19,8 @@ pub(super) struct Sent {
     used: Vec<(String, u32)>,
 }
 
-/// One request through the rest of the middleware chain, as the attempt
-/// loop sends it: each attempt a clone of the request (a streamed body
-/// is sent once).
+/// One request through the rest of the middleware chain: each attempt a
+/// clone of the request (a streamed body is sent once).
 pub(super) struct Exchange<'a, 'n> {
     /// The next attempt's request.
     pub(super) req: Option<Request>,
@@ -51,8 +50,7 @@ impl crate::admission::attempt::Exchange for Exchange<'_, '_> {
             };
             let response = next.run(req, extensions).await?;
             match body_usage {
-                // The body is read here, once, whatever the status: the
-                // caller gets a response with the same body.
+                // Read here, once, whatever the status.
                 Some(read)
                     if !usage::is_stream(&response)
                         && !crate::Throttled::is_refusal(response.headers()) =>
@@ -72,8 +70,7 @@ impl crate::admission::attempt::Exchange for Exchange<'_, '_> {
 
     fn read(&self, result: &Result<Sent>) -> Read {
         match result {
-            // A refusal of an admission layer further in: not the server's
-            // answer, so nothing to learn from, and final.
+            // A refusal of an admission layer further in: final, nothing to learn.
             Ok(sent) if crate::Throttled::is_refusal(sent.response.headers()) => Read::Refusal,
             Err(Error::Middleware(e)) if e.downcast_ref::<Throttled>().is_some() => Read::Refusal,
             Ok(Sent { response, used }) => {
@@ -95,8 +92,8 @@ impl crate::admission::attempt::Exchange for Exchange<'_, '_> {
     }
 }
 
-/// A request the attempt loop was asked to send again after its only
-/// copy went out (never: `can_send` is asked first).
+/// A request asked to be sent again after its only copy went out (never:
+/// `can_send` is asked first).
 #[derive(Debug)]
 struct Unsendable;
 

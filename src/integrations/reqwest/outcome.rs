@@ -1,8 +1,6 @@
-//! How a request through the middleware ended, beyond what a
-//! `reqwest::Response` or `reqwest_middleware::Error` can say (the
-//! requests sent, why a fault was not retried, whether it joined an
-//! identical read), carried in the request's extensions; and the copy of
-//! a coalesced read's answer each caller that joined it gets.
+//! How a request through the middleware ended (attempts, why a fault was
+//! not retried, whether it joined a read), carried in its extensions; and
+//! the copy of a coalesced read's answer for the callers that joined it.
 
 use std::sync::Arc;
 
@@ -41,8 +39,7 @@ impl Outcome {
         }
     }
 
-    /// The outcome of a call that ended refused (its attempts are the
-    /// refusal's).
+    /// The outcome of a call that ended refused.
     pub(super) fn refused(refused: Throttled) -> Self {
         Outcome {
             attempts: refused.attempts,
@@ -70,8 +67,7 @@ pub(super) struct Copy {
 
 #[derive(Clone, Debug)]
 enum Answer {
-    /// A response, its body read whole (the head boxed: the other answer
-    /// is a message).
+    /// A response, its body read whole (the head boxed).
     Response(Box<Head>, Bytes),
     /// No answer: the transport error's message.
     Failed(String),
@@ -101,21 +97,14 @@ impl Head {
     }
 }
 
-/// The most a read's body may declare (`Content-Length`) to be copied
-/// for the callers that joined it.
+/// The most a read's body may declare (`Content-Length`) to be copied.
 pub(super) const COPY_LIMIT: u64 = 1 << 20;
 
-/// The leader's answer, and a copy of it for the callers that joined its
-/// read, as far as its `sharing` allows (`Ended::sharing`, the one rule:
-/// a refusal, a timeout, a fault whose retry was refused are the
-/// leader's own) and only when one is safe to make:
-/// * a response is copied only when its body declares at most
-///   [`COPY_LIMIT`] and is no stream; that body is read here, and `timer`
-///   (the leader's deadline) bounds the read: a body still arriving then
-///   is the leader's `timed_out`;
-/// * any other response comes back as it is, at once.
-///
-/// When nothing is copied, each caller that joined sends its own request.
+/// The leader's answer, and a copy for the callers that joined its read,
+/// as far as `sharing` allows and only when safe: a response whose body
+/// declares at most [`COPY_LIMIT`] and is no stream, read here within
+/// `timer` (the leader's deadline; a body still arriving then is the
+/// leader's `timed_out`). Otherwise each joiner sends its own request.
 pub(super) async fn share<F: core::future::Future<Output = ()>>(
     result: Result<Response>,
     outcome: Option<Outcome>,

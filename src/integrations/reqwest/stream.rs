@@ -1,8 +1,5 @@
-//! A streamed reply (server-sent events) keeps its call's ticket: the
-//! slots stay held until the body is read to its end or dropped, so the
-//! concurrency limit counts the streams still being read, and the usage
-//! the stream reports (an LLM's final `usage` event) settles the call's
-//! estimate when it ends.
+//! A streamed reply keeps its call's ticket until the body is read to its
+//! end or dropped; the usage the stream reports settles the estimate.
 
 use std::sync::Arc;
 

@@ -1,11 +1,9 @@
-//! A response's body for its usage: [`buffered`] reads a body once and
-//! hands the caller a response with the same body (the `usage` object
-//! itself is read by `headers::llm_usage`).
+//! Reading a response's body for its usage.
 
 use ::reqwest::{Response, ResponseBuilderExt};
 
-/// Whether a response's body is a stream (server-sent events), which is
-/// read as it comes and never buffered here.
+/// Whether a response's body is a stream (server-sent events), never
+/// buffered here.
 pub(super) fn is_stream(response: &Response) -> bool {
     response
         .headers()
@@ -14,9 +12,8 @@ pub(super) fn is_stream(response: &Response) -> bool {
         .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
-/// Reads `response`'s body, hands it to `read`, and returns what `read`
-/// found with a response carrying the same status, version, headers,
-/// extensions, URL and body, for the caller to read as if untouched.
+/// Reads `response`'s body, hands it to `read`, and returns what it found
+/// with an equivalent response for the caller.
 pub(super) async fn buffered<T>(
     mut response: Response,
     read: impl FnOnce(&[u8]) -> T,

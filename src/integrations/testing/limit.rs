@@ -1,6 +1,5 @@
-//! The fake server's own limiters, written apart from the crate's
-//! primitives on purpose: a witness must not share the bugs of what it
-//! judges.
+//! The fake server's own limiters, apart from the crate's primitives on
+//! purpose: a witness must not share the bugs of what it judges.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -133,9 +132,7 @@ impl Limiter {
                     unreachable!("one limit kind per server")
                 };
                 let base = (*tat).max(now);
-                // A period no `Instant` can add (`Duration::MAX`): the
-                // request would be due past the end of time; refused, with
-                // the period as the wait.
+                // A period no `Instant` can add: refused, with the period as the wait.
                 let Some(new_tat) = base.checked_add(period) else {
                     return Verdict {
                         admitted: false,
@@ -172,9 +169,7 @@ impl Limiter {
 mod tests {
     use super::*;
 
-    /// `Limit::Gcra { period: Duration::MAX, .. }` panicked the server's
-    /// task (`base + period` overflowed an `Instant`); the client only saw
-    /// a closed connection.
+    /// `Limit::Gcra { period: Duration::MAX, .. }` refuses instead of panicking.
     #[test]
     fn a_period_no_instant_can_hold_refuses_instead_of_panicking() {
         let mut l = Limiter::new(Limit::Gcra {

@@ -1,13 +1,10 @@
 //! A throttling fake downstream for your own tests (feature `testing`).
 //!
-//! The only witness a backpressure bug cannot fool is a server that
-//! throttles like a real one and records when each request started.
-//! [`ThrottlingServer`] is that server: real HTTP/1.1 on a free loopback
-//! port (tokio TCP, one request per connection), limited per key, with
-//! the headers real APIs send, and a record of every request.
-//!
-//! Assert on what the server saw (counts, start times, peak concurrency),
-//! not on what the client says happened.
+//! [`ThrottlingServer`] is a server that throttles like a real one: real
+//! HTTP/1.1 on a free loopback port (one request per connection), limited
+//! per key, with the headers real APIs send, and a record of when each
+//! request started. Assert on what the server saw, not on what the client
+//! says happened.
 //!
 //! # Examples
 //!
@@ -52,12 +49,10 @@ use parking_lot::Mutex;
 
 pub use limit::Limit;
 
-/// What the server does with requests beyond its capacity (requests being
-/// served at once, across keys).
+/// What the server does with requests beyond its capacity (across keys).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Overload {
-    /// Latency grows by `per_request` for each request in flight beyond
-    /// the capacity (a queue building up).
+    /// Latency grows by `per_request` per request in flight beyond capacity.
     Latency {
         /// Added latency per excess request.
         per_request: Duration,
@@ -69,23 +64,19 @@ pub(crate) enum Overload {
     },
 }
 
-/// Which rate-limit headers the server sends (beside `Retry-After`, which
-/// every 429 and 503 carries).
+/// Which rate-limit headers the server sends (beside `Retry-After`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) enum LimitHeaders {
     /// Only `Retry-After` on 429/503, like nginx `limit_req`.
     #[default]
     RetryAfterOnly,
-    /// The IETF `RateLimit-Policy` and `RateLimit` fields (draft-10) on
-    /// every response.
+    /// IETF `RateLimit-Policy` and `RateLimit` (draft-10) on every response.
     Ietf,
-    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` (delta seconds) on
-    /// every response, as GitHub-style APIs do.
+    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` on every response.
     XRateLimit,
     /// Both.
     Both,
-    /// None at all, not even `Retry-After` on a 429: a bare 429, as some
-    /// proxies send.
+    /// Not even `Retry-After` on a 429: a bare 429.
     Bare,
 }
 
@@ -331,12 +322,9 @@ impl Builder {
 }
 
 /// A throttling HTTP/1.1 fake on a free loopback port: see the
-/// [module docs](self). Stops (closes its port) when dropped; requests
-/// already accepted finish.
-///
-/// Per key it records every request's start time, how many were refused
-/// (429 or 503), and the peak number of admitted requests in flight at
-/// once.
+/// [module docs](self). Stops (closes its port) when dropped. Per key it
+/// records every request's start time, how many were refused (429 or 503),
+/// and the peak number of admitted requests in flight.
 ///
 /// # Examples
 ///

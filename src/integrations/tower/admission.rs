@@ -1,6 +1,5 @@
 //! [`AdmissionLayer`]: every request admitted through a shared
-//! [`Admission`], its [`Ticket`](crate::admission::Ticket) held for the life of the
-//! response future, and the response observed.
+//! [`Admission`], its ticket held for the life of the response future.
 
 mod exchange;
 mod hooks;
@@ -42,46 +41,31 @@ use release::{AtHead, Release};
 ///
 /// * **Spec.** A closure maps each request to its
 ///   [`CallSpec`](crate::admission::CallSpec): tool, credential, kind, costs.
-/// * **Deadline** (how long `admit` may wait for a slot or a rate cell):
-///   a request's own `RequestDeadline` (in an `http::Request`'s
-///   extensions) when the layer is built with `AdmissionLayer::http`
-///   (feature `http`), else the layer's [`deadline`](Self::deadline) if
-///   set, else the spec's own
-///   (`CallSpec::new`: 30 s). A rate wait is still only slept up to the
-///   admission's inline wait; a longer one is refused at once.
-/// * **Readiness.** The spec is only known in `call`, so `poll_ready` is
-///   the inner service's. `call` moves that ready service into the
-///   response future (leaving a fresh clone behind, so the services must
-///   be `Clone`), which admits and then calls it the instant the ticket
-///   is granted: the request goes out when its rate cell was reserved
-///   for, not after another wait. A retry polls the service ready again.
-/// * **One attempt loop.** The response future runs the admission's
-///   attempt loop, the one `Runner` and the reqwest middleware run: each
-///   attempt is admitted, sent (a clone of the request, so `Req: Clone`),
-///   observed through an observer (by default any `Ok` is a 200 and an
-///   error is no answer; `ObserveHttp` with `AdmissionLayer::http` reads
-///   the status and limit headers; or a closure of yours,
+/// * **Deadline** (how long `admit` may wait): a request's own
+///   `RequestDeadline` (with `AdmissionLayer::http`, feature `http`), else
+///   the layer's [`deadline`](Self::deadline), else the spec's (30 s). A
+///   rate wait longer than the admission's inline wait is refused at once.
+/// * **Readiness** is the inner service's (the spec is only known in
+///   `call`). `call` moves the ready service into the response future,
+///   leaving a fresh clone behind (so services must be `Clone`), and calls
+///   it the instant the ticket is granted. A retry polls it ready again.
+/// * **One attempt loop**, the one `Runner` and the reqwest middleware run:
+///   each attempt is admitted, sent (a clone of the request, so
+///   `Req: Clone`), observed (by default any `Ok` is a 200; `ObserveHttp`
+///   with `AdmissionLayer::http` reads the status and limit headers; or
 ///   [`observe_with`](Self::observe_with)), its usage settled, and the
-///   layer's [`retry_policy`](Self::retry_policy) decides: a short server
-///   wait (a 429 with `Retry-After: 1`) is waited out behind the
-///   credential's hold, a fault retried after a jittered backoff, both
-///   within the one deadline. The ticket covers the call until the
-///   response head, or, with [`hold_bodies`](Self::hold_bodies), until
-///   the body is read to its end or dropped.
+///   [`retry_policy`](Self::retry_policy) decides, all within the one
+///   deadline. The ticket covers the call until the response head, or,
+///   with [`hold_bodies`](Self::hold_bodies), until the body ends.
 /// * **Refusal.** A [`Throttled`](crate::Throttled) inside the
-///   `tower::BoxError` (or a 429 response, with `refusals_as_responses`).
-///   A 429 past the clamp, the deadline or the retries is `rate_limited`
-///   with the server's wait, never a plain 429; a fault past its retries
-///   is the last answer as it was (a 5xx response, or the inner error).
-/// * **The deadline bounds the request**: an inner call still running at
-///   the call's deadline is dropped, and the answer is a `timed_out`.
-/// * **Not under `HintRetry`.** The layer retries itself; a `HintRetry`
-///   around it reads its answers as final (`HintRetry::http` sees the
-///   `Attempts` extension the layer puts on each response).
+///   `tower::BoxError` (or a 429 response, with `refusals_as_responses`);
+///   a 429 past the clamp, the deadline or the retries is `rate_limited`,
+///   never a plain 429; a fault past its retries is the last answer as it
+///   was. An inner call still running at the deadline is dropped
+///   (`timed_out`).
+/// * **Not under `HintRetry`**: the layer retries itself.
 /// * **Cancellation.** Dropping the response future gives back what
 ///   `admit` took so far, or the ticket.
-///
-/// Each request allocates its spec and one boxed response future.
 ///
 /// # Examples
 ///
@@ -195,18 +179,13 @@ impl<F, Sl, C: Clock> AdmissionLayer<HttpSpec<F>, ObserveHttp, Sl, C> {
 
 #[cfg(feature = "http")]
 impl<M, Sl, C: Clock, R> AdmissionLayer<M, ObserveHttp, Sl, C, R> {
-    /// Answers the layer's own refusals (not admitted, past the deadline,
-    /// or the server's 429 past what the call could wait) as a synthetic
-    /// 429 response (503 when closed) an HTTP client keeps, instead of an
-    /// error: the shape of [`Throttled::to_response`](crate::Throttled::to_response)
-    /// (`retry-after`, `retry-after-ms`, the refusal header and a
-    /// provider-style JSON error body carrying the `Throttled`'s fields).
-    /// For clients, such as LLM clients, that report any transport error
-    /// as "retry now" but keep a 429's status, headers and body. Responses
-    /// are otherwise observed as by [`http`](Self::http); a refusal answered
-    /// by an inner layer (it carries the header) is never fed to the
-    /// learned rate. The response body type must be `From<Vec<u8>>`
-    /// (`Bytes`, `Vec<u8>`, reqwest's `Body`, `Full<Bytes>`).
+    /// Answers the layer's own refusals (not admitted, past the deadline, or
+    /// a 429 past what the call could wait) as a synthetic 429 response (503
+    /// when closed) instead of an error, shaped like
+    /// [`Throttled::to_response`](crate::Throttled::to_response): for clients,
+    /// such as LLM clients, that retry any transport error at once but keep a
+    /// 429. A refusal answered by an inner layer (it carries the header) is
+    /// never fed to the learned rate. The body type must be `From<Vec<u8>>`.
     ///
     /// # Examples
     ///
@@ -437,15 +416,12 @@ impl<M, O, Sl, C: Clock, R> AdmissionLayer<M, O, Sl, C, R> {
 
 #[cfg(feature = "http")]
 impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C, AtHead> {
-    /// Holds each call's ticket (its tool slot and global slot) in the
-    /// response's body, a `TicketBody`, until the body
-    /// is read to its end, fails or is dropped, instead of releasing it
-    /// with the response head: the concurrency limits count the replies
-    /// still streaming, as an LLM router must. With
-    /// [`usage_from_stream`](AdmissionLayer::usage_from_stream), the usage
-    /// the stream reports at its end settles the call's estimate. A body
-    /// cut off by an error counts against the circuit. For
-    /// `http::Response`s; a refusal answered as a response holds nothing.
+    /// Holds each call's ticket in the response's body (a `TicketBody`) until
+    /// the body is read to its end, fails or is dropped, instead of releasing
+    /// it with the head: the concurrency limits count replies still streaming.
+    /// With [`usage_from_stream`](AdmissionLayer::usage_from_stream), the
+    /// usage the stream reports settles the estimate. A body cut off by an
+    /// error counts against the circuit. For `http::Response`s.
     ///
     /// # Examples
     ///
@@ -497,13 +473,10 @@ impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C, AtHead> {
 
 #[cfg(feature = "http")]
 impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C, AtBodyEnd> {
-    /// What a held body's stream (server-sent events) says the call used:
-    /// `f` reads each `data:` line ([`Provider::usage_in_event`](crate::admission::Provider::usage_in_event)
-    /// reads OpenAI's final `usage` chunk and Anthropic's `message_start`
-    /// and `message_delta`), the largest count per quota name is kept, and
-    /// when the body is read to its end the call's ticket is settled with
-    /// them (`tokens` is at least `input_tokens + output_tokens`). A body
-    /// dropped before its end settles nothing: the estimate stands.
+    /// What a held body's server-sent events say the call used: `f` reads
+    /// each `data:` line ([`Provider::usage_in_event`](crate::admission::Provider::usage_in_event)),
+    /// the largest count per quota name is kept, and the ticket is settled
+    /// with them when the body ends. A body dropped early settles nothing.
     ///
     /// # Examples
     ///
@@ -631,9 +604,8 @@ where
         let admission = layer.admission.clone();
         let policy = layer.retry.lock().fork();
         let (observe, release) = (layer.observe.clone(), layer.release.clone());
-        // The ready service goes with the request (tower's contract: `call`
-        // on the service that said ready); this one keeps a fresh clone
-        // that must be polled ready again.
+        // Tower's contract: `call` the service that said ready; keep a fresh
+        // clone, to be polled ready again.
         let fresh = self.inner.clone();
         let ready = core::mem::replace(&mut self.inner, fresh);
         // A write through a layer told its LLM provider is a completion,

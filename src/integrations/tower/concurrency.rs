@@ -15,15 +15,12 @@ use crate::integrations::PollSemaphore;
 use crate::semaphore::{OwnedSemaphorePermit, Semaphore};
 use crate::{throttled::Status, Throttled};
 
-/// One permit of a semaphore, held as the `Arc` alone (the count is always
-/// one): a single pointer, so `Option<Permit>` fits one register and the
-/// response future is no wider than the inner future plus a pointer. It
-/// gives the permit back when dropped, like an [`OwnedSemaphorePermit`].
+/// One semaphore permit held as the `Arc` alone (one pointer, so the
+/// response future stays narrow); released on drop.
 struct Permit(Arc<Semaphore>);
 
 impl Permit {
-    /// One free permit of `semaphore`, taken with one compare-and-swap
-    /// (never overtaking a queued waiter), or `None`.
+    /// One free permit, taken with one CAS (never overtaking a waiter), or `None`.
     #[inline]
     fn try_take(semaphore: &Arc<Semaphore>) -> Option<Self> {
         match semaphore.try_take(1) {
@@ -61,18 +58,12 @@ impl fmt::Debug for Permit {
 /// Limits the requests in flight through every service it wraps to the
 /// permits of one shared [`Semaphore`].
 ///
-/// By default a request waits for a permit in `poll_ready` (FIFO, so a
-/// caller is never overtaken). With [`reject`](Self::reject), a request
-/// that finds no permit free is refused at once with a
-/// [`Throttled`] of status [`Status::Shed`] carrying the drain estimate
-/// given there.
-///
-/// The permit travels with the response future: it returns to the
-/// semaphore when the response completes, or when the future is dropped
-/// (a timeout, a cancelled caller).
-///
-/// Errors are [`BoxError`]s: the inner service's error, or a [`Throttled`]
-/// (downcast to read it).
+/// By default a request waits for a permit in `poll_ready` (FIFO). With
+/// [`reject`](Self::reject), a request that finds no permit free is
+/// refused at once with a [`Throttled`] of status [`Status::Shed`]. The
+/// permit travels with the response future and returns when the response
+/// completes or the future is dropped. Errors are [`BoxError`]s: the inner
+/// service's error, or a [`Throttled`].
 ///
 /// # Examples
 ///
@@ -128,11 +119,9 @@ impl ConcurrencyLimitLayer {
         }
     }
 
-    /// Refuses a request at once when no permit is free, instead of
-    /// queueing it: the error is a [`Throttled`] with status
-    /// [`Status::Shed`], scope `"concurrency"` and `retry_after` =
-    /// `drain_estimate` (how long a permit usually takes to come back: a
-    /// typical response time).
+    /// Refuses a request at once when no permit is free, instead of queueing
+    /// it: a [`Throttled`] with status [`Status::Shed`], scope `"concurrency"`
+    /// and `retry_after` = `drain_estimate` (a typical response time).
     ///
     /// # Examples
     ///
@@ -187,9 +176,8 @@ impl<S> Layer<S> for ConcurrencyLimitLayer {
     }
 }
 
-/// The service of [`ConcurrencyLimitLayer`].
-///
-/// Cloning it gives a service on the same semaphore, with no permit held.
+/// The service of [`ConcurrencyLimitLayer`]; a clone shares the semaphore
+/// and holds no permit.
 pub struct ConcurrencyLimit<S> {
     inner: S,
     semaphore: PollSemaphore,
@@ -214,10 +202,8 @@ impl<S> ConcurrencyLimit<S> {
         &self.inner
     }
 
-    /// `poll_ready` without a free permit (or with a wait in progress):
-    /// out of line, so the inlined fast path stays a few instructions.
-    /// `None` when a permit was taken and the inner service is next;
-    /// otherwise what `poll_ready` answers.
+    /// `poll_ready` without a free permit, out of line to keep the fast path
+    /// small. `None` when a permit was taken; else what `poll_ready` answers.
     #[inline(never)]
     fn poll_acquire_slow(&mut self, cx: &mut Context<'_>) -> Option<Poll<Result<(), BoxError>>> {
         if self.reject.is_some() {
@@ -241,11 +227,8 @@ impl<S> ConcurrencyLimit<S> {
         }
     }
 
-    /// `call` without a permit (a refusal in `poll_ready`, or `call`
-    /// without `poll_ready`): one last try, then the refusal. Out of line
-    /// and answering in two registers, so `call` is small enough to be
-    /// inlined into the caller's state machine (`Oneshot::poll`), which
-    /// then keeps the response future in registers.
+    /// `call` without a permit: one last try, then the refusal. Out of line
+    /// so `call` stays small enough to inline into the caller.
     #[inline(never)]
     fn last_try(&self) -> Result<Permit, Box<Throttled>> {
         Permit::try_take(self.semaphore.semaphore()).ok_or_else(|| Box::new(self.shed()))
@@ -253,8 +236,7 @@ impl<S> ConcurrencyLimit<S> {
 
     #[cold]
     fn shed(&self) -> Throttled {
-        // A closed semaphore will never free a slot: `closed`, with no
-        // retry time, not a `shed` that promises one.
+        // A closed semaphore will never free a slot: `closed`, not `shed`.
         if self.semaphore.semaphore().is_closed() {
             return closed();
         }
@@ -282,8 +264,7 @@ where
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         if self.permit.is_none() {
-            // Fast path: a free permit, unless this service already waits
-            // in the queue (its place there holds what it is owed).
+            // Fast path, unless this service already waits in the queue.
             let free = match self.semaphore.is_waiting() {
                 false => Permit::try_take(self.semaphore.semaphore()),
                 true => None,
@@ -386,8 +367,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let out = core::task::ready!(this.inner.poll(cx));
-        // The response is ready: the slot is free now, not when the caller
-        // gets round to dropping the future.
+        // Free the slot now, not when the caller drops the future.
         drop(this.permit.take());
         Poll::Ready(out)
     }

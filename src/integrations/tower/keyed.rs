@@ -21,17 +21,14 @@ use crate::sleep::{DefaultSleeper, Sleeper};
 /// Admits each request through the bucket of its key in a shared
 /// [`Scoped`] registry; the key comes from the request through `key`.
 ///
-/// The key is only known in `call`, so the check is made there:
-/// `poll_ready` is the inner service's. Over the limit, by default the
-/// request is refused at once with a [`Throttled`](crate::Throttled) of
-/// status `rate_limited` (scope `"rate:key"`). With
-/// [`wait_up_to`](Self::wait_up_to), a wait within the budget is slept in
-/// the response future before the inner service is called (the ready
-/// inner service travels with it, so its services must be `Clone`). The
-/// future holds no cell while it sleeps: it sleeps until the key's next
-/// cell, then takes it if it is still free (else sleeps again, within the
-/// budget), so a dropped future gives nothing away. Waiters on a key are
-/// not served in FIFO order.
+/// The key is only known in `call`, so `poll_ready` is the inner
+/// service's. Over the limit, by default the request is refused at once
+/// with a [`Throttled`](crate::Throttled) of status `rate_limited` (scope
+/// `"rate:key"`). With [`wait_up_to`](Self::wait_up_to), a wait within
+/// the budget is slept in the response future before the inner call (the
+/// ready inner service travels with it, so it must be `Clone`). The
+/// future holds no cell while it sleeps, so dropping it gives nothing
+/// away. Waiters on a key are not served in FIFO order.
 ///
 /// # Examples
 ///
@@ -65,8 +62,7 @@ pub struct KeyedRateLimitLayer<K, F, C: Clock = DefaultClock, Sl = DefaultSleepe
 }
 
 impl<K, F, C: Clock> KeyedRateLimitLayer<K, F, C, DefaultSleeper> {
-    /// Rejects a request whose key has no cell; `key` maps a request to
-    /// its key.
+    /// Rejects a request whose key has no cell; `key` maps a request to its key.
     ///
     /// # Examples
     ///
@@ -266,8 +262,7 @@ where
             Take::Taken => KeyedFuture::now(self.inner.call(req)),
             Take::Refused(t) => KeyedFuture::refused(t),
             Take::Sleep(sleep) => {
-                // The ready service goes with the request; this one keeps
-                // a fresh clone that must be polled ready again.
+                // The ready service goes with the request; keep a fresh clone.
                 let fresh = self.inner.clone();
                 let ready = core::mem::replace(&mut self.inner, fresh);
                 KeyedFuture::sleeping(sleep, Box::new(retake), ready, req)
@@ -286,9 +281,8 @@ enum Take<F> {
     Refused(crate::Throttled),
 }
 
-/// Takes `key`'s next cell if it is free; else joins the key's line (or
-/// keeps `place` in it) and returns the sleep until its turn: the next
-/// cell plus a period per caller ahead, when that ends by `deadline`.
+/// Takes `key`'s next cell if free; else joins the key's line and returns
+/// the sleep until its turn, if that ends by `deadline`.
 fn take_or_sleep<K, C, Sl>(
     limits: &Scoped<K, C>,
     key: &K,
@@ -313,8 +307,7 @@ where
             return Take::Refused(rate_limited_check(e, "rate:key"));
         }
     };
-    // Once we have slept our turn we are at the line's head (or were
-    // beaten to the cell by a newcomer): nobody is ahead any more.
+    // Once we have slept our turn, nobody is ahead any more.
     let ahead = match place {
         Some(_) => 0,
         None => {
@@ -337,8 +330,8 @@ where
     ))
 }
 
-/// Tries a key's cell again after a sleep (a boxed [`take_or_sleep`], so
-/// the future's type does not name the key or the clock).
+/// Tries a key's cell again after a sleep (boxed, so the future's type
+/// does not name the key or the clock).
 type Retake<F> = Box<dyn FnMut() -> Take<F> + Send>;
 
 impl<S: Clone, K, F: Clone, C: Clock, Sl: Clone> Clone for KeyedRateLimit<S, K, F, C, Sl> {
@@ -455,8 +448,7 @@ where
                     let future = match retake() {
                         Take::Taken => match (service.take(), req.take()) {
                             (Some(mut svc), Some(req)) => LimitFuture::inner(svc.call(req)),
-                            // Unreachable: both are taken only here, just
-                            // before leaving this state.
+                            // Unreachable: both are taken only here.
                             _ => LimitFuture::refused(crate::Throttled::new(
                                 crate::throttled::Status::RateLimited,
                                 "rate:key",

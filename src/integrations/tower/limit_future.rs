@@ -1,6 +1,5 @@
-//! The response future of the rate layers: the inner service's future, or
-//! a refusal handed out at the first poll. Not nameable outside the crate
-//! (it is the layers' `Service::Future`).
+//! The rate layers' response future: the inner future, or a refusal
+//! handed out at the first poll.
 
 use core::future::Future;
 use core::pin::Pin;
@@ -47,9 +46,8 @@ impl<F> LimitFuture<F> {
         Self::refused_boxed(Box::new(t))
     }
 
-    /// A refusal already boxed: a thin pointer, so the future is no wider
-    /// than the inner one's and a `Throttled` (three strings) is not moved
-    /// with every response.
+    /// A refusal already boxed: a thin pointer, so the future is no wider than
+    /// the inner one.
     pub(crate) fn refused_boxed(error: Box<Throttled>) -> Self {
         LimitFuture {
             state: State::Refused { error: Some(error) },

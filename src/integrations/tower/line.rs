@@ -1,14 +1,8 @@
 //! `Line`: the callers waiting for a rate limit's cells, counted, so each
-//! is told when its turn comes without holding a cell while it sleeps (a
-//! GCRA can only give back the reservation on top of its stack, so a
-//! waiter cancelled out of order would leave its cell taken).
-//!
-//! A waiter joins the line, sleeps until the next cell plus one period
-//! per caller ahead of it, and takes the cell when it wakes (or, beaten
-//! to it, sleeps until the next one). A caller whose turn would come
-//! after its budget is refused at once. The line is advice for the
-//! sleeps; the bucket decides. Cold: a mutex-guarded count per key,
-//! removed at zero.
+//! sleeps until the next cell plus one period per caller ahead without
+//! holding a cell (a GCRA can only give back the reservation on top, so a
+//! waiter cancelled out of order would leave its cell taken). Advice for
+//! the sleeps; the bucket decides.
 
 use core::hash::Hash;
 use std::collections::HashMap;

@@ -44,10 +44,8 @@ mod line;
 mod rate;
 mod retry;
 
-// The layer's services, futures and hooks (`AdmissionService`, `Observe`,
-// `MakeSpec`, `TicketBody`, ...) are `pub` types in private modules: a
-// user writes `impl Service`, a closure, or `AdmissionLayer::http`, never
-// their names (issue #40 item 12).
+// The layers' services, futures and hooks are `pub` types in private
+// modules: users never name them.
 pub use admission::AdmissionLayer;
 #[cfg(feature = "http")]
 pub(crate) use admission::Unanswered;
@@ -61,8 +59,7 @@ pub(crate) use limit_future::LimitFuture;
 use crate::bucket::{CheckError, ReserveError};
 use crate::{throttled::Status, Throttled};
 
-// The error type of the layers: the inner service's error or a
-// `Throttled`, boxed (tower's convention at the edges, `tower::BoxError`).
+// The layers' error type: the inner error or a `Throttled`, boxed.
 pub(crate) use ::tower::BoxError;
 
 /// A refusal of our own rate limit, from a check.

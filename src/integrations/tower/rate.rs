@@ -24,13 +24,9 @@ use crate::sleep::{DefaultSleeper, Sleeper};
 /// [`Throttled`](crate::Throttled) of status [`Status::RateLimited`](crate::throttled::Status::RateLimited)
 /// and the exact wait in `retry_after`. With
 /// [`wait_up_to`](Self::wait_up_to), `poll_ready` instead waits for a
-/// cell (through the given [`Sleeper`]) when one comes within the budget;
-/// longer waits are still refused at once, without consuming anything.
-/// It holds no cell while it sleeps (it sleeps until the next cell, then
-/// takes it if it is still free), so a service dropped while waiting
-/// gives nothing away, and a ready service dropped before `call` gives
-/// its cell back unless another was taken after it. Waiters are not
-/// served in FIFO order: whoever finds the cell free takes it.
+/// cell that comes within the budget; longer waits are still refused at
+/// once. It holds no cell while it sleeps, so a service dropped while
+/// waiting gives nothing away; waiters are not served in FIFO order.
 ///
 /// Unlike tower's `RateLimit`, the services are `Clone` and every clone
 /// draws from the same bucket.
@@ -95,12 +91,9 @@ impl<C: Clock> RateLimitLayer<C, DefaultSleeper> {
 }
 
 impl<C: Clock, Sl> RateLimitLayer<C, Sl> {
-    /// Waits in `poll_ready` for a cell that comes within `budget`,
-    /// sleeping on `sleeper` (the default sleeper, a
-    /// `ManualClock` in tests); a longer wait is refused at once.
-    ///
-    /// It holds no cell while it sleeps (see [`RateLimitLayer`]): a
-    /// service dropped while waiting gives nothing away.
+    /// Waits in `poll_ready` for a cell that comes within `budget`, sleeping
+    /// on `sleeper`; a longer wait is refused at once. It holds no cell while
+    /// it sleeps.
     ///
     /// # Examples
     ///
@@ -183,9 +176,8 @@ impl<S, C: Clock, Sl: Sleeper + Clone> Layer<S> for RateLimitLayer<C, Sl> {
     }
 }
 
-/// The service of [`RateLimitLayer`].
-///
-/// Cloning it gives a service on the same bucket, holding no cell.
+/// The service of [`RateLimitLayer`]; a clone shares the bucket and holds
+/// no cell.
 ///
 /// # Examples
 ///
@@ -215,16 +207,14 @@ pub struct RateLimit<S, C: Clock = DefaultClock, Sl: Sleeper = DefaultSleeper> {
 enum State<F> {
     /// No cell taken.
     Empty,
-    /// No cell taken; in the line, sleeping until one may be free, then
-    /// trying again, as long as the wait ends by `deadline` (the bucket's
-    /// clock).
+    /// No cell taken; in the line, sleeping until one may be free, as long
+    /// as the wait ends by `deadline` (the bucket's clock).
     Sleeping {
         sleep: Pin<Box<F>>,
         deadline: u64,
         place: Option<Place<()>>,
     },
-    /// A cell is taken for the next `call`; the ticket gives it back if
-    /// the service is dropped unused.
+    /// A cell is taken for the next `call`; the ticket refunds it if unused.
     Ready(Option<crate::bucket::gcra::Ticket>),
     /// Over the limit: the next `call` answers this.
     Refused(Box<crate::Throttled>),
@@ -248,9 +238,8 @@ impl<S, C: Clock, Sl: Sleeper> RateLimit<S, C, Sl> {
         &self.inner
     }
 
-    /// Wait mode: takes one cell, sleeping for it when it comes within
-    /// the budget. `Ready` once a cell is held or the refusal is decided
-    /// (then `call` answers it without the inner service).
+    /// Wait mode: takes one cell, sleeping for it within the budget. `Ready`
+    /// once a cell is held or the refusal is decided.
     #[inline(never)]
     fn poll_cell(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         loop {
@@ -273,10 +262,8 @@ impl<S, C: Clock, Sl: Sleeper> RateLimit<S, C, Sl> {
                 Ok(ticket) => State::Ready(ticket),
                 Err(e) => match e.retry_after() {
                     Some(next) => {
-                        // Our turn: the next cell, plus a period for each
-                        // caller ahead in the line (none once we have
-                        // slept our turn: we are at its head, or were
-                        // beaten to the cell by a newcomer).
+                        // The next cell, plus a period per caller ahead in the line (none
+                        // once we have slept our turn).
                         let (ahead, place) = match place {
                             Some(p) => (0, p),
                             None => self.line.join(&()),
@@ -337,10 +324,8 @@ where
     }
 }
 
-/// Reject mode's check, out of line and answering in one register (a
-/// null or a boxed refusal): `call` stays small enough to be inlined into
-/// the caller's state machine (`Oneshot::poll`), which then keeps the
-/// response future in registers instead of copying it through memory.
+/// Reject mode's check, out of line and answering in one register, so
+/// `call` stays small enough to inline into the caller.
 #[inline(never)]
 fn take_cell<C: Clock>(bucket: &TokenBucket<C>) -> Option<Box<crate::Throttled>> {
     match bucket.try_acquire(1) {
@@ -359,9 +344,8 @@ impl<S, C: Clock, Sl: Sleeper> RateLimit<S, C, Sl> {
         match core::mem::replace(&mut self.state, State::Empty) {
             State::Ready(_) => LimitFuture::inner(self.inner.call(req)),
             State::Refused(e) => LimitFuture::refused_boxed(e),
-            // `call` without a ready `poll_ready`: the cell is checked now,
-            // never waited for; the inner service's readiness is the
-            // caller's contract.
+            // `call` without a ready `poll_ready`: the cell is checked, never
+            // waited for.
             State::Empty | State::Sleeping { .. } => match self.bucket.try_acquire(1) {
                 Ok(()) => LimitFuture::inner(self.inner.call(req)),
                 Err(e) => LimitFuture::refused(rate_limited_check(e, "rate")),
@@ -371,8 +355,8 @@ impl<S, C: Clock, Sl: Sleeper> RateLimit<S, C, Sl> {
 }
 
 impl<S, C: Clock, Sl: Sleeper> Drop for RateLimit<S, C, Sl> {
-    /// A cell taken by `poll_ready` and never used goes back (when no
-    /// other was taken after it: a GCRA can only lower its top).
+    /// A cell taken by `poll_ready` and never used is refunded (when no
+    /// other was taken after it).
     fn drop(&mut self) {
         if let State::Ready(Some(ticket)) = self.state {
             self.bucket.refund(ticket);

@@ -16,12 +16,10 @@ use crate::{retry::Deadline, retry::Decision, retry::RetryPolicy};
 /// A [`tower::retry::Policy`](::tower::retry::Policy) that decides through
 /// the crate's [`RetryPolicy`] and charges every wait to a [`Deadline`].
 ///
-/// A classifier (a closure, see [`new`](HintRetry::new)) reads each result: `None` means done (a success, or a
-/// result not worth a look); `Some((status, hint))` is the answer to
-/// decide on: the HTTP status (`None` for a transport error) and what the
-/// server said ([`ServerHint::from_headers`]). [`HintRetry::http`] reads
-/// `http::Response`s itself. Then, as [`RetryPolicy::decide_reply`] says
-/// (the same decision `Runner` and the reqwest middleware make):
+/// A classifier (see [`new`](HintRetry::new)) reads each result: `None`
+/// means done; `Some((status, hint))` is the answer to decide on (status
+/// `None` for a transport error). [`HintRetry::http`] reads
+/// `http::Response`s itself. Then, as [`RetryPolicy::decide_reply`] says:
 ///
 /// * a 429 (or a 503 with `Retry-After`) sleeps the server's wait (plus
 ///   jitter), or [`RetryPolicy::BARE_429_HOLD`] when it gave none; a 408,
@@ -34,9 +32,8 @@ use crate::{retry::Deadline, retry::Decision, retry::RetryPolicy};
 ///
 /// # Per call
 ///
-/// Tower clones the policy for every request (`Retry::call`); each clone
-/// starts a fresh deadline of `budget` on the clock and forks a fresh
-/// [`RetryPolicy`] (its own attempt count and jitter) from the template.
+/// Tower clones the policy for every request; each clone starts a fresh
+/// deadline of `budget` and forks a fresh [`RetryPolicy`] from the template.
 ///
 /// # Examples
 ///
@@ -87,11 +84,9 @@ pub struct HintRetry<F, C: Clock = DefaultClock, Sl = DefaultSleeper> {
 
 impl<F> HintRetry<F, DefaultClock, DefaultSleeper> {
     /// Retries as `policy` says within `budget` per call, with what
-    /// `classify` reads from each result: a closure
-    /// `FnMut(&Result<Res, E>) -> Option<(Option<u16>, ServerHint)>` that
-    /// answers `None` when there is nothing to decide (a success, or an
-    /// answer retrying cannot change), else the status (`None` for a
-    /// transport error) and the server's hint.
+    /// `classify` (`FnMut(&Result<Res, E>) -> Option<(Option<u16>, ServerHint)>`)
+    /// reads from each result: `None` when there is nothing to decide, else
+    /// the status (`None` for a transport error) and the server's hint.
     ///
     /// # Examples
     ///
@@ -229,17 +224,15 @@ impl<F, C: Clock, Sl: fmt::Debug> fmt::Debug for HintRetry<F, C, Sl> {
     }
 }
 
-/// What the classifier of an `http::Response` stack is: a function
-/// pointer, so [`HintRetry::http`] is nameable.
+/// The classifier of an `http::Response` stack: a function pointer, so
+/// [`HintRetry::http`] is nameable.
 #[cfg(feature = "http")]
 type ClassifyHttp<B> =
     fn(&Result<http::Response<B>, super::BoxError>) -> Option<(Option<u16>, ServerHint)>;
 
-/// Classifies `http::Response`s (feature `http`): a response's status and
-/// limit headers; an error is a transport error, except a [`Throttled`]
-/// (an admission refusal further in, or a capacity answer that layer
-/// already surfaced), which is final here. A synthetic refusal response
-/// ([`Throttled::to_response`](crate::Throttled::to_response)) is final too.
+/// Classifies `http::Response`s by status and limit headers. An error is a
+/// transport error, except a [`Throttled`] (final here); a synthetic
+/// refusal response is final too.
 #[cfg(feature = "http")]
 fn classify_http<B>(
     result: &Result<http::Response<B>, super::BoxError>,
@@ -301,8 +294,7 @@ where
     type Future = Sl::Sleep;
 
     fn retry(&mut self, _req: &mut Req, result: &mut Result<Res, E>) -> Option<Sl::Sleep> {
-        // Forked on the call's first answer, whatever it is: the fork is
-        // the first attempt a shared retry budget counts.
+        // Forked on the first answer: the first attempt a shared retry budget counts.
         let template = &self.template;
         let policy = self.policy.get_or_insert_with(|| template.lock().fork());
         let (status, hint) = (self.classify)(result)?;

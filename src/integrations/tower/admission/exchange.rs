@@ -1,6 +1,5 @@
-//! A tower request as the admission's attempt loop sends it: each attempt
-//! polls the inner service ready and calls it with a clone of the
-//! request; the layer's [`Observe`] reads what came back.
+//! A tower request as the attempt loop sends it: each attempt polls the
+//! inner service ready and calls it with a clone of the request.
 
 use core::any::Any;
 use core::future::Future;
@@ -21,19 +20,16 @@ use crate::retry::RetryPolicy;
 use crate::sleep::Sleeper;
 use crate::Throttled;
 
-/// A coalesced read's own answer, its type erased so the layer's reads
-/// in flight need not name the service's response type.
+/// A coalesced read's own answer, type-erased.
 pub(super) type Erased = Box<dyn Any + Send>;
-/// The copy of a read's answer the calls that joined it make theirs
-/// from: a [`Copy`] of the service's response type, erased.
+/// The copy of a read's answer that joined calls make theirs from, erased.
 pub(super) type ErasedCopy = Arc<dyn Any + Send + Sync>;
 
-/// A layer's reads in flight (the reads' own clock is never read: no
-/// cache).
+/// A layer's reads in flight (their clock is never read: no cache).
 pub(super) type Reads = attempt::reads::Reads<Erased, ErasedCopy, crate::clock::DefaultClock>;
 
-/// What the calls that joined a read get of its answer (a refusal or a
-/// timeout is the leader's own: they send their own requests).
+/// What joined calls get of a read's answer (a refusal or timeout is the
+/// leader's own: they send their own requests).
 pub(super) enum Copy<Resp> {
     /// The server's answer (copied by the observer).
     Answer(Resp),
@@ -41,14 +37,9 @@ pub(super) enum Copy<Resp> {
     Failed(String),
 }
 
-/// The error of a call through an [`AdmissionLayer`](super::AdmissionLayer)
-/// whose last attempt got no answer (the inner service's error: a refused
-/// connection, a reset, ...) and that was not retried again: its retries
-/// ran out, or something refused the retry. The inner error is its
-/// `source`; `CallResult::from_tower` reads the requests sent and why the
-/// retry was refused. An outer `HintRetry` reads it as final: the layer
-/// retried it already. Unnameable, like the layer's other types: a caller
-/// reads it through `CallResult::from_tower` or the error chain.
+/// The error of a call whose last attempt got no answer and was not
+/// retried again. The inner error is its `source`; `CallResult::from_tower`
+/// reads the attempts and why the retry was refused.
 #[derive(Debug)]
 pub(crate) struct Unanswered {
     attempts: u32,
@@ -64,9 +55,8 @@ impl Unanswered {
         self.attempts
     }
 
-    /// Why the last fault was not retried, when something refused the
-    /// retry (the deadline, the admission layer, `close`); `None` when
-    /// the retries ran out.
+    /// Why the last fault was not retried, when something refused the retry;
+    /// `None` when the retries ran out.
     #[cfg(feature = "http")]
     pub(crate) fn not_retried(&self) -> Option<&Throttled> {
         self.not_retried.as_ref()
@@ -114,9 +104,8 @@ impl<S, Req, O> Exchange<S, Req, O> {
         refusal(&self.observe, refused)
     }
 
-    /// The call's last answer, carrying how it ended where its type can
-    /// (an `http::Response`'s extensions); a last error wrapped in an
-    /// [`Unanswered`] that says so.
+    /// The call's last answer, carrying how it ended where its type can; a
+    /// last error wrapped in an [`Unanswered`].
     pub(super) fn ended<Resp>(
         &self,
         result: Result<Resp, BoxError>,
@@ -167,9 +156,8 @@ where
     Req: Clone,
     O: Observe<S::Response>,
 {
-    /// The call through the admission's attempt loop: its answer, the
-    /// ticket released with it (or carried in its body), and a copy of
-    /// it for the calls that joined it, when the observer makes one.
+    /// The call through the attempt loop: its answer (ticket released or
+    /// carried in its body), and a copy for joined calls if the observer makes one.
     pub(super) async fn answer<Sl, C, R>(
         mut self,
         admission: &Admission<Sl, C>,
@@ -297,8 +285,7 @@ where
             // An error that is no refusal of a layer further in: no answer.
             None => match result {
                 Err(e) if !e.is::<Throttled>() => Read::NoAnswer,
-                // A refusal further in, or an answer the observer says
-                // holds nothing to learn: the call's answer as it is.
+                // A refusal further in, or nothing to learn: the answer as it is.
                 _ => Read::Refusal,
             },
         }

@@ -1,6 +1,5 @@
 //! How [`AdmissionLayer`](super::AdmissionLayer) turns a request into a
-//! [`CallSpec`] ([`MakeSpec`]) and a response into what its
-//! [`Ticket`](crate::admission::Ticket) observes ([`Observe`]).
+//! [`CallSpec`] and a response into what its ticket observes.
 
 #[cfg(feature = "http")]
 use core::fmt;
@@ -9,15 +8,11 @@ use core::time::Duration;
 use super::super::BoxError;
 use crate::{admission::CallSpec, headers::ServerHint};
 
-/// Maps a request to the [`CallSpec`] it is admitted as.
-///
-/// Implemented for every closure `Fn(&Req) -> CallSpec`, and (feature
-/// `http`) for `HttpSpec`, which also reads a `RequestDeadline` from the
-/// request's extensions.
+/// Maps a request to the [`CallSpec`] it is admitted as: every closure
+/// `Fn(&Req) -> CallSpec`, and (feature `http`) `HttpSpec`.
 ///
 /// # Examples
 ///
-/// A closure is one; the layer names nothing else:
 ///
 /// ```
 /// use backpressure::admission::{Admission, CallSpec};
@@ -39,21 +34,19 @@ pub trait MakeSpec<Req> {
     /// The call `req` is admitted as.
     fn make_spec(&self, req: &Req) -> CallSpec;
 
-    /// A deadline the request carries itself, which beats the layer's
-    /// default and the spec's own. `None` unless overridden.
+    /// A deadline the request carries itself, which beats the layer's and the
+    /// spec's. `None` by default.
     fn request_deadline(&self, req: &Req) -> Option<Duration> {
         let _ = req;
         None
     }
 
-    /// What identifies `req` as a read, when the layer coalesces reads
-    /// ([`coalesce_reads`](super::AdmissionLayer::coalesce_reads)): two
-    /// requests share one call only when these are equal (compared whole,
-    /// never by a hash) and so are their specs' tool and credential,
-    /// which the layer adds; a write never shares. Put in it everything
-    /// the server could see that changes the answer. `None` (the
-    /// default): never shared. `HttpSpec` answers a `GET` or `HEAD` with
-    /// its method, URI, version and every header.
+    /// What identifies `req` as a read for
+    /// [`coalesce_reads`](super::AdmissionLayer::coalesce_reads): requests
+    /// share one call only when these are equal (compared whole, never by
+    /// hash), as are their tool and credential. It must hold everything the
+    /// server could see that changes the answer. `None` (the default): never
+    /// shared.
     fn read_key(&self, req: &Req) -> Option<String> {
         let _ = req;
         None
@@ -70,20 +63,14 @@ where
     }
 }
 
-/// Reports the outcome of an admitted call to its ticket: the HTTP-like
-/// status and the server's hint to feed
-/// [`Ticket::observe`](crate::admission::Ticket::observe), or `None` to feed nothing.
-///
-/// The inner service's error arrives already converted to a `tower::BoxError`.
+/// Reports an admitted call's outcome to its ticket: the status and hint
+/// for [`Ticket::observe`](crate::admission::Ticket::observe), or `None`.
 /// Implemented for every closure
-/// `Fn(&Result<Resp, BoxError>) -> Option<(u16, ServerHint)>`, and for the
-/// layer's own observers: the default (any `Ok` is a 200, an error feeds
-/// nothing) and, with `AdmissionLayer::http`, each response's status and
-/// limit headers.
+/// `Fn(&Result<Resp, BoxError>) -> Option<(u16, ServerHint)>` and the
+/// layer's own observers.
 ///
 /// # Examples
 ///
-/// A closure is one (see [`observe_with`](super::AdmissionLayer::observe_with)):
 ///
 /// ```
 /// use backpressure::admission::{Admission, CallSpec};
@@ -109,47 +96,38 @@ pub trait Observe<Resp> {
     /// What to feed the ticket for `result`.
     fn observe(&self, result: &Result<Resp, BoxError>) -> Option<(u16, ServerHint)>;
 
-    /// The response to answer a refusal of the layer's own with (it
-    /// refused to admit the request, the request outlasted its deadline,
-    /// or the server's capacity answer outlasted it), instead of an error
-    /// carrying the [`Throttled`](crate::Throttled). `None` (the default):
-    /// the error.
+    /// The response to answer one of the layer's own refusals with, instead
+    /// of an error carrying the [`Throttled`](crate::Throttled). `None` (the
+    /// default): the error.
     fn refusal(&self, refused: &crate::Throttled) -> Option<Resp> {
         let _ = refused;
         None
     }
 
-    /// What the call used of each weighted quota, as `(quota name,
-    /// units)`, read from its answer (an `x-usage-tokens` header, ...):
-    /// settled on the call's ticket before it is observed, so the quota is
-    /// charged what the server counted, not the spec's estimate. `[]` (the
-    /// default): the estimate stands.
+    /// What the call used of each weighted quota, `(quota name, units)`, read
+    /// from its answer and settled on the ticket before it is observed. `[]`
+    /// (the default): the estimate stands.
     fn usage(&self, result: &Result<Resp, BoxError>) -> Vec<(String, u32)> {
         let _ = result;
         Vec::new()
     }
 
     /// A copy of `response` for a call that joined an identical read in
-    /// flight (see [`coalesce_reads`](super::AdmissionLayer::coalesce_reads),
-    /// whose observer clones it). `None` (the default): the joining call
-    /// sends its own request.
+    /// flight. `None` (the default): the joining call sends its own request.
     fn copy(&self, response: &Resp) -> Option<Resp> {
         let _ = response;
         None
     }
 
-    /// Records on `response` how the call ended, where its type has room:
-    /// the requests it sent, and the refusal that stopped the retry of
-    /// its last fault, if one did (`ObserveHttp` inserts an
-    /// [`Attempts`](crate::retry::Attempts) extension and that
-    /// [`Throttled`](crate::Throttled)). Nothing by default.
+    /// Records how the call ended on `response` where its type has room
+    /// (`ObserveHttp` inserts [`Attempts`](crate::retry::Attempts) and the
+    /// [`Throttled`](crate::Throttled) that stopped a retry). Nothing by default.
     fn record(&self, response: &mut Resp, attempts: u32, not_retried: Option<&crate::Throttled>) {
         let _ = (response, attempts, not_retried);
     }
 }
 
-/// An observer that also reads what each call used: `observe`'s answers
-/// and refusals, with `usage` read by a closure. Made by
+/// An observer that also reads usage with a closure; made by
 /// [`AdmissionLayer::usage_from`](super::AdmissionLayer::usage_from).
 #[derive(Clone, Copy, Debug)]
 pub struct UsageFrom<O, F> {
@@ -194,9 +172,8 @@ where
     }
 }
 
-/// The default observer: a response reports success (status 200, no
-/// hint: it feeds the learned rate's successes); an error reports nothing
-/// (a transport error says nothing about the server's limits).
+/// The default observer: a response is a 200 (a success for the learned
+/// rate); an error reports nothing about the server's limits.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ObserveOk;
 
@@ -207,8 +184,7 @@ impl<Resp> Observe<Resp> for ObserveOk {
     }
 }
 
-/// Observes an `http::Response`: its status, and the hint its headers
-/// carry (`Retry-After`, `RateLimit`, `X-RateLimit-*`), so a 429 holds
+/// Observes an `http::Response`'s status and limit headers, so a 429 holds
 /// back the credential. An error reports nothing.
 #[cfg(feature = "http")]
 #[derive(Clone, Copy, Debug, Default)]
@@ -237,9 +213,7 @@ impl<B> Observe<http::Response<B>> for ObserveHttp {
 }
 
 /// A spec closure over `http::Request`s that also honours a
-/// [`RequestDeadline`](crate::retry::RequestDeadline) in the request's
-/// extensions ([`AdmissionLayer::http`](super::AdmissionLayer::http)
-/// wraps its closure in one).
+/// [`RequestDeadline`](crate::retry::RequestDeadline) extension.
 #[cfg(feature = "http")]
 #[derive(Clone, Copy)]
 pub struct HttpSpec<F>(pub F);
@@ -249,9 +223,8 @@ impl<F, B> MakeSpec<http::Request<B>> for HttpSpec<F>
 where
     F: Fn(&http::Request<B>) -> CallSpec,
 {
-    /// The closure's spec; a method that is not safe (RFC 9110: anything
-    /// but `GET`, `HEAD`, `OPTIONS`, `TRACE`) makes it a write, idempotent
-    /// when the method is (`PUT`, `DELETE`).
+    /// The closure's spec; an unsafe method (RFC 9110) makes it a write,
+    /// idempotent when the method is.
     #[inline]
     fn make_spec(&self, req: &http::Request<B>) -> CallSpec {
         let mut spec = (self.0)(req);
@@ -291,16 +264,11 @@ impl<F> fmt::Debug for HttpSpec<F> {
     }
 }
 
-/// `ObserveHttp`, and the layer's own refusals answered as responses an
-/// HTTP client keeps (the shape of
-/// [`Throttled::to_response`](crate::Throttled::to_response): 429, or 503 when
-/// closed, with `retry-after`, `retry-after-ms`, the
-/// [`Throttled::REFUSAL_HEADER`](crate::Throttled::REFUSAL_HEADER) and a provider-style
-/// JSON error body carrying the `Throttled`'s fields). An LLM client that
-/// turns any error of its transport into "retry now" keeps a 429's status,
-/// headers and body. A refusal answered by an inner layer (it carries the
-/// header) is never fed to the learned rate. Made by
-/// [`AdmissionLayer::refusals_as_responses`](super::AdmissionLayer::refusals_as_responses).
+/// `ObserveHttp`, with the layer's own refusals answered as responses
+/// ([`Throttled::to_response`](crate::Throttled::to_response)). A refusal
+/// answered by an inner layer (it carries the
+/// [`Throttled::REFUSAL_HEADER`](crate::Throttled::REFUSAL_HEADER)) is
+/// never fed to the learned rate.
 #[cfg(feature = "http")]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RefusalResponses;
@@ -330,9 +298,8 @@ impl<B: From<Vec<u8>>> Observe<http::Response<B>> for RefusalResponses {
     }
 }
 
-/// An observer whose responses are cloned for the calls that joined an
-/// identical read in flight. Made by
-/// [`AdmissionLayer::coalesce_reads`](super::AdmissionLayer::coalesce_reads).
+/// An observer whose responses are cloned for calls that joined an
+/// identical read in flight.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Copies<O>(pub(crate) O);
 

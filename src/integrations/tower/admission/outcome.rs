@@ -1,5 +1,5 @@
-//! `call_result` ([`CallResult::from_tower`]): what a call through an [`AdmissionLayer`](super::AdmissionLayer)
-//! over `http` ended as, in `Runner`'s terms.
+//! [`CallResult::from_tower`]: how a call through an `http`
+//! [`AdmissionLayer`](super::AdmissionLayer) ended.
 
 use std::sync::Arc;
 
@@ -69,9 +69,9 @@ impl<B> CallResult<http::Response<B>, Box<dyn std::error::Error + Send + Sync>> 
     /// answers it: [`CallResult::Done`] with a 2xx response,
     /// [`CallResult::Throttled`] with a refusal (the error, or the synthetic
     /// 429 of `refusals_as_responses`), [`CallResult::Failed`] with any other
-    /// status or with the error of a last attempt that got no answer; each
-    /// with the requests the call sent and why a fault was not retried. Serialized (feature `serde`), it
-    /// is the JSON a model reads.
+    /// status or an unanswered last attempt; each with the requests sent and
+    /// why a fault was not retried. Serialized (feature `serde`), it is the
+    /// JSON a model reads.
     ///
     /// # Examples
     ///

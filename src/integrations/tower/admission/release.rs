@@ -1,7 +1,6 @@
 //! When [`AdmissionLayer`](super::AdmissionLayer) gives a call's ticket
-//! back: with the response head ([`AtHead`], the default), or when the
-//! response body ends ([`AtBodyEnd`], made by
-//! [`hold_bodies`](super::AdmissionLayer::hold_bodies)).
+//! back: with the response head ([`AtHead`]) or at the body's end
+//! ([`AtBodyEnd`]).
 
 #[cfg(feature = "http")]
 use std::sync::Arc;
@@ -17,8 +16,7 @@ mod sealed {
 }
 
 /// When the layer releases a call's ticket, and the response type that
-/// follows: [`AtHead`] or [`AtBodyEnd`]. Sealed: the layer's future
-/// relies on what these two do.
+/// follows. Sealed: the layer's future relies on what these two do.
 pub trait Release<Resp, Sl: Sleeper, C: Clock>: sealed::Sealed {
     /// What the caller of the layer gets.
     type Response;
