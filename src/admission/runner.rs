@@ -121,7 +121,7 @@ pub struct Runner<
     admission: Admission<S, C>,
     flights: Reads<Outcome<V, E>, Outcome<V, E>, C>,
     /// The template every call forks its own policy from.
-    retry: Arc<parking_lot::Mutex<RetryPolicy>>,
+    retry: Arc<RetryPolicy>,
 }
 
 impl<V, E, S, C> Runner<V, E, S, C>
@@ -158,7 +158,7 @@ where
         Self {
             admission,
             flights: flights.build(),
-            retry: Arc::new(parking_lot::Mutex::new(attempt::default_policy())),
+            retry: Arc::new(attempt::default_policy()),
         }
     }
 
@@ -175,12 +175,8 @@ where
     ///     .retries(Backoff::new(Duration::from_millis(50), Duration::from_secs(1)).seed(7), 2);
     /// # let _ = runner;
     /// ```
-    pub fn retries(self, backoff: Backoff, max_retries: u32) -> Self {
-        {
-            let mut policy = self.retry.lock();
-            let old = core::mem::take(&mut *policy);
-            *policy = old.backoff(backoff).max_retries(max_retries);
-        }
+    pub fn retries(mut self, backoff: Backoff, max_retries: u32) -> Self {
+        self.retry = Arc::new(self.retry.with_backoff(backoff, max_retries));
         self
     }
 
@@ -199,8 +195,8 @@ where
     ///     Runner::new(Admission::builder().build(), Duration::ZERO).retry_policy(policy);
     /// # let _ = runner;
     /// ```
-    pub fn retry_policy(self, policy: RetryPolicy) -> Self {
-        *self.retry.lock() = policy;
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.retry = Arc::new(policy);
         self
     }
 
@@ -341,7 +337,7 @@ where
         sent: &AtomicU32,
         left: Duration,
     ) -> (Outcome<V, E>, Sharing) {
-        let policy = self.retry.lock().fork();
+        let policy = self.retry.fork();
         let mut exchange = Attempt { call };
         let ended = self
             .admission
@@ -487,7 +483,7 @@ impl<V, E, S, C: Clock> fmt::Debug for Runner<V, E, S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Runner")
             .field("admission", &self.admission)
-            .field("retry", &*self.retry.lock())
+            .field("retry", &self.retry)
             .finish_non_exhaustive()
     }
 }

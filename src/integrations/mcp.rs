@@ -6,7 +6,6 @@ use core::time::Duration;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, Tool};
 use rmcp::service::{Peer, RoleClient};
 use rmcp::transport::streamable_http_client::HttpStatusError;
@@ -92,7 +91,7 @@ pub struct McpGate<S: Sleeper = DefaultSleeper, C: Clock = DefaultClock> {
     credential: String,
     deadline: Duration,
     /// The template each call forks its policy from.
-    retry: Mutex<RetryPolicy>,
+    retry: RetryPolicy,
     reads: HashSet<String>,
     idempotent: HashSet<String>,
     flights: Reads<Outcome, Outcome, C>,
@@ -118,7 +117,7 @@ impl<S: Sleeper, C: Clock + Clone> McpGate<S, C> {
             credential: server.clone(),
             server,
             deadline: Duration::from_secs(30),
-            retry: Mutex::new(crate::admission::attempt::default_policy()),
+            retry: crate::admission::attempt::default_policy(),
             reads: HashSet::new(),
             idempotent: HashSet::new(),
             flights: Reads::builder().clock(clock).build(),
@@ -140,8 +139,8 @@ impl<S: Sleeper, C: Clock + Clone> McpGate<S, C> {
     }
 
     /// The retry policy (each call forks its own).
-    pub fn retry_policy(self, policy: RetryPolicy) -> Self {
-        *self.retry.lock() = policy;
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
         self
     }
 
@@ -319,7 +318,7 @@ where
         spec: &CallSpec,
         params: &CallToolRequestParams,
     ) -> (CallResult<CallToolResult, ServiceError>, Sharing) {
-        let policy = self.retry.lock().fork();
+        let policy = self.retry.fork();
         let mut call = exchange::ToolCall::new(&self.peer, params);
         let ended = self
             .admission

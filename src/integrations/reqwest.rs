@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use ::reqwest::{Request, Response};
 use ::reqwest_middleware::{Error, Middleware, Next, Result};
-use parking_lot::Mutex;
 
 use crate::admission::attempt::Ended;
 use crate::admission::identity::{self, ReadKey};
@@ -94,7 +93,7 @@ pub struct AdmissionMiddleware<S: Sleeper = DefaultSleeper, C: Clock = DefaultCl
     tool: Derive,
     credential: Derive,
     deadline: Duration,
-    retry: Arc<Mutex<RetryPolicy>>,
+    retry: Arc<RetryPolicy>,
     cost: Option<Costs>,
     usage: Option<Usage>,
     /// What a successful, non-streamed body says was used.
@@ -134,7 +133,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
             tool: Arc::new(default_tool),
             credential: credential_from_header("authorization".to_string()),
             deadline: Duration::from_secs(30),
-            retry: Arc::new(Mutex::new(crate::admission::attempt::default_policy())),
+            retry: Arc::new(crate::admission::attempt::default_policy()),
             cost: None,
             usage: None,
             body_usage: None,
@@ -229,7 +228,7 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     /// # drop(m);
     /// ```
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
-        self.retry = Arc::new(Mutex::new(policy));
+        self.retry = Arc::new(policy);
         self
     }
 
@@ -676,7 +675,7 @@ where
         extensions: &mut http::Extensions,
         next: Next<'_>,
     ) -> Result<Response> {
-        let policy = self.retry.lock().fork();
+        let policy = self.retry.fork();
         let mut exchange = Exchange {
             req: Some(req),
             extensions: &mut *extensions,

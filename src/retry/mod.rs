@@ -27,6 +27,7 @@
 //! assert_eq!(backoff.delay(60), Duration::from_secs(5));
 //! ```
 
+use core::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::clock::saturating_nanos;
@@ -100,6 +101,9 @@ pub struct Backoff {
     rng: fastrand::Rng,
     /// The last decorrelated delay (nanoseconds).
     previous: u64,
+    /// What forks are seeded from.
+    seed: u64,
+    forks: AtomicU64,
 }
 
 impl Backoff {
@@ -117,12 +121,15 @@ impl Backoff {
     /// ```
     pub fn new(base: Duration, cap: Duration) -> Backoff {
         let base = saturating_nanos(base);
+        let seed = fastrand::u64(..);
         Backoff {
             base,
             cap: saturating_nanos(cap),
             jitter: Jitter::default(),
-            rng: fastrand::Rng::new(),
+            rng: fastrand::Rng::with_seed(seed),
             previous: base,
+            seed,
+            forks: AtomicU64::new(0),
         }
     }
 
@@ -154,30 +161,38 @@ impl Backoff {
     /// ```
     pub fn seed(mut self, seed: u64) -> Backoff {
         self.rng.seed(seed);
+        self.seed = seed;
         self
     }
 
     /// A backoff with the same settings and an independent generator seeded
-    /// from this one (deterministic if this one is seeded). Use one per
-    /// concurrent call.
+    /// from this one's seed and how many forks came before it (deterministic
+    /// if this one is seeded). Use one per concurrent call; `&self`, so a
+    /// template is shared without a lock.
     ///
     /// # Examples
     ///
     /// ```
     /// use backpressure::retry::Backoff;
     /// use std::time::Duration;
-    /// let mut parent = Backoff::new(Duration::from_millis(10), Duration::from_secs(1)).seed(3);
+    /// let parent = Backoff::new(Duration::from_millis(10), Duration::from_secs(1)).seed(3);
     /// let mut a = parent.fork();
     /// let mut b = parent.fork();
     /// assert_ne!(a.delay(20), b.delay(20)); // up to 1 s apart, not in lockstep
     /// ```
-    pub fn fork(&mut self) -> Backoff {
+    pub fn fork(&self) -> Backoff {
+        // Relaxed: the count only makes each fork's seed its own; nothing
+        // is published through it.
+        let n = self.forks.fetch_add(1, Ordering::Relaxed);
+        let seed = self.seed ^ n.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         Backoff {
             base: self.base,
             cap: self.cap,
             jitter: self.jitter,
-            rng: self.rng.fork(),
+            rng: fastrand::Rng::with_seed(seed),
             previous: self.base,
+            seed,
+            forks: AtomicU64::new(0),
         }
     }
 

@@ -265,6 +265,17 @@ impl RetryPolicy {
         self.retries
     }
 
+    /// This policy with another backoff and retry cap.
+    pub(crate) fn with_backoff(&self, backoff: Backoff, max_retries: u32) -> RetryPolicy {
+        RetryPolicy {
+            backoff,
+            max_retries,
+            clamp: self.clamp,
+            retries: 0,
+            budget: self.budget.clone(),
+        }
+    }
+
     /// A fresh policy (no retries yet) with the same settings and an
     /// independent generator, for another call.
     ///
@@ -272,11 +283,11 @@ impl RetryPolicy {
     ///
     /// ```
     /// use backpressure::retry::RetryPolicy;
-    /// let mut template = RetryPolicy::default();
+    /// let template = RetryPolicy::default();
     /// let per_call = template.fork();
     /// assert_eq!(per_call.retries(), 0);
     /// ```
-    pub fn fork(&mut self) -> RetryPolicy {
+    pub fn fork(&self) -> RetryPolicy {
         // A fork is a call: its first attempt pays into the budget.
         if let Some(budget) = &self.budget {
             budget.deposit();
@@ -308,7 +319,7 @@ impl RetryPolicy {
     ///
     /// let clock = ManualClock::new();
     /// let budget = Arc::new(RetryBudget::with_clock(0.5, 0, Duration::from_secs(10), clock.clone()));
-    /// let mut template = RetryPolicy::default().budget(budget);
+    /// let template = RetryPolicy::default().budget(budget);
     /// let (mut a, mut b) = (template.fork(), template.fork()); // two calls: one retry
     /// let mut d = Deadline::after(clock, Duration::from_secs(30));
     /// let fault = ServerHint::default();

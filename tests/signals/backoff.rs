@@ -104,7 +104,7 @@ fn same_seed_same_delays() {
 #[test]
 fn a_wave_of_100_retries_never_lands_on_one_instant() {
     let clock = ManualClock::starting_at(1_000);
-    let mut template = RetryPolicy::new(backoff(Jitter::Full, 2024));
+    let template = RetryPolicy::new(backoff(Jitter::Full, 2024));
     let mut backoff_instants = HashSet::new();
     let mut server_instants = HashSet::new();
     let told = hint(&[("retry-after", "2")]);
@@ -215,7 +215,7 @@ fn an_hour_against_thirty_seconds_is_the_server_saying_stop() {
 #[test]
 fn the_exact_server_wait_when_jitter_would_not_fit() {
     let deadline = Deadline::after(ManualClock::new(), Duration::from_secs(2));
-    let mut policy = RetryPolicy::new(Backoff::new(Duration::from_secs(1), Duration::from_secs(1)));
+    let policy = RetryPolicy::new(Backoff::new(Duration::from_secs(1), Duration::from_secs(1)));
     for _ in 0..20 {
         let mut policy = policy.fork();
         let mut deadline = deadline.clone();

@@ -114,7 +114,7 @@ pub struct AdmissionLayer<
     observe: O,
     release: R,
     deadline: Option<Duration>,
-    retry: Arc<Mutex<RetryPolicy>>,
+    retry: Arc<RetryPolicy>,
     /// The reads in flight, when identical reads share one request.
     reads: Option<Arc<exchange::Reads>>,
 }
@@ -139,7 +139,7 @@ impl<M, Sl, C: Clock> AdmissionLayer<M, ObserveOk, Sl, C> {
             observe: ObserveOk,
             release: AtHead,
             deadline: None,
-            retry: Arc::new(Mutex::new(crate::admission::attempt::default_policy())),
+            retry: Arc::new(crate::admission::attempt::default_policy()),
             reads: None,
         }
     }
@@ -171,7 +171,7 @@ impl<F, Sl, C: Clock> AdmissionLayer<HttpSpec<F>, ObserveHttp, Sl, C> {
             observe: ObserveHttp,
             release: AtHead,
             deadline: None,
-            retry: Arc::new(Mutex::new(crate::admission::attempt::default_policy())),
+            retry: Arc::new(crate::admission::attempt::default_policy()),
             reads: None,
         }
     }
@@ -329,7 +329,7 @@ impl<M, O, Sl, C: Clock, R> AdmissionLayer<M, O, Sl, C, R> {
     /// # drop(layer);
     /// ```
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
-        self.retry = Arc::new(Mutex::new(policy));
+        self.retry = Arc::new(policy);
         self
     }
 
@@ -602,7 +602,7 @@ where
             spec.deadline = deadline;
         }
         let admission = layer.admission.clone();
-        let policy = layer.retry.lock().fork();
+        let policy = layer.retry.fork();
         let (observe, release) = (layer.observe.clone(), layer.release.clone());
         // Tower's contract: `call` the service that said ready; keep a fresh
         // clone, to be polled ready again.

@@ -6,7 +6,6 @@ use core::time::Duration;
 use std::sync::Arc;
 
 use ::tower::retry::Policy;
-use parking_lot::Mutex;
 
 use crate::clock::{Clock, DefaultClock};
 use crate::sleep::{DefaultSleeper, Sleeper};
@@ -73,7 +72,7 @@ use crate::{retry::Deadline, retry::Decision, retry::RetryPolicy};
 /// # });
 /// ```
 pub struct HintRetry<F, C: Clock = DefaultClock, Sl = DefaultSleeper> {
-    template: Arc<Mutex<RetryPolicy>>,
+    template: Arc<RetryPolicy>,
     /// This call's policy, forked from the template at the first failure.
     policy: Option<RetryPolicy>,
     budget: Duration,
@@ -104,7 +103,7 @@ impl<F> HintRetry<F, DefaultClock, DefaultSleeper> {
     pub fn new(policy: RetryPolicy, budget: Duration, classify: F) -> Self {
         let clock = DefaultClock::new();
         HintRetry {
-            template: Arc::new(Mutex::new(policy)),
+            template: Arc::new(policy),
             policy: None,
             budget,
             deadline: Deadline::after(clock, budget),
@@ -296,7 +295,7 @@ where
     fn retry(&mut self, _req: &mut Req, result: &mut Result<Res, E>) -> Option<Sl::Sleep> {
         // Forked on the first answer: the first attempt a shared retry budget counts.
         let template = &self.template;
-        let policy = self.policy.get_or_insert_with(|| template.lock().fork());
+        let policy = self.policy.get_or_insert_with(|| template.fork());
         let (status, hint) = (self.classify)(result)?;
         let attempt = policy.retries() + 1;
         match crate::admission::attempt::decide(
