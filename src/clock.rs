@@ -1,7 +1,5 @@
-//! Time sources: monotonic nanoseconds from an origin.
-//!
-//! All time arithmetic in the crate is integer nanoseconds (`u64`),
-//! saturating, so it neither drifts nor panics, even at `u64::MAX`.
+//! Time sources: monotonic nanoseconds from an origin. All time arithmetic
+//! in the crate is saturating integer nanoseconds (`u64`).
 
 use core::fmt;
 use core::future::Future;
@@ -14,9 +12,8 @@ use std::sync::Arc;
 use crate::sleep::Sleeper;
 use crate::sync::{self, AtomicU64, Ordering, ThreadMutex};
 
-/// A monotonic time source in nanoseconds since some origin.
-///
-/// Implementations must never go backwards.
+/// A monotonic time source in nanoseconds since some origin. Implementations
+/// must never go backwards.
 ///
 /// # Examples
 ///
@@ -36,13 +33,10 @@ pub trait Clock: Send + Sync + fmt::Debug {
     fn now_nanos(&self) -> u64;
 
     /// A cheaper, coarser reading for expiry checks, on a time base of the
-    /// clock's own (not comparable with `now_nanos`'s): `(earliest,
-    /// latest)` in nanoseconds, the true time lying between the two.
-    /// Successive `earliest`s never go backwards.
-    ///
-    /// `None` (the default) if the clock has none; callers then use
-    /// [`now_nanos`](Clock::now_nanos). `DefaultClock` has one on Linux
-    /// (`CLOCK_MONOTONIC_COARSE`, one kernel tick of resolution).
+    /// clock's own (not comparable with `now_nanos`'s): `(earliest, latest)`
+    /// around the true time; successive `earliest`s never go backwards.
+    /// `None` (the default) if the clock has none. `DefaultClock` has one on
+    /// Linux (`CLOCK_MONOTONIC_COARSE`).
     ///
     /// # Examples
     ///
@@ -82,17 +76,15 @@ impl<C: Clock + ?Sized> Clock for &C {
     }
 }
 
-/// The default clock of every type (not nameable outside the crate; it is
-/// the default `C` parameter, and `clock()` getters hand it out): `quanta`
-/// (TSC where available, else the OS monotonic clock), origin at creation.
+/// The default clock of every type (the default `C` parameter, not nameable
+/// outside the crate): `quanta` (TSC where available, else the OS monotonic
+/// clock), origin at creation.
 #[derive(Clone)]
 pub struct DefaultClock {
     clock: quanta::Clock,
-    /// The origin as a raw (unscaled) reading: a read scales only the
-    /// delta, and never goes through `Duration`.
+    /// The origin as a raw (unscaled) reading.
     origin: u64,
-    /// How far the coarse clock may lag the true time (0: no coarse
-    /// clock).
+    /// How far the coarse clock may lag the true time (0: none).
     coarse_lag: u64,
     /// How the counter is read and scaled (see `tsc.rs`).
     tsc: tsc::Tsc,
@@ -103,8 +95,7 @@ mod tsc;
 impl DefaultClock {
     /// A clock whose origin is now.
     pub fn new() -> Self {
-        // Under miri (no inline assembly) it is quanta's mock clock, which
-        // stands still; tests that need time under miri use `ManualClock`.
+        // Under miri (no inline assembly) quanta's mock clock stands still.
         #[cfg(miri)]
         let (clock, tsc) = (quanta::Clock::mock().0, tsc::Tsc::OS);
         #[cfg(not(miri))]
@@ -122,11 +113,10 @@ impl DefaultClock {
 }
 
 /// `CLOCK_MONOTONIC_COARSE`: the kernel's monotonic time as of its last
-/// tick, read from the vDSO without a syscall or a TSC read.
+/// tick, read from the vDSO.
 #[cfg(all(target_os = "linux", not(miri)))]
 mod coarse {
-    /// Twice the clock's resolution (one tick, plus a tick of margin for a
-    /// tick handled late). 0 (no coarse clock) if the resolution is
+    /// Twice the clock's resolution (a tick, plus one for a late tick); 0 if
     /// unknown or above 10 ms.
     pub(super) fn lag() -> u64 {
         let mut ts = libc::timespec {
@@ -200,8 +190,7 @@ impl fmt::Debug for DefaultClock {
 ///
 /// It is also a [`Sleeper`]: a sleep completes once the clock reaches its
 /// deadline, and [`advance`](ManualClock::advance) and
-/// [`set`](ManualClock::set) wake every sleep they make due. So one value
-/// drives both the time a primitive reads and the waits it sleeps.
+/// [`set`](ManualClock::set) wake every sleep they make due.
 ///
 /// # Examples
 ///
@@ -230,13 +219,12 @@ pub struct ManualClock {
     sleeps: Arc<ManualSleeps>,
 }
 
-/// The sleeps registered on a [`ManualClock`]. Plain std atomics, not
-/// `crate::sync`: a loom atomic would add a scheduling point to every
-/// `advance` in the models, which never sleep on it.
+/// The sleeps registered on a [`ManualClock`]. Plain std atomics: a loom
+/// atomic would add a scheduling point to every `advance` in the models.
 #[derive(Default)]
 struct ManualSleeps {
-    /// How many entries `waiting` holds, read by a clock move without the
-    /// lock so one with no sleeper costs no lock.
+    /// How many entries `waiting` holds, so a move with no sleeper takes no
+    /// lock.
     len: AtomicUsize,
     waiting: ThreadMutex<Vec<(u64, Waker)>>,
 }
@@ -285,9 +273,8 @@ impl ManualClock {
         self.wake_due();
     }
 
-    /// Sets the clock to `nanos` and wakes every sleep now due. Moving it
-    /// backwards breaks the monotonicity every user relies on, so a smaller
-    /// value is ignored.
+    /// Sets the clock to `nanos` and wakes every sleep now due. A smaller
+    /// value is ignored: clocks do not go back.
     ///
     /// # Examples
     ///

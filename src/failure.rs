@@ -1,17 +1,13 @@
-//! [`CallFailure`]: why a call failed for a reason that is not about
-//! capacity, carrying the caller's own error type. Depends on nothing else
-//! in the crate.
+//! [`CallFailure`]: why a call failed for a reason that is not capacity,
+//! carrying the caller's own error type.
 
 use core::fmt;
 use std::sync::Arc;
 
-/// What the last attempt of a failed call got: a status that retrying
-/// could not change (or that outlasted its retries), or the caller's own
-/// transport error.
-///
-/// The transport error is the `E` the call's attempt returned, behind an
-/// [`Arc`]: identical reads coalesced into one execution all get the same
-/// error, as [`SingleFlight`](crate::SingleFlight) shares it.
+/// What the last attempt of a failed call got: a status that retrying could
+/// not change (or that outlasted its retries), or the caller's own transport
+/// error, behind an [`Arc`] so coalesced reads share it (as
+/// [`SingleFlight`](crate::SingleFlight) does).
 ///
 /// # Examples
 ///

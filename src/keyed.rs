@@ -1,34 +1,26 @@
-//! `Scoped`: one rate limiter per key, e.g. per `(tool, credential)`,
-//! because the credential is what the server throttles.
+//! `Scoped`: one rate limiter per key, e.g. per `(tool, credential)`.
 //!
 //! # Layout
 //!
-//! A power-of-two number of shards, each a `CachePadded` `RwLock` over a
-//! `hashbrown` table of `key -> bucket`. The key is hashed once (ahash):
-//! bits 32.. pick the shard and the table reuses the hash. An existing key
-//! takes only the read lock; the bucket's atomics do the rest.
-//!
-//! A bucket lives in its table slot (one 64-byte line with its key). Only
-//! a key that is `reserve`d moves its bucket behind an `Arc`, once, under
-//! the write lock: a [`Reservation`] must reach the same bucket to refund
-//! even after a resize or eviction. The move copies the bucket's words
-//! while no operation is in flight (they all hold the read lock).
+//! A power-of-two number of `CachePadded` `RwLock` shards over `hashbrown`
+//! tables of `key -> bucket`. The key is hashed once: bits 32.. pick the
+//! shard and the table reuses the hash. An existing key takes only the read
+//! lock. A bucket lives in its table slot until the key is `reserve`d; then
+//! it moves behind an `Arc` once, under the write lock, so a
+//! [`Reservation`] reaches the same bucket after a resize or eviction.
 //!
 //! # Bounded memory
 //!
-//! A full bucket is indistinguishable from a fresh one, so dropping it
-//! changes no decision. It is dropped once full *and* idle for a grace
-//! period (see [`Scoped::with_idle_grace`]), tracked with a second-chance
-//! bit: every call sets `touched` (store only when clear); a shard's sweep,
-//! at most once per grace period, drops full entries whose bit is clear and
-//! clears the rest. A shard is swept when an insert finds it doubled since
-//! its last sweep, or a grace period has passed (amortized O(1)).
+//! A full bucket is indistinguishable from a fresh one, so it is dropped
+//! once full and idle for a grace period, tracked with a second-chance
+//! `touched` bit: a shard's sweep, at most once per grace period, drops full
+//! entries whose bit is clear and clears the rest. A shard is swept when an
+//! insert finds it doubled since its last sweep, or a grace period passed.
 //!
-//! At most `max_keys` buckets live across all shards (one counter, taken
-//! before an insert, given back by the sweep). A new key at the cap sweeps
-//! every shard before it is refused (`TooManyKeys`): never admitted
-//! unmetered, never by evicting a bucket with debt. Per-key quotas are
-//! kept apart (eviction never forgets them) and capped the same way.
+//! At most `max_keys` buckets live across all shards (one counter). A new
+//! key at the cap sweeps every shard before it is refused (`TooManyKeys`):
+//! never admitted unmetered, never by evicting a bucket with debt. Per-key
+//! quotas are kept apart (never evicted) and capped the same way.
 
 use core::fmt;
 use core::hash::Hash;
@@ -54,8 +46,7 @@ const DEFAULT_MAX_KEYS: usize = 1 << 20;
 /// How long a full bucket must stay idle before it may be dropped.
 const DEFAULT_IDLE_GRACE: u64 = 1_000_000_000;
 
-/// An insert sweeps its shard for time's sake at most this often (100 ms),
-/// whatever the grace period.
+/// An insert sweeps its shard for time's sake at most this often (100 ms).
 const MIN_SWEEP_INTERVAL: u64 = 100_000_000;
 
 /// A sharded registry of token buckets, one per key, created on first use
@@ -87,8 +78,7 @@ pub struct Scoped<K, C: Clock = DefaultClock> {
     max_keys: usize,
     /// Buckets across shards: at most `max_keys`.
     live_keys: AtomicUsize,
-    /// When an insert at the cap last swept every shard: at most once per
-    /// `MIN_SWEEP_INTERVAL`.
+    /// When an insert at the cap last swept every shard.
     full_sweep_at: AtomicU64,
     /// Keys with a quota of their own, across shards: at most `max_keys`.
     custom_quotas: AtomicUsize,
@@ -105,8 +95,7 @@ struct Shard<K> {
     /// When the last sweep cleared the `touched` bits.
     swept_at: u64,
     /// Past the epoch of every bucket this shard has dropped (mod 2³¹), so
-    /// a refund kept from a dropped bucket (see [`Scoped::cancel_stamps`])
-    /// never matches the key's next one.
+    /// a kept refund never matches the key's next bucket.
     epoch_floor: u32,
 }
 
@@ -145,8 +134,8 @@ impl Slot {
         }
     }
 
-    /// Moves an inline bucket behind an `Arc`. `&mut self`: the write lock
-    /// is held, so the copy is exact.
+    /// Moves an inline bucket behind an `Arc`; the write lock makes the copy
+    /// exact.
     fn share(&mut self) -> &Arc<Gcra> {
         if let Slot::Inline(g) = self {
             *self = Slot::Shared(Arc::new(g.duplicate()));
@@ -162,8 +151,8 @@ impl<K> Entry<K> {
     /// Marks the entry used; writes only if the bit is clear.
     #[inline]
     fn touch(&self) {
-        // Relaxed (both): the bit orders no other memory; the sweep holds
-        // the write lock, and a missed touch only drops a full bucket early.
+        // Relaxed (both): the bit orders no other memory; a missed touch only
+        // drops a full bucket early.
         if !self.touched.load(Ordering::Relaxed) {
             self.touched.store(true, Ordering::Relaxed);
         }
@@ -264,13 +253,10 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     }
 
     /// Sets how long a full bucket must stay idle before it may be dropped
-    /// (1 s by default). Dropping a full bucket never changes a decision;
-    /// the grace period only keeps hot keys of a fast-refill quota from
-    /// being dropped and re-inserted over and over. An idle key goes
-    /// between one and two grace periods after its last call (see
-    /// [`sweep`](Scoped::sweep)), so memory for one-off keys is bounded by
-    /// about two grace periods of new keys. Inserts sweep a shard for
-    /// time's sake at most every 100 ms, whatever the grace period.
+    /// (1 s by default). Dropping a full bucket never changes a decision; the
+    /// grace only keeps hot keys from being dropped and re-inserted. An idle
+    /// key goes one to two grace periods after its last call (see
+    /// [`sweep`](Scoped::sweep)).
     ///
     /// # Examples
     ///
@@ -293,11 +279,10 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         self
     }
 
-    /// Limits the number of keys tracked at once, and the number of keys
-    /// with a quota of their own ([`set_quota`](Scoped::set_quota)), to
-    /// exactly `max_keys` each, across all shards. A new key is refused
-    /// (`TooManyKeys`) only when `max_keys` are tracked and a sweep of
-    /// every shard finds none of them idle.
+    /// Limits the number of keys tracked at once, and the number with a
+    /// quota of their own ([`set_quota`](Scoped::set_quota)), to `max_keys`
+    /// each. A new key is refused (`TooManyKeys`) only when a sweep of every
+    /// shard finds none of the tracked keys idle.
     ///
     /// # Examples
     ///
@@ -350,9 +335,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     ///
     /// # Errors
     ///
-    /// As [`TokenBucket::try_acquire`](crate::TokenBucket::try_acquire),
-    /// plus [`CheckError::TooManyKeys`] for a new key when the registry is
-    /// full.
+    /// As [`TokenBucket::try_acquire`](crate::TokenBucket::try_acquire), plus
+    /// [`CheckError::TooManyKeys`] for a new key when the registry is full.
     ///
     /// # Examples
     ///
@@ -375,8 +359,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// # Errors
     ///
     /// As [`TokenBucket::reserve`](crate::TokenBucket::reserve), plus
-    /// [`ReserveError::TooManyKeys`] for a new key when the registry is
-    /// full.
+    /// [`ReserveError::TooManyKeys`] for a new key when the registry is full.
     ///
     /// # Examples
     ///
@@ -400,8 +383,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         self.reserve_at(key, n, max_wait, self.clock.now_nanos())
     }
 
-    /// [`reserve`](Self::reserve) at `now`, just read from this registry's
-    /// clock (the admission layer reads it once for all its quotas).
+    /// [`reserve`](Self::reserve) at `now`, read from this registry's clock.
     #[inline]
     pub(crate) fn reserve_at(
         &self,
@@ -455,20 +437,16 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         self.with_bucket(key, |b, now| b.gcra().penalize_told(hold, told, now))
     }
 
-    /// Sets `key`'s quota, now and for every bucket the key gets later
-    /// (after an eviction). A live bucket converts its state as
-    /// [`TokenBucket::set_quota`](crate::TokenBucket::set_quota) does.
-    ///
-    /// Keys with a quota of their own are bounded like the buckets: at most
-    /// [`max_keys`](Scoped::max_keys) of them. Setting a key back to the
-    /// [`default_quota`](Scoped::default_quota) removes its own quota and
+    /// Sets `key`'s quota, now and for any bucket the key gets later. A live
+    /// bucket converts as [`TokenBucket::set_quota`](crate::TokenBucket::set_quota)
+    /// does. At most [`max_keys`](Scoped::max_keys) keys have a quota of their
+    /// own; setting a key back to the [`default_quota`](Scoped::default_quota)
     /// frees its place.
     ///
     /// # Errors
     ///
-    /// [`TooManyKeys`] when `key` has no quota of its own yet and
-    /// `max_keys` keys already do. Nothing changes then: the key (and its
-    /// live bucket, if any) keeps the default quota.
+    /// [`TooManyKeys`] when `key` has no quota of its own yet and `max_keys`
+    /// keys already do; nothing changes then.
     ///
     /// # Examples
     ///
@@ -499,9 +477,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         self.requota(key, quota, Learned::KeepQueue).map(|_| ())
     }
 
-    /// As [`set_learned_quota`](Scoped::set_learned_quota), but a change of
-    /// rate alone with no hold moves the queued cells too (see
-    /// `Gcra::rescale_learned_quota`), and is returned.
+    /// As [`set_learned_quota`](Scoped::set_learned_quota), but a rate change
+    /// with no hold moves the queued cells too, and is returned.
     #[cfg(feature = "admission")]
     pub(crate) fn rescale_learned_quota(
         &self,
@@ -563,9 +540,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         })
     }
 
-    /// How many keys have a quota of their own (see
-    /// [`set_quota`](Scoped::set_quota)); at most
-    /// [`max_keys`](Scoped::max_keys).
+    /// How many keys have a quota of their own (at most
+    /// [`max_keys`](Scoped::max_keys)).
     ///
     /// # Examples
     ///
@@ -700,8 +676,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         self.find_or_insert(key, || self.clock.now_nanos(), false, f)
     }
 
-    /// As `with_bucket`, at `now`; with `shared`, the bucket is behind an
-    /// `Arc` when `f` runs (moved there first if need be).
+    /// As `with_bucket`, at `now`; with `shared`, the bucket is moved behind
+    /// an `Arc` first if need be.
     #[inline]
     fn with_bucket_at<R>(
         &self,
@@ -713,9 +689,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         self.find_or_insert(key, || now, shared, f)
     }
 
-    /// Both of the above: `now` is called once, after the probe. The clock
-    /// is monotonic and no sweep runs under a read lock, so this decides
-    /// as reading it first would.
+    /// Both of the above: `now` is called once, after the probe (the clock is
+    /// monotonic and no sweep runs under a read lock).
     #[inline(always)]
     fn find_or_insert<R>(
         &self,

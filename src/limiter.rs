@@ -1,12 +1,6 @@
 //! `RateLimiter`: the one seam over every rate limiter the crate has, local
-//! or shared, so callers and the admission layer take a
-//! [`TokenBucket`](crate::TokenBucket) and a `RedisBucket` alike.
-//!
-//! The trait returns futures (a local bucket's are ready at once), so one
-//! generic function serves local and shared limiters. It uses `impl
-//! Future`, so it is not object safe: take it as a generic parameter. Its
-//! `reserve` keeps the cells; a caller that may abandon the call uses the
-//! limiter's own `reserve`, whose reservation can give them back.
+//! or shared. It returns `impl Future`, so it is not object safe: take it as
+//! a generic parameter.
 
 use core::future::{ready, Future};
 use core::time::Duration;
@@ -15,10 +9,9 @@ use crate::bucket::{CheckError, Quota, ReserveError, TokenBucket};
 use crate::clock::Clock;
 
 /// A rate limiter, local or shared across processes: admit now, reserve
-/// within a wait, hold back after a 429, peek.
-///
-/// Implemented by [`TokenBucket`] (its futures are ready at once), by
-/// `RedisBucket` with the `redis` feature, and by an `Arc` of either.
+/// within a wait, hold back after a 429, peek. Implemented by
+/// [`TokenBucket`] (its futures are ready at once), by `RedisBucket` with
+/// the `redis` feature, and by an `Arc` of either.
 ///
 /// # Examples
 ///
@@ -43,44 +36,40 @@ use crate::clock::Clock;
 /// });
 /// ```
 pub trait RateLimiter: Send + Sync {
-    /// Admits `n` cells now, or says how long until they would fit.
-    /// A denial consumes nothing.
+    /// Admits `n` cells now, or says how long until they would fit. A denial
+    /// consumes nothing.
     ///
     /// # Errors
     ///
-    /// [`CheckError::NotUntil`] when the cells do not fit yet,
-    /// [`CheckError::InsufficientCapacity`] when `n` is above the burst, and
-    /// for a shared limiter that fails closed, [`CheckError::Unavailable`].
+    /// [`CheckError::NotUntil`], [`CheckError::InsufficientCapacity`] when
+    /// `n` is above the burst, or [`CheckError::Unavailable`] for a shared
+    /// limiter that fails closed.
     fn try_acquire(&self, n: u32) -> impl Future<Output = Result<(), CheckError>> + Send;
 
-    /// Takes `n` cells usable within `max_wait`, or nothing, and returns
-    /// how long the caller must wait before using them. The cells stay
-    /// taken: the caller is about to make its call.
+    /// Takes `n` cells usable within `max_wait`, or nothing, and returns how
+    /// long to wait before using them. The cells stay taken (to give them
+    /// back on abandon, use the limiter's own `reserve`).
     ///
     /// # Errors
     ///
     /// [`ReserveError::RateLimited`] when the wait is longer than
-    /// `max_wait`, [`ReserveError::InsufficientCapacity`] when `n` is above
-    /// the burst, and for a shared limiter that fails closed,
-    /// [`ReserveError::Unavailable`].
+    /// `max_wait`, [`ReserveError::InsufficientCapacity`], or
+    /// [`ReserveError::Unavailable`] for a shared limiter that fails closed.
     fn reserve(
         &self,
         n: u32,
         max_wait: Duration,
     ) -> impl Future<Output = Result<Duration, ReserveError>> + Send;
 
-    /// [`reserve`](RateLimiter::reserve) for a call that goes no earlier
-    /// than `not_before` from now (another quota holds it until then): the
-    /// cells are taken as of that instant, so a refill in between is not
-    /// counted as spent twice. The wait is from now and at least
-    /// `not_before`. The default reserves now and waits the longer of the
-    /// two; the crate's limiters take the cells at that instant.
+    /// [`reserve`](RateLimiter::reserve) for a call that goes no earlier than
+    /// `not_before` from now: the cells are taken as of that instant, so a
+    /// refill in between is not counted as spent twice. The wait is at least
+    /// `not_before`. The default reserves now and waits the longer of the two.
     ///
     /// # Errors
     ///
-    /// As [`reserve`](RateLimiter::reserve); [`ReserveError::RateLimited`]
-    /// with `retry_after` = `not_before`, and nothing taken, when
-    /// `not_before` is past `max_wait`.
+    /// As [`reserve`](RateLimiter::reserve); `RateLimited` with `retry_after`
+    /// = `not_before`, nothing taken, when `not_before` is past `max_wait`.
     ///
     /// # Examples
     ///
@@ -95,8 +84,7 @@ pub trait RateLimiter: Send + Sync {
     ///     let second = Duration::from_secs(1);
     ///     // Ten cells for a call that goes in a second: taken then.
     ///     assert_eq!(bucket.reserve_after(10, second, second).await.unwrap(), second);
-    ///     // The refill until then is not counted as spent: the bucket is
-    ///     // empty at that instant, so one more cell waits 100 ms past it.
+    ///     // The refill until then is not counted: one more cell waits 100 ms past it.
     ///     let next = bucket.reserve_after(1, Duration::ZERO, Duration::from_secs(2)).await.unwrap();
     ///     assert_eq!(next, Duration::from_millis(1_100));
     /// });
@@ -112,23 +100,17 @@ pub trait RateLimiter: Send + Sync {
         async move { reserve?.await.map(|wait| wait.max(not_before)) }
     }
 
-    /// The server said "not before `retry_after`" (a 429 or 503 with
-    /// `Retry-After`): admit nothing until then (for a shared limiter: in
-    /// every process on the key).
+    /// The server said "not before `retry_after`": admit nothing until then
+    /// (for a shared limiter, in every process on the key).
     fn penalize(&self, retry_after: Duration) -> impl Future<Output = ()> + Send;
 
     /// How many cells [`try_acquire`](RateLimiter::try_acquire) would admit
-    /// now. A peek: it consumes nothing, and the answer may be stale by the
-    /// time it is used.
+    /// now, without consuming any.
     fn available(&self) -> impl Future<Output = u32> + Send;
 
-    /// Takes `n` more cells now, whatever the wait and the burst: debt the
-    /// next callers wait for. For a call that used more than it reserved
-    /// (an LLM reply reporting more tokens than its estimate).
-    ///
-    /// The default reserves the `n` cells with no bound on the wait
-    /// (nothing if `n` is above the burst); the crate's limiters charge
-    /// exactly.
+    /// Takes `n` more cells now, whatever the wait and the burst: debt for a
+    /// call that used more than it reserved. The default reserves them with
+    /// no bound on the wait; the crate's limiters charge exactly.
     ///
     /// # Examples
     ///
@@ -150,13 +132,10 @@ pub trait RateLimiter: Send + Sync {
         }
     }
 
-    /// Gives back `n` cells taken earlier and not used (a call that used
-    /// less than it reserved), however many were taken since: the limiter
-    /// refills by `n` cells' worth, never past full and never into a hold
-    /// [`penalize`](RateLimiter::penalize) set.
-    ///
-    /// The default gives nothing back, which errs towards admitting less;
-    /// the crate's limiters give back exactly.
+    /// Gives back `n` cells taken earlier and not used, never past full nor
+    /// into a [`penalize`](RateLimiter::penalize) hold. The default gives
+    /// nothing back (erring towards admitting less); the crate's limiters
+    /// give back exactly.
     ///
     /// # Examples
     ///
@@ -177,8 +156,8 @@ pub trait RateLimiter: Send + Sync {
         ready(())
     }
 
-    /// The quota in force, if the limiter knows it (a shared one's as of
-    /// its latest round trip). The default knows none.
+    /// The quota in force, if the limiter knows it (a shared one's as of its
+    /// latest round trip). The default knows none.
     ///
     /// # Examples
     ///
@@ -193,15 +172,11 @@ pub trait RateLimiter: Send + Sync {
         None
     }
 
-    /// Replaces the quota, for every user of the limiter: a shared one
-    /// stores it with its state, so every process admits against it from
-    /// its next round trip (setting the quota in force again changes
-    /// nothing). The debt is kept in cells, as
-    /// [`TokenBucket::set_quota`] keeps it, and a hold keeps its end.
-    ///
-    /// The default ignores it (a limiter whose quota is set elsewhere);
-    /// the crate's limiters apply it. A shared limiter that cannot reach
-    /// its store keeps the old quota (the next change is sent again).
+    /// Replaces the quota for every user of the limiter (a shared one stores
+    /// it, so every process admits against it from its next round trip). The
+    /// debt is kept in cells, as [`TokenBucket::set_quota`] keeps it, and a
+    /// hold keeps its end. The default ignores it; a shared limiter that
+    /// cannot reach its store keeps the old quota.
     ///
     /// # Examples
     ///
@@ -276,9 +251,7 @@ impl<C: Clock> RateLimiter for TokenBucket<C> {
     }
 }
 
-/// A shared limiter is still a limiter (so an `Arc<TokenBucket>` or a
-/// `RedisScoped` key's `Arc<RedisBucket>` can be handed to several users,
-/// e.g. `Admission::shared_quota`).
+/// A shared limiter is still a limiter (e.g. for `Admission::shared_quota`).
 impl<L: RateLimiter + ?Sized> RateLimiter for std::sync::Arc<L> {
     #[inline]
     fn try_acquire(&self, n: u32) -> impl Future<Output = Result<(), CheckError>> + Send {

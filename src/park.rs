@@ -1,6 +1,5 @@
-//! A minimal `block_on`: polls a future on the current thread and parks the
-//! thread between polls. It backs the `blocking_*` methods, which must work
-//! without any async runtime.
+//! A minimal `block_on` that parks the thread between polls, for the
+//! `blocking_*` methods.
 
 use std::future::Future;
 use std::pin::pin;
@@ -20,9 +19,8 @@ impl Wake for ThreadWaker {
     }
 }
 
-/// Runs `fut` to completion on this thread.
-///
-/// Spurious unparks are harmless: the future is simply polled again.
+/// Runs `fut` to completion on this thread; spurious unparks only cause
+/// another poll.
 pub(crate) fn block_on<F: Future>(fut: F) -> F::Output {
     let mut fut = pin!(fut);
     let waker = Waker::from(Arc::new(ThreadWaker(thread::current())));

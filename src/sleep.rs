@@ -2,16 +2,12 @@
 //! runtime.
 //!
 //! * [`DefaultSleeper`]: tokio's timer inside a tokio runtime (feature
-//!   `tokio`), else the shared timer thread (`ThreadSleeper`, which needs
-//!   no runtime at all); every type's default.
+//!   `tokio`), else the shared timer thread (`ThreadSleeper`).
 //! * [`ManualClock`](crate::ManualClock): completes when the clock passes
 //!   the deadline; for tests and simulations.
 //!
-//! Any other timer is a few lines of [`Sleeper`] (see its example).
-//!
-//! The sleep future is an associated type, not a boxed future: a wait
-//! allocates nothing and the runtime's timer is stored inline in the
-//! caller's future. The cost: `Sleeper` is not object safe.
+//! The sleep future is an associated type, not a boxed future, so a wait
+//! allocates nothing; the cost is that `Sleeper` is not object safe.
 
 use core::future::Future;
 use core::pin::Pin;
@@ -27,8 +23,7 @@ mod default;
 
 pub use default::DefaultSleeper;
 
-/// `work`'s output, or `None` if `timer` (a sleep) ends first: the one
-/// race of a request, or a body, against its deadline.
+/// `work`'s output, or `None` if `timer` ends first.
 #[cfg(feature = "admission")]
 pub(crate) async fn within<F: Future>(
     work: F,
@@ -43,11 +38,9 @@ pub(crate) async fn within<F: Future>(
 }
 
 /// Something that can wait for a duration: how every waiting type of the
-/// crate reaches a timer without naming a runtime.
-///
-/// [`DefaultSleeper`] (tokio's timer under tokio, else a shared timer
-/// thread) and [`ManualClock`](crate::ManualClock) implement it; another
-/// runtime's timer is a few lines.
+/// crate reaches a timer without naming a runtime. [`DefaultSleeper`] and
+/// [`ManualClock`](crate::ManualClock) implement it; another runtime's
+/// timer is a few lines.
 ///
 /// # Examples
 ///
@@ -90,11 +83,7 @@ impl<S: Sleeper + ?Sized> Sleeper for &S {
     }
 }
 
-// ---------------------------------------------------------------------------
-// ThreadSleeper
-
-/// A sleeper that needs no async runtime: one shared timer thread (see
-/// [`DefaultSleeper`], which sleeps on it outside a tokio runtime). The
+/// A sleeper that needs no async runtime: one shared timer thread. The
 /// first sleep panics if the OS refuses to start the thread.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct ThreadSleeper {
@@ -236,11 +225,10 @@ impl Future for ThreadSleep {
                         }
                     }
                 };
-                // The old waker is dropped outside the lock.
                 drop(replaced);
                 if fired {
-                    // The timer took the waker between our clock read and
-                    // now: the deadline has passed; poll again.
+                    // The timer took the waker after our clock read: poll
+                    // again.
                     cx.waker().wake_by_ref();
                 }
             }
@@ -264,9 +252,6 @@ impl Drop for ThreadSleep {
         }
     }
 }
-
-// ---------------------------------------------------------------------------
-// Runtime adapters
 
 #[cfg(all(test, not(feature = "loom")))]
 mod tests {

@@ -1,29 +1,21 @@
 //! The one place that picks `std` or `loom` primitives.
 //!
-//! Every other module names atomics, cells, mutexes and spin hints through
-//! this shim, never `std::sync::atomic` or `loom` directly, so that the loom
-//! models in `loom-tests/` check the very code that ships.
-//!
-//! The switch is `cfg(all(test, feature = "loom"))`, not the feature alone:
-//! integration tests and doctests link the normal library even when the
-//! feature is on, so `cargo test --features loom` runs the models *and* the
-//! ordinary tests (see `STYLE.md`).
-//!
-//! The std side mirrors loom's API (`UnsafeCell::with`/`with_mut`,
-//! `Mutex::lock` returning the guard directly) and keeps `const`
-//! constructors, which loom lacks.
+//! Every other module names atomics, cells and locks through this shim, so
+//! the loom models in `loom-tests/` check the code that ships. The switch is
+//! `cfg(all(test, feature = "loom"))`, not the feature alone, so `cargo test
+//! --features loom` runs the models and the ordinary tests. The std side
+//! mirrors loom's API and keeps `const` constructors.
 
 #![allow(dead_code, unused_imports)]
 
 pub(crate) use imp::*;
 
 mod lock;
-/// The semaphore's wait-list lock (spins a little, then parks), in the
-/// shipped build and under loom alike: the semaphore's models run it.
+/// The semaphore's wait-list lock, in the shipped build and under loom alike.
 pub(crate) use lock::{ListGuard, ListLock};
 
-/// Blocking primitives for the `ThreadSleeper` timer thread, which loom
-/// does not model: never switched.
+/// Blocking primitives for the `ThreadSleeper` timer thread; loom does not
+/// model it.
 pub(crate) use parking_lot::{Condvar as ThreadCondvar, Mutex as ThreadMutex};
 
 #[cfg(not(all(test, feature = "loom")))]
@@ -56,8 +48,7 @@ mod imp {
             f(self.0.get())
         }
 
-        /// A mutable pointer to the contents that, under loom, counts as
-        /// an access for as long as it lives (loom's `get_mut`).
+        /// A mutable pointer to the contents (loom's `get_mut`).
         #[inline]
         pub(crate) fn get_mut(&self) -> MutPtr<T> {
             MutPtr(self.0.get())
@@ -77,8 +68,8 @@ mod imp {
 
         /// # Safety
         ///
-        /// As for dereferencing the raw pointer: the contents are live and
-        /// nothing else accesses them while the reference lives.
+        /// The contents are live and nothing else accesses them while the
+        /// reference lives.
         #[inline]
         #[allow(clippy::mut_from_ref)]
         pub(crate) unsafe fn deref(&self) -> &mut T {
@@ -108,9 +99,8 @@ mod imp {
     /// Exponential spin after a failed CAS (crossbeam's `Backoff`).
     pub(crate) type Backoff = crossbeam_utils::Backoff;
 
-    /// How long a thread that finds the wait list's lock held tries again
-    /// before it parks: `parking_lot_core`'s (three short spins, then
-    /// yields; `false` after ten rounds).
+    /// How long a thread that finds the wait list's lock held spins before
+    /// it parks: `parking_lot_core`'s.
     pub(crate) type SpinWait = parking_lot_core::SpinWait;
 
     /// A reader-writer lock whose guards are returned directly.
@@ -119,8 +109,7 @@ mod imp {
     /// Wraps a value so it sits alone on its cache line(s).
     pub(crate) type CachePadded<T> = crossbeam_utils::CachePadded<T>;
 
-    /// How many wakers are collected under a lock before it is released to
-    /// wake them.
+    /// How many wakers are collected under a lock before it is released.
     pub(crate) const WAKE_BATCH: usize = 32;
 }
 
@@ -148,8 +137,8 @@ mod imp {
         }
     }
 
-    /// Under loom a failed CAS yields to the scheduler instead of spinning,
-    /// so the model explores the interleaving that made it fail.
+    /// Under loom a failed CAS yields, so the model explores the
+    /// interleaving that made it fail.
     #[derive(Debug, Default)]
     pub(crate) struct Backoff;
 
@@ -163,9 +152,7 @@ mod imp {
         pub(crate) fn snooze(&self) {
             loom::thread::yield_now();
         }
-        /// Spinning is done at once under loom: a thread that finds the
-        /// wait list's lock held parks, which loom models, instead of
-        /// spinning through its branch budget.
+        /// Done at once under loom: parking is modelled, spinning is not.
         pub(crate) fn is_completed(&self) -> bool {
             true
         }
@@ -173,9 +160,7 @@ mod imp {
 
     pub(crate) type CachePadded<T> = crossbeam_utils::CachePadded<T>;
 
-    /// Under loom a thread that finds the wait list's lock held parks at
-    /// once, which loom models, instead of spinning through its branch
-    /// budget.
+    /// Under loom a thread that finds the lock held parks at once.
     #[derive(Debug)]
     pub(crate) struct SpinWait;
 
@@ -205,7 +190,6 @@ mod imp {
         }
     }
 
-    /// Small under loom, so a model with three waiters exercises the
-    /// unlock-wake-relock path that real code takes past 32 waiters.
+    /// Small under loom, so three waiters exercise the unlock-wake-relock path.
     pub(crate) const WAKE_BATCH: usize = 2;
 }

@@ -1,10 +1,6 @@
 //! `Throttled`: the structured "not now" a caller (or a model) can plan
-//! with, instead of a generic error.
-//!
-//! The one vocabulary for "not now": [`Admission::admit`] refuses with it,
-//! [`RetryPolicy`] surfaces with it and [`Runner`] returns it. It sits below
-//! `backoff` and `admission` (it depends on nothing in the crate), so both
-//! can use it.
+//! with. [`Admission::admit`] refuses with it, [`RetryPolicy`] surfaces
+//! with it and [`Runner`] returns it; it depends on nothing in the crate.
 //!
 //! [`Admission::admit`]: crate::admission::Admission::admit
 //! [`RetryPolicy`]: crate::retry::RetryPolicy
@@ -13,9 +9,8 @@
 use core::fmt;
 use core::time::Duration;
 
-/// Why a call was not admitted (or not completed).
-///
-/// Serialized in `snake_case` (`"rate_limited"`, `"shed"`, ...).
+/// Why a call was not admitted (or not completed). Serialized in
+/// `snake_case` (`"rate_limited"`, `"shed"`, ...).
 ///
 /// # Examples
 ///
@@ -43,10 +38,10 @@ pub enum Status {
     /// The run's call budget is spent; nothing was sent.
     BudgetExhausted,
     /// The server's limit resets later than any retry is worth (a daily
-    /// quota, say): surface it to the operator, do not retry.
+    /// quota): surface it to the operator.
     QuotaExhausted,
-    /// The server kept failing (5xx, transport errors): its circuit is
-    /// open and nothing was sent; retry after `retry_after_ms` (see
+    /// The server kept failing: its circuit is open and nothing was sent;
+    /// retry after `retry_after_ms` (see
     /// [`CircuitBreaker`](crate::admission::CircuitBreaker)).
     Unavailable,
 }
@@ -96,10 +91,8 @@ impl fmt::Display for Status {
 }
 
 /// The structured outcome of a call that was not admitted: what happened,
-/// which limit it was (`scope`), when to try again and a sentence for a
-/// human or a model.
-///
-/// With the `serde` feature it serializes as
+/// which limit (`scope`), when to try again and a sentence for a human or a
+/// model. With `serde`:
 /// `{"status":"rate_limited","scope":"api_key","retry_after_ms":4200,"hint":"..."}`.
 ///
 /// # Examples
@@ -134,10 +127,9 @@ pub struct Throttled {
     pub retry_after_ms: Option<u64>,
     /// One sentence saying what to do.
     pub hint: String,
-    /// How many requests the call sent before this answer: 0 when it was
-    /// refused before sending anything (by admission, or a wait that did
-    /// not fit), 1 or more when the server itself answered "not now" (a
-    /// 429 that outlasted the retries) or the deadline passed mid-request.
+    /// How many requests the call sent before this answer: 0 when refused
+    /// before sending anything, 1 or more when the server answered "not
+    /// now" or the deadline passed mid-request.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "is_zero"))]
     pub attempts: u32,
 }
@@ -236,9 +228,8 @@ impl fmt::Display for Throttled {
 impl std::error::Error for Throttled {}
 
 /// The answer for a request still running at its call's deadline: it was
-/// dropped, and the call is `timed_out` (never a transport failure, which
-/// a caller would retry at once). `Runner`, the reqwest middleware and the
-/// tower `AdmissionLayer` all answer it.
+/// dropped and the call is `timed_out` (never a transport failure, which a
+/// caller would retry at once).
 #[cfg(feature = "admission")]
 #[cold]
 pub(crate) fn request_timed_out(budget: Duration, attempts: u32) -> Throttled {
@@ -276,7 +267,6 @@ impl fmt::Display for Human {
         } else if d < Duration::from_secs(1) {
             write!(f, "{} ms", d.as_millis())
         } else if secs < 100.0 {
-            // Two decimals, trailing zeros dropped: 2.25 s, 2.5 s, 3 s.
             let s = format!("{:.2}", (secs * 100.0).round() / 100.0);
             let s = s.trim_end_matches('0').trim_end_matches('.');
             write!(f, "{s} s")

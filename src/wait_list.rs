@@ -1,23 +1,19 @@
 //! An intrusive, doubly linked FIFO of pinned waiter nodes: the unsafe core.
 //!
-//! The nodes live inside the futures that wait (an `Acquire` future owns its
-//! node), so queueing a waiter allocates nothing. The list only stores raw
-//! pointers; it never owns, moves or drops a node.
+//! The nodes live inside the futures that wait, so queueing allocates
+//! nothing. The list stores raw pointers; it never owns, moves or drops a node.
 //!
 //! # Invariants
 //!
-//! * A `WaitList` is only ever used behind a mutex; every method that reads
-//!   or writes a node's links is called with that mutex held. The links live
-//!   in an [`UnsafeCell`] and are therefore only touched under the lock.
-//! * A node is in at most one list at a time. While it is linked it is pinned
-//!   and alive: its owner unlinks it (under the lock) before the node is
-//!   dropped or moved. This is what the `unsafe` of [`WaitList::push_back`]
-//!   asks of its caller.
-//! * Node pointers are derived from shared references and all mutation goes
-//!   through `UnsafeCell`s or atomics, and the links are read and written
-//!   through raw pointers (`addr_of!`) without forming an intermediate
-//!   `&mut` to the node. This keeps the list sound under both Stacked and
-//!   Tree Borrows (unlike the list that tokio#3399 reports).
+//! * A `WaitList` is only used behind a mutex: every method that touches a
+//!   node's links (an [`UnsafeCell`]) is called with that mutex held.
+//! * A node is in at most one list at a time. While linked it is pinned and
+//!   alive: its owner unlinks it (under the lock) before it is dropped or
+//!   moved. This is what the `unsafe` of [`WaitList::push_back`] asks.
+//! * Node pointers come from shared references, all mutation goes through
+//!   `UnsafeCell`s or atomics, and links are accessed through raw pointers
+//!   (`addr_of!`) without an intermediate `&mut` to the node, so the list is
+//!   sound under both Stacked and Tree Borrows.
 
 use core::fmt;
 use core::marker::PhantomPinned;
@@ -87,8 +83,7 @@ impl<T: ?Sized> Pointers<T> {
 
 impl<T: ?Sized> fmt::Debug for Pointers<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The links may only be read under the list's lock, which a `Debug`
-        // call does not hold, so they are not shown.
+        // The links may only be read under the lock, so they are not shown.
         f.debug_struct("Pointers").finish_non_exhaustive()
     }
 }
@@ -142,10 +137,10 @@ unsafe fn set_next<T: Link + ?Sized>(node: NonNull<T>, value: Option<NonNull<T>>
 /// The waiter node of the crate's lists (the semaphore's and the
 /// single-flight's), pinned inside the future that waits.
 ///
-/// Protocol: while linked, only the lock holder writes `state` and
-/// `waker`; to release a node it unlinks it and calls
-/// [`WaitNode::finish`], whose `Release` store of a terminal state is its
-/// last access, so the owner can go on with an `Acquire` load, lockless.
+/// While linked, only the lock holder writes `state` and `waker`; it
+/// unlinks a node and calls [`WaitNode::finish`], whose `Release` store of
+/// a terminal state is its last access, so the owner can go on lockless
+/// after an `Acquire` load.
 pub(crate) struct WaitNode {
     pointers: Pointers<WaitNode>,
     /// Meaning defined by the owning list (see `semaphore::raw`,
@@ -183,8 +178,7 @@ impl WaitNode {
     }
 
     /// Stores `waker` unless an equivalent one is there; returns the waker
-    /// no longer needed (the old or the new one), for the caller to drop
-    /// after unlocking.
+    /// no longer needed, for the caller to drop after unlocking.
     ///
     /// # Safety
     ///
@@ -285,11 +279,8 @@ impl<T: Link + ?Sized> WaitList<T> {
         self.tail = Some(node);
     }
 
-    /// Unlinks and returns the oldest node.
-    ///
-    /// Touches only the node it returns: the new head's `prev` is left
-    /// stale (see the invariant on [`WaitList`]), so a pop does not pull a
-    /// second waiter's cache line into the lock holder's critical section.
+    /// Unlinks and returns the oldest node. Leaves the new head's `prev`
+    /// stale (see [`WaitList`]) to stay off the next waiter's cache line.
     pub(crate) fn pop_front(&mut self) -> Option<NonNull<T>> {
         let head = self.head?;
         // SAFETY: every linked node is live (contract of `push_back`), and
@@ -356,10 +347,9 @@ pub(crate) type Panic = Box<dyn Any + Send + 'static>;
 /// after it is released (a waker is user code and may call back in).
 ///
 /// A panicking waker must strand neither the rest of the batch nor the
-/// caller's remaining hand-off, so [`wake_all`](Self::wake_all) wakes
-/// *every* waker and returns the first panic's payload for the caller to
-/// resume when done; `Drop` does the same. Each slot is emptied before its
-/// waker runs, so none is woken twice.
+/// caller's hand-off: [`wake_all`](Self::wake_all) wakes every waker and
+/// returns the first panic's payload for the caller to resume when done;
+/// `Drop` does the same. Each slot is emptied before its waker runs.
 pub(crate) struct WakeBatch {
     slots: SmallVec<[Option<Waker>; WAKE_BATCH]>,
 }
@@ -373,8 +363,8 @@ impl WakeBatch {
         }
     }
 
-    /// Whether the batch holds `WAKE_BATCH` wakers (the lock holder should
-    /// unlock and wake them before collecting more).
+    /// Whether the batch holds `WAKE_BATCH` wakers (unlock and wake them
+    /// before collecting more).
     #[inline]
     pub(crate) fn is_full(&self) -> bool {
         self.slots.len() >= WAKE_BATCH
@@ -387,9 +377,8 @@ impl WakeBatch {
         self.slots.push(Some(waker));
     }
 
-    /// Wakes every waker in the batch and empties it. If wakers panic, the
-    /// others are still woken and the first panic is returned (the rest are
-    /// dropped; the panic hook has already reported them).
+    /// Wakes every waker and empties the batch; returns the first panic, if
+    /// any (the rest are dropped; the panic hook reported them).
     #[must_use = "a caught panic must be resumed once the hand-off is done"]
     pub(crate) fn wake_all(&mut self) -> Option<Panic> {
         let mut first = None;
@@ -559,9 +548,7 @@ mod tests {
         (w.clone(), Waker::from(w))
     }
 
-    /// Issue #10, item 13: a panicking waker used to drop the rest of the
-    /// batch unwoken. Two panicking wakers in one batch: every waker is
-    /// woken exactly once and the first panic is handed back.
+    /// Every waker in a batch with two panicking ones is woken exactly once.
     #[test]
     fn panicking_waker_does_not_strand_the_rest_of_the_batch() {
         let wakers: Vec<_> = (0..WAKE_BATCH)
@@ -581,18 +568,14 @@ mod tests {
                 "{i}"
             );
         }
-        // The batch is empty and reusable.
         assert!(batch.wake_all().is_none());
         let (count, w) = test_waker(false);
         batch.push(w);
         drop(batch);
-        // Dropped with a waker still in it: `Drop` wakes it.
         assert_eq!(count.woken.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
-    /// `Debug` shows what can be read without the list's lock: a node's
-    /// state word, whether the list is empty, a batch's length; never the
-    /// links (cargo-mutants: the four impls were untested).
+    /// `Debug` never shows the links, which need the list's lock.
     #[test]
     fn debug_shows_what_is_safe_to_read() {
         let n = node(0);

@@ -1,7 +1,5 @@
-//! [`RollingWindow`]: an exact "at most T per rolling window W" limit, for
-//! a server that counts that way (a sliding log, as many API gateways do).
-//!
-//! One mutex around the log: a decision is a few comparisons and a push.
+//! [`RollingWindow`]: an exact "at most T per rolling window W" limit (a
+//! sliding log under one mutex).
 
 use core::fmt;
 use core::future::{ready, Future};
@@ -15,18 +13,15 @@ use crate::bucket::{CheckError, ReserveError};
 use crate::clock::{saturating_nanos, Clock, DefaultClock};
 use crate::limiter::RateLimiter;
 
-/// At most `limit` cells in any rolling window of `window`, exactly, for
-/// a server that counts that way (a sliding log). A [`TokenBucket`]
-/// (GCRA) admits `burst + rate x t` over any span `t`, so matching "T per
-/// W" with one means `burst + rate x W <= T` and unused capacity; this
+/// At most `limit` cells in any rolling window of `window`, exactly, for a
+/// server that counts that way. A [`TokenBucket`] admits `burst + rate x t`
+/// over any span `t`, so matching "T per W" with one wastes capacity; this
 /// admits T in any window of length W, in bursts of up to T.
 ///
-/// It keeps the instants of the last `limit` cells it handed out: a new
-/// cell goes at the earliest instant at least `window` after the cell
-/// `limit` places before it. Memory: 8 bytes per cell of the limit, taken
-/// as cells are handed out. Implements [`RateLimiter`], so it can stand
-/// for a credential's request quota in the admission layer
-/// ([`Builder::shared_quota`](crate::admission::Builder::shared_quota)).
+/// A new cell goes at the earliest instant at least `window` after the cell
+/// `limit` places before it. Memory: 8 bytes per cell of the limit.
+/// Implements [`RateLimiter`], so it can stand for a credential's request
+/// quota ([`Builder::shared_quota`](crate::admission::Builder::shared_quota)).
 ///
 /// [`TokenBucket`]: crate::TokenBucket
 ///
@@ -58,8 +53,7 @@ pub struct RollingWindow<C: Clock = DefaultClock> {
 
 #[derive(Debug, Default)]
 struct Log {
-    /// The instants of the last `limit` cells handed out, oldest first
-    /// (never decreasing).
+    /// The instants of the last `limit` cells handed out, oldest first.
     cells: VecDeque<u64>,
     /// No cell before this instant: the server's hold.
     held_until: u64,
@@ -84,8 +78,7 @@ impl RollingWindow {
 }
 
 impl<C: Clock> RollingWindow<C> {
-    /// The largest limit kept (8 MiB of log); a larger one is clamped to
-    /// it.
+    /// The largest limit kept (8 MiB of log); a larger one is clamped.
     pub const MAX_LIMIT: u32 = 1 << 20;
 
     /// `limit` (clamped to [`MAX_LIMIT`](Self::MAX_LIMIT)) per rolling
@@ -112,8 +105,7 @@ impl<C: Clock> RollingWindow<C> {
     /// The earliest instant `n` cells fit (`n <= limit`), from `now`.
     fn slot(&self, log: &Log, n: u32, now: u64) -> u64 {
         let at = now.max(log.held_until);
-        // The cell that would be `limit` places before the last new one;
-        // the new cells go a window after it.
+        // The new cells go a window after the cell `limit` places before.
         let len = log.cells.len();
         let n = n as usize;
         let limit = self.limit as usize;
@@ -163,14 +155,12 @@ impl<C: Clock> RollingWindow<C> {
     }
 
     /// Takes `n` cells at the earliest instant they fit, if that is within
-    /// `max_wait`, and returns the wait; the cells stay taken (the caller
-    /// is about to make its call after the wait).
+    /// `max_wait`, and returns the wait; the cells stay taken.
     ///
     /// # Errors
     ///
-    /// [`ReserveError::RateLimited`] when the wait is longer than
-    /// `max_wait` (nothing is taken), or
-    /// [`ReserveError::InsufficientCapacity`] when `n` is above the limit.
+    /// [`ReserveError::RateLimited`] when the wait is longer than `max_wait`
+    /// (nothing is taken), or [`ReserveError::InsufficientCapacity`].
     pub fn reserve(&self, n: u32, max_wait: Duration) -> Result<Duration, ReserveError> {
         if let Some((requested, capacity)) = self.capacity_error(n) {
             return Err(ReserveError::InsufficientCapacity {
@@ -288,11 +278,9 @@ mod tests {
         assert_eq!(w.reserve(1, Duration::MAX), Ok(Duration::ZERO));
         clock.advance(Duration::from_millis(30));
         assert_eq!(w.reserve(1, Duration::MAX), Ok(Duration::ZERO));
-        // The third goes 100 ms after the first, the fourth after the second.
         assert_eq!(w.reserve(1, Duration::MAX), Ok(Duration::from_millis(70)));
         assert_eq!(w.reserve(1, Duration::MAX), Ok(Duration::from_millis(100)));
         assert_eq!(w.available(), 0);
-        // Two at once need two places: after the third and the fourth.
         assert_eq!(w.reserve(2, Duration::MAX), Ok(Duration::from_millis(200)));
     }
 
@@ -355,11 +343,8 @@ mod tests {
         assert_eq!(big.limit(), RollingWindow::<ManualClock>::MAX_LIMIT);
     }
 
-    /// Issue #23 item 6: T = 10 per second, 1,000 calls arriving on random
-    /// schedules (bursts, trickles, idle gaps), each waiting for its turn:
-    /// never more than 10 in any 1 s window, checked on every window of the
-    /// start times, and with calls always waiting, at least 95% of the
-    /// capacity used. The log stays bounded by the limit.
+    /// Random schedules never put more than 10 in any 1 s window, and a
+    /// backlog uses at least 95% of the capacity.
     #[test]
     fn random_schedules_never_put_more_than_the_limit_in_any_window() {
         for seed in 0..8 {
@@ -367,7 +352,6 @@ mod tests {
             let (w, clock) = window(10, 1_000);
             let mut starts = Vec::new();
             for _ in 0..1_000 {
-                // Idle gaps (up to 3 s), bursts (0) and trickles.
                 let gap = match rng.u8(..10) {
                     0 => rng.u64(..3_000 * MS),
                     1..=5 => 0,
@@ -383,13 +367,11 @@ mod tests {
             starts.sort_unstable();
             assert!(busiest(&starts, 1_000 * MS) <= 10, "seed {seed}");
         }
-        // A backlog the whole time: the capacity is used to the last cell.
         let (w, _) = window(10, 1_000);
         let last = (0..1_000)
             .map(|_| w.reserve(1, Duration::MAX).unwrap())
             .max()
             .unwrap();
-        // 1,000 cells at 10 per second: the last goes at 99 s.
         let used = 1_000.0 / ((last.as_secs_f64() + 1.0) * 10.0);
         assert!(used >= 0.95, "{used}");
     }

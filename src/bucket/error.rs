@@ -23,11 +23,9 @@ use core::time::Duration;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CheckError {
-    /// The cells fit after `wait` (measured from the call). Nothing was
-    /// consumed.
+    /// The cells fit after `wait`. Nothing was consumed.
     NotUntil {
-        /// How long until the cells would fit, if nothing else is admitted
-        /// meanwhile.
+        /// How long until the cells would fit, if nothing else is admitted.
         wait: Duration,
     },
     /// More cells were asked for than the burst: this can never succeed.
@@ -43,9 +41,8 @@ pub enum CheckError {
         /// The registry's key limit.
         limit: usize,
     },
-    /// The limiter that holds the quota (a shared store such as Redis) did
-    /// not answer in time and is configured to fail closed. Nothing was
-    /// consumed; the quota itself may have room.
+    /// The shared store that holds the quota (e.g. Redis) did not answer in
+    /// time and fails closed. Nothing was consumed.
     Unavailable {
         /// When to ask again.
         retry_after: Duration,
@@ -124,8 +121,7 @@ pub enum ReserveError {
     /// The cells would be usable only after `retry_after`, longer than the
     /// caller can wait. Nothing was consumed.
     RateLimited {
-        /// How long until the cells would fit, if nothing else is admitted
-        /// meanwhile.
+        /// How long until the cells would fit, if nothing else is admitted.
         retry_after: Duration,
     },
     /// More cells were asked for than the burst: this can never succeed.
@@ -141,9 +137,8 @@ pub enum ReserveError {
         /// The registry's key limit.
         limit: usize,
     },
-    /// The limiter that holds the quota (a shared store such as Redis) did
-    /// not answer in time and is configured to fail closed. Nothing was
-    /// consumed; the quota itself may have room.
+    /// The shared store that holds the quota (e.g. Redis) did not answer in
+    /// time and fails closed. Nothing was consumed.
     Unavailable {
         /// When to ask again.
         retry_after: Duration,
@@ -151,9 +146,8 @@ pub enum ReserveError {
 }
 
 impl ReserveError {
-    /// The rule of every `reserve_after`: a call that may not go before
-    /// `not_before` cannot go within a shorter `max_wait`, so nothing is
-    /// taken and the caller is told `not_before`.
+    /// A call that may not go before `not_before` cannot go within a shorter
+    /// `max_wait`: nothing is taken and the caller is told `not_before`.
     #[inline]
     pub(crate) fn fits_not_before(not_before: Duration, max_wait: Duration) -> Result<(), Self> {
         if not_before > max_wait {
@@ -164,12 +158,9 @@ impl ReserveError {
         Ok(())
     }
 
-    /// When to ask again: the wait, for
-    /// [`RateLimited`](ReserveError::RateLimited), and the configured
-    /// `retry_after` of an [`Unavailable`](ReserveError::Unavailable)
-    /// store. `None` when asking again cannot help
-    /// ([`InsufficientCapacity`](ReserveError::InsufficientCapacity),
-    /// [`TooManyKeys`](ReserveError::TooManyKeys)).
+    /// When to ask again: the wait of [`RateLimited`](ReserveError::RateLimited)
+    /// or [`Unavailable`](ReserveError::Unavailable); `None` when asking again
+    /// cannot help.
     ///
     /// # Examples
     ///
@@ -256,8 +247,7 @@ fn unavailable(f: &mut fmt::Formatter<'_>, retry_after: Duration) -> fmt::Result
 mod tests {
     use super::*;
 
-    /// Issue #10 item 7: `retry_after()` dropped the wait of an
-    /// `Unavailable` store, so an outage reached callers with no retry time.
+    /// `retry_after()` keeps an `Unavailable` store's wait.
     #[test]
     fn retry_after_ignores_unavailable() {
         let wait = Duration::from_millis(250);

@@ -1,5 +1,4 @@
-//! GCRA over one atomic word. The public API in `mod.rs` is a thin,
-//! documented shell over [`Gcra`]; `Scoped` keeps one `Gcra` per key.
+//! GCRA over one atomic word; `TokenBucket` and `Scoped` wrap [`Gcra`].
 //!
 //! # The algorithm
 //!
@@ -49,10 +48,9 @@
 //! `skew`, so an in-flight decision's CAS fails and it retries. (Only
 //! cancels lower `stamp`, see below; a wrap takes 2⁶⁴ ns of arrivals.)
 //!
-//! `reset` lowers `tat` to `FULL` (it writes nothing when the bucket is
-//! already full), through the same `stamp + 1`. Its reservations carry the
-//! pre-reset epoch, so a later cancel is refused: conservative, never an
-//! over-admission. The loom model allows exactly the refused cancel.
+//! `reset` lowers `tat` to `FULL` through the same `stamp + 1`. Its
+//! reservations carry the pre-reset epoch, so a later cancel is refused:
+//! conservative, never an over-admission.
 //!
 //! # Cancelling
 //!
@@ -178,9 +176,8 @@ pub(crate) struct Gcra {
     period: AtomicU64,
     /// `stamp - tat` (wrapping); written only under `LOCKED`.
     skew: AtomicU64,
-    /// The latest end of a server hold (`now + retry_after` of the latest
-    /// `penalize`), or 0. Not part of the decision: read by callers waking
-    /// from a reservation to see whether their instant fell inside it.
+    /// The latest end of a server hold, or 0. Not part of the decision: read
+    /// by callers waking from a reservation.
     held_until: AtomicU64,
 }
 
@@ -317,14 +314,10 @@ impl Gcra {
     }
 
     /// The view after a failed CAS found `stamp == actual`: the old quota
-    /// and skew with the new stamp if `word` is unchanged since `view`,
-    /// else a fresh [`view`](Gcra::view) (saves re-reading the seqlock on
-    /// the contended path).
-    ///
-    /// Sound because every `stamp` write with a new skew or quota is made
-    /// under `LOCKED`: the failed CAS read `actual` with Acquire, so the
-    /// `word` load then sees `LOCKED` or the bumped epoch, never
-    /// `view.word`. Admin writes that keep the word change neither.
+    /// and skew with the new stamp if `word` is unchanged, else a fresh
+    /// [`view`](Gcra::view). Sound because every `stamp` write with a new
+    /// skew or quota is made under `LOCKED`: the failed CAS read `actual`
+    /// with Acquire, so the `word` load then sees `LOCKED` or a new epoch.
     #[inline]
     fn refresh(&self, view: &View, actual: u64) -> View {
         // Relaxed: ordered after the Acquire failure load in `apply` (see
@@ -456,8 +449,7 @@ impl Gcra {
     }
 
     /// Gives a reservation back if nothing was stacked on it since and the
-    /// bucket was neither reset nor given a new quota. Returns whether it
-    /// did.
+    /// epoch is unchanged. Returns whether it did.
     pub(crate) fn cancel(&self, ticket: Ticket) -> bool {
         let word = self.lock();
         let refunded = ((word & EPOCH_MASK) >> 1) as u32 == ticket.epoch
@@ -487,9 +479,8 @@ impl Gcra {
         fit.min(room) as u32
     }
 
-    /// The debt at `now` (how long until the bucket is full again, in
-    /// nanoseconds; 0 when full) and the quota it is measured in, from one
-    /// consistent view. For writing `RateLimit` response headers.
+    /// The debt at `now` (nanoseconds until full) and its quota, from one
+    /// consistent view.
     #[cfg(feature = "admission")]
     pub(crate) fn debt(&self, now: u64) -> (u64, Quota) {
         let view = self.view();

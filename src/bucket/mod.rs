@@ -1,5 +1,4 @@
-//! `TokenBucket`: how many calls may *start* per second. GCRA over one
-//! atomic word; the algorithm and its invariants are in `gcra.rs`.
+//! `TokenBucket`: how many calls may start per second; GCRA in `gcra.rs`.
 
 mod error;
 pub(crate) mod gcra;
@@ -22,21 +21,13 @@ use gcra::Gcra;
 /// A lock-free GCRA rate limiter: one cell per period, bursts up to the
 /// quota's burst, in integer nanoseconds on a [`Clock`].
 ///
-/// Every decision is one compare-and-swap of one `AtomicU64` (retried only
-/// when another thread's CAS got there first), and a denial writes nothing.
-/// Beyond the usual check, it can:
-///
-/// * [`reserve`](TokenBucket::reserve) cells that fit within a caller's
-///   deadline budget, or say at once that they do not;
-/// * [`cancel`](Reservation::cancel) an abandoned reservation;
-/// * [`penalize`](TokenBucket::penalize): hold back after a server's 429;
-/// * [`set_quota`](TokenBucket::set_quota) at run time, keeping the debt
-///   (in cells) and any penalty, and inventing none;
-/// * wait in [`until_ready`](TokenBucket::until_ready) on any runtime,
-///   sleeping exactly the reserved time.
-///
-/// Over any window of length `t`, at most `burst + t / period` cells are
-/// admitted.
+/// Every decision is one CAS of one `AtomicU64`, and a denial writes
+/// nothing. Beyond the usual check, it can [`reserve`](TokenBucket::reserve)
+/// cells within a deadline budget, [`cancel`](Reservation::cancel) an
+/// abandoned reservation, [`penalize`](TokenBucket::penalize) after a 429,
+/// [`set_quota`](TokenBucket::set_quota) at run time, and wait in
+/// [`until_ready`](TokenBucket::until_ready) on any runtime. Over any window
+/// of length `t`, at most `burst + t / period` cells are admitted.
 ///
 /// # Examples
 ///
@@ -57,8 +48,7 @@ use gcra::Gcra;
 /// assert!(bucket.try_acquire(1).is_ok());
 /// ```
 pub struct TokenBucket<C: Clock = DefaultClock> {
-    /// Alone on its cache line(s): the clock must not false-share with
-    /// `stamp`, which every admission writes.
+    /// Alone on its cache line(s), apart from the clock.
     gcra: CachePadded<Gcra>,
     clock: C,
 }
@@ -100,9 +90,8 @@ impl<C: Clock> TokenBucket<C> {
         }
     }
 
-    /// Admits `n` cells now, or returns how long until they would fit.
-    /// A denial consumes nothing and writes nothing. `n == 0` always
-    /// succeeds.
+    /// Admits `n` cells now, or returns how long until they would fit. A
+    /// denial consumes nothing. `n == 0` always succeeds.
     ///
     /// # Errors
     ///
@@ -136,11 +125,9 @@ impl<C: Clock> TokenBucket<C> {
         self.gcra.try_acquire(n, self.clock.now_nanos())
     }
 
-    /// Takes `n` cells, in one compare-and-swap, if they are usable within
-    /// `max_wait`; otherwise takes nothing and says how long they would
-    /// have taken. This is the rule "the wait comes out of the call's
-    /// deadline budget; if it is longer than the call can afford, do not
-    /// sleep: return rate-limited at once".
+    /// Takes `n` cells, in one CAS, if they are usable within `max_wait`;
+    /// otherwise takes nothing and says how long they would have taken (so
+    /// a call that cannot afford the wait returns rate-limited at once).
     ///
     /// # Errors
     ///
@@ -169,10 +156,9 @@ impl<C: Clock> TokenBucket<C> {
         self.reserve_from(n, Duration::ZERO, max_wait)
     }
 
-    /// [`reserve`](Self::reserve), the cells taken as of `not_before` from
-    /// now: the call goes no earlier, so the refill a full bucket would
-    /// lose before then is not counted. The wait is from now and at least
-    /// `not_before`; nothing is taken if that is past `max_wait`.
+    /// [`reserve`](Self::reserve) with the cells taken as of `not_before`
+    /// from now (the refill before then is not counted). The wait is at
+    /// least `not_before`; nothing is taken if that is past `max_wait`.
     pub(crate) fn reserve_from(
         &self,
         n: u32,
@@ -195,28 +181,25 @@ impl<C: Clock> TokenBucket<C> {
         }
     }
 
-    /// Takes one cell now if one is free, with the ticket that gives it
-    /// back while nothing is stacked on it (for a cell held before use,
-    /// like a ready tower service's); the wait for the next one if not.
+    /// Takes one cell now, with a ticket to give it back while nothing is
+    /// stacked on it (a ready tower service's cell); else the wait.
     #[cfg(feature = "tower")]
     pub(crate) fn take_refundable(&self) -> Result<Option<gcra::Ticket>, ReserveError> {
         let now = self.clock.now_nanos();
         self.gcra.reserve(1, 0, now).map(|r| r.ticket)
     }
 
-    /// Gives back a cell [`take_refundable`](Self::take_refundable) took,
-    /// if nothing was stacked on it since. Returns whether it did.
+    /// Gives back a [`take_refundable`](Self::take_refundable) cell if
+    /// nothing was stacked on it; returns whether it did.
     #[cfg(feature = "tower")]
     pub(crate) fn refund(&self, ticket: gcra::Ticket) -> bool {
         self.gcra.cancel(ticket)
     }
 
-    /// Admits nothing before `now + retry_after`, in one compare-and-swap:
-    /// the server said so (a 429 or 503 with `Retry-After`).
-    /// At that instant one cell fits, then one per period: the burst is
-    /// not handed out at once after a throttle. A shorter penalty than the
-    /// current wait changes nothing, and a zero one (`Retry-After: 0`,
-    /// "retry now") leaves the bucket's headroom as it is.
+    /// Admits nothing before `now + retry_after` (a 429 or 503 with
+    /// `Retry-After`), in one CAS. Then one cell fits, then one per period:
+    /// the burst is not handed out at once after a throttle. A shorter
+    /// penalty than the current wait changes nothing.
     ///
     /// # Examples
     ///
@@ -243,23 +226,13 @@ impl<C: Clock> TokenBucket<C> {
 
     /// Changes the rate and burst at run time.
     ///
-    /// The debt already taken is kept, and nothing more is charged:
-    ///
-    /// * a full bucket stays full;
-    /// * `k` cells of debt (taken, or reserved by calls still queued) stay
-    ///   `k` cells under the new quota (so lowering the rate makes them
-    ///   last longer, raising it shorter), rounded up to a whole
-    ///   nanosecond. A burst lowered below `k` leaves the bucket
-    ///   over-drawn until they refill: none is forgiven;
-    /// * a running [`penalize`](TokenBucket::penalize) keeps its end
-    ///   exactly, so a server's `Retry-After` survives the change (cells
-    ///   reserved behind it stay cells).
-    ///
-    /// So changing the quota back and forth builds no debt and frees none.
-    /// For a quota a learned rate hands out, see
-    /// [`set_learned_quota`](Self::set_learned_quota). Outstanding
-    /// reservations stay taken but can no longer be cancelled. Never
-    /// panics, whatever the quotas.
+    /// The debt already taken is kept in cells and nothing more is charged:
+    /// a full bucket stays full; `k` cells of debt stay `k` cells under the
+    /// new quota (rounded up to a nanosecond; none forgiven, even past a
+    /// lowered burst); a running [`penalize`](TokenBucket::penalize) keeps
+    /// its end exactly. So changing the quota back and forth builds no debt.
+    /// For a learned rate, see [`set_learned_quota`](Self::set_learned_quota).
+    /// Outstanding reservations can no longer be cancelled. Never panics.
     ///
     /// # Examples
     ///
@@ -295,10 +268,8 @@ impl<C: Clock> TokenBucket<C> {
 
     /// [`set_quota`](Self::set_quota) for a quota a
     /// [`RateController`](crate::adaptive::RateController) hands out: debt
-    /// within the burst is kept in cells (capped at the new burst), debt
-    /// past it as time: queued calls keep their instants and a hold keeps
-    /// its end. (`set_quota` charges queued cells in full at the new rate,
-    /// which would stall a queue at each cut of a learned rate.)
+    /// within the burst is kept in cells (capped at the new burst), debt past
+    /// it as time, so queued calls keep their instants and a hold its end.
     ///
     /// # Examples
     ///
@@ -342,8 +313,7 @@ impl<C: Clock> TokenBucket<C> {
     }
 
     /// How many cells [`try_acquire`](TokenBucket::try_acquire) would admit
-    /// now, without consuming any. The answer may be stale by the time it
-    /// is used when other threads share the bucket.
+    /// now, without consuming any.
     ///
     /// # Examples
     ///
@@ -362,11 +332,7 @@ impl<C: Clock> TokenBucket<C> {
     }
 
     /// Makes the bucket full again and forgets any penalty; outstanding
-    /// reservations stay taken but can no longer be cancelled.
-    ///
-    /// An administrative operation: a reservation made concurrently with
-    /// a reset may afterwards refuse to cancel (conservative; see
-    /// `gcra.rs`).
+    /// reservations can no longer be cancelled.
     ///
     /// # Examples
     ///
@@ -403,26 +369,19 @@ impl<C: Clock> TokenBucket<C> {
         &self.clock
     }
 
-    /// Waits until `n` cells are admitted, if that takes at most
-    /// `max_wait` (the time left before the caller's deadline).
+    /// Waits until `n` cells are admitted, if that takes at most `max_wait`.
     ///
-    /// It reserves first, in one CAS, then sleeps exactly the reserved
-    /// wait on `sleeper`: a woken caller already holds its cells and does
-    /// not contend again. It never sleeps past `max_wait`: when the cells
-    /// would come later, it returns [`ReserveError::RateLimited`] at once
-    /// and consumes nothing.
-    ///
-    /// A [`penalize`](TokenBucket::penalize) that lands while it sleeps and
-    /// holds the bucket past its reserved instant sends it back to queue
-    /// behind the hold (within what is left of `max_wait`, else
-    /// `RateLimited`), rather than go at the old instant into the 429 the
-    /// hold was placed for.
+    /// It reserves first, in one CAS, then sleeps exactly the reserved wait
+    /// on `sleeper`, so a woken caller already holds its cells. When the
+    /// cells would come after `max_wait`, it returns
+    /// [`ReserveError::RateLimited`] at once. A
+    /// [`penalize`](TokenBucket::penalize) landing while it sleeps that
+    /// holds past its instant sends it back to queue behind the hold.
     ///
     /// # Cancel safety
     ///
     /// Dropping the future while it sleeps cancels the reservation (see
-    /// [`Reservation::cancel`]), so an abandoned wait gives its cells back
-    /// when no later reservation was stacked on it.
+    /// [`Reservation::cancel`]).
     ///
     /// # Errors
     ///
@@ -462,8 +421,7 @@ impl<C: Clock> TokenBucket<C> {
         .await
     }
 
-    /// The debt now (nanoseconds until full) and the quota, read together;
-    /// see `headers::write`.
+    /// The debt now and the quota, read together; see `headers::write`.
     #[cfg(feature = "admission")]
     pub(crate) fn debt(&self) -> (u64, Quota) {
         self.gcra.debt(self.clock.now_nanos())
@@ -490,9 +448,8 @@ impl<C: Clock> TokenBucket<C> {
     }
 }
 
-/// `until_ready`'s loop, for a bucket and a `Scoped` key: reserve within
-/// what is left of `max_wait`, sleep, and reserve again behind a hold
-/// placed meanwhile. `held` is read before each reservation.
+/// `until_ready`'s loop: reserve within what is left of `max_wait`, sleep,
+/// and reserve again behind a hold placed meanwhile.
 pub(crate) async fn wait_unless_held<'a, C: Clock, S: Sleeper>(
     clock: &C,
     max_wait: Duration,
@@ -510,10 +467,9 @@ pub(crate) async fn wait_unless_held<'a, C: Clock, S: Sleeper>(
     }
 }
 
-/// Sleeps out `reservation`'s wait; cancels it if dropped before the end.
-/// Returns `true` when its cells are the caller's to use, `false` when a
-/// hold placed since `held_before` covers its instant: the cells are then
-/// given back and the caller queues again behind the hold.
+/// Sleeps out `reservation`'s wait, cancelling it if dropped. Returns
+/// `false` when a hold placed since `held_before` covers its instant (the
+/// cells are then given back and the caller queues again).
 async fn sleep_unless_held<S: Sleeper>(
     held_before: u64,
     reservation: Reservation<'_>,
@@ -541,7 +497,6 @@ struct CancelOnDrop<'a>(Option<Reservation<'a>>);
 
 impl CancelOnDrop<'_> {
     fn disarm(mut self) {
-        // The cells are used: keep them.
         drop(self.0.take());
     }
 }

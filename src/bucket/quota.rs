@@ -1,5 +1,4 @@
-//! `Quota`: a rate (one cell per `period`) and a burst, in integer
-//! nanoseconds.
+//! `Quota`: a rate and a burst, in integer nanoseconds.
 
 use core::fmt;
 use core::num::NonZeroU32;
@@ -12,12 +11,9 @@ const NANOS_PER_SEC: u64 = 1_000_000_000;
 /// How many cells a bucket admits: one every [`period`](Quota::period), up
 /// to [`burst`](Quota::burst) at once.
 ///
-/// The period is kept in whole nanoseconds, rounded *up* where a rate does
-/// not divide a second evenly, so the effective rate never exceeds the one
-/// asked for (3 per second is one cell every 333,333,334 ns).
-///
-/// The typed constructors are infallible; [`Quota::new`] takes untrusted
-/// values from configuration and says what is wrong with them.
+/// The period is kept in whole nanoseconds, rounded up, so the effective
+/// rate never exceeds the one asked for. The typed constructors are
+/// infallible; [`Quota::new`] checks untrusted values from configuration.
 ///
 /// # Examples
 ///
@@ -42,8 +38,7 @@ pub struct Quota {
     pub(crate) burst: NonZeroU32,
 }
 
-/// The longest a bucket's whole burst may take to refill: 2⁶² ns, about
-/// 146 years (see [`Quota::allow_burst`]).
+/// The longest a bucket's whole burst may take to refill: 2⁶² ns.
 pub(crate) const MAX_TOLERANCE: u64 = 1 << 62;
 
 impl Quota {
@@ -82,11 +77,8 @@ impl Quota {
         }
     }
 
-    /// One cell every `period`; the burst is 1.
-    ///
-    /// A zero period is taken as 1 ns (a billion cells per second) and a
-    /// period past `u64::MAX` nanoseconds (584 years) as `u64::MAX` ns, so
-    /// this never fails.
+    /// One cell every `period`; the burst is 1. A zero period is taken as
+    /// 1 ns and one past `u64::MAX` ns as `u64::MAX` ns, so this never fails.
     ///
     /// # Examples
     ///
@@ -106,12 +98,9 @@ impl Quota {
 
     /// The same rate with room for `burst` cells at once.
     ///
-    /// A bucket caps a burst whose whole refill (`period × burst`) would
-    /// take longer than 2⁶² ns (about 146 years) to the cells that fit, at
-    /// least one: past that its instants would not fit in `u64`
-    /// nanoseconds and the later cells could never be granted. The
-    /// bucket's [`quota`](crate::TokenBucket::quota) reports the capped
-    /// burst.
+    /// A bucket caps a burst whose whole refill (`period × burst`) would take
+    /// longer than 2⁶² ns (about 146 years) to the cells that fit, at least
+    /// one; its [`quota`](crate::TokenBucket::quota) reports the capped burst.
     ///
     /// # Examples
     ///
@@ -143,10 +132,8 @@ impl Quota {
     ///
     /// # Errors
     ///
-    /// [`QuotaError`] when the rate is zero, negative, NaN or infinite, when
-    /// the burst is 0, or when one cell's period does not fit in whole
-    /// nanoseconds (a rate above 10⁹ per second, or below one per 584
-    /// years).
+    /// [`QuotaError`] when the rate is zero, negative, NaN or infinite, the
+    /// burst is 0, or one cell's period does not fit in whole nanoseconds.
     ///
     /// # Examples
     ///
@@ -172,14 +159,12 @@ impl Quota {
         if period < 1.0 {
             return Err(QuotaError::PeriodTooShort(rate_per_sec));
         }
-        // `u64::MAX as f64` rounds up to 2^64, so `>=` rejects exactly the
-        // periods that do not fit.
+        // `u64::MAX as f64` rounds up to 2^64, so `>=` is exact.
         if period.ceil() >= u64::MAX as f64 {
             return Err(QuotaError::PeriodTooLong(rate_per_sec));
         }
         Ok(Quota {
-            // In range by the checks above; `ceil` keeps the effective rate
-            // at or below the one asked for.
+            // In range by the checks above; `ceil` keeps the rate at or below.
             period: period.ceil() as u64,
             burst,
         })
@@ -213,8 +198,7 @@ impl Quota {
         self.burst
     }
 
-    /// This quota as a bucket holds it: the burst capped to refill within
-    /// [`MAX_TOLERANCE`] (see [`Quota::allow_burst`]), at least one cell.
+    /// The burst capped to refill within [`MAX_TOLERANCE`], at least one cell.
     pub(crate) const fn clamped(self) -> Quota {
         let fit = MAX_TOLERANCE / self.period;
         if self.burst.get() as u64 <= fit {
@@ -231,8 +215,7 @@ impl Quota {
         }
     }
 
-    /// The time a full burst takes to refill: `burst * period`, saturating
-    /// at `u64::MAX` nanoseconds. GCRA calls it τ, the tolerance.
+    /// `burst * period` (GCRA's τ, the tolerance), saturating.
     pub(crate) const fn tolerance(&self) -> u64 {
         self.period.saturating_mul(self.burst.get() as u64)
     }

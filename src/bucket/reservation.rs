@@ -6,12 +6,9 @@ use core::time::Duration;
 use super::gcra::{Gcra, Reserved, Ticket};
 use crate::sync::Arc;
 
-/// Cells taken from a rate limiter, usable from [`ready_at`]
-/// (after [`wait`]).
-///
-/// The cells are already counted: dropping a reservation keeps them taken
-/// (the usual case: sleep for [`wait`], then start the call). A caller that
-/// gives up before using them calls [`cancel`] to hand them back.
+/// Cells taken from a rate limiter, usable from [`ready_at`] (after
+/// [`wait`]). Dropping a reservation keeps them taken (sleep for [`wait`],
+/// then start the call); a caller that gives up calls [`cancel`].
 ///
 /// [`ready_at`]: Reservation::ready_at
 /// [`wait`]: Reservation::wait
@@ -70,8 +67,8 @@ impl<'a> Reservation<'a> {
         }
     }
 
-    /// How long the caller must wait before using the cells, measured from
-    /// the `reserve` call.
+    /// How long the caller must wait before using the cells, from the
+    /// `reserve` call.
     ///
     /// # Examples
     ///
@@ -109,10 +106,9 @@ impl<'a> Reservation<'a> {
         self.ready_at
     }
 
-    /// Gives the cells back, if that cannot let the bucket exceed its
-    /// burst: no later reservation, admission or penalty was stacked on
-    /// this one, and the bucket was not reset or given a new quota since.
-    /// Returns whether the cells were given back.
+    /// Gives the cells back if that cannot let the bucket exceed its burst:
+    /// nothing was stacked on this one and the bucket was not reset or given
+    /// a new quota since. Returns whether it did.
     ///
     /// # Examples
     ///
@@ -133,9 +129,7 @@ impl<'a> Reservation<'a> {
         self.undo()
     }
 
-    /// [`cancel`](Self::cancel) through a reference: a ticket that keeps
-    /// its reservations settles them after use. A second undo is refused
-    /// (the bucket no longer holds `after`).
+    /// [`cancel`](Self::cancel) through a reference; a second undo is refused.
     pub(crate) fn undo(&self) -> bool {
         self.refund.undo()
     }
@@ -143,8 +137,7 @@ impl<'a> Reservation<'a> {
 
 impl Reservation<'_> {
     /// The end of the hold its bucket records (0: none), for a sleeper to
-    /// tell whether a penalty landed while it slept. `None` for zero cells
-    /// (nothing to re-check).
+    /// re-check; `None` for zero cells.
     pub(crate) fn held_until(&self) -> Option<u64> {
         match &self.refund {
             Refund::Nothing => None,

@@ -1,47 +1,35 @@
 //! Reading quanta's counter in line, and scaling it with one multiply.
 //!
-//! `quanta::Clock::raw` is not `#[inline]`, so every `DefaultClock` read
-//! paid a call and a second dispatch on quanta's clock kind around the one
-//! `rdtsc` it executes, and quanta's scaling (`delta * factor >> shift`,
-//! with `shift` a variable) puts a 128-bit variable shift between the
-//! counter and every decision that waits for it. When quanta reads the
-//! TSC, [`Tsc::nanos_since`] executes that same instruction in line and
-//! scales by a 64.64 fixed-point factor derived once from quanta's own
-//! calibration: nanoseconds are the high word of one `mul`, no shift.
+//! When quanta reads the TSC, [`Tsc::nanos_since`] executes the same
+//! `rdtsc` in line (`quanta::Clock::raw` is not `#[inline]`) and scales by a
+//! 64.64 fixed-point factor derived once from quanta's own calibration:
+//! nanoseconds are the high word of one `mul`, with no variable shift.
 //!
-//! The factor is quanta's scaling of 2⁴⁸ ticks, shifted up by 16: it
-//! agrees with quanta to 2⁻⁴⁸ relative (under 4 µs a year; the readings
-//! are this clock's own time base, compared only with each other), and it
-//! is monotonic in the reading, like quanta's. It needs a TSC of more than
-//! 1 GHz (fewer than one nanosecond per tick, so the factor fits 64 bits);
-//! else, or when quanta does not read the TSC (the same CPUID test quanta
-//! makes, invariant TSC and `rdtscp`, and a reading of quanta's taken
-//! between two of ours, so a counter that is not the TSC, the OS monotonic
-//! clock, is never mixed with it), every read goes through quanta.
+//! The factor is quanta's scaling of 2⁴⁸ ticks, shifted up by 16: it agrees
+//! with quanta to 2⁻⁴⁸ relative and is monotonic in the reading. It needs a
+//! TSC above 1 GHz (so the factor fits 64 bits); else, or when quanta does
+//! not read the TSC (its CPUID test, plus a reading of quanta's taken
+//! between two of ours), every read goes through quanta.
 
 use std::sync::OnceLock;
 
 /// How a `DefaultClock` reads and scales its counter; decided once.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Tsc {
-    /// Nanoseconds per tick in 64.64 fixed point (`< 1`); 0: go through
-    /// quanta.
+    /// Nanoseconds per tick in 64.64 fixed point (`< 1`); 0: use quanta.
     scale: u64,
 }
 
 const PROBE_TICKS: u64 = 1 << 48;
 
 impl Tsc {
-    /// Decides for `clock` (see the module docs), once per process: every
-    /// `quanta::Clock::new()` picks the same counter (quanta's test is a
-    /// fixed property of the CPU) and shares one global calibration, and
-    /// `DefaultClock::new` runs on per-request paths (a `Deadline`), where
-    /// three CPUIDs (each a VM exit under a hypervisor) would cost more
-    /// than the reads they speed up.
     /// Reads through quanta (no TSC of its own).
     #[cfg(miri)]
     pub(super) const OS: Self = Self { scale: 0 };
 
+    /// Decides for `clock`, once per process: every `quanta::Clock` picks
+    /// the same counter, and CPUIDs (VM exits under a hypervisor) would cost
+    /// more than the reads they speed up on per-request paths.
     pub(super) fn detect(clock: &quanta::Clock) -> Self {
         static SCALE: OnceLock<u64> = OnceLock::new();
         let scale = *SCALE.get_or_init(|| Self::probe(clock));
@@ -139,9 +127,8 @@ mod imp {
 mod tests {
     use super::*;
 
-    /// The one-multiply scaling agrees with quanta's own, tick for tick,
-    /// from one tick to centuries. Vacuous where quanta does not read the
-    /// TSC (then nothing is scaled here).
+    /// The one-multiply scaling agrees with quanta's, from one tick to
+    /// centuries (vacuous where quanta does not read the TSC).
     #[test]
     #[cfg_attr(miri, ignore = "quanta reads the TSC with inline asm")]
     fn scaling_matches_quanta() {
@@ -155,8 +142,7 @@ mod tests {
             for d in [delta - 1, delta, delta + 1, delta / 3 * 2] {
                 let theirs = clock.delta_as_nanos(0, d);
                 let ours = tsc.scaled(d);
-                // Both floor a product of `d` with (almost) the same
-                // factor: at most a nanosecond apart, plus 2^-40 relative.
+                // At most a nanosecond apart, plus 2^-40 relative.
                 assert!(
                     ours.abs_diff(theirs) <= 1 + theirs / (1 << 40),
                     "{d}: {ours} vs {theirs}"

@@ -1,11 +1,8 @@
 //! `bucket_model`: the TokenBucket against a reference model.
 //!
-//! The model is the GCRA specification written the plain way: `u128`
-//! arithmetic (no saturation tricks beyond the ones the spec states), one
-//! thread, a list of outstanding reservations. A byte string drives
-//! admissions, reservations, cancels, penalties, quota changes, resets,
-//! peeks and clock moves; after each step every answer and the stored
-//! arrival time must agree exactly.
+//! The model is the GCRA specification in plain `u128` arithmetic with a
+//! list of outstanding reservations. After each operation every answer and
+//! the stored arrival time must agree exactly.
 
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -34,8 +31,7 @@ struct Model {
     period: u128,
     burst: u128,
     epoch: u64,
-    /// The end of the latest server hold (0: none), as the bucket records
-    /// it.
+    /// The end of the latest server hold (0: none).
     held_until: u128,
     /// Whether a quota change's `tat` was capped at `MAX`.
     capped: bool,
@@ -151,14 +147,11 @@ impl Model {
         }
     }
 
-    /// The quota-change spec, written from its statement rather than from
-    /// the code: a full bucket stays full; a bucket under a running server
-    /// hold and past its next cell keeps the hold's part of the wait as
-    /// time (its end does not move), is drained behind it under the new
-    /// quota, and keeps the cells reserved past the hold's end; any other
-    /// debt is cells and stays that many cells (rounded up to a
-    /// nanosecond, none forgiven, past the new burst or not). Any change
-    /// voids refunds.
+    /// The quota-change spec, from its statement: a full bucket stays full;
+    /// under a running hold and past its next cell, the hold's part of the
+    /// wait is kept as time and the cells reserved past it are kept; any
+    /// other debt stays that many cells (rounded up, none forgiven). Any
+    /// change voids refunds.
     fn set_quota(&mut self, period: u128, burst: u128) {
         if (period, burst) == (self.period, self.burst) {
             return;
@@ -206,8 +199,8 @@ fn pick<T: Copy>(options: &[T], byte: u8) -> T {
     options[byte as usize % options.len()]
 }
 
-/// Runs the byte string `data` as operations on a bucket and on the model,
-/// panicking at the first disagreement.
+/// Runs `data` as operations on a bucket and the model, panicking at the
+/// first disagreement.
 pub fn bucket_model(data: &[u8]) {
     let [a, b, c, ops @ ..] = data else {
         return;
@@ -218,8 +211,7 @@ pub fn bucket_model(data: &[u8]) {
     let quota = |p: u64, b: u32| {
         Quota::with_period(Duration::from_nanos(p)).allow_burst(NonZeroU32::new(b).unwrap())
     };
-    // The model keeps the burst a bucket keeps (capped to 2^62 ns of
-    // refill; `clamped` has its own test).
+    // The model keeps the burst a bucket keeps (`clamped` is tested apart).
     let clamp = |p: u64, b: u32| (p, quota(p, b).clamped().burst().get());
     let (period, burst) = clamp(period, burst);
     let bucket = TokenBucket::with_clock(quota(period, burst), clock.clone());
@@ -285,10 +277,9 @@ pub fn bucket_model(data: &[u8]) {
                 bucket.set_quota(quota(p, b));
                 model.set_quota(p as u128, b as u128);
                 if arg & 0x80 != 0 {
-                    // There and back, a few times: no drift. The debt ends
-                    // at most where it was, rounded up to a whole cell
-                    // (counted from the end of a running hold, so one more
-                    // cell when there is one).
+                    // There and back: no drift. The debt ends at most where
+                    // it was, rounded up to a whole cell (plus one cell under
+                    // a running hold).
                     for _ in 0..3 {
                         bucket.set_quota(quota(home_p, home_b));
                         model.set_quota(home_p as u128, home_b as u128);
@@ -300,9 +291,7 @@ pub fn bucket_model(data: &[u8]) {
                     let cell = home_p as u128;
                     let after = model.tat.saturating_sub(model.now);
                     let held = model.held_until > model.now;
-                    // A `tat` capped at u64::MAX on the way (the spec's
-                    // saturation, near the end of time) is exempt: the cap
-                    // cut the debt a trip converts back.
+                    // Exempt: a `tat` capped at u64::MAX on the way.
                     assert!(
                         model.capped
                             || after <= debt.div_ceil(cell) * cell + if held { cell } else { 0 },

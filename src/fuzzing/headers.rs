@@ -1,20 +1,15 @@
 //! `headers`: arbitrary header names and bytes through [`ServerHint`], its
 //! clamp and the [`RetryPolicy`].
+//! Nothing may panic, and every duration must be bounded: each field by
+//! [`ServerHint::MAX_DURATION`], the `Date`'s effect by
+//! [`ServerHint::MAX_DATE_SKEW`], an `Advice` by the clamp, a retry's wait
+//! by the deadline and never earlier than the server asked.
 //!
-//! Nothing may panic, and every duration that comes out must be bounded:
-//! each field at most [`ServerHint::MAX_DURATION`]; the response's `Date`
-//! moving no wait by more than [`ServerHint::MAX_DATE_SKEW`]; an [`Advice::Wait` at
-//! most the clamp and an `Advice::Stop` above it; a retry's wait within
-//! the deadline's budget and never earlier than the server asked.
-//!
-//! Input layout: 8 bytes of "now" (signed seconds around the Unix epoch),
-//! 4 bytes of clamp (milliseconds), 4 bytes of deadline budget
-//! (milliseconds), 8 bytes of RNG seed, then headers. Each header starts
-//! with a selector byte: below 0x80 it picks a known name (so the fuzzer
-//! reaches the parsers without guessing names), else the next `sel & 0x3f`
-//! bytes are the name. A length byte and that many value bytes follow; a
-//! length byte at or above 0xc0 picks a known value shape instead, with
-//! the next byte spliced in.
+//! Input: 8 bytes of "now", 4 of clamp (ms), 4 of deadline budget (ms), 8
+//! of RNG seed, then headers: a selector byte (below 0x80 a known name,
+//! else the next `sel & 0x3f` bytes), a length byte and that many value
+//! bytes (a length at or above 0xc0 picks a known value shape instead, with
+//! the next byte spliced in).
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -207,9 +202,8 @@ pub fn headers(mut data: &[u8]) {
 }
 
 /// The response's `Date` is trusted only within
-/// [`ServerHint::MAX_DATE_SKEW`] of `now`, so with or without it every
-/// wait differs by at most that much (clamping at zero and at the cap only
-/// brings them closer), and nothing else changes.
+/// [`ServerHint::MAX_DATE_SKEW`] of `now`, so with or without it every wait
+/// differs by at most that much, and nothing else changes.
 fn date_moves_waits_by_at_most_the_skew(dated: &ServerHint, undated: &ServerHint) {
     let skew = ServerHint::MAX_DATE_SKEW;
     let close = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
@@ -267,8 +261,7 @@ mod tests {
         for _ in 0..runs {
             let len = rng.usize(24..160);
             let mut data: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();
-            // Two runs in three: plausible clocks and budgets, then known
-            // names with known value shapes, one byte spliced in.
+            // Two runs in three: plausible clocks, known names and shapes.
             if rng.u8(..3) > 0 {
                 data.truncate(24);
                 data[..8].copy_from_slice(&rng.i64(0..4_000_000_000).to_le_bytes());

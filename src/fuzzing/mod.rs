@@ -1,9 +1,7 @@
-//! Entry points for the cargo-fuzz targets in `fuzz/`. Each drives one
-//! structure with a byte string and diffs it against a simple model; the
-//! same drivers run on seeded random input in the unit tests (and so under
-//! miri), so the fuzz build is never the only place they run.
-//!
-//! Compiled only with `--cfg fuzzing` (set by cargo-fuzz) or in tests.
+//! Entry points for the cargo-fuzz targets in `fuzz/`: each drives one
+//! structure with a byte string and diffs it against a simple model. The
+//! unit tests run them on seeded input too. Compiled only with
+//! `--cfg fuzzing` or in tests.
 
 #[cfg(feature = "admission")]
 mod headers;

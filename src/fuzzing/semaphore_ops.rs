@@ -1,16 +1,13 @@
 //! `semaphore_ops`: the semaphore against a reference model.
 //!
-//! The model is the specification in a few lines: a counter, a FIFO of
-//! `(slot, still owed)` and per-slot state. Every operation is applied to
-//! both; afterwards the available count, every poll result and every wake
-//! must agree exactly. Conservation is checked at the end: with every future
-//! and permit dropped, the semaphore holds what was issued.
+//! The model is a counter, a FIFO of `(slot, still owed)` and per-slot
+//! state. After every operation the available count, every poll result and
+//! every wake must agree exactly; at the end, with everything dropped, the
+//! semaphore holds what was issued.
 //!
-//! Some waiters poll with a waker that panics when woken. An operation that
-//! wakes one must panic (once the hand-off is done), and must still wake
-//! every other waiter it satisfies and leave the count exactly as the model
-//! says (issue #10, item 13). libFuzzer's panic hook aborts on any panic,
-//! caught or not, so those waiters exist only outside `cfg(fuzzing)`.
+//! Some waiters' wakers panic: an operation that wakes one must panic after
+//! the hand-off, still waking every other satisfied waiter. libFuzzer aborts
+//! on any panic, so those waiters exist only outside `cfg(fuzzing)`.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -40,8 +37,8 @@ impl Wake for PanickingWaker {
     }
 }
 
-/// Runs `f`, which panics iff it wakes a panicking waker: checks that it
-/// did exactly when the model says a panicking waiter was woken.
+/// Runs `f`, checking that it panics exactly when the model says a
+/// panicking waiter was woken.
 fn expect_panic_iff<R>(panics: bool, what: &str, f: impl FnOnce() -> R) -> Option<R> {
     let got = catch_unwind(AssertUnwindSafe(f));
     assert_eq!(got.is_err(), panics, "{what}: panicked");
@@ -57,8 +54,8 @@ enum Model {
         n: usize,
         owed: usize,
     },
-    /// Unlinked: fully assigned (`closed == false`) or failed by `close`
-    /// with `owed` never assigned.
+    /// Unlinked: fully assigned, or failed by `close` (`closed`) with `owed`
+    /// never assigned.
     Unlinked {
         n: usize,
         owed: usize,
@@ -122,8 +119,8 @@ enum Real<'a> {
     Held(#[allow(dead_code)] SemaphorePermit<'a>),
 }
 
-/// Runs the byte string `data` as a sequence of operations on a semaphore
-/// and on the model, panicking at the first disagreement.
+/// Runs `data` as operations on a semaphore and the model, panicking at the
+/// first disagreement.
 pub fn semaphore_ops(data: &[u8]) {
     let Some((&first, ops)) = data.split_first() else {
         return;
@@ -155,8 +152,7 @@ pub fn semaphore_ops(data: &[u8]) {
         let slot = (arg as usize) % SLOTS;
         let n = (arg as usize / SLOTS) % 4; // 0..=3 permits
 
-        // Does this op wake a panicking waiter? Compare the model before
-        // and after it.
+        // Does this op wake a panicking waiter? Compare the model around it.
         let before = spec.slots;
         let wakes_panicky = |spec: &Spec| {
             (0..SLOTS).any(|i| {
@@ -173,8 +169,8 @@ pub fn semaphore_ops(data: &[u8]) {
                 let waker = waker_of(slot, panicky[slot]);
                 wakers[slot].0.store(0, Ordering::Relaxed);
                 let got = fut.as_mut().poll(&mut Context::from_waker(&waker));
-                // Model: closed fails; 0 or enough permits with nobody
-                // queued succeed; otherwise drain and queue.
+                // Model: closed fails; enough permits with nobody queued
+                // succeed; otherwise drain and queue.
                 if spec.closed {
                     assert!(matches!(got, Poll::Ready(Err(_))), "acquire on closed");
                 } else if n == 0 || (spec.queue.is_empty() && spec.avail >= n) {
@@ -205,8 +201,8 @@ pub fn semaphore_ops(data: &[u8]) {
                         }
                         Model::Unlinked { n, owed, .. } => {
                             if spec.closed {
-                                // Completing hands back what was assigned,
-                                // which may wake (and panic) another slot.
+                                // Handing back what was assigned may wake
+                                // (and panic) another slot.
                                 spec.slots[slot] = Model::Empty;
                                 spec.release(n - owed);
                                 let got = expect_panic_iff(wakes_panicky(&spec), "poll", || {
@@ -292,8 +288,7 @@ pub fn semaphore_ops(data: &[u8]) {
         }
     }
 
-    // Conservation: drop everything; every issued permit is back. (A drop
-    // may wake a panicking waiter; the hand-off must complete anyway.)
+    // Conservation: drop everything; every issued permit is back.
     for r in real {
         let _ = catch_unwind(AssertUnwindSafe(|| drop(r)));
     }

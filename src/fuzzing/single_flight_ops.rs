@@ -1,17 +1,12 @@
 //! `single_flight_ops`: `SingleFlight` against a reference model, on one
 //! thread, polling by hand.
 //!
-//! Up to `SLOTS` calls live at once, on a few keys. Each call's work waits on
-//! a gate that the driver opens with a value, an error or a panic. The model
-//! keeps, per flight, its key, whether the key still maps to it, whether its
-//! value may still be cached (not after an `invalidate`/`clear` of its key
-//! while it ran) and its FIFO of followers; per key, the flight or the
-//! cached value; per slot,
-//! whether it leads, waits, was promoted or was released with an outcome.
-//! After every operation each poll result, every `make` call and every wake
-//! must agree with the model, and the map's size must be within what the
-//! model allows (expired cache entries are reclaimed lazily, so they may or
-//! may not still count).
+//! Up to `SLOTS` calls on a few keys; each call's work waits on a gate the
+//! driver opens with a value, an error or a panic. The model keeps each
+//! flight's key, mapping, cacheability and FIFO of followers, each key's
+//! flight or cached value, and each slot's state. Every poll result, `make`
+//! call and wake must agree with the model, and the map's size must be
+//! within what it allows (expired entries are reclaimed lazily).
 
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
@@ -64,8 +59,7 @@ enum SlotModel {
 struct FlightModel {
     key: u8,
     attached: bool,
-    /// Cleared by `invalidate`/`clear` of the key while the flight runs: its
-    /// value may be stale, so it goes to its followers but is not cached.
+    /// Cleared by `invalidate`/`clear` of the key while the flight runs.
     cacheable: bool,
     followers: VecDeque<usize>,
 }
@@ -103,8 +97,8 @@ impl Spec {
         }
     }
 
-    /// The flight's leader went away: promote its oldest follower or let
-    /// the flight go.
+    /// The flight's leader went away: promote its oldest follower or let the
+    /// flight go.
     fn resign(&mut self, f: usize) {
         match self.flights[f].followers.pop_front() {
             Some(next) => self.slots[next] = SlotModel::Promoted(f),
@@ -165,8 +159,8 @@ fn check(got: Result<(u32, Provenance), FlightError<u32>>, want: Expected) {
     }
 }
 
-/// Polls a call whose work panics, with the panic hook silenced so the
-/// intended panic neither prints nor trips the fuzzer's abort-on-panic hook.
+/// Polls a call whose work panics, with the panic hook silenced (the
+/// fuzzer aborts on any reported panic).
 fn poll_expecting_panic(call: &mut Call<'_>, waker: &Arc<CountingWaker>) {
     let hook = panic::take_hook();
     panic::set_hook(Box::new(|_| {}));
@@ -347,8 +341,7 @@ pub fn single_flight_ops(data: &[u8]) {
                             }
                             Some(KeyModel::InFlight(f)) => {
                                 assert!(!got, "invalidate({key}) of a flight");
-                                // Later calls still join it, but its value
-                                // is not cached.
+                                // Still joinable, but not cached.
                                 spec.flights[f].cacheable = false;
                             }
                             None => assert!(!got, "invalidate({key}) of nothing"),

@@ -1,10 +1,8 @@
 //! What a server says about its limits, read from response headers.
 //!
-//! [`ServerHint::from_headers`] takes any iterator of `(name, value)` pairs
-//! (names case-insensitive, values as bytes), so it works with every HTTP
-//! library; the `http` feature adds `ServerHint::from_header_map`.
-//!
-//! The formats, time rules and precedence are documented on [`ServerHint`].
+//! [`ServerHint::from_headers`] takes any iterator of `(name, value)` pairs,
+//! so it works with every HTTP library; the `http` feature adds
+//! `ServerHint::from_header_map`. Formats and rules are on [`ServerHint`].
 
 mod parse;
 #[cfg(feature = "http")]
@@ -25,8 +23,8 @@ use serde::{Deserialize, Serialize};
 
 /// The server's view of its limits, as relative waits.
 ///
-/// Built by [`from_headers`](Self::from_headers). Every field is `None`
-/// (or empty) when the response did not say.
+/// Built by [`from_headers`](Self::from_headers). Every field is `None` (or
+/// empty) when the response did not say.
 ///
 /// # Formats
 ///
@@ -41,57 +39,43 @@ use serde::{Deserialize, Serialize};
 /// | `anthropic-ratelimit-<resource>-<field>` | a named policy per resource |
 /// | `X-RateLimit-Scope`, `-Resource`, `-Bucket` | [`scope`](Self::scope), in that order of preference |
 ///
-/// A per-resource limit whose header names its window (Kong's `second`,
-/// `minute`, `hour`, `day`) gets it as the policy's window, and so do
-/// Anthropic's (the minute). OpenAI's names get none: servers using them
-/// count over different windows (Groq's requests are per day, proxies
-/// often a second); [`Provider::OpenAi`](crate::admission::Provider::OpenAi)
-/// on the admission layer says they count per minute. With a window, a
-/// request limit becomes the learned rate's ceiling (`limit / window`)
-/// from the first reply, and a weighted quota's limit the ceiling of the
-/// quota of that name.
+/// A per-resource limit whose header names its window (Kong's `second` ..
+/// `day`, Anthropic's minute) gets it as the policy's window; OpenAI's names
+/// get none, since servers using them count over different windows (see
+/// [`Provider::OpenAi`](crate::admission::Provider::OpenAi)). With a window,
+/// a request limit becomes the learned rate's ceiling (`limit / window`).
 ///
-/// A reset value is read as: a number below 10⁹ is a delta in seconds
-/// (fractions kept); 10⁹ up to 10¹² is a Unix time in seconds (from
-/// 2001-09-09); 10¹² up to 10¹⁵ a Unix time in milliseconds; larger
-/// numbers are skipped. Otherwise an RFC 3339 timestamp, a Go-style
-/// duration (`1s`, `6m0s`, `12ms`, `1h2m3.5s`), or an HTTP-date.
-///
-/// HTTP-dates are parsed by `httpdate`, which rejects a weekday that does
-/// not match the date and reads an RFC 850 two-digit year `00`–`69` as
-/// 20xx, `70`–`99` as 19xx. RFC 3339 is parsed by `jiff` and needs an
-/// offset (`Z` or `±hh:mm`).
+/// A reset value below 10⁹ is a delta in seconds (fractions kept); up to
+/// 10¹² a Unix time in seconds; up to 10¹⁵ a Unix time in milliseconds;
+/// larger numbers are skipped. Otherwise an RFC 3339 timestamp (with an
+/// offset), a Go-style duration (`1s`, `6m0s`, `1h2m3.5s`), or an HTTP-date
+/// (`httpdate`: a mismatched weekday is rejected; RFC 850 years `00`–`69`
+/// are 20xx).
 ///
 /// # Time
 ///
 /// Every result is a wait relative to the response. Absolute times are
-/// converted against the response's own `Date` header when it has a valid
-/// one within [`MAX_DATE_SKEW`](Self::MAX_DATE_SKEW) of the `now` passed in
-/// (the server's clock, immune to ours being a little off), else against
-/// `now`: a `Date` a day or more away is a broken server clock, not a
-/// skew. A time in the past (before 1970 included) is a zero wait; every
-/// duration, far-future dates included, is at most
-/// [`MAX_DURATION`](Self::MAX_DURATION). Fractions round up, never down.
+/// converted against the response's own `Date` header when it is within
+/// [`MAX_DATE_SKEW`](Self::MAX_DATE_SKEW) of the `now` passed in, else
+/// against `now`. A time in the past is a zero wait; every duration is at
+/// most [`MAX_DURATION`](Self::MAX_DURATION). Fractions round up.
 ///
 /// # Precedence
 ///
-/// `retry-after-ms`, then `x-ms-retry-after-ms`, then `Retry-After` (the
-/// precise forms of the same wait). For the top-level counters, the IETF
-/// `RateLimit` field, then `RateLimit-*`, then `X-RateLimit-*`; among equals
-/// the first header wins. [`wait`](Self::wait) puts `Retry-After` before
-/// every reset field.
+/// `retry-after-ms`, then `x-ms-retry-after-ms`, then `Retry-After`. For the
+/// top-level counters, the IETF `RateLimit` field, then `RateLimit-*`, then
+/// `X-RateLimit-*`; among equals the first header wins.
+/// [`wait`](Self::wait) puts `Retry-After` before every reset field.
 ///
 /// # Garbage
 ///
-/// A value that does not parse is skipped; the rest still count. Names and
-/// values may be any bytes: nothing panics, no duration is negative or
-/// overflows.
+/// A value that does not parse is skipped. Names and values may be any
+/// bytes: nothing panics, no duration is negative or overflows.
 ///
 /// # Serde
 ///
-/// With the `serde` feature it serializes with durations as whole
-/// milliseconds, rounded up (`retry_after_ms`, `reset_after_ms`,
-/// `window_ms`), so a wait never shrinks in transit.
+/// With the `serde` feature durations are whole milliseconds, rounded up
+/// (`retry_after_ms`, `reset_after_ms`, `window_ms`).
 ///
 /// # Examples
 ///
@@ -122,9 +106,8 @@ pub struct ServerHint {
     pub limit: Option<u64>,
     /// Requests left in the current window.
     pub remaining: Option<u64>,
-    /// Requests used in the current window (`X-RateLimit-Used`). When
-    /// `remaining` is absent but `limit` and `used` are present,
-    /// `remaining` is `limit - used`.
+    /// Requests used in the current window (`X-RateLimit-Used`); gives
+    /// `remaining` as `limit - used` when that is absent.
     pub used: Option<u64>,
     /// Time until the window resets and `remaining` is refilled.
     #[cfg_attr(
@@ -133,10 +116,9 @@ pub struct ServerHint {
     )]
     pub reset_after: Option<Duration>,
     /// Named limits (IETF `RateLimit`/`RateLimit-Policy` members, or
-    /// per-resource vendor headers such as `x-ratelimit-remaining-tokens`),
-    /// in order of first appearance. When no top-level counters were sent,
-    /// `limit`, `remaining` and `reset_after` summarise the binding policy:
-    /// the one with the fewest remaining (ties: the longest reset).
+    /// per-resource vendor headers), in order of first appearance. Without
+    /// top-level counters, `limit`, `remaining` and `reset_after` summarise
+    /// the policy with the fewest remaining (ties: the longest reset).
     #[cfg_attr(feature = "serde", serde(default))]
     pub policies: Vec<Policy>,
     /// What the limit applies to, as the server named it
@@ -144,8 +126,7 @@ pub struct ServerHint {
     pub scope: Option<String>,
 }
 
-/// [`ServerHint::policies`]' element, read in place: the type has no
-/// public name (nothing takes or builds one).
+/// [`ServerHint::policies`]' element; the type has no public name.
 mod policy {
     use core::time::Duration;
     #[cfg(feature = "serde")]
@@ -203,9 +184,9 @@ mod policy {
 pub(crate) use policy::Policy;
 
 impl ServerHint {
-    /// The longest duration a hint holds (2³² − 1 seconds, about 136
-    /// years): longer values are capped, so adding one to an `Instant` or
-    /// to the crate's nanosecond clock cannot overflow.
+    /// The longest duration a hint holds (2³² − 1 seconds): longer values are
+    /// capped, so adding one to an `Instant` or nanosecond clock cannot
+    /// overflow.
     ///
     /// # Examples
     ///
@@ -218,10 +199,8 @@ impl ServerHint {
     /// ```
     pub const MAX_DURATION: Duration = Duration::from_secs(u32::MAX as u64);
 
-    /// How far the response's `Date` may be from the `now` passed to
-    /// [`from_headers`](Self::from_headers) and still be trusted for
-    /// absolute times (one day). A `Date` further off is ignored in favour
-    /// of `now`.
+    /// How far the response's `Date` may be from `now` and still be trusted
+    /// for absolute times (one day).
     ///
     /// # Examples
     ///
@@ -241,17 +220,14 @@ impl ServerHint {
     /// ```
     pub const MAX_DATE_SKEW: Duration = Duration::from_secs(86_400);
 
-    /// Reads every recognised header in `headers`; `now` is the time the
-    /// response arrived, used for absolute times when the response has no
-    /// valid `Date`.
-    ///
-    /// Names are matched case-insensitively; values are trimmed of spaces
-    /// and tabs and must be UTF-8. Anything else is skipped.
+    /// Reads every recognised header in `headers`; `now` is when the response
+    /// arrived. Names are matched case-insensitively; values are trimmed of
+    /// spaces and tabs and must be UTF-8. Anything else is skipped.
     ///
     /// # Examples
     ///
     /// GitHub's epoch reset, read against the response's own `Date` (our
-    /// clock is 20 minutes fast here; the server's rules):
+    /// clock is 20 minutes fast here):
     ///
     /// ```
     /// use backpressure::headers::ServerHint;
@@ -319,10 +295,8 @@ impl ServerHint {
         Self::from_headers(map.iter(), now)
     }
 
-    /// How long the server wants us to wait before the next request, if it
-    /// said: `retry_after` when present (it beats every reset field), else
-    /// the longest `reset_after` among the exhausted limits (top-level or
-    /// policy with `remaining == 0`), else `None`.
+    /// How long the server wants us to wait, if it said: `retry_after`, else
+    /// the longest `reset_after` among exhausted limits, else `None`.
     ///
     /// # Examples
     ///
@@ -369,8 +343,7 @@ impl Clamp {
         Clamp { max }
     }
 
-    /// `Wait(wait)` if it fits in `max`, else `Stop` carrying the server's
-    /// full wait, for the caller to surface rather than sleep.
+    /// `Wait(wait)` if it fits in `max`, else `Stop` with the server's wait.
     pub(crate) fn apply(self, wait: Duration) -> Advice {
         if wait <= self.max {
             Advice::Wait(wait)
@@ -385,8 +358,7 @@ impl Clamp {
 pub(crate) enum Advice {
     /// Wait this long (at most the clamp), then go.
     Wait(Duration),
-    /// The server's wait is longer than the caller can use: stop and
-    /// surface it instead of sleeping.
+    /// The server's wait is longer than the caller can use: surface it.
     Stop {
         /// The server's full wait.
         retry_after: Duration,

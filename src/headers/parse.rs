@@ -1,9 +1,6 @@
 //! From header pairs to a [`ServerHint`]: name dispatch, precedence and the
-//! IETF structured fields (via `sfv`).
-//!
-//! One pass collects every recognised field into an [`Acc`]; absolute times
-//! stay absolute until the response's `Date` is known. Unparseable values
-//! are skipped one by one; nothing here panics.
+//! IETF structured fields (via `sfv`). One pass collects every field into
+//! an [`Acc`]; absolute times stay absolute until `Date` is known.
 
 use std::time::{Duration, SystemTime};
 
@@ -30,8 +27,7 @@ enum Rank {
     Vendor,
 }
 
-/// A value with the rank of the field it came from; the best rank is kept,
-/// and among equal ranks the first one seen.
+/// A value with its field's rank; the best rank wins, then the first seen.
 #[derive(Clone, Copy, Debug)]
 struct Ranked<T>(Option<(Rank, T)>);
 
@@ -61,8 +57,8 @@ struct RawPolicy {
     quota: Option<u64>,
     quota_unit: Option<String>,
     window: Option<u128>,
-    /// The window the vendor header family documents (see
-    /// [`documented_window`]): used only when nothing states one.
+    /// The window the vendor header family documents, used only when
+    /// nothing states one.
     documented_window: Option<u128>,
     remaining: Option<u64>,
     reset: Option<When>,
@@ -70,8 +66,7 @@ struct RawPolicy {
 
 #[derive(Debug, Default)]
 pub(super) struct Acc {
-    /// The first `Date` value, parsed only if an absolute time needs it
-    /// (most responses carry a `Date` and no absolute time).
+    /// The first `Date` value, parsed only if an absolute time needs it.
     date: Option<String>,
     retry_after: Option<When>,
     retry_after_ms: Option<When>,
@@ -79,8 +74,8 @@ pub(super) struct Acc {
     limit: Ranked<u64>,
     remaining: Ranked<u64>,
     used: Ranked<u64>,
-    /// Relative resets, kept apart so that they beat absolute ones of the
-    /// same rank (Discord sends both `Reset` and `Reset-After`).
+    /// Relative resets, kept apart so they beat absolute ones of the same
+    /// rank (Discord sends both).
     reset_after: Ranked<When>,
     reset_at: Ranked<When>,
     scope: [Option<String>; 3],
@@ -90,8 +85,7 @@ pub(super) struct Acc {
 }
 
 /// Whether [`Acc::add`] could use a header of this (lower-case) name: a
-/// cheap filter so the common response, with no limit headers, costs
-/// little.
+/// cheap filter for responses with no limit headers.
 #[inline]
 pub(super) fn is_candidate(name: &str) -> bool {
     name == "date"
@@ -124,9 +118,7 @@ impl Field {
 }
 
 /// The window a vendor header's per-resource limit names itself (Kong's
-/// `x-ratelimit-limit-{second,minute,hour,day}`; see [`ServerHint`] for why
-/// OpenAI's names get none). Anthropic's documented window is the minute
-/// ([`ANTHROPIC_WINDOW`]).
+/// `x-ratelimit-limit-{second,minute,hour,day}`; Anthropic's is the minute).
 fn documented_window(resource: &str) -> Option<u128> {
     let secs: u128 = match resource {
         "minute" => 60,
@@ -230,8 +222,8 @@ impl Acc {
         }
     }
 
-    /// `window`: the window the header family documents for this
-    /// resource's limit (Kong's `minute`, every Anthropic limit), if any.
+    /// `window`: the window the header family documents for this resource,
+    /// if any.
     fn add_policy_field(&mut self, resource: &str, field: Field, v: &str, window: Option<u128>) {
         let Some(p) = self.policy_named(Some(resource)) else {
             return;
@@ -248,8 +240,8 @@ impl Acc {
         }
     }
 
-    /// The policy called `name` (created if new); unnamed ones are always
-    /// new. `None` once [`MAX_POLICIES`] are kept or the name is unusable.
+    /// The policy called `name` (created if new; unnamed ones always are);
+    /// `None` once [`MAX_POLICIES`] are kept or the name is unusable.
     fn policy_named(&mut self, name: Option<&str>) -> Option<&mut RawPolicy> {
         if let Some(n) = name {
             if n.is_empty() || n.len() > MAX_NAME_LEN {
@@ -276,8 +268,7 @@ impl Acc {
     pub(super) fn finish(mut self, now: SystemTime) -> ServerHint {
         self.parse_structured();
         // Absolute times are read against the server's own `Date`, unless
-        // it is more than `MAX_DATE_SKEW` off ours (then it is the one
-        // plainly wrong).
+        // it is more than `MAX_DATE_SKEW` off ours.
         let now = value::unix_nanos(now);
         let max_skew = ServerHint::MAX_DATE_SKEW.as_nanos() as i128;
         let reference = self
@@ -318,8 +309,7 @@ impl Acc {
                 reset_after: p.reset.map(wait),
             });
         }
-        // No top-level counters: summarise the binding policy (the fewest
-        // remaining; on a tie, the longest reset).
+        // No top-level counters: summarise the binding policy.
         if hint.remaining.is_none()
             && hint.limit.is_none()
             && hint.reset_after.is_none()
@@ -383,9 +373,8 @@ impl Acc {
         }
     }
 
-    /// One member of `RateLimit-Policy` (`is_policy`) or `RateLimit`. The
-    /// name is a String, or a Token as in some of the draft's examples; an
-    /// Integer member is the older `RateLimit-Policy: 100;w=60` (unnamed).
+    /// One member of `RateLimit-Policy` (`is_policy`) or `RateLimit`: a
+    /// String or Token name, or an Integer (the older unnamed form).
     fn add_structured(&mut self, entry: &ListEntry, is_policy: bool) {
         let ListEntry::Item(item) = entry else {
             return;

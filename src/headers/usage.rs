@@ -1,17 +1,14 @@
 //! The one reader of an LLM provider's `usage` object (feature `http`), for
-//! a whole reply's body ([`llm_usage`]) and each event of a streamed reply
-//! ([`llm_event_usage`]), so they agree on every field.
+//! a whole body ([`llm_usage`]) and a stream event ([`llm_event_usage`]).
 //!
 //! | provider | `usage` fields | reported as |
 //! | --- | --- | --- |
 //! | OpenAI (and compatible servers) | `prompt_tokens`, `completion_tokens`, `total_tokens` | `input_tokens`, `output_tokens`, `tokens` |
 //! | Anthropic | `input_tokens` (+ `cache_creation_input_tokens`, `cache_read_input_tokens`), `output_tokens` | `input_tokens` (all input), `output_tokens`, `tokens` |
 //!
-//! `tokens` is `total_tokens` when the reply states it, else input plus
-//! output. A whole reply counts a missing output as 0 (an embedding); one
-//! event of a stream reports only the fields it carries (Anthropic's
-//! `message_start` has the input, each `message_delta` the output so
-//! far), and the stream adds them up when it ends.
+//! `tokens` is `total_tokens` when stated, else input plus output. A whole
+//! reply counts a missing output as 0; a stream event reports only the
+//! fields it carries, and the stream adds them up.
 
 /// What a whole (non-streamed) JSON reply says it used: see
 /// [`Provider::usage_in_body`](crate::admission::Provider::usage_in_body).
@@ -85,7 +82,7 @@ mod tests {
         pairs.iter().map(|(n, u)| (n.to_string(), *u)).collect()
     }
 
-    /// One rule for when `tokens` is set, in a body and a stream (issue #39).
+    /// One rule for when `tokens` is set, in a body and a stream.
     #[test]
     fn the_body_and_the_stream_read_usage_alike() {
         let openai =

@@ -1,18 +1,15 @@
 //! Grammars of single header values: numbers, Go-style durations, dates.
 //!
-//! Everything here works in `u128` nanoseconds (relative) or `i128` Unix
-//! nanoseconds (absolute) and saturates, so no input overflows or panics.
-//! The caller caps the result at [`MAX_DURATION`](super::ServerHint::MAX_DURATION).
-//! Dates are parsed by well-kept crates: `httpdate` (IMF-fixdate, RFC 850,
-//! asctime) and `jiff` (RFC 3339).
+//! Everything works in `u128` nanoseconds (relative) or `i128` Unix
+//! nanoseconds (absolute) and saturates; the caller caps the result. Dates
+//! are parsed by `httpdate` and `jiff`.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub(super) const NANOS_PER_MILLI: u128 = 1_000_000;
 pub(super) const NANOS_PER_SEC: u128 = 1_000_000_000;
 
-/// A point in time or a span, as a header stated it. Absolute times are
-/// turned into waits at the end, once the response's own `Date` is known.
+/// A point in time or a span, as a header stated it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum When {
     /// This many nanoseconds from the response.
@@ -87,8 +84,8 @@ impl Decimal {
         self.int
     }
 
-    /// `self * unit_nanos` in nanoseconds, rounded up so a wait never
-    /// shrinks, saturating. `unit_nanos` is at most an hour in nanoseconds.
+    /// `self * unit_nanos`, rounded up and saturating (`unit_nanos` is at
+    /// most an hour).
     pub(super) fn scaled(self, unit_nanos: u128) -> u128 {
         let whole = self.int.saturating_mul(unit_nanos);
         // frac < 10^18 and unit <= 3.6e12: the product fits in u128.
@@ -119,9 +116,8 @@ pub(super) fn parse_seconds(s: &str) -> Option<u128> {
     Decimal::parse(s).map(|d| d.scaled(NANOS_PER_SEC))
 }
 
-/// A Go `time.Duration` string without sign: one or more `<decimal><unit>`
-/// with units `ns`, `us`, `µs`, `μs`, `ms`, `s`, `m`, `h` (`1s`, `6m0s`,
-/// `12ms`, `1h2m3.5s`), or the bare `0`.
+/// A Go `time.Duration` string without sign (`1s`, `6m0s`, `1h2m3.5s`), or
+/// the bare `0`.
 pub(super) fn parse_go_duration(s: &str) -> Option<u128> {
     if s == "0" {
         return Some(0);
@@ -156,9 +152,7 @@ pub(super) fn parse_go_duration(s: &str) -> Option<u128> {
     Some(total)
 }
 
-/// An HTTP-date in any of the three forms RFC 9110 §5.6.7 requires
-/// recipients to accept: IMF-fixdate, RFC 850 and asctime, any year from
-/// 0000 to 9999.
+/// An HTTP-date in any of RFC 9110's three forms, any year 0000 to 9999.
 pub(super) fn parse_http_date(s: &str) -> Option<i128> {
     match httpdate::parse_http_date(s) {
         Ok(t) => Some(unix_nanos(t)),
@@ -166,13 +160,11 @@ pub(super) fn parse_http_date(s: &str) -> Option<i128> {
     }
 }
 
-/// Nanoseconds in 400 Gregorian years (146,097 days): the calendar, and so
-/// every weekday, repeats after that.
+/// Nanoseconds in 400 Gregorian years, after which every weekday repeats.
 const GREGORIAN_CYCLE_NANOS: i128 = 146_097 * 86_400 * NANOS_PER_SEC as i128;
 
-/// `httpdate` reads the years 1970 to 9999 only, so a date before 1970 is
-/// shifted `400·k` years later (same weekday), validated, and shifted back.
-/// (An RFC 850 year is 1970–2069 by definition.)
+/// `httpdate` reads 1970 to 9999 only, so an earlier date is shifted `400·k`
+/// years later (same weekday), validated, and shifted back.
 fn parse_http_date_before_1970(s: &str) -> Option<i128> {
     let year_at = match s.len() {
         29 => 12, // "Sun, 06 Nov 1994 08:49:37 GMT"
@@ -198,8 +190,7 @@ fn parse_http_date_before_1970(s: &str) -> Option<i128> {
     Some(unix_nanos(t) - i128::from(cycles) * GREGORIAN_CYCLE_NANOS)
 }
 
-/// An RFC 3339 timestamp with an offset (`2024-05-01T12:00:00Z`,
-/// `...+02:00`, fractional seconds allowed), any year from 0000 to 9999.
+/// An RFC 3339 timestamp with an offset, any year from 0000 to 9999.
 pub(super) fn parse_rfc3339(s: &str) -> Option<i128> {
     // Cheap pre-check so numbers and durations never reach the parser.
     if s.len() < 20 || !s.as_bytes()[..4].iter().all(u8::is_ascii_digit) || s.as_bytes()[4] != b'-'
@@ -208,10 +199,8 @@ pub(super) fn parse_rfc3339(s: &str) -> Option<i128> {
     }
     match s.parse::<jiff::Timestamp>() {
         Ok(t) => Some(t.as_nanosecond()),
-        // `jiff` stops at 9999-12-30T22:00Z, so the last day of year 9999
-        // would be skipped while the day before is capped. Any valid
-        // year-9999 time is far past the cap: if the same text in 9998
-        // (an equally non-leap year) is valid, so is this one.
+        // `jiff` stops at 9999-12-30T22:00Z: a year-9999 time is valid if
+        // the same text in 9998 (also non-leap) is; it is past the cap.
         Err(_) if s.starts_with("9999-") => format!("9998{}", &s[4..])
             .parse::<jiff::Timestamp>()
             .ok()
@@ -236,9 +225,8 @@ pub(super) const EPOCH_MILLIS_FROM: u128 = 1_000_000_000_000;
 /// At or above this the number is not a time we know how to read; skipped.
 pub(super) const EPOCH_MILLIS_UNTIL: u128 = 1_000_000_000_000_000;
 
-/// A reset field: a number classified by magnitude (delta seconds, Unix
-/// seconds, Unix milliseconds; fractions kept), an RFC 3339 timestamp, a
-/// Go-style duration, or an HTTP-date.
+/// A reset field: a number classified by magnitude, an RFC 3339
+/// timestamp, a Go-style duration, or an HTTP-date.
 pub(super) fn parse_reset(s: &str) -> Option<When> {
     if let Some(d) = Decimal::parse(s) {
         let n = d.int();

@@ -1,7 +1,6 @@
-//! Writing the headers, for servers built with the crate: `Retry-After`
-//! and the IETF `RateLimit-Policy` / `RateLimit` structured fields
-//! (draft-ietf-httpapi-ratelimit-headers-10), read back by
-//! [`ServerHint::from_headers`](crate::headers::ServerHint::from_headers).
+//! Writing `Retry-After` and the IETF `RateLimit-Policy` / `RateLimit`
+//! fields (draft-ietf-httpapi-ratelimit-headers-10), for servers built with
+//! the crate.
 
 use std::time::Duration;
 
@@ -14,25 +13,20 @@ use crate::{throttled::Status, Throttled};
 /// The largest Integer a structured field can carry (RFC 9651 §3.3.1).
 const SF_MAX: u64 = 999_999_999_999_999;
 
-/// `d` in whole seconds, rounded up (a client told `Retry-After: 1` for a
-/// 300 ms wait comes back late, never early), at most the largest
+/// `d` in whole seconds, rounded up (never early), at most the largest
 /// structured-field Integer.
 pub(crate) fn retry_after_secs(d: Duration) -> u64 {
     let secs = d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0));
     secs.min(SF_MAX)
 }
 
-/// One quota policy as a server announces it: the response headers
-/// `RateLimit-Policy: "name";q=<quota>;w=<window>`,
-/// `RateLimit: "name";r=<remaining>;t=<reset>` and, when set,
-/// `Retry-After: <seconds>`.
+/// One quota policy as a server announces it: `RateLimit-Policy:
+/// "name";q=<quota>;w=<window>`, `RateLimit: "name";r=<remaining>;t=<reset>`
+/// and, when set, `Retry-After: <seconds>`.
 ///
-/// Seconds are written rounded up (`w`, `t` and `Retry-After` are whole
-/// seconds in the draft and in RFC 9110), so a client never comes back
-/// early. Numbers above the structured-field maximum (10¹⁵ − 1) are written
-/// as that maximum. A name is a structured String: characters outside
-/// printable ASCII are written as `?`.
-///
+/// Seconds are rounded up, so a client never comes back early. Numbers
+/// above the structured-field maximum (10¹⁵ − 1) are written as it, and
+/// name characters outside printable ASCII as `?`.
 /// [`TokenBucket::rate_limit_headers`] fills one in from a bucket.
 ///
 /// # Examples
@@ -168,8 +162,7 @@ impl RateLimitHeaders {
         self.retry_after.map(|d| retry_after_secs(d).to_string())
     }
 
-    /// Every header as `(lowercase name, value)`: `retry-after` (when
-    /// set), `ratelimit-policy`, `ratelimit`.
+    /// Every header as `(lowercase name, value)`.
     ///
     /// # Examples
     ///
@@ -190,8 +183,7 @@ impl RateLimitHeaders {
         out
     }
 
-    /// Writes (replacing) the headers into an `http::HeaderMap` (feature
-    /// `http`).
+    /// Writes (replacing) the headers into an `http::HeaderMap`.
     ///
     /// # Examples
     ///
@@ -208,8 +200,7 @@ impl RateLimitHeaders {
     #[cfg(feature = "http")]
     pub fn write_to(&self, map: &mut http::HeaderMap) {
         for (name, value) in self.to_pairs() {
-            // Every value we write is printable ASCII, which is always a
-            // valid header value.
+            // Every value we write is printable ASCII, a valid header value.
             if let Ok(v) = http::HeaderValue::from_str(&value) {
                 map.insert(http::header::HeaderName::from_static(name), v);
             }
@@ -234,17 +225,11 @@ impl RateLimitHeaders {
 }
 
 impl<C: Clock> TokenBucket<C> {
-    /// The bucket's state as response headers, for a server that limits
-    /// its clients with this bucket (no `Retry-After`; add it with
-    /// [`RateLimitHeaders::with_retry_after`] on a 429).
-    ///
-    /// A GCRA bucket has no fixed window; it is described as:
-    ///
-    /// * `q` = the burst, `w` = burst × period (rounded up to whole
-    ///   seconds, so the announced rate is never above the real one);
-    /// * `r` = the cells [`available`](TokenBucket::available) now;
-    /// * `t` = when `r` is 0, the wait for the next cell (what a client
-    ///   must wait); otherwise the time until the bucket is full again.
+    /// The bucket's state as response headers (no `Retry-After`; add it with
+    /// [`RateLimitHeaders::with_retry_after`] on a 429). A GCRA bucket has no
+    /// fixed window, so: `q` = the burst; `w` = burst × period (rounded up);
+    /// `r` = the cells [`available`](TokenBucket::available) now; `t` = when
+    /// `r` is 0 the wait for the next cell, else the time until full.
     ///
     /// # Examples
     ///
@@ -289,10 +274,8 @@ impl<C: Clock> TokenBucket<C> {
 
 /// Writing a refusal as an HTTP response, for servers built with the crate.
 impl Throttled {
-    /// The HTTP status a server answers this refusal with: 429 for
-    /// `rate_limited` and `quota_exhausted`, 503 for `shed` and `closed`,
-    /// 504 for `timed_out`, 429 for `budget_exhausted` (and any later
-    /// status).
+    /// The HTTP status for this refusal: 503 for `shed`, `closed` and
+    /// `unavailable`, 504 for `timed_out`, else 429.
     ///
     /// # Examples
     ///
@@ -310,9 +293,8 @@ impl Throttled {
         }
     }
 
-    /// The response headers for this refusal: `Retry-After` in delta
-    /// seconds, rounded up (never early), when the retry time is known.
-    /// Add the quota's `RateLimit` fields with
+    /// The response headers for this refusal: `Retry-After` in seconds,
+    /// rounded up, when the retry time is known. Add the quota's fields with
     /// [`TokenBucket::rate_limit_headers`](crate::TokenBucket::rate_limit_headers).
     ///
     /// # Examples
@@ -344,9 +326,7 @@ mod tests {
     use std::num::NonZeroU32;
     use std::time::SystemTime;
 
-    /// The round trip: what a server writes from a bucket (and a refusal's
-    /// `Retry-After`) is read back by `ServerHint::from_headers` as the
-    /// same wait (whole seconds, rounded up) and the same remaining.
+    /// Headers written from a bucket read back as the same wait and remaining.
     #[test]
     fn written_headers_round_trip_through_server_hint() {
         let quotas = [
@@ -361,7 +341,6 @@ mod tests {
             let clock = ManualClock::new();
             let bucket = TokenBucket::with_clock(quota, clock.clone());
             for step in 0..50u64 {
-                // Take cells, sometimes a penalty, and let time pass.
                 let refused = bucket.try_acquire(1).err();
                 if step % 17 == 16 {
                     bucket.penalize(Duration::from_millis(2_345));
@@ -387,7 +366,6 @@ mod tests {
                 };
                 assert_eq!(hint.wait(), expected, "{quota:?} step {step}");
                 if written.remaining == 0 {
-                    // `t` is when the next cell fits: exactly the refusal's wait.
                     let wait = bucket.try_acquire(1).unwrap_err().wait().unwrap();
                     assert_eq!(written.reset_after, wait, "{quota:?} step {step}");
                 }

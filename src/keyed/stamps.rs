@@ -1,14 +1,11 @@
-//! Reservations kept as stamps alone (the admission layer's tickets): no
-//! `Arc` on the bucket, given back by looking the key up again.
+//! Reservations kept as stamps alone (the admission layer's tickets), given
+//! back by looking the key up again.
 //!
-//! What makes that safe is the epoch a key's new bucket starts at. A
-//! bucket is dropped only by a sweep, which raises its shard's
-//! `epoch_floor` past the dropped bucket's epoch; a bucket created later
-//! in that shard starts at the floor, and epochs only count up from there.
-//! A refund carries the epoch it was taken under and `Gcra::cancel`
-//! refuses any other, so a refund kept from a dropped bucket never frees
-//! cells of its successor. (Epochs are 31 bits: a collision would take
-//! 2³⁰ epoch changes in one shard while the refund is held.)
+//! A sweep that drops a bucket raises its shard's `epoch_floor` past the
+//! bucket's epoch, and a later bucket in that shard starts at the floor. A
+//! refund carries its epoch and `Gcra::cancel` refuses any other, so a
+//! refund kept from a dropped bucket never frees its successor's cells.
+//! (Epochs are 31 bits: a collision takes 2³⁰ epoch changes while held.)
 
 // Without `admission` only `raise_floor` is built.
 #![cfg_attr(not(feature = "admission"), allow(unused_imports))]
@@ -23,9 +20,8 @@ use crate::bucket::gcra::{
 use crate::bucket::ReserveError;
 use crate::clock::{saturating_nanos, Clock};
 
-/// Raises `floor` past the epoch of `dropped`, a bucket the sweep drops.
-/// Epochs count up mod 2³¹ from the floor: one past it by less than half
-/// the circle is ahead of it.
+/// Raises `floor` past the epoch of `dropped`. Epochs count up mod 2³¹: one
+/// less than half the circle past the floor is ahead of it.
 pub(super) fn raise_floor(floor: &mut u32, dropped: &Gcra) {
     let past = dropped.epoch_now().wrapping_add(1) & EPOCH_MAX;
     if epoch_distance(past, *floor) < EPOCH_HALF {
@@ -46,8 +42,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
             .is_none_or(|e| e.bucket.gcra().is_full(now) && e.bucket.gcra().held_until() <= now)
     }
 
-    /// The period (one cell's emission interval) of `key`'s quota: its
-    /// bucket's, else its configured quota's, else the default.
+    /// The period of `key`'s quota (see [`quota_of`](Self::quota_of)).
     pub(crate) fn period_of(&self, key: &K) -> Duration {
         self.quota_of(key).period()
     }
@@ -66,10 +61,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
             .map_or(self.default_quota, |(_, q)| *q)
     }
 
-    /// [`reserve_at`](Self::reserve_at) for a holder that keeps only the
-    /// stamps (an admission ticket): no `Arc` is cloned and the bucket stays
-    /// in its slot. Give the cells back with
-    /// [`cancel_stamps`](Self::cancel_stamps).
+    /// [`reserve_at`](Self::reserve_at) keeping only the stamps: no `Arc`,
+    /// the bucket stays in its slot. See [`cancel_stamps`](Self::cancel_stamps).
     #[inline]
     pub(crate) fn reserve_stamps(
         &self,
@@ -83,16 +76,13 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
             .unwrap_or_else(|e| Err(ReserveError::TooManyKeys { limit: e.limit }))
     }
 
-    /// Charges `n` cells to `key` at `now` past its burst, in O(1): debt
-    /// the next calls wait for (see `Gcra::charge`).
+    /// Charges `n` cells to `key` at `now` past its burst (see `Gcra::charge`).
     pub(crate) fn charge(&self, key: &K, n: u64, now: u64) -> Result<(), TooManyKeys> {
         self.with_bucket_at(key, now, false, |b, now| b.gcra().charge(n, now))
     }
 
-    /// Gives back a reservation of [`reserve_stamps`](Self::reserve_stamps)
-    /// if `key` still has the bucket it came from and nothing was stacked
-    /// on it since (see `Gcra::cancel`; a re-created bucket refuses it, see
-    /// the module docs).
+    /// Gives back a [`reserve_stamps`](Self::reserve_stamps) reservation if
+    /// `key` still has its bucket and nothing was stacked on it since.
     pub(crate) fn cancel_stamps<Q>(&self, key: &Q, stamps: Stamps) -> bool
     where
         K: core::borrow::Borrow<Q>,
@@ -104,8 +94,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
             .buckets
             .find(hash, |e| e.key.borrow() == key)
             .is_some_and(|e| {
-                // A refund is a use: a sweep must not drop the bucket
-                // between a settle's refund and the charge that follows it.
+                // A refund is a use: a sweep must not drop the bucket before
+                // the charge that follows it.
                 e.touch();
                 e.bucket.gcra().cancel(stamps)
             })
@@ -145,9 +135,6 @@ mod tests {
         assert_eq!((old.before, old.after), (0, SEC));
         evict(&limits, &clock);
         assert!(!limits.cancel_stamps("k", old), "no bucket: nothing given");
-        // The key's new bucket holds the very stamps the old refund names
-        // (a reservation at an earlier `now` is allowed): only the epoch
-        // tells them apart.
         let new = limits.reserve_stamps(&key, 1, Duration::ZERO, 0).unwrap();
         let new = new.ticket.unwrap();
         assert_eq!((new.before, new.after), (old.before, old.after));
@@ -162,7 +149,6 @@ mod tests {
         let limits = one_per_second(&clock);
         let key = "k".to_string();
         let q = |n| Quota::per_second(NonZeroU32::new(n).unwrap());
-        // Two quota changes: the bucket is at epoch 2 when dropped.
         limits.try_acquire(&key, 1).unwrap();
         limits.set_quota(&key, q(2)).unwrap();
         limits.set_quota(&key, q(1)).unwrap();
@@ -181,7 +167,6 @@ mod tests {
         assert_eq!(floor, 0, "an epoch behind the floor leaves it");
         raise_floor(&mut floor, &Gcra::with_epoch(quota, 7));
         assert_eq!(floor, 8);
-        // Half the circle ahead is not ahead (cargo-mutants: `<` to `<=`).
         let mut floor = 0;
         raise_floor(&mut floor, &Gcra::with_epoch(quota, EPOCH_HALF - 1));
         assert_eq!(floor, 0, "an epoch half the circle away is behind");

@@ -1,5 +1,4 @@
-//! The registry's tables: inserting a new key (under the cap on keys,
-//! counted across shards) and sweeping the idle ones out.
+//! Inserting a new key (under the cap on keys) and sweeping idle ones out.
 
 use core::hash::Hash;
 
@@ -13,11 +12,9 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// grace period; returns how many.
     ///
     /// A shard is swept at most once per [grace
-    /// period](Scoped::with_idle_grace): its sweep drops the full buckets
-    /// untouched since the previous sweep and marks the rest untouched, so
-    /// a key goes at the first sweep one to two grace periods after its
-    /// last call. Not needed for bounded memory (inserts sweep as they
-    /// go); useful after a burst of one-off keys.
+    /// period](Scoped::with_idle_grace), so a key goes one to two grace
+    /// periods after its last call. Not needed for bounded memory (inserts
+    /// sweep as they go); useful after a burst of one-off keys.
     ///
     /// # Examples
     ///
@@ -43,13 +40,12 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
             .sum()
     }
 
-    /// Sweeps one shard (held for writing) and gives its dropped keys'
-    /// slots back.
+    /// Sweeps one shard (held for writing) and frees its dropped keys' slots.
     fn sweep_shard(&self, shard: &mut Shard<K>, now: u64) -> usize {
         let dropped = shard.sweep(now, self.idle_grace, &self.hasher);
         if dropped > 0 {
-            // Relaxed: a count, read only by RMWs of its own (the buckets
-            // it counts are guarded by the shard locks).
+            // Relaxed: a count changed only by RMWs; the shard locks guard
+            // the buckets.
             self.live_keys.fetch_sub(dropped, Ordering::Relaxed);
         }
         dropped
@@ -101,8 +97,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
                 break guard;
             }
             // At the cap: this shard's idle keys first, then every other
-            // shard's, one lock at a time (never two held: no lock order
-            // to keep), before anyone is refused.
+            // shard's, one lock at a time (no lock order to keep).
             self.sweep_shard(&mut guard, now);
             if self.take_key_slot() {
                 break guard;
@@ -124,8 +119,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
             }
             swept_all = true;
         };
-        // The slot is given back if user code below (`Eq`, `Clone`, `Hash`
-        // of the key) panics before the bucket is in the table.
+        // Gives the slot back if user code (`Eq`, `Clone`, `Hash`) panics.
         let slot = KeySlot(&self.live_keys);
         let quota = guard
             .quotas
@@ -163,9 +157,8 @@ impl Drop for KeySlot<'_> {
 }
 
 impl<K> Shard<K> {
-    /// Drops the full buckets untouched since the previous sweep and
-    /// clears the other bits, if a grace period has passed since that
-    /// sweep (else does nothing); returns how many it dropped.
+    /// Drops the full buckets untouched since the previous sweep and clears
+    /// the other bits, if a grace period has passed; returns how many.
     fn sweep(&mut self, now: u64, grace: u64, hasher: &ahash::RandomState) -> usize
     where
         K: Hash,

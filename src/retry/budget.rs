@@ -1,17 +1,12 @@
 //! [`RetryBudget`]: retries as a share of first attempts, shared by every
 //! call that uses it, so a failing dependency sees at most `1 + ratio`
-//! times its normal traffic, not `1 + max_retries` times (the retry storm
-//! each call's own cap allows when all of them fail at once).
-//!
-//! # The account
+//! times its normal traffic, not `1 + max_retries` times.
 //!
 //! One word holds the balance (thousandths of a retry) and the time of its
 //! last change (ms, wrapping). Every first attempt deposits `ratio`; every
 //! retry withdraws one. The balance decays exponentially with the window as
-//! time constant, so with first attempts at `q`/s it settles at `ratio × q
-//! × window` and retries are held to `ratio × q` on average. A floor of
-//! `min_per_sec` (its own token bucket) lets a quiet caller still retry.
-//! Every change is one CAS; nothing blocks.
+//! time constant. A floor of `min_per_sec` (its own token bucket) lets a
+//! quiet caller still retry. Every change is one CAS.
 
 use core::fmt;
 use core::num::NonZeroU32;
@@ -24,16 +19,13 @@ use crate::sync::{AtomicU64, Ordering};
 /// Thousandths of a retry per unit of balance.
 const MILLI: f64 = 1_000.0;
 
-/// How far ahead of a thread's `now` another thread's stamp can be (a race
-/// to write): far more than any race, far less than the 49.7-day wrap.
+/// How far ahead of a thread's `now` a racing thread's stamp can be: far
+/// more than any race, far less than the 49.7-day wrap.
 const BEHIND_MS: u32 = 60_000;
 
-/// A process-wide retry budget (the Finagle / tower `retry::budget` idea):
-/// over a sliding window, retries are at most `ratio` × first attempts,
-/// plus a floor of `min_per_sec`. Share one through
-/// [`RetryPolicy::budget`](crate::retry::RetryPolicy::budget); a retry
-/// the budget refuses ends the call with its last answer (a 429 still as
-/// `rate_limited`).
+/// A process-wide retry budget: over a sliding window, retries are at most
+/// `ratio` × first attempts, plus a floor of `min_per_sec`. Share one
+/// through [`RetryPolicy::budget`](crate::retry::RetryPolicy::budget).
 ///
 /// # Examples
 ///
@@ -141,8 +133,8 @@ impl<C: Clock + Clone> RetryBudget<C> {
         f64::from(self.decayed(balance, stamp, self.now_ms())) / MILLI
     }
 
-    /// Applies `f` to the decayed balance in one compare-and-swap loop;
-    /// `false` (and nothing written) when `f` refuses.
+    /// Applies `f` to the decayed balance in one CAS loop; `false` (nothing
+    /// written) when `f` refuses.
     fn update(&self, f: impl Fn(u32) -> Option<u32>) -> bool {
         // Relaxed throughout: the word is its own and only datum.
         let mut current = self.state.load(Ordering::Relaxed);
@@ -164,14 +156,11 @@ impl<C: Clock + Clone> RetryBudget<C> {
         }
     }
 
-    /// `balance` written at `stamp`, decayed to `now` (milliseconds,
-    /// wrapping: a stamp "ahead" of `now` from a racing writer decays by
-    /// nothing).
+    /// `balance` written at `stamp`, decayed to `now` (milliseconds).
     fn decayed(&self, balance: u32, stamp: u32, now: u32) -> u32 {
         let elapsed = now.wrapping_sub(stamp);
-        // A stamp at most `BEHIND` ahead of `now` is a racing writer, and
-        // decays nothing; any other difference is time that passed (even
-        // past half the 32-bit wrap, issue #40).
+        // A stamp at most `BEHIND_MS` ahead of `now` is a racing writer and
+        // decays nothing; any other difference is elapsed time.
         if elapsed == 0 || elapsed > u32::MAX - BEHIND_MS {
             return balance;
         }
@@ -204,8 +193,7 @@ impl<C: Clock + Clone> fmt::Debug for RetryBudget<C> {
     }
 }
 
-/// What [`RetryPolicy`](crate::retry::RetryPolicy) needs of a budget,
-/// whatever its clock.
+/// What [`RetryPolicy`](crate::retry::RetryPolicy) needs of a budget.
 pub(crate) trait Allowance: fmt::Debug + Send + Sync {
     fn deposit(&self);
     fn try_withdraw(&self) -> bool;
@@ -236,12 +224,10 @@ mod tests {
         for _ in 0..10_000 {
             huge.deposit();
         }
-        // Saturated, not wrapped: still a large balance.
         assert!(huge.available() > 4_000_000.0);
     }
 
-    /// A balance idle for over `u32::MAX / 2` ms still decays (issue #40
-    /// item 10).
+    /// A balance idle for over `u32::MAX / 2` ms still decays.
     #[test]
     fn retry_budget_forgets_to_decay_after_25_idle_days_is_fixed() {
         let c = ManualClock::new();
@@ -252,12 +238,10 @@ mod tests {
         c.advance(Duration::from_secs(26 * 24 * 3600));
         assert!(b.available() < 1.0, "{}", b.available());
         assert!(!b.try_withdraw());
-        // A stamp a few ms ahead of a stale `now` is a race, not an idle.
         assert_eq!(b.decayed(1_000, 10, 5), 1_000);
     }
 
-    /// The balance in retries, a window's decay, the floor, and the race
-    /// bound.
+    /// The balance counts retries, decays by e per window, then the floor.
     #[test]
     fn the_balance_counts_retries_decays_by_e_per_window_and_falls_back_to_the_floor() {
         let c = ManualClock::new();
@@ -269,17 +253,14 @@ mod tests {
         assert!(b.try_withdraw());
         assert_eq!(b.available(), 2.0);
         c.advance(Duration::from_secs(10));
-        // One window: e^-1 of it.
         assert!(
             (b.available() - 2.0 / std::f64::consts::E).abs() < 0.01,
             "{}",
             b.available()
         );
-        // Nothing in the balance: the floor's one retry a second.
         let floored = RetryBudget::with_clock(0.0, 1, Duration::from_secs(10), c.clone());
         assert!(floored.try_withdraw());
         assert!(!floored.try_withdraw());
-        // The race bound is exclusive: a stamp further ahead is time passed.
         assert_eq!(b.decayed(1_000, BEHIND_MS + 1, 0), 0);
         assert_eq!(b.decayed(1_000, BEHIND_MS, 0), 1_000);
         let shown = format!("{b:?}");
@@ -297,7 +278,6 @@ mod tests {
             b.deposit();
         }
         c.advance(Duration::from_secs(5));
-        // e^-5 of 100: under one retry left.
         assert!(!b.try_withdraw());
     }
 }

@@ -8,9 +8,8 @@ use crate::Clock;
 
 /// The remaining time budget of one call, on a [`Clock`].
 ///
-/// Waits [`charge`](Self::charge)d but not yet elapsed add up: charging
-/// 2 s and then 3 s before sleeping needs 5 s of budget. Once the clock
-/// passes a charged wait, only the clock counts again.
+/// Waits [`charge`](Self::charge)d but not yet elapsed add up; once the
+/// clock passes a charged wait, only the clock counts again.
 ///
 /// # Examples
 ///
@@ -116,8 +115,7 @@ impl<C: Clock> Deadline<C> {
         &self.clock
     }
 
-    /// When the next wait would start: now, or the end of the waits
-    /// charged and not yet elapsed.
+    /// When the next wait would start: now, or the end of the charged waits.
     #[inline]
     fn start(&self) -> u64 {
         self.clock.now_nanos().max(self.committed)
@@ -153,19 +151,15 @@ impl<C: Clock> Deadline<C> {
         self.start() >= self.at
     }
 
-    /// Accounts for a wait of `wait` if it fits in the remaining budget
-    /// (ending at or before the deadline); otherwise charges nothing.
-    ///
-    /// Once the deadline has passed ([`is_expired`](Self::is_expired)),
-    /// nothing fits, not even a zero wait: a call out of budget gets no
-    /// further attempt, however short the wait before it.
+    /// Accounts for `wait` if it ends at or before the deadline; otherwise
+    /// charges nothing. Once the deadline has passed nothing fits, not even
+    /// a zero wait.
     ///
     /// # Errors
     ///
     /// A [`Throttled`] `timed_out` (scope `deadline`) if the wait would end
-    /// past the deadline, or the deadline has already passed: the caller
-    /// should stop now rather than sleep into a timeout. Its hint names the
-    /// wait and what was left.
+    /// past the deadline, or it has already passed; its hint names the wait
+    /// and what was left.
     ///
     /// # Examples
     ///
@@ -189,8 +183,7 @@ impl<C: Clock> Deadline<C> {
         let start = self.start();
         let left = self.at.saturating_sub(start);
         let w = saturating_nanos(wait);
-        // `left == 0` is an expired deadline: a zero wait would pass
-        // `w > left` and grant a retry after the deadline.
+        // `left == 0`: expired; a zero wait would otherwise pass.
         if left == 0 || w > left {
             return Err(timed_out(wait, Duration::from_nanos(left)));
         }
@@ -233,7 +226,7 @@ mod tests {
     }
 }
 
-/// The refusal of a wait that does not fit: out of line, off the hot path.
+/// The refusal of a wait that does not fit.
 #[cold]
 fn timed_out(wait: Duration, remaining: Duration) -> Throttled {
     Throttled::new(

@@ -1,13 +1,10 @@
-//! What travels in `http::Extensions` beside a request or its response:
-//! the request count of a call ([`Attempts`]) and one request's own
-//! deadline ([`RequestDeadline`]).
+//! What travels in `http::Extensions`: [`Attempts`] and [`RequestDeadline`].
 
 use core::time::Duration;
 
-/// How many requests a call sent, in the extensions of the response it
-/// ended with (the reqwest middleware's and the tower `AdmissionLayer`'s)
-/// and in a refusal's [`Throttled::attempts`](crate::Throttled::attempts):
-/// retries included, 0 for a synthetic refusal.
+/// How many requests a call sent (retries included, 0 for a synthetic
+/// refusal), in the extensions of the response it ended with and in
+/// [`Throttled::attempts`](crate::Throttled::attempts).
 ///
 /// # Examples
 ///
@@ -20,11 +17,9 @@ use core::time::Duration;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Attempts(pub u32);
 
-/// A request's own deadline: put it in the request's extensions
-/// (`RequestBuilder::with_extension` with reqwest-middleware,
-/// `http::Request::extensions_mut` for a tower stack) to override the
-/// layer's default. Admission waits (and, in the reqwest middleware,
-/// retries and their backoff) are charged to it.
+/// A request's own deadline: put it in the request's extensions to override
+/// the layer's default. Admission waits (and the reqwest middleware's
+/// retries) are charged to it.
 ///
 /// # Examples
 ///

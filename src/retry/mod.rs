@@ -1,21 +1,14 @@
-//! Retries charged to a deadline: jittered exponential backoff, deadline
-//! accounting, and a retry policy that turns a failure (plus the server's
-//! [hint](crate::headers::ServerHint)) into a decision.
+//! Retries charged to a deadline.
 //!
-//! * [`Backoff`]: `min(cap, base * 2^attempt)` with [`Jitter`] (none, full,
-//!   equal, decorrelated), from a seedable RNG; saturating, so any attempt
-//!   number is fine.
-//! * [`Deadline`]: the remaining budget of a call on a [`Clock`](crate::Clock).
-//!   [`charge`](Deadline::charge) accepts a wait only if it fits: a retry
-//!   that would sleep past the deadline is refused (`timed_out`)
-//!   instead of sleeping.
-//! * [`RetryPolicy`]: the one owner of retry decisions: classes an answer
-//!   once, holds the retry cap, lets the server's wait (clamped) override
-//!   the backoff, and answers with a [`Decision`].
+//! * [`Backoff`]: `min(cap, base * 2^attempt)` with [`Jitter`], from a
+//!   seedable RNG; saturating, so any attempt number is fine.
+//! * [`Deadline`]: a call's remaining budget on a [`Clock`](crate::Clock);
+//!   [`charge`](Deadline::charge) refuses a wait that does not fit.
+//! * [`RetryPolicy`]: turns a failure and the server's
+//!   [hint](crate::headers::ServerHint) into a [`Decision`].
 //! * [`RetryBudget`]: retries as a share of calls, across callers.
 //! * [`Attempts`] and [`RequestDeadline`]: the request count a response
-//!   carries and one request's own deadline, in `http::Extensions` (read
-//!   and written by the reqwest middleware and the tower layers).
+//!   carries and one request's own deadline, in `http::Extensions`.
 //!
 //! ```
 //! use backpressure::retry::{Backoff, Jitter};
@@ -61,11 +54,9 @@ pub use policy::{Decision, RetryPolicy};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Jitter {
-    /// Exactly `v`. Synchronised clients stay synchronised: use only when
-    /// there is one client.
+    /// Exactly `v`. Synchronised clients stay synchronised.
     None,
-    /// Uniform in `[0, v]`: the least total work for competing clients
-    /// (mean `v / 2`).
+    /// Uniform in `[0, v]`: the least total work for competing clients.
     #[default]
     Full,
     /// Uniform in `[v / 2, v]`: never retries almost at once (mean `3v / 4`).
@@ -77,9 +68,8 @@ pub enum Jitter {
 
 /// Exponential backoff with jitter from a seedable RNG.
 ///
-/// Deliberately not `Clone`: two copies of one generator draw the same
-/// "random" delays and retry in lockstep, which is what jitter exists to
-/// prevent. Use [`fork`](Self::fork) for an independent generator.
+/// Not `Clone`: two copies of one generator retry in lockstep, which jitter
+/// exists to prevent. Use [`fork`](Self::fork) for an independent generator.
 ///
 /// # Examples
 ///
@@ -107,9 +97,8 @@ pub struct Backoff {
 }
 
 impl Backoff {
-    /// Backoff from `base` doubling up to `cap`, with [`Jitter::Full`] and
-    /// an RNG seeded from the thread's generator (so two backoffs made
-    /// this way draw independently). A `cap` below `base` caps every delay.
+    /// Backoff from `base` doubling up to `cap`, with [`Jitter::Full`] and an
+    /// independently seeded RNG. A `cap` below `base` caps every delay.
     ///
     /// # Examples
     ///
@@ -221,11 +210,8 @@ impl Backoff {
         grown.min(self.cap)
     }
 
-    /// The delay before retry number `attempt` (0 for the first retry).
-    ///
-    /// For [`Jitter::Decorrelated`] the delay depends on the previous one,
-    /// which this backoff remembers; `attempt == 0` restarts that chain
-    /// from `base`.
+    /// The delay before retry number `attempt` (0 for the first retry). For
+    /// [`Jitter::Decorrelated`], `attempt == 0` restarts the chain from `base`.
     ///
     /// # Examples
     ///

@@ -1,7 +1,5 @@
 //! [`RetryPolicy`]: a failed attempt and the server's hint in, a
-//! [`Decision`] out. The one owner of retry decisions: which statuses are
-//! the server's capacity, which are worth retrying, the retry cap and how
-//! long a server's wait may be slept.
+//! [`Decision`] out. The one owner of retry decisions.
 
 use std::time::Duration;
 
@@ -12,20 +10,16 @@ use super::{Backoff, Deadline};
 use crate::throttled::{Human, Status, Throttled};
 use crate::{headers::Advice, headers::Clamp, headers::ServerHint, Clock};
 
-/// How a [`RetryPolicy`] classes one attempt's answer. Crate-private:
-/// callers get its consequence from
-/// [`decide_reply`](RetryPolicy::decide_reply), which classifies once.
+/// How a [`RetryPolicy`] classes one attempt's answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum ReplyClass {
     /// 2xx.
     Success,
-    /// The server's capacity, not a fault: a 429, or a 503 with
-    /// `Retry-After`. Retried after the server's wait; a call whose
-    /// retries run out on it is `rate_limited`, never failed.
+    /// The server's capacity: a 429, or a 503 with `Retry-After`. Retried
+    /// after the server's wait; if retries run out, `rate_limited`.
     Capacity,
-    /// A fault that may pass: a 408, another 5xx, or a transport error
-    /// (no answer). Retried after the backoff (or the server's wait, if it
-    /// gave one).
+    /// A fault that may pass: a 408, another 5xx, or a transport error.
+    /// Retried after the backoff (or the server's wait, if given).
     Transient,
     /// Retrying cannot change it: any other status (other 4xx, 1xx, 3xx).
     Final,
@@ -33,10 +27,9 @@ pub(crate) enum ReplyClass {
 
 /// What to do after a failed attempt.
 ///
-/// When the policy will not retry "now", it says why as a [`Throttled`]:
+/// When the policy will not retry now, it says why as a [`Throttled`]:
 /// `rate_limited` (the server's wait does not fit, or a capacity answer
-/// outlasted the retries) or `timed_out` (our own backoff would pass the
-/// deadline, or it has passed).
+/// outlasted the retries) or `timed_out` (the deadline).
 ///
 /// # Examples
 ///
@@ -62,33 +55,27 @@ pub enum Decision {
         after: Duration,
     },
     /// The server's capacity (a 429, a 503 with `Retry-After`): try again
-    /// after `after`, the server's wait (jittered), already charged to the
-    /// deadline. Under an admission layer its hold on the credential
-    /// enforces that wait for every call, not only this one.
+    /// after the server's wait (jittered), already charged to the deadline.
     Readmit {
         /// How long to wait.
         after: Duration,
     },
-    /// The server's capacity, not retried (its wait does not fit the clamp
-    /// or the deadline, or the retries are spent): this `rate_limited` is
-    /// the call's answer, in place of the 429.
+    /// The server's capacity, not retried (the wait does not fit, or the
+    /// retries are spent): this `rate_limited` is the call's answer.
     Surface(Throttled),
-    /// A fault whose retry does not fit (the deadline, a server wait too
-    /// long for the clamp): the last answer stands, and this says why it
-    /// was not retried.
+    /// A fault whose retry does not fit: the last answer stands, and this
+    /// says why it was not retried.
     NotRetried(Throttled),
     /// The attempt cap is reached on a fault (a capacity answer is
     /// [`Surface`](Self::Surface)d as `rate_limited` instead).
     GiveUp,
-    /// Nothing to retry: the answer was a success, or final (a 4xx other
-    /// than 408 and 429, say).
+    /// Nothing to retry: the answer was a success, or final.
     Stop,
 }
 
 /// Decides, after each failed attempt of one call, whether and when to
-/// retry: how an answer is classed, the retry cap, the clamp on the
-/// server's wait and the backoff. [`Runner`](crate::admission::Runner)
-/// asks it after every attempt that did not succeed.
+/// retry. [`Runner`](crate::admission::Runner) asks it after every attempt
+/// that did not succeed.
 ///
 /// [`decide_reply`](Self::decide_reply) sees the whole answer (a status or
 /// a transport error, and the headers):
@@ -100,25 +87,20 @@ pub enum Decision {
 /// | 408, other 5xx, transport error | transient | as [`decide`](Self::decide): [`Retry`](Decision::Retry), [`NotRetried`](Decision::NotRetried) or [`GiveUp`](Decision::GiveUp) |
 /// | anything else | final | [`Stop`](Decision::Stop) |
 ///
-/// [`decide`](Self::decide) (a fault, given the server's hint), in order:
-/// past the attempt cap, [`Decision::GiveUp`]; past the deadline,
-/// [`NotRetried`](Decision::NotRetried) `timed_out` (even for a zero
-/// wait); a server wait ([`ServerHint::wait`]) longer than the clamp or
-/// the deadline left, `NotRetried` `rate_limited`; otherwise the server's
-/// wait overrides the backoff, plus a jitter of up to `base` (dropped when
-/// only the exact wait fits), never earlier than asked. Without a server
-/// wait, the [`Backoff`] delay, `timed_out` if it does not fit. A retry's
-/// wait is charged to the deadline; a surfaced one costs nothing.
+/// [`decide`](Self::decide) (a fault), in order: past the attempt cap,
+/// [`GiveUp`](Decision::GiveUp); past the deadline,
+/// [`NotRetried`](Decision::NotRetried) `timed_out`; a server wait
+/// ([`ServerHint::wait`]) longer than the clamp or the deadline left,
+/// `NotRetried` `rate_limited`; otherwise the server's wait plus a jitter of
+/// up to `base`, or without one the [`Backoff`] delay (`timed_out` if it
+/// does not fit). A retry's wait is charged to the deadline.
 ///
-/// A surfaced [`Throttled`] names its scope as [`Admission`](crate::admission::Admission)
-/// does: `server:<name>` when the server named its limit, else `api_key`
-/// (the credential's limit); `deadline` for `timed_out`.
+/// A surfaced [`Throttled`]'s scope is `server:<name>` when the server
+/// named its limit, else `api_key`; `deadline` for `timed_out`.
 ///
 /// One policy per call (it counts attempts); [`fork`](Self::fork) makes
-/// another with the same settings and an independent generator.
-///
-/// Defaults: backoff 100 ms doubling to 10 s with full jitter, at most 5
-/// retries, server waits honoured up to 60 s (the clamp).
+/// another. Defaults: backoff 100 ms doubling to 10 s with full jitter, at
+/// most 5 retries, server waits honoured up to 60 s (the clamp).
 ///
 /// # Examples
 ///
@@ -146,8 +128,7 @@ pub struct RetryPolicy {
     clamp: Clamp,
     /// Retries decided so far.
     retries: u32,
-    /// Shared by every call forked from this policy: a retry it refuses
-    /// is not made.
+    /// Shared by every call forked from this policy.
     budget: Option<Arc<dyn Allowance>>,
 }
 
@@ -162,9 +143,8 @@ impl Default for RetryPolicy {
 
 impl RetryPolicy {
     /// The wait assumed for a capacity answer that gave none (a bare 429):
-    /// one second, the same hold [`Ticket::observe`](crate::admission::Ticket::observe)
-    /// puts on the credential, so the call does not find out the same way
-    /// again at once.
+    /// one second, the hold [`Ticket::observe`](crate::admission::Ticket::observe)
+    /// puts on the credential.
     pub const BARE_429_HOLD: Duration = Duration::from_secs(1);
 
     /// A policy with `backoff`, 5 retries and a 60 s clamp.
@@ -277,7 +257,7 @@ impl RetryPolicy {
     }
 
     /// A fresh policy (no retries yet) with the same settings and an
-    /// independent generator, for another call.
+    /// independent generator.
     ///
     /// # Examples
     ///
@@ -302,11 +282,9 @@ impl RetryPolicy {
     }
 
     /// Shares `budget` among every call forked from this policy (each
-    /// [`fork`](Self::fork) is a call's first attempt and deposits into
-    /// it): a retry the budget refuses is not made, and the call ends with
-    /// its last answer (a capacity answer still as `rate_limited`, with
-    /// the server's wait). The seams that fork per call (`Runner`, the
-    /// reqwest middleware, `HintRetry`) all honour it.
+    /// [`fork`](Self::fork) deposits into it): a retry the budget refuses is
+    /// not made, and the call ends with its last answer (a capacity answer
+    /// still as `rate_limited`).
     ///
     /// # Examples
     ///
@@ -339,16 +317,14 @@ impl RetryPolicy {
         self.budget.as_ref().is_none_or(|b| b.try_withdraw())
     }
 
-    /// Classes an attempt's answer: `status` is the server's status, or
-    /// `None` for a transport error (no answer). See [`ReplyClass`].
+    /// Classes an answer; `status` is `None` for a transport error.
     pub(crate) fn classify(&self, status: Option<u16>, hint: &ServerHint) -> ReplyClass {
         reply_class(status, hint)
     }
 
-    /// Decides what to do after an attempt, seeing its whole answer:
-    /// `status` (`None` for a transport error, whose `hint` is then
-    /// `ServerHint::default()`) and the server's hint. A retry's wait is
-    /// charged to `deadline`. See the table on [`RetryPolicy`].
+    /// Decides what to do after an attempt: `status` is `None` for a
+    /// transport error. A retry's wait is charged to `deadline`. See the
+    /// table on [`RetryPolicy`].
     ///
     /// # Examples
     ///
@@ -390,9 +366,8 @@ impl RetryPolicy {
                     ));
                 }
                 self.retries += 1;
-                // Even past the deadline this is the server's limit, not
-                // ours: the clamp (at most what is left) surfaces it as
-                // `rate_limited` with the server's wait.
+                // Even past the deadline this is the server's limit: the
+                // clamp surfaces it as `rate_limited`.
                 match self.after_server_wait(wait, hint, deadline) {
                     // The shared budget is spent: still the server's limit.
                     Decision::Retry { .. } if !self.budget_allows() => Decision::Surface(
@@ -405,10 +380,8 @@ impl RetryPolicy {
         }
     }
 
-    /// Decides what to do after a failed attempt that is a fault (not the
-    /// server's capacity), given what the server said
-    /// (`ServerHint::default()` if nothing), charging a retry's wait to
-    /// `deadline`.
+    /// Decides what to do after a failed attempt that is a fault, charging
+    /// a retry's wait to `deadline`.
     ///
     /// # Examples
     ///
@@ -448,8 +421,7 @@ impl RetryPolicy {
         self.retries += 1;
 
         if deadline.is_expired() {
-            // Checked first: with no budget left, a zero wait (`Retry-After:
-            // 0`, a zero backoff) would otherwise still "fit".
+            // Checked first: a zero wait would otherwise still "fit".
             return Decision::Surface(expired(
                 hint.wait().unwrap_or_else(|| self.backoff.delay(attempt)),
                 attempt,
@@ -498,15 +470,13 @@ impl RetryPolicy {
             if deadline.charge(wait).is_ok() {
                 return Decision::Retry { after: wait };
             }
-            // Only an expired deadline gets here (the clamp is at most
-            // `remaining()`): surface the server's wait.
+            // Only an expired deadline gets here.
         }
         Decision::Surface(rate_limited(server, hint, clamp))
     }
 }
 
-/// The one classification of an answer (see [`ReplyClass`]); the tower
-/// `AdmissionLayer` and the circuit breaker ask it without a policy.
+/// The one classification of an answer (see [`ReplyClass`]).
 pub(crate) fn reply_class(status: Option<u16>, hint: &ServerHint) -> ReplyClass {
     match status {
         None => ReplyClass::Transient,
@@ -578,7 +548,7 @@ mod classify_tests {
     use super::*;
     use std::time::SystemTime;
 
-    /// The policy, not the runner, owns the status table (issue #12).
+    /// Every status (and a transport error) gets its class.
     #[test]
     fn the_policy_classes_every_answer() {
         use ReplyClass::{Capacity, Final, Success, Transient};
@@ -591,12 +561,10 @@ mod classify_tests {
             (Some(429), &none, Capacity),
             (Some(429), &told, Capacity),
             (Some(503), &told, Capacity),
-            // A bare 503 is a fault, not a rate limit.
             (Some(503), &none, Transient),
             (Some(500), &told, Transient),
             (Some(408), &none, Transient),
             (Some(599), &none, Transient),
-            // A transport error (no answer) is never capacity.
             (None, &none, Transient),
             (Some(400), &none, Final),
             (Some(404), &told, Final),

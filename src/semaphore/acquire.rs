@@ -1,6 +1,5 @@
 //! The acquire futures. Each owns its waiter node, so waiting allocates
-//! nothing; dropping a pending future unlinks the node and returns every
-//! permit already assigned to it.
+//! nothing.
 
 use core::fmt;
 use core::future::Future;
@@ -14,13 +13,12 @@ use super::{AcquireError, OwnedSemaphorePermit, Semaphore, SemaphorePermit};
 /// Future returned by [`Semaphore::acquire`] and
 /// [`Semaphore::acquire_many`].
 ///
-/// Unlike tokio's, this type can be named, so it can be stored in a struct.
+/// Unlike tokio's, this type can be named.
 ///
 /// # Cancel safety
 ///
-/// Dropping it before completion gives back every permit already assigned to
-/// it (waking the next waiter if that satisfies it); the place in the queue
-/// is lost.
+/// Dropping it gives back every permit already assigned to it (waking the
+/// next waiter if that satisfies it); the place in the queue is lost.
 #[must_use = "futures do nothing unless you `.await` or poll them"]
 pub struct Acquire<'a> {
     sem: &'a Semaphore,
@@ -35,8 +33,7 @@ pub struct Acquire<'a> {
 /// As [`Acquire`].
 #[must_use = "futures do nothing unless you `.await` or poll them"]
 pub struct AcquireOwned {
-    /// `None` once the future has completed and handed the `Arc` to its
-    /// permit.
+    /// `None` once the `Arc` has gone to the permit.
     sem: Option<Arc<Semaphore>>,
     waiter: Waiter,
 }

@@ -1,10 +1,7 @@
 //! An async, FIFO, cancellation-safe counting semaphore.
 //!
-//! [`Semaphore`] has the API of `tokio::sync::Semaphore` (tokio 1.54), so
-//! moving to it is a one-line change of a `use`. It differs where tokio's
-//! could be better: a release with nobody waiting is one CAS (tokio takes
-//! its mutex), the acquire futures are named types, and nothing depends on
-//! a runtime. The algorithm is documented in `raw.rs`.
+//! [`Semaphore`] has tokio's API (1.54); unlike tokio's, a release with
+//! nobody waiting takes no lock. The algorithm is in `raw.rs`.
 
 mod acquire;
 mod permit;
@@ -28,9 +25,7 @@ use raw::RawSemaphore;
 /// [`try_acquire`](Self::try_acquire) fails rather than take permits that a
 /// queued waiter is owed.
 ///
-/// A release hands its permits to the oldest waiters and wakes every one
-/// it satisfied at once, as tokio's semaphore does. It does not wake one
-/// waiter and leave that waiter to wake the next.
+/// A release wakes every waiter it satisfies at once.
 ///
 /// # Examples
 ///
@@ -148,17 +143,12 @@ impl std::error::Error for TryAcquireError {}
 impl Semaphore {
     /// The maximum number of permits a semaphore can hold: `usize::MAX >> 3`.
     ///
-    /// Exceeding it panics with tokio's messages at tokio's moment: in
-    /// [`new`](Self::new), an acquire asking for more, or a release
-    /// ([`add_permits`](Self::add_permits) or a permit's drop) whose leftover
-    /// after serving queued waiters would push
-    /// [`available_permits`](Self::available_permits) past it. So a permit
-    /// held while `add_permits` fills the semaphore panics when dropped.
-    ///
-    /// Unlike tokio, the count never passes the bound, even for a moment: the
-    /// offending release is refused (count unchanged), then panics. A permit
-    /// dropped during unwinding does not panic again; its permits are dropped.
-    ///
+    /// Exceeding it panics with tokio's messages: in [`new`](Self::new), an
+    /// acquire asking for more, or a release ([`add_permits`](Self::add_permits)
+    /// or a permit's drop) whose leftover after serving queued waiters would
+    /// push [`available_permits`](Self::available_permits) past it. Unlike
+    /// tokio, the count never passes the bound: the release is refused, then
+    /// panics (not again while unwinding; the permits are then dropped).
     /// # Examples
     ///
     /// ```
@@ -232,14 +222,9 @@ impl Semaphore {
     /// # Panics
     ///
     /// If the permits left after serving the queued waiters would push the
-    /// available count past [`Semaphore::MAX_PERMITS`]. The waiters served
-    /// are still woken; the rest is not added. See
-    /// [`MAX_PERMITS`](Self::MAX_PERMITS) for a permit's drop panicking
-    /// after the semaphore was filled to the bound.
-    ///
-    /// A waker that panics when woken does not stop the hand-off: every
-    /// other satisfied waiter is woken and the leftover stored, then the
-    /// waker's panic is resumed here.
+    /// available count past [`Semaphore::MAX_PERMITS`]; the waiters served
+    /// are still woken. A panicking waker is resumed here after every other
+    /// satisfied waiter is woken and the leftover stored.
     ///
     /// # Examples
     ///
@@ -281,9 +266,8 @@ impl Semaphore {
     ///
     /// # Panics
     ///
-    /// Only if a queued waiter's waker panics when woken, and only after
-    /// every queued waiter has been failed and woken: the waker's panic is
-    /// resumed once the close is complete.
+    /// Only if a queued waiter's waker panics, and only after every queued
+    /// waiter has been failed and woken.
     ///
     /// # Examples
     ///
@@ -341,10 +325,9 @@ impl Semaphore {
     }
 
     /// Acquires `n` permits at once, waiting in FIFO order. Permits are
-    /// assigned to a queued `acquire_many` as they are released, so a large
-    /// request is not starved by a stream of small ones.
-    ///
-    /// `acquire_many(0)` completes at once (unless the semaphore is closed).
+    /// assigned to a queued `acquire_many` as they are released, so it is not
+    /// starved by small requests. `acquire_many(0)` completes at once (unless
+    /// the semaphore is closed).
     ///
     /// # Errors
     ///
@@ -516,9 +499,8 @@ impl Semaphore {
 
     /// Acquires one permit, blocking the current thread until it is free.
     ///
-    /// Works without any async runtime. Like tokio's, it must not be called
-    /// from inside an async task (it would block the executor's thread);
-    /// unlike tokio's, it cannot detect that and does not panic.
+    /// Must not be called from inside an async task (it would block the
+    /// executor's thread); unlike tokio's, it does not detect that.
     ///
     /// # Errors
     ///
@@ -605,8 +587,7 @@ impl Semaphore {
         crate::park::block_on(self.acquire_many_owned(n))
     }
 
-    /// Takes `n` permits now or fails, with no permit object: for a caller
-    /// that tracks them itself and gives them back with
+    /// Takes `n` permits without a permit object; give them back with
     /// [`release`](Self::release) (the tower layer's one-pointer permit).
     #[cfg(feature = "admission")]
     #[inline]
@@ -614,17 +595,15 @@ impl Semaphore {
         self.raw.try_acquire(n).map(|_| ())
     }
 
-    /// Returns `n` permits; the first CAS expects `guess` (see `raw`'s
-    /// "Releasing"; `Guess::NONE` loads the word first).
+    /// Returns `n` permits; the first CAS expects `guess`.
     #[inline]
     pub(crate) fn release(&self, n: usize, guess: Guess) {
         self.raw.release(n, guess);
     }
 }
 
-// Unwind safe, like tokio's `Semaphore`: no panic leaves it half-updated
-// (bound checks panic before any change, wakers run outside the lock and
-// their panics are resumed after the hand-off, the mutex does not poison).
+// Unwind safe like tokio's: bound checks panic before any change, waker
+// panics are resumed after the hand-off, and the mutex does not poison.
 impl std::panic::UnwindSafe for Semaphore {}
 impl std::panic::RefUnwindSafe for Semaphore {}
 
@@ -636,8 +615,7 @@ impl fmt::Debug for Semaphore {
 
 #[cfg(all(test, not(feature = "loom")))]
 mod tests {
-    //! Threaded tests small enough for miri, so its data-race and aliasing
-    //! checks see the wait list used from several threads.
+    //! Threaded tests small enough for miri.
     use super::*;
     use std::future::Future;
     use std::pin::pin;
@@ -654,7 +632,6 @@ mod tests {
                     for i in 0..iters {
                         let n = (i + t) % 2 + 1;
                         if i % 3 == 0 {
-                            // Queue, maybe get partly assigned, then cancel.
                             let mut fut = pin!(sem.acquire_many(n));
                             let _ = fut.as_mut().poll(&mut Context::from_waker(Waker::noop()));
                         } else {
@@ -670,8 +647,7 @@ mod tests {
 
     #[test]
     fn permits_released_out_of_order_release_exactly() {
-        // Each drop's guess is stale (the other permit moved the word), so
-        // each release's first CAS fails and it retries on the word.
+        // Each drop's guess is stale, so its first CAS fails and retries.
         let sem = Semaphore::new(3);
         let a = sem.try_acquire().unwrap();
         let b = sem.try_acquire_many(2).unwrap();
@@ -694,8 +670,6 @@ mod tests {
         let mut cx = Context::from_waker(Waker::noop());
         let mut waiting = pin!(sem.acquire());
         assert!(waiting.as_mut().poll(&mut cx).is_pending());
-        // `held` expects the word it left (no permits, nothing queued); the
-        // word now says queued, so the permit must go to the waiter.
         drop(held);
         assert_eq!(sem.available_permits(), 0);
         let Poll::Ready(Ok(p)) = waiting.as_mut().poll(&mut cx) else {
@@ -705,18 +679,15 @@ mod tests {
         assert_eq!(sem.available_permits(), 1);
     }
 
-    /// A waker whose `Arc`'s strong count says how many clones are still
-    /// alive.
+    /// A waker whose `Arc` strong count says how many clones are alive.
     type Held = crate::fuzzing::CountingWaker;
 
     #[test]
     fn every_waker_a_node_took_is_dropped() {
-        // The node is written only when a future queues, and dropped with
-        // the future: whichever way the future ends, no waker is kept.
+        // Whichever way the future ends, no waker clone is kept.
         let sem = Semaphore::new(1);
         let (first, second) = (Arc::new(Held::default()), Arc::new(Held::default()));
         let held = sem.try_acquire().unwrap();
-        // Queued, then dropped while still linked.
         {
             let mut fut = pin!(sem.acquire());
             let waker = Waker::from(first.clone());
@@ -727,8 +698,6 @@ mod tests {
             assert_eq!(Arc::strong_count(&first), 3, "the node keeps a clone");
         }
         assert_eq!(Arc::strong_count(&first), 1);
-        // Queued, polled again with another waker (the node swaps it),
-        // then handed the permit and completed.
         {
             let mut fut = pin!(sem.acquire());
             let (w1, w2) = (Waker::from(first.clone()), Waker::from(second.clone()));
@@ -749,7 +718,6 @@ mod tests {
         }
         assert_eq!(Arc::strong_count(&first), 1);
         assert_eq!(Arc::strong_count(&second), 1);
-        // Completed at once: the node was never written.
         let waker = Waker::from(first.clone());
         let mut fut = pin!(sem.acquire());
         assert!(fut

@@ -47,18 +47,15 @@ pub struct OwnedSemaphorePermit {
     held: Held,
 }
 
-/// A permit's count and its release's [`Guess`] in one word (the guess
-/// takes the four bytes the pointer's alignment leaves spare). One word so
-/// a permit is returned in two registers, not through memory (measured:
-/// a failed store forward cost a third of an uncontended acquire + drop).
+/// A permit's count and its release's [`Guess`] in one word, so a permit is
+/// returned in two registers:
 ///
 /// | bit 63 | bits 32-62 | bits 0-31 |
 /// | --- | --- | --- |
 /// | 0 (narrow) | the guess (its bit 31 is 0) | the count |
 /// | 1 (wide) | the count's high bits | the count's low bits; no guess |
 ///
-/// A count past `u32::MAX` or a guess with bit 31 set is wide: the release
-/// loads the word, as with no guess.
+/// A count past `u32::MAX` or a guess with bit 31 set is wide (no guess).
 #[derive(Clone, Copy)]
 struct Held(u64);
 
@@ -82,7 +79,6 @@ impl Held {
     #[inline]
     fn permits(self) -> u64 {
         if self.0 & WIDE == 0 {
-            // Truncation intended: the low half is the count.
             u64::from(self.0 as u32)
         } else {
             self.0 & !WIDE
@@ -129,8 +125,8 @@ impl<'a> SemaphorePermit<'a> {
         }
     }
 
-    /// Forgets the permits without releasing them: the semaphore has that
-    /// many fewer for good.
+    /// Forgets the permits without releasing them: the semaphore keeps that
+    /// many fewer.
     ///
     /// # Examples
     ///
@@ -149,8 +145,7 @@ impl<'a> SemaphorePermit<'a> {
     ///
     /// # Panics
     ///
-    /// If the permits come from different semaphores, or the count
-    /// overflows.
+    /// If the permits come from different semaphores, or the count overflows.
     ///
     /// # Examples
     ///
@@ -250,8 +245,7 @@ impl OwnedSemaphorePermit {
     ///
     /// # Panics
     ///
-    /// If the permits come from different semaphores, or the count
-    /// overflows.
+    /// If the permits come from different semaphores, or the count overflows.
     ///
     /// # Examples
     ///
@@ -377,7 +371,6 @@ mod tests {
         ] {
             let held = Held::new(n, Guess::from_bits(g));
             assert_eq!(held.permits(), n);
-            // A guess with bit 31 set is no guess (the wide form).
             let want = if g & GUESS_HIGH == 0 && n <= u64::from(u32::MAX) {
                 Guess::from_bits(g)
             } else {

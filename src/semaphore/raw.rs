@@ -27,38 +27,28 @@
 //! `try_acquire` (and an acquire future's first poll) is one CAS taking
 //! `n` permits off the count. Its expected value is this thread's hint
 //! (`hint.rs`: the word it last left this semaphore in) when that would
-//! let the CAS succeed, else a load (measured faster, see BENCHMARKS.md).
-//! The hint is never believed on its own: one saying closed or too few
-//! permits is replaced by a load, and a wrong one is a failed CAS. A
-//! failed CAS backs off only if the word it returned lets it try again.
+//! let the CAS succeed, else a load. The hint is never believed on its
+//! own: a wrong one is a failed CAS. A failed CAS backs off only if the
+//! word it returned lets it try again.
 //!
 //! # Releasing
 //!
 //! With no waiter queued a release is one CAS on the state word and takes no
-//! lock (tokio locks its wait list on every release). The race with a waiter
-//! that is about to queue is settled by that CAS: the waiter sets `QUEUED`
-//! with a CAS too, so the release either lands first (the waiter sees the
-//! permits) or sees `QUEUED` and goes to the lock.
+//! lock. The race with a waiter about to queue is settled by that CAS: the
+//! waiter sets `QUEUED` with a CAS too, so the release either lands first
+//! (the waiter sees the permits) or sees `QUEUED` and goes to the lock. The
+//! same CAS enforces `MAX_PERMITS`, conditioned on the count it checked
+//! (see [`overflow`]).
 //!
-//! The same CAS enforces `MAX_PERMITS`: it is conditioned on the count it
-//! checked, so the count can never pass the bound (see [`overflow`] for
-//! when that panics, and how it matches tokio).
-//!
-//! A permit's drop does not load the word before that CAS: it expects the
-//! value its own acquire left (a [`Guess`], in the permit's spare four
-//! bytes), saving a cache-line transfer when nothing changed the word. A
-//! wrong guess costs a failed CAS, which returns the word. A guess that
+//! A permit's drop expects the word its own acquire left (a [`Guess`])
+//! instead of loading it; a wrong guess costs a failed CAS. A guess that
 //! would decide anything without a CAS (`QUEUED` set, the bound reached)
 //! is replaced by a load first.
 //!
-//! The locked path wakes in batches after unlocking. A waker that panics
-//! strands nothing: the rest of its batch is woken, the remaining waiters
-//! are served and the leftover stored, and then the panic is resumed
-//! (`WakeBatch` in `wait_list.rs`).
-//!
-//! Every waiter a release satisfies is woken then, not one at a time by
-//! the waiter before it (that leaves permits waiting on tasks nobody
-//! woke; `benches/semaphore/fifo_floor.rs`, BENCHMARKS.md).
+//! The locked path wakes every waiter it satisfies, in batches after
+//! unlocking, not one at a time by the waiter before it. A panicking waker
+//! strands nothing: the rest are woken and the leftover stored, then the
+//! panic is resumed (`WakeBatch` in `wait_list.rs`).
 //!
 //! # The waiter node
 //!
@@ -91,21 +81,16 @@ const SHIFT: usize = 2;
 
 const NODE_CLOSED: usize = 1;
 
-/// Whether any semaphore in this process has ever been closed: set by
-/// [`RawSemaphore::close`], never cleared. A fully served waiter reads it
-/// before the state word (`finish_terminal` in `wait.rs`): while it is
-/// clear no semaphore can be closed and the contended state word is not
-/// read (measured faster, BENCHMARKS.md).
-///
-/// Under loom each semaphore keeps its own flag (`closed_hint`), since a
-/// static would leak one execution's close into the next; the protocol is
-/// the same.
+/// Whether any semaphore in this process has ever been closed; never
+/// cleared. While clear, a fully served waiter skips reading the contended
+/// state word (`finish_terminal` in `wait.rs`). Under loom each semaphore
+/// keeps its own flag (`closed_hint`), since a static would leak across
+/// executions.
 #[cfg(not(all(test, feature = "loom")))]
 static ANY_CLOSED: AtomicBool = AtomicBool::new(false);
 
-/// What a release expects the state word to be (see "Releasing" in the
-/// module docs): the word as the permit's acquire left it, if that fits
-/// in 32 bits.
+/// What a release expects the state word to be: the word as the permit's
+/// acquire left it, if that fits in 32 bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Guess(u32);
 
@@ -120,8 +105,8 @@ impl Guess {
         u32::try_from(word).map_or(Guess::NONE, Guess)
     }
 
-    /// For a permit to pack (any bits are a sound guess: only ever a CAS's
-    /// expected value).
+    /// For a permit to pack (any bits are sound: only ever a CAS's expected
+    /// value).
     #[inline]
     pub(crate) const fn to_bits(self) -> u32 {
         self.0
@@ -137,9 +122,8 @@ impl Guess {
 /// Same bound as tokio: the count must fit the word with room for flags.
 pub(crate) const MAX_PERMITS: usize = usize::MAX >> 3;
 
-/// Aligned to its size (32 bytes on 64-bit targets) so the state word and
-/// the lock, touched together, never straddle two cache lines (measured
-/// faster, see BENCHMARKS.md). An `Arc` of it takes 64 bytes, not 48.
+/// Aligned to its size so the state word and the lock, touched together,
+/// never straddle two cache lines.
 #[repr(align(32))]
 pub(crate) struct RawSemaphore {
     /// See the module docs for the layout.
@@ -154,11 +138,8 @@ pub(crate) struct RawSemaphore {
 /// NODE_CLOSED` (see the module docs).
 type Node = WaitNode;
 
-/// Where an acquire future is in its life, and whether its node is
-/// written.
-///
-/// `repr(u32)`, like `needed` beside it, so a new future's two fields are
-/// one 8-byte store that the move into an `.await` can forward from.
+/// Where an acquire future is in its life, and whether its node is written.
+/// `repr(u32)` so a new future's two fields are one 8-byte store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 enum Phase {
@@ -174,11 +155,8 @@ enum Phase {
     Settled,
 }
 
-/// An acquire future's core: the node, the permits wanted and the phase.
-/// `Acquire` and `AcquireOwned` wrap it with a borrowed or owned semaphore.
-///
-/// The node is written only when the future queues (`Phase::Queued`), so
-/// an acquire that completes at once never touches it.
+/// An acquire future's core, wrapped by `Acquire` and `AcquireOwned`. The
+/// node is written only when the future queues (`Phase::Queued`).
 pub(crate) struct Waiter {
     node: MaybeUninit<Node>,
     needed: u32,
@@ -232,9 +210,8 @@ impl RawSemaphore {
         self.state.load(Ordering::Relaxed) >> SHIFT
     }
 
-    /// [`RawSemaphore::is_closed`], unless no semaphore in the process
-    /// has ever been closed (see [`ANY_CLOSED`]): then `false` without
-    /// reading the state word.
+    /// [`RawSemaphore::is_closed`], but `false` without reading the state
+    /// word if no semaphore has ever been closed (see [`ANY_CLOSED`]).
     #[inline]
     fn is_closed_hinted(&self) -> bool {
         // Relaxed: see `close`.
@@ -248,8 +225,7 @@ impl RawSemaphore {
     }
 
     /// Takes `n` permits now or fails; never queues and never writes the
-    /// state word on failure. On success, the word it left, for the
-    /// release.
+    /// word on failure. On success, the word it left, for the release.
     #[inline]
     pub(crate) fn try_acquire(&self, n: usize) -> Result<Guess, TryAcquireError> {
         assert_max(n);
@@ -316,10 +292,7 @@ impl RawSemaphore {
     }
 
     /// Returns (or adds) `n` permits. Lock-free unless a waiter is queued.
-    ///
-    /// Panics, like tokio, if what is left after serving the queued waiters
-    /// would push the available count past `MAX_PERMITS` (see
-    /// [`overflow`]); the count is then left as it was.
+    /// Panics like tokio past `MAX_PERMITS` (see [`overflow`]).
     #[inline]
     #[track_caller]
     pub(crate) fn release(&self, n: usize, guess: Guess) {
@@ -334,9 +307,8 @@ impl RawSemaphore {
     }
 
     /// Adds `n` permits to the word unless `QUEUED` is set or the count
-    /// would pass `MAX_PERMITS`, checked on the value the CAS is
-    /// conditioned on (so concurrent additions cannot both pass). The
-    /// first CAS expects `guess`.
+    /// would pass `MAX_PERMITS`, checked on the value the CAS is conditioned
+    /// on (so concurrent additions cannot both pass).
     #[inline]
     fn add_unqueued(&self, n: usize, guess: Guess) -> Added {
         let mut curr = guess.0 as usize;
@@ -388,8 +360,6 @@ impl RawSemaphore {
     }
 
     /// Hands `rem` permits to the oldest waiters, then stores what is left.
-    /// Wakes satisfied waiters after unlocking, in batches of `WAKE_BATCH`.
-    ///
     /// A panicking waker, or a leftover past `MAX_PERMITS`, is reported only
     /// after the hand-off is complete and every satisfied waiter woken.
     #[track_caller]
@@ -472,8 +442,7 @@ impl RawSemaphore {
         }
     }
 
-    /// Adds `n` new permits: exactly a release, as in tokio (see
-    /// [`overflow`] for when it panics).
+    /// Adds `n` new permits: exactly a release, as in tokio.
     #[inline]
     #[track_caller]
     pub(crate) fn add_permits(&self, n: usize) {
@@ -559,20 +528,14 @@ impl RawSemaphore {
     }
 }
 
-/// A release (or `add_permits`) would push the available count past
-/// `MAX_PERMITS`: panic with tokio's messages, at tokio's moment.
+/// A release would push the available count past `MAX_PERMITS`: panic with
+/// tokio's messages, at tokio's moment.
 ///
-/// # The decision
-///
-/// Like tokio 1.x (`add_permits_locked`), the bound is checked only on what
-/// is left after feeding the queued waiters, so a permit's *drop* may be
-/// what panics. We do not panic earlier in `add_permits`: that would
-/// reject programs tokio accepts (e.g. held permits later `forget`-ten).
-///
-/// Unlike tokio (which adds first and asserts after), the addition is
-/// refused, so the count never passes `MAX_PERMITS`. Satisfied waiters are
-/// still woken. A permit dropped while unwinding does not panic again
-/// (that would abort); its permits are dropped silently.
+/// Like tokio, the bound is checked only on what is left after feeding the
+/// queued waiters, so a permit's drop may panic (panicking earlier would
+/// reject programs tokio accepts). Unlike tokio, the addition is refused,
+/// so the count never passes the bound. A permit dropped while unwinding
+/// does not panic again (that would abort).
 #[cold]
 #[inline(never)]
 #[track_caller]
@@ -589,8 +552,8 @@ fn overflow(added: usize) {
     );
 }
 
-/// tokio's check and message, for requests that cannot fit the word (only
-/// reachable on 32-bit targets, where `u32::MAX > MAX_PERMITS`).
+/// tokio's check and message, for requests that cannot fit the word
+/// (reachable only on 32-bit targets).
 #[inline]
 #[track_caller]
 pub(crate) fn assert_max(n: usize) {
@@ -608,8 +571,7 @@ fn is_terminal(node_state: usize) -> bool {
 
 /// A `try_acquire` read CLOSED with a Relaxed load: the Acquire fence
 /// makes the close happen-before what this thread does next, so a waiter
-/// it then polls sees the closed hint and fails too (issue #59 item 2;
-/// loom model `a_closed_try_acquire_then_a_handed_off_waiter`).
+/// it then polls sees the closed hint and fails too.
 #[cold]
 fn closed_seen() -> TryAcquireError {
     // Acquire: pairs with the Release `fetch_or(CLOSED)` in `close`.

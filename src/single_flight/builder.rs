@@ -31,8 +31,8 @@ type Types<K, V, E> = fn() -> (K, V, E);
 pub struct SingleFlightBuilder<K, V, E = Infallible, C = DefaultClock> {
     shards: Option<usize>,
     cache: Option<(Duration, usize)>,
-    /// The clock given, or how to make the default one: a `DefaultClock`
-    /// is only created if no other clock is chosen.
+    /// The clock given, or how to make the default one (only if no other
+    /// clock is chosen).
     clock: Result<C, fn() -> C>,
     _types: PhantomData<Types<K, V, E>>,
 }
@@ -64,14 +64,13 @@ impl<K, V, E, C: Clock> SingleFlightBuilder<K, V, E, C> {
         self
     }
 
-    /// Keeps each successful value for `ttl` after its work completes, so a
-    /// later call for the key within `ttl` gets it without running the work
-    /// ([`Provenance::Cached`](super::Provenance::Cached)). At most
-    /// `max_entries` values are kept (divided among the shards, rounded up);
-    /// past that a shard's oldest is evicted. Errors are never cached. A zero
-    /// `ttl` or `max_entries` disables the cache; huge ones saturate (never
-    /// expire, unbounded). Expired values are reclaimed as later calls insert
-    /// into the same shard, or by [`clear`](SingleFlight::clear).
+    /// Keeps each successful value for `ttl` after its work completes
+    /// ([`Provenance::Cached`](super::Provenance::Cached)), at most
+    /// `max_entries` (divided among the shards, rounded up; past that a
+    /// shard's oldest is evicted). Errors are never cached. A zero `ttl` or
+    /// `max_entries` disables the cache; huge ones saturate. Expired values
+    /// are reclaimed by later inserts into the same shard, or by
+    /// [`clear`](SingleFlight::clear).
     ///
     /// # Examples
     ///

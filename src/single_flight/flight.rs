@@ -1,6 +1,5 @@
-//! One flight: the state one execution of a key shares between its leader
-//! and its followers, reached through an `Arc` by each of them (and by the
-//! shard's table while the key maps to it).
+//! One flight: the state one execution of a key shares between its leader,
+//! its followers and (while the key maps to it) the shard's table.
 //!
 //! # Flight state
 //!
@@ -105,9 +104,8 @@ impl<V, E> Flight<V, E> {
         });
     }
 
-    /// Clones the outcome for a follower or a cache hit.
-    ///
-    /// Returns `None` if the flight is still running or panicked.
+    /// Clones the outcome for a follower or a cache hit; `None` if the
+    /// flight is still running or panicked.
     pub(super) fn read_outcome(&self) -> Option<Outcome<V, E>>
     where
         V: Clone,
@@ -158,9 +156,8 @@ impl<V, E> Flight<V, E> {
         self.waiters.with(|list| unsafe { !(*list).is_empty() })
     }
 
-    /// Unlinks the oldest follower, takes its waker and marks it `PROMOTED`:
-    /// it will run its own work for this flight. Returns `None` (and changes
-    /// nothing) if nobody waits.
+    /// Unlinks the oldest follower, takes its waker and marks it `PROMOTED`
+    /// (it will run its own work); `None` if nobody waits.
     pub(super) fn promote_next<S>(&self, _locked: Locked<'_, S>) -> Option<Option<Waker>> {
         // SAFETY: lock held.
         let node = self
@@ -172,9 +169,8 @@ impl<V, E> Flight<V, E> {
     }
 
     /// Moves the flight to `state` (`OK`, `FAILED` or `PANICKED`) and hands
-    /// out the wakers of up to `max` followers, marking them `DONE`. Returns
-    /// whether followers remain (call [`Flight::drain`] again after waking
-    /// these, with the lock re-taken).
+    /// out a batch of followers' wakers, marking them `DONE`. Returns whether
+    /// followers remain (call [`Flight::drain`] again with the lock re-taken).
     pub(super) fn publish<S>(
         &self,
         state: usize,
@@ -243,8 +239,7 @@ impl Node {
     }
 
     /// Stores `waker` unless an equivalent one is there; returns the waker
-    /// that is no longer needed (the old or the new one) so the caller can
-    /// drop it after unlocking.
+    /// no longer needed, to drop after unlocking.
     pub(super) fn set_waker<S>(&self, waker: Waker, _locked: Locked<'_, S>) -> Option<Waker> {
         // SAFETY: the shard lock is held (the `Locked` token proves it).
         unsafe { self.swap_waker(waker) }

@@ -3,28 +3,24 @@
 //!
 //! # Design
 //!
-//! The map is split into a power-of-two number of `parking_lot`-mutex
-//! shards (each on its own cache line) over a hash table from key to
+//! Power-of-two mutex shards (each on its own cache line) map a key to a
 //! *flight*, the `Arc`-shared state of one execution (`flight.rs`). The
-//! first caller of a key inserts a flight and **leads**: it runs its own
-//! future, in its own task, with no lock held. Later callers **join**:
-//! they link a node inside their own future into the flight's intrusive
-//! wait list (no allocation) and sleep until the outcome is published.
+//! first caller inserts a flight and **leads**: it runs its own future with
+//! no lock held. Later callers **join**: they link a node inside their own
+//! future into the flight's intrusive wait list and sleep until the outcome
+//! is published.
 //!
-//! * The leader finishes: it writes the outcome (cloning the value only if
-//!   needed), then under the lock detaches (or caches) the entry,
-//!   publishes the state and unlinks every follower, waking them after.
-//! * The leader is dropped (cancelled): the oldest follower is `PROMOTED`
-//!   and runs its own future for the same flight; with no follower the
-//!   entry is removed. A flight is never abandoned while someone waits.
+//! * The leader finishes: it writes the outcome, then under the lock
+//!   detaches (or caches) the entry, publishes, and wakes followers after.
+//! * The leader is dropped: the oldest follower is `PROMOTED` and runs its
+//!   own future; with no follower the entry is removed.
 //! * The leader panics: the entry is removed, followers get
 //!   `LeaderPanicked`, and the panic resumes in the leader's task.
 //!
 //! No lock is held while user code runs, except `K::eq` during a lookup
-//! and `V::clone` on a cache hit (cloning under the lock avoids two
-//! contended `Arc` writes on the hottest path), so `V::clone` must be cheap
-//! and must not call into the same map. A panicking `V::clone` leaves the
-//! shard unchanged.
+//! and `V::clone` on a cache hit (saving two contended `Arc` writes), so
+//! `V::clone` must be cheap and must not call into the same map. A
+//! panicking `V::clone` leaves the shard unchanged.
 
 mod builder;
 mod flight;
@@ -61,28 +57,23 @@ type WakeList = SmallVec<[core::task::Waker; WAKE_BATCH]>;
 /// every caller that asks meanwhile; optionally caches results for a short
 /// TTL.
 ///
-/// `K` is the key (what makes two calls "the same read"), `V` the value
-/// handed to every caller (cloned, so make it cheap: `Arc<T>`, `Bytes`), `E`
-/// the error of [`try_run`](Self::try_run) (shared as `Arc<E>`), and `C` the
-/// clock the cache's TTL is measured on.
+/// `K` is the key, `V` the value handed to every caller (cloned, so make it
+/// cheap: `Arc<T>`, `Bytes`), `E` the error of [`try_run`](Self::try_run)
+/// (shared as `Arc<E>`), and `C` the clock of the cache's TTL.
 ///
 /// # Only coalesce reads
 ///
-/// Calls that share a key share *one* execution. That is right for reads
-/// ("search tickets for `refund`") and wrong for writes ("create a ticket"):
-/// two writes coalesced are one write lost. The map cannot tell them apart;
-/// the caller decides what is a read and only routes reads through it.
+/// Calls that share a key share one execution: right for reads, wrong for
+/// writes (two writes coalesced are one write lost). Only route reads
+/// through it.
 ///
 /// # An unpolled leader
 ///
-/// The leader's work runs in the leader's task. A leader that has been
-/// polled once (so it owns the key) and then is neither polled nor dropped
-/// stalls its followers for as long as it stalls: they wait for it, as they
-/// would wait for a slow request. Nothing is timed out behind your back;
-/// bound such waits the usual way (a timeout around the *leader's* call
-/// drops it, which promotes a follower; a timeout around a follower's call
-/// only gives up that follower). A future created but never polled owns
-/// nothing: the key is claimed on the first poll.
+/// A leader polled once (so it owns the key) and then neither polled nor
+/// dropped stalls its followers, as a slow request would. Nothing is timed
+/// out behind your back: a timeout around the leader's call drops it,
+/// which promotes a follower; one around a follower's call only gives up
+/// that follower. The key is claimed on the first poll.
 ///
 /// # Examples
 ///
@@ -136,8 +127,7 @@ impl<K, V, E> SingleFlight<K, V, E, DefaultClock> {
         SingleFlightBuilder::new().build()
     }
 
-    /// A [`SingleFlightBuilder`] for a map with a shard count, a cache or a clock of
-    /// your choosing.
+    /// A [`SingleFlightBuilder`] for a shard count, a cache or a clock.
     ///
     /// # Examples
     ///
@@ -171,16 +161,13 @@ where
     ///
     /// Resolves to the value and where it came from. It fails only with
     /// [`FlightError::LeaderPanicked`], or [`FlightError::Failed`] when it
-    /// joined a [`try_run`](Self::try_run) whose work failed.
-    ///
-    /// `make` is called at most once, and only if this caller leads: at
-    /// once, or later if the leader it joined is cancelled.
+    /// joined a failing [`try_run`](Self::try_run). `make` is called at most
+    /// once, and only if this caller leads (at once, or after promotion).
     ///
     /// # Cancel safety
     ///
-    /// Dropping a follower just leaves the flight. Dropping the leader
-    /// drops its work and promotes the oldest follower, which then runs its
-    /// own `make()`; the other followers keep waiting for it.
+    /// Dropping a follower just leaves the flight. Dropping the leader drops
+    /// its work and promotes the oldest follower, which runs its own `make()`.
     ///
     /// # Panics
     ///
@@ -252,10 +239,9 @@ where
         Run::new(self, key, make, core::convert::identity)
     }
 
-    /// Detaches `key`: a call in flight keeps running and its followers still
-    /// get its result, but later calls start afresh instead of joining it,
-    /// and its result is not cached. A cached value for `key` is dropped.
-    /// Returns whether there was an entry.
+    /// Detaches `key`: a call in flight keeps running for its followers, but
+    /// later calls start afresh and its result is not cached. A cached value
+    /// is dropped. Returns whether there was an entry.
     ///
     /// # Examples
     ///
@@ -279,11 +265,9 @@ where
         self.remove(key, false)
     }
 
-    /// Drops the cached value for `key`, if any. A call in flight for `key`
-    /// keeps running, and its followers (also those that join it after
-    /// this) get its value, but that value is not cached: it may predate
-    /// whatever made the caller invalidate. Returns whether a cached value
-    /// was dropped.
+    /// Drops the cached value for `key`, if any. A call in flight keeps
+    /// running for its followers, but its value (which may predate the
+    /// invalidation) is not cached. Returns whether a value was dropped.
     ///
     /// # Examples
     ///
@@ -320,10 +304,8 @@ where
         removed.is_some()
     }
 
-    /// Drops every cached value at once (say, at the end of an agent's
-    /// turn). Calls in flight keep running and their followers get their
-    /// values, but those values are not cached (as with
-    /// [`invalidate`](Self::invalidate)).
+    /// Drops every cached value at once. Calls in flight keep running, but
+    /// their values are not cached (as with [`invalidate`](Self::invalidate)).
     ///
     /// # Examples
     ///
@@ -381,8 +363,7 @@ impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
 
     #[inline]
     fn shard(&self, hash: u64) -> &Mutex<Shard<K, V, E>> {
-        // hashbrown indexes buckets with the low bits and tags them with the
-        // top seven, so the shard takes bits from the middle.
+        // hashbrown uses the low bits and the top seven, so take the middle.
         &self.shards[(hash >> 40) as usize & self.mask]
     }
 
@@ -404,13 +385,12 @@ impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
         let state = if result.is_ok() { OK } else { FAILED };
         if let (Some(cache), Ok(value)) = (self.cache, &result) {
             // User code (the clock, `V::clone`) runs before the outcome is
-            // written, so a panic there finds the cell empty. From the write
-            // to the publication nothing may panic.
-            // The coarse clock is read first, so a leader descheduled
-            // between the reads makes the coarse expiry earlier, never
-            // later. Less 1/1024 of the TTL: margin for the two time bases'
-            // rates. 0 (never live by the coarse check) if there is no
-            // coarse time or the TTL is too short for it.
+            // written, so a panic there finds the cell empty; nothing from
+            // the write to the publication may panic. The coarse clock is
+            // read first, so a descheduled leader makes the coarse expiry
+            // earlier, never later; less 1/1024 of the TTL for rate drift.
+            // 0 (never live by the coarse check) if there is no coarse time
+            // or the TTL is too short for it.
             let coarse = self.clock.coarse_bounds();
             let now = self.clock.now_nanos();
             let fresh_until = coarse.map_or(0, |(earliest, latest)| {
@@ -442,8 +422,7 @@ impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
         let mut guard = self.lock(hash);
         let removed = guard.remove_flight(hash, flight);
         if !flight.has_waiters(&mut *guard) {
-            // No follower, and none can come: the entry is gone. The value
-            // is not cloned.
+            // No follower, and none can come: the value is not cloned.
             drop(guard);
             drop(removed);
             return result.map_err(FlightError::Failed);
@@ -465,11 +444,9 @@ impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
     #[cold]
     fn fail_panicked(&self, flight: &Arc<Flight<V, E>>, hash: u64) {
         let mut guard = self.lock(hash);
-        // Relaxed would do (the state only changes under this lock), but
-        // this is cold.
+        // Relaxed would do (the state changes only under this lock).
         if flight.state() != RUNNING {
-            // Published already; the panic came later (a `Drop`, or a
-            // follower's waker: `Waking` has woken the others).
+            // Published already; the panic came later.
             return;
         }
         let removed = guard.remove_flight(hash, flight);
@@ -477,9 +454,8 @@ impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
         drop(removed);
     }
 
-    /// Publishes `state` and wakes every follower, in batches, never waking
-    /// under the lock. If a waker panics, the rest are still woken before
-    /// the panic continues (see [`Waking`]).
+    /// Publishes `state` and wakes every follower in batches, never under
+    /// the lock (see [`Waking`] for a panicking waker).
     fn publish<'s>(
         &'s self,
         mut guard: MutexGuard<'s, Shard<K, V, E>>,
@@ -499,9 +475,8 @@ impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
         waking.wake_all();
     }
 
-    /// The leader (or a promoted follower that never started) went away
-    /// before finishing: promote the oldest follower, or, if nobody waits,
-    /// remove the entry.
+    /// The leader (or a promoted follower that never started) went away:
+    /// promote the oldest follower, or remove the entry.
     fn resign(
         &self,
         mut guard: MutexGuard<'_, Shard<K, V, E>>,
@@ -525,12 +500,9 @@ impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
     }
 }
 
-/// The followers of a published flight still to be woken: the current
-/// batch and whether more wait in the list.
-///
-/// A waker may panic; without this guard the rest would sleep for good.
-/// Its `Drop` (work left only if a wake panicked) wakes them all, catching
-/// their panics, and the first panic then continues.
+/// The followers of a published flight still to be woken. If a waker
+/// panics, `Drop` wakes the rest, catching their panics, and the first
+/// panic then continues.
 struct Waking<'s, K, V, E, C: Clock> {
     map: &'s SingleFlight<K, V, E, C>,
     flight: &'s Flight<V, E>,
@@ -542,8 +514,8 @@ struct Waking<'s, K, V, E, C: Clock> {
 }
 
 impl<K, V, E, C: Clock> Waking<'_, K, V, E, C> {
-    /// Wakes every follower, oldest first; a panicking waker unwinds out
-    /// of here and `Drop` finishes the job.
+    /// Wakes every follower, oldest first; a panicking waker unwinds out and
+    /// `Drop` finishes the job.
     fn wake_all(&mut self) {
         self.wakers.reverse();
         loop {
@@ -556,8 +528,7 @@ impl<K, V, E, C: Clock> Waking<'_, K, V, E, C> {
         }
     }
 
-    /// Re-takes the lock and collects the next batch; returns whether there
-    /// is one.
+    /// Re-takes the lock and collects the next batch, if any.
     fn refill(&mut self) -> bool {
         if !self.more {
             return false;
@@ -575,8 +546,7 @@ impl<K, V, E, C: Clock> Drop for Waking<'_, K, V, E, C> {
         // Empty unless a wake panicked.
         loop {
             while let Some(waker) = self.wakers.pop() {
-                // The payload of a second panic is dropped: the first one
-                // is already unwinding.
+                // A second panic's payload is dropped.
                 let _ = panic::catch_unwind(AssertUnwindSafe(|| waker.wake()));
             }
             if !self.refill() {

@@ -23,7 +23,7 @@ use std::sync::Arc;
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum Provenance {
-    /// This caller ran the work (also when it took over from a cancelled
+    /// This caller ran the work (also after taking over from a cancelled
     /// leader).
     Leader,
     /// Another caller's work, which this one waited for.
@@ -71,9 +71,8 @@ impl Provenance {
 pub enum FlightError<E> {
     /// The work returned this error; the leader and every follower share it.
     Failed(Arc<E>),
-    /// The leader panicked while running the work. Followers get this
-    /// instead of running the work again in a herd; the panic itself
-    /// propagates in the leader's task. The key is free again.
+    /// The leader panicked. Followers get this instead of rerunning the work
+    /// in a herd; the panic propagates in the leader's task. The key is free.
     LeaderPanicked,
 }
 

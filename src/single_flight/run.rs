@@ -26,14 +26,11 @@ use crate::sync::Arc;
 /// Future returned by [`SingleFlight::run`] and [`SingleFlight::try_run`].
 ///
 /// The key is claimed on the first poll, not at creation. A follower's
-/// waiter node lives inside this future, so joining a flight allocates
-/// nothing.
+/// waiter node lives inside this future, so joining allocates nothing.
 ///
 /// # Cancel safety
 ///
-/// Dropping a follower leaves the flight; dropping the leader drops its
-/// work and hands the flight to the oldest follower, which runs its own
-/// work. See [`SingleFlight::run`].
+/// See [`SingleFlight::run`].
 #[must_use = "futures do nothing unless you `.await` or poll them"]
 pub struct Run<'a, K, V, E, C: Clock, F, Fut: Future> {
     map: &'a SingleFlight<K, V, E, C>,
@@ -41,11 +38,10 @@ pub struct Run<'a, K, V, E, C: Clock, F, Fut: Future> {
     convert: fn(Fut::Output) -> Result<V, E>,
     /// Until the first poll.
     key: Option<K>,
-    /// Until this caller starts leading (a follower keeps it in case it is
-    /// promoted).
+    /// Until this caller starts leading (kept by a follower for promotion).
     make: Option<F>,
-    /// The work, while leading. Structurally pinned: only ever set in place
-    /// (from `None`) or dropped in place.
+    /// The work, while leading. Structurally pinned: only set in place (from
+    /// `None`) or dropped in place.
     fut: Option<Fut>,
     /// The flight led or joined; `None` before the first poll and once done.
     flight: Option<Arc<Flight<V, E>>>,
@@ -95,16 +91,14 @@ where
     F: FnOnce() -> Fut,
     Fut: Future,
 {
-    /// First poll: serve from the cache, join, or lead. Returns the output
-    /// for a cache hit.
+    /// First poll: serve from the cache, join, or lead; the output on a hit.
     fn start(&mut self) -> Option<Output<V, E>> {
         let map = self.map;
         let key = self.key.take().expect("`Run` starts once");
         // The key's `Hash` and the clock run before the lock.
         let hash = map.hasher.hash_one(&key);
         self.hash = hash;
-        // A hit reads the coarse time if the clock has one; a value it
-        // cannot call live is looked up again on the precise time.
+        // A hit reads the coarse time if the clock has one.
         let expiry = match map.cache {
             None => Expiry::Off,
             Some(_) => match map.clock.coarse_bounds() {
@@ -145,8 +139,8 @@ where
                 drop(guard);
                 self.flight = Some(flight);
                 self.phase = Phase::Following;
-                // The waker is registered by the first `follow`, which also
-                // catches a completion that happened in between.
+                // The first `follow` registers the waker and catches a
+                // completion that happened in between.
                 drop(key);
                 None
             }
@@ -169,8 +163,7 @@ where
             // Cloned before locking: a waker clone is user code.
             let waker = cx.waker().clone();
             let mut guard = self.map.lock(self.hash);
-            // Terminal states are only stored under this lock, so this load
-            // sees the latest one.
+            // Terminal states are only stored under this lock.
             st = self.node.state();
             if st == LINKED {
                 let spare = self.node.set_waker(waker, &mut *guard);
@@ -196,8 +189,8 @@ where
         Poll::Ready(Some(out))
     }
 
-    /// The leader's poll: drive the work, with panics caught so that the
-    /// followers are released before the panic resumes.
+    /// The leader's poll: drive the work, catching panics so followers are
+    /// released before the panic resumes.
     fn lead(&mut self, cx: &mut Context<'_>) -> Poll<Output<V, E>> {
         let (fut, make) = (&mut self.fut, &mut self.make);
         let polled = panic::catch_unwind(AssertUnwindSafe(|| {
@@ -281,8 +274,7 @@ impl<K, V, E, C: Clock, F, Fut: Future> Drop for Run<'_, K, V, E, C, F, Fut> {
         let hash = self.hash;
         match self.phase {
             Phase::Leading => {
-                // Cancelled mid-work (the work itself is dropped after this,
-                // with no lock held).
+                // Cancelled mid-work; the work is dropped after, unlocked.
                 let flight = self.flight.take().expect("a leader holds its flight");
                 map.resign(map.lock(hash), &flight, hash);
             }

@@ -6,29 +6,26 @@
 //! # Identity
 //!
 //! A flight is identified by its `Arc` pointer, not its key, so a leader
-//! never removes a newer flight for the same key (Go's #31420).
+//! never removes a newer flight for the same key.
 //!
 //! # The cache
 //!
 //! A completed value is cached by turning its entry `InFlight` -> `Cached`
-//! in place. Each cached entry has one [`Record`] in `records`, in
-//! insertion (so, with one TTL, expiry) order. Expired entries are
-//! reclaimed from the front, a bounded number per insertion. Records of
-//! invalidated or replaced entries go stale; they are skipped, and
-//! compacted away when they outnumber the live ones.
+//! in place. Each cached entry has one [`Record`] in `records`, in expiry
+//! order; expired entries are reclaimed from the front, a bounded number
+//! per insertion. Records of removed entries go stale and are compacted
+//! away when they outnumber the live ones.
 //!
 //! # Invalidation during a flight
 //!
-//! `invalidate`/`clear` of a key in flight marks its entry
-//! [`Entry::cacheable`] `false`: the value (computed from the old state)
-//! goes to the flight's followers but is not cached.
+//! `invalidate`/`clear` of a key in flight clears [`Entry::cacheable`]: the
+//! value goes to the flight's followers but is not cached.
 //!
 //! # No panics after publication
 //!
 //! [`Shard::cache_flight`] runs between the leader writing its value and
-//! publishing it, so it must not panic (a written value would never be
-//! dropped, and followers would be told `LeaderPanicked`): its arithmetic
-//! saturates and its loops end even if the bookkeeping were wrong.
+//! publishing it, so it must not panic (followers would be told
+//! `LeaderPanicked`): its arithmetic saturates and its loops always end.
 
 use std::collections::VecDeque;
 
@@ -40,9 +37,8 @@ use crate::sync::Arc;
 /// Expired records examined per insertion.
 const RECLAIM_BUDGET: usize = 16;
 
-/// How many records (live and stale) a shard of `capacity` cached entries
-/// keeps before compacting: twice the live ones plus slack, saturating so
-/// an unbounded `capacity` (`usize::MAX`) never compacts.
+/// How many records (live and stale) a shard keeps before compacting;
+/// saturating, so an unbounded `capacity` never compacts.
 #[inline]
 pub(super) const fn record_bound(capacity: usize) -> usize {
     capacity.saturating_mul(2).saturating_add(RECLAIM_BUDGET)
@@ -62,9 +58,8 @@ pub(super) struct Entry<K, V, E> {
     key: K,
     hash: u64,
     pub(super) slot: Slot<V, E>,
-    /// Whether the flight in `slot` may be cached when it completes: `false`
-    /// once `invalidate`/`clear` reached the key while it was in flight.
-    /// Meaningless for `Cached` slots.
+    /// Whether the flight may be cached when it completes: `false` once
+    /// `invalidate`/`clear` reached it. Meaningless for `Cached` slots.
     cacheable: bool,
 }
 
@@ -84,12 +79,9 @@ pub(super) enum Slot<V, E> {
 }
 
 impl<V: Clone, E> Slot<V, E> {
-    /// A clone of the cached value if this slot holds one that is live by
-    /// `expiry`.
-    ///
-    /// A `Cached` slot is always `OK` (see the module docs); checking it
-    /// anyway is cheap, and lets `Run` treat any other state of a hit as
-    /// unreachable: such a slot is served like an expired one.
+    /// A clone of the cached value if this slot holds one live by `expiry`.
+    /// A `Cached` slot is always `OK`; checking anyway lets any other state
+    /// be served like an expired one.
     #[inline]
     fn live_value(&self, expiry: Expiry) -> Option<V> {
         let Slot::Cached {
@@ -109,9 +101,7 @@ impl<V: Clone, E> Slot<V, E> {
         if !live || flight.state() != OK {
             return None;
         }
-        // `read_outcome` is `Some(Ok)` in state `OK`: the state was
-        // observed with Acquire and the cell is written once before `OK` is
-        // published.
+        // `OK` was observed with Acquire and the cell is written once before.
         match flight.read_outcome() {
             Some(Ok(value)) => Some(value),
             _ => unreachable!("a flight in state `OK` holds `Ok`"),
@@ -132,9 +122,8 @@ pub(super) enum Expiry {
     /// No cache.
     Off,
     /// The latest the time can be now on the clock's coarse base: a value
-    /// is live if its `fresh_until` is after it. One that is not (near its
-    /// expiry, or cached without a coarse time) is checked again precisely
-    /// ([`Lookup::Recheck`]).
+    /// is live if its `fresh_until` is after it; otherwise it is checked
+    /// again precisely ([`Lookup::Recheck`]).
     Coarse(u64),
     /// `now_nanos`: a value is live if its `expires_at` is after it.
     Precise(u64),
@@ -142,8 +131,7 @@ pub(super) enum Expiry {
 
 /// What a lookup by key found.
 pub(super) enum Lookup<V, E> {
-    /// A live cached value, cloned under the lock (see the module docs of
-    /// `single_flight`): a hit takes no reference to the flight.
+    /// A live cached value, cloned under the lock.
     Cached(V),
     /// A flight to join.
     InFlight(Arc<Flight<V, E>>),
@@ -169,10 +157,8 @@ impl<K, V, E> Shard<K, V, E> {
         self.table.len()
     }
 
-    /// The hit path of [`Shard::lookup`] alone, small enough to inline: a
-    /// clone of `key`'s live cached value, else `None` (nothing changed).
-    /// Returns the value, not a `Lookup`, to keep it in registers (a 48-byte
-    /// answer through memory cost a third of a hit in the profile).
+    /// The hit path of [`Shard::lookup`] alone, small enough to inline.
+    /// Returns the value, not a `Lookup`, to keep it in registers.
     #[inline]
     pub(super) fn live_value(&self, hash: u64, key: &K, expiry: Expiry) -> Option<V>
     where
@@ -204,8 +190,8 @@ impl<K, V, E> Shard<K, V, E> {
                         (Lookup::Recheck, Some(key))
                     }
                     Slot::Cached { .. } => {
-                        // Expired: lead a new flight in its place. Its record
-                        // goes stale (the stamp no longer matches).
+                        // Expired: lead a new flight in its place; its
+                        // record goes stale.
                         let flight = Arc::new(Flight::new());
                         let old = core::mem::replace(slot, Slot::InFlight(Arc::clone(&flight)));
                         occ.get_mut().cacheable = true;
@@ -248,10 +234,9 @@ impl<K, V, E> Shard<K, V, E> {
     }
 
     /// Turns `flight`'s entry, if still in flight here and not invalidated,
-    /// into a cached entry expiring at `expires_at` (`fresh_until` on the
-    /// coarse clock), keeping at most `capacity`; an invalidated entry is
-    /// removed instead. Whatever is removed goes to `trash`. Returns whether
-    /// the value was cached. Never panics (see the module docs).
+    /// into a cached entry, keeping at most `capacity`; an invalidated entry
+    /// is removed instead. Removed entries go to `trash`. Returns whether the
+    /// value was cached. Never panics (see the module docs).
     pub(super) fn cache_flight(
         &mut self,
         hash: u64,
@@ -267,14 +252,12 @@ impl<K, V, E> Shard<K, V, E> {
             Slot::InFlight(f) => Arc::ptr_eq(f, flight),
             Slot::Cached { .. } => false,
         }) else {
-            // Forgotten (or replaced) while running: its value is not for
-            // later callers.
+            // Forgotten (or replaced) while running.
             return false;
         };
         let entry = occ.get_mut();
         if !entry.cacheable {
-            // Invalidated while running: the value may predate the
-            // invalidation, so it is not for later callers either.
+            // Invalidated while running: the value may predate it.
             trash.push(occ.remove().0);
             return false;
         }
@@ -287,11 +270,9 @@ impl<K, V, E> Shard<K, V, E> {
                 stamp,
             },
         );
-        // The `Arc` in `old` is a second reference to `flight`, which the
-        // caller holds: dropping it here only decrements the count.
+        // A second reference to `flight`: only decrements the count.
         drop(old);
-        // Wrapping: 2^64 insertions are out of reach, and a stamp is only
-        // compared with the few records alive at once.
+        // Wrapping: a stamp is only compared with the few live records.
         self.next_stamp = self.next_stamp.wrapping_add(1);
         self.cached += 1;
         self.records.push_back(Record {
@@ -326,8 +307,7 @@ impl<K, V, E> Shard<K, V, E> {
         }
     }
 
-    /// Removes the oldest live cached entry; returns whether there was one
-    /// (every cached entry has a record, so `false` means none is cached).
+    /// Removes the oldest live cached entry; `false` if none is cached.
     fn evict_oldest(&mut self, trash: &mut Vec<Entry<K, V, E>>) -> bool {
         while let Some(r) = self.records.pop_front() {
             if let Some(e) = self.take_record(r) {
@@ -347,8 +327,7 @@ impl<K, V, E> Shard<K, V, E> {
                 |e| matches!(e.slot, Slot::Cached { stamp, .. } if stamp == r.stamp),
             )
             .ok()?;
-        // Saturating: this runs inside `cache_flight`, which must not panic
-        // (every cached entry is counted, so it never saturates).
+        // Saturating: `cache_flight` must not panic.
         self.cached = self.cached.saturating_sub(1);
         Some(occ.remove().0)
     }
@@ -385,8 +364,7 @@ impl<K, V, E> Shard<K, V, E> {
         match occ.get().slot {
             Slot::Cached { .. } => self.cached -= 1,
             Slot::InFlight(_) if cached_only => {
-                // `invalidate`: the flight keeps running and later calls
-                // still join it, but its value is not cached.
+                // `invalidate`: the flight keeps running but is not cached.
                 occ.into_mut().cacheable = false;
                 return None;
             }

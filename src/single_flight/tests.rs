@@ -76,8 +76,7 @@ fn shard_count_is_a_power_of_two() {
     }
 }
 
-// `2 * capacity + RECLAIM_BUDGET` must saturate for an unbounded cache
-// (issue #10 item 8): stale records survive an insertion below the bound.
+/// `record_bound` saturates for an unbounded cache.
 #[test]
 fn record_bound_overflow_with_unbounded_cache_neither_panics_nor_compacts_every_insert() {
     assert_eq!(super::shard::record_bound(usize::MAX), usize::MAX);
@@ -102,8 +101,7 @@ fn record_bound_overflow_with_unbounded_cache_neither_panics_nor_compacts_every_
     }
 }
 
-/// A `V::clone` that panics on a hit (cloned under the lock) leaves the
-/// shard as it was (issue #13 item 3).
+/// A `V::clone` that panics on a cache hit leaves the shard usable.
 #[test]
 fn a_panicking_clone_on_a_cache_hit_leaves_the_shard_usable() {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -155,9 +153,8 @@ impl crate::Clock for TwoClocks {
     }
 }
 
-/// With a coarse clock, a hit far from its expiry is served on the coarse
-/// time alone; one near it is rechecked on the precise time. A value is
-/// never served past its TTL (issue #13 item 3).
+/// A hit far from expiry is served on the coarse time, one near it is
+/// rechecked; none outlives its TTL.
 #[test]
 fn a_cache_hit_uses_the_coarse_time_and_never_outlives_the_ttl() {
     use crate::Clock as _;
@@ -173,29 +170,20 @@ fn a_cache_hit_uses_the_coarse_time_and_never_outlives_the_ttl() {
         .build();
     let get = |v| crate::park::block_on(m.run(1, move || async move { v })).unwrap();
     assert_eq!(get(1).0, 1);
-    // The precise time runs ahead: a hit served on the coarse time alone
-    // (the precise one says expired) shows the coarse path decides.
     clocks.precise.set(2_000_000);
     clocks.coarse.set(500_000);
     assert_eq!(get(2), (1, crate::single_flight::Provenance::Cached));
-    // Near the coarse expiry (1,024,000 - 1,000, less the lag): rechecked
-    // on the precise time, which says expired: a new flight runs.
     clocks.coarse.set(1_022_995);
     assert_eq!(get(3), (3, crate::single_flight::Provenance::Leader));
-    // Cached again at precise 2,000,000 and coarse 1,022,995. Near its
-    // coarse expiry but precisely still live: served after the recheck.
     clocks.coarse.set(1_022_995 + 1_022_995);
     clocks.precise.set(2_000_000 + 1_000_000);
     assert_eq!(get(4), (3, crate::single_flight::Provenance::Cached));
-    // Past both: never served.
     clocks.precise.set(2_000_000 + 1_024_000);
     assert_eq!(get(5), (5, crate::single_flight::Provenance::Leader));
     assert!(clocks.precise.now_nanos() > 0);
 }
 
-/// Every way a follower ends (completed, cancelled while linked,
-/// promoted and then done) drops the waker its node took: none is kept
-/// by a list, a node or a flight once both futures are gone.
+/// Every way a follower ends drops the waker its node took.
 #[test]
 fn every_waker_a_follower_node_took_is_dropped() {
     use std::future::Future;
@@ -204,10 +192,8 @@ fn every_waker_a_follower_node_took_is_dropped() {
     use std::task::{Context, Poll, Waker};
 
     let noop = &mut Context::from_waker(Waker::noop());
-    // (follower completes, leader cancelled so the follower is promoted)
     for (completes, promoted) in [(true, false), (false, false), (true, true)] {
         let m = map(4);
-        // Its `Arc`'s strong count says how many clones are still alive.
         let counted = Arc::new(crate::fuzzing::CountingWaker::default());
         let waker = Waker::from(counted.clone());
         let gate = Arc::new(crate::Semaphore::new(0));
@@ -228,7 +214,6 @@ fn every_waker_a_follower_node_took_is_dropped() {
                 // Both futures are dropped here, the follower linked.
             } else if promoted {
                 drop(leader);
-                // Promoted: it runs its own work, which is ready at once.
                 let Poll::Ready(out) = follower.as_mut().poll(noop) else {
                     panic!("the promoted follower's work is ready");
                 };

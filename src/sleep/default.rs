@@ -1,7 +1,5 @@
 //! [`DefaultSleeper`]: the runtime's own timer when there is one, else the
-//! shared timer thread. The default sleeper of every type that waits
-//! (`Admission`, `Runner`, the reqwest middleware, the tower layers), so a
-//! user under tokio never has to name a sleeper type.
+//! shared timer thread; the default sleeper of every type that waits.
 
 use core::future::Future;
 use core::pin::Pin;
@@ -12,23 +10,17 @@ use super::{Sleeper, ThreadSleep, ThreadSleeper};
 
 /// Sleeps on tokio's timer when called inside a tokio runtime whose time
 /// driver is enabled (feature `tokio`), and on a shared timer thread
-/// everywhere else (no runtime, smol, a plain `block_on`, or a tokio
-/// runtime built without `enable_time`).
+/// everywhere else.
 ///
 /// The timer thread is started on first use and kept for the life of the
-/// process: a min-heap of `(deadline, waker)` behind a mutex, and a
-/// condition variable the thread waits on until the earliest deadline (or
-/// until an earlier one is pushed). Wakers are woken after the mutex is
-/// released. A dropped sleep leaves its heap entry (without its waker)
-/// until the deadline passes, so the heap holds at most the sleeps started
-/// within the longest pending duration. The first sleep on it panics if
-/// the OS refuses to start the thread.
+/// process: a min-heap of `(deadline, waker)` behind a mutex and a condvar,
+/// waking outside the mutex. A dropped sleep leaves its heap entry (without
+/// its waker) until the deadline passes. The first sleep panics if the OS
+/// refuses to start the thread.
 ///
-/// The choice is made at each [`sleep`](Sleeper::sleep), on the calling
-/// thread, so one value serves callers on any runtime. Under tokio a sleep
-/// is boxed (tokio's `Sleep` is `!Unpin`); sleeps are on wait paths only.
-/// `tokio::time::pause` and `advance` therefore work in tests of code that
-/// uses the defaults.
+/// The choice is made at each [`sleep`](Sleeper::sleep), so one value
+/// serves callers on any runtime. Under tokio a sleep is boxed (tokio's
+/// `Sleep` is `!Unpin`), and `tokio::time::pause` works in tests.
 ///
 /// # Examples
 ///
@@ -91,8 +83,8 @@ impl Sleeper for DefaultSleeper {
 #[cfg(feature = "tokio")]
 fn tokio_sleep(duration: Duration) -> Option<Pin<Box<tokio::time::Sleep>>> {
     tokio::runtime::Handle::try_current().ok()?;
-    // A runtime built without `enable_time` panics in `sleep` (tokio has no
-    // way to ask first); that runtime gets the timer thread instead.
+    // A runtime built without `enable_time` panics in `sleep` (tokio cannot
+    // be asked first): it gets the timer thread instead.
     std::panic::catch_unwind(|| Box::pin(tokio::time::sleep(duration))).ok()
 }
 
@@ -124,7 +116,6 @@ mod tests {
             assert!(matches!(sleep.inner, Inner::Tokio(_)));
             let start = tokio::time::Instant::now();
             sleep.await;
-            // Paused time advanced to the sleep's end: tokio's timer slept.
             assert!(start.elapsed() >= Duration::from_secs(60));
         });
     }

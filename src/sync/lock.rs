@@ -1,45 +1,23 @@
 //! The semaphore wait list's lock: spins a little, then parks.
 //!
-//! # Why it parks
-//!
-//! It was a spin lock that yielded but never parked (issue #44): on two
-//! cores with 8 or 16 threads queuing and cancelling, a holder the OS
-//! descheduled was spun against for whole time slices, and the worst
-//! lock took 51-168 ms where `parking_lot::Mutex` took 2-7 ms. A thread
-//! that finds this lock held now spins while nobody is parked and for at
+//! A thread that finds the lock held spins while nobody is parked, for at
 //! most ten short rounds (`parking_lot_core`'s `SpinWait`), then parks
-//! until an unlock wakes it.
-//!
-//! # What it costs
-//!
-//! A parking lock's unlock must learn whether a thread parked meanwhile,
-//! so it is a compare-and-swap, not the spin lock's plain store: one more
-//! read-modify-write per lock, two per hand-off (the waiter links its
-//! node, the releaser unlinks it). `BENCHMARKS.md` has the hand-off rows
-//! measured before and after.
+//! until an unlock wakes it, so a descheduled holder is not spun against.
+//! The unlock is therefore a CAS (it must learn whether a thread parked).
 //!
 //! # Eventual fairness
 //!
-//! An unlock that wakes a thread parked for [`FAIR_AFTER`] or longer
-//! (since it first parked for this lock) hands the lock to it: `LOCKED`
-//! stays set and the woken thread returns owning it, so a thread cannot
-//! lose the lock to newcomers for ever (issue #59 item 6: under
-//! oversubscription a parked thread kept losing it, and the worst
-//! operation reached 7.7-11.5 ms against futures-intrusive's 2-3 ms,
-//! whose `parking_lot` 0.12 mutex hands off about every 0.5 ms; 0.13
-//! dropped that). Other unlocks let the woken thread race for it, which
-//! keeps a lock that changes hands often from convoying. The age rides
-//! in the park token, so the lock keeps no clock of its own.
+//! An unlock that wakes a thread parked for [`FAIR_AFTER`] or longer hands
+//! the lock to it (`LOCKED` stays set), so a thread cannot lose the lock to
+//! newcomers for ever. Other unlocks let the woken thread race for it,
+//! which keeps a busy lock from convoying. The age rides in the park token.
 //!
 //! # Why not `parking_lot::Mutex`
 //!
-//! It is the same protocol (`LOCKED` and `PARKED` bits, parking on
-//! `parking_lot_core`'s table keyed by the lock's address, so a lock is
-//! one byte plus its contents), but written here on the `sync` shim, so
-//! the semaphore's loom models run this very code: under loom the
-//! parking table is a loom mutex and condition variable per lock
-//! (`Lot`) with `parking_lot_core`'s two calls' contract, and everything
-//! else (the bits, the spin, the orderings) is what ships.
+//! Same protocol (`LOCKED` and `PARKED` bits, parking on `parking_lot_core`'s
+//! table keyed by the lock's address), but written on the `sync` shim so the
+//! loom models run this code: under loom the table is a loom mutex and
+//! condvar per lock (`Lot`) with the same contract.
 
 use core::fmt;
 use core::mem::ManuallyDrop;
@@ -102,8 +80,7 @@ impl<T> ListLock<T> {
     #[inline]
     pub(crate) fn lock(&self) -> ListGuard<'_, T> {
         // Acquire: pairs with the Release of the unlock (`ListGuard::drop`
-        // or `unlock_slow`), so this holder sees every write the previous
-        // one made.
+        // or `unlock_slow`).
         if self
             .state
             .compare_exchange_weak(0, LOCKED, Ordering::Acquire, Ordering::Relaxed)
@@ -121,8 +98,7 @@ impl<T> ListLock<T> {
     #[inline(never)]
     fn lock_slow(&self) {
         let mut backoff = SpinWait::new();
-        // When this thread first parked for the lock (see "Eventual
-        // fairness"); read from the clock only once it parks.
+        // When this thread first parked for the lock; read only once it parks.
         let mut since = None;
         // Relaxed (all loads and failed CASes here): a guess at the state;
         // only the Acquire CAS that takes the lock synchronizes.
@@ -142,13 +118,7 @@ impl<T> ListLock<T> {
                 continue;
             }
             // Spin only while nobody sleeps (a sleeper means the holder
-            // was slow before) and not for long: `parking_lot_core`'s
-            // `SpinWait`. It was crossbeam's `Backoff` (seven spins of up
-            // to 64 `pause`s, then four yields); with 8 and 16 threads on
-            // 2 cores queuing and cancelling (`oversubscribed`) the worst
-            // operation was 8-24 ms against about 1 ms now: a thread that
-            // stops spinning sooner parks sooner, and with fewer threads
-            // runnable a descheduled one waits less for its core.
+            // was slow before) and not for long.
             if state & PARKED == 0 && backoff.spin() {
                 state = self.state.load(Ordering::Relaxed);
                 continue;
@@ -171,10 +141,8 @@ impl<T> ListLock<T> {
             if self.park(since, || {
                 self.state.load(Ordering::Relaxed) == LOCKED | PARKED
             }) {
-                // Handed the lock by the unlock that woke us: it is ours,
-                // and the unlock's writes happen-before this return (the
-                // parking table's lock orders them, as for `parking_lot`'s
-                // fair unlock).
+                // Handed the lock by the unlock that woke us; the parking
+                // table's lock orders the unlock's writes before this return.
                 return;
             }
             backoff = SpinWait::new();
@@ -189,9 +157,8 @@ impl<T> ListLock<T> {
     #[inline(never)]
     fn unlock_slow(&self) {
         self.unpark_one(|woken, more| {
-            // Nothing else changes the state meanwhile: `LOCKED` is set,
-            // so no lock takes it, and `PARKED` is set, so no thread sets
-            // it again.
+            // Nothing else changes the state meanwhile: `LOCKED` and
+            // `PARKED` are both set.
             if woken == Woken::Due {
                 // Still `LOCKED`: the woken thread owns it. Relaxed: the
                 // parking table's lock orders this thread's writes before
@@ -303,9 +270,9 @@ impl<T> Deref for ListGuard<'_, T> {
     #[inline]
     fn deref(&self) -> &T {
         // SAFETY: the guard holds the lock, so nothing writes the contents
-        // while this borrow of the guard lives. A shared reference straight
-        // from the pointer: going through `&mut T` here would make each of
-        // two live `&*guard` invalidate the other.
+        // while this borrow lives. A shared reference straight from the
+        // pointer: via `&mut T`, two live `&*guard` would invalidate each
+        // other.
         self.ptr.with(|p| unsafe { &*p })
     }
 }
@@ -338,8 +305,7 @@ impl<T> Drop for ListGuard<'_, T> {
 
 impl<T: fmt::Debug> fmt::Debug for ListLock<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Relaxed: a snapshot for display; the contents are not read (they
-        // may be borrowed by the holder).
+        // Relaxed: a snapshot for display; the contents are not read.
         let state = self.state.load(Ordering::Relaxed);
         f.debug_struct("ListLock")
             .field("locked", &(state & LOCKED != 0))
@@ -375,12 +341,9 @@ mod lot {
     }
 }
 
-/// Under loom, `parking_lot_core`'s table for one lock: a mutex and a
-/// condition variable loom models, with `park` and `unpark_one`'s
-/// contract (validate and callback run under the table's lock; an unpark
-/// removes one sleeper from the queue and says whether more remain).
-/// Loom has no clock: every other wake is due the lock, so the models
-/// run the hand-off and the race alike.
+/// Under loom, `parking_lot_core`'s table for one lock: a mutex and condvar
+/// with `park`/`unpark_one`'s contract. Loom has no clock: every other wake
+/// is due the lock, so the models run the hand-off and the race alike.
 #[cfg(all(test, feature = "loom"))]
 mod lot {
     use std::collections::VecDeque;
@@ -458,10 +421,7 @@ mod tests {
     use super::ListLock;
     use std::sync::Arc;
 
-    /// Read-then-write updates from several threads (more than the cores,
-    /// so some park): a lock that let two holders overlap, did not order
-    /// one holder's writes before the next, or lost a sleeper's wake-up
-    /// (the test would hang) fails.
+    /// Threads that park lose no update and no wake-up.
     #[test]
     fn threads_that_park_lose_no_update() {
         let (threads, per_thread) = if cfg!(miri) { (3, 30) } else { (8, 20_000) };
@@ -473,7 +433,6 @@ mod tests {
                     for _ in 0..per_thread {
                         let mut g = lock.lock();
                         let seen = g.0;
-                        // Long enough that others find it held and park.
                         std::hint::black_box(&mut g.1).push(id);
                         g.0 = seen + 1;
                     }
@@ -490,8 +449,7 @@ mod tests {
         }
     }
 
-    /// A holder that sleeps makes the others park (not spin): after it
-    /// unlocks, every parked thread gets the lock in turn.
+    /// After a sleeping holder unlocks, every parked thread gets the lock.
     #[test]
     fn a_slow_holder_makes_the_others_park_and_each_is_woken() {
         let lock = Arc::new(ListLock::new(0usize));
@@ -502,7 +460,6 @@ mod tests {
                 std::thread::spawn(move || *lock.lock() += 1)
             })
             .collect();
-        // Wait (without a clock) until some thread has parked.
         while !format!("{lock:?}").contains("parked: true") {
             std::thread::yield_now();
         }
@@ -517,10 +474,7 @@ mod tests {
         );
     }
 
-    /// Issue #59 item 6: an unlock never handed the lock to the thread it
-    /// woke, so a thread that unlocked and locked again at once took it
-    /// back, and a parked thread could keep losing it to newcomers. One
-    /// parked past `FAIR_AFTER` is handed it.
+    /// A thread parked past `FAIR_AFTER` is handed the lock.
     #[test]
     fn a_thread_parked_past_fair_after_is_handed_the_lock() {
         let lock = Arc::new(ListLock::new(Vec::new()));
@@ -531,18 +485,15 @@ mod tests {
             std::thread::spawn(move || {
                 let mut g = lock.lock();
                 g.push("parked");
-                // Held until the holder has looked.
                 wait.recv().unwrap();
             })
         };
         while !format!("{lock:?}").contains("parked: true") {
             std::thread::yield_now();
         }
-        // Parked a while (a wait, not a measurement).
         std::thread::sleep(super::FAIR_AFTER * 40);
         g.push("holder");
         drop(g);
-        // At once: the lock is the parked thread's now, never free.
         assert!(format!("{lock:?}").contains("locked: true"));
         go.send(()).unwrap();
         lock.lock().push("holder again");
@@ -550,9 +501,7 @@ mod tests {
         assert_eq!(*lock.lock(), ["holder", "parked", "holder again"]);
     }
 
-    /// Two shared borrows of one guard live at once (as `&*guard` twice
-    /// would): `Deref` must not make a unique reference for each, which
-    /// miri reports as invalidating the first.
+    /// Two shared borrows of one guard coexist under miri.
     #[test]
     fn two_shared_borrows_of_a_guard_coexist() {
         let lock = ListLock::new(vec![1, 2, 3]);

@@ -1,5 +1,5 @@
-//! The operations that write under the admin lock (and bump the epoch
-//! that voids refunds), following the parent module's seqlock protocol.
+//! The operations that write under the admin lock (and bump the epoch),
+//! following the parent module's seqlock protocol.
 
 use super::{
     bump_epoch, convert, convert_keeping_queue, Gcra, Quota, BURST_SHIFT, EPOCH_MASK, FULL,
@@ -7,12 +7,10 @@ use super::{
 use crate::sync::{Backoff, Ordering};
 
 impl Gcra {
-    /// Admits nothing before `now + retry_after`: raises `tat` so the first
-    /// single cell fits exactly then.
-    ///
-    /// A penalty shorter than the current debt leaves `tat` alone but voids
-    /// every outstanding refund (bumps the epoch), so no cancel can lower
-    /// `tat` below the penalty. A zero penalty changes nothing.
+    /// Admits nothing before `now + retry_after`: raises `tat` so one cell
+    /// fits exactly then. A shorter penalty than the current debt leaves
+    /// `tat` alone but bumps the epoch, so no cancel can lower `tat` below
+    /// it. A zero penalty changes nothing.
     pub(crate) fn penalize(&self, retry_after: u64, now: u64) {
         self.penalize_told(retry_after, retry_after, now);
     }
@@ -55,11 +53,9 @@ impl Gcra {
     }
 
     /// Gives `n` cells back at `now` without their stamps: lowers `tat` by
-    /// `n` periods, never below `now` nor below a running hold's `tat`.
-    /// Returns the cells given back.
-    ///
-    /// It lowers `tat`, so it runs under the admin lock, moves `stamp` by
-    /// `+ 1` as a quota change does, and voids every outstanding cancel.
+    /// `n` periods, never below `now` nor a running hold's `tat`; returns the
+    /// cells given back. Like a quota change, it runs under the admin lock,
+    /// moves `stamp` by `+ 1` and voids every outstanding cancel.
     pub(crate) fn give(&self, n: u64, now: u64) -> u64 {
         if n == 0 {
             return 0;
@@ -107,12 +103,11 @@ impl Gcra {
         (tat - new_tat) / period.max(1)
     }
 
-    /// Makes the bucket full, and voids every outstanding reservation's
-    /// refund. A bucket already full at `now` is left as it is (its
-    /// reservations' refunds stay valid).
+    /// Makes the bucket full and voids outstanding refunds; a bucket already
+    /// full at `now` is left as it is.
     pub(crate) fn reset(&self, now: u64) {
-        // A full bucket holds nothing back: sleepers that re-check the hold
-        // when they wake go. Relaxed: see `held_until`.
+        // Sleepers that re-check the hold when they wake go. Relaxed: see
+        // `held_until`.
         self.held_until.store(0, Ordering::Relaxed);
         let word = self.lock();
         // Relaxed: we hold the lock, and took it with Acquire.
@@ -148,11 +143,10 @@ impl Gcra {
         self.requota(quota, now, Requota::KeepQueue);
     }
 
-    /// [`set_learned_quota`](Self::set_learned_quota), except that a
-    /// change of rate alone with no hold running converts the debt as
-    /// cells ([`convert`]), so the queue moves with the rate. Returns the
-    /// change for the holders of those cells (see [`Rescale`]); `None`
-    /// when the queue was kept.
+    /// [`set_learned_quota`](Self::set_learned_quota), except that a rate
+    /// change alone with no hold running converts the debt as cells
+    /// ([`convert`]), so the queue moves with the rate; returns that change
+    /// (see [`Rescale`]), `None` when the queue was kept.
     pub(crate) fn rescale_learned_quota(&self, quota: Quota, now: u64) -> Option<Rescale> {
         self.requota(quota, now, Requota::Rescale)
     }
@@ -228,14 +222,13 @@ enum Requota {
     Cells,
     /// [`convert_keeping_queue`].
     KeepQueue,
-    /// A change of rate alone with no hold running as [`convert`]
-    /// without a hold, any other change as [`convert_keeping_queue`].
+    /// A rate change alone with no hold as [`convert`], any other change as
+    /// [`convert_keeping_queue`].
     Rescale,
 }
 
-/// A learned rate's change applied to the cells already queued
-/// ([`Gcra::rescale_learned_quota`]): every instant past `at` reserved
-/// before it (a ticket of an epoch before `epoch`) now comes at
+/// A learned rate's change applied to cells already queued: every instant
+/// past `at` reserved before it (an earlier epoch) now comes at
 /// `at + (instant - at) × new_period / old_period`, rounded up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Rescale {
@@ -243,14 +236,12 @@ pub(crate) struct Rescale {
     pub(crate) at: u64,
     pub(crate) old_period: u64,
     pub(crate) new_period: u64,
-    /// The bucket's epoch from the change on: reservations carrying an
-    /// earlier one were taken at the old rate.
+    /// The bucket's epoch from the change on.
     pub(crate) epoch: u32,
 }
 
 impl Rescale {
-    /// Where an instant `ready_at` reserved before the change lies after
-    /// it: the same number of cells past `at`, at the new period.
+    /// Where an instant `ready_at` reserved before the change lies after it.
     #[cfg(feature = "admission")]
     pub(crate) fn moved(&self, ready_at: u64) -> u64 {
         if ready_at <= self.at {

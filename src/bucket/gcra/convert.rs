@@ -15,9 +15,8 @@ use crate::bucket::quota::Quota;
 ///   Nothing is forgiven: a burst lowered below the debt leaves the bucket
 ///   over-drawn.
 ///
-/// Monotonic in the debt within each case. No term adds periods, so
-/// converting back and forth builds at most a nanosecond of rounding per
-/// change. Never overflows (u128 inside, capped at `u64::MAX`).
+/// Monotonic in the debt within each case; converting back and forth builds
+/// at most a nanosecond of rounding per change. Never overflows.
 pub(crate) fn convert(tat: u64, now: u64, old: Quota, new: Quota, held_until: u64) -> u64 {
     let debt = tat.saturating_sub(now) as u128;
     if debt == 0 {

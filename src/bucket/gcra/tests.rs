@@ -29,7 +29,6 @@ fn convert_keeps_debt_in_cells_when_the_rate_falls() {
         0,
     );
     assert_eq!(t, 1_000 * 1_000_000_000);
-    // And the other way: 1000 cells at 1/s are 1000 cells at 1000/s.
     let t = convert(t, 0, q(1_000_000_000, 1000), q(1_000_000, 1000), 0);
     assert_eq!(t, 1_000_000_000);
 }
@@ -40,7 +39,6 @@ fn convert_keeps_a_hold_past_the_burst() {
     let old = q(1_000_000_000, 1);
     let new = q(10_000_000, 100);
     let t = convert(10_000_000_000, 0, old, new, 10_000_000_000);
-    // The first cell under the new quota fits at t - (τ - T) = 10 s.
     assert_eq!(t - (new.tolerance() - new.period), 10_000_000_000);
     // Without the hold, the same debt is 10 cells: 100 ms at 100/s.
     assert_eq!(convert(10_000_000_000, 0, old, new, 0), 100_000_000);
@@ -82,8 +80,7 @@ fn convert_is_monotonic_keeps_cells_and_never_shortens_a_hold() {
             for hold in [0, 1, 15, 200, 5_000] {
                 let held_until = if hold == 0 { 0 } else { now + hold };
                 let mut last = 0;
-                // A running hold leaves the bucket past its next cell (the
-                // penalty's target): smaller debts do not occur with one.
+                // A running hold leaves the bucket past its next cell.
                 let from = if hold == 0 {
                     0
                 } else {
@@ -107,8 +104,7 @@ fn convert_is_monotonic_keeps_cells_and_never_shortens_a_hold() {
                             "{old:?} -> {new:?}: {next} < {wait}"
                         );
                     } else {
-                        // Cells stay cells: never fewer, at most a
-                        // nanosecond's rounding more.
+                        // Cells stay cells, up to a nanosecond's rounding.
                         let (d, c) = (u128::from(debt), u128::from(t));
                         let (to, tn) = (u128::from(old.period), u128::from(new.period));
                         assert!(c * to >= d * tn, "{old:?} -> {new:?}: cells lost");
@@ -132,8 +128,7 @@ fn flipping_quotas_builds_no_debt_and_forgives_none() {
     }
 }
 
-/// 10/s with 15 cells reserved, then 1/s, then 10/s again: the 15 cells
-/// are still owed (issue #21 item 7).
+/// 15 cells reserved at 10/s are still owed after a flip to 1/s and back.
 #[test]
 fn a_quota_flip_keeps_reserved_cells() {
     let ten = q(100_000_000, 10);
@@ -152,7 +147,6 @@ fn a_quota_flip_keeps_reserved_cells() {
     g.set_quota(ten, now);
     assert_eq!(g.tat() - now, owed, "15 cells at 10/s again");
     assert_eq!(g.available(now), 0);
-    // The next call waits behind the 15 reservations, as before the flips.
     let next = g.reserve(1, u64::MAX, now).unwrap();
     assert!(next.ready_at > ready, "{} <= {ready}", next.ready_at);
 }
@@ -173,7 +167,7 @@ fn a_quota_change_moves_the_stamp_by_one() {
 }
 
 /// A failed CAS retries with the stamp it found, keeping the quota and
-/// skew only if no admin operation ran in between (issue #13 item 2).
+/// skew only if no admin operation ran in between.
 #[test]
 fn a_failed_cas_after_an_admission_retries_with_the_stamp_it_found() {
     let g = Gcra::new(q(100, 10));
@@ -198,18 +192,13 @@ fn a_failed_cas_after_a_quota_change_rereads_the_quota() {
     assert_ne!(fresh.word, stale.word);
 }
 
-// `convert_keeping_queue`: the learned rates' conversion.
-
 #[test]
 fn keeping_queue_keeps_the_wait_past_the_burst() {
-    // 1/s burst 1, 10 s past the burst at 0. Now 100/s burst 100: the
-    // first cell fits at 10 s still, whatever made the wait.
+    // 1/s burst 1, 10 s past the burst: the first cell still fits at 10 s.
     let old = q(1_000_000_000, 1);
     let new = q(10_000_000, 100);
     let t = convert_keeping_queue(10_000_000_000, 0, old, new);
     assert_eq!(t - (new.tolerance() - new.period), 10_000_000_000);
-    // 10/s burst 10 with 15 cells (5 queued past the burst): the next cell
-    // after the queue at 0.6 s, at 5/s behind it.
     let t = convert_keeping_queue(1_500_000_000, 0, q(100_000_000, 10), q(200_000_000, 5));
     assert_eq!(t - 800_000_000, 600_000_000);
 }

@@ -1,14 +1,9 @@
-//! Where an acquire's compare-and-swap starts: the word this thread last
-//! left the semaphore's state in (see "Acquiring" in the parent module).
+//! Where an acquire's CAS starts: the word this thread last left the
+//! semaphore's state in (see "Acquiring" in the parent module).
 //!
-//! One slot per thread: the semaphore's address and the word. A thread
-//! that goes between two semaphores loses the hint on each switch and
-//! loads instead; a semaphore freed and another built at its address
-//! finds a stale word, which costs a failed compare-and-swap. Neither is
-//! unsound: the word is only ever a CAS's expected value.
-//!
-//! Under loom the slot is `loom::thread_local!` (empty in every execution),
-//! so the models run the hinted CAS too.
+//! One slot per thread. A stale word (another semaphore, or one rebuilt at
+//! the same address) only costs a failed CAS: it is never more than a CAS's
+//! expected value. Under loom the slot is `loom::thread_local!`.
 
 use core::cell::Cell;
 
@@ -27,8 +22,7 @@ loom::thread_local! {
 /// this one.
 #[inline]
 pub(super) fn get(sem: usize) -> Option<usize> {
-    // `try_with`: never fails for a const-initialised slot without a
-    // destructor, but a hint is not worth a panic if it ever does.
+    // `try_with`: a hint is not worth a panic.
     match LAST.try_with(Cell::get) {
         Ok((at, word)) if at == sem => Some(word),
         _ => None,
@@ -57,10 +51,7 @@ mod tests {
     use super::LOADS;
     use crate::Semaphore;
 
-    /// What the hint is for: a thread that acquires and releases on one
-    /// semaphore, alone, starts each CAS from the word it left and loads
-    /// it once, at its first acquire (every mutant that drops or ignores
-    /// the hint loads it each time).
+    /// A thread alone on a semaphore loads its word only at its first acquire.
     #[test]
     fn a_thread_alone_on_a_semaphore_loads_its_word_once() {
         std::thread::spawn(|| {

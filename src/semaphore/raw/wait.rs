@@ -1,7 +1,5 @@
-//! The waiter's side of the protocol: poll (fast path, then queue), the
-//! woken waiter's re-poll without the lock, and a cancelled waiter's
-//! unlink. The state word and the release side are in the parent module;
-//! its invariants (see there) hold here too.
+//! The waiter's side of the protocol: poll, re-poll and cancelled unlink.
+//! The state word, invariants and the release side are in the parent module.
 
 use super::*;
 
@@ -92,8 +90,7 @@ impl RawSemaphore {
                 }
             }
             let remaining = needed - avail;
-            // The node is written here, first poll, not yet linked (the
-            // unlock publishes it); `Phase::Queued` says it is written.
+            // Written on first poll; the unlock publishes it.
             let node = waiter.node.write(Node::new(remaining << 1));
             // SAFETY: the node is not linked yet, so only we can reach it.
             // The slot is empty (a new node), so nothing comes back to be
@@ -135,8 +132,7 @@ impl RawSemaphore {
             // SAFETY: the lock is held.
             waker = unsafe { waiter.node().swap_waker(new) };
             drop(guard);
-            // The waker we did not keep (new or old) is dropped here,
-            // outside the lock.
+            // The waker not kept is dropped outside the lock.
             drop(waker);
             return Poll::Pending;
         }
@@ -200,8 +196,7 @@ impl RawSemaphore {
         }
         let assigned = needed - (st >> 1);
         if assigned > 0 {
-            // Through the locked path: the next waiters may now be
-            // satisfiable. Wakers are woken after unlocking.
+            // Through the locked path: the next waiters may now be served.
             self.release_locked(assigned, guard);
         }
         // The node's waker is dropped with the future, after the lock.
