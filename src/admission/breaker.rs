@@ -154,9 +154,9 @@ pub(crate) enum Outcome {
 }
 
 /// What an answer (`None`: no answer) says about the server.
-pub(crate) fn outcome(status: Option<u16>, hint: &crate::headers::ServerHint) -> Outcome {
+pub(crate) fn outcome(class: crate::retry::ReplyClass, status: Option<u16>) -> Outcome {
     use crate::retry::ReplyClass;
-    match crate::retry::reply_class(status, hint) {
+    match class {
         ReplyClass::Capacity => Outcome::Capacity,
         // A 408 is the client's slowness, not the server failing.
         ReplyClass::Transient if status != Some(408) => Outcome::Failed,

@@ -285,13 +285,22 @@ fn each_answer_is_classified_as_the_docs_say() {
         (Some(500), &none, Outcome::Failed),
         (None, &none, Outcome::Failed),
     ] {
-        assert_eq!(outcome(status, hint), want, "{status:?} {hint:?}");
+        assert_eq!(
+            outcome(crate::retry::reply_class(status, hint), status),
+            want,
+            "{status:?} {hint:?}"
+        );
     }
     // A 429 between failures neither trips nor resets the run.
     let c = Circuit::default();
     let cfg = cfg(2);
     c.record(&cfg, Outcome::Failed, 0, false);
-    c.record(&cfg, outcome(Some(429), &none), 0, false);
+    c.record(
+        &cfg,
+        outcome(crate::retry::reply_class(Some(429), &none), Some(429)),
+        0,
+        false,
+    );
     assert_eq!(c.admit(0, MS), Admit::Closed);
     c.record(&cfg, Outcome::Failed, 0, false);
     assert!(matches!(c.admit(0, MS), Admit::Refused { .. }));

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::clock::{Clock, DefaultClock};
 use crate::headers::ServerHint;
+use crate::retry::{reply_class, ReplyClass};
 use crate::sleep::{DefaultSleeper, Sleeper};
 
 use super::breaker;
@@ -76,16 +77,27 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
     /// # });
     /// ```
     pub fn observe(&self, status: u16, hint: &ServerHint) -> Option<Duration> {
+        self.observe_class(status, reply_class(Some(status), hint), hint)
+    }
+
+    /// [`observe`](Self::observe) of an answer already classed: the breaker
+    /// and the learned rate read the class the attempt loop decides with.
+    pub(crate) fn observe_class(
+        &self,
+        status: u16,
+        class: ReplyClass,
+        hint: &ServerHint,
+    ) -> Option<Duration> {
         self.admission.circuit_outcome(
             &self.tool.name,
             &self.credential.name,
-            breaker::outcome(Some(status), hint),
+            breaker::outcome(class, Some(status)),
             self.is_trial(),
         );
         self.admission.observe_sent(
             super::rate::Tool::Held(&self.tool),
             &self.credential.name,
-            status,
+            class,
             hint,
             self.started(),
         )

@@ -317,11 +317,6 @@ impl RetryPolicy {
         self.budget.as_ref().is_none_or(|b| b.try_withdraw())
     }
 
-    /// Classes an answer; `status` is `None` for a transport error.
-    pub(crate) fn classify(&self, status: Option<u16>, hint: &ServerHint) -> ReplyClass {
-        reply_class(status, hint)
-    }
-
     /// Decides what to do after an attempt: `status` is `None` for a
     /// transport error. A retry's wait is charged to `deadline`. See the
     /// table on [`RetryPolicy`].
@@ -352,7 +347,19 @@ impl RetryPolicy {
         hint: &ServerHint,
         deadline: &mut Deadline<C>,
     ) -> Decision {
-        match self.classify(status, hint) {
+        self.decide_class(reply_class(status, hint), status, hint, deadline)
+    }
+
+    /// [`decide_reply`](Self::decide_reply) for an answer its caller has
+    /// already classed (the attempt loop classes each answer once).
+    pub(crate) fn decide_class<C: Clock>(
+        &mut self,
+        class: ReplyClass,
+        status: Option<u16>,
+        hint: &ServerHint,
+        deadline: &mut Deadline<C>,
+    ) -> Decision {
+        match class {
             ReplyClass::Success | ReplyClass::Final => Decision::Stop,
             ReplyClass::Transient => self.decide(hint, deadline),
             ReplyClass::Capacity => {
@@ -552,7 +559,6 @@ mod classify_tests {
     #[test]
     fn the_policy_classes_every_answer() {
         use ReplyClass::{Capacity, Final, Success, Transient};
-        let policy = RetryPolicy::default();
         let none = ServerHint::default();
         let told = ServerHint::from_headers([("retry-after", "2")], SystemTime::UNIX_EPOCH);
         let cases = [
@@ -571,7 +577,7 @@ mod classify_tests {
             (Some(304), &none, Final),
         ];
         for (status, h, want) in cases {
-            assert_eq!(policy.classify(status, h), want, "{status:?} {h:?}");
+            assert_eq!(reply_class(status, h), want, "{status:?} {h:?}");
         }
     }
 }

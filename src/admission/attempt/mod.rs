@@ -10,7 +10,7 @@ use std::borrow::Cow;
 
 use crate::clock::Clock;
 use crate::headers::ServerHint;
-use crate::retry::{Backoff, Deadline, Decision, Jitter, RetryPolicy};
+use crate::retry::{reply_class, Backoff, Deadline, Decision, Jitter, ReplyClass, RetryPolicy};
 use crate::sleep::Sleeper;
 use crate::throttled::Human;
 
@@ -150,7 +150,9 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
             } else {
                 exchange.unsendable()
             };
-            let (status, hint) = match read {
+            // Classed once: the breaker, the learned rate and the retry
+            // decision all read this class.
+            let (status, class, hint) = match read {
                 Read::Refusal => {
                     return Ended::Answered {
                         result,
@@ -160,21 +162,22 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
                 }
                 Read::NoAnswer => {
                     ticket.observe_error();
-                    (None, ServerHint::default())
+                    (None, ReplyClass::Transient, ServerHint::default())
                 }
                 Read::Answer {
                     status,
                     hint,
                     usage,
                 } => {
+                    let class = reply_class(Some(status), &hint);
                     // Observed and settled whatever the status.
-                    ticket.observe(status, &hint);
+                    ticket.observe_class(status, class, &hint);
                     for (name, used) in &usage {
                         ticket.settle(name, *used);
                     }
                     // What a shared limiter is owed is sent before the reply is handed back.
                     self.push_owed(&spec.credential).await;
-                    if (200..300).contains(&status) {
+                    if class == ReplyClass::Success {
                         return Ended::Answered {
                             result,
                             ticket: Some(ticket),
@@ -183,11 +186,19 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
                     }
                     // This credential's hold, for the other processes.
                     self.push_shared(&spec.credential).await;
-                    (Some(status), hint)
+                    (Some(status), class, hint)
                 }
             };
             drop(ticket);
-            match decide(&mut policy, &spec.tool, status, &hint, &mut deadline, sent) {
+            match decide(
+                &mut policy,
+                &spec.tool,
+                status,
+                class,
+                &hint,
+                &mut deadline,
+                sent,
+            ) {
                 // Capacity: the wait is the credential's hold; the next admit waits it.
                 Decision::Readmit { after } => {
                     if !resend {
@@ -256,11 +267,12 @@ pub(crate) fn decide<C: Clock>(
     policy: &mut RetryPolicy,
     tool: &str,
     status: Option<u16>,
+    class: ReplyClass,
     hint: &ServerHint,
     deadline: &mut Deadline<C>,
     attempt: u32,
 ) -> Decision {
-    let decision = policy.decide_reply(status, hint, deadline);
+    let decision = policy.decide_class(class, status, hint, deadline);
     #[cfg(feature = "tracing")]
     if let Decision::Readmit { after } | Decision::Retry { after } = &decision {
         tracing::event!(

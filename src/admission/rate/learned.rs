@@ -13,6 +13,7 @@ use crate::bucket::Quota;
 use crate::clock::Clock;
 use crate::headers::ServerHint;
 use crate::keyed::Scoped;
+use crate::retry::ReplyClass;
 
 use super::super::cache::{self, Cache, Generation};
 use super::super::stats::Counters;
@@ -153,7 +154,7 @@ impl Learned {
     pub(crate) fn observe<C: Clock>(
         &self,
         credential: &str,
-        status: u16,
+        class: Option<ReplyClass>,
         hint: &ServerHint,
         sent_at: u64,
         now: u64,
@@ -169,7 +170,7 @@ impl Learned {
         let Some(controller) = &state.controller else {
             return;
         };
-        let outcome = outcome(status, hint);
+        let outcome = outcome(class, hint);
         if let Some(quota) = controller.on_reply(now, sent_at, outcome) {
             let key = credential.to_string();
             // Replaces the custom quota set on creation, so never refused for room.
@@ -237,14 +238,14 @@ impl CredentialState {
     }
 }
 
-fn outcome(status: u16, hint: &ServerHint) -> RateOutcome {
+/// `class` is `None` for a 429 of another quota: no verdict on the rate.
+fn outcome(class: Option<ReplyClass>, hint: &ServerHint) -> RateOutcome {
     if let Some((limit, window)) = server_limit(hint) {
         return RateOutcome::ServerLimit { limit, window };
     }
-    match status {
-        429 => RateOutcome::Throttled,
-        503 if hint.retry_after.is_some() => RateOutcome::Throttled,
-        200..=299 => RateOutcome::Success,
+    match class {
+        Some(ReplyClass::Capacity) => RateOutcome::Throttled,
+        Some(ReplyClass::Success) => RateOutcome::Success,
         _ => RateOutcome::Ignored,
     }
 }

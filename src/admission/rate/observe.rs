@@ -13,6 +13,7 @@ use super::{charge, Resource};
 use crate::bucket::Quota;
 use crate::clock::{saturating_nanos, Clock};
 use crate::headers::ServerHint;
+use crate::retry::{reply_class, ReplyClass};
 use crate::sleep::Sleeper;
 use crate::sync::Ordering;
 
@@ -50,7 +51,8 @@ where
         hint: &ServerHint,
     ) -> Option<Duration> {
         let now = self.inner.clock.now_nanos();
-        self.observe_sent(Tool::Named(tool), credential, status, hint, now)
+        let class = reply_class(Some(status), hint);
+        self.observe_sent(Tool::Named(tool), credential, class, hint, now)
     }
 
     /// [`observe`](Self::observe) for a request sent at `sent_at` (layer
@@ -60,7 +62,7 @@ where
         &self,
         tool: Tool<'_>,
         credential: &str,
-        status: u16,
+        class: ReplyClass,
         hint: &ServerHint,
         sent_at: u64,
     ) -> Option<Duration> {
@@ -69,16 +71,13 @@ where
         let hint = &*hint;
         // A 429 for another quota than requests is no verdict on the request
         // rate; it holds that quota alone when the layer has it.
-        let spent = if status == 429 {
-            spent_quota(hint)
-        } else {
-            None
-        };
-        self.learn(credential, status, spent.is_some(), hint, sent_at);
+        let capacity = class == ReplyClass::Capacity;
+        let spent = if capacity { spent_quota(hint) } else { None };
+        self.learn(credential, class, spent.is_some(), hint, sent_at);
         self.note_stated(credential, hint, sent_at);
         self.follow_weighted_quotas(credential, hint);
         self.note_shared(credential, spent, hint);
-        if status == 429 {
+        if capacity {
             self.fit_to_window(credential, spent, hint, sent_at);
         }
         if let Some(policy) = spent
@@ -89,7 +88,7 @@ where
         let wait = match request_wait(hint, &self.inner.rates.resources) {
             Some(w) => w,
             // A bare 429: hold the key for the same hold the retry policy waits.
-            None if status == 429 => crate::retry::RetryPolicy::BARE_429_HOLD,
+            None if capacity => crate::retry::RetryPolicy::BARE_429_HOLD,
             None => return None,
         };
         Some(self.hold_requests(tool, credential, hint, wait))
@@ -147,7 +146,7 @@ where
     fn learn(
         &self,
         credential: &str,
-        status: u16,
+        class: ReplyClass,
         other_quota: bool,
         hint: &ServerHint,
         sent_at: u64,
@@ -156,10 +155,10 @@ where
         if inner.rates.shared.contains(credential) {
             return;
         }
-        let status = if other_quota { 0 } else { status };
+        let class = (!other_quota).then_some(class);
         inner.rates.learned.observe(
             credential,
-            status,
+            class,
             hint,
             sent_at,
             inner.clock.now_nanos(),

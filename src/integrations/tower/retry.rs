@@ -302,6 +302,7 @@ where
             policy,
             "tower",
             status,
+            crate::retry::reply_class(status, &hint),
             &hint,
             &mut self.deadline,
             attempt,
