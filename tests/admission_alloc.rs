@@ -9,25 +9,27 @@ use std::cell::Cell;
 use std::future::Future;
 use std::num::NonZeroU32;
 use std::pin::pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
-use backpressure::admission::{Admission, CallSpec};
+use std::time::Duration;
+
+use backpressure::admission::{Admission, Call, CallSpec, Reply, Runner};
 use backpressure::{ManualClock, Quota};
 
 struct Counting;
 
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
     static COUNTING: Cell<bool> = const { Cell::new(false) };
+    // Per thread: tests run side by side.
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
 }
 
 // SAFETY: defers every operation to `System`; only counts calls.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if COUNTING.with(Cell::get) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+            ALLOCATIONS.with(|n| n.set(n.get() + 1));
         }
         // SAFETY: the caller's contract is `System::alloc`'s.
         unsafe { System.alloc(layout) }
@@ -40,7 +42,7 @@ unsafe impl GlobalAlloc for Counting {
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         if COUNTING.with(Cell::get) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+            ALLOCATIONS.with(|n| n.set(n.get() + 1));
         }
         // SAFETY: as `System::realloc`.
         unsafe { System.realloc(ptr, layout, new_size) }
@@ -54,13 +56,13 @@ fn admit_and_drop(admission: &Admission<ManualClock, ManualClock>, spec: &CallSp
     let waker = futures::task::noop_waker();
     let mut cx = Context::from_waker(&waker);
     COUNTING.with(|c| c.set(true));
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = ALLOCATIONS.with(Cell::get);
     let ticket = match pin!(admission.admit(spec)).as_mut().poll(&mut cx) {
         Poll::Ready(Ok(t)) => t,
         other => panic!("not admitted at once: {:?}", other.map(|r| r.map(|_| ()))),
     };
     drop(ticket);
-    let n = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    let n = ALLOCATIONS.with(Cell::get) - before;
     COUNTING.with(|c| c.set(false));
     n
 }
@@ -102,5 +104,43 @@ fn admit_and_drop_allocate_nothing_once_warm() {
                 "adaptive: {adaptive}"
             );
         }
+    }
+}
+
+/// Allocations made by one `Runner::one` call, polled to its end at once;
+/// the `Call` (and its boxed closure) is built before counting.
+fn one_call(runner: &Runner<u32, String, ManualClock, ManualClock>, spec: &CallSpec) -> usize {
+    let call = Call::new(spec.clone(), || std::future::ready(Ok(Reply::new(200, 7u32))));
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    COUNTING.with(|c| c.set(true));
+    let before = ALLOCATIONS.with(Cell::get);
+    let result = match pin!(runner.one(call)).as_mut().poll(&mut cx) {
+        Poll::Ready(r) => r,
+        Poll::Pending => panic!("a call with room and a ready exchange is not pending"),
+    };
+    let n = ALLOCATIONS.with(Cell::get) - before;
+    COUNTING.with(|c| c.set(false));
+    assert_eq!(result.value(), Some(&7));
+    n
+}
+
+/// The one allocation is the attempt's future, boxed by `Call::new` (a
+/// `Call` is not generic over its closure, so a turn is a `Vec<Call>`).
+#[test]
+fn a_full_call_through_runner_and_drive_allocates_only_its_attempt() {
+    let clock = ManualClock::new();
+    let per_sec = |n| Quota::per_second(NonZeroU32::new(n).unwrap());
+    let admission = Admission::builder()
+        .sleeper(clock.clone())
+        .clock(clock.clone())
+        .default_quota(per_sec(1_000_000))
+        .build();
+    let runner: Runner<u32, String, ManualClock, ManualClock> =
+        Runner::new(admission, Duration::ZERO);
+    let spec = CallSpec::new("write_file", "key").write();
+    one_call(&runner, &spec);
+    for _ in 0..100 {
+        assert_eq!(one_call(&runner, &spec), 1);
     }
 }

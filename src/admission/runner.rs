@@ -317,7 +317,7 @@ where
         sent: &AtomicU32,
         left: Duration,
     ) -> (Outcome<V, E>, Sharing) {
-        let mut attempts = Box::pin(self.attempts(call, sent, left));
+        let mut attempts = core::pin::pin!(self.attempts(call, sent, left));
         core::future::poll_fn(|cx| {
             match std::panic::catch_unwind(AssertUnwindSafe(|| attempts.as_mut().poll(cx))) {
                 Ok(p) => p,

@@ -173,6 +173,9 @@ where
     /// admits more than the server has left.
     fn follow_weighted_quotas(&self, credential: &str, hint: &ServerHint) {
         let inner = &*self.inner;
+        if hint.policies.is_empty() {
+            return;
+        }
         let key = credential.to_string();
         for resource in inner.rates.resources.iter() {
             let Some(policy) = hint.policies.iter().find(|p| {
