@@ -18,7 +18,6 @@ use backpressure::{ManualClock, Quota};
 
 struct Counting;
 
-
 thread_local! {
     static COUNTING: Cell<bool> = const { Cell::new(false) };
     // Per thread: tests run side by side.
@@ -110,7 +109,9 @@ fn admit_and_drop_allocate_nothing_once_warm() {
 /// Allocations made by one `Runner::one` call, polled to its end at once;
 /// the `Call` (and its boxed closure) is built before counting.
 fn one_call(runner: &Runner<u32, String, ManualClock, ManualClock>, spec: &CallSpec) -> usize {
-    let call = Call::new(spec.clone(), || std::future::ready(Ok(Reply::new(200, 7u32))));
+    let call = Call::new(spec.clone(), || {
+        std::future::ready(Ok(Reply::new(200, 7u32)))
+    });
     let waker = futures::task::noop_waker();
     let mut cx = Context::from_waker(&waker);
     COUNTING.with(|c| c.set(true));

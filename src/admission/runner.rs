@@ -11,7 +11,6 @@ use core::task::Poll;
 use core::time::Duration;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 
 use crate::clock::Clock;
@@ -19,44 +18,18 @@ use crate::failure::CallFailure;
 use crate::retry::{Backoff, RetryPolicy};
 use crate::single_flight::Provenance;
 
-use super::attempt::reads::{Joined, Reads, Sharing};
+use super::attempt::reads::{Reads, Sharing};
 use super::identity::ReadKey;
 use crate::sleep::Sleeper;
 
 use super::attempt;
-use super::{Admission, Throttled};
+use super::Admission;
 
 mod call;
 mod result;
 
 pub use call::{Call, Reply};
 pub use result::CallResult;
-
-/// Why a led execution ended without a value.
-#[derive(Debug)]
-enum NoValue<E> {
-    Throttled(Throttled),
-    Failed {
-        error: CallFailure<E>,
-        not_retried: Option<Throttled>,
-    },
-    Panicked(String),
-}
-
-type Outcome<V, E> = Result<V, NoValue<E>>;
-
-impl<E> Clone for NoValue<E> {
-    fn clone(&self) -> Self {
-        match self {
-            NoValue::Throttled(t) => NoValue::Throttled(t.clone()),
-            NoValue::Failed { error, not_retried } => NoValue::Failed {
-                error: error.clone(),
-                not_retried: not_retried.clone(),
-            },
-            NoValue::Panicked(m) => NoValue::Panicked(m.clone()),
-        }
-    }
-}
 
 /// Runs a turn's calls through an [`Admission`].
 ///
@@ -119,7 +92,7 @@ pub struct Runner<
     C: Clock = crate::clock::DefaultClock,
 > {
     admission: Admission<S, C>,
-    flights: Reads<Outcome<V, E>, Outcome<V, E>, C>,
+    flights: Reads<CallResult<V, E>, CallResult<V, E>, C>,
     /// The template every call forks its own policy from.
     retry: Arc<RetryPolicy>,
 }
@@ -269,7 +242,7 @@ where
         let mut results: Vec<CallResult<V, E>> = Vec::with_capacity(joins.len());
         for join in &joins {
             let result = match join {
-                Some(leader) => results[*leader].joined(),
+                Some(leader) => results[*leader].clone().into_copy(Provenance::Joined),
                 None => led.next().expect("one result per leading call"),
             };
             results.push(result);
@@ -291,52 +264,38 @@ where
     /// # });
     /// ```
     pub async fn one(&self, call: Call<V, E>) -> CallResult<V, E> {
-        let sent = AtomicU32::new(0);
         let Some(key) = read_key(&call) else {
-            let (own, _) = self.contained(&call, &sent, call.spec.deadline).await;
-            return Joined::Own(own).into_result(sent.load(Relaxed));
+            return self.contained(&call, call.spec.deadline).await.0;
         };
-        let (call, sent) = (&call, &sent);
-        let led = self
-            .admission
+        let call = &call;
+        self.admission
             .coalesce(&self.flights, key, call.spec.deadline, |left| async move {
-                let (own, sharing) = self.contained(call, sent, left).await;
+                let (own, sharing) = self.contained(call, left).await;
                 let share = sharing.with(|| Some(own.clone()));
                 (own, share)
             })
-            .await;
-        // Relaxed: written by this task's own future, read after it ended.
-        led.into_result(sent.load(Relaxed))
+            .await
+            .into_result()
     }
 
     /// [`attempts`](Self::attempts), with a panic turned into
-    /// [`NoValue::Panicked`]; the attempt's future (and ticket) is dropped.
-    async fn contained(
-        &self,
-        call: &Call<V, E>,
-        sent: &AtomicU32,
-        left: Duration,
-    ) -> (Outcome<V, E>, Sharing) {
-        let mut attempts = core::pin::pin!(self.attempts(call, sent, left));
+    /// [`CallResult::Panicked`]; the attempt's future (and ticket) is dropped.
+    async fn contained(&self, call: &Call<V, E>, left: Duration) -> (CallResult<V, E>, Sharing) {
+        let mut attempts = core::pin::pin!(self.attempts(call, left));
         core::future::poll_fn(|cx| {
             match std::panic::catch_unwind(AssertUnwindSafe(|| attempts.as_mut().poll(cx))) {
                 Ok(p) => p,
                 Err(payload) => {
-                    let panicked = NoValue::Panicked(panic_message(&*payload));
-                    Poll::Ready((Err(panicked), Sharing::Own))
+                    let message = panic_message(&*payload);
+                    Poll::Ready((CallResult::Panicked { message }, Sharing::Own))
                 }
             }
         })
         .await
     }
 
-    /// One call through the attempt loop within `left`; `sent` counts requests.
-    async fn attempts(
-        &self,
-        call: &Call<V, E>,
-        sent: &AtomicU32,
-        left: Duration,
-    ) -> (Outcome<V, E>, Sharing) {
+    /// One call through the attempt loop within `left`.
+    async fn attempts(&self, call: &Call<V, E>, left: Duration) -> (CallResult<V, E>, Sharing) {
         let policy = self.retry.fork();
         let mut exchange = Attempt { call };
         let ended = self
@@ -344,53 +303,15 @@ where
             .drive(&call.spec, left, policy, &mut exchange)
             .await;
         let sharing = ended.sharing();
-        let (failure, attempts) = match ended {
-            attempt::Ended::Answered {
-                result, attempts, ..
-            } => match result {
-                Ok(reply) if reply.is_success() => {
-                    // Relaxed: a count read by this call's own task afterwards.
-                    sent.store(attempts, Relaxed);
-                    return (Ok(reply.value), sharing);
-                }
-                // A final status (a 404): retrying cannot change it.
-                Ok(reply) => (
-                    NoValue::Failed {
-                        error: CallFailure::Status {
-                            status: reply.status,
-                        },
-                        not_retried: None,
-                    },
-                    attempts,
-                ),
-                Err(e) => (
-                    NoValue::Failed {
-                        error: CallFailure::Transport(Arc::new(e)),
-                        not_retried: None,
-                    },
-                    attempts,
-                ),
-            },
-            attempt::Ended::Throttled(t) => {
-                let attempts = t.attempts;
-                (NoValue::Throttled(t), attempts)
-            }
-            attempt::Ended::Failed {
-                result,
-                not_retried,
-                attempts,
-            } => {
-                let error = match result {
-                    Ok(reply) => CallFailure::Status {
-                        status: reply.status,
-                    },
-                    Err(e) => CallFailure::Transport(Arc::new(e)),
-                };
-                (NoValue::Failed { error, not_retried }, attempts)
-            }
-        };
-        sent.store(attempts, Relaxed);
-        (Err(failure), sharing)
+        let result = ended.into_call_result(|result, _| match result {
+            Ok(reply) if reply.is_success() => Ok(reply.value),
+            // A final status (a 404), or the last of a fault's retries.
+            Ok(reply) => Err(CallFailure::Status {
+                status: reply.status,
+            }),
+            Err(e) => Err(CallFailure::Transport(Arc::new(e))),
+        });
+        (result, sharing)
     }
 }
 
@@ -438,44 +359,6 @@ fn read_key<V, E>(call: &Call<V, E>) -> Option<ReadKey> {
     match (&call.key, call.spec.write) {
         (Some(key), false) => Some(ReadKey::new(&call.spec.tool, &call.spec.credential, key)),
         _ => None,
-    }
-}
-
-impl<V, E> Joined<Outcome<V, E>, Outcome<V, E>> {
-    /// The caller's result: its own, or a copy of the call it joined.
-    fn into_result(self, attempts: u32) -> CallResult<V, E> {
-        match self {
-            Joined::Own(Ok(value)) => CallResult::Done {
-                value,
-                provenance: Provenance::Leader,
-                attempts,
-            },
-            Joined::Own(Err(f)) => f.to_result(attempts),
-            Joined::Copy(Ok(value), provenance) => CallResult::Done {
-                value,
-                provenance,
-                attempts: 0,
-            },
-            Joined::Copy(Err(f), _) => f.to_result(0),
-            Joined::TimedOut(t) => CallResult::Throttled(t),
-        }
-    }
-}
-
-impl<E> NoValue<E> {
-    /// The result for a caller that sent `attempts` requests itself.
-    fn to_result<V>(&self, attempts: u32) -> CallResult<V, E> {
-        match self {
-            NoValue::Throttled(t) => CallResult::Throttled(t.clone().with_attempts(attempts)),
-            NoValue::Failed { error, not_retried } => CallResult::Failed {
-                error: error.clone(),
-                not_retried: not_retried.clone(),
-                attempts,
-            },
-            NoValue::Panicked(message) => CallResult::Panicked {
-                message: message.clone(),
-            },
-        }
     }
 }
 

@@ -12,14 +12,13 @@ use rmcp::transport::streamable_http_client::HttpStatusError;
 use rmcp::transport::DynamicTransportError;
 use rmcp::ServiceError;
 
-use crate::admission::attempt::reads::{Joined, Reads, Sharing};
-use crate::admission::attempt::Ended;
+use crate::admission::attempt::reads::{Reads, Sharing};
 use crate::admission::identity::ReadKey;
 use crate::admission::{Admission, CallFailure, CallResult, CallSpec};
 use crate::clock::{Clock, DefaultClock};
 use crate::retry::RetryPolicy;
 use crate::sleep::{DefaultSleeper, Sleeper};
-use crate::{Provenance, Throttled};
+use crate::Throttled;
 
 mod exchange;
 mod shapes;
@@ -303,12 +302,7 @@ where
                 (own, copy)
             })
             .await;
-        match led {
-            Joined::Own(own) => own,
-            // This caller sent nothing.
-            Joined::Copy(copy, _) => copy.joined(),
-            Joined::TimedOut(refused) => CallResult::Throttled(refused),
-        }
+        led.into_result()
     }
 
     /// One call through the admission's attempt loop, and what the calls
@@ -325,43 +319,16 @@ where
             .drive(spec, spec.deadline, policy, &mut call)
             .await;
         let sharing = ended.sharing();
-        let failure = |result: Result<CallToolResult, ServiceError>| match (call.status(), result) {
-            // A status the server answered: that status, as on the HTTP seams.
-            (Some(status), _) => CallFailure::Status { status },
-            (None, Err(e)) => CallFailure::Transport(Arc::new(e)),
-            (None, Ok(_)) => CallFailure::Status { status: 503 },
-        };
-        let result = match ended {
-            Ended::Answered {
-                result: Ok(value),
-                attempts,
-                ..
-            } => CallResult::Done {
-                value,
-                provenance: Provenance::Leader,
-                attempts,
-            },
-            // A final answer that is an error: a JSON-RPC error.
-            Ended::Answered {
-                result: Err(e),
-                attempts,
-                ..
-            } => CallResult::Failed {
-                error: CallFailure::Transport(Arc::new(e)),
-                not_retried: None,
-                attempts,
-            },
-            Ended::Failed {
-                result,
-                not_retried,
-                attempts,
-            } => CallResult::Failed {
-                error: failure(result),
-                not_retried,
-                attempts,
-            },
-            Ended::Throttled(refused) => CallResult::Throttled(refused),
-        };
+        let result =
+            ended.into_call_result(|result, failed| match (failed, call.status(), result) {
+                (false, _, Ok(value)) => Ok(value),
+                // A final answer that is an error: a JSON-RPC error.
+                (false, _, Err(e)) => Err(CallFailure::Transport(Arc::new(e))),
+                // A status the server answered: that status, as on the HTTP seams.
+                (true, Some(status), _) => Err(CallFailure::Status { status }),
+                (true, None, Err(e)) => Err(CallFailure::Transport(Arc::new(e))),
+                (true, None, Ok(_)) => Err(CallFailure::Status { status: 503 }),
+            });
         (result, sharing)
     }
 }

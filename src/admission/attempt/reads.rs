@@ -12,8 +12,9 @@ use parking_lot::Mutex;
 
 use crate::admission::attempt::Ended;
 use crate::admission::identity::ReadKey;
-use crate::admission::Admission;
+use crate::admission::{Admission, CallResult};
 use crate::clock::Clock;
+use crate::failure::CallFailure;
 use crate::retry::Deadline;
 use crate::single_flight::{FlightError, Provenance, SingleFlight};
 use crate::sleep::Sleeper;
@@ -87,6 +88,51 @@ impl<T, E, S: Sleeper, C: Clock> Ended<T, E, S, C> {
                 not_retried: None, ..
             } => Sharing::InFlight,
             Ended::Throttled(_) | Ended::Failed { .. } => Sharing::Own,
+        }
+    }
+
+    /// The call's [`CallResult`]: the one mapping of the loop's end (`Runner`
+    /// and `McpGate` use it). `value` reads an answer as the call's value or
+    /// its failure; `failed` is true when the loop gave up on the answer (a
+    /// fault that outlasted its retries).
+    pub(crate) fn into_call_result<V, F>(
+        self,
+        value: impl FnOnce(Result<T, E>, bool) -> Result<V, CallFailure<F>>,
+    ) -> CallResult<V, F> {
+        let (result, not_retried, attempts, failed) = match self {
+            Ended::Throttled(t) => return CallResult::Throttled(t),
+            Ended::Answered {
+                result, attempts, ..
+            } => (result, None, attempts, false),
+            Ended::Failed {
+                result,
+                not_retried,
+                attempts,
+            } => (result, not_retried, attempts, true),
+        };
+        match value(result, failed) {
+            Ok(value) => CallResult::Done {
+                value,
+                provenance: Provenance::Leader,
+                attempts,
+            },
+            Err(error) => CallResult::Failed {
+                error,
+                not_retried,
+                attempts,
+            },
+        }
+    }
+}
+
+impl<V, E> Joined<CallResult<V, E>, CallResult<V, E>> {
+    /// The caller's result: its own, or a copy of the call it joined or
+    /// found cached (0 attempts of its own).
+    pub(crate) fn into_result(self) -> CallResult<V, E> {
+        match self {
+            Joined::Own(own) => own,
+            Joined::Copy(copy, provenance) => copy.into_copy(provenance),
+            Joined::TimedOut(refused) => CallResult::Throttled(refused),
         }
     }
 }

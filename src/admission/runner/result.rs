@@ -194,26 +194,25 @@ impl<V: serde::Serialize, E: fmt::Display> serde::Serialize for CallResult<V, E>
     }
 }
 
-impl<V: Clone, E> CallResult<V, E> {
-    /// This result as a caller that joined it hears it (`Joined`, 0 attempts).
-    pub(crate) fn joined(&self) -> CallResult<V, E> {
+impl<V, E> CallResult<V, E> {
+    /// This result as a caller that did not send it hears it: joined or
+    /// cached (`provenance`), with 0 attempts of its own.
+    pub(crate) fn into_copy(self, provenance: Provenance) -> CallResult<V, E> {
         match self {
             CallResult::Done { value, .. } => CallResult::Done {
-                value: value.clone(),
-                provenance: crate::single_flight::Provenance::Joined,
+                value,
+                provenance,
                 attempts: 0,
             },
-            CallResult::Throttled(t) => CallResult::Throttled(t.clone().with_attempts(0)),
+            CallResult::Throttled(t) => CallResult::Throttled(t.with_attempts(0)),
             CallResult::Failed {
                 error, not_retried, ..
             } => CallResult::Failed {
-                error: error.clone(),
-                not_retried: not_retried.clone(),
+                error,
+                not_retried,
                 attempts: 0,
             },
-            CallResult::Panicked { message } => CallResult::Panicked {
-                message: message.clone(),
-            },
+            panicked @ CallResult::Panicked { .. } => panicked,
         }
     }
 }
