@@ -22,6 +22,7 @@
 //! never admitted unmetered, never by evicting a bucket with debt. Per-key
 //! quotas are kept apart (never evicted) and capped the same way.
 
+use core::borrow::Borrow;
 use core::fmt;
 use core::hash::Hash;
 use core::time::Duration;
@@ -348,7 +349,11 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// assert!(limits.try_acquire(&"k", 1).unwrap_err().wait().is_some());
     /// ```
     #[inline]
-    pub fn try_acquire(&self, key: &K, n: u32) -> Result<(), CheckError> {
+    pub fn try_acquire<Q>(&self, key: &Q, n: u32) -> Result<(), CheckError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.with_bucket(key, |b, now| b.gcra().try_acquire(n, now))
             .unwrap_or_else(|e| Err(CheckError::TooManyKeys { limit: e.limit }))
     }
@@ -374,24 +379,32 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// assert!(r.cancel());
     /// ```
     #[inline]
-    pub fn reserve(
+    pub fn reserve<Q>(
         &self,
-        key: &K,
+        key: &Q,
         n: u32,
         max_wait: Duration,
-    ) -> Result<Reservation<'static>, ReserveError> {
+    ) -> Result<Reservation<'static>, ReserveError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.reserve_at(key, n, max_wait, self.clock.now_nanos())
     }
 
     /// [`reserve`](Self::reserve) at `now`, read from this registry's clock.
     #[inline]
-    pub(crate) fn reserve_at(
+    pub(crate) fn reserve_at<Q>(
         &self,
-        key: &K,
+        key: &Q,
         n: u32,
         max_wait: Duration,
         now: u64,
-    ) -> Result<Reservation<'static>, ReserveError> {
+    ) -> Result<Reservation<'static>, ReserveError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let max_wait = saturating_nanos(max_wait);
         self.with_bucket_at(key, now, true, |b, now| {
             let b = b.shared().expect("a reservation's bucket is shared");
@@ -419,7 +432,11 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// assert_eq!(limits.available(&"k"), 0);
     /// assert_eq!(limits.available(&"other"), 5);
     /// ```
-    pub fn penalize(&self, key: &K, retry_after: Duration) -> Result<(), TooManyKeys> {
+    pub fn penalize<Q>(&self, key: &Q, retry_after: Duration) -> Result<(), TooManyKeys>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let d = saturating_nanos(retry_after);
         self.with_bucket(key, |b, now| b.gcra().penalize(d, now))
     }
@@ -427,12 +444,16 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// [`penalize`](Self::penalize) for `hold`, recording `told` (the
     /// server's longer ask, before a cap) as the hold's end for refusals.
     #[cfg(feature = "admission")]
-    pub(crate) fn penalize_told(
+    pub(crate) fn penalize_told<Q>(
         &self,
-        key: &K,
+        key: &Q,
         hold: Duration,
         told: Duration,
-    ) -> Result<(), TooManyKeys> {
+    ) -> Result<(), TooManyKeys>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let (hold, told) = (saturating_nanos(hold), saturating_nanos(told));
         self.with_bucket(key, |b, now| b.gcra().penalize_told(hold, told, now))
     }
@@ -466,39 +487,55 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// assert_eq!(limits.custom_quotas(), 0);
     /// limits.set_quota(&"startup", paid).unwrap();
     /// ```
-    pub fn set_quota(&self, key: &K, quota: Quota) -> Result<(), TooManyKeys> {
+    pub fn set_quota<Q>(&self, key: &Q, quota: Quota) -> Result<(), TooManyKeys>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.requota(key, quota, Learned::No).map(|_| ())
     }
 
     /// [`set_quota`](Scoped::set_quota) for a learned rate: calls already
     /// queued past the burst keep their instants.
     #[cfg(feature = "admission")]
-    pub(crate) fn set_learned_quota(&self, key: &K, quota: Quota) -> Result<(), TooManyKeys> {
+    pub(crate) fn set_learned_quota<Q>(&self, key: &Q, quota: Quota) -> Result<(), TooManyKeys>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.requota(key, quota, Learned::KeepQueue).map(|_| ())
     }
 
     /// As [`set_learned_quota`](Scoped::set_learned_quota), but a rate change
     /// with no hold moves the queued cells too, and is returned.
     #[cfg(feature = "admission")]
-    pub(crate) fn rescale_learned_quota(
+    pub(crate) fn rescale_learned_quota<Q>(
         &self,
-        key: &K,
+        key: &Q,
         quota: Quota,
-    ) -> Result<Option<Rescale>, TooManyKeys> {
+    ) -> Result<Option<Rescale>, TooManyKeys>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.requota(key, quota, Learned::Rescale)
     }
 
-    fn requota(
+    fn requota<Q>(
         &self,
-        key: &K,
+        key: &Q,
         quota: Quota,
         learned: Learned,
-    ) -> Result<Option<Rescale>, TooManyKeys> {
+    ) -> Result<Option<Rescale>, TooManyKeys>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let hash = self.hasher.hash_one(key);
         let now = self.clock.now_nanos();
         let mut shard = self.shard(hash).write();
         let is_default = quota == self.default_quota;
-        match shard.quotas.find_entry(hash, |(k, _)| k == key) {
+        match shard.quotas.find_entry(hash, |(k, _)| is(k, key)) {
             Ok(entry) if is_default => {
                 entry.remove();
                 // Relaxed: a lone counter; the shard lock orders the table.
@@ -520,10 +557,12 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
                 }
                 shard
                     .quotas
-                    .insert_unique(hash, (key.clone(), quota), |(k, _)| self.hasher.hash_one(k));
+                    .insert_unique(hash, (key.to_owned(), quota), |(k, _)| {
+                        self.hasher.hash_one(k)
+                    });
             }
         }
-        let Some(e) = shard.buckets.find(hash, |e| e.key == *key) else {
+        let Some(e) = shard.buckets.find(hash, |e| is(&e.key, key)) else {
             return Ok(None);
         };
         let gcra = e.bucket.gcra();
@@ -574,23 +613,31 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// limits.reset(&"k");
     /// assert_eq!(limits.available(&"k"), 2);
     /// ```
-    pub fn reset(&self, key: &K) {
+    pub fn reset<Q>(&self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let hash = self.hasher.hash_one(key);
         let now = self.clock.now_nanos();
         let shard = self.shard(hash).read();
-        if let Some(e) = shard.buckets.find(hash, |e| e.key == *key) {
+        if let Some(e) = shard.buckets.find(hash, |e| is(&e.key, key)) {
             e.bucket.gcra().reset(now);
         }
     }
 
     /// When the latest server hold on `key` ends (0: none, or its bucket
     /// was evicted, which happens only once the hold is over).
-    pub(crate) fn held_until(&self, key: &K) -> u64 {
+    pub(crate) fn held_until<Q>(&self, key: &Q) -> u64
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash).read();
         shard
             .buckets
-            .find(hash, |e| e.key == *key)
+            .find(hash, |e| is(&e.key, key))
             .map_or(0, |e| e.bucket.gcra().held_until())
     }
 
@@ -607,16 +654,20 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// assert_eq!(limits.available(&1), 2);
     /// assert_eq!(limits.available(&2), 3);
     /// ```
-    pub fn available(&self, key: &K) -> u32 {
+    pub fn available<Q>(&self, key: &Q) -> u32
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let hash = self.hasher.hash_one(key);
         let now = self.clock.now_nanos();
         let shard = self.shard(hash).read();
-        if let Some(e) = shard.buckets.find(hash, |e| e.key == *key) {
+        if let Some(e) = shard.buckets.find(hash, |e| is(&e.key, key)) {
             return e.bucket.gcra().available(now);
         }
         shard
             .quotas
-            .find(hash, |(k, _)| k == key)
+            .find(hash, |(k, _)| is(k, key))
             .map_or(self.default_quota, |(_, q)| *q)
             .clamped()
             .burst()
@@ -641,13 +692,17 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     ///     limits.until_ready(&"k", 1, Duration::from_secs(1), &DefaultSleeper::new()).await.unwrap();
     /// });
     /// ```
-    pub async fn until_ready<S: Sleeper>(
+    pub async fn until_ready<Q, S: Sleeper>(
         &self,
-        key: &K,
+        key: &Q,
         n: u32,
         max_wait: Duration,
         sleeper: &S,
-    ) -> Result<(), ReserveError> {
+    ) -> Result<(), ReserveError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         crate::bucket::wait_unless_held(
             &self.clock,
             max_wait,
@@ -672,38 +727,50 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// Runs `f` on `key`'s bucket, creating it if needed, at a time read
     /// once the bucket is found (so the clock read overlaps the probe).
     #[inline]
-    fn with_bucket<R>(&self, key: &K, f: impl FnOnce(&Slot, u64) -> R) -> Result<R, TooManyKeys> {
+    fn with_bucket<Q, R>(&self, key: &Q, f: impl FnOnce(&Slot, u64) -> R) -> Result<R, TooManyKeys>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.find_or_insert(key, || self.clock.now_nanos(), false, f)
     }
 
     /// As `with_bucket`, at `now`; with `shared`, the bucket is moved behind
     /// an `Arc` first if need be.
     #[inline]
-    fn with_bucket_at<R>(
+    fn with_bucket_at<Q, R>(
         &self,
-        key: &K,
+        key: &Q,
         now: u64,
         shared: bool,
         f: impl FnOnce(&Slot, u64) -> R,
-    ) -> Result<R, TooManyKeys> {
+    ) -> Result<R, TooManyKeys>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.find_or_insert(key, || now, shared, f)
     }
 
     /// Both of the above: `now` is called once, after the probe (the clock is
     /// monotonic and no sweep runs under a read lock).
     #[inline(always)]
-    fn find_or_insert<R>(
+    fn find_or_insert<Q, R>(
         &self,
-        key: &K,
+        key: &Q,
         now: impl FnOnce() -> u64,
         shared: bool,
         f: impl FnOnce(&Slot, u64) -> R,
-    ) -> Result<R, TooManyKeys> {
+    ) -> Result<R, TooManyKeys>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
         {
             let guard = shard.read();
-            if let Some(e) = guard.buckets.find(hash, |e| e.key == *key)
+            if let Some(e) = guard.buckets.find(hash, |e| is(&e.key, key))
                 && (!shared || e.bucket.shared().is_some())
             {
                 e.touch();
@@ -715,6 +782,12 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
 }
 
 /// Which conversion a quota change on a key uses (see `Scoped::requota`).
+/// Whether `k` is the key `key` looks up (`K: Borrow<Q>`, as `HashMap::get`).
+#[inline(always)]
+fn is<K: Borrow<Q>, Q: Eq + ?Sized>(k: &K, key: &Q) -> bool {
+    k.borrow() == key
+}
+
 #[derive(Clone, Copy)]
 #[cfg_attr(not(feature = "admission"), allow(dead_code))]
 enum Learned {

@@ -10,10 +10,11 @@
 // Without `admission` only `raise_floor` is built.
 #![cfg_attr(not(feature = "admission"), allow(unused_imports))]
 
+use core::borrow::Borrow;
 use core::hash::Hash;
 use core::time::Duration;
 
-use super::{Scoped, TooManyKeys};
+use super::{is, Scoped, TooManyKeys};
 use crate::bucket::gcra::{
     epoch_distance, Gcra, Reserved, Ticket as Stamps, EPOCH_HALF, EPOCH_MAX,
 };
@@ -33,51 +34,71 @@ pub(super) fn raise_floor(floor: &mut u32, dropped: &Gcra) {
 impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// Whether `key` is as a fresh key would be at `now`: no bucket, or a
     /// full one with no hold ahead.
-    pub(crate) fn is_full_at(&self, key: &K, now: u64) -> bool {
+    pub(crate) fn is_full_at<Q>(&self, key: &Q, now: u64) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash).read();
         shard
             .buckets
-            .find(hash, |e| e.key == *key)
+            .find(hash, |e| is(&e.key, key))
             .is_none_or(|e| e.bucket.gcra().is_full(now) && e.bucket.gcra().held_until() <= now)
     }
 
     /// The period of `key`'s quota (see [`quota_of`](Self::quota_of)).
-    pub(crate) fn period_of(&self, key: &K) -> Duration {
+    pub(crate) fn period_of<Q>(&self, key: &Q) -> Duration
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         self.quota_of(key).period()
     }
 
     /// `key`'s quota: its bucket's, else its configured quota's, else the
     /// default.
-    pub(crate) fn quota_of(&self, key: &K) -> crate::bucket::Quota {
+    pub(crate) fn quota_of<Q>(&self, key: &Q) -> crate::bucket::Quota
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash).read();
-        if let Some(e) = shard.buckets.find(hash, |e| e.key == *key) {
+        if let Some(e) = shard.buckets.find(hash, |e| is(&e.key, key)) {
             return e.bucket.gcra().quota();
         }
         shard
             .quotas
-            .find(hash, |(k, _)| k == key)
+            .find(hash, |(k, _)| is(k, key))
             .map_or(self.default_quota, |(_, q)| *q)
     }
 
     /// [`reserve_at`](Self::reserve_at) keeping only the stamps: no `Arc`,
     /// the bucket stays in its slot. See [`cancel_stamps`](Self::cancel_stamps).
     #[inline]
-    pub(crate) fn reserve_stamps(
+    pub(crate) fn reserve_stamps<Q>(
         &self,
-        key: &K,
+        key: &Q,
         n: u32,
         max_wait: Duration,
         now: u64,
-    ) -> Result<Reserved, ReserveError> {
+    ) -> Result<Reserved, ReserveError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let max_wait = saturating_nanos(max_wait);
         self.with_bucket_at(key, now, false, |b, now| b.gcra().reserve(n, max_wait, now))
             .unwrap_or_else(|e| Err(ReserveError::TooManyKeys { limit: e.limit }))
     }
 
     /// Charges `n` cells to `key` at `now` past its burst (see `Gcra::charge`).
-    pub(crate) fn charge(&self, key: &K, n: u64, now: u64) -> Result<(), TooManyKeys> {
+    pub(crate) fn charge<Q>(&self, key: &Q, n: u64, now: u64) -> Result<(), TooManyKeys>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.with_bucket_at(key, now, false, |b, now| b.gcra().charge(n, now))
     }
 

@@ -1,8 +1,9 @@
 //! Inserting a new key (under the cap on keys) and sweeping idle ones out.
 
+use core::borrow::Borrow;
 use core::hash::Hash;
 
-use super::{Entry, Scoped, Shard, Slot, TooManyKeys, MIN_SWEEP, MIN_SWEEP_INTERVAL};
+use super::{is, Entry, Scoped, Shard, Slot, TooManyKeys, MIN_SWEEP, MIN_SWEEP_INTERVAL};
 use crate::bucket::gcra::Gcra;
 use crate::clock::Clock;
 use crate::sync::{Arc, AtomicBool, AtomicUsize, Ordering, RwLock};
@@ -65,19 +66,23 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// must move behind an `Arc`. `f` runs under the write lock, so a sweep
     /// cannot evict a new (full) bucket before `f` has charged it.
     #[cold]
-    pub(super) fn insert<R>(
+    pub(super) fn insert<Q, R>(
         &self,
         shard: &RwLock<Shard<K>>,
         hash: u64,
-        key: &K,
+        key: &Q,
         now: u64,
         shared: bool,
         f: impl FnOnce(&Slot, u64) -> R,
-    ) -> Result<R, TooManyKeys> {
+    ) -> Result<R, TooManyKeys>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let mut swept_all = false;
         let mut guard = loop {
             let mut guard = shard.write();
-            if let Some(e) = guard.buckets.find_mut(hash, |e| e.key == *key) {
+            if let Some(e) = guard.buckets.find_mut(hash, |e| is(&e.key, key)) {
                 e.touch();
                 if shared {
                     e.bucket.share();
@@ -123,7 +128,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         let slot = KeySlot(&self.live_keys);
         let quota = guard
             .quotas
-            .find(hash, |(k, _)| k == key)
+            .find(hash, |(k, _)| is(k, key))
             .map_or(self.default_quota, |(_, q)| *q);
         let gcra = Gcra::with_epoch(quota, guard.epoch_floor);
         let bucket = if shared {
@@ -133,7 +138,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
         };
         let out = f(&bucket, now);
         let entry = Entry {
-            key: key.clone(),
+            key: key.to_owned(),
             bucket,
             touched: AtomicBool::new(true),
         };

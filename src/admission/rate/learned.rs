@@ -117,7 +117,7 @@ impl Learned {
             let controller = Arc::new(cfg.controller(now));
             // Refused only past the registry's cap: the default quota, nothing learned.
             buckets
-                .set_learned_quota(&credential.to_string(), controller.quota())
+                .set_learned_quota(credential, controller.quota())
                 .is_ok()
                 .then_some(controller)
         });
@@ -134,10 +134,10 @@ impl Learned {
     fn evict_idle<C: Clock>(known: &mut KnownMap, buckets: &Scoped<String, C>, now: u64) {
         let default = buckets.default_quota();
         known.retain(|name, state| {
-            let key = name.to_string();
-            let idle = Arc::strong_count(state) == 1 && buckets.is_full_at(&key, now);
+            let key: &str = name;
+            let idle = Arc::strong_count(state) == 1 && buckets.is_full_at(key, now);
             if idle {
-                let _ = buckets.set_quota(&key, default);
+                let _ = buckets.set_quota(key, default);
             }
             !idle
         });
@@ -172,9 +172,8 @@ impl Learned {
         };
         let outcome = outcome(class, hint);
         if let Some(quota) = controller.on_reply(now, sent_at, outcome) {
-            let key = credential.to_string();
             // Replaces the custom quota set on creation, so never refused for room.
-            if let Ok(Some(change)) = buckets.rescale_learned_quota(&key, quota) {
+            if let Ok(Some(change)) = buckets.rescale_learned_quota(credential, quota) {
                 state.rescales.push(change);
             }
         }

@@ -164,9 +164,8 @@ impl<C: Clock> Rates<C> {
 
     /// See `Admission::available`.
     pub(super) fn available(&self, credential: &str, name: &str) -> Option<u32> {
-        let key = credential.to_string();
         if name == REQUESTS {
-            return (!self.shared.contains(credential)).then(|| self.credentials.available(&key));
+            return (!self.shared.contains(credential)).then(|| self.credentials.available(credential));
         }
         if self.shared.has_resource(credential, name) {
             return None;
@@ -174,7 +173,7 @@ impl<C: Clock> Rates<C> {
         self.resources
             .iter()
             .find(|r| r.name == name)
-            .map(|r| r.buckets.available(&key))
+            .map(|r| r.buckets.available(credential))
     }
 
     /// The names of `credential`'s quotas fitted to a rolling window.

@@ -173,10 +173,7 @@ where
     /// admits more than the server has left.
     fn follow_weighted_quotas(&self, credential: &str, hint: &ServerHint) {
         let inner = &*self.inner;
-        if hint.policies.is_empty() {
-            return;
-        }
-        let key = credential.to_string();
+        let key = credential;
         for resource in inner.rates.resources.iter() {
             let Some(policy) = hint.policies.iter().find(|p| {
                 p.name
@@ -186,23 +183,23 @@ where
                 continue;
             };
             if inner.rates.learned.is_adaptive() || resource.learned {
-                lower_to_server(resource, &key, policy);
+                lower_to_server(resource, key, policy);
             }
             match (policy.remaining, policy.reset_after) {
                 (Some(0), Some(reset)) => {
                     let _ = resource.buckets.penalize_told(
-                        &key,
+                        key,
                         reset.min(inner.rates.max_retry_after),
                         reset,
                     );
                 }
                 (Some(left), _) => {
-                    let believed = resource.buckets.available(&key);
+                    let believed = resource.buckets.available(key);
                     let left = u32::try_from(left).unwrap_or(u32::MAX);
                     if left < believed {
                         charge(
                             &resource.buckets,
-                            &key,
+                            key,
                             believed - left,
                             inner.clock.now_nanos(),
                             inner.rates.max_retry_after,
@@ -236,7 +233,7 @@ where
         let held = wait.min(inner.rates.max_retry_after);
         let _ = resource
             .buckets
-            .penalize_told(&credential.to_string(), held, wait);
+            .penalize_told(credential, held, wait);
         Some(held)
     }
 
@@ -310,10 +307,9 @@ where
     /// ```
     pub fn lift_hold(&self, credential: &str) {
         let inner = &*self.inner;
-        let key = credential.to_string();
-        inner.rates.credentials.reset(&key);
+        inner.rates.credentials.reset(credential);
         for resource in inner.rates.resources.iter() {
-            resource.buckets.reset(&key);
+            resource.buckets.reset(credential);
         }
         inner.rates.pending.lock().remove(credential);
     }
@@ -390,7 +386,7 @@ fn with_window(hint: &ServerHint, window: Duration) -> ServerHint {
 /// learned quota takes a second's worth of burst.
 fn lower_to_server<C: Clock>(
     resource: &Resource<C>,
-    key: &String,
+    key: &str,
     policy: &crate::headers::Policy,
 ) {
     let (Some(limit), Some(window)) = (policy.quota, policy.window) else {

@@ -162,13 +162,12 @@ where
     /// weighted, pending shared, and server scope `scope`).
     pub(super) fn held_until(&self, credential: &str, scope: Option<&(String, String)>) -> u64 {
         let inner = &*self.inner;
-        let key = credential.to_string();
-        let own = inner.rates.credentials.held_until(&key);
+        let own = inner.rates.credentials.held_until(credential);
         let resources = inner
             .rates
             .resources
             .iter()
-            .map(|r| r.buckets.held_until(&key))
+            .map(|r| r.buckets.held_until(credential))
             .max()
             .unwrap_or(0);
         let scoped = scope.map_or(0, |k| inner.rates.server_scopes.held_until(k));

@@ -41,10 +41,9 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         {
             // Shared: settled there exactly, both ways, by the next push; capped
             // as `charge` is.
-            let key = credential.to_string();
             let most = charge_cap(
                 &inner.rates.resources[i].buckets,
-                &key,
+                credential,
                 inner.rates.max_retry_after,
             );
             let delta = i64::from(actual) - i64::from(counted);
@@ -53,12 +52,12 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
             *h = Kept::settled(actual);
             return delta;
         }
-        let key = credential.to_string();
+        let key = credential;
         let now = inner.clock.now_nanos();
         if actual > counted {
             charge(
                 buckets,
-                &key,
+                key,
                 actual - counted,
                 now,
                 inner.rates.max_retry_after,
@@ -74,7 +73,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
             *h = Kept::settled(counted);
             return 0;
         }
-        charge(buckets, &key, actual, now, inner.rates.max_retry_after);
+        charge(buckets, key, actual, now, inner.rates.max_retry_after);
         *h = Kept::settled(actual);
         -i64::from(counted - actual)
     }
@@ -85,7 +84,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
 /// a huge reported usage holds the key no longer than a server hold may.
 pub(in crate::admission) fn charge<C: Clock>(
     buckets: &Scoped<String, C>,
-    key: &String,
+    key: &str,
     units: u32,
     now: u64,
     cap: Duration,
@@ -95,7 +94,7 @@ pub(in crate::admission) fn charge<C: Clock>(
 }
 
 /// The most one charge takes: `cap`'s worth of the rate, at least 1.
-fn charge_cap<C: Clock>(buckets: &Scoped<String, C>, key: &String, cap: Duration) -> u64 {
+fn charge_cap<C: Clock>(buckets: &Scoped<String, C>, key: &str, cap: Duration) -> u64 {
     let period = saturating_nanos(buckets.period_of(key)).max(1);
     (saturating_nanos(cap) / period).max(1)
 }

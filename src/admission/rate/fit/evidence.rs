@@ -88,7 +88,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
             Source::Resource(i) => &rates.resources[i].buckets,
             _ => &rates.credentials,
         };
-        let span = super::Shape::of(buckets.quota_of(&credential.to_string())).span;
+        let span = super::Shape::of(buckets.quota_of(credential)).span;
         if let Some(place) = source.place()
             && state.fits.at_busy_start(place, sent_at, span)
         {

@@ -42,11 +42,11 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         if !credential.fits.is_fitted(place) {
             return e;
         }
-        let key = credential.name.to_string();
+        let key: &str = &credential.name;
         let mut alone = Fitted::default();
         alone.add(
             place,
-            Shape::of(self.window_buckets(source).quota_of(&key)),
+            Shape::of(self.window_buckets(source).quota_of(key)),
             cells,
         );
         let from = now.saturating_add(saturating_nanos(retry_after));
