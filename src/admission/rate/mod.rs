@@ -165,7 +165,8 @@ impl<C: Clock> Rates<C> {
     /// See `Admission::available`.
     pub(super) fn available(&self, credential: &str, name: &str) -> Option<u32> {
         if name == REQUESTS {
-            return (!self.shared.contains(credential)).then(|| self.credentials.available(credential));
+            return (!self.shared.contains(credential))
+                .then(|| self.credentials.available(credential));
         }
         if self.shared.has_resource(credential, name) {
             return None;

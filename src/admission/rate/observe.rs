@@ -231,9 +231,7 @@ where
             .iter()
             .find(|r| same_name(&r.name, name))?;
         let held = wait.min(inner.rates.max_retry_after);
-        let _ = resource
-            .buckets
-            .penalize_told(credential, held, wait);
+        let _ = resource.buckets.penalize_told(credential, held, wait);
         Some(held)
     }
 
@@ -384,11 +382,7 @@ fn with_window(hint: &ServerHint, window: Duration) -> ServerHint {
 /// A weighted quota's stated limit is a ceiling: a configured quota above
 /// it is lowered to it (keeping its burst), one below is left alone; a
 /// learned quota takes a second's worth of burst.
-fn lower_to_server<C: Clock>(
-    resource: &Resource<C>,
-    key: &str,
-    policy: &crate::headers::Policy,
-) {
+fn lower_to_server<C: Clock>(resource: &Resource<C>, key: &str, policy: &crate::headers::Policy) {
     let (Some(limit), Some(window)) = (policy.quota, policy.window) else {
         return;
     };

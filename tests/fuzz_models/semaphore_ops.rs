@@ -18,8 +18,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 use super::CountingWaker;
-use crate::semaphore::Acquire;
-use crate::{Semaphore, SemaphorePermit};
+use backpressure::{AcquireError, Semaphore, SemaphorePermit};
 
 const SLOTS: usize = 6;
 
@@ -115,7 +114,7 @@ impl Spec {
 
 enum Real<'a> {
     Empty,
-    Pending(Pin<Box<Acquire<'a>>>),
+    Pending(Pin<Box<dyn Future<Output = Result<SemaphorePermit<'a>, AcquireError>> + 'a>>),
     Held(#[allow(dead_code)] SemaphorePermit<'a>),
 }
 

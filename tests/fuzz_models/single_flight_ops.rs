@@ -20,7 +20,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use super::CountingWaker;
-use crate::{FlightError, ManualClock, Provenance, SingleFlight};
+use backpressure::{FlightError, ManualClock, Provenance, SingleFlight};
 
 const SLOTS: usize = 6;
 const KEYS: u8 = 3;

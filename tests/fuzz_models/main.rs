@@ -1,0 +1,29 @@
+//! The fuzz crate's models of the semaphore and of `SingleFlight`, driven
+//! here by seeded random input (and under miri), and by libFuzzer from
+//! `fuzz/fuzz_targets/` (which includes this file by `#[path]`). Each
+//! drives one structure with a byte string and diffs it against a simple
+//! model; they use only the public API.
+
+// Each fuzz target uses one model.
+#![allow(dead_code, unused_imports)]
+
+mod semaphore_ops;
+mod single_flight_ops;
+
+pub use semaphore_ops::semaphore_ops;
+pub use single_flight_ops::single_flight_ops;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::Wake;
+
+/// A waker that counts its wakes, for the drivers' wake assertions.
+#[derive(Default)]
+pub struct CountingWaker(pub AtomicUsize);
+
+impl Wake for CountingWaker {
+    fn wake(self: Arc<Self>) {
+        // Relaxed: single-threaded drivers; the count is the only datum.
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
