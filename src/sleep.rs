@@ -23,16 +23,28 @@ mod default;
 
 pub use default::DefaultSleeper;
 
-/// `work`'s output, or `None` if `timer` ends first.
+/// `work`'s output, or `None` if the timer `timer` makes ends first. The
+/// timer is made (and boxed) only if `work` is not ready at once: work that
+/// answers on its first poll reads no clock and allocates nothing, and the
+/// future stays small.
 #[cfg(feature = "admission")]
-pub(crate) async fn within<F: Future>(
+pub(crate) async fn within<F: Future, T: Future<Output = ()>>(
     work: F,
-    timer: impl Future<Output = ()>,
+    timer: impl FnOnce() -> T,
 ) -> Option<F::Output> {
-    let (mut work, mut timer) = (core::pin::pin!(work), core::pin::pin!(timer));
-    core::future::poll_fn(|cx| match work.as_mut().poll(cx) {
-        Poll::Ready(out) => Poll::Ready(Some(out)),
-        Poll::Pending => timer.as_mut().poll(cx).map(|()| None),
+    let mut work = core::pin::pin!(work);
+    let mut timer = Some(timer);
+    let mut running: Option<core::pin::Pin<Box<T>>> = None;
+    core::future::poll_fn(|cx| {
+        if let Poll::Ready(out) = work.as_mut().poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        let make = || Box::pin(timer.take().expect("the timer is made once")());
+        running
+            .get_or_insert_with(make)
+            .as_mut()
+            .poll(cx)
+            .map(|()| None)
     })
     .await
 }

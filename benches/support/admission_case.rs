@@ -8,7 +8,7 @@ use std::pin::pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use backpressure::admission::{Admission, CallSpec, SlotPolicy};
+use backpressure::admission::{Admission, Call, CallSpec, Reply, Runner, SlotPolicy};
 use backpressure::Quota;
 
 /// The weighted quotas of the 4-quota case (with the request quota).
@@ -93,5 +93,25 @@ impl Primitives {
                 .unwrap()
         });
         drop(black_box((t, g, r, rs)));
+    }
+}
+
+/// A `Runner` over `layer` with no cache: every call runs.
+pub fn runner(layer: &Admission) -> Runner<u32> {
+    Runner::new(layer.clone(), Duration::ZERO)
+}
+
+/// A write call (sent once, never coalesced) whose attempt answers 200 at once.
+pub fn ready_call(spec: &CallSpec) -> Call<u32> {
+    Call::new(spec.clone().write(), || {
+        std::future::ready(Ok(Reply::new(200, 7)))
+    })
+}
+
+/// Runs `call` to its end (at once, or panics).
+pub fn call_once(runner: &Runner<u32>, call: Call<u32>, cx: &mut Context<'_>) {
+    match pin!(runner.one(call)).as_mut().poll(cx) {
+        Poll::Ready(r) => drop(black_box(r)),
+        Poll::Pending => panic!("an uncontended call with a ready exchange ends at once"),
     }
 }

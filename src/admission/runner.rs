@@ -263,13 +263,14 @@ where
     /// assert_eq!(r.value(), Some(&"ok"));
     /// # });
     /// ```
-    pub async fn one(&self, call: Call<V, E>) -> CallResult<V, E> {
+    pub async fn one(&self, mut call: Call<V, E>) -> CallResult<V, E> {
+        let deadline = call.spec.deadline;
         let Some(key) = read_key(&call) else {
-            return self.contained(&call, call.spec.deadline).await.0;
+            return self.contained(&mut call, deadline).await.0;
         };
-        let call = &call;
+        let call = &mut call;
         self.admission
-            .coalesce(&self.flights, key, call.spec.deadline, |left| async move {
+            .coalesce(&self.flights, key, deadline, |left| async move {
                 let (own, sharing) = self.contained(call, left).await;
                 let share = sharing.with(|| Some(own.clone()));
                 (own, share)
@@ -280,7 +281,11 @@ where
 
     /// [`attempts`](Self::attempts), with a panic turned into
     /// [`CallResult::Panicked`]; the attempt's future (and ticket) is dropped.
-    async fn contained(&self, call: &Call<V, E>, left: Duration) -> (CallResult<V, E>, Sharing) {
+    async fn contained(
+        &self,
+        call: &mut Call<V, E>,
+        left: Duration,
+    ) -> (CallResult<V, E>, Sharing) {
         let mut attempts = core::pin::pin!(self.attempts(call, left));
         core::future::poll_fn(|cx| {
             match std::panic::catch_unwind(AssertUnwindSafe(|| attempts.as_mut().poll(cx))) {
@@ -295,9 +300,11 @@ where
     }
 
     /// One call through the attempt loop within `left`.
-    async fn attempts(&self, call: &Call<V, E>, left: Duration) -> (CallResult<V, E>, Sharing) {
+    async fn attempts(&self, call: &mut Call<V, E>, left: Duration) -> (CallResult<V, E>, Sharing) {
         let policy = self.retry.fork();
-        let mut exchange = Attempt { call };
+        let mut exchange = Attempt {
+            attempts: &mut call.attempts,
+        };
         let ended = self
             .admission
             .drive(&call.spec, left, policy, &mut exchange)
@@ -317,7 +324,7 @@ where
 
 /// A [`Call`] as the attempt loop sends it.
 struct Attempt<'a, V, E> {
-    call: &'a Call<V, E>,
+    attempts: &'a mut core::pin::Pin<Box<dyn call::Attempts<V, E>>>,
 }
 
 impl<V, E> attempt::Exchange for Attempt<'_, V, E> {
@@ -329,7 +336,9 @@ impl<V, E> attempt::Exchange for Attempt<'_, V, E> {
     }
 
     fn send(&mut self) -> impl Future<Output = Result<Reply<V>, E>> {
-        (self.call.make)()
+        let attempts = &mut *self.attempts;
+        attempts.as_mut().start();
+        core::future::poll_fn(move |cx| attempts.as_mut().poll_attempt(cx))
     }
 
     fn read(&self, result: &Result<Reply<V>, E>) -> attempt::Read {

@@ -97,6 +97,7 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
         self.admission.observe_sent(
             super::rate::Tool::Held(&self.tool),
             &self.credential.name,
+            Some(&self.credential),
             class,
             hint,
             self.started(),

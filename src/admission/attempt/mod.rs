@@ -134,7 +134,7 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
                 Err(refused) => return refused_retry(refused.with_attempts(sent), last, sent),
             };
             sent += 1;
-            let timer = self.sleeper().sleep(deadline.remaining());
+            let timer = || self.sleeper().sleep(deadline.remaining());
             let attempt = crate::sleep::within(exchange.send(), timer).await;
             let Some(result) = attempt else {
                 // No answer by the deadline: a circuit failure, no verdict on the rate.
@@ -175,8 +175,11 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
                     for (name, used) in &usage {
                         ticket.settle(name, *used);
                     }
-                    // What a shared limiter is owed is sent before the reply is handed back.
-                    self.push_owed(&spec.credential).await;
+                    // What a shared limiter is owed is sent before the reply is handed back
+                    // (boxed: the await is rare, and the loop's future stays small).
+                    if self.owes(&spec.credential) {
+                        Box::pin(self.push_owed(&spec.credential)).await;
+                    }
                     if class == ReplyClass::Success {
                         return Ended::Answered {
                             result,
@@ -185,7 +188,9 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
                         };
                     }
                     // This credential's hold, for the other processes.
-                    self.push_shared(&spec.credential).await;
+                    if self.is_shared(&spec.credential) {
+                        Box::pin(self.push_shared(&spec.credential)).await;
+                    }
                     (Some(status), class, hint)
                 }
             };
@@ -218,7 +223,8 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
                             attempts: sent,
                         };
                     }
-                    if !self.sleep_unless_closed(after).await {
+                    // Boxed: a fault's path, and the loop's future stays small.
+                    if !Box::pin(self.sleep_unless_closed(after)).await {
                         let closed = Throttled::new(
                             Status::Closed,
                             "admission",

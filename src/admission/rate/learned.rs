@@ -144,7 +144,8 @@ impl Learned {
     }
 
     /// Feeds one reply (a request sent at `sent_at`) to `credential`'s
-    /// controller and applies any new quota to `buckets`.
+    /// controller (its state, if the caller holds it, else looked up) and
+    /// applies any new quota to `buckets`.
     ///
     /// Must run before the reply's hold is applied: penalizing first would
     /// have the quota change convert the hold's debt and stretch it. A change
@@ -153,7 +154,7 @@ impl Learned {
     /// them when the hold ends.
     pub(crate) fn observe<C: Clock>(
         &self,
-        credential: &str,
+        (credential, held): (&str, Option<&CredentialState>),
         class: Option<ReplyClass>,
         hint: &ServerHint,
         sent_at: u64,
@@ -164,8 +165,18 @@ impl Learned {
             // A scoped limit is held, not learned as the credential's rate.
             return;
         }
-        let Some(state) = self.known.read().get(credential).cloned() else {
-            return;
+        // A ticket's state is the registered one: a state is forgotten only
+        // when nothing holds it.
+        let peeked;
+        let state = match held {
+            Some(state) => state,
+            None => match self.peek(credential) {
+                Some(state) => {
+                    peeked = state;
+                    &*peeked
+                }
+                None => return,
+            },
         };
         let Some(controller) = &state.controller else {
             return;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use super::super::spec::REQUESTS;
 use super::super::tools::ToolState;
 use super::super::Admission;
+use super::learned::CredentialState;
 use super::{charge, Resource};
 use crate::bucket::Quota;
 use crate::clock::{saturating_nanos, Clock};
@@ -52,16 +53,18 @@ where
     ) -> Option<Duration> {
         let now = self.inner.clock.now_nanos();
         let class = reply_class(Some(status), hint);
-        self.observe_sent(Tool::Named(tool), credential, class, hint, now)
+        self.observe_sent(Tool::Named(tool), credential, None, class, hint, now)
     }
 
     /// [`observe`](Self::observe) for a request sent at `sent_at` (layer
     /// clock): the learned rate ignores 429s sent before its last decrease.
-    /// `tool` is the ticket's tool state, or a name to look up.
+    /// `tool` is the ticket's tool state, or a name to look up; `held` the
+    /// ticket's credential state, if there is a ticket (else looked up).
     pub(in crate::admission) fn observe_sent(
         &self,
         tool: Tool<'_>,
         credential: &str,
+        held: Option<&CredentialState>,
         class: ReplyClass,
         hint: &ServerHint,
         sent_at: u64,
@@ -73,8 +76,8 @@ where
         // rate; it holds that quota alone when the layer has it.
         let capacity = class == ReplyClass::Capacity;
         let spent = if capacity { spent_quota(hint) } else { None };
-        self.learn(credential, class, spent.is_some(), hint, sent_at);
-        self.note_stated(credential, hint, sent_at);
+        self.learn(credential, held, class, spent.is_some(), hint, sent_at);
+        self.note_stated(credential, held, hint, sent_at);
         self.follow_weighted_quotas(credential, hint);
         self.note_shared(credential, spent, hint);
         if capacity {
@@ -146,6 +149,7 @@ where
     fn learn(
         &self,
         credential: &str,
+        held: Option<&CredentialState>,
         class: ReplyClass,
         other_quota: bool,
         hint: &ServerHint,
@@ -157,7 +161,7 @@ where
         }
         let class = (!other_quota).then_some(class);
         inner.rates.learned.observe(
-            credential,
+            (credential, held),
             class,
             hint,
             sent_at,

@@ -4,6 +4,7 @@
 use core::fmt;
 use core::future::Future;
 use core::pin::Pin;
+use core::task::{Context, Poll};
 use std::borrow::Cow;
 
 use crate::headers::ServerHint;
@@ -123,8 +124,45 @@ impl<V> Reply<V> {
 }
 
 /// The boxed future of one attempt.
-pub(crate) type AttemptFuture<V, E = String> =
-    Pin<Box<dyn Future<Output = Result<Reply<V>, E>> + Send>>;
+/// A call's attempts, made in place: the closure and the running
+/// attempt's future live in one box the `Call` allocates once, so an
+/// attempt allocates nothing.
+pub(crate) trait Attempts<V, E>: Send {
+    /// Drops the running attempt, if any, and starts another.
+    fn start(self: Pin<&mut Self>);
+    /// Polls the attempt [`start`](Self::start) started.
+    fn poll_attempt(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Reply<V>, E>>;
+}
+
+pin_project_lite::pin_project! {
+    struct Slot<F, Fut> {
+        make: F,
+        #[pin]
+        running: Option<Fut>,
+    }
+}
+
+impl<V, E, F, Fut> Attempts<V, E> for Slot<F, Fut>
+where
+    F: Fn() -> Fut + Send,
+    Fut: Future<Output = Result<Reply<V>, E>> + Send,
+{
+    fn start(self: Pin<&mut Self>) {
+        let mut this = self.project();
+        let attempt = (this.make)();
+        this.running.set(Some(attempt));
+    }
+
+    fn poll_attempt(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Reply<V>, E>> {
+        let mut this = self.project();
+        let Some(running) = this.running.as_mut().as_pin_mut() else {
+            unreachable!("polled before start");
+        };
+        let out = core::task::ready!(running.poll(cx));
+        this.running.set(None);
+        Poll::Ready(out)
+    }
+}
 
 /// One logical call of a turn: what to admit, how to coalesce it, and how
 /// to make one attempt (called once per attempt).
@@ -147,7 +185,7 @@ pub(crate) type AttemptFuture<V, E = String> =
 pub struct Call<V, E = String> {
     pub(super) spec: CallSpec,
     pub(super) key: Option<String>,
-    pub(super) make: Box<dyn Fn() -> AttemptFuture<V, E> + Send + Sync>,
+    pub(super) attempts: Pin<Box<dyn Attempts<V, E>>>,
 }
 
 impl<V, E> Call<V, E> {
@@ -169,7 +207,10 @@ impl<V, E> Call<V, E> {
         Self {
             spec,
             key: None,
-            make: Box::new(move || Box::pin(make())),
+            attempts: Box::pin(Slot {
+                make,
+                running: None,
+            }),
         }
     }
 

@@ -129,7 +129,7 @@ pub(super) async fn share<F: core::future::Future<Output = ()>>(
                 headers: core::mem::take(response.headers_mut()),
                 extensions: core::mem::take(response.extensions_mut()),
             };
-            let body = crate::sleep::within(response.bytes(), timer()).await;
+            let body = crate::sleep::within(response.bytes(), timer).await;
             match body {
                 Some(Ok(body)) => {
                     let own = head.response(body.clone());

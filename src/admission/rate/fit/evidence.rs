@@ -15,6 +15,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
     pub(in crate::admission) fn note_stated(
         &self,
         credential: &str,
+        held: Option<&learned::CredentialState>,
         hint: &ServerHint,
         sent_at: u64,
     ) {
@@ -25,8 +26,16 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         {
             return;
         }
-        let Some(state) = rates.peek_credential(credential) else {
-            return;
+        let peeked;
+        let state = match held {
+            Some(state) => state,
+            None => match rates.peek_credential(credential) {
+                Some(state) => {
+                    peeked = state;
+                    &*peeked
+                }
+                None => return,
+            },
         };
         let stated = |name: &str| {
             hint.policies.iter().any(|p| {
