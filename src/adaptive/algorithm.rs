@@ -77,25 +77,11 @@ impl Sample {
     }
 
     /// When the request started (got its permit).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::adaptive::{Outcome, Sample};
-    /// assert_eq!(Sample::new(7, 1, 1, Outcome::Success).start_nanos(), 7);
-    /// ```
     pub const fn start_nanos(&self) -> u64 {
         self.start_nanos
     }
 
     /// How long it took, from permit to outcome.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::adaptive::{Outcome, Sample};
-    /// assert_eq!(Sample::new(7, 3, 1, Outcome::Success).rtt_nanos(), 3);
-    /// ```
     pub const fn rtt_nanos(&self) -> u64 {
         self.rtt_nanos
     }
@@ -113,25 +99,11 @@ impl Sample {
     }
 
     /// Requests in flight when it started, itself included.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::adaptive::{Outcome, Sample};
-    /// assert_eq!(Sample::new(0, 1, 4, Outcome::Success).in_flight(), 4);
-    /// ```
     pub const fn in_flight(&self) -> usize {
         self.in_flight
     }
 
     /// How it ended.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::adaptive::{Outcome, Sample};
-    /// assert_eq!(Sample::new(0, 1, 1, Outcome::Ignored).outcome(), Outcome::Ignored);
-    /// ```
     pub const fn outcome(&self) -> Outcome {
         self.outcome
     }

@@ -183,14 +183,6 @@ impl Gradient2 {
     /// Sets how much slower than the no-load RTT the short-term one may be
     /// before the limit falls (default 1.0: not at all; 1.5 lets a queue
     /// add 50%). Clamped into `[1, 100]`; NaN means the default.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::adaptive::Gradient2;
-    /// let g = Gradient2::new().with_tolerance(2.0);
-    /// # drop(g);
-    /// ```
     pub fn with_tolerance(mut self, tolerance: f64) -> Self {
         self.tolerance = clamp_f64(tolerance, 1.0, 100.0, DEFAULT_TOLERANCE);
         self
@@ -198,14 +190,6 @@ impl Gradient2 {
 
     /// Sets how far one round trip moves the limit towards its target
     /// (default 0.2). Clamped into `[0.01, 1]`; NaN means the default.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::adaptive::Gradient2;
-    /// let g = Gradient2::new().with_smoothing(0.5);
-    /// # drop(g);
-    /// ```
     pub fn with_smoothing(mut self, smoothing: f64) -> Self {
         self.smoothing = clamp_f64(smoothing, 0.01, 1.0, DEFAULT_SMOOTHING);
         self
@@ -213,14 +197,6 @@ impl Gradient2 {
 
     /// Sets after how many round trips without a lower RTT a probe
     /// re-measures the no-load RTT (default 600; at least 1).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::adaptive::Gradient2;
-    /// let g = Gradient2::new().with_long_window(600);
-    /// # drop(g);
-    /// ```
     pub fn with_long_window(mut self, round_trips: u32) -> Self {
         self.long_window = round_trips.max(1);
         self

@@ -50,13 +50,6 @@ impl AdaptiveLimiter {
     /// The largest limit the limiter applies: 2³¹ − 1, or
     /// [`Semaphore::MAX_PERMITS`](crate::Semaphore::MAX_PERMITS) where that
     /// is smaller. Every proposal is clamped into `[1, MAX_LIMIT]`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::adaptive::AdaptiveLimiter;
-    /// assert!(AdaptiveLimiter::MAX_LIMIT >= 1 << 28);
-    /// ```
     pub const MAX_LIMIT: usize = super::algorithm::MAX_LIMIT;
 
     /// A limiter driven by `algorithm`, timed by a `DefaultClock`. It
@@ -159,27 +152,11 @@ impl AdaptiveLimiter {
     }
 
     /// The current limit.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::adaptive::{AdaptiveLimiter, Aimd};
-    /// assert_eq!(AdaptiveLimiter::new(Aimd::new().with_limits(1, 7, 10)).limit(), 7);
-    /// ```
     pub fn limit(&self) -> usize {
         self.shared.limit()
     }
 
     /// How many permits are held.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::adaptive::{AdaptiveLimiter, Aimd};
-    /// let limiter = AdaptiveLimiter::new(Aimd::new());
-    /// let _p = limiter.try_acquire().unwrap();
-    /// assert_eq!(limiter.in_flight(), 1);
-    /// ```
     pub fn in_flight(&self) -> usize {
         self.shared.in_flight()
     }
@@ -188,15 +165,6 @@ impl AdaptiveLimiter {
     /// below `limit - in_flight` until returning permits have paid the
     /// excess; with nothing held and nobody waiting it equals
     /// [`limit`](Self::limit).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::adaptive::{AdaptiveLimiter, Aimd};
-    /// let limiter = AdaptiveLimiter::new(Aimd::new().with_limits(1, 3, 10));
-    /// let _p = limiter.try_acquire().unwrap();
-    /// assert_eq!(limiter.available(), 2);
-    /// ```
     pub fn available(&self) -> usize {
         self.shared.sem.available_permits()
     }
@@ -218,13 +186,6 @@ impl AdaptiveLimiter {
     }
 
     /// Whether [`close`](Self::close) was called.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::adaptive::{AdaptiveLimiter, Aimd};
-    /// assert!(!AdaptiveLimiter::new(Aimd::new()).is_closed());
-    /// ```
     pub fn is_closed(&self) -> bool {
         self.shared.sem.is_closed()
     }
@@ -368,16 +329,6 @@ impl AdaptivePermit {
     }
 
     /// When the permit was granted, in nanoseconds of the limiter's clock.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::adaptive::{AdaptiveLimiter, Aimd};
-    /// use backpressure::ManualClock;
-    /// let clock = ManualClock::starting_at(42);
-    /// let limiter = AdaptiveLimiter::with_clock(Aimd::new(), clock);
-    /// assert_eq!(limiter.try_acquire().unwrap().start_nanos(), 42);
-    /// ```
     pub fn start_nanos(&self) -> u64 {
         self.start
     }

@@ -229,13 +229,6 @@ impl RateController {
 
     /// The rate in force, in requests per second (the rate of
     /// [`quota`](RateController::quota)), for stats and logs.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::adaptive::AdaptiveRate;
-    /// assert_eq!(AdaptiveRate::new().controller(0).rate(), 10.0);
-    /// ```
     pub fn rate(&self) -> f64 {
         self.state.lock().applied
     }

@@ -97,15 +97,6 @@ impl CircuitBreaker {
     /// Also opens when at least `ratio` of a window of `window` answers
     /// (clamped to `1..=MAX_COUNT`) failed; a ratio outside `(0, 1]` turns it
     /// off. Windows are tumbling, not sliding.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::CircuitBreaker;
-    /// // Half of any 20 answers failed: open.
-    /// let breaker = CircuitBreaker::new().failure_ratio(0.5, 20);
-    /// # let _ = breaker;
-    /// ```
     pub fn failure_ratio(mut self, ratio: f64, window: u32) -> Self {
         self.ratio =
             (ratio > 0.0 && ratio <= 1.0).then(|| (ratio, window.clamp(1, Self::MAX_COUNT)));

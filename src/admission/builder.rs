@@ -149,15 +149,6 @@ impl Builder {
 impl<S, C> Builder<S, C> {
     /// The timer used for inline waits (default:
     /// [`DefaultSleeper`](crate::DefaultSleeper)).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// use backpressure::DefaultSleeper;
-    /// let admission = Admission::builder().sleeper(DefaultSleeper::new()).build();
-    /// # let _ = admission;
-    /// ```
     pub fn sleeper<S2>(self, sleeper: S2) -> Builder<S2, C> {
         Builder {
             sleeper,
@@ -167,15 +158,6 @@ impl<S, C> Builder<S, C> {
     }
 
     /// The clock of the rate limits (default: `DefaultClock`).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// use backpressure::ManualClock;
-    /// let admission = Admission::builder().clock(ManualClock::new()).build();
-    /// # let _ = admission;
-    /// ```
     pub fn clock<C2>(self, clock: C2) -> Builder<S, C2> {
         Builder {
             sleeper: self.sleeper,
@@ -187,14 +169,6 @@ impl<S, C> Builder<S, C> {
     /// At most `n` calls in flight across all tools (0 is taken as 1,
     /// and more than [`Semaphore::MAX_PERMITS`](crate::Semaphore::MAX_PERMITS)
     /// as that many).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// let admission = Admission::builder().global_concurrency(32).build();
-    /// # let _ = admission;
-    /// ```
     pub fn global_concurrency(mut self, n: usize) -> Self {
         self.cfg.global = n.max(1);
         self
@@ -202,14 +176,6 @@ impl<S, C> Builder<S, C> {
 
     /// Concurrency cap (clamped as in [`global_concurrency`](Self::global_concurrency))
     /// and policy for tools not configured by name.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::{Admission, SlotPolicy};
-    /// let admission = Admission::builder().default_tool(2, SlotPolicy::Queue(8)).build();
-    /// # let _ = admission;
-    /// ```
     pub fn default_tool(mut self, cap: usize, policy: SlotPolicy) -> Self {
         self.cfg.default_tool.cap = cap.max(1);
         self.cfg.default_tool.policy = policy;
@@ -218,14 +184,6 @@ impl<S, C> Builder<S, C> {
 
     /// Concurrency cap (clamped as in [`global_concurrency`](Self::global_concurrency))
     /// and slot policy of one tool.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::{Admission, SlotPolicy};
-    /// let admission = Admission::builder().tool("create_refund", 1, SlotPolicy::FailFast).build();
-    /// # let _ = admission;
-    /// ```
     pub fn tool(mut self, name: impl Into<String>, cap: usize, policy: SlotPolicy) -> Self {
         let entry = self
             .cfg
@@ -290,18 +248,6 @@ impl<S, C> Builder<S, C> {
     /// is believed to allow ([`AdaptiveRate::server_burst`]). Without it, a
     /// credential starts at [`AdaptiveRate`]'s guess (10/s) and may climb
     /// above it. With [`fixed_rates`](Self::fixed_rates) it is used as given.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// use backpressure::Quota;
-    /// use std::num::NonZeroU32;
-    /// let admission = Admission::builder()
-    ///     .default_quota(Quota::per_minute(NonZeroU32::new(600).unwrap()))
-    ///     .build();
-    /// # let _ = admission;
-    /// ```
     pub fn default_quota(mut self, quota: Quota) -> Self {
         self.cfg.default_quota = quota;
         self.cfg.default_quota_set = true;
@@ -311,18 +257,6 @@ impl<S, C> Builder<S, C> {
     /// The quota of one credential. With adaptive rates on (the default)
     /// it is the credential's starting rate and ceiling, as for
     /// [`default_quota`](Self::default_quota).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// use backpressure::Quota;
-    /// use std::num::NonZeroU32;
-    /// let admission = Admission::builder()
-    ///     .quota("enterprise-key", Quota::per_second(NonZeroU32::new(100).unwrap()))
-    ///     .build();
-    /// # let _ = admission;
-    /// ```
     pub fn quota(mut self, credential: impl Into<String>, quota: Quota) -> Self {
         self.cfg.quotas.push((credential.into(), quota));
         self
@@ -367,19 +301,6 @@ impl<S, C> Builder<S, C> {
     /// The weighted quota `name` of one credential (see
     /// [`resource`](Self::resource); without it, the quota is unlimited for
     /// the other credentials).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// use backpressure::Quota;
-    /// use std::num::NonZeroU32;
-    /// let admission = Admission::builder()
-    ///     .resource("tokens", Quota::per_minute(NonZeroU32::new(40_000).unwrap()))
-    ///     .credential_resource("tier-4-key", "tokens", Quota::per_minute(NonZeroU32::new(400_000).unwrap()))
-    ///     .build();
-    /// # let _ = admission;
-    /// ```
     pub fn credential_resource(
         mut self,
         credential: impl Into<String>,
@@ -417,18 +338,6 @@ impl<S, C> Builder<S, C> {
     /// (default: [`AdaptiveRate::new`]): 429s lower it, sustained success
     /// raises it, `RateLimit-Policy` sets it. Credentials with a
     /// [`shared_quota`](Self::shared_quota) only take the stated limit.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::adaptive::AdaptiveRate;
-    /// use backpressure::admission::Admission;
-    /// // Start every unknown key at 2 requests/s and never go above 50.
-    /// let admission = Admission::builder()
-    ///     .adaptive_rate(AdaptiveRate::new().initial(Some(2.0)).max_rate(50.0))
-    ///     .build();
-    /// # let _ = admission;
-    /// ```
     pub fn adaptive_rate(mut self, adaptive: AdaptiveRate) -> Self {
         self.cfg.adaptive = Some(adaptive);
         self
@@ -454,14 +363,6 @@ impl<S, C> Builder<S, C> {
 
     /// At most `n` calls waiting for a slot at once, across all tools;
     /// more are shed at once with a drain estimate.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// let admission = Admission::builder().queue_capacity(64).build();
-    /// # let _ = admission;
-    /// ```
     pub fn queue_capacity(mut self, n: usize) -> Self {
         self.cfg.queue_capacity = n;
         self
@@ -469,15 +370,6 @@ impl<S, C> Builder<S, C> {
 
     /// Rate-limit waits up to this long are slept inside `admit` (invisible
     /// to the caller); longer ones are returned as `rate_limited`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// use std::time::Duration;
-    /// let admission = Admission::builder().inline_wait(Duration::from_millis(500)).build();
-    /// # let _ = admission;
-    /// ```
     pub fn inline_wait(mut self, d: Duration) -> Self {
         self.cfg.inline_wait = d;
         self
@@ -485,44 +377,18 @@ impl<S, C> Builder<S, C> {
 
     /// A server hold longer than this is `quota_exhausted` (an operator's
     /// problem), not `rate_limited`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// use std::time::Duration;
-    /// let admission = Admission::builder().max_retry_after(Duration::from_secs(60)).build();
-    /// # let _ = admission;
-    /// ```
     pub fn max_retry_after(mut self, d: Duration) -> Self {
         self.cfg.max_retry_after = d;
         self
     }
 
     /// The hold time assumed for drain estimates until calls have finished.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// use std::time::Duration;
-    /// let admission = Admission::builder().expected_latency(Duration::from_millis(400)).build();
-    /// # let _ = admission;
-    /// ```
     pub fn expected_latency(mut self, d: Duration) -> Self {
         self.cfg.expected_latency = d;
         self
     }
 
     /// At most `n` calls per run (see [`Admission::reset_run`]).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// let admission = Admission::builder().run_budget(40).build();
-    /// # let _ = admission;
-    /// ```
     pub fn run_budget(mut self, n: u32) -> Self {
         self.cfg.run_budget = Some(n);
         self
@@ -631,17 +497,6 @@ impl<S, C> Builder<S, C> {
     /// Keeps a circuit breaker per (tool, credential) (see
     /// [`CircuitBreaker`]); refusals are
     /// [`Status::Unavailable`](crate::Status::Unavailable). Off by default.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::{Admission, CircuitBreaker};
-    /// use std::time::Duration;
-    /// let admission = Admission::builder()
-    ///     .circuit_breaker(CircuitBreaker::new().consecutive_failures(3).cool_down(Duration::from_secs(10)))
-    ///     .build();
-    /// # let _ = admission;
-    /// ```
     pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
         self.cfg.breaker = Some(breaker);
         self
@@ -753,39 +608,6 @@ impl<S, C> Builder<S, C> {
     /// settle and observe, so it must be a cheap lookup returning the same
     /// limiter each time (see [`shared_quotas`](Self::shared_quotas)). A second
     /// call for `name` replaces the first; declares `name` as `shared_resource` does.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::{Admission, CallSpec};
-    /// use backpressure::{ManualClock, Quota, RateLimiter, TokenBucket};
-    /// use std::collections::HashMap;
-    /// use std::num::NonZeroU32;
-    /// use std::sync::Arc;
-    /// # futures::executor::block_on(async {
-    /// // Each tenant's tokens a minute; across processes these would be
-    /// // the buckets of a `RedisScoped`.
-    /// let tpm = || {
-    ///     Arc::new(TokenBucket::with_clock(
-    ///         Quota::per_minute(NonZeroU32::new(10_000).unwrap()),
-    ///         ManualClock::new(),
-    ///     ))
-    /// };
-    /// let tenants: HashMap<String, Arc<TokenBucket<ManualClock>>> =
-    ///     ["acme", "globex"].iter().map(|t| (t.to_string(), tpm())).collect();
-    /// let acme = tenants["acme"].clone();
-    /// let admission = Admission::builder()
-    ///     .clock(ManualClock::new())
-    ///     .shared_resources("tokens", move |credential| tenants.get(credential).cloned())
-    ///     .build();
-    /// let spec = CallSpec::new("complete", "acme").cost("tokens", 4_000);
-    /// let mut ticket = admission.admit(&spec).await.unwrap();
-    /// assert_eq!(RateLimiter::available(&acme).await, 6_000); // the estimate
-    /// assert_eq!(ticket.settle("tokens", 1_000), -3_000); // the reply used 1,000
-    /// admission.sync_shared().await;
-    /// assert_eq!(RateLimiter::available(&acme).await, 9_000);
-    /// # });
-    /// ```
     pub fn shared_resources<L: RateLimiter + 'static>(
         mut self,
         name: impl Into<String>,

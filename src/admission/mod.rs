@@ -476,16 +476,6 @@ where
     }
 
     /// Whether [`close`](Self::close) was called.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// let admission = Admission::builder().build();
-    /// assert!(!admission.is_closed());
-    /// admission.close();
-    /// assert!(admission.is_closed());
-    /// ```
     pub fn is_closed(&self) -> bool {
         // Relaxed: advisory, as in `admit`.
         self.inner.closed.load(Ordering::Relaxed)
@@ -599,13 +589,6 @@ where
 
     /// Calls waiting right now: queued for a slot, or (background calls)
     /// sleeping for their turn in their class's share of a rate.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// assert_eq!(Admission::builder().build().waiting(), 0);
-    /// ```
     pub fn waiting(&self) -> usize {
         // Relaxed: advisory, a snapshot of two counters.
         self.inner.slots.waiting() + self.inner.turns_waiting.load(Ordering::Relaxed)

@@ -137,17 +137,6 @@ where
 
     /// Sets the backoff of the retries (its seed makes runs reproducible)
     /// and how many retries a call gets, keeping the policy's clamp.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::{Admission, Runner};
-    /// use backpressure::retry::Backoff;
-    /// use std::time::Duration;
-    /// let runner: Runner<String> = Runner::new(Admission::builder().build(), Duration::ZERO)
-    ///     .retries(Backoff::new(Duration::from_millis(50), Duration::from_secs(1)).seed(7), 2);
-    /// # let _ = runner;
-    /// ```
     pub fn retries(mut self, backoff: Backoff, max_retries: u32) -> Self {
         self.retry = Arc::new(self.retry.with_backoff(backoff, max_retries));
         self
@@ -155,48 +144,17 @@ where
 
     /// Sets the whole retry policy (classification, retry cap, clamp,
     /// backoff); each call forks its own copy ([`RetryPolicy::fork`]).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::{Admission, Runner};
-    /// use backpressure::retry::RetryPolicy;
-    /// use std::time::Duration;
-    /// // Sleep through server waits up to 10 s before retrying; 2 retries.
-    /// let policy = RetryPolicy::default().max_retries(2).clamp(Duration::from_secs(10));
-    /// let runner: Runner<String> =
-    ///     Runner::new(Admission::builder().build(), Duration::ZERO).retry_policy(policy);
-    /// # let _ = runner;
-    /// ```
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
         self.retry = Arc::new(policy);
         self
     }
 
     /// Drops the turn's cached reads (call it at the end of a turn).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::{Admission, Runner};
-    /// use std::time::Duration;
-    /// let runner: Runner<String> = Runner::new(Admission::builder().build(), Duration::from_secs(3));
-    /// runner.clear_cache(); // end of the turn
-    /// ```
     pub fn clear_cache(&self) {
         self.flights.clear();
     }
 
     /// The admission layer the runner uses.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::{Admission, Runner};
-    /// use std::time::Duration;
-    /// let runner: Runner<String> = Runner::new(Admission::builder().build(), Duration::ZERO);
-    /// assert_eq!(runner.admission().waiting(), 0);
-    /// ```
     pub fn admission(&self) -> &Admission<S, C> {
         &self.admission
     }

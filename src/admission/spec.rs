@@ -76,13 +76,6 @@ impl CallSpec {
 
     /// Marks the call a write: it has effects, so it is never coalesced
     /// with an identical call or cached.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::CallSpec;
-    /// assert!(CallSpec::new("refund", "k").write().write);
-    /// ```
     pub fn write(mut self) -> Self {
         self.write = true;
         self
@@ -91,15 +84,6 @@ impl CallSpec {
     /// Marks the call idempotent: a write that may run twice with one
     /// effect (see [`idempotent`](Self::idempotent)), retried after a
     /// fault like a read.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::CallSpec;
-    /// // A PUT of a whole document: sending it twice leaves one document.
-    /// let spec = CallSpec::new("save_doc", "k").write().idempotent();
-    /// assert!(spec.write && spec.idempotent);
-    /// ```
     pub fn idempotent(mut self) -> Self {
         self.idempotent = true;
         self
@@ -107,14 +91,6 @@ impl CallSpec {
 
     /// The call's priority (see
     /// [`Builder::priority_lanes`](super::Builder::priority_lanes)).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::{CallSpec, Priority};
-    /// let spec = CallSpec::new("crawl", "k").priority(Priority::BACKGROUND);
-    /// assert!(spec.priority.is_background());
-    /// ```
     pub fn priority(mut self, priority: Priority) -> Self {
         self.priority = priority;
         self
@@ -140,28 +116,12 @@ impl CallSpec {
     }
 
     /// The cost set for the quota `name`, if any.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::CallSpec;
-    /// assert_eq!(CallSpec::new("t", "k").cost("requests", 2).cost_of("requests"), Some(2));
-    /// ```
     pub fn cost_of(&self, name: &str) -> Option<u32> {
         self.costs.iter().find(|(n, _)| n == name).map(|(_, u)| *u)
     }
 
     /// Sets the deadline (see
     /// [`CallSpec::deadline`](struct.CallSpec.html#structfield.deadline)).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::CallSpec;
-    /// use std::time::Duration;
-    /// let spec = CallSpec::new("t", "k").deadline(Duration::from_secs(5));
-    /// assert_eq!(spec.deadline, Duration::from_secs(5));
-    /// ```
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
         self

@@ -127,15 +127,6 @@ pub struct Refusals {
 
 impl Refusals {
     /// The count for `status`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// use backpressure::Status;
-    /// let refused = Admission::builder().build().stats().refused;
-    /// assert_eq!(refused.get(Status::Shed), 0);
-    /// ```
     pub fn get(&self, status: Status) -> u64 {
         match status {
             Status::RateLimited => self.rate_limited,
@@ -149,13 +140,6 @@ impl Refusals {
     }
 
     /// All refusals.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// assert_eq!(Admission::builder().build().stats().refused.total(), 0);
-    /// ```
     pub fn total(&self) -> u64 {
         self.rate_limited
             + self.shed

@@ -205,17 +205,6 @@ impl<S: Sleeper, C: Clock> Ticket<S, C> {
     }
 
     /// The tool this ticket admits.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::{Admission, CallSpec};
-    /// # futures::executor::block_on(async {
-    /// let admission = Admission::builder().build();
-    /// let ticket = admission.admit(&CallSpec::new("search", "k")).await.unwrap();
-    /// assert_eq!(ticket.tool(), "search");
-    /// # });
-    /// ```
     pub fn tool(&self) -> &str {
         &self.tool.name
     }

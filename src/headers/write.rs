@@ -132,15 +132,6 @@ impl RateLimitHeaders {
     }
 
     /// The `RateLimit` value: `"name";r=<remaining>;t=<reset s>`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::headers::RateLimitHeaders;
-    /// use std::time::Duration;
-    /// let h = RateLimitHeaders::new("x", 5, Duration::from_secs(1), 3, Duration::from_millis(1));
-    /// assert_eq!(h.rate_limit(), r#""x";r=3;t=1"#);
-    /// ```
     pub fn rate_limit(&self) -> String {
         self.item(
             ("r", self.remaining),
@@ -149,30 +140,11 @@ impl RateLimitHeaders {
     }
 
     /// The `Retry-After` value in delta seconds, rounded up, if set.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::headers::RateLimitHeaders;
-    /// use std::time::Duration;
-    /// let h = RateLimitHeaders::new("x", 5, Duration::from_secs(1), 3, Duration::ZERO);
-    /// assert_eq!(h.retry_after_value(), None);
-    /// ```
     pub fn retry_after_value(&self) -> Option<String> {
         self.retry_after.map(|d| retry_after_secs(d).to_string())
     }
 
     /// Every header as `(lowercase name, value)`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::headers::RateLimitHeaders;
-    /// use std::time::Duration;
-    /// let h = RateLimitHeaders::new("x", 5, Duration::from_secs(1), 3, Duration::ZERO);
-    /// let names: Vec<_> = h.to_pairs().into_iter().map(|(n, _)| n).collect();
-    /// assert_eq!(names, ["ratelimit-policy", "ratelimit"]);
-    /// ```
     pub fn to_pairs(&self) -> Vec<(&'static str, String)> {
         let mut out = Vec::with_capacity(3);
         if let Some(v) = self.retry_after_value() {
@@ -276,15 +248,6 @@ impl<C: Clock> TokenBucket<C> {
 impl Throttled {
     /// The HTTP status for this refusal: 503 for `shed`, `closed` and
     /// `unavailable`, 504 for `timed_out`, else 429.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::Status;
-    /// use backpressure::Throttled;
-    /// assert_eq!(Throttled::new(Status::RateLimited, "api_key", "").http_status(), 429);
-    /// assert_eq!(Throttled::new(Status::Shed, "queue", "").http_status(), 503);
-    /// ```
     pub fn http_status(&self) -> u16 {
         match self.status {
             Status::Shed | Status::Closed | Status::Unavailable => 503,

@@ -89,28 +89,11 @@ impl<C: Clock> Deadline<C> {
     }
 
     /// The deadline in the clock's nanoseconds.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::retry::Deadline;
-    /// use backpressure::ManualClock;
-    /// assert_eq!(Deadline::at(ManualClock::new(), 9).at_nanos(), 9);
-    /// ```
     pub fn at_nanos(&self) -> u64 {
         self.at
     }
 
     /// The clock this deadline reads.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::retry::Deadline;
-    /// use backpressure::{Clock, ManualClock};
-    /// let d = Deadline::at(ManualClock::starting_at(4), 9);
-    /// assert_eq!(d.clock().now_nanos(), 4);
-    /// ```
     pub fn clock(&self) -> &C {
         &self.clock
     }
@@ -139,14 +122,6 @@ impl<C: Clock> Deadline<C> {
     }
 
     /// Whether no budget is left.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::retry::Deadline;
-    /// use backpressure::ManualClock;
-    /// assert!(Deadline::at(ManualClock::starting_at(3), 3).is_expired());
-    /// ```
     pub fn is_expired(&self) -> bool {
         self.start() >= self.at
     }

@@ -168,20 +168,6 @@ impl RetryPolicy {
     }
 
     /// Replaces the backoff, keeping the cap and the clamp.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::headers::ServerHint;
-    /// use backpressure::retry::{Backoff, Deadline, Decision, Jitter, RetryPolicy};
-    /// use backpressure::ManualClock;
-    /// use std::time::Duration;
-    /// let fixed = Backoff::new(Duration::from_millis(300), Duration::from_millis(300)).jitter(Jitter::None);
-    /// let mut p = RetryPolicy::default().backoff(fixed);
-    /// let mut d = Deadline::never(ManualClock::new());
-    /// let after = Duration::from_millis(300);
-    /// assert_eq!(p.decide(&ServerHint::default(), &mut d), Decision::Retry { after });
-    /// ```
     pub fn backoff(mut self, backoff: Backoff) -> RetryPolicy {
         self.backoff = backoff;
         self
@@ -229,18 +215,6 @@ impl RetryPolicy {
     }
 
     /// Retries decided so far.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::headers::ServerHint;
-    /// use backpressure::retry::{Deadline, RetryPolicy};
-    /// use backpressure::ManualClock;
-    /// let mut p = RetryPolicy::default();
-    /// let mut d = Deadline::never(ManualClock::new());
-    /// let _ = p.decide(&ServerHint::default(), &mut d);
-    /// assert_eq!(p.retries(), 1);
-    /// ```
     pub fn retries(&self) -> u32 {
         self.retries
     }
@@ -258,15 +232,6 @@ impl RetryPolicy {
 
     /// A fresh policy (no retries yet) with the same settings and an
     /// independent generator.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::retry::RetryPolicy;
-    /// let template = RetryPolicy::default();
-    /// let per_call = template.fork();
-    /// assert_eq!(per_call.retries(), 0);
-    /// ```
     pub fn fork(&self) -> RetryPolicy {
         // A fork is a call: its first attempt pays into the budget.
         if let Some(budget) = &self.budget {

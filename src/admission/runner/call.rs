@@ -93,31 +93,12 @@ impl<V> Reply<V> {
     }
 
     /// Attaches the limit headers.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Reply;
-    /// use backpressure::headers::ServerHint;
-    /// use std::time::{Duration, SystemTime};
-    /// let hint = ServerHint::from_headers([("retry-after", "2")], SystemTime::now());
-    /// let reply = Reply::new(429, ()).with_hint(hint);
-    /// assert_eq!(reply.hint.retry_after, Some(Duration::from_secs(2)));
-    /// ```
     pub fn with_hint(mut self, hint: ServerHint) -> Self {
         self.hint = hint;
         self
     }
 
     /// 2xx.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Reply;
-    /// assert!(Reply::new(201, ()).is_success());
-    /// assert!(!Reply::new(503, ()).is_success());
-    /// ```
     pub fn is_success(&self) -> bool {
         (200..300).contains(&self.status)
     }
@@ -217,15 +198,6 @@ impl<V, E> Call<V, E> {
     /// The canonical arguments of a read: reads of one tool with equal keys
     /// share one execution and, within the TTL, one cached result. Ignored
     /// for writes.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::{Call, CallSpec, Reply};
-    /// let call: Call<()> = Call::new(CallSpec::new("search", "key"), || async { Ok(Reply::new(200, ())) })
-    ///     .coalesce_key("q=refund&page=1");
-    /// # let _ = call;
-    /// ```
     pub fn coalesce_key(mut self, key: impl Into<String>) -> Self {
         self.key = Some(key.into());
         self

@@ -84,15 +84,6 @@ impl<V: Clone, E> Clone for CallResult<V, E> {
 
 impl<V, E> CallResult<V, E> {
     /// The value, if the call succeeded.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::CallResult;
-    /// use backpressure::Provenance;
-    /// let r: CallResult<i32> = CallResult::Done { value: 7, provenance: Provenance::Leader, attempts: 1 };
-    /// assert_eq!(r.value(), Some(&7));
-    /// ```
     pub fn value(&self) -> Option<&V> {
         match self {
             CallResult::Done { value, .. } => Some(value),
@@ -101,16 +92,6 @@ impl<V, E> CallResult<V, E> {
     }
 
     /// The structured refusal, if any.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::CallResult;
-    /// use backpressure::Status;
-    /// use backpressure::Throttled;
-    /// let r: CallResult<()> = CallResult::Throttled(Throttled::new(Status::Shed, "queue", "busy"));
-    /// assert_eq!(r.throttled().unwrap().status, Status::Shed);
-    /// ```
     pub fn throttled(&self) -> Option<&Throttled> {
         match self {
             CallResult::Throttled(t) => Some(t),
@@ -119,19 +100,6 @@ impl<V, E> CallResult<V, E> {
     }
 
     /// The failure, if the call failed.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::{CallFailure, CallResult};
-    /// use std::sync::Arc;
-    /// let r: CallResult<(), std::io::Error> = CallResult::Failed {
-    ///     error: CallFailure::Transport(Arc::new(std::io::ErrorKind::ConnectionReset.into())),
-    ///     not_retried: None,
-    ///     attempts: 4,
-    /// };
-    /// assert_eq!(r.failure().unwrap().http_status(), 0);
-    /// ```
     pub fn failure(&self) -> Option<&CallFailure<E>> {
         match self {
             CallResult::Failed { error, .. } => Some(error),
