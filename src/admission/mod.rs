@@ -207,19 +207,21 @@ where
     // state machine.
     #[inline]
     pub fn admit(&self, spec: &CallSpec) -> impl Future<Output = Result<Ticket<S, C>, Throttled>> {
-        self.admit_within(spec, spec.deadline, Duration::ZERO)
+        self.admit_within(spec, spec.deadline, Duration::ZERO, None)
     }
 
     /// [`admit`](Self::admit) with `deadline` in place of the spec's, sleeping
     /// a rate wait of up to `inline` even past the layer's inline threshold
     /// (the retry of a capacity answer, whose wait the retry policy judged).
+    /// `now`, if the caller just read the clock, saves reading it again.
     pub(crate) async fn admit_within(
         &self,
         spec: &CallSpec,
         deadline: Duration,
         inline: Duration,
+        now: Option<u64>,
     ) -> Result<Ticket<S, C>, Throttled> {
-        let started = self.inner.clock.now_nanos();
+        let started = now.unwrap_or_else(|| self.inner.clock.now_nanos());
         // Anything to wait for goes down the boxed staged path, so the future of
         // a call admitted at once stays small.
         let waiting = match self.admit_now(spec, deadline, started) {

@@ -259,13 +259,12 @@ where
 
     /// One call through the attempt loop within `left`.
     async fn attempts(&self, call: &mut Call<V, E>, left: Duration) -> (CallResult<V, E>, Sharing) {
-        let policy = self.retry.fork();
         let mut exchange = Attempt {
             attempts: &mut call.attempts,
         };
         let ended = self
             .admission
-            .drive(&call.spec, left, policy, &mut exchange)
+            .drive(&call.spec, left, &self.retry, &mut exchange)
             .await;
         let sharing = ended.sharing();
         let result = ended.into_call_result(|result, _| match result {

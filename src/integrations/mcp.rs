@@ -312,11 +312,10 @@ where
         spec: &CallSpec,
         params: &CallToolRequestParams,
     ) -> (CallResult<CallToolResult, ServiceError>, Sharing) {
-        let policy = self.retry.fork();
         let mut call = exchange::ToolCall::new(&self.peer, params);
         let ended = self
             .admission
-            .drive(spec, spec.deadline, policy, &mut call)
+            .drive(spec, spec.deadline, &self.retry, &mut call)
             .await;
         let sharing = ended.sharing();
         let result =

@@ -675,7 +675,6 @@ where
         extensions: &mut http::Extensions,
         next: Next<'_>,
     ) -> Result<Response> {
-        let policy = self.retry.fork();
         let mut exchange = Exchange {
             req: Some(req),
             extensions: &mut *extensions,
@@ -685,7 +684,7 @@ where
         };
         let ended = self
             .admission
-            .drive(spec, spec.deadline, policy, &mut exchange)
+            .drive(spec, spec.deadline, &self.retry, &mut exchange)
             .await;
         drop(exchange);
         let sharing = ended.sharing();

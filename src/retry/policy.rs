@@ -233,10 +233,20 @@ impl RetryPolicy {
     /// A fresh policy (no retries yet) with the same settings and an
     /// independent generator.
     pub fn fork(&self) -> RetryPolicy {
-        // A fork is a call: its first attempt pays into the budget.
+        self.deposit();
+        self.fork_unpaid()
+    }
+
+    /// A call's first attempt paid into the shared budget (if any): what
+    /// [`fork`](Self::fork) does, for a loop that forks only on a retry.
+    pub(crate) fn deposit(&self) {
         if let Some(budget) = &self.budget {
             budget.deposit();
         }
+    }
+
+    /// [`fork`](Self::fork) without the deposit.
+    pub(crate) fn fork_unpaid(&self) -> RetryPolicy {
         RetryPolicy {
             backoff: self.backoff.fork(),
             max_retries: self.max_retries,

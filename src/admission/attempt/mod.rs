@@ -108,15 +108,25 @@ pub(crate) const DEFAULT_CLAMP: Duration = Duration::from_secs(2);
 
 impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
     /// Runs one call to its end within `budget` (from now, on this layer's
-    /// clock), doing what `policy` (forked for this call) decides.
+    /// clock), doing what `template` decides. The call pays into the retry
+    /// budget now; its own policy (counts, jitter) is forked only if an
+    /// answer needs a decision, so a call answered at once forks none.
     pub(crate) async fn drive<X: Exchange>(
         &self,
         spec: &CallSpec,
         budget: Duration,
-        mut policy: RetryPolicy,
+        template: &RetryPolicy,
         exchange: &mut X,
     ) -> Ended<X::Output, X::Error, S, C> {
-        let mut deadline = Deadline::after(self.clock().clone(), budget);
+        template.deposit();
+        let mut policy: Option<RetryPolicy> = None;
+        let start = self.clock().now_nanos();
+        let mut deadline = Deadline::at(
+            self.clock().clone(),
+            start.saturating_add(crate::clock::saturating_nanos(budget)),
+        );
+        // The first admit starts when the call does: one clock read for both.
+        let mut now = Some(start);
         let mut sent = 0u32;
         // The last answer, and whether it was capacity: what a refused retry ends as.
         let mut last: Option<Last<X>> = None;
@@ -129,7 +139,7 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
                 return refused_retry(no_time_left(budget, sent), last, sent);
             }
             let inline = core::mem::take(&mut readmit);
-            let mut ticket = match self.admit_within(spec, left, inline).await {
+            let mut ticket = match self.admit_within(spec, left, inline, now.take()).await {
                 Ok(t) => t,
                 Err(refused) => return refused_retry(refused.with_attempts(sent), last, sent),
             };
@@ -195,8 +205,9 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
                 }
             };
             drop(ticket);
+            let policy = policy.get_or_insert_with(|| template.fork_unpaid());
             match decide(
-                &mut policy,
+                policy,
                 &spec.tool,
                 status,
                 class,

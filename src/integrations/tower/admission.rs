@@ -602,7 +602,7 @@ where
             spec.deadline = deadline;
         }
         let admission = layer.admission.clone();
-        let policy = layer.retry.fork();
+        let policy = layer.retry.clone();
         let (observe, release) = (layer.observe.clone(), layer.release.clone());
         // Tower's contract: `call` the service that said ready; keep a fresh
         // clone, to be polled ready again.
@@ -627,14 +627,17 @@ where
         Box::pin(async move {
             let exchange = exchange::Exchange::new(ready, req, observe.clone());
             let Some((flights, key)) = key else {
-                return exchange.answer(&admission, &spec, policy, &release).await.0;
+                return exchange
+                    .answer(&admission, &spec, &policy, &release)
+                    .await
+                    .0;
             };
             let budget = spec.deadline;
             let (admitting, releasing) = (&admission, &release);
             let led = admission
                 .coalesce(&flights, key, budget, |left| async move {
                     let spec = spec.deadline(left);
-                    let (own, copy) = exchange.answer(admitting, &spec, policy, releasing).await;
+                    let (own, copy) = exchange.answer(admitting, &spec, &policy, releasing).await;
                     let own: exchange::Erased = Box::new(own);
                     let copy = copy.map(|c| Arc::new(Mutex::new(c)) as exchange::ErasedCopy);
                     (own, copy)

@@ -162,7 +162,7 @@ where
         mut self,
         admission: &Admission<Sl, C>,
         spec: &CallSpec,
-        policy: RetryPolicy,
+        policy: &RetryPolicy,
         release: &R,
     ) -> (Result<R::Response, BoxError>, Share<Copy<S::Response>>)
     where
