@@ -252,15 +252,6 @@ impl ManualClock {
 
     /// Moves the clock forward by `d` (saturating at `u64::MAX`) and wakes
     /// every sleep now due.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Clock, ManualClock};
-    /// let clock = ManualClock::new();
-    /// clock.advance(std::time::Duration::from_nanos(3));
-    /// assert_eq!(clock.now_nanos(), 3);
-    /// ```
     pub fn advance(&self, d: Duration) {
         let d = saturating_nanos(d);
         // Relaxed: the clock value orders no other memory (a sleeper's

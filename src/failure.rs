@@ -39,15 +39,6 @@ pub enum CallFailure<E> {
 
 impl<E> CallFailure<E> {
     /// The status the server answered, or 0 for a transport error.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::CallFailure;
-    /// use std::sync::Arc;
-    /// assert_eq!(CallFailure::<String>::Status { status: 503 }.http_status(), 503);
-    /// assert_eq!(CallFailure::Transport(Arc::new("reset".to_string())).http_status(), 0);
-    /// ```
     pub fn http_status(&self) -> u16 {
         match self {
             CallFailure::Status { status } => *status,
@@ -56,27 +47,11 @@ impl<E> CallFailure<E> {
     }
 
     /// Whether the attempt got no answer (the caller's error).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::CallFailure;
-    /// assert!(!CallFailure::<String>::Status { status: 500 }.is_transport());
-    /// ```
     pub fn is_transport(&self) -> bool {
         matches!(self, CallFailure::Transport(_))
     }
 
     /// The caller's error, if the attempt got no answer.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::CallFailure;
-    /// use std::sync::Arc;
-    /// let f = CallFailure::Transport(Arc::new("connection refused"));
-    /// assert_eq!(f.transport(), Some(&"connection refused"));
-    /// ```
     pub fn transport(&self) -> Option<&E> {
         match self {
             CallFailure::Transport(e) => Some(e),

@@ -284,17 +284,6 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     /// quota of their own ([`set_quota`](Scoped::set_quota)), to `max_keys`
     /// each. A new key is refused (`TooManyKeys`) only when a sweep of every
     /// shard finds none of the tracked keys idle.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{ManualClock, Quota, Scoped};
-    /// use std::num::NonZeroU32;
-    /// let limits: Scoped<u64, _> =
-    ///     Scoped::with_clock(Quota::per_second(NonZeroU32::new(1).unwrap()), ManualClock::new())
-    ///         .with_max_keys(1000);
-    /// assert_eq!(limits.max_keys(), 1000);
-    /// ```
     #[must_use]
     pub fn with_max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
@@ -313,16 +302,6 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
     }
 
     /// How many keys hold a bucket now (idle ones included until swept).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{ManualClock, Quota, Scoped};
-    /// use std::num::NonZeroU32;
-    /// let limits = Scoped::with_clock(Quota::per_second(NonZeroU32::new(1).unwrap()), ManualClock::new());
-    /// limits.try_acquire(&"a", 1).unwrap();
-    /// assert_eq!(limits.len(), 1);
-    /// ```
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| s.read().buckets.len()).sum()
     }
@@ -581,18 +560,6 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
 
     /// How many keys have a quota of their own (at most
     /// [`max_keys`](Scoped::max_keys)).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{ManualClock, Quota, Scoped};
-    /// use std::num::NonZeroU32;
-    /// let q = |n| Quota::per_second(NonZeroU32::new(n).unwrap());
-    /// let limits = Scoped::with_clock(q(5), ManualClock::new());
-    /// limits.set_quota(&"a", q(50)).unwrap();
-    /// limits.set_quota(&"b", q(5)).unwrap(); // the default: not stored
-    /// assert_eq!(limits.custom_quotas(), 1);
-    /// ```
     pub fn custom_quotas(&self) -> usize {
         // Relaxed: a count for reports; exact once set_quota calls are done.
         self.custom_quotas.load(Ordering::Relaxed)
@@ -643,17 +610,6 @@ impl<K: Hash + Eq + Clone, C: Clock> Scoped<K, C> {
 
     /// How many cells `try_acquire` would admit for `key` now, without
     /// consuming any (and without creating a bucket).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{ManualClock, Quota, Scoped};
-    /// use std::num::NonZeroU32;
-    /// let limits = Scoped::with_clock(Quota::per_second(NonZeroU32::new(3).unwrap()), ManualClock::new());
-    /// limits.try_acquire(&1, 1).unwrap();
-    /// assert_eq!(limits.available(&1), 2);
-    /// assert_eq!(limits.available(&2), 3);
-    /// ```
     pub fn available<Q>(&self, key: &Q) -> u32
     where
         K: Borrow<Q>,

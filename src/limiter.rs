@@ -158,16 +158,6 @@ pub trait RateLimiter: Send + Sync {
 
     /// The quota in force, if the limiter knows it (a shared one's as of its
     /// latest round trip). The default knows none.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Quota, RateLimiter, TokenBucket};
-    /// use std::num::NonZeroU32;
-    ///
-    /// let five = Quota::per_second(NonZeroU32::new(5).unwrap());
-    /// assert_eq!(RateLimiter::quota(&TokenBucket::new(five)), Some(five));
-    /// ```
     fn quota(&self) -> Option<Quota> {
         None
     }

@@ -48,13 +48,6 @@ pub enum Status {
 
 impl Status {
     /// The wire name, as serialized.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::Status;
-    /// assert_eq!(Status::BudgetExhausted.as_str(), "budget_exhausted");
-    /// ```
     pub fn as_str(self) -> &'static str {
         match self {
             Status::RateLimited => "rate_limited",
@@ -68,14 +61,6 @@ impl Status {
     }
 
     /// Whether retrying later can succeed without an operator.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::Status;
-    /// assert!(Status::Shed.is_retryable());
-    /// assert!(!Status::BudgetExhausted.is_retryable());
-    /// ```
     pub fn is_retryable(self) -> bool {
         matches!(
             self,
@@ -195,16 +180,6 @@ impl Throttled {
     }
 
     /// The retry time as a `Duration`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::Status;
-    /// use backpressure::Throttled;
-    /// use std::time::Duration;
-    /// let t = Throttled::new(Status::Shed, "queue", "busy").with_retry_after(Duration::from_secs(2));
-    /// assert_eq!(t.retry_after(), Some(Duration::from_secs(2)));
-    /// ```
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after_ms.map(Duration::from_millis)
     }

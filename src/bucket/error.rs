@@ -51,15 +51,6 @@ pub enum CheckError {
 
 impl CheckError {
     /// The wait, for [`NotUntil`](CheckError::NotUntil).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::CheckError;
-    /// use std::time::Duration;
-    /// let e = CheckError::NotUntil { wait: Duration::from_secs(1) };
-    /// assert_eq!(e.wait(), Some(Duration::from_secs(1)));
-    /// ```
     pub fn wait(&self) -> Option<Duration> {
         match *self {
             CheckError::NotUntil { wait } => Some(wait),
@@ -68,14 +59,6 @@ impl CheckError {
     }
 
     /// Whether more cells were asked for than the burst.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::CheckError;
-    /// let e = CheckError::InsufficientCapacity { requested: 5, capacity: 3 };
-    /// assert!(e.is_insufficient_capacity());
-    /// ```
     pub fn is_insufficient_capacity(&self) -> bool {
         matches!(self, CheckError::InsufficientCapacity { .. })
     }
@@ -181,27 +164,11 @@ impl ReserveError {
     }
 
     /// Whether the wait exceeded what the caller could afford.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::ReserveError;
-    /// let e = ReserveError::RateLimited { retry_after: Default::default() };
-    /// assert!(e.is_rate_limited());
-    /// ```
     pub fn is_rate_limited(&self) -> bool {
         matches!(self, ReserveError::RateLimited { .. })
     }
 
     /// Whether more cells were asked for than the burst.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::ReserveError;
-    /// let e = ReserveError::InsufficientCapacity { requested: 9, capacity: 3 };
-    /// assert!(e.is_insufficient_capacity());
-    /// ```
     pub fn is_insufficient_capacity(&self) -> bool {
         matches!(self, ReserveError::InsufficientCapacity { .. })
     }

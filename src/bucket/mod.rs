@@ -299,34 +299,12 @@ impl<C: Clock> TokenBucket<C> {
     }
 
     /// The quota in force.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Quota, TokenBucket};
-    /// use std::num::NonZeroU32;
-    /// let q = Quota::per_second(NonZeroU32::new(7).unwrap());
-    /// assert_eq!(TokenBucket::new(q).quota(), q);
-    /// ```
     pub fn quota(&self) -> Quota {
         self.gcra.quota()
     }
 
     /// How many cells [`try_acquire`](TokenBucket::try_acquire) would admit
     /// now, without consuming any.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{ManualClock, Quota, TokenBucket};
-    /// use std::num::NonZeroU32;
-    /// let bucket = TokenBucket::with_clock(
-    ///     Quota::per_second(NonZeroU32::new(5).unwrap()),
-    ///     ManualClock::new(),
-    /// );
-    /// bucket.try_acquire(2).unwrap();
-    /// assert_eq!(bucket.available(), 3);
-    /// ```
     pub fn available(&self) -> u32 {
         self.gcra.available(self.clock.now_nanos())
     }
@@ -353,18 +331,6 @@ impl<C: Clock> TokenBucket<C> {
     }
 
     /// The bucket's clock.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Clock, ManualClock, Quota, TokenBucket};
-    /// use std::time::Duration;
-    /// let bucket = TokenBucket::with_clock(
-    ///     Quota::with_period(Duration::from_secs(1)),
-    ///     ManualClock::starting_at(5),
-    /// );
-    /// assert_eq!(bucket.clock().now_nanos(), 5);
-    /// ```
     pub fn clock(&self) -> &C {
         &self.clock
     }

@@ -185,15 +185,6 @@ impl Quota {
     }
 
     /// How many cells may be admitted at once.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::Quota;
-    /// use std::num::NonZeroU32;
-    /// let q = Quota::per_minute(NonZeroU32::new(30).unwrap());
-    /// assert_eq!(q.burst().get(), 30);
-    /// ```
     pub const fn burst(&self) -> NonZeroU32 {
         self.burst
     }

@@ -69,39 +69,12 @@ impl<'a> Reservation<'a> {
 
     /// How long the caller must wait before using the cells, from the
     /// `reserve` call.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{ManualClock, Quota, TokenBucket};
-    /// use std::num::NonZeroU32;
-    /// use std::time::Duration;
-    /// let bucket = TokenBucket::with_clock(
-    ///     Quota::per_second(NonZeroU32::new(5).unwrap()),
-    ///     ManualClock::new(),
-    /// );
-    /// assert_eq!(bucket.reserve(5, Duration::ZERO).unwrap().wait(), Duration::ZERO);
-    /// ```
     pub fn wait(&self) -> Duration {
         Duration::from_nanos(self.wait)
     }
 
     /// The instant the cells become usable, in nanoseconds on the limiter's
     /// clock (see [`Clock::now_nanos`](crate::Clock::now_nanos)).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{ManualClock, Quota, TokenBucket};
-    /// use std::time::Duration;
-    /// let bucket = TokenBucket::with_clock(
-    ///     Quota::with_period(Duration::from_nanos(10)),
-    ///     ManualClock::starting_at(100),
-    /// );
-    /// let first = bucket.reserve(1, Duration::from_secs(1)).unwrap();
-    /// let second = bucket.reserve(1, Duration::from_secs(1)).unwrap();
-    /// assert_eq!((first.ready_at(), second.ready_at()), (100, 110));
-    /// ```
     pub fn ready_at(&self) -> u64 {
         self.ready_at
     }

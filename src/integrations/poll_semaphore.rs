@@ -71,43 +71,17 @@ impl PollSemaphore {
     }
 
     /// The semaphore.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{PollSemaphore, Semaphore};
-    /// use std::sync::Arc;
-    /// let s = Arc::new(Semaphore::new(1));
-    /// assert!(Arc::ptr_eq(PollSemaphore::new(s.clone()).semaphore(), &s));
-    /// ```
     pub fn semaphore(&self) -> &Arc<Semaphore> {
         &self.semaphore
     }
 
     /// The semaphore, dropping any wait in progress.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{PollSemaphore, Semaphore};
-    /// use std::sync::Arc;
-    /// let s = PollSemaphore::new(Arc::new(Semaphore::new(1))).into_inner();
-    /// assert_eq!(s.available_permits(), 1);
-    /// ```
     pub fn into_inner(self) -> Arc<Semaphore> {
         self.semaphore.clone()
     }
 
     /// Whether a wait is in progress (a `Pending` was returned and no
     /// permit yet).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{PollSemaphore, Semaphore};
-    /// use std::sync::Arc;
-    /// assert!(!PollSemaphore::new(Arc::new(Semaphore::new(1))).is_waiting());
-    /// ```
     pub fn is_waiting(&self) -> bool {
         self.waiting
     }

@@ -147,16 +147,6 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     }
 
     /// Derives the tool of each request with `f`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// use backpressure::reqwest::AdmissionMiddleware;
-    /// let m = AdmissionMiddleware::new(Admission::builder().build())
-    ///     .tool_from(|req| req.url().path().to_string());
-    /// # drop(m);
-    /// ```
     pub fn tool_from(mut self, f: impl Fn(&Request) -> String + Send + Sync + 'static) -> Self {
         self.tool = Arc::new(f);
         self
@@ -164,16 +154,6 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
 
     /// Derives the credential of each request with `f` (make it a hash or
     /// an id, not a secret: it names quotas and may be logged).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// use backpressure::reqwest::AdmissionMiddleware;
-    /// let m = AdmissionMiddleware::new(Admission::builder().build())
-    ///     .credential_from(|_| "tenant-7".to_string());
-    /// # drop(m);
-    /// ```
     pub fn credential_from(
         mut self,
         f: impl Fn(&Request) -> String + Send + Sync + 'static,
@@ -185,48 +165,18 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     /// The credential is a hash of this header's value (see
     /// [`credential_of`](Self::credential_of)); requests without it share
     /// the credential `"anonymous"`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// use backpressure::reqwest::AdmissionMiddleware;
-    /// let m = AdmissionMiddleware::new(Admission::builder().build()).credential_header("x-api-key");
-    /// # drop(m);
-    /// ```
     pub fn credential_header(mut self, name: impl Into<String>) -> Self {
         self.credential = credential_from_header(name.into());
         self
     }
 
     /// The default deadline of a request without [`RequestDeadline`](crate::retry::RequestDeadline).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// use backpressure::reqwest::AdmissionMiddleware;
-    /// use std::time::Duration;
-    /// let m = AdmissionMiddleware::new(Admission::builder().build()).deadline(Duration::from_secs(5));
-    /// assert_eq!(m.default_deadline(), Duration::from_secs(5));
-    /// ```
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
         self
     }
 
     /// The retry policy (each request forks its own).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// use backpressure::retry::RetryPolicy;
-    /// use backpressure::reqwest::AdmissionMiddleware;
-    /// let m = AdmissionMiddleware::new(Admission::builder().build())
-    ///     .retry_policy(RetryPolicy::default().max_retries(2));
-    /// # drop(m);
-    /// ```
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
         self.retry = Arc::new(policy);
         self
@@ -344,15 +294,6 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     /// instead of an error (see [`Throttled::to_response`](crate::Throttled::to_response)),
     /// for a client library that retries errors from its HTTP stack at once
     /// but keeps a 429.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// use backpressure::reqwest::AdmissionMiddleware;
-    /// let m = AdmissionMiddleware::new(Admission::builder().build()).refusals_as_responses();
-    /// # drop(m);
-    /// ```
     pub fn refusals_as_responses(mut self) -> Self {
         self.responses = true;
         self
@@ -373,16 +314,6 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     /// fault. Otherwise (a stream, a larger body, a refusal or timeout) each
     /// joiner sends its own request. A write is never shared unless declared
     /// a read ([`reads_when`](Self::reads_when)).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// use backpressure::reqwest::AdmissionMiddleware;
-    /// // Every request goes out, identical or not.
-    /// let m = AdmissionMiddleware::new(Admission::builder().build()).coalesce_reads(false);
-    /// # drop(m);
-    /// ```
     pub fn coalesce_reads(mut self, on: bool) -> Self {
         self.coalesce = on;
         self
@@ -432,14 +363,6 @@ impl<S: Sleeper, C: Clock> AdmissionMiddleware<S, C> {
     }
 
     /// The default deadline.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::Admission;
-    /// use backpressure::reqwest::AdmissionMiddleware;
-    /// assert_eq!(AdmissionMiddleware::new(Admission::builder().build()).default_deadline().as_secs(), 30);
-    /// ```
     pub fn default_deadline(&self) -> Duration {
         self.deadline
     }

@@ -72,10 +72,6 @@ impl<B, S: Sleeper, C: Clock> TicketBody<B, S, C> {
     }
 
     /// Whether the body still holds its call's ticket.
-    ///
-    /// # Examples
-    ///
-    /// See [`AdmissionLayer::hold_bodies`](crate::tower::AdmissionLayer::hold_bodies).
     #[cfg(feature = "tower")]
     pub fn holds_ticket(&self) -> bool {
         self.held.is_some()

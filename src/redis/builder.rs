@@ -268,14 +268,6 @@ pub(super) fn hash_tagged(key: String) -> String {
 
 impl RedisBucketBuilder {
     /// The longest [`timeout`](RedisBucketBuilder::timeout) accepted: 60 s.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::RedisBucketBuilder;
-    /// use std::time::Duration;
-    /// assert_eq!(RedisBucketBuilder::MAX_TIMEOUT, Duration::from_secs(60));
-    /// ```
     pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 
     /// Lease up to `size` cells per round trip (capped at the burst), kept
@@ -326,18 +318,6 @@ impl RedisBucketBuilder {
 
     /// How long decisions skip Redis after a failed call before trying it
     /// again; default 500 ms.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Quota, RedisBucket};
-    /// use std::num::NonZeroU32;
-    /// use std::time::Duration;
-    /// let b = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN))
-    ///     .probe_interval(Duration::from_millis(100))
-    ///     .build();
-    /// assert!(b.is_ok());
-    /// ```
     pub fn probe_interval(mut self, interval: Duration) -> Self {
         self.common.probe_interval = interval;
         self
@@ -367,17 +347,6 @@ impl RedisBucketBuilder {
     /// local deadlines and leases use it too, so a `reserve`'s `max_wait` no
     /// longer bounds the round trip: only the [`timeout`](Self::timeout)
     /// does.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{ManualClock, Quota, RedisBucket};
-    /// use std::num::NonZeroU32;
-    /// let b = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN))
-    ///     .clock(ManualClock::new())
-    ///     .build();
-    /// assert!(b.is_ok());
-    /// ```
     pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
         self.common.clock = Some(Arc::new(clock));
         self

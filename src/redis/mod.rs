@@ -72,13 +72,6 @@ pub struct RedisStats {
 
 impl RedisStats {
     /// Round trips per admitted cell, or `None` before the first one.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::RedisStats;
-    /// assert_eq!(RedisStats::default().round_trips_per_admitted(), None);
-    /// ```
     pub fn round_trips_per_admitted(&self) -> Option<f64> {
         (self.admitted > 0).then(|| self.round_trips as f64 / self.admitted as f64)
     }
@@ -182,25 +175,9 @@ impl RedisBucket {
     /// Refunds of dropped reservations queued per bucket, at most: a drop
     /// past it forgets the oldest (lowest) one, which could only unwind
     /// after all those above it. See *Dropping it* on [`RedisReservation`].
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// assert_eq!(backpressure::RedisBucket::MAX_QUEUED_REFUNDS, 1024);
-    /// ```
     pub const MAX_QUEUED_REFUNDS: usize = MAX_QUEUED_REFUNDS;
 
     /// The Redis key.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Quota, RedisBucket};
-    /// use std::num::NonZeroU32;
-    /// let b = RedisBucket::builder("redis://127.0.0.1/", "rl:a", Quota::per_second(NonZeroU32::MIN))
-    ///     .build().unwrap();
-    /// assert_eq!(b.key(), "rl:a");
-    /// ```
     pub fn key(&self) -> &str {
         &self.conn.key
     }
@@ -209,45 +186,16 @@ impl RedisBucket {
     /// (within its bounds; see *A stored quota is advice*) since the last
     /// reply, else its own (exact; a stored one has Redis's whole
     /// microseconds).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Quota, RedisBucket};
-    /// use std::num::NonZeroU32;
-    /// let q = Quota::per_minute(NonZeroU32::new(600).unwrap());
-    /// assert_eq!(RedisBucket::builder("redis://127.0.0.1/", "k", q).build().unwrap().quota(), q);
-    /// ```
     pub fn quota(&self) -> Quota {
         self.state.lock().quota
     }
 
     /// Cells leased per round trip (0 without leasing).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Quota, RedisBucket};
-    /// use std::num::NonZeroU32;
-    /// let b = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN))
-    ///     .build().unwrap();
-    /// assert_eq!(b.lease_size(), 0);
-    /// ```
     pub fn lease_size(&self) -> u32 {
         self.lease.map_or(0, |l| l.size)
     }
 
     /// The counters so far.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Quota, RedisBucket, RedisStats};
-    /// use std::num::NonZeroU32;
-    /// let b = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN))
-    ///     .build().unwrap();
-    /// assert_eq!(b.stats(), RedisStats::default());
-    /// ```
     pub fn stats(&self) -> RedisStats {
         self.state.lock().stats
     }
@@ -511,18 +459,6 @@ impl RedisBucket {
     /// now, counting this process's leased cells. A peek, one round trip.
     /// When Redis does not answer: the fallback's count when failing open,
     /// 0 when failing closed.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use backpressure::{Quota, RedisBucket};
-    /// # use std::num::NonZeroU32;
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// let bucket = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN))
-    ///     .build().unwrap();
-    /// println!("{} cells free", bucket.available().await);
-    /// # }
-    /// ```
     pub async fn available(&self) -> u32 {
         match self.call(Op::Available, None).await {
             Ok(reply) => {

@@ -81,39 +81,11 @@ impl<'a> RedisReservation<'a> {
 
     /// How long the caller must wait before using the cells, measured from
     /// the moment `reserve` returned (never earlier than Redis's schedule).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use backpressure::{Quota, RedisBucket};
-    /// # use std::num::NonZeroU32;
-    /// # use std::time::Duration;
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// # let bucket = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN)).build().unwrap();
-    /// let r = bucket.reserve(1, Duration::from_secs(1)).await.unwrap();
-    /// tokio::time::sleep(r.wait()).await;
-    /// # }
-    /// ```
     pub fn wait(&self) -> Duration {
         self.wait
     }
 
     /// Whether the fail-open fallback, not Redis, granted these cells.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use backpressure::{Quota, RedisBucket};
-    /// # use std::num::NonZeroU32;
-    /// # use std::time::Duration;
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// # let bucket = RedisBucket::builder("redis://127.0.0.1/", "k", Quota::per_second(NonZeroU32::MIN)).build().unwrap();
-    /// let r = bucket.reserve(1, Duration::from_secs(1)).await.unwrap();
-    /// if r.is_fallback() {
-    ///     eprintln!("redis is down; running on the local share");
-    /// }
-    /// # }
-    /// ```
     pub fn is_fallback(&self) -> bool {
         matches!(self.source, Source::Local(_))
     }

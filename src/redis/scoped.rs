@@ -273,32 +273,11 @@ impl<K: Hash + Eq + Clone + fmt::Display + Send + Sync> RedisScoped<K> {
     }
 
     /// Keys with a bucket in memory now.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Quota, RedisScoped};
-    /// use std::num::NonZeroU32;
-    /// let s = RedisScoped::<u8>::builder("redis://127.0.0.1/", "rl:", Quota::per_second(NonZeroU32::MIN))
-    ///     .build().unwrap();
-    /// let _ = s.bucket(&1);
-    /// assert_eq!(s.len(), 1);
-    /// ```
     pub fn len(&self) -> usize {
         self.map.lock().entries.len()
     }
 
     /// Whether no key has a bucket in memory.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Quota, RedisScoped};
-    /// use std::num::NonZeroU32;
-    /// let s = RedisScoped::<u8>::builder("redis://127.0.0.1/", "rl:", Quota::per_second(NonZeroU32::MIN))
-    ///     .build().unwrap();
-    /// assert!(s.is_empty());
-    /// ```
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -306,18 +285,6 @@ impl<K: Hash + Eq + Clone + fmt::Display + Send + Sync> RedisScoped<K> {
 
 impl<K: Hash + Eq + Clone + fmt::Display + Send + Sync> RedisScopedBuilder<K> {
     /// `key` gets `quota` instead of the default.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Quota, RedisScoped};
-    /// use std::num::NonZeroU32;
-    /// let big = Quota::per_second(NonZeroU32::new(100).unwrap());
-    /// let s = RedisScoped::builder("redis://127.0.0.1/", "rl:", Quota::per_second(NonZeroU32::MIN))
-    ///     .quota_for("vip", big)
-    ///     .build().unwrap();
-    /// assert_eq!(s.quota(&"vip"), big);
-    /// ```
     pub fn quota_for(mut self, key: K, quota: Quota) -> Self {
         self.overrides.insert(key, quota);
         self
@@ -325,18 +292,6 @@ impl<K: Hash + Eq + Clone + fmt::Display + Send + Sync> RedisScopedBuilder<K> {
 
     /// Each key's bucket leases up to `size` cells per round trip
     /// ([`RedisBucketBuilder::lease`](super::RedisBucketBuilder::lease)).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Quota, RedisScoped};
-    /// use std::num::NonZeroU32;
-    /// use std::time::Duration;
-    /// let s = RedisScoped::<u8>::builder("redis://127.0.0.1/", "rl:", Quota::per_second(NonZeroU32::new(10).unwrap()))
-    ///     .lease(NonZeroU32::new(3).unwrap(), Duration::from_millis(100))
-    ///     .build().unwrap();
-    /// assert_eq!(s.bucket(&0).lease_size(), 3);
-    /// ```
     pub fn lease(mut self, size: core::num::NonZeroU32, ttl: Duration) -> Self {
         self.common.lease = Some((size, ttl));
         self
@@ -362,16 +317,6 @@ impl<K: Hash + Eq + Clone + fmt::Display + Send + Sync> RedisScopedBuilder<K> {
     /// How long decisions skip Redis after a failed call
     /// ([`RedisBucketBuilder::probe_interval`](super::RedisBucketBuilder::probe_interval));
     /// each key's bucket has its own breaker.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Quota, RedisScoped};
-    /// use std::num::NonZeroU32;
-    /// use std::time::Duration;
-    /// assert!(RedisScoped::<u8>::builder("redis://127.0.0.1/", "rl:", Quota::per_second(NonZeroU32::MIN))
-    ///     .probe_interval(Duration::from_millis(100)).build().is_ok());
-    /// ```
     pub fn probe_interval(mut self, interval: Duration) -> Self {
         self.common.probe_interval = interval;
         self
@@ -379,15 +324,6 @@ impl<K: Hash + Eq + Clone + fmt::Display + Send + Sync> RedisScopedBuilder<K> {
 
     /// What each key's bucket does when Redis does not answer; a fail-open
     /// share applies to each key's quota.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{FailPolicy, Quota, RedisScoped};
-    /// use std::num::NonZeroU32;
-    /// assert!(RedisScoped::<u8>::builder("redis://127.0.0.1/", "rl:", Quota::per_second(NonZeroU32::MIN))
-    ///     .fail_policy(FailPolicy::FailOpen { share: 0.5 }).build().is_ok());
-    /// ```
     pub fn fail_policy(mut self, policy: FailPolicy) -> Self {
         self.common.policy = policy;
         self
@@ -396,15 +332,6 @@ impl<K: Hash + Eq + Clone + fmt::Display + Send + Sync> RedisScopedBuilder<K> {
     /// Decide on `clock`'s time instead of Redis's
     /// ([`RedisBucketBuilder::clock`](super::RedisBucketBuilder::clock));
     /// idleness is measured on it too.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{ManualClock, Quota, RedisScoped};
-    /// use std::num::NonZeroU32;
-    /// assert!(RedisScoped::<u8>::builder("redis://127.0.0.1/", "rl:", Quota::per_second(NonZeroU32::MIN))
-    ///     .clock(ManualClock::new()).build().is_ok());
-    /// ```
     pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
         self.common.clock = Some(Arc::new(clock));
         self
@@ -429,16 +356,6 @@ impl<K: Hash + Eq + Clone + fmt::Display + Send + Sync> RedisScopedBuilder<K> {
 
     /// How long a key's bucket may sit unused before a sweep may drop it
     /// from memory; default 60 s.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{Quota, RedisScoped};
-    /// use std::num::NonZeroU32;
-    /// use std::time::Duration;
-    /// assert!(RedisScoped::<u8>::builder("redis://127.0.0.1/", "rl:", Quota::per_second(NonZeroU32::MIN))
-    ///     .idle(Duration::from_secs(1)).build().is_ok());
-    /// ```
     pub fn idle(mut self, idle: Duration) -> Self {
         self.idle = idle;
         self

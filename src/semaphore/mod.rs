@@ -104,26 +104,11 @@ impl std::error::Error for AcquireError {}
 
 impl TryAcquireError {
     /// Whether the error was caused by a closed semaphore.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::TryAcquireError;
-    /// assert!(TryAcquireError::Closed.is_closed());
-    /// assert!(!TryAcquireError::NoPermits.is_closed());
-    /// ```
     pub fn is_closed(&self) -> bool {
         matches!(self, TryAcquireError::Closed)
     }
 
     /// Whether the error was caused by a lack of permits.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::TryAcquireError;
-    /// assert!(TryAcquireError::NoPermits.is_no_permits());
-    /// ```
     pub fn is_no_permits(&self) -> bool {
         matches!(self, TryAcquireError::NoPermits)
     }
@@ -149,12 +134,6 @@ impl Semaphore {
     /// push [`available_permits`](Self::available_permits) past it. Unlike
     /// tokio, the count never passes the bound: the release is refused, then
     /// panics (not again while unwinding; the permits are then dropped).
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::Semaphore;
-    /// assert_eq!(Semaphore::MAX_PERMITS, usize::MAX >> 3);
-    /// ```
     pub const MAX_PERMITS: usize = raw::MAX_PERMITS;
 
     /// Creates a semaphore with `permits` permits.
@@ -202,15 +181,6 @@ impl Semaphore {
     }
 
     /// Returns the number of permits available right now.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::Semaphore;
-    /// let semaphore = Semaphore::new(2);
-    /// let _permit = semaphore.try_acquire().unwrap();
-    /// assert_eq!(semaphore.available_permits(), 1);
-    /// ```
     pub fn available_permits(&self) -> usize {
         self.raw.available_permits()
     }
@@ -283,16 +253,6 @@ impl Semaphore {
     }
 
     /// Returns whether [`close`](Self::close) was called.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::Semaphore;
-    /// let semaphore = Semaphore::new(1);
-    /// assert!(!semaphore.is_closed());
-    /// semaphore.close();
-    /// assert!(semaphore.is_closed());
-    /// ```
     pub fn is_closed(&self) -> bool {
         self.raw.is_closed()
     }

@@ -189,28 +189,11 @@ impl<'a> SemaphorePermit<'a> {
     }
 
     /// The semaphore the permits belong to.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::Semaphore;
-    /// let semaphore = Semaphore::new(1);
-    /// let permit = semaphore.try_acquire().unwrap();
-    /// assert!(std::ptr::eq(permit.semaphore(), &semaphore));
-    /// ```
     pub fn semaphore(&self) -> &Semaphore {
         self.sem
     }
 
     /// How many permits this guard holds.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::Semaphore;
-    /// let semaphore = Semaphore::new(2);
-    /// assert_eq!(semaphore.try_acquire_many(2).unwrap().num_permits(), 2);
-    /// ```
     pub fn num_permits(&self) -> usize {
         self.held.permits() as usize
     }
@@ -290,30 +273,11 @@ impl OwnedSemaphorePermit {
     }
 
     /// The semaphore the permits belong to.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::Semaphore;
-    /// use std::sync::Arc;
-    /// let semaphore = Arc::new(Semaphore::new(1));
-    /// let permit = semaphore.clone().try_acquire_owned().unwrap();
-    /// assert!(Arc::ptr_eq(permit.semaphore(), &semaphore));
-    /// ```
     pub fn semaphore(&self) -> &Arc<Semaphore> {
         &self.sem
     }
 
     /// How many permits this guard holds.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::Semaphore;
-    /// use std::sync::Arc;
-    /// let semaphore = Arc::new(Semaphore::new(1));
-    /// assert_eq!(semaphore.try_acquire_owned().unwrap().num_permits(), 1);
-    /// ```
     pub fn num_permits(&self) -> usize {
         self.held.permits() as usize
     }

@@ -51,14 +51,6 @@ impl<K, V, E> SingleFlightBuilder<K, V, E, DefaultClock> {
 impl<K, V, E, C: Clock> SingleFlightBuilder<K, V, E, C> {
     /// The number of shards, rounded up to a power of two (at most 65,536).
     /// The default is four per available CPU.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::SingleFlight;
-    /// let flights: SingleFlight<u8, u8> = SingleFlight::builder().shards(3).build();
-    /// # let _ = flights;
-    /// ```
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = Some(shards);
         self
@@ -95,15 +87,6 @@ impl<K, V, E, C: Clock> SingleFlightBuilder<K, V, E, C> {
 
     /// The clock the TTL is measured on (a [`ManualClock`](crate::ManualClock)
     /// in tests).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{ManualClock, SingleFlight};
-    /// let flights: SingleFlight<u8, u8, std::convert::Infallible, ManualClock> =
-    ///     SingleFlight::builder().clock(ManualClock::new()).build();
-    /// # let _ = flights;
-    /// ```
     pub fn clock<C2: Clock>(self, clock: C2) -> SingleFlightBuilder<K, V, E, C2> {
         SingleFlightBuilder {
             shards: self.shards,

@@ -337,26 +337,11 @@ where
 impl<K, V, E, C: Clock> SingleFlight<K, V, E, C> {
     /// The number of keys in flight or cached (expired cache entries count
     /// until they are reclaimed).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::SingleFlight;
-    /// let flights = SingleFlight::<u8, u8>::new();
-    /// assert_eq!(flights.len(), 0);
-    /// ```
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| s.lock().len()).sum()
     }
 
     /// Whether no key is in flight or cached.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::SingleFlight;
-    /// assert!(SingleFlight::<u8, u8>::new().is_empty());
-    /// ```
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

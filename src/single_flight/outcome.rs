@@ -78,14 +78,6 @@ pub enum FlightError<E> {
 
 impl<E> FlightError<E> {
     /// The shared error, if the work returned one.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::FlightError;
-    /// let e: FlightError<()> = FlightError::LeaderPanicked;
-    /// assert!(e.failed().is_none());
-    /// ```
     pub fn failed(&self) -> Option<&Arc<E>> {
         match self {
             FlightError::Failed(e) => Some(e),
@@ -94,13 +86,6 @@ impl<E> FlightError<E> {
     }
 
     /// Whether the leader panicked.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::FlightError;
-    /// assert!(FlightError::<()>::LeaderPanicked.is_leader_panicked());
-    /// ```
     pub fn is_leader_panicked(&self) -> bool {
         matches!(self, FlightError::LeaderPanicked)
     }

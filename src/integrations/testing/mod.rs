@@ -126,15 +126,6 @@ struct Config {
 impl Builder {
     /// Limits each key with `limit`; a refused request gets `429` with
     /// `Retry-After` (the exact wait, rounded up to whole seconds).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::testing::{Limit, ThrottlingServer};
-    /// use std::time::Duration;
-    /// let b = ThrottlingServer::builder().limit(Limit::Window { requests: 5, window: Duration::from_secs(1) });
-    /// # drop(b);
-    /// ```
     pub fn limit(mut self, limit: Limit) -> Self {
         self.config.limit = Some(limit);
         self
@@ -144,14 +135,6 @@ impl Builder {
     /// on every response (by default only `Retry-After`, on 429 and 503,
     /// like nginx `limit_req`). With
     /// [`x_ratelimit_headers`](Self::x_ratelimit_headers), both.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::testing::ThrottlingServer;
-    /// let b = ThrottlingServer::builder().ietf_headers();
-    /// # drop(b);
-    /// ```
     pub fn ietf_headers(mut self) -> Self {
         self.config.headers = match self.config.headers {
             LimitHeaders::XRateLimit | LimitHeaders::Both => LimitHeaders::Both,
@@ -163,14 +146,6 @@ impl Builder {
     /// Sends `X-RateLimit-Limit`, `-Remaining` and `-Reset` (delta seconds)
     /// on every response, as GitHub-style APIs do. With
     /// [`ietf_headers`](Self::ietf_headers), both.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::testing::ThrottlingServer;
-    /// let b = ThrottlingServer::builder().x_ratelimit_headers();
-    /// # drop(b);
-    /// ```
     pub fn x_ratelimit_headers(mut self) -> Self {
         self.config.headers = match self.config.headers {
             LimitHeaders::Ietf | LimitHeaders::Both => LimitHeaders::Both,
@@ -181,43 +156,18 @@ impl Builder {
 
     /// Sends no limit header at all, not even `Retry-After` on a 429: bare
     /// 429s, as some proxies send. Replaces the header choices above.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::testing::ThrottlingServer;
-    /// let b = ThrottlingServer::builder().bare_429s();
-    /// # drop(b);
-    /// ```
     pub fn bare_429s(mut self) -> Self {
         self.config.headers = LimitHeaders::Bare;
         self
     }
 
     /// The request header whose value is the key (case-insensitive).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::testing::ThrottlingServer;
-    /// let b = ThrottlingServer::builder().key_header("X-Api-Key");
-    /// # drop(b);
-    /// ```
     pub fn key_header(mut self, name: impl Into<String>) -> Self {
         self.config.key_header = name.into().to_ascii_lowercase();
         self
     }
 
     /// How long an admitted request takes to serve.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::testing::ThrottlingServer;
-    /// use std::time::Duration;
-    /// let b = ThrottlingServer::builder().latency(Duration::from_millis(20));
-    /// # drop(b);
-    /// ```
     pub fn latency(mut self, latency: Duration) -> Self {
         self.config.latency = latency;
         self
@@ -226,15 +176,6 @@ impl Builder {
     /// The first `k` requests (across keys) get `429` with
     /// `Retry-After: retry_after`, whatever the limit: a server that
     /// throttles before it has told anyone its quota.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::testing::ThrottlingServer;
-    /// use std::time::Duration;
-    /// let b = ThrottlingServer::builder().fail_first(3, Duration::from_secs(1));
-    /// # drop(b);
-    /// ```
     pub fn fail_first(mut self, k: usize, retry_after: Duration) -> Self {
         self.config.fail_first = Some((k, retry_after));
         self
@@ -244,15 +185,6 @@ impl Builder {
     /// `Retry-After`) for `d` after [`start`](Self::start), then serves
     /// normally: a server that is down, then recovers (to test a circuit
     /// breaker). [`ThrottlingServer::failed`] counts those answers.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::testing::ThrottlingServer;
-    /// use std::time::Duration;
-    /// let b = ThrottlingServer::builder().down_for(Duration::from_secs(2));
-    /// # drop(b);
-    /// ```
     pub fn down_for(mut self, d: Duration) -> Self {
         self.config.down_for = d;
         self
@@ -261,15 +193,6 @@ impl Builder {
     /// At most `capacity` requests served at once (across keys); beyond
     /// it, latency grows by `per_request` for each request in flight past
     /// the capacity (a queue building up).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::testing::ThrottlingServer;
-    /// use std::time::Duration;
-    /// let b = ThrottlingServer::builder().queue_beyond(4, Duration::from_millis(10));
-    /// # drop(b);
-    /// ```
     pub fn queue_beyond(mut self, capacity: usize, per_request: Duration) -> Self {
         self.config.capacity = Some((capacity, Overload::Latency { per_request }));
         self
@@ -278,15 +201,6 @@ impl Builder {
     /// At most `capacity` requests served at once (across keys); beyond
     /// it, `503 Service Unavailable` with `Retry-After: retry_after`
     /// (rounded up to whole seconds).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::testing::ThrottlingServer;
-    /// use std::time::Duration;
-    /// let b = ThrottlingServer::builder().refuse_beyond(4, Duration::from_secs(1));
-    /// # drop(b);
-    /// ```
     pub fn refuse_beyond(mut self, capacity: usize, retry_after: Duration) -> Self {
         self.config.capacity = Some((capacity, Overload::Unavailable { retry_after }));
         self
@@ -367,115 +281,43 @@ impl ThrottlingServer {
     }
 
     /// The address it listens on.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
-    /// assert_ne!(server.addr().port(), 0);
-    /// # });
-    /// ```
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 
     /// `http://127.0.0.1:<port>`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
-    /// assert_eq!(server.url(), format!("http://{}", server.addr()));
-    /// # });
-    /// ```
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
     /// Requests seen with `key` (admitted or not).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
-    /// assert_eq!(server.count("never-seen"), 0);
-    /// # });
-    /// ```
     pub fn count(&self, key: &str) -> usize {
         self.with_key(key, |k| k.starts.len())
     }
 
     /// Requests with `key` answered 429 or 503.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
-    /// assert_eq!(server.throttled("never-seen"), 0);
-    /// # });
-    /// ```
     pub fn throttled(&self, key: &str) -> usize {
         self.with_key(key, |k| k.throttled)
     }
 
     /// Requests with `key` answered 500 while the server was down (see
     /// [`Builder::down_for`]).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
-    /// assert_eq!(server.failed("never-seen"), 0);
-    /// # });
-    /// ```
     pub fn failed(&self, key: &str) -> usize {
         self.with_key(key, |k| k.failed)
     }
 
     /// When each request with `key` started (its headers were read), in
     /// arrival order.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
-    /// assert!(server.request_starts("never-seen").is_empty());
-    /// # });
-    /// ```
     pub fn request_starts(&self, key: &str) -> Vec<Instant> {
         self.with_key(key, |k| k.starts.clone())
     }
 
     /// The most admitted requests with `key` being served at once.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
-    /// assert_eq!(server.max_in_flight("never-seen"), 0);
-    /// # });
-    /// ```
     pub fn max_in_flight(&self, key: &str) -> usize {
         self.with_key(key, |k| k.max_in_flight)
     }
 
     /// Requests seen, across keys.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
-    /// assert_eq!(server.total_count(), 0);
-    /// # });
-    /// ```
     pub fn total_count(&self) -> usize {
         self.shared
             .stats
@@ -487,29 +329,11 @@ impl ThrottlingServer {
     }
 
     /// The most admitted requests served at once, across keys.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
-    /// assert_eq!(server.max_in_flight_total(), 0);
-    /// # });
-    /// ```
     pub fn max_in_flight_total(&self) -> usize {
         self.shared.stats.lock().max_in_flight
     }
 
     /// Every key seen, sorted.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let server = backpressure::testing::ThrottlingServer::builder().start().await.unwrap();
-    /// assert!(server.keys().is_empty());
-    /// # });
-    /// ```
     pub fn keys(&self) -> Vec<String> {
         let mut keys: Vec<String> = self.shared.stats.lock().keys.keys().cloned().collect();
         keys.sort();

@@ -218,17 +218,6 @@ impl<M, Sl, C: Clock, R> AdmissionLayer<M, ObserveHttp, Sl, C, R> {
 impl<M, O, Sl, C: Clock, R> AdmissionLayer<M, O, Sl, C, R> {
     /// The deadline of every request, replacing the one its spec has
     /// (a request's own `RequestDeadline` still beats it).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::{Admission, CallSpec};
-    /// use backpressure::tower::AdmissionLayer;
-    /// use std::time::Duration;
-    /// let layer = AdmissionLayer::new(Admission::builder().build(), |_: &()| CallSpec::new("t", "k"))
-    ///     .deadline(Duration::from_millis(250));
-    /// assert_eq!(layer.default_deadline(), Some(Duration::from_millis(250)));
-    /// ```
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = Some(deadline);
         self
@@ -317,17 +306,6 @@ impl<M, O, Sl, C: Clock, R> AdmissionLayer<M, O, Sl, C, R> {
     /// is `Runner`'s and the reqwest middleware's: 3 retries, full jitter
     /// from 100 ms to 5 s, server waits slept up to 2 s. `max_retries(0)`
     /// sends each request once.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::{Admission, CallSpec};
-    /// use backpressure::retry::RetryPolicy;
-    /// use backpressure::tower::AdmissionLayer;
-    /// let layer = AdmissionLayer::new(Admission::builder().build(), |_: &()| CallSpec::new("t", "k"))
-    ///     .retry_policy(RetryPolicy::default().max_retries(1));
-    /// # drop(layer);
-    /// ```
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
         self.retry = Arc::new(policy);
         self
@@ -386,29 +364,11 @@ impl<M, O, Sl, C: Clock, R> AdmissionLayer<M, O, Sl, C, R> {
     }
 
     /// The layer's deadline, if [`deadline`](Self::deadline) set one.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::{Admission, CallSpec};
-    /// use backpressure::tower::AdmissionLayer;
-    /// let layer = AdmissionLayer::new(Admission::builder().build(), |_: &()| CallSpec::new("t", "k"));
-    /// assert_eq!(layer.default_deadline(), None);
-    /// ```
     pub fn default_deadline(&self) -> Option<Duration> {
         self.deadline
     }
 
     /// The shared admission (for its [`stats`](Admission::stats)).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::{Admission, CallSpec};
-    /// use backpressure::tower::AdmissionLayer;
-    /// let layer = AdmissionLayer::new(Admission::builder().build(), |_: &()| CallSpec::new("t", "k"));
-    /// assert_eq!(layer.admission().stats().in_flight, 0);
-    /// ```
     pub fn admission(&self) -> &Admission<Sl, C> {
         &self.admission
     }
@@ -555,16 +515,6 @@ pub struct AdmissionService<
 
 impl<S, M, O, Sl, C: Clock, R> AdmissionService<S, M, O, Sl, C, R> {
     /// The wrapped service.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::admission::{Admission, CallSpec};
-    /// use backpressure::tower::AdmissionLayer;
-    /// use tower::Layer;
-    /// let svc = AdmissionLayer::new(Admission::builder().build(), |_: &()| CallSpec::new("t", "k")).layer(7u8);
-    /// assert_eq!(*svc.get_ref(), 7);
-    /// ```
     pub fn get_ref(&self) -> &S {
         &self.inner
     }

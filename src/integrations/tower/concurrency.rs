@@ -150,14 +150,6 @@ impl ConcurrencyLimitLayer {
     }
 
     /// The shared semaphore.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::tower::ConcurrencyLimitLayer;
-    /// let layer = ConcurrencyLimitLayer::new(3);
-    /// assert_eq!(layer.semaphore().available_permits(), 3);
-    /// ```
     pub fn semaphore(&self) -> &Arc<Semaphore> {
         &self.semaphore
     }

@@ -123,19 +123,6 @@ impl<K, F, C: Clock, Sl> KeyedRateLimitLayer<K, F, C, Sl> {
     }
 
     /// The shared registry.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{tower::KeyedRateLimitLayer, Quota, Scoped};
-    /// use std::num::NonZeroU32;
-    /// use std::sync::Arc;
-    /// let layer = KeyedRateLimitLayer::new(
-    ///     Arc::new(Scoped::<u8>::new(Quota::per_second(NonZeroU32::new(5).unwrap()))),
-    ///     |k: &u8| *k,
-    /// );
-    /// assert!(layer.limits().is_empty());
-    /// ```
     pub fn limits(&self) -> &Arc<Scoped<K, C>> {
         &self.limits
     }
@@ -207,18 +194,6 @@ pub struct KeyedRateLimit<S, K, F, C: Clock = DefaultClock, Sl = DefaultSleeper>
 
 impl<S, K, F, C: Clock, Sl> KeyedRateLimit<S, K, F, C, Sl> {
     /// The wrapped service.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{tower::KeyedRateLimitLayer, Quota, Scoped};
-    /// use std::num::NonZeroU32;
-    /// use std::sync::Arc;
-    /// use tower::Layer;
-    /// let limits = Arc::new(Scoped::<u8>::new(Quota::per_second(NonZeroU32::new(5).unwrap())));
-    /// let svc = KeyedRateLimitLayer::new(limits, |k: &u8| *k).layer(3u8);
-    /// assert_eq!(*svc.get_ref(), 3);
-    /// ```
     pub fn get_ref(&self) -> &S {
         &self.inner
     }

@@ -125,16 +125,6 @@ impl<C: Clock, Sl> RateLimitLayer<C, Sl> {
     }
 
     /// The shared bucket.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{tower::RateLimitLayer, Quota, TokenBucket};
-    /// use std::num::NonZeroU32;
-    /// use std::sync::Arc;
-    /// let layer = RateLimitLayer::new(Arc::new(TokenBucket::new(Quota::per_second(NonZeroU32::new(5).unwrap()))));
-    /// assert_eq!(layer.bucket().available(), 5);
-    /// ```
     pub fn bucket(&self) -> &Arc<TokenBucket<C>> {
         &self.bucket
     }
@@ -222,18 +212,6 @@ enum State<F> {
 
 impl<S, C: Clock, Sl: Sleeper> RateLimit<S, C, Sl> {
     /// The wrapped service.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::{tower::RateLimitLayer, Quota, TokenBucket};
-    /// use std::num::NonZeroU32;
-    /// use std::sync::Arc;
-    /// use tower::Layer;
-    /// let bucket = Arc::new(TokenBucket::new(Quota::per_second(NonZeroU32::new(5).unwrap())));
-    /// let svc = RateLimitLayer::new(bucket).layer(7u8);
-    /// assert_eq!(*svc.get_ref(), 7);
-    /// ```
     pub fn get_ref(&self) -> &S {
         &self.inner
     }

@@ -139,20 +139,6 @@ impl<F, C: Clock, Sl> HintRetry<F, C, Sl> {
     }
 
     /// Sleeps between attempts on `sleeper` (a `ManualClock` in tests).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::headers::ServerHint;
-    /// use backpressure::retry::RetryPolicy;
-    /// use backpressure::{ManualClock, tower::HintRetry};
-    /// use std::time::Duration;
-    /// let clock = ManualClock::new();
-    /// let policy = HintRetry::new(RetryPolicy::default(), Duration::from_secs(1), |_: &Result<(), ()>| None::<(Option<u16>, ServerHint)>)
-    ///     .with_clock(clock.clone())
-    ///     .with_sleeper(clock);
-    /// # let _ = policy;
-    /// ```
     pub fn with_sleeper<S2: Sleeper>(self, sleeper: S2) -> HintRetry<F, C, S2> {
         HintRetry {
             template: self.template,
@@ -165,34 +151,11 @@ impl<F, C: Clock, Sl> HintRetry<F, C, Sl> {
     }
 
     /// The per-call budget.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::headers::ServerHint;
-    /// use backpressure::retry::RetryPolicy;
-    /// use backpressure::tower::HintRetry;
-    /// use std::time::Duration;
-    /// let p = HintRetry::new(RetryPolicy::default(), Duration::from_secs(3), |_: &Result<(), ()>| None::<(Option<u16>, ServerHint)>);
-    /// assert_eq!(p.budget(), Duration::from_secs(3));
-    /// ```
     pub fn budget(&self) -> Duration {
         self.budget
     }
 
     /// What is left of this call's deadline.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use backpressure::headers::ServerHint;
-    /// use backpressure::retry::RetryPolicy;
-    /// use backpressure::{ManualClock, tower::HintRetry};
-    /// use std::time::Duration;
-    /// let p = HintRetry::new(RetryPolicy::default(), Duration::from_secs(3), |_: &Result<(), ()>| None::<(Option<u16>, ServerHint)>)
-    ///     .with_clock(ManualClock::new());
-    /// assert_eq!(p.remaining(), Duration::from_secs(3));
-    /// ```
     pub fn remaining(&self) -> Duration {
         self.deadline.remaining()
     }
