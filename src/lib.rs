@@ -76,7 +76,6 @@ pub use integrations::reqwest;
 pub use integrations::testing;
 #[cfg(feature = "tower")]
 pub use integrations::tower;
-pub use integrations::PollSemaphore;
 pub use keyed::{Scoped, TooManyKeys};
 pub use limiter::RateLimiter;
 #[cfg(feature = "redis")]

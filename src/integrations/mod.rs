@@ -1,11 +1,9 @@
 //! Integrations with what users already run: tower layers (feature
-//! `tower`), a reqwest middleware (feature `reqwest`), a throttling fake
-//! server for tests (feature `testing`), and [`PollSemaphore`] for
-//! hand-written `poll_*` code.
+//! `tower`), a reqwest middleware (feature `reqwest`), and a throttling fake
+//! server for tests (feature `testing`).
 
 #[cfg(feature = "mcp")]
 pub mod mcp;
-mod poll_semaphore;
 #[cfg(feature = "http")]
 mod refusal;
 #[cfg(feature = "reqwest")]
@@ -16,5 +14,3 @@ pub mod testing;
 mod ticket_body;
 #[cfg(feature = "tower")]
 pub mod tower;
-
-pub use poll_semaphore::PollSemaphore;

@@ -12,7 +12,7 @@ use backpressure::headers::ServerHint;
 use backpressure::retry::{Backoff, Jitter, RetryPolicy};
 use backpressure::tower::{ConcurrencyLimitLayer, HintRetry, KeyedRateLimitLayer, RateLimitLayer};
 use backpressure::Status;
-use backpressure::{ManualClock, PollSemaphore, Quota, Scoped, Semaphore, Throttled, TokenBucket};
+use backpressure::{ManualClock, Quota, Scoped, Throttled, TokenBucket};
 use futures::FutureExt;
 use tower::retry::RetryLayer;
 use tower::{service_fn, BoxError, Layer, Service, ServiceExt};
@@ -217,44 +217,6 @@ async fn dropped_response_futures_return_their_permits() {
         .await
         .unwrap();
     assert_eq!(ok, 1);
-}
-
-#[test]
-fn poll_semaphore_dropped_while_queued_gives_back_its_assigned_permit() {
-    let sem = Arc::new(Semaphore::new(1));
-    let waker = futures::task::noop_waker();
-    let mut cx = std::task::Context::from_waker(&waker);
-    let mut a = PollSemaphore::new(sem.clone());
-    let mut b = a.clone();
-    let mut c = a.clone();
-    let std::task::Poll::Ready(Some(permit)) = a.poll_acquire(&mut cx) else {
-        panic!("free permit")
-    };
-    assert!(b.poll_acquire(&mut cx).is_pending());
-    assert!(c.poll_acquire(&mut cx).is_pending());
-    assert!(b.is_waiting());
-    drop(permit); // assigned to `b`, the oldest waiter
-    drop(b); // ... which is cancelled: the permit moves on to `c`
-    assert!(matches!(
-        c.poll_acquire(&mut cx),
-        std::task::Poll::Ready(Some(_))
-    ));
-    assert_eq!(sem.available_permits(), 1);
-    // The box is reused for the next wait.
-    let std::task::Poll::Ready(Some(p)) = a.poll_acquire(&mut cx) else {
-        panic!()
-    };
-    assert!(c.poll_acquire(&mut cx).is_pending());
-    drop(p);
-    assert!(matches!(
-        c.poll_acquire(&mut cx),
-        std::task::Poll::Ready(Some(_))
-    ));
-    sem.close();
-    assert!(matches!(
-        c.poll_acquire(&mut cx),
-        std::task::Poll::Ready(None)
-    ));
 }
 
 // ---------------------------------------------------------------------------

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use ::tower::{Layer, Service};
 
+use super::poll_semaphore::PollSemaphore;
 use super::{BoxError, LimitFuture};
-use crate::integrations::PollSemaphore;
 use crate::semaphore::{OwnedSemaphorePermit, Semaphore};
 use crate::{throttled::Status, Throttled};
 

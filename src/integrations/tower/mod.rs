@@ -14,9 +14,6 @@
 //! read the status and the retry time (or to hand it, serialized, to a
 //! model).
 //!
-//! [`PollSemaphore`](crate::PollSemaphore) is the helper
-//! the [`ConcurrencyLimitLayer`]'s service acquires with; hand-written services can use it too.
-//!
 //! # Examples
 //!
 //! ```
@@ -41,6 +38,7 @@ mod concurrency;
 mod keyed;
 mod limit_future;
 mod line;
+mod poll_semaphore;
 mod rate;
 mod retry;
 
