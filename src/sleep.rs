@@ -268,7 +268,6 @@ impl Drop for ThreadSleep {
 #[cfg(all(test, not(feature = "loom")))]
 mod tests {
     use super::*;
-    use crate::ManualClock;
     use futures::FutureExt;
 
     #[test]
@@ -296,45 +295,5 @@ mod tests {
         let slot = nap.slot.clone().unwrap();
         drop(nap);
         assert!(slot.0.lock().is_none());
-    }
-
-    #[test]
-    fn manual_sleep_wakes_only_when_due() {
-        let clock = ManualClock::new();
-        let mut a = Box::pin(clock.sleep(Duration::from_nanos(10)));
-        let mut b = Box::pin(clock.sleep(Duration::from_nanos(20)));
-        assert!(a.as_mut().now_or_never().is_none());
-        assert!(b.as_mut().now_or_never().is_none());
-        let (flag, waker) = counting_waker();
-        assert!(b
-            .as_mut()
-            .poll(&mut Context::from_waker(&waker))
-            .is_pending());
-        clock.advance(Duration::from_nanos(10));
-        assert_eq!(
-            flag.load(std::sync::atomic::Ordering::SeqCst),
-            0,
-            "b is not due at 10"
-        );
-        assert!(a.as_mut().now_or_never().is_some());
-        clock.set(25);
-        assert_eq!(
-            flag.load(std::sync::atomic::Ordering::SeqCst),
-            1,
-            "the move to 25 woke b"
-        );
-        assert!(b.as_mut().now_or_never().is_some());
-    }
-
-    /// A waker that counts its wakes.
-    fn counting_waker() -> (std::sync::Arc<std::sync::atomic::AtomicUsize>, Waker) {
-        struct Count(std::sync::Arc<std::sync::atomic::AtomicUsize>);
-        impl std::task::Wake for Count {
-            fn wake(self: std::sync::Arc<Self>) {
-                self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            }
-        }
-        let n = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        (n.clone(), Waker::from(std::sync::Arc::new(Count(n))))
     }
 }

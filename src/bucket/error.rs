@@ -209,26 +209,3 @@ fn unavailable(f: &mut fmt::Formatter<'_>, retry_after: Duration) -> fmt::Result
         "rate limiter unavailable: the shared quota store did not answer; retry after {retry_after:?}"
     )
 }
-
-#[cfg(all(test, not(feature = "loom")))]
-mod tests {
-    use super::*;
-
-    /// `retry_after()` keeps an `Unavailable` store's wait.
-    #[test]
-    fn retry_after_ignores_unavailable() {
-        let wait = Duration::from_millis(250);
-        let e = ReserveError::Unavailable { retry_after: wait };
-        assert_eq!(e.retry_after(), Some(wait));
-        assert_eq!(
-            ReserveError::RateLimited { retry_after: wait }.retry_after(),
-            Some(wait)
-        );
-        let never = ReserveError::InsufficientCapacity {
-            requested: 2,
-            capacity: 1,
-        };
-        assert_eq!(never.retry_after(), None);
-        assert_eq!(ReserveError::TooManyKeys { limit: 1 }.retry_after(), None);
-    }
-}

@@ -214,19 +214,6 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
 
-    #[test]
-    fn bad_settings_are_clamped_not_a_panic() {
-        let c = ManualClock::new();
-        let nan = RetryBudget::with_clock(f64::NAN, 0, Duration::ZERO, c.clone());
-        nan.deposit();
-        assert!(!nan.try_withdraw());
-        let huge = RetryBudget::with_clock(f64::INFINITY, 0, Duration::MAX, c);
-        for _ in 0..10_000 {
-            huge.deposit();
-        }
-        assert!(huge.available() > 4_000_000.0);
-    }
-
     /// A balance idle for over `u32::MAX / 2` ms still decays.
     #[test]
     fn retry_budget_forgets_to_decay_after_25_idle_days_is_fixed() {
@@ -268,16 +255,5 @@ mod tests {
             shown.contains("ratio: 1.0") && shown.contains("window_ms: 10000.0"),
             "{shown}"
         );
-    }
-
-    #[test]
-    fn the_balance_decays_with_the_window() {
-        let c = ManualClock::new();
-        let b = RetryBudget::with_clock(1.0, 0, Duration::from_secs(1), c.clone());
-        for _ in 0..100 {
-            b.deposit();
-        }
-        c.advance(Duration::from_secs(5));
-        assert!(!b.try_withdraw());
     }
 }

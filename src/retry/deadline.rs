@@ -167,40 +167,6 @@ impl<C: Clock> Deadline<C> {
     }
 }
 
-#[cfg(all(test, not(feature = "loom")))]
-mod tests {
-    use super::*;
-    use crate::ManualClock;
-
-    #[test]
-    fn stacked_charges_add_up_until_the_clock_passes_them() {
-        let clock = ManualClock::new();
-        let mut d = Deadline::after(clock.clone(), Duration::from_secs(10));
-        d.charge(Duration::from_secs(4)).unwrap();
-        d.charge(Duration::from_secs(4)).unwrap();
-        assert_eq!(d.remaining(), Duration::from_secs(2));
-        clock.advance(Duration::from_secs(3)); // mid-sleep: still 2 s left
-        assert_eq!(d.remaining(), Duration::from_secs(2));
-        clock.advance(Duration::from_secs(6)); // past the charged waits
-        assert_eq!(d.remaining(), Duration::from_secs(1));
-        assert!(d.charge(Duration::from_nanos(1_000_000_001)).is_err());
-    }
-
-    #[test]
-    fn deadline_at_the_end_of_time_never_overflows() {
-        let clock = ManualClock::starting_at(u64::MAX - 1);
-        let mut d = Deadline::after(clock.clone(), Duration::MAX);
-        assert_eq!(d.at_nanos(), u64::MAX);
-        d.charge(Duration::from_nanos(1)).unwrap();
-        assert!(d.charge(Duration::from_nanos(1)).is_err());
-        assert!(d.is_expired());
-        assert!(
-            d.charge(Duration::ZERO).is_err(),
-            "an expired deadline fits nothing, not even a zero wait"
-        );
-    }
-}
-
 /// The refusal of a wait that does not fit.
 #[cold]
 fn timed_out(wait: Duration, remaining: Duration) -> Throttled {

@@ -254,37 +254,3 @@ impl Backoff {
         self.rng.u64(0..=max)
     }
 }
-
-#[cfg(all(test, not(feature = "loom")))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ceiling_saturates_for_any_attempt() {
-        let b = Backoff::new(Duration::from_nanos(u64::MAX / 2 + 1), Duration::MAX);
-        assert_eq!(b.ceiling(0), Duration::from_nanos(u64::MAX / 2 + 1));
-        assert_eq!(b.ceiling(1), Duration::from_nanos(u64::MAX));
-        for attempt in [2, 63, 64, 65, 1_000, u32::MAX] {
-            assert_eq!(b.ceiling(attempt), Duration::from_nanos(u64::MAX));
-        }
-        let zero = Backoff::new(Duration::ZERO, Duration::from_secs(1));
-        assert_eq!(zero.ceiling(u32::MAX), Duration::ZERO);
-    }
-
-    #[test]
-    fn cap_below_base_caps_every_jitter() {
-        for jitter in [
-            Jitter::None,
-            Jitter::Full,
-            Jitter::Equal,
-            Jitter::Decorrelated,
-        ] {
-            let mut b = Backoff::new(Duration::from_secs(5), Duration::from_secs(1))
-                .jitter(jitter)
-                .seed(1);
-            for attempt in 0..100 {
-                assert!(b.delay(attempt) <= Duration::from_secs(1), "{jitter:?}");
-            }
-        }
-    }
-}

@@ -6,4 +6,5 @@
 mod adaptive_admission;
 mod adaptive_concurrency;
 mod adaptive_rate;
+mod algorithms;
 mod learned_queue;

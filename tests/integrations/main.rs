@@ -7,6 +7,8 @@
 mod conformance;
 #[cfg(all(feature = "reqwest", feature = "tower", feature = "mcp"))]
 mod mcp_cancel;
+#[cfg(feature = "http")]
+mod refusal;
 #[cfg(all(feature = "reqwest", feature = "testing"))]
 mod reqwest_seam;
 #[cfg(all(feature = "reqwest", feature = "tower", feature = "http"))]

@@ -699,3 +699,21 @@ fn reserve_after_by_default_reserves_now_and_waits_the_longer() {
     // Nothing was taken by the refusal: the second of two still fits now.
     assert_eq!(after(1, Duration::ZERO, Duration::ZERO), Ok(Duration::ZERO));
 }
+
+/// `retry_after()` keeps an `Unavailable` store's wait.
+#[test]
+fn retry_after_ignores_unavailable() {
+    let wait = Duration::from_millis(250);
+    let e = ReserveError::Unavailable { retry_after: wait };
+    assert_eq!(e.retry_after(), Some(wait));
+    assert_eq!(
+        ReserveError::RateLimited { retry_after: wait }.retry_after(),
+        Some(wait)
+    );
+    let never = ReserveError::InsufficientCapacity {
+        requested: 2,
+        capacity: 1,
+    };
+    assert_eq!(never.retry_after(), None);
+    assert_eq!(ReserveError::TooManyKeys { limit: 1 }.retry_after(), None);
+}

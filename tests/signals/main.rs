@@ -5,3 +5,4 @@
 
 mod backoff;
 mod headers;
+mod retry;
