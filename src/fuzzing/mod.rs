@@ -5,11 +5,6 @@
 //! unit tests run them on seeded input too. Compiled only with
 //! `--cfg fuzzing` or in tests.
 
-#[cfg(feature = "admission")]
-mod headers;
-
-#[cfg(feature = "admission")]
-pub use headers::headers;
 mod bucket_model;
 
 pub use bucket_model::bucket_model;

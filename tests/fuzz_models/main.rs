@@ -1,4 +1,5 @@
-//! The fuzz crate's models of the semaphore and of `SingleFlight`, driven
+//! The fuzz crate's models of the semaphore, of `SingleFlight` and of
+//! `ServerHint` with the retry policy, driven
 //! here by seeded random input (and under miri), and by libFuzzer from
 //! `fuzz/fuzz_targets/` (which includes this file by `#[path]`). Each
 //! drives one structure with a byte string and diffs it against a simple
@@ -7,9 +8,13 @@
 // Each fuzz target uses one model.
 #![allow(dead_code, unused_imports)]
 
+#[cfg(feature = "admission")]
+mod headers;
 mod semaphore_ops;
 mod single_flight_ops;
 
+#[cfg(feature = "admission")]
+pub use headers::headers;
 pub use semaphore_ops::semaphore_ops;
 pub use single_flight_ops::single_flight_ops;
 
