@@ -8,4 +8,5 @@ mod clocks;
 mod fifo_floor;
 mod rolling_window;
 mod semaphore;
+mod semaphore_threads;
 mod single_flight;
