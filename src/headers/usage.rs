@@ -1,12 +1,6 @@
 //! The one reader of an LLM provider's `usage` object (feature `http`), for
-//! a whole body ([`llm_usage`]) and a stream event ([`llm_event_usage`]).
-//!
-//! | provider | `usage` fields | reported as |
-//! | --- | --- | --- |
-//! | OpenAI (and compatible servers) | `prompt_tokens`, `completion_tokens`, `total_tokens` | `input_tokens`, `output_tokens`, `tokens` |
-//! | Anthropic | `input_tokens` (+ `cache_creation_input_tokens`, `cache_read_input_tokens`), `output_tokens` | `input_tokens` (all input), `output_tokens`, `tokens` |
-//!
-//! `tokens` is `total_tokens` when stated, else input plus output. A whole
+//! a whole body ([`llm_usage`]) and a stream event ([`llm_event_usage`]);
+//! the table of what it reads is on `Provider::usage_in_body`. A whole
 //! reply counts a missing output as 0; a stream event reports only the
 //! fields it carries, and the stream adds them up.
 
@@ -48,13 +42,10 @@ fn parse(json: &[u8], whole: Whole) -> Vec<(String, u32)> {
 fn usage(usage: &serde_json::Value, whole: Whole) -> Vec<(String, u32)> {
     let field = |name: &str| usage.get(name).and_then(serde_json::Value::as_u64);
     let units = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+    // Anthropic: cache writes count toward the input limit, cache reads do not.
     let input = field("prompt_tokens").or_else(|| {
-        field("input_tokens").map(|input| {
-            ["cache_creation_input_tokens", "cache_read_input_tokens"]
-                .into_iter()
-                .filter_map(field)
-                .fold(input, u64::saturating_add)
-        })
+        let writes = field("cache_creation_input_tokens").unwrap_or(0);
+        field("input_tokens").map(|input| input.saturating_add(writes))
     });
     let mut output = field("completion_tokens").or_else(|| field("output_tokens"));
     if whole == Whole::Reply && input.is_some() {
@@ -94,10 +85,11 @@ mod tests {
         ]);
         assert_eq!(llm_usage(openai), want);
         assert_eq!(llm_event_usage(openai), want);
-        // No total stated: input plus output, in a body and in an event.
-        let anthropic =
-            br#"{"usage":{"input_tokens":10,"cache_read_input_tokens":90,"output_tokens":5}}"#;
-        let want = of(&[("input_tokens", 100), ("output_tokens", 5), ("tokens", 105)]);
+        // No total stated: input plus output, in a body and in an event. Cache
+        // writes count as input; cache reads do not (Anthropic's input limit).
+        let anthropic = br#"{"usage":{"input_tokens":10,"cache_creation_input_tokens":20,
+            "cache_read_input_tokens":900,"output_tokens":5}}"#;
+        let want = of(&[("input_tokens", 30), ("output_tokens", 5), ("tokens", 35)]);
         assert_eq!(llm_usage(anthropic), want);
         assert_eq!(llm_event_usage(anthropic), want);
         // Part of a stream: only what the event carries.

@@ -67,9 +67,13 @@ impl Provider {
     /// | provider | `usage` fields | reported as |
     /// | --- | --- | --- |
     /// | OpenAI (and compatible servers) | `prompt_tokens`, `completion_tokens`, `total_tokens` | `input_tokens`, `output_tokens`, `tokens` |
-    /// | Anthropic | `input_tokens` (+ `cache_creation_input_tokens`, `cache_read_input_tokens`), `output_tokens` | `input_tokens` (all input), `output_tokens`, `tokens` |
+    /// | Anthropic | `input_tokens`, `cache_creation_input_tokens`, `cache_read_input_tokens`, `output_tokens` | `input_tokens` (uncached input and cache writes), `output_tokens`, `tokens` |
     ///
     /// `tokens` is `total_tokens` when stated, else input plus output.
+    /// Anthropic counts only uncached input tokens, cache writes included,
+    /// toward its input-tokens-per-minute limit, not cache reads (its "Rate
+    /// limits" guide, for current models), so cache reads are not counted
+    /// here: an agent's cached prompt does not spend the input quota.
     ///
     /// # Examples
     ///
@@ -81,8 +85,10 @@ impl Provider {
     ///     llm_usage(openai),
     ///     [("input_tokens".to_string(), 700), ("output_tokens".to_string(), 105), ("tokens".to_string(), 805)]
     /// );
-    /// let anthropic = br#"{"usage": {"input_tokens": 10, "cache_read_input_tokens": 90, "output_tokens": 5}}"#;
-    /// assert_eq!(llm_usage(anthropic)[2], ("tokens".to_string(), 105));
+    /// let anthropic = br#"{"usage": {"input_tokens": 10, "cache_creation_input_tokens": 20,
+    ///     "cache_read_input_tokens": 900, "output_tokens": 5}}"#;
+    /// assert_eq!(llm_usage(anthropic)[0], ("input_tokens".to_string(), 30)); // not the 900 read
+    /// assert_eq!(llm_usage(anthropic)[2], ("tokens".to_string(), 35));
     /// assert!(llm_usage(b"not json").is_empty());
     /// ```
     #[cfg(feature = "http")]
