@@ -8,7 +8,7 @@
 use crate::redis_server;
 
 use std::num::NonZeroU32;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use backpressure::{
     CheckError, FailPolicy, ManualClock, Quota, RedisBucket, RedisBucketBuilder, ReserveError,
@@ -28,30 +28,34 @@ fn shared_quota() -> Quota {
 /// A bound no test's own calls should get near: a hang detector only.
 const HANG: Duration = Duration::from_secs(2);
 
-/// Calls `try_acquire(1)` in a loop until `until`, sleeping the returned
-/// wait (at most 5 ms) on a denial; returns the number admitted.
-async fn hammer(bucket: &RedisBucket, until: Instant) -> u64 {
+/// Calls `try_acquire(1)` until refused; returns the number admitted.
+async fn take_all(bucket: &RedisBucket) -> u64 {
     let mut admitted = 0;
-    while Instant::now() < until {
+    loop {
         match tokio::time::timeout(HANG, bucket.try_acquire(1))
             .await
             .expect("a decision never hangs")
         {
             Ok(()) => admitted += 1,
-            Err(CheckError::NotUntil { wait }) => {
-                tokio::time::sleep(wait.min(Duration::from_millis(5))).await
-            }
+            Err(CheckError::NotUntil { .. }) => return admitted,
             Err(e) => panic!("unexpected {e}"),
         }
     }
-    admitted
 }
 
-/// Two clients with separate connections share one key for about two
-/// seconds; returns (admitted, elapsed seconds).
-async fn two_clients(server: &RedisServer, key: &str, lease: Option<u32>) -> (u64, f64) {
+/// Steps of the sharing tests: two seconds of a shared `ManualClock` in
+/// 1 ms steps (the 2000th is not reached).
+const STEPS: u64 = 2000;
+
+/// Two clients with separate connections share one key on one
+/// `ManualClock` (sent with each call instead of Redis's `TIME`): every
+/// millisecond both ask at once, each until refused, taking turns at
+/// asking first for each new cell. Returns the number admitted.
+async fn two_clients(server: &RedisServer, key: &str, lease: Option<u32>) -> u64 {
+    let clock = ManualClock::starting_at(1_000_000_000);
     let build = || {
         let mut b = RedisBucket::builder(&server.url(), key, shared_quota())
+            .clock(clock.clone())
             .timeout(Duration::from_millis(500));
         if let Some(k) = lease {
             b = b.lease(nz(k), Duration::from_millis(100));
@@ -59,16 +63,25 @@ async fn two_clients(server: &RedisServer, key: &str, lease: Option<u32>) -> (u6
         b.build().unwrap()
     };
     let (a, b) = (build(), build());
-    // Connect (and load the script) before the clock starts.
+    // Connect (and load the script) first.
     assert_eq!(a.available().await, 5);
     assert_eq!(b.available().await, 5);
-    let start = Instant::now();
-    let until = start + Duration::from_secs(2);
-    let (x, y) = tokio::join!(hammer(&a, until), hammer(&b, until));
-    let elapsed = start.elapsed().as_secs_f64();
+    let (mut x, mut y) = (0, 0);
+    for step in 0..STEPS {
+        // A cell every 20 ms: each asks first for every other one.
+        if step / 20 % 2 == 0 {
+            let (dx, dy) = tokio::join!(take_all(&a), take_all(&b));
+            (x, y) = (x + dx, y + dy);
+        } else {
+            let (dy, dx) = tokio::join!(take_all(&b), take_all(&a));
+            (x, y) = (x + dx, y + dy);
+        }
+        clock.advance(Duration::from_millis(1));
+    }
     // Each client really took part.
+    println!("redis, {key}: the clients admitted {x} and {y}");
     assert!(x > 10 && y > 10, "admitted {x} and {y}");
-    (x + y, elapsed)
+    x + y
 }
 
 /// burst + rate * elapsed, +1 for the edges.
@@ -76,18 +89,23 @@ fn single_key_bound(elapsed: f64) -> f64 {
     5.0 + 50.0 * elapsed + 1.0
 }
 
+/// What the key gives out when asked every millisecond for `STEPS`: the
+/// burst, then a cell every 20 ms (the 2000th ms is not reached).
+const SHARED_EXACT: u64 = 5 + STEPS / 20 - 1;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_clients_on_one_key_stay_within_the_quota() {
     if !redis_server::available("two_clients_on_one_key_stay_within_the_quota") {
         return;
     }
     let server = RedisServer::start();
-    let (admitted, elapsed) = two_clients(&server, "shared", None).await;
-    let bound = single_key_bound(elapsed);
-    println!("redis, two clients: {admitted} admitted in {elapsed:.2} s (bound {bound:.0})");
+    let admitted = two_clients(&server, "shared", None).await;
+    let bound = single_key_bound(STEPS as f64 / 1000.0);
+    println!("redis, two clients: {admitted} admitted in {STEPS} ms (bound {bound:.0})");
     assert!(admitted as f64 <= bound, "{admitted} > {bound}");
-    // And the quota is used, not starved.
-    assert!(admitted as f64 >= 0.8 * 50.0 * elapsed, "only {admitted}");
+    // And the quota is used, not starved: asked every millisecond, the key
+    // gives out every cell.
+    assert_eq!(admitted, SHARED_EXACT);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -97,13 +115,15 @@ async fn two_leasing_clients_stay_within_the_quota_plus_their_leases() {
     }
     let server = RedisServer::start();
     let lease = 3;
-    let (admitted, elapsed) = two_clients(&server, "leased", Some(lease)).await;
-    let bound = single_key_bound(elapsed) + 2.0 * lease as f64;
-    println!(
-        "redis, two leasing clients: {admitted} admitted in {elapsed:.2} s (bound {bound:.0})"
-    );
+    let admitted = two_clients(&server, "leased", Some(lease)).await;
+    let bound = single_key_bound(STEPS as f64 / 1000.0) + 2.0 * lease as f64;
+    println!("redis, two leasing clients: {admitted} admitted in {STEPS} ms (bound {bound:.0})");
     assert!(admitted as f64 <= bound, "{admitted} > {bound}");
-    assert!(admitted as f64 >= 0.8 * 50.0 * elapsed, "only {admitted}");
+    // Not starved: leases give out at least 80% of the key's cells.
+    assert!(
+        admitted as f64 >= 0.8 * SHARED_EXACT as f64,
+        "only {admitted}"
+    );
 }
 
 /// What a local limiter cannot prevent: two processes, each with its own

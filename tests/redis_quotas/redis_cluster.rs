@@ -8,8 +8,7 @@
 mod cluster;
 
 use std::num::NonZeroU32;
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use backpressure::{
     CheckError, FailPolicy, ManualClock, Quota, RedisBucket, RedisScoped, RedisStats,
@@ -89,40 +88,39 @@ async fn scoped_keys_spread_over_the_masters() {
     assert!(sizes.iter().all(|&n| n > 50), "keys per master: {sizes:?}");
 }
 
-/// Calls `try_acquire(1)` until `until`; returns (admitted, unavailable).
+/// Calls `try_acquire(1)` until refused; returns (admitted, unavailable).
 /// Only the answers the failure policy allows are accepted.
-async fn hammer(bucket: &RedisBucket, until: &OnceLock<Instant>) -> (u64, u64) {
-    let (mut admitted, mut unavailable) = (0, 0);
-    while until.get().is_none_or(|&t| Instant::now() < t) {
+async fn take_all(bucket: &RedisBucket) -> (u64, u64) {
+    let mut admitted = 0;
+    loop {
         match tokio::time::timeout(Duration::from_secs(5), bucket.try_acquire(1))
             .await
             .expect("a decision never hangs")
         {
             Ok(()) => admitted += 1,
-            Err(CheckError::NotUntil { wait }) => {
-                tokio::time::sleep(wait.min(Duration::from_millis(5))).await
-            }
-            Err(CheckError::Unavailable { .. }) => {
-                unavailable += 1;
-                tokio::time::sleep(Duration::from_millis(5)).await
-            }
+            Err(CheckError::NotUntil { .. }) => return (admitted, 0),
+            Err(CheckError::Unavailable { .. }) => return (admitted, 1),
             Err(e) => panic!("unexpected {e}"),
         }
     }
-    (admitted, unavailable)
 }
 
 /// The slot of a live quota moves to another master (`redis-cli --cluster
 /// reshard`, keys migrating live) while two clients admit through it: the
 /// bound holds, and the only failures are the policy's `Unavailable`.
+/// The clients share a `ManualClock` (sent with each call instead of
+/// Redis's `TIME`): every millisecond of it both ask at once, each until
+/// refused, from before the reshard until 300 ms of the clock after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reshard_under_load_keeps_the_bound() {
     if !cluster::available("a_reshard_under_load_keeps_the_bound") {
         return;
     }
     let cluster = RedisCluster::start();
+    let clock = ManualClock::starting_at(1_000_000_000);
     let build = || {
         RedisBucket::builder(&cluster.urls(), "live", quota())
+            .clock(clock.clone())
             .timeout(Duration::from_millis(500))
             .fail_policy(FailPolicy::FailClosed {
                 retry_after: Duration::from_millis(50),
@@ -136,25 +134,32 @@ async fn a_reshard_under_load_keeps_the_bound() {
     assert_eq!(b.available().await, 5);
     let from = cluster.owner("{live}");
     let to = *cluster.ports().iter().find(|&&p| p != from).unwrap();
-    // The clients admit from before the reshard until 300 ms after it.
-    let until = OnceLock::new();
-    let start = Instant::now();
     let mut cmd = cluster.reshard_all(from, to);
-    let reshard = async {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let out = tokio::task::spawn_blocking(move || cmd.output().expect("run redis-cli"))
-            .await
-            .unwrap();
-        until
-            .set(Instant::now() + Duration::from_millis(300))
-            .unwrap();
-        out
-    };
-    let clients = async {
-        let r = tokio::join!(hammer(&a, &until), hammer(&b, &until));
-        (r, start.elapsed().as_secs_f64())
-    };
-    let ((((x, ux), (y, uy)), elapsed), out) = tokio::join!(clients, reshard);
+    let mut reshard = tokio::task::spawn_blocking(move || cmd.output().expect("run redis-cli"));
+    let (mut admitted, mut unavailable) = (0, 0);
+    let (mut steps, mut after) = (0u64, 0u64);
+    // Admitted in the 300 ms after the reshard, when the slot has moved.
+    let mut moved = 0;
+    let mut out = None;
+    while after < 300 {
+        let ((x, ux), (y, uy)) = if steps / 20 % 2 == 0 {
+            tokio::join!(take_all(&a), take_all(&b))
+        } else {
+            let (b, a) = tokio::join!(take_all(&b), take_all(&a));
+            (a, b)
+        };
+        admitted += x + y;
+        unavailable += ux + uy;
+        if out.is_some() {
+            moved += x + y;
+            after += 1;
+        } else if reshard.is_finished() {
+            out = Some((&mut reshard).await.unwrap());
+        }
+        clock.advance(Duration::from_millis(1));
+        steps += 1;
+    }
+    let out = out.unwrap();
     assert!(
         out.status.success(),
         "reshard failed: {}",
@@ -162,18 +167,21 @@ async fn a_reshard_under_load_keeps_the_bound() {
     );
     assert_eq!(cluster.owner("{live}"), to, "the slot moved");
     assert_eq!(cluster.dbsize(from), 0);
-    let admitted = x + y;
-    let bound = 5.0 + 50.0 * elapsed + 1.0;
+    // burst + rate * the clock's span (its last millisecond not reached).
+    let bound = 5 + steps / 20;
     let stats = |s: RedisStats| (s.round_trips, s.failures);
     println!(
-        "cluster reshard under load: {admitted} admitted in {elapsed:.2} s (bound {bound:.0}); \
-         unavailable {}; (round trips, failures) {:?} {:?}",
-        ux + uy,
+        "cluster reshard under load: {admitted} admitted in {steps} ms (bound {bound}), \
+         {moved} in the 300 ms after; unavailable {unavailable}; (round trips, failures) \
+         {:?} {:?}",
         stats(a.stats()),
         stats(b.stats())
     );
-    assert!(admitted as f64 <= bound, "{admitted} > {bound}");
-    assert!(admitted as f64 >= 0.5 * 50.0 * elapsed, "only {admitted}");
+    assert!(admitted <= bound, "{admitted} > {bound}");
+    // Not starved: at least half the key's cells through the move, and
+    // after it at least 80% of the 15 cells of 300 ms.
+    assert!(admitted >= bound / 2, "only {admitted}");
+    assert!(moved >= 12, "only {moved} after the move");
     // Every failure the callers saw is the policy's answer, counted.
-    assert_eq!(ux + uy, a.stats().failures + b.stats().failures);
+    assert_eq!(unavailable, a.stats().failures + b.stats().failures);
 }
