@@ -11,6 +11,7 @@ mod bucket;
 mod keyed;
 mod lanes;
 mod list_lock;
+mod rescales;
 mod retry_budget;
 mod semaphore;
 mod single_flight;

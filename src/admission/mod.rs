@@ -28,7 +28,7 @@ pub(crate) mod lanes;
 #[cfg(feature = "metrics")]
 mod metrics_out;
 pub(crate) mod pools;
-mod rate;
+pub(crate) mod rate;
 mod runner;
 mod slots;
 mod spec;

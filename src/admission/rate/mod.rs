@@ -15,7 +15,7 @@ mod local;
 mod observe;
 mod provider;
 mod refusal;
-mod rescales;
+pub(crate) mod rescales;
 mod settle;
 pub(super) mod shared;
 mod shared_turns;

@@ -4,10 +4,11 @@
 //! every such sleeper must follow, or it would send one request too many.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Waker;
 
-use parking_lot::Mutex;
+// From `crate::sync`, so the log's loom model runs this protocol
+// (`loom-tests/rescales.rs`).
+use crate::sync::{AtomicU64, Mutex, Ordering};
 
 use core::task::Poll;
 use core::time::Duration;
@@ -22,7 +23,6 @@ use crate::sleep::Sleeper;
 const LOG: usize = 64;
 
 /// One credential's learned rate changes.
-#[derive(Default)]
 pub(crate) struct Rescales {
     /// Changes ever logged: a sleeper that saw this count is up to date.
     logged: AtomicU64,
@@ -32,8 +32,19 @@ pub(crate) struct Rescales {
     wakers: Mutex<Vec<(u64, Waker)>>,
 }
 
-/// Names each sleep on a log, so it can take its waker back.
-static SLEEPERS: AtomicU64 = AtomicU64::new(0);
+impl Default for Rescales {
+    fn default() -> Self {
+        Self {
+            logged: AtomicU64::new(0),
+            log: Mutex::new(VecDeque::new()),
+            wakers: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+/// Names each sleep on a log, so it can take its waker back (std's: only
+/// a name, and a loom atomic cannot be a static).
+static SLEEPERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// A sleep on some logs: on drop, its wakers leave them.
 struct Asleep<'t, 'r> {
@@ -86,7 +97,7 @@ impl Rescales {
 
     /// Whether a change was logged since `turn` last caught up; if not,
     /// `waker` replaces sleeper `id`'s waker for the next one.
-    fn changed(&self, turn: &Turn, id: u64, waker: &Waker) -> bool {
+    pub(crate) fn changed(&self, turn: &Turn, id: u64, waker: &Waker) -> bool {
         let mut wakers = self.wakers.lock();
         // Acquire: see `push`. Read under the lock `push` drains under, so
         // a change counted after this read wakes the waker pushed here.
@@ -167,7 +178,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         let inner = &*self.inner;
         let mut ready_at = planned;
         // Relaxed: a name, unique by the atomic add alone.
-        let id = SLEEPERS.fetch_add(1, Ordering::Relaxed);
+        let id = SLEEPERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let asleep = Asleep { turns, id };
         loop {
             let now = inner.clock.now_nanos();
