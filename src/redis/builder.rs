@@ -344,7 +344,8 @@ impl RedisBucketBuilder {
     /// Decide on `clock`'s time instead of Redis's `TIME` (tests and
     /// simulations, with a [`ManualClock`](crate::ManualClock)). Every
     /// process on the key must share the clock; the key expires an hour
-    /// (Redis time) later than it would on Redis's own clock; local deadlines and leases use it too, so a `reserve`'s `max_wait` no
+    /// (Redis time) later than it would on Redis's own clock; local
+    /// deadlines and leases use it too, so a `reserve`'s `max_wait` no
     /// longer bounds the round trip: only the [`timeout`](Self::timeout)
     /// does.
     pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
