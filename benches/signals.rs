@@ -72,7 +72,7 @@ fn backoff(c: &mut Criterion) {
         });
     }
     let hint = ServerHint::from_headers([("retry-after", "1")], SystemTime::now());
-    let mut template = RetryPolicy::default();
+    let template = RetryPolicy::default();
     g.bench_function("decide_with_hint", |b| {
         b.iter(|| {
             let mut policy = template.fork();
