@@ -17,7 +17,7 @@ thread_local! {
     static TOOLS: std::cell::RefCell<Cache<ToolState>> =
         const { std::cell::RefCell::new(Cache::new()) };
 }
-use crate::sync::{AtomicBool, AtomicU32, Ordering};
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use crate::throttled::{Status, Throttled};
 
 #[derive(Clone, Debug)]
@@ -41,6 +41,10 @@ pub(super) struct ToolState {
     pub(super) server_scope: RwLock<Option<String>>,
     /// Whether `server_scope` was ever set (the lock is read only then).
     pub(super) scoped: AtomicBool,
+    /// Answers sent in the latest second and the one before (`second << 32 |
+    /// before << 16 | latest`), when the layer learns: what the tool's own
+    /// limit allowed, once it refuses (a statistic, shared by credentials).
+    answered: AtomicU64,
     pub(super) counters: Counters,
 }
 
@@ -72,7 +76,37 @@ impl ToolState {
             budget: cfg.budget,
             server_scope: RwLock::new(None),
             scoped: AtomicBool::new(false),
+            answered: AtomicU64::new(0),
             counters: Counters::default(),
+        }
+    }
+
+    /// Counts an answer to a request sent at `sent_at` (ns).
+    pub(super) fn note_answered(&self, sent_at: u64) {
+        let second = (sent_at / 1_000_000_000) & u64::from(u32::MAX);
+        // Relaxed: a statistic; the compare-and-swap alone keeps the count.
+        let _ = self
+            .answered
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+                let (at, latest) = (w >> 32, w & 0xffff);
+                Some(match second {
+                    s if s == at => w & !0xffff | (latest + 1).min(0xffff),
+                    s if s == at + 1 => s << 32 | latest << 16 | 1,
+                    s if s < at => w, // a late answer of an older second
+                    s => s << 32 | 1,
+                })
+            });
+    }
+
+    /// The most answers sent in one second of the last two before `now`.
+    pub(super) fn answered_per_second(&self, now: u64) -> u64 {
+        // Relaxed: see `note_answered`.
+        let w = self.answered.load(Ordering::Relaxed);
+        let (at, before, latest) = (w >> 32, (w >> 16) & 0xffff, w & 0xffff);
+        match ((now / 1_000_000_000) & u64::from(u32::MAX)).saturating_sub(at) {
+            0 => before.max(latest),
+            1 => latest,
+            _ => 0,
         }
     }
 }
@@ -196,5 +230,29 @@ impl Tools {
             // Relaxed: counters.
             t.used.store(0, Ordering::Relaxed);
         }
+    }
+}
+
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::*;
+
+    /// The answers of the latest two seconds; older seconds count nothing.
+    #[test]
+    fn answered_per_second_counts_the_last_two_seconds() {
+        const S: u64 = 1_000_000_000;
+        let cfg = ToolConfig {
+            cap: 1,
+            policy: SlotPolicy::Wait,
+            budget: None,
+            lanes: false,
+        };
+        let tool = ToolState::new("t", &cfg, Duration::ZERO, false);
+        for at in [10 * S, 10 * S + 1, 10 * S + 2, 11 * S, 9 * S] {
+            tool.note_answered(at); // the late 9 s answer changes nothing
+        }
+        assert_eq!(tool.answered_per_second(11 * S + S / 2), 3);
+        assert_eq!(tool.answered_per_second(12 * S), 1);
+        assert_eq!(tool.answered_per_second(13 * S), 0);
     }
 }

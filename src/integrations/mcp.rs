@@ -131,7 +131,11 @@ impl<S: Sleeper, C: Clock + Clone> McpGate<S, C> {
     }
 
     /// Each call's deadline: admission waits, the request, its retries
-    /// and their backoff are all charged to it.
+    /// and their backoff are all charged to it. A wait for capacity longer
+    /// than the admission's inline wait (`Builder::inline_wait`, 2 s in
+    /// all by default) is not slept: the call ends `rate_limited` with
+    /// `retry_after_ms`, for the model to plan with, whatever is left of
+    /// the deadline.
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
         self

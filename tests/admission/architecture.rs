@@ -387,6 +387,11 @@ const WALL_CLOCK_ASSERTS: &[(&str, &str, &str)] = &[
         "a lower bound on real time: the quota spreads the calls, on the server's record",
     ),
     (
+        "tests/integrations/mcp_tool_limit.rs",
+        "in_second <= LIMITED_PER_SECOND",
+        "a ceiling per real window of the server's record, which load only spreads (the server's own limit counts that way)",
+    ),
+    (
         "tests/integrations/reqwest_seam.rs",
         "gaps(&starts)",
         "a lower bound on real time: the retry waited out Retry-After, on the server's record",

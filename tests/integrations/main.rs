@@ -7,6 +7,8 @@
 mod conformance;
 #[cfg(all(feature = "reqwest", feature = "tower", feature = "mcp"))]
 mod mcp_cancel;
+#[cfg(all(feature = "reqwest", feature = "tower", feature = "mcp"))]
+mod mcp_tool_limit;
 #[cfg(feature = "http")]
 mod refusal;
 #[cfg(all(feature = "reqwest", feature = "testing"))]

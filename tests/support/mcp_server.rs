@@ -29,9 +29,16 @@ use rmcp::{ErrorData, Peer, RoleServer, ServerHandler, ServiceExt};
 
 use crate::scripted_server::{Seen, Step};
 
-/// Every tool answers at once, with its name.
+/// Every tool answers at once, with its name; `limited` allows
+/// `LIMITED_PER_SECOND` calls in any second and refuses the rest with a
+/// text, as a server written with the official Python SDK does.
 #[derive(Clone)]
-struct Tools;
+struct Tools {
+    limited: Arc<Mutex<Vec<(Instant, bool)>>>,
+}
+
+/// The `limited` tool's own limit.
+pub const LIMITED_PER_SECOND: usize = 3;
 
 impl ServerHandler for Tools {
     fn get_info(&self) -> ServerConfig {
@@ -43,6 +50,21 @@ impl ServerHandler for Tools {
         request: CallToolRequestParams,
         _: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        if request.name == "limited" {
+            let mut seen = self.limited.lock().unwrap();
+            let now = Instant::now();
+            let window = std::time::Duration::from_secs(1);
+            let recent = seen
+                .iter()
+                .filter(|(at, refused)| !refused && now.duration_since(*at) < window)
+                .count();
+            let refused = recent >= LIMITED_PER_SECOND;
+            seen.push((now, refused));
+            if refused {
+                let text = ContentBlock::text("Rate limit exceeded, retry after 1 seconds");
+                return Ok(CallToolResult::error(vec![text]).into());
+            }
+        }
         let text = ContentBlock::text(request.name.to_string());
         Ok(CallToolResult::success(vec![text]).into())
     }
@@ -61,6 +83,7 @@ struct Script {
 
 pub struct McpScripted {
     seen: Arc<Mutex<Vec<Seen>>>,
+    limited: Arc<Mutex<Vec<(Instant, bool)>>>,
     cancelled: Arc<Mutex<Vec<serde_json::Value>>>,
     calls: Arc<Mutex<Vec<serde_json::Value>>>,
     server: tokio::task::JoinHandle<()>,
@@ -85,8 +108,12 @@ impl McpScripted {
             calls: calls.clone(),
         });
         let config = StreamableHttpServerConfig::default();
+        let limited = Arc::new(Mutex::new(Vec::new()));
+        let tools = Tools {
+            limited: limited.clone(),
+        };
         let service: StreamableHttpService<Tools, LocalSessionManager> =
-            StreamableHttpService::new(|| Ok(Tools), Default::default(), config);
+            StreamableHttpService::new(move || Ok(tools.clone()), Default::default(), config);
         let app = axum::Router::new()
             .nest_service("/mcp", service)
             .layer(axum::middleware::from_fn_with_state(script, front));
@@ -111,6 +138,7 @@ impl McpScripted {
         }
         McpScripted {
             seen,
+            limited,
             cancelled,
             calls,
             server,
@@ -132,6 +160,13 @@ impl McpScripted {
     #[allow(dead_code)] // used by the MCP tests only
     pub fn calls(&self) -> Vec<serde_json::Value> {
         self.calls.lock().unwrap().clone()
+    }
+
+    /// Every call of the `limited` tool: when it arrived, and whether the
+    /// tool refused it.
+    #[allow(dead_code)] // used by the MCP tests only
+    pub fn limited(&self) -> Vec<(Instant, bool)> {
+        self.limited.lock().unwrap().clone()
     }
 
     /// The record itself, for a task that watches it.

@@ -270,14 +270,6 @@ where
         let mut now = now.unwrap_or_else(|| inner.clock.now_nanos());
         let inline = self.inline_wait(inline);
         let inline_end = now.saturating_add(saturating_nanos(inline));
-        // Acquire: pairs with the Release store in `hold_requests`, so the
-        // scope written before it is seen.
-        let scope = if tool.scoped.load(Ordering::Acquire) {
-            tool.server_scope.read().clone()
-        } else {
-            None
-        };
-        let scope_key = scope.as_ref().map(|s| (spec.credential.clone(), s.clone()));
         let shared = inner.rates.shared.get(&spec.credential);
         let shared_costs = inner.rates.shared.resources_of(&spec.credential);
         if let Some(why) = shared
@@ -288,8 +280,18 @@ where
             return Err(Throttled::new(Status::Unavailable, API_KEY, why)
                 .with_retry_after(shared::UNRESOLVED_RETRY));
         }
-        let mut reserved = Reserved::new(self, &spec.credential, scope_key.as_ref());
         loop {
+            // Read each round: a tool whose own limit refused while this call
+            // slept now queues it behind that limit's hold and rate.
+            // Acquire: pairs with the Release store in `hold_requests`, so the
+            // scope written before it is seen.
+            let scope = if tool.scoped.load(Ordering::Acquire) {
+                tool.server_scope.read().clone()
+            } else {
+                None
+            };
+            let scope_key = scope.as_ref().map(|s| (spec.credential.clone(), s.clone()));
+            let mut reserved = Reserved::new(self, &spec.credential, scope_key.as_ref());
             // Queued settles first: they may give back the cells this call needs.
             self.push_owed(&spec.credential).await;
             let left = Duration::from_nanos(deadline_at.saturating_sub(now));
@@ -404,7 +406,10 @@ where
             };
             now = inner.clock.now_nanos();
             let held = self.held_until(&spec.credential, scope_key.as_ref());
-            if held <= ready_at || held == held_before {
+            // Relaxed: an early answer only re-queues the call, which reads it
+            // again with Acquire.
+            let newly_scoped = scope.is_none() && tool.scoped.load(Ordering::Relaxed);
+            if !newly_scoped && (held <= ready_at || held == held_before) {
                 return Ok((reserved.keep(), now));
             }
             // A hold placed during the sleep covers our instant: give the cells back

@@ -75,6 +75,11 @@ where
         // A 429 for another quota than requests is no verdict on the request
         // rate; it holds that quota alone when the layer has it.
         let capacity = class == ReplyClass::Capacity;
+        if let (ReplyClass::Success, Tool::Held(state)) = (class, tool)
+            && self.inner.rates.learned.is_adaptive()
+        {
+            state.note_answered(sent_at);
+        }
         let spent = if capacity { spent_quota(hint) } else { None };
         self.learn(credential, held, class, spent.is_some(), hint, sent_at);
         self.note_stated(credential, held, hint, sent_at);
@@ -254,16 +259,29 @@ where
         let wait = told.min(inner.rates.max_retry_after);
         match &hint.scope {
             Some(scope) => {
-                // A named limit: hold back only the calls under it (this tool's).
-                let _ = inner
-                    .rates
-                    .server_scopes
-                    .penalize_told(&(key, scope.clone()), wait, told);
+                let key = (key, scope.clone());
                 let state = match tool {
                     Tool::Held(state) => Some(state.clone()),
                     // A tool the registry cannot hold now learns its scope later.
                     Tool::Named(name) => inner.slots.tool(name).ok(),
                 };
+                // The limit's own rate, before its hold (a quota change after it
+                // would stretch the hold): just under what it let through.
+                if let Some(state) = &state
+                    && inner.rates.learned.is_adaptive()
+                {
+                    let now = inner.clock.now_nanos();
+                    let period = match state.answered_per_second(now) {
+                        0 => told.max(Duration::from_millis(1)),
+                        n => Duration::from_secs_f64(1.0 / (0.9 * n as f64)),
+                    };
+                    let scopes = &inner.rates.server_scopes;
+                    if period > scopes.period_of(&key) {
+                        let _ = scopes.set_learned_quota(&key, Quota::with_period(period));
+                    }
+                }
+                // A named limit: hold back only the calls under it (this tool's).
+                let _ = inner.rates.server_scopes.penalize_told(&key, wait, told);
                 if let Some(state) = state {
                     *state.server_scope.write() = Some(scope.clone());
                     // Release: see `take_rate`.
