@@ -165,18 +165,9 @@ impl Learned {
             // A scoped limit is held, not learned as the credential's rate.
             return;
         }
-        // A ticket's state is the registered one: a state is forgotten only
-        // when nothing holds it.
-        let peeked;
-        let state = match held {
-            Some(state) => state,
-            None => match self.peek(credential) {
-                Some(state) => {
-                    peeked = state;
-                    &*peeked
-                }
-                None => return,
-            },
+        let mut peeked = None;
+        let Some(state) = held_or(held, &mut peeked, || self.peek(credential)) else {
+            return;
         };
         let Some(controller) = &state.controller else {
             return;
@@ -213,6 +204,23 @@ impl Learned {
     pub(crate) fn expected_period(&self, credential: &str) -> Option<u64> {
         let rate = self.peek(credential)?.controller.as_ref()?.expected_rate();
         Some((1e9 / rate).ceil().max(1.0) as u64)
+    }
+}
+
+/// `held` (a ticket's state, the registered one: a state is forgotten
+/// only when nothing holds it), else the state `peek` looks up, kept in
+/// `peeked`.
+pub(crate) fn held_or<'a>(
+    held: Option<&'a CredentialState>,
+    peeked: &'a mut Option<Arc<CredentialState>>,
+    peek: impl FnOnce() -> Option<Arc<CredentialState>>,
+) -> Option<&'a CredentialState> {
+    match held {
+        Some(state) => Some(state),
+        None => {
+            *peeked = peek();
+            peeked.as_deref()
+        }
     }
 }
 

@@ -26,16 +26,10 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         {
             return;
         }
-        let peeked;
-        let state = match held {
-            Some(state) => state,
-            None => match rates.peek_credential(credential) {
-                Some(state) => {
-                    peeked = state;
-                    &*peeked
-                }
-                None => return,
-            },
+        let mut peeked = None;
+        let peek = || rates.peek_credential(credential);
+        let Some(state) = learned::held_or(held, &mut peeked, peek) else {
+            return;
         };
         let stated = |name: &str| {
             hint.policies.iter().any(|p| {
