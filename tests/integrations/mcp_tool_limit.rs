@@ -35,6 +35,9 @@ async fn calls_queued_behind_a_tools_own_limit_go_out_spaced() {
             .is_some_and(|t| t.status == Status::RateLimited);
         assert!(r.value().is_some() || told, "{r:?}");
     }
+    // Spaced at the tool's pace, not slower: most fit in the inline wait.
+    let done = results.iter().filter(|r| r.value().is_some()).count();
+    assert!(done >= 10, "only {done} of 12 done");
     let seen = server.limited();
     let first = seen
         .iter()
