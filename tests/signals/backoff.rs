@@ -361,3 +361,39 @@ fn a_bare_429_waits_the_same_second_as_the_hold() {
     };
     assert_eq!(t.status, Status::RateLimited);
 }
+
+/// A fork keeps its template's settings (retry cap, clamp, backoff) and
+/// starts its own count, while the template (shared, never mutated) keeps
+/// none.
+#[test]
+fn a_fork_keeps_the_templates_settings_with_a_count_of_its_own() {
+    let clock = ManualClock::new();
+    let template = RetryPolicy::new(Backoff::new(Duration::from_secs(3), Duration::from_secs(3)))
+        .max_retries(1)
+        .clamp(Duration::from_millis(500));
+    for _ in 0..2 {
+        let mut policy = template.fork();
+        let mut deadline = Deadline::after(clock.clone(), Duration::from_secs(60));
+        let Decision::Retry { after } = policy.decide(&ServerHint::default(), &mut deadline) else {
+            panic!("one retry")
+        };
+        assert!(
+            after <= Duration::from_secs(3),
+            "the template's backoff: {after:?}"
+        );
+        assert_eq!(policy.retries(), 1);
+        let told = hint(&[("retry-after", "1")]);
+        assert!(
+            matches!(policy.decide(&told, &mut deadline), Decision::GiveUp),
+            "the template's cap of 1"
+        );
+    }
+    // The clamp: a 1 s server wait is past the template's 500 ms.
+    let mut policy = template.fork();
+    let mut deadline = Deadline::after(clock.clone(), Duration::from_secs(60));
+    let told = hint(&[("retry-after", "1")]);
+    assert!(matches!(
+        policy.decide(&told, &mut deadline),
+        Decision::NotRetried(_)
+    ));
+}
