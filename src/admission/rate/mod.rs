@@ -253,6 +253,16 @@ where
     S: Sleeper,
     C: Clock,
 {
+    /// Whether [`push_owed`](Self::push_owed) has anything to push.
+    pub(in crate::admission) fn owes(&self, credential: &str) -> bool {
+        self.inner.rates.shared.owes(credential)
+    }
+
+    /// Whether [`push_shared`](Self::push_shared) may have anything to push.
+    pub(in crate::admission) fn is_shared(&self, credential: &str) -> bool {
+        self.inner.rates.shared.contains(credential) || self.owes(credential)
+    }
+
     /// Stage 4: reserves every quota the call draws on and sleeps until its
     /// instant (within the inline wait and deadline). Returns the
     /// reservations and that instant.

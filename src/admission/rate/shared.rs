@@ -381,16 +381,6 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
     }
 
     /// Sends what `credential`'s shared limiters are owed, if anything.
-    /// Whether [`push_owed`](Self::push_owed) has anything to push.
-    pub(in crate::admission) fn owes(&self, credential: &str) -> bool {
-        self.inner.rates.shared.owes(credential)
-    }
-
-    /// Whether [`push_shared`](Self::push_shared) may have anything to push.
-    pub(in crate::admission) fn is_shared(&self, credential: &str) -> bool {
-        self.inner.rates.shared.contains(credential) || self.owes(credential)
-    }
-
     pub(in crate::admission) async fn push_owed(&self, credential: &str) {
         let shared = &self.inner.rates.shared;
         if shared.owes(credential) {
