@@ -17,7 +17,7 @@ thread_local! {
     static TOOLS: std::cell::RefCell<Cache<ToolState>> =
         const { std::cell::RefCell::new(Cache::new()) };
 }
-use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering, Ordering::Relaxed};
 use crate::throttled::{Status, Throttled};
 
 #[derive(Clone, Debug)]
@@ -42,8 +42,9 @@ pub(super) struct ToolState {
     /// Whether `server_scope` was ever set (the lock is read only then).
     pub(super) scoped: AtomicBool,
     /// Answers sent in the latest second and the one before (`second << 32 |
-    /// before << 16 | latest`), when the layer learns: what the tool's own
-    /// limit allowed, once it refuses (a statistic, shared by credentials).
+    /// credential tag << 16 | before << 8 | latest`), when the layer learns:
+    /// what the tool's own limit let one credential through, once it
+    /// refuses. Answers of two credentials tag it `MIXED`: no one's.
     answered: AtomicU64,
     pub(super) counters: Counters,
 }
@@ -81,34 +82,43 @@ impl ToolState {
         }
     }
 
-    /// Counts an answer to a request sent at `sent_at` (ns).
-    pub(super) fn note_answered(&self, sent_at: u64) {
-        let second = (sent_at / 1_000_000_000) & u64::from(u32::MAX);
+    /// Counts an answer to `credential`'s request sent at `sent_at` (ns).
+    pub(super) fn note_answered(&self, credential: &str, sent_at: u64) {
+        let (second, own) = ((sent_at / 1_000_000_000) & 0xffff_ffff, tag(credential));
         // Relaxed: a statistic; the compare-and-swap alone keeps the count.
-        let _ = self
-            .answered
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
-                let (at, latest) = (w >> 32, w & 0xffff);
-                Some(match second {
-                    s if s == at => w & !0xffff | (latest + 1).min(0xffff),
-                    s if s == at + 1 => s << 32 | latest << 16 | 1,
-                    s if s < at => w, // a late answer of an older second
-                    s => s << 32 | 1,
-                })
-            });
+        let _ = self.answered.fetch_update(Relaxed, Relaxed, |w| {
+            let (at, was, latest) = (w >> 32, (w >> 16) & 0xffff, w & 0xff);
+            let tag = if was == 0 || was == own { own } else { MIXED };
+            Some(match second {
+                s if s == at => s << 32 | tag << 16 | (w & 0xff00) | (latest + 1).min(0xff),
+                s if s == at + 1 => s << 32 | tag << 16 | latest << 8 | 1,
+                s if s < at => w, // a late answer of an older second
+                s => s << 32 | own << 16 | 1,
+            })
+        });
     }
 
-    /// The most answers sent in one second of the last two before `now`.
-    pub(super) fn answered_per_second(&self, now: u64) -> u64 {
+    /// The most answers `credential` was sent in one second of the last two
+    /// before `now`; 0 if another credential's answers are counted too.
+    pub(super) fn answered_per_second(&self, credential: &str, now: u64) -> u64 {
         // Relaxed: see `note_answered`.
         let w = self.answered.load(Ordering::Relaxed);
-        let (at, before, latest) = (w >> 32, (w >> 16) & 0xffff, w & 0xffff);
+        let (at, was, before, latest) = (w >> 32, (w >> 16) & 0xffff, (w >> 8) & 0xff, w & 0xff);
         match ((now / 1_000_000_000) & u64::from(u32::MAX)).saturating_sub(at) {
+            _ if was != tag(credential) => 0,
             0 => before.max(latest),
             1 => latest,
             _ => 0,
         }
     }
+}
+
+/// Answers of more than one credential.
+const MIXED: u64 = 0xffff;
+
+/// A credential's 16-bit tag in `answered`, in `1..MIXED`.
+fn tag(credential: &str) -> u64 {
+    ahash::RandomState::with_seeds(1, 2, 3, 4).hash_one(credential) % (MIXED - 1) + 1
 }
 
 pub(super) struct Tools {
@@ -249,10 +259,15 @@ mod tests {
         };
         let tool = ToolState::new("t", &cfg, Duration::ZERO, false);
         for at in [10 * S, 10 * S + 1, 10 * S + 2, 11 * S, 9 * S] {
-            tool.note_answered(at); // the late 9 s answer changes nothing
+            tool.note_answered("a", at); // the late 9 s answer changes nothing
         }
-        assert_eq!(tool.answered_per_second(11 * S + S / 2), 3);
-        assert_eq!(tool.answered_per_second(12 * S), 1);
-        assert_eq!(tool.answered_per_second(13 * S), 0);
+        assert_eq!(tool.answered_per_second("a", 11 * S + S / 2), 3);
+        assert_eq!(tool.answered_per_second("a", 12 * S), 1);
+        assert_eq!(tool.answered_per_second("a", 13 * S), 0);
+        // Another credential's answers tell nothing about "a"'s, nor theirs.
+        assert_eq!(tool.answered_per_second("b", 11 * S + S / 2), 0);
+        tool.note_answered("b", 11 * S);
+        assert_eq!(tool.answered_per_second("a", 11 * S + S / 2), 0);
+        assert_eq!(tool.answered_per_second("b", 11 * S + S / 2), 0);
     }
 }

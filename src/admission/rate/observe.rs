@@ -78,7 +78,7 @@ where
         if let (ReplyClass::Success, Tool::Held(state)) = (class, tool)
             && self.inner.rates.learned.is_adaptive()
         {
-            state.note_answered(sent_at);
+            state.note_answered(credential, sent_at);
         }
         let spent = if capacity { spent_quota(hint) } else { None };
         self.learn(credential, held, class, spent.is_some(), hint, sent_at);
@@ -271,7 +271,7 @@ where
                     && inner.rates.learned.is_adaptive()
                 {
                     let now = inner.clock.now_nanos();
-                    let period = match state.answered_per_second(now) {
+                    let period = match state.answered_per_second(credential, now) {
                         0 => told.max(Duration::from_millis(1)),
                         n => Duration::from_secs_f64(1.0 / (0.9 * n as f64)),
                     };
