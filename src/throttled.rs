@@ -204,16 +204,20 @@ impl std::error::Error for Throttled {}
 
 /// The answer for a request still running at its call's deadline: it was
 /// dropped and the call is `timed_out` (never a transport failure, which a
-/// caller would retry at once).
+/// caller would retry at once). A `write` says it may have run.
 #[cfg(feature = "admission")]
 #[cold]
-pub(crate) fn request_timed_out(budget: Duration, attempts: u32) -> Throttled {
+pub(crate) fn request_timed_out(budget: Duration, attempts: u32, write: bool) -> Throttled {
+    let then = if write {
+        "it is a write the server may have run: check its effect before running it again"
+    } else {
+        "retry with a longer deadline or later"
+    };
     Throttled::new(
         Status::TimedOut,
         "deadline",
         format!(
-            "the request was still running at the call's deadline ({} in all) and was dropped; \
-             retry with a longer deadline or later",
+            "the request was still running at the call's deadline ({} in all) and was dropped; {then}",
             Human(budget)
         ),
     )

@@ -12,19 +12,29 @@ use rmcp::transport::streamable_http_client::HttpStatusError;
 use rmcp::transport::DynamicTransportError;
 use rmcp::ServiceError;
 
-use crate::admission::attempt::reads::{Reads, Sharing};
+use crate::admission::attempt::reads::{joined_timed_out, Joined, Reads, Share, Sharing};
+use crate::admission::attempt::Ended;
 use crate::admission::identity::ReadKey;
 use crate::admission::{Admission, CallFailure, CallResult, CallSpec};
 use crate::clock::{Clock, DefaultClock};
-use crate::retry::RetryPolicy;
+use crate::retry::{Deadline, RetryPolicy};
 use crate::sleep::{DefaultSleeper, Sleeper};
-use crate::Throttled;
+use crate::{Provenance, Status, Throttled};
 
 mod exchange;
 mod shapes;
 
 /// How a gated call ended.
 type Outcome = CallResult<CallToolResult, ServiceError>;
+
+/// What the callers that joined a read take from it: a copy of how it
+/// ended, or the request it gave up on at its own deadline, still running
+/// for them.
+#[derive(Clone)]
+enum Copied {
+    Ended(Outcome),
+    Running(exchange::Sent),
+}
 
 /// Admits every `tools/call` of an [`rmcp`] client through an
 /// [`Admission`], per (MCP server, tool) and credential, with every stage
@@ -54,8 +64,12 @@ type Outcome = CallResult<CallToolResult, ServiceError>;
 /// * **Reads coalesce.** Identical concurrent calls (same credential,
 ///   tool and arguments) to a [`read`](Self::read) send one request; a
 ///   joiner waits no longer than its own deadline, and sends its own on
-///   the leader's refusal or timeout. The server's `readOnlyHint` counts
-///   only with [`trust_annotations`](Self::trust_annotations).
+///   the leader's refusal. A read whose first caller's deadline passes
+///   goes on running for the callers that joined it, and is cancelled at
+///   the server (`notifications/cancelled`) only when none of them waits
+///   for it any more. (A first caller dropped by its own caller cancels
+///   its request; the oldest joiner then sends its own.) The server's
+///   `readOnlyHint` counts only with [`trust_annotations`](Self::trust_annotations).
 /// * rmcp's multi-round `input_required` replies are not driven.
 ///
 /// # Examples
@@ -93,7 +107,7 @@ pub struct McpGate<S: Sleeper = DefaultSleeper, C: Clock = DefaultClock> {
     retry: RetryPolicy,
     reads: HashSet<String>,
     idempotent: HashSet<String>,
-    flights: Reads<Outcome, Outcome, C>,
+    flights: Reads<Outcome, Copied, C>,
 }
 
 impl<S: Sleeper, C: Clock + Clone> McpGate<S, C> {
@@ -298,30 +312,62 @@ where
         // Same credential, tool and arguments: the same read.
         let arguments = serde_json::to_string(&params.arguments).unwrap_or_default();
         let key = ReadKey::new(&spec.tool, &spec.credential, &arguments);
+        let deadline = Deadline::after(self.admission.clock().clone(), spec.deadline);
+        let (spec, params) = (&spec, &params);
         let led = self
             .admission
             .coalesce(&self.flights, key, spec.deadline, |left| async move {
-                let (own, sharing) = self.run(&spec.clone().deadline(left), &params).await;
-                let copy = sharing.with(|| Some(own.clone()));
+                let (own, sharing, running) = self.run(&spec.clone().deadline(left), params).await;
+                let copy = match running {
+                    Some(sent) => Share::InFlight(Copied::Running(sent)),
+                    None => sharing.with(|| Some(Copied::Ended(own.clone()))),
+                };
                 (own, copy)
             })
             .await;
-        led.into_result()
+        match led {
+            Joined::Own(own) => own,
+            Joined::Copy(Copied::Ended(copy), provenance) => copy.into_copy(provenance),
+            Joined::Copy(Copied::Running(sent), _) => {
+                // The request its first caller gave up on: its success is
+                // this caller's answer; anything else is not, and this caller
+                // sends its own.
+                let timer = || self.admission.sleeper().sleep(deadline.remaining());
+                match crate::sleep::within(sent.success(), timer).await {
+                    Some(Some(value)) => CallResult::Done {
+                        value,
+                        provenance: Provenance::Joined,
+                        attempts: 0,
+                    },
+                    Some(None) => {
+                        let left = deadline.remaining();
+                        self.run(&spec.clone().deadline(left), params).await.0
+                    }
+                    None => CallResult::Throttled(joined_timed_out(spec.deadline)),
+                }
+            }
+            Joined::TimedOut(refused) => CallResult::Throttled(refused),
+        }
     }
 
-    /// One call through the admission's attempt loop, and what the calls
-    /// that joined it may have of it.
+    /// One call through the admission's attempt loop, what the calls that
+    /// joined it may have of it, and a read's request still running after
+    /// the call's deadline (for them).
     async fn run(
         &self,
         spec: &CallSpec,
         params: &CallToolRequestParams,
-    ) -> (CallResult<CallToolResult, ServiceError>, Sharing) {
-        let mut call = exchange::ToolCall::new(&self.peer, params);
+    ) -> (Outcome, Sharing, Option<exchange::Sent>) {
+        let mut call = exchange::ToolCall::new(&self.peer, params, !spec.write);
         let ended = self
             .admission
             .drive(spec, spec.deadline, &self.retry, &mut call)
             .await;
         let sharing = ended.sharing();
+        let running = match &ended {
+            Ended::Throttled(t) if t.status == Status::TimedOut => call.still_running(),
+            _ => None,
+        };
         let result =
             ended.into_call_result(|result, failed| match (failed, call.status(), result) {
                 (false, _, Ok(value)) => Ok(value),
@@ -332,7 +378,7 @@ where
                 (true, None, Err(e)) => Err(CallFailure::Transport(Arc::new(e))),
                 (true, None, Ok(_)) => Err(CallFailure::Status { status: 503 }),
             });
-        (result, sharing)
+        (result, sharing, running)
     }
 }
 

@@ -149,7 +149,8 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
             let Some(result) = attempt else {
                 // No answer by the deadline: a circuit failure, no verdict on the rate.
                 ticket.observe_error();
-                return Ended::Throttled(crate::throttled::request_timed_out(budget, sent));
+                let write = spec.write && !spec.idempotent;
+                return Ended::Throttled(crate::throttled::request_timed_out(budget, sent, write));
             };
             let read = exchange.read(&result);
             // A non-idempotent call is never resent once it may have run.

@@ -241,7 +241,7 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
 
 /// A caller whose deadline passed while the identical read it joined ran.
 #[cold]
-fn joined_timed_out(budget: Duration) -> Throttled {
+pub(crate) fn joined_timed_out(budget: Duration) -> Throttled {
     Throttled::new(
         Status::TimedOut,
         "deadline",

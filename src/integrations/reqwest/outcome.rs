@@ -138,7 +138,7 @@ pub(super) async fn share<F: core::future::Future<Output = ()>>(
                 }
                 Some(Err(e)) => (Err(Error::Reqwest(e)), Share::Not),
                 None => {
-                    let late = crate::throttled::request_timed_out(budget, outcome.attempts);
+                    let late = crate::throttled::request_timed_out(budget, outcome.attempts, false);
                     (Err(Error::middleware(late)), Share::Not)
                 }
             }
