@@ -22,7 +22,12 @@ use crate::sleep::{DefaultSleeper, Sleeper};
 use crate::{Provenance, Status, Throttled};
 
 mod exchange;
+#[cfg(feature = "mcp-server")]
+mod server;
 mod shapes;
+
+#[cfg(feature = "mcp-server")]
+pub use server::ServerGate;
 
 /// How a gated call ended.
 type Outcome = CallResult<CallToolResult, ServiceError>;

@@ -2,7 +2,6 @@
 //! `reqwest`, reqwest-middleware 0.5).
 
 use core::fmt;
-use core::hash::{BuildHasher, Hasher};
 use core::time::Duration;
 use std::sync::Arc;
 
@@ -384,7 +383,7 @@ impl AdmissionMiddleware {
     /// assert_ne!(a, AdmissionMiddleware::credential_of(b"Bearer key-b"));
     /// ```
     pub fn credential_of(value: &[u8]) -> String {
-        hash_credential(value)
+        crate::admission::identity::credential_hash(value)
     }
 
     /// Sends `request` (from a client whose middleware includes an
@@ -429,17 +428,10 @@ impl AdmissionMiddleware {
     }
 }
 
-fn hash_credential(value: &[u8]) -> String {
-    // Fixed seeds: the same key hashes alike in every process.
-    let mut h = ahash::RandomState::with_seeds(0x6261, 0x636b, 0x7072, 0x6573).build_hasher();
-    h.write(value);
-    format!("{:016x}", h.finish())
-}
-
 fn credential_from_header(name: String) -> Derive {
     Arc::new(
         move |req: &Request| match req.headers().get(name.as_str()) {
-            Some(v) => hash_credential(v.as_bytes()),
+            Some(v) => crate::admission::identity::credential_hash(v.as_bytes()),
             None => "anonymous".to_string(),
         },
     )

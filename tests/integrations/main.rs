@@ -59,3 +59,5 @@ mod scripted_server;
 #[cfg(all(feature = "reqwest", feature = "tower", feature = "mcp"))]
 #[path = "../support/mcp_server.rs"]
 mod mcp_server;
+#[cfg(all(feature = "reqwest", feature = "tower", feature = "mcp-server"))]
+mod mcp_server_gate;

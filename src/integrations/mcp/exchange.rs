@@ -66,11 +66,11 @@ impl Exchange for ToolCall<'_> {
         true
     }
 
-    /// A result of the tool's own means it ran; a 429 or 503 at the transport
-    /// or a JSON-RPC rate-limit error came before it did.
+    /// A result of the tool's own means it ran; a 429 or 503 at the transport,
+    /// a JSON-RPC rate-limit error or a gate's refusal came before it did.
     fn may_have_run(&self, result: &Result<CallToolResult, ServiceError>, read: &Read) -> bool {
         match (result, read) {
-            (Ok(_), _) => true,
+            (Ok(r), _) => !shapes::ran_nothing(r),
             (Err(_), Read::Answer { status, .. }) => !matches!(status, 429 | 503),
             (Err(_), Read::NoAnswer) => true,
             (Err(_), Read::Refusal) => false,

@@ -22,7 +22,8 @@
 //!
 //! A limit in a tool's result holds only that tool (or the object's
 //! `scope`); the tool ran, so it is retried only for a read or idempotent
-//! tool. A limit at the transport or in a JSON-RPC error was said before
+//! tool, unless the result is a whole [`Throttled`] that sent nothing
+//! (`attempts: 0`: a `ServerGate`'s refusal). A limit at the transport or in a JSON-RPC error was said before
 //! the tool ran: it holds the credential (unless `data` names a `scope`).
 
 use std::time::{Duration, SystemTime};
@@ -121,6 +122,19 @@ fn http_status<'e>(
         next = e.source();
     }
     None
+}
+
+/// Whether a tool result is a refusal that ran nothing: an `isError` whose
+/// `structuredContent` is a whole [`Throttled`] with `attempts: 0` (what
+/// `McpGate::refusal` writes, and a `ServerGate` answers before the tool
+/// runs), so even a write may be sent again.
+pub(crate) fn ran_nothing(r: &CallToolResult) -> bool {
+    use serde::Deserialize;
+    let throttled = r
+        .structured_content
+        .as_ref()
+        .map(crate::Throttled::deserialize);
+    r.is_error == Some(true) && matches!(throttled, Some(Ok(t)) if t.attempts == 0)
 }
 
 /// A JSON-RPC error that says it is a rate limit, and its wait.
