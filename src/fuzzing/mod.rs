@@ -1,10 +1,10 @@
 //! Entry points for the cargo-fuzz targets in `fuzz/` that need the
-//! crate's internals (the models of the semaphore and `SingleFlight` use
-//! only the public API and live in `tests/fuzz_models/`). Each drives one
-//! structure with a byte string and diffs it against a simple model; the
-//! unit tests run them on seeded input too. Compiled only with
-//! `--cfg fuzzing` or in tests.
+//! crate's internals, compiled only with `--cfg fuzzing` or in tests. The
+//! bucket's model reads its raw `tat` and `Quota::clamped`, so it lives
+//! with the other models in `tests/fuzz_models/` but is compiled here (as
+//! `loom-tests/` is); its unit test runs it on seeded input.
 
+#[path = "../../tests/fuzz_models/bucket_model.rs"]
 mod bucket_model;
 
 pub use bucket_model::bucket_model;

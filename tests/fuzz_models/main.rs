@@ -3,7 +3,8 @@
 //! here by seeded random input (and under miri), and by libFuzzer from
 //! `fuzz/fuzz_targets/` (which includes this file by `#[path]`). Each
 //! drives one structure with a byte string and diffs it against a simple
-//! model; they use only the public API.
+//! model; they use only the public API. (`bucket_model.rs`, which reads the
+//! bucket's internals, is compiled into the library: see `src/fuzzing/`.)
 
 // Each fuzz target uses one model.
 #![allow(dead_code, unused_imports)]

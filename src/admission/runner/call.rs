@@ -104,7 +104,6 @@ impl<V> Reply<V> {
     }
 }
 
-/// The boxed future of one attempt.
 /// A call's attempts, made in place: the closure and the running
 /// attempt's future live in one box the `Call` allocates once, so an
 /// attempt allocates nothing.

@@ -3,6 +3,10 @@
 //! The model is the GCRA specification in plain `u128` arithmetic with a
 //! list of outstanding reservations. After each operation every answer and
 //! the stored arrival time must agree exactly.
+//!
+//! It reads the bucket's raw `tat` and the crate-private `Quota::clamped`,
+//! so it is not a module of this test target: the library compiles it by
+//! `#[path]` (`src/fuzzing/mod.rs`), for its unit tests and the fuzz target.
 
 use std::num::NonZeroU32;
 use std::time::Duration;
