@@ -86,22 +86,12 @@ type ClientOf = Arc<dyn Fn(&RequestContext<RoleServer>) -> String + Send + Sync>
 /// # drop(client); let _ = server.await;
 /// # });
 /// ```
+#[derive(Clone)]
 pub struct ServerGate<H, S: Sleeper = DefaultSleeper, C: Clock = DefaultClock> {
     inner: H,
     admission: Admission<S, C>,
     client: ClientOf,
     deadline: Duration,
-}
-
-impl<H: Clone, S: Sleeper, C: Clock> Clone for ServerGate<H, S, C> {
-    fn clone(&self) -> Self {
-        ServerGate {
-            inner: self.inner.clone(),
-            admission: self.admission.clone(),
-            client: self.client.clone(),
-            deadline: self.deadline,
-        }
-    }
 }
 
 impl<H, S: Sleeper, C: Clock> ServerGate<H, S, C> {
