@@ -9,7 +9,9 @@
 //!
 //! A **text is a limit** only when its whole shape is one (at most 200
 //! characters): at most four words of preamble, one of [`PHRASES`], then
-//! nothing but a stated wait (`retry after N`, `try again in N`, ...). A
+//! nothing but a stated wait (`retry after N`, `try again in N`, ...). The
+//! Python SDK's wrapper of a tool's exception, "Error executing tool
+//! <the tool>: ", is taken off first. A
 //! phrase found somewhere in a text is never a limit: a tool's ordinary
 //! error read as one would be retried, and a write run again.
 //!
@@ -167,7 +169,15 @@ fn tool_error(r: &CallToolResult, tool: &str) -> Option<(u16, ServerHint)> {
             }
             continue;
         }
-        if let Some(wait) = limit_text(&text.text) {
+        // The official Python SDK wraps a tool's exception as
+        // "Error executing tool <name>: <message>".
+        let own = text.text.trim_start();
+        let lead = "error executing tool ";
+        let wrapped = own
+            .get(..lead.len())
+            .filter(|l| l.eq_ignore_ascii_case(lead))
+            .and_then(|_| own[lead.len()..].strip_prefix(tool)?.strip_prefix(':'));
+        if let Some(wait) = limit_text(wrapped.unwrap_or(own)) {
             let hint = ServerHint {
                 retry_after: wait,
                 scope: Some(tool.to_string()),
@@ -300,7 +310,14 @@ mod tests {
     use serde_json::json;
 
     fn status_of(r: &Result<CallToolResult, ServiceError>) -> Option<(u16, Option<Duration>)> {
-        match read(r, "t") {
+        read_hint(r, "t")
+    }
+
+    fn read_hint(
+        r: &Result<CallToolResult, ServiceError>,
+        tool: &str,
+    ) -> Option<(u16, Option<Duration>)> {
+        match read(r, tool) {
             Read::Answer { status, hint, .. } => Some((status, hint.retry_after)),
             _ => None,
         }
@@ -369,6 +386,15 @@ mod tests {
             let wait = ms.map(Duration::from_millis);
             assert_eq!(status_of(&text(t)), Some((429, wait)), "{t}");
         }
+        // The Python SDK's wrapper of the tool's own exception, for this tool
+        // only (a dot in its name included).
+        let sdk =
+            text("Error executing tool docs.search: Rate limit exceeded, retry after 1 seconds");
+        assert_eq!(
+            read_hint(&sdk, "docs.search"),
+            Some((429, Some(Duration::from_secs(1))))
+        );
+        assert_eq!(read_hint(&sdk, "docs"), Some((200, None)));
         // A JSON-RPC error's message, and ToolHive's code with its data.
         let e = Err(rpc(-32000, "rate limit exceeded, try again in 3s", None));
         assert_eq!(status_of(&e), Some((429, Some(Duration::from_secs(3)))));
