@@ -4,14 +4,14 @@
 //! so it works with every HTTP library; the `http` feature adds
 //! `ServerHint::from_header_map`. Formats and rules are on [`ServerHint`].
 
-mod parse;
 #[cfg(feature = "http")]
-mod usage;
+mod body;
+mod parse;
 mod value;
 mod write;
 
 #[cfg(feature = "http")]
-pub(crate) use usage::{llm_event_usage, llm_usage};
+pub(crate) use body::{llm_event_usage, llm_usage};
 #[cfg(feature = "testing")]
 pub(crate) use write::retry_after_secs;
 pub use write::RateLimitHeaders;
@@ -293,6 +293,34 @@ impl ServerHint {
     #[cfg(feature = "http")]
     pub fn from_header_map(map: &http::HeaderMap, now: SystemTime) -> ServerHint {
         Self::from_headers(map.iter(), now)
+    }
+
+    /// Adds the wait a 429's JSON body states: the longer of it and the
+    /// headers' (feature `http`). The reqwest middleware and `Call::request` read it
+    /// from every 429 body of at most 64 KiB; a tower observer that holds
+    /// the body can call it.
+    ///
+    /// | body | the wait |
+    /// | --- | --- |
+    /// | Gemini / Vertex AI `error.details[]` with `google.rpc.QuotaFailure` whose `quotaId` names `PerDay` or `PerMonth` | until the quota resets: midnight (or the month's first day) Pacific, taken as UTC-8 (an hour late in daylight time, never early), so the call ends `quota_exhausted` at once and is not retried |
+    /// | `google.rpc.RetryInfo` `retryDelay` (`"23s"`) | that delay |
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::headers::ServerHint;
+    /// use std::time::{Duration, SystemTime};
+    ///
+    /// let body = br#"{"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "details": [
+    ///     {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "23s"}]}}"#;
+    /// let hint = ServerHint::default().with_error_body(body, SystemTime::now());
+    /// assert_eq!(hint.retry_after, Some(Duration::from_secs(23)));
+    /// ```
+    #[cfg(feature = "http")]
+    pub fn with_error_body(mut self, body: &[u8], now: SystemTime) -> ServerHint {
+        let said = body::error_wait(body, now);
+        self.retry_after = self.retry_after.max(said);
+        self
     }
 
     /// How long the server wants us to wait, if it said: `retry_after`, else

@@ -906,3 +906,60 @@ async fn posts_declared_reads_share_one_request_by_body() {
         assert_eq!(joined, 4 - expect, "{attempts:?}");
     }
 }
+
+/// Issue #63: Gemini states its wait in a 429's body, not a header.
+mod gemini_bodies {
+    use super::*;
+    use crate::scripted_server::{Scripted, Step};
+    use backpressure::admission::CallResult;
+
+    const RETRY_30S: &str = r#"{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","details":[
+        {"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"30s"}]}}"#;
+    const PER_DAY: &str = r#"{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","details":[
+        {"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[
+        {"quotaId":"GenerateRequestsPerDayPerProjectPerModel-FreeTier","quotaValue":"50"}]},
+        {"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"20s"}]}}"#;
+
+    async fn call(
+        client: &ClientWithMiddleware,
+        server: &Scripted,
+    ) -> CallResult<reqwest::Response, reqwest_middleware::Error> {
+        let request = client
+            .post(server.url("/v1beta/models/gemini:generateContent"))
+            .header("x-goog-api-key", "key-a")
+            .with_extension(RequestDeadline(Duration::from_secs(60)));
+        AdmissionMiddleware::call_result(request).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stated_delay_past_what_a_call_waits_is_surfaced_not_retried() {
+        let server =
+            Scripted::start(vec![Step::Body(429, RETRY_30S)], Step::Answer(200, &[])).await;
+        let client = client(Admission::builder().build());
+        let refused = call(&client, &server).await;
+        let t = refused
+            .throttled()
+            .expect("a 30 s wait is past the call's 2 s");
+        assert_eq!(
+            (t.status, t.retry_after_ms, t.attempts),
+            (Status::RateLimited, Some(30_000), 1)
+        );
+        assert_eq!(server.seen().len(), 1, "not sent again on a bare hold");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_spent_daily_quota_ends_the_calls_at_once() {
+        let server = Scripted::start(vec![Step::Body(429, PER_DAY)], Step::Answer(200, &[])).await;
+        let client = client(Admission::builder().build());
+        let first = call(&client, &server).await;
+        let t = first.throttled().expect("the day's quota is spent");
+        assert_eq!((t.status, t.attempts), (Status::QuotaExhausted, 1), "{t}");
+        // The calls after it are told at once, without a request.
+        for _ in 0..3 {
+            let later = call(&client, &server).await;
+            let t = later.throttled().expect("still spent");
+            assert_eq!((t.status, t.attempts), (Status::QuotaExhausted, 0), "{t}");
+        }
+        assert_eq!(server.seen().len(), 1, "one request in all");
+    }
+}

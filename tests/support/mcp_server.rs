@@ -213,6 +213,11 @@ async fn front(State(script): State<Arc<Script>>, req: Request, next: Next) -> R
             }
             response.body(Body::from("not now")).unwrap()
         }
+        Step::Body(status, body) => Response::builder()
+            .status(StatusCode::from_u16(status).unwrap())
+            .header("content-type", "application/json")
+            .body(Body::from(body))
+            .unwrap(),
         Step::Slow(_, delay) => {
             tokio::time::sleep(delay).await;
             next.run(forward).await

@@ -15,6 +15,8 @@ use tokio::net::{TcpListener, TcpStream};
 pub enum Step {
     /// Answers with this status and these headers (a tiny JSON body).
     Answer(u16, &'static [(&'static str, &'static str)]),
+    /// Answers with this status and this JSON body.
+    Body(u16, &'static str),
     /// The same, after a delay (so identical calls overlap).
     Slow(u16, Duration),
     /// Resets the connection once the request is read.
@@ -120,6 +122,7 @@ async fn serve(
     });
     match script.get(i).unwrap_or(then) {
         Step::Answer(status, headers) => answer(&mut stream, *status, headers, i).await,
+        Step::Body(status, body) => reply(&mut stream, *status, &[], body).await,
         Step::Slow(status, delay) => {
             tokio::time::sleep(*delay).await;
             answer(&mut stream, *status, &[], i).await;
@@ -169,7 +172,10 @@ async fn read_request(stream: &mut TcpStream) -> Option<String> {
 }
 
 async fn answer(stream: &mut TcpStream, status: u16, headers: &[(&str, &str)], i: usize) {
-    let body = format!("{{\"request\":{i}}}");
+    reply(stream, status, headers, &format!("{{\"request\":{i}}}")).await;
+}
+
+async fn reply(stream: &mut TcpStream, status: u16, headers: &[(&str, &str)], body: &str) {
     let mut out = format!(
         "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
         body.len()
@@ -178,7 +184,7 @@ async fn answer(stream: &mut TcpStream, status: u16, headers: &[(&str, &str)], i
         out.push_str(&format!("{name}: {value}\r\n"));
     }
     out.push_str("\r\n");
-    out.push_str(&body);
+    out.push_str(body);
     let _ = stream.write_all(out.as_bytes()).await;
     let _ = stream.shutdown().await;
 }

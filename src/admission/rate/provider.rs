@@ -10,6 +10,7 @@ use core::time::Duration;
 /// | --- | --- | --- | --- |
 /// | [`OpenAi`](Self::OpenAi) (and servers that copy its headers with its meaning) | `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` | a minute | `tokens` |
 /// | [`Anthropic`](Self::Anthropic) | `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}` | a minute (always: the names are Anthropic's own) | `tokens`, `input_tokens`, `output_tokens` |
+/// | [`Gemini`](Self::Gemini) (and Vertex AI) | none: a 429's body states its wait ([`ServerHint::with_error_body`](crate::headers::ServerHint::with_error_body)), a per-day quota's reset included | a minute | none: configure `input_tokens` with [`resource`](crate::admission::Builder::resource) |
 ///
 /// Told the provider, the layer learns the server's numbers from its first
 /// reply and needs no quota configured:
@@ -55,6 +56,8 @@ pub enum Provider {
     OpenAi,
     /// Anthropic's Messages API.
     Anthropic,
+    /// Google's Gemini API and Vertex AI (`generateContent`).
+    Gemini,
 }
 
 impl Provider {
@@ -68,8 +71,12 @@ impl Provider {
     /// | --- | --- | --- |
     /// | OpenAI (and compatible servers) | `prompt_tokens`, `completion_tokens`, `total_tokens` | `input_tokens`, `output_tokens`, `tokens` |
     /// | Anthropic | `input_tokens`, `cache_creation_input_tokens`, `cache_read_input_tokens`, `output_tokens` | `input_tokens` (uncached input and cache writes), `output_tokens`, `tokens` |
+    /// | Gemini (`usageMetadata`) | `promptTokenCount`, `cachedContentTokenCount`, `candidatesTokenCount`, `thoughtsTokenCount`, `totalTokenCount` | `input_tokens` (the prompt, cached content included), `output_tokens` (candidates and thoughts), `tokens` |
     ///
-    /// `tokens` is `total_tokens` when stated, else input plus output.
+    /// `tokens` is `total_tokens` (`totalTokenCount`) when stated, else input
+    /// plus output. Gemini's tokens-per-minute limit counts input tokens, and
+    /// its prompt count includes cached content ("Rate limits" and "Context
+    /// caching" guides), so a cached prompt is counted whole.
     /// Anthropic counts only uncached input tokens, cache writes included,
     /// toward its input-tokens-per-minute limit, not cache reads (its "Rate
     /// limits" guide, for current models), so cache reads are not counted
@@ -119,7 +126,7 @@ impl Provider {
 
     pub(in crate::admission) const fn window(self) -> Duration {
         match self {
-            Provider::OpenAi | Provider::Anthropic => Duration::from_secs(60),
+            Provider::OpenAi | Provider::Anthropic | Provider::Gemini => Duration::from_secs(60),
         }
     }
 
@@ -129,6 +136,7 @@ impl Provider {
         match self {
             Provider::OpenAi => &["tokens"],
             Provider::Anthropic => &["tokens", "input_tokens", "output_tokens"],
+            Provider::Gemini => &[],
         }
     }
 }

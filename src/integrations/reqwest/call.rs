@@ -62,8 +62,13 @@ impl Call<HttpReply, reqwest_middleware::Error> {
                 let response = attempt.send().await?;
                 let status = response.status();
                 let headers = response.headers().clone();
-                let hint = ServerHint::from_header_map(&headers, SystemTime::now());
+                let now = SystemTime::now();
+                let hint = ServerHint::from_header_map(&headers, now);
                 let mut reply = HttpReply::new(response.bytes().await?.to_vec());
+                let hint = match status.as_u16() {
+                    429 => hint.with_error_body(reply.body(), now),
+                    _ => hint,
+                };
                 *reply.status_mut() = status;
                 *reply.headers_mut() = headers;
                 Ok(Reply::new(status.as_u16(), reply).with_hint(hint))

@@ -7,17 +7,22 @@ use std::time::SystemTime;
 
 use ::reqwest::{Request, Response};
 use ::reqwest_middleware::{Error, Next, Result};
+use bytes::Bytes;
 
 use super::{usage, BodyUsage, Usage};
 use crate::admission::attempt::Read;
 use crate::headers::ServerHint;
 use crate::Throttled;
 
-/// A response, and what its body said the request used.
+/// A response, what its body said the request used, and a 429's body.
 pub(super) struct Sent {
     pub(super) response: Response,
     used: Vec<(String, u32)>,
+    refused: Option<Bytes>,
 }
+
+/// The most of a 429's body read for the wait it states.
+const ERROR_BODY_LIMIT: u64 = 64 << 10;
 
 /// One request through the rest of the middleware chain: each attempt a
 /// clone of the request (a streamed body is sent once).
@@ -49,20 +54,41 @@ impl crate::admission::attempt::Exchange for Exchange<'_, '_> {
                 return Err(Error::middleware(Unsendable));
             };
             let response = next.run(req, extensions).await?;
+            let buffer =
+                !usage::is_stream(&response) && !crate::Throttled::is_refusal(response.headers());
+            let refused = response.status() == 429
+                && response
+                    .content_length()
+                    .is_none_or(|n| n <= ERROR_BODY_LIMIT);
             match body_usage {
                 // Read here, once, whatever the status.
-                Some(read)
-                    if !usage::is_stream(&response)
-                        && !crate::Throttled::is_refusal(response.headers()) =>
-                {
-                    let (response, used) = usage::buffered(response, |body| read(body))
+                Some(read) if buffer => {
+                    let copy = |body: &[u8]| refused.then(|| Bytes::copy_from_slice(body));
+                    let (response, (used, body)) =
+                        usage::buffered(response, |body| (read(body), copy(body)))
+                            .await
+                            .map_err(Error::Reqwest)?;
+                    Ok(Sent {
+                        response,
+                        used,
+                        refused: body,
+                    })
+                }
+                _ if buffer && refused => {
+                    let (response, body) = usage::buffered(response, Bytes::copy_from_slice)
                         .await
                         .map_err(Error::Reqwest)?;
-                    Ok(Sent { response, used })
+                    let refused = Some(body);
+                    Ok(Sent {
+                        response,
+                        used: Vec::new(),
+                        refused,
+                    })
                 }
                 _ => Ok(Sent {
                     response,
                     used: Vec::new(),
+                    refused: None,
                 }),
             }
         }
@@ -73,7 +99,11 @@ impl crate::admission::attempt::Exchange for Exchange<'_, '_> {
             // A refusal of an admission layer further in: final, nothing to learn.
             Ok(sent) if crate::Throttled::is_refusal(sent.response.headers()) => Read::Refusal,
             Err(Error::Middleware(e)) if e.downcast_ref::<Throttled>().is_some() => Read::Refusal,
-            Ok(Sent { response, used }) => {
+            Ok(Sent {
+                response,
+                used,
+                refused,
+            }) => {
                 let mut usage: Vec<(Cow<'static, str>, u32)> = used
                     .iter()
                     .map(|(name, units)| (Cow::Owned(name.clone()), *units))
@@ -81,9 +111,14 @@ impl crate::admission::attempt::Exchange for Exchange<'_, '_> {
                 if let Some(read) = self.usage {
                     usage.extend(read(response).into_iter().map(|(n, u)| (Cow::Owned(n), u)));
                 }
+                let now = SystemTime::now();
+                let mut hint = ServerHint::from_header_map(response.headers(), now);
+                if let Some(body) = refused {
+                    hint = hint.with_error_body(body, now);
+                }
                 Read::Answer {
                     status: response.status().as_u16(),
-                    hint: ServerHint::from_header_map(response.headers(), SystemTime::now()),
+                    hint,
                     usage,
                 }
             }
