@@ -5,4 +5,6 @@
 
 mod backoff;
 mod headers;
+#[cfg(feature = "http")]
+mod provider_bodies;
 mod retry;
