@@ -461,6 +461,13 @@ fn table() -> Vec<Row> {
             kinds: vec![Kind::Throttled(Status::TimedOut), Kind::Done(200)],
             attempts: vec![1, 1],
             requests: 2,
+            mcp: Some((
+                "an MCP read's request runs on for the caller that joined it, and is \
+                 cancelled only when none waits (issue #61): the follower takes its answer",
+                vec![Kind::Throttled(Status::TimedOut), Kind::Done(200)],
+                vec![1, 0],
+                1,
+            )),
             ..row(
                 "a leader's timeout is not its follower's: the follower sends its own",
                 vec![],
