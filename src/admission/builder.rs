@@ -369,7 +369,9 @@ impl<S, C> Builder<S, C> {
     }
 
     /// Rate-limit waits up to this long are slept inside `admit` (invisible
-    /// to the caller); longer ones are returned as `rate_limited`.
+    /// to the caller); longer ones are returned as `rate_limited`. A call
+    /// that a server's hold sends back to the queue while it sleeps may
+    /// wait this long again from then.
     pub fn inline_wait(mut self, d: Duration) -> Self {
         self.cfg.inline_wait = d;
         self

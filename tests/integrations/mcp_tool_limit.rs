@@ -35,9 +35,10 @@ async fn calls_queued_behind_a_tools_own_limit_go_out_spaced() {
             .is_some_and(|t| t.status == Status::RateLimited);
         assert!(r.value().is_some() || told, "{r:?}");
     }
-    // Spaced at the tool's pace, not slower: most fit in the inline wait.
+    // Spaced at the tool's pace, not slower: a call the hold sends back to
+    // the queue may wait the inline threshold again from then, so all fit.
     let done = results.iter().filter(|r| r.value().is_some()).count();
-    assert!(done >= 10, "only {done} of 12 done");
+    assert_eq!(done, 12, "only {done} of 12 done");
     let seen = server.limited();
     let first = seen
         .iter()

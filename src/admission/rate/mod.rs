@@ -279,7 +279,9 @@ where
         let inner = &*self.inner;
         let mut now = now.unwrap_or_else(|| inner.clock.now_nanos());
         let inline = self.inline_wait(inline);
-        let inline_end = now.saturating_add(saturating_nanos(inline));
+        // A call sent back to the queue (a hold placed while it slept) may
+        // wait `inline` again from then: the move is the server's news.
+        let mut inline_end = now.saturating_add(saturating_nanos(inline));
         let shared = inner.rates.shared.get(&spec.credential);
         let shared_costs = inner.rates.shared.resources_of(&spec.credential);
         if let Some(why) = shared
@@ -409,6 +411,7 @@ where
                         // A cut moved a turn past the deadline: ask again from now, as behind
                         // a hold, which refuses with an honest wait.
                         now = inner.clock.now_nanos();
+                        inline_end = now.saturating_add(saturating_nanos(inline));
                         reserved.cancel_all();
                         continue;
                     }
@@ -424,6 +427,7 @@ where
             }
             // A hold placed during the sleep covers our instant: give the cells back
             // and queue again behind it.
+            inline_end = now.saturating_add(saturating_nanos(inline));
             reserved.cancel_all();
         }
     }
