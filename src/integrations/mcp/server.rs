@@ -142,14 +142,24 @@ fn client_of(context: &RequestContext<RoleServer>) -> String {
         )
 }
 
-impl<H, S, C> ServerGate<H, S, C>
+/// Every other method of [`ServerHandler`], handed to the server as is.
+macro_rules! to_server {
+    ($($name:ident($($arg:ident: $ty:ty),*) -> $out:ty;)*) => {$(
+        async fn $name(&self, $($arg: $ty),*) -> $out {
+            self.inner.$name($($arg),*).await
+        }
+    )*};
+}
+
+#[allow(deprecated)] // `subscribe` is handed on like the rest.
+impl<H, S, C> ServerHandler for ServerGate<H, S, C>
 where
     H: ServerHandler,
     S: Sleeper<Sleep: Send> + Send + Sync + 'static,
     C: Clock + Clone + Send + Sync + 'static,
 {
     /// Admits the call, or refuses it as the tool result a client reads.
-    async fn gated(
+    async fn call_tool(
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
@@ -177,31 +187,6 @@ where
                 None,
             )),
         }
-    }
-}
-
-/// Every other method of [`ServerHandler`], handed to the server as is.
-macro_rules! to_server {
-    ($($name:ident($($arg:ident: $ty:ty),*) -> $out:ty;)*) => {$(
-        async fn $name(&self, $($arg: $ty),*) -> $out {
-            self.inner.$name($($arg),*).await
-        }
-    )*};
-}
-
-#[allow(deprecated)] // `subscribe` is handed on like the rest.
-impl<H, S, C> ServerHandler for ServerGate<H, S, C>
-where
-    H: ServerHandler,
-    S: Sleeper<Sleep: Send> + Send + Sync + 'static,
-    C: Clock + Clone + Send + Sync + 'static,
-{
-    async fn call_tool(
-        &self,
-        request: CallToolRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, ErrorData> {
-        self.gated(request, context).await
     }
 
     to_server! {
