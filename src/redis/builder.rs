@@ -134,6 +134,18 @@ pub struct RedisBucketBuilder {
     quota: Quota,
 }
 
+/// The clock a fleet shares ([`RedisBucketBuilder::wall_clock`]):
+/// nanoseconds since the UNIX epoch.
+#[derive(Debug)]
+pub(super) struct WallClock;
+
+impl Clock for WallClock {
+    fn now_nanos(&self) -> u64 {
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        since.map_or(0, saturating_nanos)
+    }
+}
+
 /// What a [`RedisBucketBuilder`] and a
 /// [`RedisScopedBuilder`](super::RedisScopedBuilder) share.
 #[derive(Debug)]
@@ -206,7 +218,18 @@ impl Common {
             Target::Single(Client::open(self.urls[0].as_str()).map_err(invalid)?)
         };
         let (clock, explicit_time): (Arc<dyn Clock>, bool) = match &self.clock {
-            Some(clock) => (clock.clone(), true),
+            Some(clock) => {
+                // Before 2001: a monotonic or manual clock, whose origin no
+                // other process shares.
+                #[cfg(feature = "tracing")]
+                if clock.now_nanos() < 1_000_000_000_000_000_000 {
+                    tracing::warn!(
+                        "backpressure: a Redis quota decides on a clock that is no wall clock; \
+                         fine within one process, wrong for a fleet: use `wall_clock()`"
+                    );
+                }
+                (clock.clone(), true)
+            }
             None => (Arc::new(DefaultClock::new()), false),
         };
         let link = Link::new(target, self.timeout, self.probe_interval, explicit_time);
@@ -351,6 +374,29 @@ impl RedisBucketBuilder {
     pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
         self.common.clock = Some(Arc::new(clock));
         self
+    }
+
+    /// Decide on this process's wall clock (`SystemTime`) instead of
+    /// Redis's `TIME`: for stores whose scripts may not call `TIME`
+    /// (ElastiCache Serverless). Every process on the key must use it and
+    /// keep its clock in sync (NTP): a process whose clock runs `s` ahead
+    /// of the others takes its cells up to `s` early (the key admits at
+    /// most `s` times the rate more, once), one `s` behind waits `s`
+    /// longer. A monotonic clock ([`clock`](Self::clock) with the default
+    /// one) starts at a different origin in every process: never share a
+    /// key on one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use backpressure::{Quota, RedisBucket};
+    /// use std::num::NonZeroU32;
+    /// let q = Quota::per_second(NonZeroU32::new(10).unwrap());
+    /// let bucket = RedisBucket::builder("redis://127.0.0.1/", "k", q).wall_clock().build();
+    /// assert!(bucket.is_ok());
+    /// ```
+    pub fn wall_clock(self) -> Self {
+        self.clock(WallClock)
     }
 
     /// Checks the configuration and builds the bucket. It connects lazily,

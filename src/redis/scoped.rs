@@ -337,6 +337,12 @@ impl<K: Hash + Eq + Clone + fmt::Display + Send + Sync> RedisScopedBuilder<K> {
         self
     }
 
+    /// Decide on this process's wall clock instead of Redis's `TIME`
+    /// ([`RedisBucketBuilder::wall_clock`](super::RedisBucketBuilder::wall_clock)).
+    pub fn wall_clock(self) -> Self {
+        self.clock(super::builder::WallClock)
+    }
+
     /// Treat the URL as a cluster seed
     /// ([`RedisBucketBuilder::cluster`](super::RedisBucketBuilder::cluster)).
     ///

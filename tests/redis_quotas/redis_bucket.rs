@@ -808,3 +808,40 @@ async fn lua_decisions_match_the_local_bucket() {
         compare(&server, &format!("random-{q}"), *quota, &steps).await;
     }
 }
+
+/// Issue #62: a store whose scripts may not call `TIME` (as ElastiCache
+/// Serverless refuses it): on Redis's clock every decision fails; on the
+/// processes' wall clock the key keeps its quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_refuses_time_is_served_on_the_wall_clock() {
+    if !redis_server::available("a_store_that_refuses_time_is_served_on_the_wall_clock") {
+        return;
+    }
+    let server = RedisServer::start_with(&["--rename-command", "TIME", ""]);
+    // A cell a minute: no refill while the test runs.
+    let quota = Quota::per_minute(nz(1)).allow_burst(nz(5));
+    let on_time = RedisBucket::builder(&server.url(), "no-time:a", quota)
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    assert!(
+        matches!(
+            on_time.try_acquire(1).await,
+            Err(CheckError::Unavailable { .. })
+        ),
+        "the script's TIME is refused: fail closed"
+    );
+    // Two processes' buckets on one key, each on its wall clock.
+    let fleet: Vec<RedisBucket> = (0..2)
+        .map(|_| {
+            RedisBucket::builder(&server.url(), "no-time:b", quota)
+                .timeout(Duration::from_secs(1))
+                .wall_clock()
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let (a, b) = (take_all(&fleet[0]).await, take_all(&fleet[1]).await);
+    assert_eq!((a, b), (5, 0), "one burst for the key, shared");
+    assert_eq!(fleet[0].stats().failures + fleet[1].stats().failures, 0);
+}

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 pub struct RedisServer {
     child: Option<Child>,
     port: u16,
+    args: Vec<String>,
 }
 
 /// Whether `redis-server` can be started here. When it cannot: with `CI`
@@ -48,9 +49,15 @@ fn free_port() -> u16 {
 impl RedisServer {
     /// Starts a server on a free port and waits until it answers PING.
     pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// [`start`](Self::start) with more arguments for `redis-server`.
+    pub fn start_with(args: &[&str]) -> RedisServer {
         let mut server = RedisServer {
             child: None,
             port: free_port(),
+            args: args.iter().map(|a| a.to_string()).collect(),
         };
         server.spawn();
         server
@@ -76,6 +83,7 @@ impl RedisServer {
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
