@@ -159,7 +159,7 @@ impl RedisBucket {
         let runtime = tokio::runtime::Handle::try_current().is_ok();
         // The reply's quota must hold `expected`: the bounds sent, or, when
         // storing a new own quota, the bounds it makes.
-        let (params, bounds, expected, refunds) = {
+        let (params, bounds, expected, refunds, writer, settles) = {
             let mut state = self.state.lock();
             if state.breaker.is_open(now) {
                 state.stats.failures += 1;
@@ -170,12 +170,21 @@ impl RedisBucket {
             } else {
                 Vec::new()
             };
+            // Copied, not taken: they go until a reply says they are applied.
+            let settles: Vec<(u64, i64)> = state.settles.iter().copied().collect();
             let bounds = state.bounds();
             let expected = match op {
                 Op::SetQuota { params: new } => Bounds::new(state.configured, new),
                 _ => bounds,
             };
-            (state.own_params, bounds, expected, refunds)
+            (
+                state.own_params,
+                bounds,
+                expected,
+                refunds,
+                state.writer,
+                settles,
+            )
         };
         let timeout = self.conn.link.timeout;
         let (result, trips) = if !runtime {
@@ -191,6 +200,8 @@ impl RedisBucket {
                 params,
                 bounds,
                 refunds: &refunds,
+                writer,
+                settles: &settles,
                 op,
             };
             match self.conn.run(call, now, limit).await {
@@ -204,7 +215,8 @@ impl RedisBucket {
             }
         };
         // On any failure the refunds are dropped: they may have been
-        // applied, and applying one twice could pop another take.
+        // applied, and applying one twice could pop another take. The
+        // settles stay queued: the script applies each once.
         let done = self.clock.now_nanos();
         let mut state = self.state.lock();
         state.stats.round_trips += trips;
@@ -220,6 +232,9 @@ impl RedisBucket {
                             burst: burst as u32,
                         }) =>
                 {
+                    if let Some((seq, _)) = settles.last() {
+                        state.settled(*seq);
+                    }
                     state.stats.refunded += refunded as u64;
                     state.stats.admitted = state.stats.admitted.saturating_sub(refunded as u64);
                     let remote = Params {

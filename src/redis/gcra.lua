@@ -6,13 +6,13 @@
 -- ARGV: op, period_us, burst (the caller's own quota), min_period_us,
 -- max_period_us, max_burst, window_us (the bounds a stored quota is
 -- taken within), now_us ('' = use TIME), nref, then nref refund triples
--- (before, after, n; highest `after` first), then the op arguments:
+-- (before, after, n; highest `after` first), writer, nset, then nset
+-- settle pairs (seq, cells: + debt, - given back), then the op arguments:
 --   take      n, max_wait_us, extra, give_back, not_before_us
 --                                              -> {granted, wait_us, before, after}
 --   cancel    before, after                    -> {1 | 0}
 --   penalize  retry_us, give_back              -> {1}
 --   give      give_back                        -> {1}
---   charge    n, give_back                     -> {1}
 --   available                                  -> {cells}
 --   set_quota period_us, burst                 -> {1}
 --   reset                                      -> {1}
@@ -28,7 +28,9 @@ local max_burst = tonumber(ARGV[6])
 local window = tonumber(ARGV[7])
 local now = tonumber(ARGV[8])
 local nref = tonumber(ARGV[9])
-local base_arg = 9 + 3 * nref
+local settle_arg = 10 + 3 * nref
+local nset = tonumber(ARGV[settle_arg + 1])
+local base_arg = settle_arg + 1 + 2 * nset
 local function arg(i)
   return tonumber(ARGV[base_arg + i])
 end
@@ -183,6 +185,31 @@ local function give(m)
   return tat
 end
 
+-- Settles, each sequence number of a writer applied once (a resend after
+-- a lost reply is skipped); the highest applied is kept at least a minute.
+if nset > 0 then
+  local field = 'w' .. ARGV[settle_arg]
+  local last = tonumber(redis.call('HGET', key, field)) or 0
+  local before_settles = tat
+  for i = 0, nset - 1 do
+    local seq = tonumber(ARGV[settle_arg + 2 + 2 * i])
+    local d = tonumber(ARGV[settle_arg + 3 + 2 * i])
+    if seq > last then
+      if d > 0 then
+        tat = math.min(math.max(tat, now) + d * period, now + 2^51)
+      else
+        tat = give(-d)
+      end
+      last = seq
+    end
+  end
+  redis.call('HSET', key, field, int(last))
+  if tat ~= before_settles then save(tat, pen) end
+  if redis.call('PTTL', key) < KEEP_MS then
+    redis.call('PEXPIRE', key, KEEP_MS)
+  end
+end
+
 -- `d` of debt under the quota in force as cells, in time at new_period:
 -- ceil(d * new_period / period), exact while below 2^53 (one more
 -- microsecond when `r * new_period` is not: more debt is the safe side).
@@ -273,12 +300,6 @@ elseif op == 'give' then
   if given ~= tat then
     save(given, pen)
   end
-  return reply({1})
-elseif op == 'charge' then
-  -- A usage above its estimate: debt whatever the wait and the burst,
-  -- capped 2^51 us ahead (inside what `valid` accepts).
-  tat = give(arg(2))
-  save(math.min(math.max(tat, now) + arg(1) * period, now + 2^51), pen)
   return reply({1})
 elseif op == 'available' then
   local debt = math.max(tat, now) - now

@@ -401,8 +401,8 @@ impl RedisBucket {
     /// Takes `n` more cells in Redis now, whatever the wait and the burst:
     /// debt every process waits for. One round trip, which also gives back
     /// this process's unused leased cells; the fail-open fallback is
-    /// charged too. If Redis does not answer, the charge is lost (not sent
-    /// again: Redis may have applied it).
+    /// charged too. If Redis does not answer, the charge goes again with
+    /// the next round trip, and Redis applies it once whatever reached it.
     ///
     /// # Examples
     ///
@@ -423,15 +423,17 @@ impl RedisBucket {
         if let Policy::Open { bucket, .. } = &self.policy {
             bucket.charge_now(n);
         }
+        self.state.lock().queue_settle(i64::from(n));
         let give = self.drain_lease(true);
-        let _ = self.call(Op::Charge { n, give }, None).await;
+        let _ = self.call(Op::Give { give }, None).await;
     }
 
     /// Gives back `n` cells taken earlier and not used, however many other
     /// processes took since: the key refills by `n` cells' worth, never
     /// past full and never into a [`penalize`](Self::penalize) hold. One
     /// round trip, which also gives back unused leased cells. If Redis does
-    /// not answer, the refund is lost (errs towards admitting less).
+    /// not answer, the refund goes again with the next round trip and is
+    /// applied once.
     ///
     /// # Examples
     ///
@@ -449,8 +451,11 @@ impl RedisBucket {
         if let Policy::Open { bucket, .. } = &self.policy {
             bucket.give_back(n);
         }
-        let give = self.drain_lease(true).saturating_add(n);
-        if give > 0 {
+        if n > 0 {
+            self.state.lock().queue_settle(-i64::from(n));
+        }
+        let give = self.drain_lease(true);
+        if give > 0 || n > 0 {
             let _ = self.call(Op::Give { give }, None).await;
         }
     }

@@ -44,6 +44,17 @@
 //! `t`, whatever the key says. An out-of-bounds quota is clamped, not
 //! rewritten (another process may hold it legitimately).
 //!
+//! # Settles, once
+//!
+//! A call's usage above or below its estimate is a settle: `+n` cells of
+//! debt (whatever the wait and the burst, capped at `MAX_MICROS` ahead) or
+//! `-n` given back. Each carries its bucket's `writer` id and a sequence
+//! number; the script keeps the highest applied per writer in the key
+//! (`w<writer>`, for at least a minute) and skips any it has applied, so a
+//! settle whose reply was lost is sent again with the next round trip and
+//! applied once. A writer's queue is sent whole, oldest first, so what is
+//! applied is always a prefix.
+//!
 //! # Refunds
 //!
 //! Each call carries the refunds of reservations dropped before their wait
@@ -88,11 +99,8 @@ pub(super) enum Op {
     Cancel { refund: Refund },
     /// Admit nothing before `now + retry` µs; first give back `give`.
     Penalize { retry: u64, give: u32 },
-    /// Give back `give` unused cells (leased, or reserved and not used).
+    /// Give back `give` unused leased cells (the queued settles ride along).
     Give { give: u32 },
-    /// Take `n` cells now whatever the wait and the burst (debt capped at
-    /// `MAX_MICROS` ahead); first give back `give`.
-    Charge { n: u32, give: u32 },
     /// How many cells fit now.
     Available,
     /// Store `params` with the key, converting its state (debt kept in
@@ -166,6 +174,9 @@ pub(super) struct Call<'a> {
     pub(super) bounds: Bounds,
     /// Refunds of reservations dropped unused, highest `after` first.
     pub(super) refunds: &'a [Refund],
+    /// The settles `(sequence, cells)` of `writer` not known applied.
+    pub(super) writer: u64,
+    pub(super) settles: &'a [(u64, i64)],
     pub(super) op: Op,
 }
 
@@ -176,7 +187,6 @@ fn args(cmd: &mut Cmd, now_us: Option<u64>, call: Call<'_>) {
         Op::Cancel { .. } => "cancel",
         Op::Penalize { .. } => "penalize",
         Op::Give { .. } => "give",
-        Op::Charge { .. } => "charge",
         Op::Available => "available",
         Op::SetQuota { .. } => "set_quota",
         Op::Reset => "reset",
@@ -196,6 +206,10 @@ fn args(cmd: &mut Cmd, now_us: Option<u64>, call: Call<'_>) {
     for r in call.refunds {
         cmd.arg(r.before).arg(r.after).arg(r.n);
     }
+    cmd.arg(call.writer).arg(call.settles.len());
+    for (seq, cells) in call.settles {
+        cmd.arg(*seq).arg(*cells);
+    }
     match call.op {
         Op::Take {
             n,
@@ -212,7 +226,6 @@ fn args(cmd: &mut Cmd, now_us: Option<u64>, call: Call<'_>) {
         Op::Cancel { refund } => cmd.arg(refund.before).arg(refund.after),
         Op::Penalize { retry, give } => cmd.arg(retry).arg(give),
         Op::Give { give } => cmd.arg(give),
-        Op::Charge { n, give } => cmd.arg(n).arg(give),
         Op::SetQuota { params } => cmd.arg(params.period_us).arg(params.burst),
         Op::Available | Op::Reset => cmd,
     };

@@ -1,5 +1,6 @@
 //! A bucket's local half: its lease, breaker, counters, the quota in
-//! force beside its own, and the refunds queued for the next round trip.
+//! force beside its own, and the refunds and settles queued for the next
+//! round trip.
 
 use std::collections::VecDeque;
 
@@ -28,6 +29,12 @@ pub(super) struct State {
     pub(super) configured: Params,
     /// Refunds of reservations dropped unused, for the next round trip.
     pub(super) refunds: VecDeque<Refund>,
+    /// Settles (`+n` charged, `-n` given back) by sequence number, sent
+    /// with every round trip until one succeeds: the script applies each
+    /// sequence number of this `writer` once.
+    pub(super) settles: VecDeque<(u64, i64)>,
+    pub(super) writer: u64,
+    next_settle: u64,
     /// Bumped by `reset` and `set_quota`: reservations taken before no
     /// longer queue refunds (their `after` is gone from the key).
     pub(super) generation: u64,
@@ -45,7 +52,27 @@ impl State {
             own_params: params,
             configured: params,
             refunds: VecDeque::new(),
+            settles: VecDeque::new(),
+            writer: fastrand::u64(..),
+            next_settle: 1,
             generation: 0,
+        }
+    }
+
+    /// Queues a settle of `delta` cells (bounded: the oldest goes first,
+    /// lost, as a settle never sent is).
+    pub(super) fn queue_settle(&mut self, delta: i64) {
+        if self.settles.len() >= MAX_QUEUED_REFUNDS {
+            self.settles.pop_front();
+        }
+        self.settles.push_back((self.next_settle, delta));
+        self.next_settle += 1;
+    }
+
+    /// Forgets the settles up to `seq`: a reply says they are applied.
+    pub(super) fn settled(&mut self, seq: u64) {
+        while self.settles.front().is_some_and(|(s, _)| *s <= seq) {
+            self.settles.pop_front();
         }
     }
 

@@ -845,3 +845,55 @@ async fn a_store_that_refuses_time_is_served_on_the_wall_clock() {
     assert_eq!((a, b), (5, 0), "one burst for the key, shared");
     assert_eq!(fleet[0].stats().failures + fleet[1].stats().failures, 0);
 }
+
+/// Issue #62, item 4: a settle whose reply was lost (the server frozen past
+/// the store timeout: the request may still run once it thaws) is sent
+/// again with the next round trip and applied once, whichever copy Redis
+/// runs first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_whose_reply_was_lost_is_applied_once() {
+    if !redis_server::available("a_settle_whose_reply_was_lost_is_applied_once") {
+        return;
+    }
+    let server = RedisServer::start();
+    // A cell a minute, a burst of 100: no refill while the test runs.
+    let quota = Quota::per_minute(nz(1)).allow_burst(nz(100));
+    let bucket = RedisBucket::builder(&server.url(), "settle:once", quota)
+        .timeout(Duration::from_millis(200))
+        .probe_interval(Duration::from_millis(1))
+        .build()
+        .unwrap();
+    bucket.try_acquire(10).await.unwrap();
+    assert_eq!(bucket.available().await, 90);
+    server.signal("-STOP");
+    bucket.charge(5).await;
+    bucket.refund(2).await;
+    assert!(bucket.stats().failures >= 2, "both timed out");
+    server.signal("-CONT");
+    for _ in 0..3 {
+        assert_eq!(bucket.available().await, 87, "+5 and -2, each once");
+    }
+}
+
+/// A settle that never reached Redis (down, then back empty) goes with the
+/// next round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_redis_never_saw_is_sent_again() {
+    if !redis_server::available("a_settle_redis_never_saw_is_sent_again") {
+        return;
+    }
+    let mut server = RedisServer::start();
+    let quota = Quota::per_minute(nz(1)).allow_burst(nz(100));
+    let bucket = RedisBucket::builder(&server.url(), "settle:lost", quota)
+        .timeout(Duration::from_millis(200))
+        .probe_interval(Duration::from_millis(1))
+        .build()
+        .unwrap();
+    assert_eq!(bucket.available().await, 100);
+    server.stop();
+    bucket.charge(5).await;
+    assert!(bucket.stats().failures >= 1);
+    server.restart();
+    assert_eq!(bucket.available().await, 95, "the charge, sent again");
+    assert_eq!(bucket.available().await, 95, "once");
+}
