@@ -208,19 +208,9 @@ impl Pool {
         if ahead >= own_cap || shared_ahead >= shared_cap {
             return Err(SlotError::Full { ahead });
         }
-        let mut timeout = timeout;
         let Some(lanes) = &self.lanes else {
-            let mut acquire = core::pin::pin!(self.sem.acquire());
-            return core::future::poll_fn(|cx| {
-                if let Poll::Ready(r) = acquire.as_mut().poll(cx) {
-                    return Poll::Ready(r.map(|p| p.forget()).map_err(|_| SlotError::Closed));
-                }
-                match timeout.as_mut().poll(cx) {
-                    Poll::Ready(()) => Poll::Ready(Err(SlotError::TimedOut)),
-                    Poll::Pending => Poll::Pending,
-                }
-            })
-            .await;
+            let acquire = self.sem.acquire();
+            return within(async { acquire.await.map(|p| p.forget()) }, timeout).await;
         };
         let waiter = match lanes.take_or_wait(&self.sem, call.priority, call.tenant) {
             None => return Err(SlotError::Closed),
@@ -234,20 +224,23 @@ impl Pool {
             waiter: &waiter,
             done: false,
         };
-        let mut wait = core::pin::pin!(Wait { waiter: &waiter });
-        let got = core::future::poll_fn(|cx| {
-            if let Poll::Ready(r) = wait.as_mut().poll(cx) {
-                return Poll::Ready(r.map_err(|()| SlotError::Closed));
-            }
-            match timeout.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Err(SlotError::TimedOut)),
-                Poll::Pending => Poll::Pending,
-            }
-        })
-        .await;
+        let got = within(Wait { waiter: &waiter }, timeout).await;
         guard.done = got.is_ok();
         got
     }
+}
+
+/// `wait`'s answer (an error: the pool closed), unless `timeout` ends first.
+async fn within<T: Future<Output = ()>, E>(
+    wait: impl Future<Output = Result<(), E>>,
+    mut timeout: Pin<&mut T>,
+) -> Result<(), SlotError> {
+    let mut wait = core::pin::pin!(wait);
+    core::future::poll_fn(|cx| match wait.as_mut().poll(cx) {
+        Poll::Ready(r) => Poll::Ready(r.map_err(|_| SlotError::Closed)),
+        Poll::Pending => timeout.as_mut().poll(cx).map(|()| Err(SlotError::TimedOut)),
+    })
+    .await
 }
 
 /// Who is asking for a slot.
