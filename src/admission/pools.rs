@@ -66,8 +66,17 @@ pub(crate) enum SlotError {
     Closed,
 }
 
-/// Decrements a waiting counter when the wait ends, however it ends.
-struct Waiting<'a>(&'a AtomicUsize);
+/// One more waiter in a waiting count, until the wait ends, however it ends.
+pub(super) struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    /// Counts a waiter in `count`; returns how many were counted before it.
+    pub(super) fn new(count: &'a AtomicUsize) -> (usize, Self) {
+        // Relaxed: advisory counts; a race can overshoot a bound by the number
+        // of racing callers, never unboundedly.
+        (count.fetch_add(1, Ordering::Relaxed), Waiting(count))
+    }
+}
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
@@ -199,12 +208,8 @@ impl Pool {
             SlotPolicy::Wait => usize::MAX,
             SlotPolicy::Queue(n) => n,
         };
-        // Relaxed: advisory counts; a race can overshoot the bound by the number
-        // of racing callers, never unboundedly.
-        let ahead = self.waiting.fetch_add(1, Ordering::Relaxed);
-        let _mine = Waiting(&self.waiting);
-        let shared_ahead = shared_waiting.fetch_add(1, Ordering::Relaxed);
-        let _shared = Waiting(shared_waiting);
+        let (ahead, _mine) = Waiting::new(&self.waiting);
+        let (shared_ahead, _shared) = Waiting::new(shared_waiting);
         if ahead >= own_cap || shared_ahead >= shared_cap {
             return Err(SlotError::Full { ahead });
         }
