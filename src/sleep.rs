@@ -225,18 +225,12 @@ impl Future for ThreadSleep {
         }
         match &this.slot {
             Some(slot) => {
-                let mut fired = false;
-                let replaced = {
-                    let mut waker = slot.0.lock();
-                    match &mut *waker {
-                        Some(w) if w.will_wake(cx.waker()) => None,
-                        Some(w) => Some(core::mem::replace(w, cx.waker().clone())),
-                        None => {
-                            fired = true;
-                            None
-                        }
-                    }
-                };
+                let mut waker = slot.0.lock();
+                let fired = waker.is_none();
+                let stale = waker.as_mut().filter(|w| !w.will_wake(cx.waker()));
+                let replaced = stale.map(|w| core::mem::replace(w, cx.waker().clone()));
+                // The old waker is dropped outside the lock.
+                drop(waker);
                 drop(replaced);
                 if fired {
                     // The timer took the waker after our clock read: poll

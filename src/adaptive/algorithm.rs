@@ -190,10 +190,8 @@ impl Limits {
 
     /// `limit` (a float the algorithms keep internally) into `[min, max]`.
     pub(super) fn clamp(&self, limit: f64) -> f64 {
-        if limit.is_nan() {
-            return self.min as f64;
-        }
-        limit.clamp(self.min as f64, self.max as f64)
+        let (min, max) = (self.min as f64, self.max as f64);
+        clamp_f64(limit, min, max, min)
     }
 }
 

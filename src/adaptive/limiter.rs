@@ -229,20 +229,15 @@ impl Future for AdaptiveAcquire {
         let this = unsafe { self.get_unchecked_mut() };
         // SAFETY: as above.
         let inner = unsafe { Pin::new_unchecked(&mut this.inner) };
-        match inner.poll(cx) {
-            Poll::Ready(Ok(permit)) => {
-                let shared = this
-                    .shared
-                    .take()
-                    .expect("`AdaptiveAcquire` polled after completion");
-                // As in `try_acquire`: forgotten only once counted.
-                let adaptive = AdaptivePermit::new(shared);
-                permit.forget();
-                Poll::Ready(Ok(adaptive))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => Poll::Pending,
-        }
+        let permit = core::task::ready!(inner.poll(cx))?;
+        let shared = this
+            .shared
+            .take()
+            .expect("`AdaptiveAcquire` polled after completion");
+        // As in `try_acquire`: forgotten only once counted.
+        let adaptive = AdaptivePermit::new(shared);
+        permit.forget();
+        Poll::Ready(Ok(adaptive))
     }
 }
 

@@ -22,6 +22,7 @@ use std::collections::VecDeque;
 
 use parking_lot::Mutex;
 
+use super::algorithm::clamp_f64;
 use crate::bucket::Quota;
 use crate::clock::saturating_nanos;
 
@@ -492,11 +493,7 @@ fn quota_for(rate: f64, burst: NonZeroU32) -> Quota {
 }
 
 fn clamp_rate(rate: f64, default: f64) -> f64 {
-    if rate.is_nan() {
-        default
-    } else {
-        rate.clamp(ABS_MIN_RATE, ABS_MAX_RATE)
-    }
+    clamp_f64(rate, ABS_MIN_RATE, ABS_MAX_RATE, default)
 }
 
 impl fmt::Debug for RateController {

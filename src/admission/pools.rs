@@ -66,8 +66,17 @@ pub(crate) enum SlotError {
     Closed,
 }
 
-/// Decrements a waiting counter when the wait ends, however it ends.
-struct Waiting<'a>(&'a AtomicUsize);
+/// One more waiter in a waiting count, until the wait ends, however it ends.
+pub(super) struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    /// Counts a waiter in `count`; returns how many were counted before it.
+    pub(super) fn new(count: &'a AtomicUsize) -> (usize, Self) {
+        // Relaxed: advisory counts; a race can overshoot a bound by the number
+        // of racing callers, never unboundedly.
+        (count.fetch_add(1, Ordering::Relaxed), Waiting(count))
+    }
+}
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
@@ -199,28 +208,14 @@ impl Pool {
             SlotPolicy::Wait => usize::MAX,
             SlotPolicy::Queue(n) => n,
         };
-        // Relaxed: advisory counts; a race can overshoot the bound by the number
-        // of racing callers, never unboundedly.
-        let ahead = self.waiting.fetch_add(1, Ordering::Relaxed);
-        let _mine = Waiting(&self.waiting);
-        let shared_ahead = shared_waiting.fetch_add(1, Ordering::Relaxed);
-        let _shared = Waiting(shared_waiting);
+        let (ahead, _mine) = Waiting::new(&self.waiting);
+        let (shared_ahead, _shared) = Waiting::new(shared_waiting);
         if ahead >= own_cap || shared_ahead >= shared_cap {
             return Err(SlotError::Full { ahead });
         }
-        let mut timeout = timeout;
         let Some(lanes) = &self.lanes else {
-            let mut acquire = core::pin::pin!(self.sem.acquire());
-            return core::future::poll_fn(|cx| {
-                if let Poll::Ready(r) = acquire.as_mut().poll(cx) {
-                    return Poll::Ready(r.map(|p| p.forget()).map_err(|_| SlotError::Closed));
-                }
-                match timeout.as_mut().poll(cx) {
-                    Poll::Ready(()) => Poll::Ready(Err(SlotError::TimedOut)),
-                    Poll::Pending => Poll::Pending,
-                }
-            })
-            .await;
+            let acquire = self.sem.acquire();
+            return within(async { acquire.await.map(|p| p.forget()) }, timeout).await;
         };
         let waiter = match lanes.take_or_wait(&self.sem, call.priority, call.tenant) {
             None => return Err(SlotError::Closed),
@@ -234,20 +229,23 @@ impl Pool {
             waiter: &waiter,
             done: false,
         };
-        let mut wait = core::pin::pin!(Wait { waiter: &waiter });
-        let got = core::future::poll_fn(|cx| {
-            if let Poll::Ready(r) = wait.as_mut().poll(cx) {
-                return Poll::Ready(r.map_err(|()| SlotError::Closed));
-            }
-            match timeout.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Err(SlotError::TimedOut)),
-                Poll::Pending => Poll::Pending,
-            }
-        })
-        .await;
+        let got = within(Wait { waiter: &waiter }, timeout).await;
         guard.done = got.is_ok();
         got
     }
+}
+
+/// `wait`'s answer (an error: the pool closed), unless `timeout` ends first.
+async fn within<T: Future<Output = ()>, E>(
+    wait: impl Future<Output = Result<(), E>>,
+    mut timeout: Pin<&mut T>,
+) -> Result<(), SlotError> {
+    let mut wait = core::pin::pin!(wait);
+    core::future::poll_fn(|cx| match wait.as_mut().poll(cx) {
+        Poll::Ready(r) => Poll::Ready(r.map_err(|_| SlotError::Closed)),
+        Poll::Pending => timeout.as_mut().poll(cx).map(|()| Err(SlotError::TimedOut)),
+    })
+    .await
 }
 
 /// Who is asking for a slot.

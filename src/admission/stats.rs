@@ -15,29 +15,13 @@ pub(crate) struct Counters {
     admitted: AtomicU64,
     /// Tickets dropped (a credential's in flight is `admitted - finished`).
     finished: AtomicU64,
+    /// Refusals, indexed by `Status as usize`.
     refused: [AtomicU64; 7],
 }
 
 /// The layer's own totals, counting refusals whether or not their tool or
-/// credential was known.
-#[derive(Default)]
-pub(super) struct Totals {
-    admitted: AtomicU64,
-    refused: Counters,
-}
-
-impl Totals {
-    #[inline]
-    pub(super) fn admitted(&self) {
-        // Relaxed: a statistic.
-        self.admitted.fetch_add(1, Ordering::Relaxed);
-    }
-
-    #[inline]
-    pub(super) fn refused(&self, status: Status) {
-        self.refused.refused(status);
-    }
-}
+/// credential was known (its `finished` stays 0).
+pub(super) type Totals = Counters;
 
 impl Counters {
     /// A ticket was issued.
@@ -59,11 +43,11 @@ impl Counters {
     }
 
     pub(crate) fn refused(&self, status: Status) {
-        self.refused[index(status)].fetch_add(1, Ordering::Relaxed);
+        self.refused[status as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     fn refusals(&self) -> Refusals {
-        let n = |s| self.refused[index(s)].load(Ordering::Relaxed);
+        let n = |s: Status| self.refused[s as usize].load(Ordering::Relaxed);
         Refusals {
             rate_limited: n(Status::RateLimited),
             shed: n(Status::Shed),
@@ -73,18 +57,6 @@ impl Counters {
             quota_exhausted: n(Status::QuotaExhausted),
             unavailable: n(Status::Unavailable),
         }
-    }
-}
-
-fn index(status: Status) -> usize {
-    match status {
-        Status::RateLimited => 0,
-        Status::Shed => 1,
-        Status::TimedOut => 2,
-        Status::Closed => 3,
-        Status::BudgetExhausted => 4,
-        Status::QuotaExhausted => 5,
-        Status::Unavailable => 6,
     }
 }
 
@@ -286,7 +258,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
             in_flight: inner.slots.in_flight(),
             waiting: self.waiting(),
             admitted: inner.totals.admitted.load(Ordering::Relaxed),
-            refused: inner.totals.refused.refusals(),
+            refused: inner.totals.refusals(),
             tools,
             credentials,
             provider_silent: inner.rates.provider_silent(),

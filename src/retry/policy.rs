@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::budget::{Allowance, RetryBudget};
 use super::{Backoff, Deadline};
 use crate::throttled::{Human, Status, Throttled};
-use crate::{headers::Advice, headers::Clamp, headers::ServerHint, Clock};
+use crate::{headers::ServerHint, Clock};
 
 /// How a [`RetryPolicy`] classes one attempt's answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -125,7 +125,8 @@ pub enum Decision {
 pub struct RetryPolicy {
     backoff: Backoff,
     max_retries: u32,
-    clamp: Clamp,
+    /// The longest server wait slept through.
+    clamp: Duration,
     /// Retries decided so far.
     retries: u32,
     /// Shared by every call forked from this policy.
@@ -161,7 +162,7 @@ impl RetryPolicy {
         RetryPolicy {
             backoff,
             max_retries: 5,
-            clamp: Clamp::new(Duration::from_secs(60)),
+            clamp: Duration::from_secs(60),
             retries: 0,
             budget: None,
         }
@@ -210,7 +211,7 @@ impl RetryPolicy {
     /// assert_eq!(t.retry_after(), Some(Duration::from_secs(5)));
     /// ```
     pub fn clamp(mut self, max: Duration) -> RetryPolicy {
-        self.clamp = Clamp::new(max);
+        self.clamp = max;
         self
     }
 
@@ -247,13 +248,7 @@ impl RetryPolicy {
 
     /// [`fork`](Self::fork) without the deposit.
     pub(crate) fn fork_unpaid(&self) -> RetryPolicy {
-        RetryPolicy {
-            backoff: self.backoff.fork(),
-            max_retries: self.max_retries,
-            clamp: self.clamp,
-            retries: 0,
-            budget: self.budget.clone(),
-        }
+        self.with_backoff(self.backoff.fork(), self.max_retries)
     }
 
     /// Shares `budget` among every call forked from this policy (each
@@ -442,19 +437,19 @@ impl RetryPolicy {
         hint: &ServerHint,
         deadline: &mut Deadline<C>,
     ) -> Decision {
-        let clamp = Clamp::new(self.clamp.max.min(deadline.remaining()));
-        if let Advice::Wait(wait) = clamp.apply(server) {
+        let most = self.clamp.min(deadline.remaining());
+        if server <= most {
             let spread = self.backoff.spread(self.backoff.base);
-            let jittered = wait.saturating_add(Duration::from_nanos(spread));
+            let jittered = server.saturating_add(Duration::from_nanos(spread));
             if deadline.charge(jittered).is_ok() {
                 return Decision::Retry { after: jittered };
             }
-            if deadline.charge(wait).is_ok() {
-                return Decision::Retry { after: wait };
+            if deadline.charge(server).is_ok() {
+                return Decision::Retry { after: server };
             }
             // Only an expired deadline gets here.
         }
-        Decision::Surface(rate_limited(server, hint, clamp))
+        Decision::Surface(rate_limited(server, hint, most))
     }
 }
 
@@ -494,14 +489,14 @@ fn expired(wait: Duration, attempt: u32) -> Throttled {
 }
 
 #[cold]
-fn rate_limited(server: Duration, hint: &ServerHint, clamp: Clamp) -> Throttled {
+fn rate_limited(server: Duration, hint: &ServerHint, most: Duration) -> Throttled {
     Throttled::new(
         Status::RateLimited,
         server_scope(hint),
         format!(
             "the server asked to wait {}, more than the {} this call can wait; retry after that{}",
             Human(server),
-            Human(clamp.max),
+            Human(most),
             match &hint.scope {
                 Some(s) => format!(" (limit scope: {s})"),
                 None => String::new(),
@@ -554,5 +549,30 @@ mod classify_tests {
         for (status, h, want) in cases {
             assert_eq!(reply_class(status, h), want, "{status:?} {h:?}");
         }
+    }
+
+    /// A server wait up to the clamp, inclusive, is slept; one longer, by a
+    /// nanosecond, is surfaced with the server's whole wait.
+    #[test]
+    fn the_clamp_keeps_waits_up_to_it_and_surfaces_longer_ones() {
+        let told = |v| ServerHint::from_headers([("retry-after", v)], SystemTime::UNIX_EPOCH);
+        let decide = |v| {
+            let mut deadline =
+                Deadline::after(crate::ManualClock::new(), Duration::from_secs(7_200));
+            let mut policy = RetryPolicy::default().clamp(Duration::from_secs(30));
+            policy.decide(&told(v), &mut deadline)
+        };
+        let slept = decide("30");
+        assert!(matches!(slept, Decision::Retry { after } if after >= Duration::from_secs(30)));
+        for (v, ms) in [("3600", 3_600_000), ("30.000000001", 30_001)] {
+            let Decision::NotRetried(t) = decide(v) else {
+                panic!("{v}")
+            };
+            assert_eq!(
+                (t.status, t.retry_after_ms),
+                (Status::RateLimited, Some(ms))
+            );
+        }
+        assert_eq!(ServerHint::default().wait(), None);
     }
 }

@@ -65,11 +65,8 @@ impl<'a> Future for Acquire<'a> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let (sem, waiter) = self.project();
         let n = waiter.needed();
-        match sem.raw.poll_acquire(waiter, cx) {
-            Poll::Ready(Ok(guess)) => Poll::Ready(Ok(SemaphorePermit::new(sem, n, guess))),
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => Poll::Pending,
-        }
+        let guess = core::task::ready!(sem.raw.poll_acquire(waiter, cx))?;
+        Poll::Ready(Ok(SemaphorePermit::new(sem, n, guess)))
     }
 }
 
@@ -111,13 +108,9 @@ impl Future for AcquireOwned {
         let n = this.waiter.needed();
         // SAFETY: as above.
         let waiter = unsafe { Pin::new_unchecked(&mut this.waiter) };
-        match sem.raw.poll_acquire(waiter, cx) {
-            Poll::Ready(result) => {
-                let sem = this.sem.take().expect("checked above");
-                Poll::Ready(result.map(|guess| OwnedSemaphorePermit::new(sem, n, guess)))
-            }
-            Poll::Pending => Poll::Pending,
-        }
+        let guess = core::task::ready!(sem.raw.poll_acquire(waiter, cx))?;
+        let sem = this.sem.take().expect("checked above");
+        Poll::Ready(Ok(OwnedSemaphorePermit::new(sem, n, guess)))
     }
 }
 

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use parking_lot::Mutex;
 
-use super::{clamp_rate, Phase, RateController, State, RTTS, WINDOW};
+use super::{clamp_f64, clamp_rate, Phase, RateController, State, RTTS, WINDOW};
 
 /// How the server answered one request, as far as the rate is concerned.
 ///
@@ -209,11 +209,7 @@ impl AdaptiveRate {
     /// ```
     #[must_use]
     pub fn decrease(mut self, factor: f64) -> Self {
-        self.decrease = if factor.is_nan() {
-            0.5
-        } else {
-            factor.clamp(0.05, 0.95)
-        };
+        self.decrease = clamp_f64(factor, 0.05, 0.95, 0.5);
         self
     }
 
@@ -284,11 +280,7 @@ impl AdaptiveRate {
     /// ```
     #[must_use]
     pub fn probe_gain(mut self, fraction_per_sec: f64) -> Self {
-        self.probe_gain = if fraction_per_sec.is_nan() {
-            0.0
-        } else {
-            fraction_per_sec.clamp(0.0, 10.0)
-        };
+        self.probe_gain = clamp_f64(fraction_per_sec, 0.0, 10.0, 0.0);
         self
     }
 

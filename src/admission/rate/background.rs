@@ -15,7 +15,6 @@ use crate::bucket::Quota;
 use crate::clock::{saturating_nanos, Clock};
 use crate::keyed::Scoped;
 use crate::sleep::Sleeper;
-use crate::sync::{AtomicUsize, Ordering};
 use crate::throttled::Throttled;
 
 /// The background buckets, one per credential, following its quota.
@@ -91,7 +90,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
             taken.turn = Some((&spec.credential, kept));
             if !wait.is_zero() {
                 // Counted in `waiting` while it sleeps.
-                let _waiting = TurnWaiting::new(&self.inner.turns_waiting);
+                let _waiting = crate::admission::pools::Waiting::new(&self.inner.turns_waiting);
                 if !self.sleep_unless_closed(wait).await {
                     return Err(self.closed_refusal());
                 }
@@ -114,7 +113,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
             return Ok(None);
         };
         let cells = spec.cost_of(REQUESTS).unwrap_or(1);
-        if cells == 0 || !spec.priority.is_background() || self.rates_shared(&spec.credential) {
+        if cells == 0 || !spec.priority.is_background() || inner.rates.is_shared(&spec.credential) {
             return Ok(None);
         }
         background.follow(&inner.rates.credentials, &spec.credential);
@@ -135,10 +134,6 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
         }
     }
 
-    fn rates_shared(&self, credential: &str) -> bool {
-        self.inner.rates.is_shared(credential)
-    }
-
     /// Gives back a turn reserved for a call that was not admitted.
     pub(in crate::admission) fn give_back_turn(&self, credential: &str, kept: &Kept) {
         let _ = self.undo(credential, None, Source::Background, kept);
@@ -154,23 +149,6 @@ pub(super) fn part(quota: Quota, share: f64) -> Quota {
     let period = Duration::from_nanos((period.ceil() as u64).min(MAX_TOLERANCE));
     let burst = (f64::from(quota.burst().get()) * share).floor() as u32;
     Quota::with_period(period).allow_burst(NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN))
-}
-
-struct TurnWaiting<'a>(&'a AtomicUsize);
-
-impl<'a> TurnWaiting<'a> {
-    fn new(count: &'a AtomicUsize) -> Self {
-        // Relaxed: an advisory count, read by `Admission::waiting` alone.
-        count.fetch_add(1, Ordering::Relaxed);
-        TurnWaiting(count)
-    }
-}
-
-impl Drop for TurnWaiting<'_> {
-    fn drop(&mut self) {
-        // Relaxed: see `new`.
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 #[cfg(test)]

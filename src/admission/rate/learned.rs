@@ -69,16 +69,14 @@ impl Learned {
         buckets: &Scoped<String, C>,
         now: u64,
     ) -> Arc<CredentialState> {
-        let found = cache::lookup(&CREDENTIALS, &self.generation, credential, || {
+        let Ok(state) = cache::lookup(&CREDENTIALS, &self.generation, credential, || {
             if let Some(state) = self.known.read().get(credential) {
                 let name = state.name.clone();
                 return Ok::<_, core::convert::Infallible>((state.clone(), Some(name)));
             }
             Ok(self.create(credential, buckets, now))
         });
-        match found {
-            Ok(state) => state,
-        }
+        state
     }
 
     #[cold]

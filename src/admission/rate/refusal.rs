@@ -88,11 +88,10 @@ where
         // While a capped server hold lasts, tell the capped hold, not the
         // server's word.
         let told = self.held_until(credential, None).saturating_sub(now);
-        match e.retry_after() {
-            Some(after) if told > saturating_nanos(inner.rates.max_retry_after) => {
-                return past_cap(scope, Duration::from_nanos(told), after);
-            }
-            _ => {}
+        if let Some(after) = e.retry_after()
+            && told > saturating_nanos(inner.rates.max_retry_after)
+        {
+            return past_cap(scope, Duration::from_nanos(told), after);
         }
         match e.retry_after() {
             Some(after) if after > inner.rates.max_retry_after => Throttled::new(
@@ -104,31 +103,22 @@ where
                 ),
             )
             .with_retry_after(after),
-            Some(after) if after > left => {
-                let after = staggered(after);
-                Throttled::new(
-                    Status::RateLimited,
-                    scope,
+            Some(wait) => {
+                let after = staggered(wait);
+                let hint = if wait > left {
                     format!(
                         "this call's slot is in {}, after its deadline ({} left); retry later or drop the call",
                         Human(after),
                         Human(left)
-                    ),
-                )
-                .with_retry_after(after)
-            }
-            Some(after) => {
-                let after = staggered(after);
-                Throttled::new(
-                    Status::RateLimited,
-                    scope,
+                    )
+                } else {
                     format!(
                         "this call's slot is in {}, longer than the {} it could still wait inline; retry after that",
                         Human(after),
                         Human(max_wait)
-                    ),
-                )
-                .with_retry_after(after)
+                    )
+                };
+                Throttled::new(Status::RateLimited, scope, hint).with_retry_after(after)
             }
             None => Throttled::new(
                 Status::RateLimited,

@@ -52,16 +52,9 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
             *h = Kept::settled(actual);
             return delta;
         }
-        let key = credential;
-        let now = inner.clock.now_nanos();
+        let (now, cap) = (inner.clock.now_nanos(), inner.rates.max_retry_after);
         if actual > counted {
-            charge(
-                buckets,
-                key,
-                actual - counted,
-                now,
-                inner.rates.max_retry_after,
-            );
+            charge(buckets, credential, actual - counted, now, cap);
             *h = Kept::settled(actual);
             return i64::from(actual - counted);
         }
@@ -73,7 +66,7 @@ impl<S: Sleeper, C: Clock> Admission<S, C> {
             *h = Kept::settled(counted);
             return 0;
         }
-        charge(buckets, key, actual, now, inner.rates.max_retry_after);
+        charge(buckets, credential, actual, now, cap);
         *h = Kept::settled(actual);
         -i64::from(counted - actual)
     }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use ::reqwest::{Response, ResponseBuilderExt};
+use ::reqwest::Response;
 use ::reqwest_middleware::{Error, RequestBuilder, Result};
 use bytes::Bytes;
 
@@ -13,6 +13,8 @@ use crate::admission::{CallFailure, CallResult};
 use crate::retry::Attempts;
 use crate::single_flight::Provenance;
 use crate::Throttled;
+
+use super::usage::Head;
 
 /// Written into the request's extensions by the middleware when the
 /// request ends; read by `call_result`.
@@ -73,30 +75,6 @@ enum Answer {
     Failed(String),
 }
 
-/// A response without its body.
-#[derive(Clone, Debug)]
-struct Head {
-    status: http::StatusCode,
-    version: http::Version,
-    headers: http::HeaderMap,
-    url: ::reqwest::Url,
-    extensions: http::Extensions,
-}
-
-impl Head {
-    fn response(&self, body: Bytes) -> Response {
-        let mut rebuilt = http::Response::builder()
-            .status(self.status)
-            .version(self.version)
-            .url(self.url.clone())
-            .body(body)
-            .expect("the status and version came from a response");
-        *rebuilt.headers_mut() = self.headers.clone();
-        rebuilt.extensions_mut().extend(self.extensions.clone());
-        Response::from(rebuilt)
-    }
-}
-
 /// The most a read's body may declare (`Content-Length`) to be copied.
 pub(super) const COPY_LIMIT: u64 = 1 << 20;
 
@@ -122,17 +100,11 @@ pub(super) async fn share<F: core::future::Future<Output = ()>>(
             (Ok(response), Share::Not)
         }
         Ok(mut response) => {
-            let head = Head {
-                status: response.status(),
-                version: response.version(),
-                url: response.url().clone(),
-                headers: core::mem::take(response.headers_mut()),
-                extensions: core::mem::take(response.extensions_mut()),
-            };
+            let head = Head::take(&mut response);
             let body = crate::sleep::within(response.bytes(), timer).await;
             match body {
                 Some(Ok(body)) => {
-                    let own = head.response(body.clone());
+                    let own = head.clone().response(body.clone());
                     let answer = Answer::Response(Box::new(head), body);
                     (Ok(own), sharing.with(|| Some(Copy { outcome, answer })))
                 }
@@ -144,12 +116,9 @@ pub(super) async fn share<F: core::future::Future<Output = ()>>(
             }
         }
         Err(e) => {
-            let answer = || Answer::Failed(e.to_string());
             let copy = sharing.with(|| {
-                Some(Copy {
-                    outcome,
-                    answer: answer(),
-                })
+                let answer = Answer::Failed(e.to_string());
+                Some(Copy { outcome, answer })
             });
             (Err(e), copy)
         }

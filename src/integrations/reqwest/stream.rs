@@ -15,7 +15,7 @@ use crate::sleep::Sleeper;
 /// `response` with its body holding `ticket` (and reading `usage` from
 /// its events), and the requests sent as its `Attempts`.
 pub(super) fn hold<S, C>(
-    response: Response,
+    mut response: Response,
     ticket: Ticket<S, C>,
     usage: Option<Arc<EventUsage>>,
     sent: u32,
@@ -24,18 +24,9 @@ where
     S: Sleeper + Send + Sync + 'static,
     C: Clock + Send + Sync + 'static,
 {
-    use reqwest::ResponseBuilderExt;
-    let url = response.url().clone();
-    let (mut parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
+    let mut head = super::usage::Head::take(&mut response);
+    head.extensions.insert(Attempts(sent));
+    let body = http::Response::<reqwest::Body>::from(response).into_body();
     let body = TicketBody::new(body, Some(ticket), usage);
-    parts.extensions.insert(Attempts(sent));
-    let mut rebuilt = http::Response::builder()
-        .status(parts.status)
-        .version(parts.version)
-        .url(url)
-        .body(reqwest::Body::wrap(body))
-        .expect("the status and version came from a response");
-    *rebuilt.headers_mut() = core::mem::take(&mut parts.headers);
-    rebuilt.extensions_mut().extend(parts.extensions);
-    Response::from(rebuilt)
+    head.response(reqwest::Body::wrap(body))
 }

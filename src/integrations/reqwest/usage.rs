@@ -18,19 +18,44 @@ pub(super) async fn buffered<T>(
     mut response: Response,
     read: impl FnOnce(&[u8]) -> T,
 ) -> Result<(Response, T), ::reqwest::Error> {
-    let (status, version) = (response.status(), response.version());
-    let url = response.url().clone();
-    let headers = core::mem::take(response.headers_mut());
-    let extensions = core::mem::take(response.extensions_mut());
+    let head = Head::take(&mut response);
     let body = response.bytes().await?;
     let found = read(&body);
-    let mut rebuilt = http::Response::builder()
-        .status(status)
-        .version(version)
-        .url(url)
-        .body(body)
-        .expect("the status and version came from a response");
-    *rebuilt.headers_mut() = headers;
-    rebuilt.extensions_mut().extend(extensions);
-    Ok((Response::from(rebuilt), found))
+    Ok((head.response(body), found))
+}
+
+/// A response without its body.
+#[derive(Clone, Debug)]
+pub(super) struct Head {
+    status: http::StatusCode,
+    version: http::Version,
+    url: ::reqwest::Url,
+    headers: http::HeaderMap,
+    pub(super) extensions: http::Extensions,
+}
+
+impl Head {
+    /// `response`'s head; its headers and extensions are taken out of it.
+    pub(super) fn take(response: &mut Response) -> Head {
+        Head {
+            status: response.status(),
+            version: response.version(),
+            url: response.url().clone(),
+            headers: core::mem::take(response.headers_mut()),
+            extensions: core::mem::take(response.extensions_mut()),
+        }
+    }
+
+    /// The response of this head and `body`.
+    pub(super) fn response(self, body: impl Into<::reqwest::Body>) -> Response {
+        let mut rebuilt = http::Response::builder()
+            .status(self.status)
+            .version(self.version)
+            .url(self.url)
+            .body(body.into())
+            .expect("the status and version came from a response");
+        *rebuilt.headers_mut() = self.headers;
+        rebuilt.extensions_mut().extend(self.extensions);
+        Response::from(rebuilt)
+    }
 }

@@ -46,6 +46,17 @@ pub(super) struct Verdict {
     pub(super) reset: Duration,
 }
 
+impl Verdict {
+    /// Refused, with the wait `reset`.
+    fn refused(reset: Duration) -> Self {
+        Verdict {
+            admitted: false,
+            remaining: 0,
+            reset,
+        }
+    }
+}
+
 impl Limit {
     /// The quota and window announced in headers.
     pub(super) fn announced(&self) -> (u64, Duration) {
@@ -108,11 +119,7 @@ impl Limiter {
                     } else {
                         until_oldest_expires(log)
                     };
-                    return Verdict {
-                        admitted: false,
-                        remaining: 0,
-                        reset,
-                    };
+                    return Verdict::refused(reset);
                 }
                 log.push_back(now);
                 Verdict {
@@ -134,19 +141,11 @@ impl Limiter {
                 let base = (*tat).max(now);
                 // A period no `Instant` can add: refused, with the period as the wait.
                 let Some(new_tat) = base.checked_add(period) else {
-                    return Verdict {
-                        admitted: false,
-                        remaining: 0,
-                        reset: period,
-                    };
+                    return Verdict::refused(period);
                 };
                 let debt = new_tat - now;
                 if debt > tolerance {
-                    return Verdict {
-                        admitted: false,
-                        remaining: 0,
-                        reset: debt - tolerance,
-                    };
+                    return Verdict::refused(debt - tolerance);
                 }
                 *tat = new_tat;
                 let left = tolerance - debt;

@@ -137,15 +137,12 @@ async fn serve(stream: TcpStream, shared: Arc<Shared>) -> io::Result<()> {
 /// the returned guard while it is served.
 fn decide(shared: &Arc<Shared>, key: &str, now: Instant) -> (Answer, Option<InFlight>) {
     let config = &shared.config;
-    let mut stats = shared.stats.lock();
+    let mut locked = shared.stats.lock();
+    let stats = &mut *locked;
     stats.seen += 1;
     let nth = stats.seen;
-    stats
-        .keys
-        .entry(key.to_string())
-        .or_default()
-        .starts
-        .push(now);
+    let k = stats.keys.entry(key.to_string()).or_default();
+    k.starts.push(now);
 
     let answer = if now < shared.down_until {
         Answer::Down
@@ -183,7 +180,6 @@ fn decide(shared: &Arc<Shared>, key: &str, now: Instant) -> (Answer, Option<InFl
         Answer::Ok { .. } => {
             stats.in_flight += 1;
             stats.max_in_flight = stats.max_in_flight.max(stats.in_flight);
-            let k = stats.keys.entry(key.to_string()).or_default();
             k.in_flight += 1;
             k.max_in_flight = k.max_in_flight.max(k.in_flight);
             Some(InFlight {
@@ -192,15 +188,11 @@ fn decide(shared: &Arc<Shared>, key: &str, now: Instant) -> (Answer, Option<InFl
             })
         }
         Answer::Down => {
-            if let Some(k) = stats.keys.get_mut(key) {
-                k.failed += 1;
-            }
+            k.failed += 1;
             None
         }
         _ => {
-            if let Some(k) = stats.keys.get_mut(key) {
-                k.throttled += 1;
-            }
+            k.throttled += 1;
             None
         }
     };

@@ -165,15 +165,7 @@ impl<F, Sl, C: Clock> AdmissionLayer<HttpSpec<F>, ObserveHttp, Sl, C> {
     /// assert_eq!(layer.default_deadline(), Some(Duration::from_secs(5)));
     /// ```
     pub fn http(admission: Admission<Sl, C>, spec: F) -> Self {
-        AdmissionLayer {
-            admission,
-            spec: HttpSpec(spec),
-            observe: ObserveHttp,
-            release: AtHead,
-            deadline: None,
-            retry: Arc::new(crate::admission::attempt::default_policy()),
-            reads: None,
-        }
+        AdmissionLayer::new(admission, HttpSpec(spec)).observe_with(ObserveHttp)
     }
 }
 
@@ -240,15 +232,7 @@ impl<M, O, Sl, C: Clock, R> AdmissionLayer<M, O, Sl, C, R> {
     /// # drop(layer);
     /// ```
     pub fn observe_with<O2>(self, observe: O2) -> AdmissionLayer<M, O2, Sl, C, R> {
-        AdmissionLayer {
-            admission: self.admission,
-            spec: self.spec,
-            observe,
-            release: self.release,
-            deadline: self.deadline,
-            retry: self.retry,
-            reads: self.reads,
-        }
+        self.map(|_| observe, |release| release)
     }
 
     /// Settles each call's ticket with what its response says it used,
@@ -287,18 +271,7 @@ impl<M, O, Sl, C: Clock, R> AdmissionLayer<M, O, Sl, C, R> {
     /// # });
     /// ```
     pub fn usage_from<F>(self, usage: F) -> AdmissionLayer<M, UsageFrom<O, F>, Sl, C, R> {
-        AdmissionLayer {
-            admission: self.admission,
-            spec: self.spec,
-            observe: UsageFrom {
-                observe: self.observe,
-                usage,
-            },
-            release: self.release,
-            deadline: self.deadline,
-            retry: self.retry,
-            reads: self.reads,
-        }
+        self.map(|observe| UsageFrom { observe, usage }, |release| release)
     }
 
     /// The retry policy (each request forks its own): which answers are
@@ -353,13 +326,8 @@ impl<M, O, Sl, C: Clock, R> AdmissionLayer<M, O, Sl, C, R> {
     /// ```
     pub fn coalesce_reads(self) -> AdmissionLayer<M, hooks::Copies<O>, Sl, C, R> {
         AdmissionLayer {
-            admission: self.admission,
-            spec: self.spec,
-            observe: hooks::Copies(self.observe),
-            release: self.release,
-            deadline: self.deadline,
-            retry: self.retry,
             reads: Some(Arc::new(exchange::Reads::new())),
+            ..self.map(hooks::Copies, |release| release)
         }
     }
 
@@ -371,6 +339,23 @@ impl<M, O, Sl, C: Clock, R> AdmissionLayer<M, O, Sl, C, R> {
     /// The shared admission (for its [`stats`](Admission::stats)).
     pub fn admission(&self) -> &Admission<Sl, C> {
         &self.admission
+    }
+
+    /// This layer with its observer and its release made over.
+    fn map<O2, R2>(
+        self,
+        observe: impl FnOnce(O) -> O2,
+        release: impl FnOnce(R) -> R2,
+    ) -> AdmissionLayer<M, O2, Sl, C, R2> {
+        AdmissionLayer {
+            admission: self.admission,
+            spec: self.spec,
+            observe: observe(self.observe),
+            release: release(self.release),
+            deadline: self.deadline,
+            retry: self.retry,
+            reads: self.reads,
+        }
     }
 }
 
@@ -419,15 +404,7 @@ impl<M, O, Sl, C: Clock> AdmissionLayer<M, O, Sl, C, AtHead> {
     /// # });
     /// ```
     pub fn hold_bodies(self) -> AdmissionLayer<M, O, Sl, C, AtBodyEnd> {
-        AdmissionLayer {
-            admission: self.admission,
-            spec: self.spec,
-            observe: self.observe,
-            release: AtBodyEnd::default(),
-            deadline: self.deadline,
-            retry: self.retry,
-            reads: self.reads,
-        }
+        self.map(|observe| observe, |_| AtBodyEnd::default())
     }
 }
 

@@ -221,10 +221,10 @@ where
     fn call(&mut self, req: Req) -> Self::Future {
         let key = (self.key)(&req);
         if self.budget.is_zero() {
-            return match self.limits.try_acquire(&key, 1) {
-                Ok(()) => KeyedFuture::now(self.inner.call(req)),
-                Err(e) => KeyedFuture::refused(rate_limited_check(e, "rate:key")),
-            };
+            return KeyedFuture::calling(match self.limits.try_acquire(&key, 1) {
+                Ok(()) => LimitFuture::inner(self.inner.call(req)),
+                Err(e) => LimitFuture::refused(rate_limited_check(e, "rate:key")),
+            });
         }
         let deadline =
             crate::clock::saturating_nanos(self.budget).saturating_add(self.limits.now_nanos());
@@ -234,8 +234,8 @@ where
             move || take_or_sleep(&limits, &key, deadline, &sleeper, &line, &mut place)
         };
         match retake() {
-            Take::Taken => KeyedFuture::now(self.inner.call(req)),
-            Take::Refused(t) => KeyedFuture::refused(t),
+            Take::Taken => KeyedFuture::calling(LimitFuture::inner(self.inner.call(req))),
+            Take::Refused(t) => KeyedFuture::calling(LimitFuture::refused(t)),
             Take::Sleep(sleep) => {
                 // The ready service goes with the request; keep a fresh clone.
                 let fresh = self.inner.clone();
@@ -373,19 +373,9 @@ pin_project_lite::pin_project! {
 }
 
 impl<S: Service<Req>, Req, Sl> KeyedFuture<S, Req, Sl> {
-    fn now(future: S::Future) -> Self {
+    fn calling(future: LimitFuture<S::Future>) -> Self {
         KeyedFuture {
-            state: KeyedState::Calling {
-                future: LimitFuture::inner(future),
-            },
-        }
-    }
-
-    fn refused(t: crate::Throttled) -> Self {
-        KeyedFuture {
-            state: KeyedState::Calling {
-                future: LimitFuture::refused(t),
-            },
+            state: KeyedState::Calling { future },
         }
     }
 

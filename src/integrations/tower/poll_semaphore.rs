@@ -65,13 +65,9 @@ impl PollSemaphore {
             self.start_wait();
             return self.poll_wait(cx);
         };
-        match acquire.as_mut().poll(cx) {
-            Poll::Ready(result) => {
-                self.waiting = false;
-                Poll::Ready(result.ok())
-            }
-            Poll::Pending => Poll::Pending,
-        }
+        let result = core::task::ready!(acquire.as_mut().poll(cx));
+        self.waiting = false;
+        Poll::Ready(result.ok())
     }
 }
 

@@ -95,15 +95,6 @@ impl<S, Req, O> Exchange<S, Req, O> {
         }
     }
 
-    /// A refusal of the layer's own, as the observer wants it answered: a
-    /// response (see `RefusalResponses`), or the error carrying it.
-    pub(super) fn refusal<Resp>(&self, refused: Throttled) -> Result<Resp, BoxError>
-    where
-        O: Observe<Resp>,
-    {
-        refusal(&self.observe, refused)
-    }
-
     /// The call's last answer, carrying how it ended where its type can; a
     /// last error wrapped in an [`Unanswered`].
     pub(super) fn ended<Resp>(
@@ -174,34 +165,28 @@ where
             .drive(spec, spec.deadline, policy, &mut self)
             .await;
         let sharing = ended.sharing();
-        match ended {
+        // An answer keeps its ticket; a fault not retried keeps why.
+        let (result, ticket, attempts, not_retried, fault) = match ended {
             Ended::Answered {
                 result,
                 ticket,
                 attempts,
-            } => {
-                let copy = sharing.with(|| self.copy_of(&result));
-                let own = self
-                    .ended(result, attempts, None, false)
-                    .map(|r| release.release(r, ticket));
-                (own, copy)
-            }
+            } => (result, ticket, attempts, None, false),
             Ended::Throttled(refused) => {
-                let own = self.refusal(refused).map(|r| release.release(r, None));
-                (own, Share::Not)
+                let own = refusal(&self.observe, refused).map(|r| release.release(r, None));
+                return (own, Share::Not);
             }
             Ended::Failed {
                 result,
                 not_retried,
                 attempts,
-            } => {
-                let copy = sharing.with(|| self.copy_of(&result));
-                let own = self
-                    .ended(result, attempts, not_retried, true)
-                    .map(|r| release.release(r, None));
-                (own, copy)
-            }
-        }
+            } => (result, None, attempts, not_retried, true),
+        };
+        let copy = sharing.with(|| self.copy_of(&result));
+        let own = self
+            .ended(result, attempts, not_retried, fault)
+            .map(|r| release.release(r, ticket));
+        (own, copy)
     }
 
     fn copy_of(&self, result: &Result<S::Response, BoxError>) -> Option<Copy<S::Response>> {
