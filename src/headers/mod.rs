@@ -358,41 +358,6 @@ impl ServerHint {
     }
 }
 
-/// The longest server-requested wait a caller will sleep through.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct Clamp {
-    /// Waits up to and including this are slept; longer ones are surfaced.
-    pub(crate) max: Duration,
-}
-
-impl Clamp {
-    /// A clamp at `max`.
-    pub(crate) const fn new(max: Duration) -> Clamp {
-        Clamp { max }
-    }
-
-    /// `Wait(wait)` if it fits in `max`, else `Stop` with the server's wait.
-    pub(crate) fn apply(self, wait: Duration) -> Advice {
-        if wait <= self.max {
-            Advice::Wait(wait)
-        } else {
-            Advice::Stop { retry_after: wait }
-        }
-    }
-}
-
-/// What to do with a server's hint, given a [`Clamp`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Advice {
-    /// Wait this long (at most the clamp), then go.
-    Wait(Duration),
-    /// The server's wait is longer than the caller can use: surface it.
-    Stop {
-        /// The server's full wait.
-        retry_after: Duration,
-    },
-}
-
 /// Serde for `Option<Duration>` as whole milliseconds, rounded up.
 #[cfg(feature = "serde")]
 mod millis {
@@ -414,36 +379,5 @@ mod millis {
     ) -> Result<Option<Duration>, D::Error> {
         let max = super::ServerHint::MAX_DURATION;
         Ok(Option::<u64>::deserialize(d)?.map(|ms| Duration::from_millis(ms).min(max)))
-    }
-}
-
-#[cfg(all(test, not(feature = "loom")))]
-mod clamp_tests {
-    use super::*;
-    use std::time::SystemTime;
-
-    #[test]
-    fn clamp_turns_a_long_wait_into_stop() {
-        let clamp = Clamp::new(Duration::from_secs(30));
-        let hint = |v: &'static str| {
-            ServerHint::from_headers([("retry-after", v)], SystemTime::UNIX_EPOCH)
-        };
-        assert_eq!(
-            clamp.apply(hint("3600").wait().unwrap()),
-            Advice::Stop {
-                retry_after: Duration::from_secs(3600)
-            }
-        );
-        assert_eq!(
-            clamp.apply(hint("30").wait().unwrap()),
-            Advice::Wait(Duration::from_secs(30))
-        );
-        assert_eq!(
-            clamp.apply(hint("30.000000001").wait().unwrap()),
-            Advice::Stop {
-                retry_after: Duration::new(30, 1)
-            }
-        );
-        assert_eq!(ServerHint::default().wait(), None);
     }
 }

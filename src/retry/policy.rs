@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::budget::{Allowance, RetryBudget};
 use super::{Backoff, Deadline};
 use crate::throttled::{Human, Status, Throttled};
-use crate::{headers::Advice, headers::Clamp, headers::ServerHint, Clock};
+use crate::{headers::ServerHint, Clock};
 
 /// How a [`RetryPolicy`] classes one attempt's answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -125,7 +125,8 @@ pub enum Decision {
 pub struct RetryPolicy {
     backoff: Backoff,
     max_retries: u32,
-    clamp: Clamp,
+    /// The longest server wait slept; a longer one is surfaced.
+    clamp: Duration,
     /// Retries decided so far.
     retries: u32,
     /// Shared by every call forked from this policy.
@@ -161,7 +162,7 @@ impl RetryPolicy {
         RetryPolicy {
             backoff,
             max_retries: 5,
-            clamp: Clamp::new(Duration::from_secs(60)),
+            clamp: Duration::from_secs(60),
             retries: 0,
             budget: None,
         }
@@ -210,7 +211,7 @@ impl RetryPolicy {
     /// assert_eq!(t.retry_after(), Some(Duration::from_secs(5)));
     /// ```
     pub fn clamp(mut self, max: Duration) -> RetryPolicy {
-        self.clamp = Clamp::new(max);
+        self.clamp = max;
         self
     }
 
@@ -442,15 +443,15 @@ impl RetryPolicy {
         hint: &ServerHint,
         deadline: &mut Deadline<C>,
     ) -> Decision {
-        let clamp = Clamp::new(self.clamp.max.min(deadline.remaining()));
-        if let Advice::Wait(wait) = clamp.apply(server) {
+        let clamp = self.clamp.min(deadline.remaining());
+        if server <= clamp {
             let spread = self.backoff.spread(self.backoff.base);
-            let jittered = wait.saturating_add(Duration::from_nanos(spread));
+            let jittered = server.saturating_add(Duration::from_nanos(spread));
             if deadline.charge(jittered).is_ok() {
                 return Decision::Retry { after: jittered };
             }
-            if deadline.charge(wait).is_ok() {
-                return Decision::Retry { after: wait };
+            if deadline.charge(server).is_ok() {
+                return Decision::Retry { after: server };
             }
             // Only an expired deadline gets here.
         }
@@ -494,14 +495,14 @@ fn expired(wait: Duration, attempt: u32) -> Throttled {
 }
 
 #[cold]
-fn rate_limited(server: Duration, hint: &ServerHint, clamp: Clamp) -> Throttled {
+fn rate_limited(server: Duration, hint: &ServerHint, clamp: Duration) -> Throttled {
     Throttled::new(
         Status::RateLimited,
         server_scope(hint),
         format!(
             "the server asked to wait {}, more than the {} this call can wait; retry after that{}",
             Human(server),
-            Human(clamp.max),
+            Human(clamp),
             match &hint.scope {
                 Some(s) => format!(" (limit scope: {s})"),
                 None => String::new(),
