@@ -109,12 +109,15 @@ impl Backoff {
     /// assert_eq!(b.ceiling(10), Duration::from_secs(1));
     /// ```
     pub fn new(base: Duration, cap: Duration) -> Backoff {
-        let base = saturating_nanos(base);
-        let seed = fastrand::u64(..);
+        let (base, cap) = (saturating_nanos(base), saturating_nanos(cap));
+        Backoff::seeded(base, cap, Jitter::default(), fastrand::u64(..))
+    }
+
+    fn seeded(base: u64, cap: u64, jitter: Jitter, seed: u64) -> Backoff {
         Backoff {
             base,
-            cap: saturating_nanos(cap),
-            jitter: Jitter::default(),
+            cap,
+            jitter,
             rng: fastrand::Rng::with_seed(seed),
             previous: base,
             seed,
@@ -174,15 +177,7 @@ impl Backoff {
         // is published through it.
         let n = self.forks.fetch_add(1, Ordering::Relaxed);
         let seed = self.seed ^ n.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        Backoff {
-            base: self.base,
-            cap: self.cap,
-            jitter: self.jitter,
-            rng: fastrand::Rng::with_seed(seed),
-            previous: self.base,
-            seed,
-            forks: AtomicU64::new(0),
-        }
+        Backoff::seeded(self.base, self.cap, self.jitter, seed)
     }
 
     /// `min(cap, base * 2^attempt)`, saturating: the un-jittered delay.

@@ -248,13 +248,7 @@ impl RetryPolicy {
 
     /// [`fork`](Self::fork) without the deposit.
     pub(crate) fn fork_unpaid(&self) -> RetryPolicy {
-        RetryPolicy {
-            backoff: self.backoff.fork(),
-            max_retries: self.max_retries,
-            clamp: self.clamp,
-            retries: 0,
-            budget: self.budget.clone(),
-        }
+        self.with_backoff(self.backoff.fork(), self.max_retries)
     }
 
     /// Shares `budget` among every call forked from this policy (each
