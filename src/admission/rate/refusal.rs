@@ -88,11 +88,10 @@ where
         // While a capped server hold lasts, tell the capped hold, not the
         // server's word.
         let told = self.held_until(credential, None).saturating_sub(now);
-        match e.retry_after() {
-            Some(after) if told > saturating_nanos(inner.rates.max_retry_after) => {
-                return past_cap(scope, Duration::from_nanos(told), after);
-            }
-            _ => {}
+        if let Some(after) = e.retry_after()
+            && told > saturating_nanos(inner.rates.max_retry_after)
+        {
+            return past_cap(scope, Duration::from_nanos(told), after);
         }
         match e.retry_after() {
             Some(after) if after > inner.rates.max_retry_after => Throttled::new(
