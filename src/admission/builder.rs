@@ -803,7 +803,7 @@ fn erased<L: RateLimiter + 'static>(
         let resolved =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| resolve(credential)));
         match resolved {
-            Err(_) => Some(Arc::new(Unresolved::Panicked)),
+            Err(_) => Some(Arc::new(Unresolved)),
             Ok(l) => l.map(|l| l as Arc<dyn SharedLimiter>),
         }
     })
