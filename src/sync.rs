@@ -152,10 +152,6 @@ mod imp {
         pub(crate) fn snooze(&self) {
             loom::thread::yield_now();
         }
-        /// Done at once under loom: parking is modelled, spinning is not.
-        pub(crate) fn is_completed(&self) -> bool {
-            true
-        }
     }
 
     pub(crate) type CachePadded<T> = crossbeam_utils::CachePadded<T>;

@@ -56,20 +56,8 @@ struct PointersInner<T: ?Sized> {
 }
 
 impl<T: ?Sized> Pointers<T> {
-    /// Unlinked pointers.
-    #[cfg(not(all(test, feature = "loom")))]
-    pub(crate) const fn new() -> Self {
-        Self {
-            inner: UnsafeCell::new(PointersInner {
-                prev: None,
-                next: None,
-            }),
-            _pin: PhantomPinned,
-        }
-    }
-
-    /// Unlinked pointers.
-    #[cfg(all(test, feature = "loom"))]
+    /// Unlinked pointers (not `const`: loom's cell is not, and no caller
+    /// needs it).
     pub(crate) fn new() -> Self {
         Self {
             inner: UnsafeCell::new(PointersInner {

@@ -117,16 +117,10 @@ impl<C: Clock> RollingWindow<C> {
     }
 
     fn take(&self, log: &mut Log, n: u32, at: u64) {
-        for _ in 0..n {
-            log.cells.push_back(at);
-        }
+        log.cells.extend(std::iter::repeat_n(at, n as usize));
         while log.cells.len() > self.limit as usize {
             log.cells.pop_front();
         }
-    }
-
-    fn capacity_error(&self, n: u32) -> Option<(u32, u32)> {
-        (n > self.limit).then_some((n, self.limit))
     }
 
     /// Takes `n` cells now, or none.
@@ -136,22 +130,10 @@ impl<C: Clock> RollingWindow<C> {
     /// [`CheckError::NotUntil`] with the wait until they would fit, or
     /// [`CheckError::InsufficientCapacity`] when `n` is above the limit.
     pub fn try_acquire(&self, n: u32) -> Result<(), CheckError> {
-        if let Some((requested, capacity)) = self.capacity_error(n) {
-            return Err(CheckError::InsufficientCapacity {
-                requested,
-                capacity,
-            });
-        }
-        let now = self.clock.now_nanos();
-        let mut log = self.log.lock();
-        let at = self.slot(&log, n, now);
-        if at > now {
-            return Err(CheckError::NotUntil {
-                wait: Duration::from_nanos(at - now),
-            });
-        }
-        self.take(&mut log, n, now);
-        Ok(())
+        // A reservation with no wait allowed takes its cells now, or none.
+        self.reserve(n, Duration::ZERO)
+            .map(drop)
+            .map_err(ReserveError::into_check)
     }
 
     /// Takes `n` cells at the earliest instant they fit, if that is within
@@ -162,10 +144,10 @@ impl<C: Clock> RollingWindow<C> {
     /// [`ReserveError::RateLimited`] when the wait is longer than `max_wait`
     /// (nothing is taken), or [`ReserveError::InsufficientCapacity`].
     pub fn reserve(&self, n: u32, max_wait: Duration) -> Result<Duration, ReserveError> {
-        if let Some((requested, capacity)) = self.capacity_error(n) {
+        if n > self.limit {
             return Err(ReserveError::InsufficientCapacity {
-                requested,
-                capacity,
+                requested: n,
+                capacity: self.limit,
             });
         }
         let now = self.clock.now_nanos();

@@ -185,11 +185,7 @@ impl<S, C> Builder<S, C> {
     /// Concurrency cap (clamped as in [`global_concurrency`](Self::global_concurrency))
     /// and slot policy of one tool.
     pub fn tool(mut self, name: impl Into<String>, cap: usize, policy: SlotPolicy) -> Self {
-        let entry = self
-            .cfg
-            .tools
-            .entry(name.into())
-            .or_insert_with(|| self.cfg.default_tool.clone());
+        let entry = self.cfg.tool_config(name.into());
         entry.cap = cap.max(1);
         entry.policy = policy;
         self
@@ -233,11 +229,7 @@ impl<S, C> Builder<S, C> {
     /// # });
     /// ```
     pub fn tool_budget(mut self, name: impl Into<String>, n: u32) -> Self {
-        self.cfg
-            .tools
-            .entry(name.into())
-            .or_insert_with(|| self.cfg.default_tool.clone())
-            .budget = Some(n);
+        self.cfg.tool_config(name.into()).budget = Some(n);
         self
     }
 
@@ -290,11 +282,7 @@ impl<S, C> Builder<S, C> {
     /// # });
     /// ```
     pub fn resource(mut self, name: impl Into<String>, quota: Quota) -> Self {
-        let name = name.into();
-        match self.cfg.resources.iter_mut().find(|(n, ..)| *n == name) {
-            Some(r) => r.1 = quota,
-            None => self.cfg.resources.push((name, quota, Vec::new())),
-        }
+        self.cfg.declare(&name.into()).1 = quota;
         self
     }
 
@@ -308,14 +296,7 @@ impl<S, C> Builder<S, C> {
         quota: Quota,
     ) -> Self {
         let name = name.into();
-        self.declare(&name);
-        let entry = self
-            .cfg
-            .resources
-            .iter_mut()
-            .find(|(n, ..)| *n == name)
-            .expect("inserted above");
-        entry.2.push((credential.into(), quota));
+        self.cfg.declare(&name).2.push((credential.into(), quota));
         self
     }
 
@@ -589,7 +570,7 @@ impl<S, C> Builder<S, C> {
         limiter: impl RateLimiter + 'static,
     ) -> Self {
         let name = name.into();
-        self.declare(&name);
+        self.cfg.declare(&name);
         let limiters = self
             .cfg
             .shared
@@ -616,7 +597,7 @@ impl<S, C> Builder<S, C> {
         resolve: impl Fn(&str) -> Option<Arc<L>> + Send + Sync + 'static,
     ) -> Self {
         let name = name.into();
-        self.declare(&name);
+        self.cfg.declare(&name);
         let resolve = erased(resolve);
         let resolvers = &mut self.cfg.shared.resource_resolvers;
         match resolvers.iter_mut().find(|(n, _)| *n == name) {
@@ -670,16 +651,6 @@ impl<S, C> Builder<S, C> {
         self
     }
 
-    /// Declares the weighted quota `name` with no limit, unless
-    /// [`resource`](Self::resource) declared it.
-    fn declare(&mut self, name: &str) {
-        if !self.cfg.resources.iter().any(|(n, ..)| n == name) {
-            self.cfg
-                .resources
-                .push((name.to_owned(), unlimited(), Vec::new()));
-        }
-    }
-
     /// Builds the admission layer.
     ///
     /// # Examples
@@ -689,10 +660,13 @@ impl<S, C> Builder<S, C> {
     /// let admission = Admission::builder().build();
     /// assert_eq!(admission.waiting(), 0);
     /// ```
-    pub fn build(self) -> Admission<S, C>
+    pub fn build(mut self) -> Admission<S, C>
     where
         C: Clock + Clone,
     {
+        for name in self.cfg.provider.map_or(&[][..], Provider::quotas) {
+            self.cfg.declare(name);
+        }
         let mut global = Pool::new(self.cfg.global, self.cfg.expected_latency);
         let mut tools = self.cfg.tools;
         let mut default_tool = self.cfg.default_tool;
@@ -717,13 +691,9 @@ impl<S, C> Builder<S, C> {
         let open = Quota::with_period(Duration::from_nanos(1))
             .allow_burst(NonZeroU32::new(1 << 30).expect("non-zero"));
         let server_scopes = Scoped::with_clock(open, self.clock.clone());
-        let mut resources = self.cfg.resources;
-        for name in self.cfg.provider.map_or(&[][..], Provider::quotas) {
-            if !resources.iter().any(|(n, ..)| n == name) {
-                resources.push((name.to_string(), unlimited(), Vec::new()));
-            }
-        }
-        let resources = resources
+        let resources = self
+            .cfg
+            .resources
             .into_iter()
             .map(|(name, quota, overrides)| {
                 let buckets = Scoped::with_clock(quota, self.clock.clone());
@@ -782,6 +752,27 @@ impl<S, C> Builder<S, C> {
     }
 }
 
+impl Settings {
+    /// The weighted quota `name`, declared with no limit unless
+    /// [`resource`](Builder::resource) declared it.
+    fn declare(&mut self, name: &str) -> &mut ResourceConfig {
+        match self.resources.iter().position(|(n, ..)| n == name) {
+            Some(at) => &mut self.resources[at],
+            None => {
+                self.resources
+                    .push((name.to_owned(), unlimited(), Vec::new()));
+                self.resources.last_mut().expect("just pushed")
+            }
+        }
+    }
+
+    /// `name`'s settings, created from the default tool's.
+    fn tool_config(&mut self, name: String) -> &mut ToolConfig {
+        let default = &self.default_tool;
+        self.tools.entry(name).or_insert_with(|| default.clone())
+    }
+}
+
 impl<S: fmt::Debug, C: fmt::Debug> fmt::Debug for Builder<S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Builder")
@@ -812,7 +803,7 @@ fn erased<L: RateLimiter + 'static>(
         let resolved =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| resolve(credential)));
         match resolved {
-            Err(_) => Some(Arc::new(Unresolved::Panicked)),
+            Err(_) => Some(Arc::new(Unresolved)),
             Ok(l) => l.map(|l| l as Arc<dyn SharedLimiter>),
         }
     })

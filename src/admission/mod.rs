@@ -94,17 +94,28 @@ struct Taken<'a, S: Sleeper, C: Clock> {
 }
 
 impl<S: Sleeper, C: Clock> Taken<'_, S, C> {
-    /// Hands the slots and budget units to the ticket. Returns the tool, and
-    /// whether the call is its circuit's trial.
+    /// Hands the slots, budget units and circuit trial to the ticket of a
+    /// call started at `at`, holding `held`.
     #[inline]
-    fn keep(self) -> (Arc<ToolState>, bool) {
+    fn keep(
+        self,
+        credential: Arc<rate::learned::CredentialState>,
+        held: rate::Held,
+        at: u64,
+    ) -> Ticket<S, C> {
         let this = core::mem::ManuallyDrop::new(self);
         // SAFETY: `this` is never used or dropped again, so each field is
         // moved out exactly once, and the others (a reference, plain
         // counts) need no drop.
         let (tool, pass) = unsafe { (core::ptr::read(&this.tool), core::ptr::read(&this.pass)) };
         let trial = pass.is_some_and(breaker::Pass::keep);
-        (tool, trial)
+        Ticket {
+            admission: this.admission.clone(),
+            credential,
+            started_at: ticket::stamp(at, this.priority, trial),
+            held,
+            tool,
+        }
     }
 }
 
@@ -247,7 +258,13 @@ where
                 ticket.credential.counters.admitted();
                 #[cfg(feature = "metrics")]
                 metrics_out::admitted(&ticket.tool.name, started, ticket.started());
-                self.decided_ok(spec, started, ticket.started());
+                #[cfg(feature = "tracing")]
+                tracing::event!(
+                    tracing::Level::DEBUG,
+                    tool = %spec.tool,
+                    waited_ms = (ticket.started().saturating_sub(started) / 1_000_000),
+                    "backpressure: admitted"
+                );
             }
             Err(t) => {
                 #[cfg(feature = "metrics")]
@@ -259,9 +276,19 @@ where
                 if let Some(credential) = inner.rates.peek_credential(&spec.credential) {
                     credential.counters.refused(t.status);
                 }
-                self.decided(spec, t);
+                #[cfg(feature = "tracing")]
+                tracing::event!(
+                    tracing::Level::DEBUG,
+                    tool = %spec.tool,
+                    scope = %t.scope,
+                    status = t.status.as_str(),
+                    retry_after_ms = t.retry_after_ms,
+                    "backpressure: refused"
+                );
             }
         }
+        #[cfg(not(any(feature = "tracing", feature = "metrics")))]
+        let _ = started;
     }
 
     /// The stages the fast path could not finish. What `taken` holds is given
@@ -323,14 +350,7 @@ where
                 inline,
             )
             .await?;
-        let (tool, trial) = taken.keep();
-        Ok(Ticket {
-            admission: self.clone(),
-            credential,
-            started_at: ticket::stamp(started_at, spec.priority, trial),
-            held,
-            tool,
-        })
+        Ok(taken.keep(credential, held, started_at))
     }
 
     /// The stages with no wait allowed: the decision, or (`Err`) what was
@@ -406,15 +426,7 @@ where
         {
             return Err(taken);
         }
-        let held = reserved.keep();
-        let (tool, trial) = taken.keep();
-        Ok(Ok(Ticket {
-            admission: self.clone(),
-            credential,
-            started_at: ticket::stamp(started, spec.priority, trial),
-            held,
-            tool,
-        }))
+        Ok(Ok(taken.keep(credential, reserved.keep(), started)))
     }
 
     /// Stage 1: refuses when closed; else the tool's state.
@@ -500,32 +512,6 @@ where
 
     pub(super) fn closed_refusal(&self) -> Throttled {
         Throttled::new(Status::Closed, "admission", "the admission layer is closed")
-    }
-
-    fn decided(&self, spec: &CallSpec, t: &Throttled) {
-        #[cfg(feature = "tracing")]
-        tracing::event!(
-            tracing::Level::DEBUG,
-            tool = %spec.tool,
-            scope = %t.scope,
-            status = t.status.as_str(),
-            retry_after_ms = t.retry_after_ms,
-            "backpressure: refused"
-        );
-        #[cfg(not(feature = "tracing"))]
-        let _ = (spec, t);
-    }
-
-    fn decided_ok(&self, spec: &CallSpec, asked_at: u64, admitted_at: u64) {
-        #[cfg(feature = "tracing")]
-        tracing::event!(
-            tracing::Level::DEBUG,
-            tool = %spec.tool,
-            waited_ms = (admitted_at.saturating_sub(asked_at) / 1_000_000),
-            "backpressure: admitted"
-        );
-        #[cfg(not(feature = "tracing"))]
-        let _ = (spec, asked_at, admitted_at);
     }
 
     /// The rate (requests per second) the layer has learned for

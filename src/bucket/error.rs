@@ -141,6 +141,23 @@ impl ReserveError {
         Ok(())
     }
 
+    /// The same refusal as `try_acquire` words it (a reservation with no
+    /// wait allowed refuses exactly what `try_acquire` refuses).
+    pub(crate) fn into_check(self) -> CheckError {
+        match self {
+            ReserveError::RateLimited { retry_after } => CheckError::NotUntil { wait: retry_after },
+            ReserveError::InsufficientCapacity {
+                requested,
+                capacity,
+            } => CheckError::InsufficientCapacity {
+                requested,
+                capacity,
+            },
+            ReserveError::TooManyKeys { limit } => CheckError::TooManyKeys { limit },
+            ReserveError::Unavailable { retry_after } => CheckError::Unavailable { retry_after },
+        }
+    }
+
     /// When to ask again: the wait of [`RateLimited`](ReserveError::RateLimited)
     /// or [`Unavailable`](ReserveError::Unavailable); `None` when asking again
     /// cannot help.

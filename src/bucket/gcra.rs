@@ -333,42 +333,13 @@ impl Gcra {
         }
     }
 
-    /// Admits `n` cells now, or says how long until they would fit.
+    /// Admits `n` cells now, or says how long until they would fit: a
+    /// reservation with no wait allowed.
     #[inline]
     pub(crate) fn try_acquire(&self, n: u32, now: u64) -> Result<(), CheckError> {
-        if n == 0 {
-            return Ok(());
-        }
-        let backoff = Backoff::new();
-        let mut retried = false;
-        let mut view = self.view();
-        loop {
-            match view.rule(n, now) {
-                Rule::Fits { new_tat, ready_at } if ready_at <= now => {
-                    match self.apply(&view, new_tat) {
-                        Ok(()) => return Ok(()),
-                        Err(fresh) => view = fresh,
-                    }
-                    contended(&backoff, &mut retried);
-                }
-                Rule::Fits { ready_at, .. } => {
-                    return Err(CheckError::NotUntil {
-                        wait: nanos(ready_at - now),
-                    })
-                }
-                Rule::TooMany { capacity } => {
-                    return Err(CheckError::InsufficientCapacity {
-                        requested: n,
-                        capacity,
-                    })
-                }
-                Rule::Never => {
-                    return Err(CheckError::NotUntil {
-                        wait: nanos(u64::MAX),
-                    })
-                }
-            }
-        }
+        self.reserve(n, 0, now)
+            .map(drop)
+            .map_err(ReserveError::into_check)
     }
 
     /// Takes `n` cells usable within `max_wait` nanoseconds, in one CAS, or

@@ -79,11 +79,6 @@ impl Decimal {
         })
     }
 
-    /// The integer part (saturated).
-    pub(super) fn int(self) -> u128 {
-        self.int
-    }
-
     /// `self * unit_nanos`, rounded up and saturating (`unit_nanos` is at
     /// most an hour).
     pub(super) fn scaled(self, unit_nanos: u128) -> u128 {
@@ -229,7 +224,7 @@ pub(super) const EPOCH_MILLIS_UNTIL: u128 = 1_000_000_000_000_000;
 /// timestamp, a Go-style duration, or an HTTP-date.
 pub(super) fn parse_reset(s: &str) -> Option<When> {
     if let Some(d) = Decimal::parse(s) {
-        let n = d.int();
+        let n = d.int;
         return if n < EPOCH_SECONDS_FROM {
             Some(When::After(d.scaled(NANOS_PER_SEC)))
         } else if n < EPOCH_MILLIS_FROM {

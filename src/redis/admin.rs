@@ -94,26 +94,21 @@ impl RedisBucket {
         let stored = self.call(Op::SetQuota { params }, None).await;
         // Its own from now on, whether the key heard of it or not.
         self.state.lock().set_own(quota, params);
-        match stored {
-            Ok(_) => {
-                {
-                    let mut state = self.state.lock();
-                    if state.params == params {
-                        // Exact to the nanosecond here; others see µs.
-                        state.quota = quota;
-                    }
-                    if old != params {
-                        // The key's state was converted: as the local
-                        // bucket, no earlier reservation can give back.
-                        state.generation += 1;
-                        state.refunds.clear();
-                    }
-                }
-                self.adopt_fallback(quota);
-                Ok(())
-            }
-            Err(_) => Err(builder::store_error("redis did not apply the quota")),
+        stored.map_err(|_| builder::config_error("redis did not apply the quota"))?;
+        let mut state = self.state.lock();
+        if state.params == params {
+            // Exact to the nanosecond here; others see µs.
+            state.quota = quota;
         }
+        if old != params {
+            // The key's state was converted: as the local bucket, no
+            // earlier reservation can give back.
+            state.generation += 1;
+            state.refunds.clear();
+        }
+        drop(state);
+        self.adopt_fallback(quota);
+        Ok(())
     }
 
     /// Fills the key's bucket and lifts any penalty, for every process on
@@ -144,14 +139,11 @@ impl RedisBucket {
         if let Policy::Open { bucket, .. } = &self.policy {
             bucket.reset();
         }
-        match self.call(Op::Reset, None).await {
-            Ok(_) => {
-                let mut state = self.state.lock();
-                state.generation += 1;
-                state.refunds.clear();
-                Ok(())
-            }
-            Err(_) => Err(builder::store_error("redis did not reset the key")),
-        }
+        let reset = self.call(Op::Reset, None).await;
+        reset.map_err(|_| builder::config_error("redis did not reset the key"))?;
+        let mut state = self.state.lock();
+        state.generation += 1;
+        state.refunds.clear();
+        Ok(())
     }
 }

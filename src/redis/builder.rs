@@ -81,16 +81,12 @@ impl std::error::Error for RedisBucketError {
     }
 }
 
-fn config_error(message: String) -> RedisBucketError {
+/// An error with no cause: a bad setting, or Redis not doing what was asked.
+pub(super) fn config_error(message: impl Into<String>) -> RedisBucketError {
     RedisBucketError {
-        message,
+        message: message.into(),
         source: None,
     }
-}
-
-/// Redis did not do what was asked.
-pub(super) fn store_error(message: &str) -> RedisBucketError {
-    config_error(message.to_owned())
 }
 
 /// The quota as the script sees it, or why it cannot be shared.
@@ -190,7 +186,7 @@ impl Common {
             source: Some(e),
         };
         if self.urls.is_empty() {
-            return Err(config_error("invalid redis url: none given".to_owned()));
+            return Err(config_error("invalid redis url: none given"));
         }
         if self.timeout.is_zero() || self.timeout > RedisBucketBuilder::MAX_TIMEOUT {
             return Err(config_error(format!(
@@ -448,12 +444,8 @@ impl RedisBucketBuilder {
 /// `share` of `quota`'s rate and burst: a longer period, rounded up, and
 /// at least one cell of burst.
 pub(super) fn share_of(quota: Quota, share: f64) -> Quota {
-    let period = (quota.period as f64 / share).ceil();
-    let period = if period >= u64::MAX as f64 {
-        u64::MAX
-    } else {
-        period as u64
-    };
+    // `as` saturates: a period past `u64` is `u64::MAX`.
+    let period = (quota.period as f64 / share).ceil() as u64;
     let burst = (quota.burst.get() as f64 * share).floor() as u32;
     Quota {
         period: period.max(quota.period),

@@ -496,10 +496,8 @@ impl RedisBucket {
     /// # }
     /// ```
     pub async fn release_lease(&self) {
-        let give = self.drain_lease(true);
-        if give > 0 {
-            let _ = self.call(Op::Give { give }, None).await;
-        }
+        // A refund of nothing gives back exactly the lease.
+        self.refund(0).await;
     }
 
     // -- internals ---------------------------------------------------------

@@ -99,20 +99,25 @@ impl Held {
         Held::new(permits, self.guess())
     }
 
-    /// The count of two permits merged; at most what a semaphore can hold.
+    /// Moves `other`'s permits into `self`; the sum is at most what a
+    /// semaphore can hold.
     #[track_caller]
-    fn merged(self, other: Held) -> u64 {
-        self.permits()
+    fn merge(&mut self, other: &mut Held) {
+        let sum = self
+            .permits()
             .checked_add(other.permits())
             .filter(|&sum| sum <= super::Semaphore::MAX_PERMITS as u64)
-            .expect("number of permits overflowed")
+            .expect("number of permits overflowed");
+        *self = self.with_permits(sum);
+        *other = other.with_permits(0);
     }
 
-    /// `n` of the permits, if it holds that many.
-    fn take(self, n: usize) -> Option<(u64, u64)> {
+    /// Splits `n` of the permits off, if it holds that many.
+    fn split(&mut self, n: usize) -> Option<Held> {
         let have = self.permits();
         let n = u64::try_from(n).ok().filter(|&n| n <= have)?;
-        Some((have - n, n))
+        *self = self.with_permits(have - n);
+        Some(self.with_permits(n))
     }
 }
 
@@ -162,9 +167,7 @@ impl<'a> SemaphorePermit<'a> {
             std::ptr::eq(self.sem, other.sem),
             "merging permits from different semaphore instances"
         );
-        let sum = self.held.merged(other.held);
-        self.held = self.held.with_permits(sum);
-        other.held = other.held.with_permits(0);
+        self.held.merge(&mut other.held);
     }
 
     /// Splits `n` permits off into a new permit; `None` if it holds fewer.
@@ -180,11 +183,10 @@ impl<'a> SemaphorePermit<'a> {
     /// assert!(a.split(5).is_none());
     /// ```
     pub fn split(&mut self, n: usize) -> Option<Self> {
-        let (left, n) = self.held.take(n)?;
-        self.held = self.held.with_permits(left);
+        let held = self.held.split(n)?;
         Some(Self {
             sem: self.sem,
-            held: self.held.with_permits(n),
+            held,
         })
     }
 
@@ -246,9 +248,7 @@ impl OwnedSemaphorePermit {
             Arc::ptr_eq(&self.sem, &other.sem),
             "merging permits from different semaphore instances"
         );
-        let sum = self.held.merged(other.held);
-        self.held = self.held.with_permits(sum);
-        other.held = other.held.with_permits(0);
+        self.held.merge(&mut other.held);
     }
 
     /// Splits `n` permits off into a new permit; `None` if it holds fewer.
@@ -264,11 +264,10 @@ impl OwnedSemaphorePermit {
     /// assert_eq!(b.num_permits(), 1);
     /// ```
     pub fn split(&mut self, n: usize) -> Option<Self> {
-        let (left, n) = self.held.take(n)?;
-        self.held = self.held.with_permits(left);
+        let held = self.held.split(n)?;
         Some(Self {
             sem: self.sem.clone(),
-            held: self.held.with_permits(n),
+            held,
         })
     }
 

@@ -208,26 +208,21 @@ where
             }
             out
         }));
-        let map = self.map;
-        let hash = self.hash;
-        match polled {
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(out)) => {
-                self.phase = Phase::Done;
-                let flight = self.flight.take().expect("a leader holds its flight");
-                let result = (self.convert)(out);
-                match panic::catch_unwind(AssertUnwindSafe(|| map.complete(&flight, hash, result)))
-                {
-                    Ok(out) => Poll::Ready(out.map(|v| (v, Provenance::Leader))),
-                    Err(payload) => {
-                        map.fail_panicked(&flight, hash);
-                        panic::resume_unwind(payload)
-                    }
-                }
-            }
+        let polled = match polled {
+            Ok(Poll::Pending) => return Poll::Pending,
+            Ok(Poll::Ready(out)) => Ok((self.convert)(out)),
+            Err(payload) => Err(payload),
+        };
+        let (map, hash) = (self.map, self.hash);
+        self.phase = Phase::Done;
+        let flight = self.flight.take().expect("a leader holds its flight");
+        // A panic in the work or in `complete` releases the followers first.
+        let completed = polled.and_then(|result| {
+            panic::catch_unwind(AssertUnwindSafe(|| map.complete(&flight, hash, result)))
+        });
+        match completed {
+            Ok(out) => Poll::Ready(out.map(|v| (v, Provenance::Leader))),
             Err(payload) => {
-                self.phase = Phase::Done;
-                let flight = self.flight.take().expect("a leader holds its flight");
                 map.fail_panicked(&flight, hash);
                 panic::resume_unwind(payload)
             }

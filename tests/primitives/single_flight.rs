@@ -918,3 +918,51 @@ fn a_leader_descheduled_while_stamping_never_serves_past_the_ttl() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
+
+/// A clock with a coarse time of its own, both moved by hand.
+#[derive(Debug, Clone)]
+struct TwoClocks {
+    precise: ManualClock,
+    coarse: ManualClock,
+    lag: u64,
+}
+
+impl backpressure::Clock for TwoClocks {
+    fn now_nanos(&self) -> u64 {
+        self.precise.now_nanos()
+    }
+    fn coarse_bounds(&self) -> Option<(u64, u64)> {
+        let t = self.coarse.now_nanos();
+        Some((t, t + self.lag))
+    }
+}
+
+/// A hit far from expiry is served on the coarse time, one near it is
+/// rechecked; none outlives its TTL.
+#[test]
+fn a_cache_hit_uses_the_coarse_time_and_never_outlives_the_ttl() {
+    use backpressure::Clock as _;
+    let clocks = TwoClocks {
+        precise: ManualClock::new(),
+        coarse: ManualClock::new(),
+        lag: 10,
+    };
+    let m: SingleFlight<u32, u32, std::convert::Infallible, TwoClocks> = SingleFlight::builder()
+        .shards(1)
+        .cache(Duration::from_nanos(1_024_000), 4)
+        .clock(clocks.clone())
+        .build();
+    let get = |v| futures::executor::block_on(m.run(1, move || async move { v })).unwrap();
+    assert_eq!(get(1).0, 1);
+    clocks.precise.set(2_000_000);
+    clocks.coarse.set(500_000);
+    assert_eq!(get(2), (1, Provenance::Cached));
+    clocks.coarse.set(1_022_995);
+    assert_eq!(get(3), (3, Provenance::Leader));
+    clocks.coarse.set(1_022_995 + 1_022_995);
+    clocks.precise.set(2_000_000 + 1_000_000);
+    assert_eq!(get(4), (3, Provenance::Cached));
+    clocks.precise.set(2_000_000 + 1_024_000);
+    assert_eq!(get(5), (5, Provenance::Leader));
+    assert!(clocks.precise.now_nanos() > 0);
+}

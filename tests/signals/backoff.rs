@@ -212,6 +212,26 @@ fn an_hour_against_thirty_seconds_is_the_server_saying_stop() {
     assert_eq!(s.status, Status::RateLimited);
 }
 
+/// A server wait of exactly the clamp is slept; a nanosecond more is not.
+#[test]
+fn a_wait_of_exactly_the_clamp_is_slept_and_a_nanosecond_more_is_not() {
+    let decide = |wait: &str| {
+        let mut policy = RetryPolicy::new(Backoff::new(Duration::ZERO, Duration::ZERO))
+            .clamp(Duration::from_secs(30));
+        let mut deadline = Deadline::never(ManualClock::new());
+        policy.decide(&hint(&[("retry-after", wait)]), &mut deadline)
+    };
+    let slept = Decision::Retry {
+        after: Duration::from_secs(30),
+    };
+    assert_eq!(decide("30"), slept);
+    let Decision::NotRetried(t) = decide("30.000000001") else {
+        panic!()
+    };
+    assert_eq!(t.status, Status::RateLimited);
+    assert_eq!(t.retry_after(), Some(Duration::from_millis(30_001)));
+}
+
 #[test]
 fn the_exact_server_wait_when_jitter_would_not_fit() {
     let deadline = Deadline::after(ManualClock::new(), Duration::from_secs(2));

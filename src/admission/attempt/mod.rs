@@ -87,6 +87,24 @@ pub(crate) enum Ended<T, E, S: Sleeper, C: Clock> {
     },
 }
 
+impl<T, E, S: Sleeper, C: Clock> Ended<T, E, S, C> {
+    fn answered(result: Result<T, E>, ticket: Option<Ticket<S, C>>, attempts: u32) -> Self {
+        Ended::Answered {
+            result,
+            ticket,
+            attempts,
+        }
+    }
+
+    fn failed(result: Result<T, E>, not_retried: Option<Throttled>, attempts: u32) -> Self {
+        Ended::Failed {
+            result,
+            not_retried,
+            attempts,
+        }
+    }
+}
+
 /// An attempt's result, and whether it was the server's capacity.
 type Last<X> = (
     Result<<X as Exchange>::Output, <X as Exchange>::Error>,
@@ -164,13 +182,7 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
             // Classed once: the breaker, the learned rate and the retry
             // decision all read this class.
             let (status, class, hint) = match read {
-                Read::Refusal => {
-                    return Ended::Answered {
-                        result,
-                        ticket: None,
-                        attempts: sent,
-                    }
-                }
+                Read::Refusal => return Ended::answered(result, None, sent),
                 Read::NoAnswer => {
                     ticket.observe_error();
                     (None, ReplyClass::Transient, ServerHint::default())
@@ -192,11 +204,7 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
                         Box::pin(self.push_owed(&spec.credential)).await;
                     }
                     if class == ReplyClass::Success {
-                        return Ended::Answered {
-                            result,
-                            ticket: Some(ticket),
-                            attempts: sent,
-                        };
+                        return Ended::answered(result, Some(ticket), sent);
                     }
                     // This credential's hold, for the other processes.
                     if self.is_shared(&spec.credential) {
@@ -217,24 +225,16 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
                 sent,
             ) {
                 // Capacity: the wait is the credential's hold; the next admit waits it.
-                Decision::Readmit { after } => {
-                    if !resend {
-                        let status = status.unwrap_or(429);
-                        let refused = cannot_resend(status, &hint, after, sent, why);
-                        return Ended::Throttled(self.told_within_cap(refused, &spec.credential));
-                    }
+                Decision::Readmit { after } if resend => {
                     readmit = after;
                     last = Some((result, true));
                 }
+                Decision::Readmit { after } => {
+                    let refused = cannot_resend(status.unwrap_or(429), &hint, after, sent, why);
+                    return Ended::Throttled(self.told_within_cap(refused, &spec.credential));
+                }
                 // A fault's backoff, slept here (cut short by `close`).
-                Decision::Retry { after } => {
-                    if !resend {
-                        return Ended::Failed {
-                            result,
-                            not_retried: None,
-                            attempts: sent,
-                        };
-                    }
+                Decision::Retry { after } if resend => {
                     // Boxed: a fault's path, and the loop's future stays small.
                     if !Box::pin(self.sleep_unless_closed(after)).await {
                         let closed = Throttled::new(
@@ -253,27 +253,12 @@ impl<S: Sleeper, C: Clock + Clone> Admission<S, C> {
                     return Ended::Throttled(refused);
                 }
                 // A fault not retried now: the fault stands, with the reason.
-                Decision::NotRetried(t) => {
-                    return Ended::Failed {
-                        result,
-                        not_retried: Some(t),
-                        attempts: sent,
-                    }
+                Decision::NotRetried(t) => return Ended::failed(result, Some(t), sent),
+                // Out of retries, or a retry that cannot be sent.
+                Decision::Retry { .. } | Decision::GiveUp => {
+                    return Ended::failed(result, None, sent)
                 }
-                Decision::GiveUp => {
-                    return Ended::Failed {
-                        result,
-                        not_retried: None,
-                        attempts: sent,
-                    }
-                }
-                _ => {
-                    return Ended::Answered {
-                        result,
-                        ticket: None,
-                        attempts: sent,
-                    }
-                }
+                _ => return Ended::answered(result, None, sent),
             }
         }
     }
@@ -315,11 +300,7 @@ fn refused_retry<T, E, S: Sleeper, C: Clock>(
     sent: u32,
 ) -> Ended<T, E, S, C> {
     match last {
-        Some((result, false)) => Ended::Failed {
-            result,
-            not_retried: Some(refused),
-            attempts: sent,
-        },
+        Some((result, false)) => Ended::failed(result, Some(refused), sent),
         _ => Ended::Throttled(refused),
     }
 }

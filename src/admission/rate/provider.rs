@@ -10,7 +10,7 @@ use core::time::Duration;
 /// | --- | --- | --- | --- |
 /// | [`OpenAi`](Self::OpenAi) (and servers that copy its headers with its meaning) | `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` | a minute | `tokens` |
 /// | [`Anthropic`](Self::Anthropic) | `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}` | a minute (always: the names are Anthropic's own) | `tokens`, `input_tokens`, `output_tokens` |
-/// | [`Gemini`](Self::Gemini) (and Vertex AI) | none: a 429's body states its wait ([`ServerHint::with_error_body`](crate::headers::ServerHint::with_error_body)), a per-day quota's reset included | a minute | none: configure `input_tokens` with [`resource`](crate::admission::Builder::resource) |
+/// | [`Gemini`](Self::Gemini) (and Vertex AI) | none: a 429's body states its wait (`ServerHint::with_error_body`, feature `http`), a per-day quota's reset included | a minute | none: configure `input_tokens` with [`resource`](crate::admission::Builder::resource) |
 ///
 /// Told the provider, the layer learns the server's numbers from its first
 /// reply and needs no quota configured:

@@ -56,12 +56,10 @@ pub(crate) trait SharedLimiter: Send + Sync {
     }
 }
 
-/// A limiter no call may be admitted through: the credential's calls are
-/// refused, and told why.
+/// A limiter no call may be admitted through (its resolver panicked): the
+/// credential's calls are refused, and told why.
 #[derive(Debug)]
-pub(crate) enum Unresolved {
-    Panicked,
-}
+pub(crate) struct Unresolved;
 
 impl SharedLimiter for Unresolved {
     fn reserve_n(
@@ -92,12 +90,10 @@ impl SharedLimiter for Unresolved {
     }
 
     fn unresolved(&self) -> Option<&'static str> {
-        Some(match self {
-            Unresolved::Panicked => {
-                "the resolver of this credential's shared quota panicked; nothing is sent \
-                 until it returns a limiter"
-            }
-        })
+        Some(
+            "the resolver of this credential's shared quota panicked; nothing is sent \
+             until it returns a limiter",
+        )
     }
 }
 

@@ -10,10 +10,10 @@
 //! A **text is a limit** only when its whole shape is one (at most 200
 //! characters): at most four words of preamble, one of [`PHRASES`], then
 //! nothing but a stated wait (`retry after N`, `try again in N`, ...). The
-//! Python SDK's wrapper of a tool's exception, "Error executing tool
-//! <the tool>: ", is taken off first. A
-//! phrase found somewhere in a text is never a limit: a tool's ordinary
-//! error read as one would be retried, and a write run again.
+//! Python SDK's wrapper of a tool's exception, `Error executing tool
+//! <the tool>: `, is taken off first. A phrase found somewhere in a text
+//! is never a limit: a tool's ordinary error read as one would be
+//! retried, and a write run again.
 //!
 //! An **object** says so with a `status` of `rate_limited`,
 //! `quota_exhausted`, `shed` or `unavailable` (a 503), a string field
