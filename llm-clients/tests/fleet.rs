@@ -317,6 +317,7 @@ fn check(seen: &[Seen], said: &Said, slack: u64) -> f64 {
             let why = match s.refused {
                 Some(server::Refused::Requests) => "r",
                 Some(server::Refused::Tokens) => "t",
+                Some(server::Refused::Daily) => "d",
                 None => "",
             };
             format!("{}{why}", ms(s))

@@ -69,6 +69,8 @@ impl Model {
                     .connect(http)
                     .completion("claude-test"),
             )),
+            // Gemini states no limits to learn: `providers.rs` drives it.
+            Flavor::Gemini => unreachable!("rig.rs drives OpenAI and Anthropic"),
         }
     }
 
@@ -165,6 +167,7 @@ async fn three_turns_against(flavor: Flavor, credential_header: &str, enforce: E
         .provider(match flavor {
             Flavor::OpenAi => Provider::OpenAi,
             Flavor::Anthropic => Provider::Anthropic,
+            Flavor::Gemini => Provider::Gemini,
         })
         .inline_wait(Duration::from_secs(10))
         .build();

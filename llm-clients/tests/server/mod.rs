@@ -1,10 +1,13 @@
-//! A loopback LLM API: OpenAI's chat completions or Anthropic's messages,
-//! limited per API key like the providers are (a per-minute limit on
-//! requests and on tokens, enforced in one-second slices: a bucket of a
-//! second's worth refilling continuously, or a rolling second), with the provider's own limit
-//! headers on every reply and `retry-after` on a 429. Hand-written on
-//! tokio's TCP, one request per connection, so it judges the client
-//! without sharing its code.
+//! A loopback LLM API: OpenAI's chat completions, Anthropic's messages or
+//! Gemini's `generateContent`, limited per API key like the providers are
+//! (a per-minute limit on requests and on tokens, enforced in one-second
+//! slices: a bucket of a second's worth refilling continuously, or a
+//! rolling second). OpenAI and Anthropic send their own limit headers on
+//! every reply and `retry-after` on a 429; Gemini sends none, and states a
+//! 429's quota and wait in its body, as Google publishes it. Each counts
+//! tokens as its provider does ([`Limits`]). Hand-written on tokio's TCP,
+//! one request per connection, so it judges the client without sharing
+//! its code.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -21,8 +24,14 @@ pub enum Flavor {
     /// `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`.
     OpenAi,
     /// `POST /v1/messages`, `x-api-key`,
-    /// `anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}`.
+    /// `anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}`;
+    /// with [`Limits::cache`], `-{requests,input-tokens}-*`.
     Anthropic,
+    /// `POST /v1beta/models/{model}:generateContent`, the key in
+    /// `x-goog-api-key` or `?key=`; no limit headers: a 429's body names
+    /// the quota (`google.rpc.QuotaFailure`) and the wait
+    /// (`google.rpc.RetryInfo`). Any other path is a 404.
+    Gemini,
 }
 
 /// Requests a minute per key (3 a second).
@@ -30,18 +39,64 @@ pub const RPM: u64 = 180;
 /// Tokens a minute per key (2,000 a second).
 pub const TPM: u64 = 120_000;
 
+/// A key's limits, and how its tokens limit counts.
+///
+/// | flavor | the tokens limit counts | stated as |
+/// | --- | --- | --- |
+/// | OpenAI | prompt and completion | `x-ratelimit-*-tokens` |
+/// | Anthropic | input and output | `anthropic-ratelimit-tokens-*` |
+/// | Anthropic with `cache` | uncached input and cache writes, not cache reads nor output (Anthropic's input-tokens-per-minute limit, current models) | `anthropic-ratelimit-input-tokens-*` |
+/// | Gemini | the prompt (cached content included), not the output (its input tokens per minute) | nothing: a 429's `QuotaFailure` |
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Requests a minute.
+    pub rpm: u64,
+    /// Tokens a minute, counted as the table says.
+    pub tpm: u64,
+    /// Gemini: requests a day. Once the day's are spent, every request is
+    /// refused naming the per-day quota (with a short `RetryInfo`, as
+    /// Gemini sends it).
+    pub rpd: Option<u64>,
+    /// Anthropic: how much of each prompt the usage states as cache reads
+    /// and as cache writes (the rest is `input_tokens`).
+    pub cache: Option<Cache>,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            rpm: RPM,
+            tpm: TPM,
+            rpd: None,
+            cache: None,
+        }
+    }
+}
+
+/// The shares of a prompt read from, and written to, Anthropic's cache.
+#[derive(Clone, Copy, Debug)]
+pub struct Cache {
+    pub read: f64,
+    pub write: f64,
+}
+
 /// Why the server refused a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refused {
     Requests,
     Tokens,
+    /// Gemini: the day's requests are spent.
+    Daily,
 }
 
 /// One request as the server saw it.
 #[derive(Clone, Debug)]
 pub struct Seen {
     pub start: Instant,
+    /// What the request counted against the tokens limit (see [`Limits`]).
     pub tokens: u64,
+    /// The API key it came with.
+    pub key: String,
     pub refused: Option<Refused>,
     /// The request's body, to tell identical requests apart.
     pub body: String,
@@ -63,6 +118,11 @@ pub enum Enforce {
 struct Key {
     requests: f64,
     tokens: f64,
+    /// Requests a second, tokens a second.
+    rps: f64,
+    tps: f64,
+    /// Requests admitted so far (the day's, for `Limits::rpd`).
+    today: u64,
     at: Instant,
     /// `Enforce::Window`: the admitted requests of the last second, as
     /// `(start, tokens)`.
@@ -72,8 +132,8 @@ struct Key {
 impl Key {
     fn refill(&mut self, now: Instant) {
         let dt = now.duration_since(self.at).as_secs_f64();
-        self.requests = (self.requests + dt * per_sec(RPM)).min(per_sec(RPM));
-        self.tokens = (self.tokens + dt * per_sec(TPM)).min(per_sec(TPM));
+        self.requests = (self.requests + dt * self.rps).min(self.rps);
+        self.tokens = (self.tokens + dt * self.tps).min(self.tps);
         self.at = now;
     }
 
@@ -89,18 +149,18 @@ impl Key {
             self.log.pop_front();
         }
         let used: u64 = self.log.iter().map(|(_, t)| t).sum();
-        self.requests = per_sec(RPM) - self.log.len() as f64;
-        self.tokens = per_sec(TPM) - used as f64;
+        self.requests = self.rps - self.log.len() as f64;
+        self.tokens = self.tps - used as f64;
         // Until enough of the log leaves for one more request of `cost`.
         let (mut n, mut tokens) = (self.log.len() as f64, used as f64);
         for (t, spent) in &self.log {
-            if n < per_sec(RPM) && tokens + cost as f64 <= per_sec(TPM) {
+            if n < self.rps && tokens + cost as f64 <= self.tps {
                 break;
             }
             n -= 1.0;
             tokens -= *spent as f64;
             let leaves = (*t + Duration::from_secs(1)).duration_since(now);
-            if n < per_sec(RPM) && tokens + cost as f64 <= per_sec(TPM) {
+            if n < self.rps && tokens + cost as f64 <= self.tps {
                 return leaves.as_secs_f64();
             }
         }
@@ -124,8 +184,26 @@ pub struct Server {
     state: Arc<Mutex<State>>,
 }
 
+/// What the server is: whose API, how it counts, its limits.
+#[derive(Clone, Copy)]
+struct Config {
+    flavor: Flavor,
+    enforce: Enforce,
+    limits: Limits,
+}
+
 impl Server {
+    /// The flavor's server with the default limits ([`RPM`], [`TPM`]).
     pub async fn start(flavor: Flavor, enforce: Enforce) -> Server {
+        Server::start_with(flavor, enforce, Limits::default()).await
+    }
+
+    pub async fn start_with(flavor: Flavor, enforce: Enforce, limits: Limits) -> Server {
+        let config = Config {
+            flavor,
+            enforce,
+            limits,
+        };
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(Mutex::new(State::default()));
@@ -134,7 +212,7 @@ impl Server {
             while let Ok((stream, _)) = listener.accept().await {
                 let state = shared.clone();
                 tokio::spawn(async move {
-                    let _ = serve(stream, flavor, enforce, state).await;
+                    let _ = serve(stream, config, state).await;
                 });
             }
         });
@@ -149,7 +227,7 @@ impl Server {
     pub fn base_url(&self) -> String {
         match self.flavor {
             Flavor::OpenAi => format!("http://{}/v1", self.addr),
-            Flavor::Anthropic => format!("http://{}", self.addr),
+            Flavor::Anthropic | Flavor::Gemini => format!("http://{}", self.addr),
         }
     }
 
@@ -159,17 +237,25 @@ impl Server {
     }
 }
 
-async fn serve(
-    stream: TcpStream,
-    flavor: Flavor,
-    enforce: Enforce,
-    state: Arc<Mutex<State>>,
-) -> std::io::Result<()> {
+async fn serve(stream: TcpStream, config: Config, state: Arc<Mutex<State>>) -> std::io::Result<()> {
+    let Config {
+        flavor,
+        enforce,
+        limits,
+    } = config;
     let mut reader = BufReader::new(stream);
     let mut line = String::new();
     reader.read_line(&mut line).await?;
     let start = Instant::now();
+    // `POST /v1beta/models/gemini-test:generateContent?key=... HTTP/1.1`
+    let target = line.split_whitespace().nth(1).unwrap_or("").to_string();
+    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
     let (mut length, mut key) = (0usize, String::new());
+    if flavor == Flavor::Gemini {
+        if let Some(k) = query.split('&').find_map(|p| p.strip_prefix("key=")) {
+            key = k.to_string();
+        }
+    }
     loop {
         line.clear();
         if reader.read_line(&mut line).await? == 0 || line == "\r\n" {
@@ -185,19 +271,31 @@ async fn serve(
                 key = value.trim_start_matches("Bearer ").to_string()
             }
             "x-api-key" if flavor == Flavor::Anthropic => key = value.to_string(),
+            "x-goog-api-key" if flavor == Flavor::Gemini => key = value.to_string(),
             _ => {}
         }
     }
     let mut body = vec![0; length];
     reader.read_exact(&mut body).await?;
-    let (input, output) = usage(&body);
-    let cost = input + output;
+    let mut stream = reader.into_inner();
+    if flavor == Flavor::Gemini
+        && !(path.starts_with("/v1beta/models/") && path.ends_with(":generateContent"))
+    {
+        let out = "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+        stream.write_all(out.as_bytes()).await?;
+        return stream.shutdown().await;
+    }
+    let used = usage(flavor, &limits, &body);
+    let cost = used.metered;
 
-    let (refused, headers) = {
+    let (refused, headers, wait) = {
         let mut st = state.lock().unwrap();
-        let k = st.keys.entry(key).or_insert(Key {
-            requests: per_sec(RPM),
-            tokens: per_sec(TPM),
+        let k = st.keys.entry(key.clone()).or_insert(Key {
+            requests: per_sec(limits.rpm),
+            tokens: per_sec(limits.tpm),
+            rps: per_sec(limits.rpm),
+            tps: per_sec(limits.tpm),
+            today: 0,
             at: start,
             log: Default::default(),
         });
@@ -208,13 +306,16 @@ async fn serve(
             }
             Enforce::Window => Some(k.slide(start, cost)),
         };
-        let refused = if k.requests < 1.0 {
+        let refused = if limits.rpd.is_some_and(|day| k.today >= day) {
+            Some(Refused::Daily)
+        } else if k.requests < 1.0 {
             Some(Refused::Requests)
         } else if k.tokens < cost as f64 {
             Some(Refused::Tokens)
         } else {
             k.requests -= 1.0;
             k.tokens -= cost as f64;
+            k.today += 1;
             if enforce == Enforce::Window {
                 k.log.push_back((start, cost));
             }
@@ -222,35 +323,73 @@ async fn serve(
         };
         let wait = match (refused, window_wait) {
             (None, _) => 0.0,
+            // Gemini's `RetryInfo` on a spent day: a short delay, as it
+            // sends (the quota's name says when it really resets).
+            (Some(Refused::Daily), _) => 20.0,
             (Some(_), Some(wait)) => wait,
-            (Some(Refused::Requests), None) => (1.0 - k.requests) / per_sec(RPM),
-            (Some(Refused::Tokens), None) => (cost as f64 - k.tokens) / per_sec(TPM),
+            (Some(Refused::Requests), None) => (1.0 - k.requests) / k.rps,
+            (Some(Refused::Tokens), None) => (cost as f64 - k.tokens) / k.tps,
         };
-        let headers = limit_headers(flavor, k, wait);
+        let headers = limit_headers(flavor, &limits, k, wait);
         st.log.push(Seen {
             start,
             tokens: cost,
+            key,
             refused,
             body: String::from_utf8_lossy(&body).into_owned(),
         });
-        (refused, headers)
+        (refused, headers, wait)
     };
+    let Usage {
+        input,
+        output,
+        cache_read,
+        cache_write,
+        ..
+    } = used;
     let (status, body) = match (refused, flavor) {
         (None, Flavor::OpenAi) => (
             "200 OK",
             serde_json::json!({
                 "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "gpt-test",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": cost},
+                "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output},
             }),
         ),
-        (None, Flavor::Anthropic) => (
+        (None, Flavor::Anthropic) => {
+            let usage = match limits.cache {
+                None => serde_json::json!({"input_tokens": input, "output_tokens": output}),
+                // `input_tokens` is what follows the last cache breakpoint.
+                Some(_) => serde_json::json!({
+                    "input_tokens": input - cache_read - cache_write,
+                    "cache_creation_input_tokens": cache_write,
+                    "cache_read_input_tokens": cache_read,
+                    "output_tokens": output,
+                }),
+            };
+            (
+                "200 OK",
+                serde_json::json!({
+                    "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test",
+                    "content": [{"type": "text", "text": "ok"}],
+                    "stop_reason": "end_turn", "stop_sequence": null,
+                    "usage": usage,
+                }),
+            )
+        }
+        (None, Flavor::Gemini) => (
             "200 OK",
             serde_json::json!({
-                "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test",
-                "content": [{"type": "text", "text": "ok"}],
-                "stop_reason": "end_turn", "stop_sequence": null,
-                "usage": {"input_tokens": input, "output_tokens": output},
+                "candidates": [{
+                    "content": {"parts": [{"text": "ok"}], "role": "model"},
+                    "finishReason": "STOP", "index": 0,
+                }],
+                "usageMetadata": {
+                    "promptTokenCount": input, "candidatesTokenCount": output,
+                    "totalTokenCount": input + output,
+                    "promptTokensDetails": [{"modality": "TEXT", "tokenCount": input}],
+                },
+                "modelVersion": "gemini-test", "responseId": "loopback-1",
             }),
         ),
         (Some(why), Flavor::OpenAi) => (
@@ -265,9 +404,18 @@ async fn serve(
             "429 Too Many Requests",
             serde_json::json!({"type": "error", "error": {
                 "type": "rate_limit_error",
-                "message": format!("Rate limit reached on {why:?} per minute"),
+                "message": match (why, limits.cache) {
+                    (Refused::Tokens, Some(_)) => format!(
+                        "This request would exceed the rate limit for your organization of {} input tokens per minute.",
+                        limits.tpm
+                    ),
+                    _ => format!("Rate limit reached on {why:?} per minute"),
+                },
             }}),
         ),
+        (Some(why), Flavor::Gemini) => {
+            ("429 Too Many Requests", gemini_refusal(why, &limits, wait))
+        }
     };
     let body = body.to_string();
     let mut out = format!(
@@ -279,14 +427,82 @@ async fn serve(
     }
     out.push_str("\r\n");
     out.push_str(&body);
-    let mut stream = reader.into_inner();
     stream.write_all(out.as_bytes()).await?;
     stream.shutdown().await
 }
 
+/// Gemini's 429 as Google publishes it (the Gemini API's "Rate limits"
+/// and error pages, `google.rpc` error details): the quota that ran out
+/// in a `QuotaFailure`, and the wait, in whole seconds, in `RetryInfo`.
+fn gemini_refusal(why: Refused, limits: &Limits, wait: f64) -> serde_json::Value {
+    let (metric, quota_id, value) = match why {
+        Refused::Requests => (
+            "generativelanguage.googleapis.com/generate_content_requests",
+            "GenerateRequestsPerMinutePerProjectPerModel",
+            limits.rpm,
+        ),
+        Refused::Tokens => (
+            "generativelanguage.googleapis.com/generate_content_input_token_count",
+            "GenerateContentInputTokensPerModelPerMinute",
+            limits.tpm,
+        ),
+        Refused::Daily => (
+            "generativelanguage.googleapis.com/generate_content_requests",
+            "GenerateRequestsPerDayPerProjectPerModel",
+            limits.rpd.unwrap_or(0),
+        ),
+    };
+    let delay = (wait.ceil() as u64).max(1);
+    serde_json::json!({"error": {
+        "code": 429,
+        "message": format!(
+            "You exceeded your current quota, please check your plan and billing details. \
+             For more information on this error, head to: https://ai.google.dev/gemini-api/docs/rate-limits. \
+             Quota exceeded for metric: {metric}, limit: {value}. Please retry in {delay}s."
+        ),
+        "status": "RESOURCE_EXHAUSTED",
+        "details": [
+            {
+                "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                "violations": [{
+                    "quotaMetric": metric,
+                    "quotaId": quota_id,
+                    "quotaDimensions": {"location": "global", "model": "gemini-test"},
+                    "quotaValue": value.to_string(),
+                }],
+            },
+            {
+                "@type": "type.googleapis.com/google.rpc.Help",
+                "links": [{
+                    "description": "Learn more about Gemini API quotas",
+                    "url": "https://ai.google.dev/gemini-api/docs/rate-limits",
+                }],
+            },
+            {
+                "@type": "type.googleapis.com/google.rpc.RetryInfo",
+                "retryDelay": format!("{delay}s"),
+            },
+        ],
+    }})
+}
+
+/// What a request uses, in tokens.
+#[derive(Clone, Copy, Debug)]
+struct Usage {
+    /// The whole prompt.
+    input: u64,
+    output: u64,
+    /// Anthropic with `Limits::cache`: the prompt's tokens read from and
+    /// written to the cache (part of `input`).
+    cache_read: u64,
+    cache_write: u64,
+    /// What the key's tokens limit counts (see [`Limits`]).
+    metered: u64,
+}
+
 /// What a request uses: its messages' text at ~4 characters a token, and
 /// up to 105 tokens of reply (`max_tokens` caps it).
-fn usage(body: &[u8]) -> (u64, u64) {
+fn usage(flavor: Flavor, limits: &Limits, body: &[u8]) -> Usage {
     let json: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
     let mut chars = 0;
     let mut count = |v: &serde_json::Value| {
@@ -300,28 +516,58 @@ fn usage(body: &[u8]) -> (u64, u64) {
             other => count(other),
         }
     }
+    // Gemini: `contents[].parts[].text` and `systemInstruction.parts[].text`.
+    let contents = json["contents"].as_array().into_iter().flatten();
+    for c in contents.chain(std::iter::once(&json["systemInstruction"])) {
+        c["parts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .for_each(|p| count(&p["text"]));
+    }
     let output = json["max_tokens"]
         .as_u64()
         .or(json["max_completion_tokens"].as_u64())
+        .or(json["generationConfig"]["maxOutputTokens"].as_u64())
         .unwrap_or(105)
         .min(105);
-    (chars.div_ceil(4) as u64, output)
+    let input = chars.div_ceil(4) as u64;
+    let (cache_read, cache_write) = match (flavor, limits.cache) {
+        (Flavor::Anthropic, Some(c)) => (
+            (input as f64 * c.read).floor() as u64,
+            (input as f64 * c.write).floor() as u64,
+        ),
+        _ => (0, 0),
+    };
+    let metered = match (flavor, limits.cache) {
+        (Flavor::Anthropic, Some(_)) => input - cache_read,
+        (Flavor::Gemini, _) => input,
+        _ => input + output,
+    };
+    Usage {
+        input,
+        output,
+        cache_read,
+        cache_write,
+        metered,
+    }
 }
 
 /// The provider's limit headers for key state `k`; `wait` (seconds) is
-/// the `retry-after` of a refusal.
-fn limit_headers(flavor: Flavor, k: &Key, wait: f64) -> Vec<(String, String)> {
+/// the `retry-after` of a refusal. Gemini sends none.
+fn limit_headers(flavor: Flavor, limits: &Limits, k: &Key, wait: f64) -> Vec<(String, String)> {
     // Remaining on the minute's scale, as the providers report it: the
     // limit less what the slice is short of full.
     let left = |limit: u64, level: f64, full: f64| limit - (full - level).ceil().max(0.0) as u64;
-    let requests_left = left(RPM, k.requests, per_sec(RPM));
-    let tokens_left = left(TPM, k.tokens, per_sec(TPM));
-    let requests_reset = (per_sec(RPM) - k.requests) / per_sec(RPM);
-    let tokens_reset = (per_sec(TPM) - k.tokens) / per_sec(TPM);
+    let (rpm, tpm) = (limits.rpm, limits.tpm);
+    let requests_left = left(rpm, k.requests, k.rps);
+    let tokens_left = left(tpm, k.tokens, k.tps);
+    let requests_reset = (k.rps - k.requests) / k.rps;
+    let tokens_reset = (k.tps - k.tokens) / k.tps;
     let mut h: Vec<(String, String)> = match flavor {
         Flavor::OpenAi => vec![
-            ("x-ratelimit-limit-requests".into(), RPM.to_string()),
-            ("x-ratelimit-limit-tokens".into(), TPM.to_string()),
+            ("x-ratelimit-limit-requests".into(), rpm.to_string()),
+            ("x-ratelimit-limit-tokens".into(), tpm.to_string()),
             (
                 "x-ratelimit-remaining-requests".into(),
                 requests_left.to_string(),
@@ -336,26 +582,37 @@ fn limit_headers(flavor: Flavor, k: &Key, wait: f64) -> Vec<(String, String)> {
             ),
             ("x-ratelimit-reset-tokens".into(), go_duration(tokens_reset)),
         ],
-        Flavor::Anthropic => vec![
-            ("anthropic-ratelimit-requests-limit".into(), RPM.to_string()),
-            (
-                "anthropic-ratelimit-requests-remaining".into(),
-                requests_left.to_string(),
-            ),
-            (
-                "anthropic-ratelimit-requests-reset".into(),
-                rfc3339_in(requests_reset),
-            ),
-            ("anthropic-ratelimit-tokens-limit".into(), TPM.to_string()),
-            (
-                "anthropic-ratelimit-tokens-remaining".into(),
-                tokens_left.to_string(),
-            ),
-            (
-                "anthropic-ratelimit-tokens-reset".into(),
-                rfc3339_in(tokens_reset),
-            ),
-        ],
+        Flavor::Anthropic => {
+            // With the cache, the tokens limit is Anthropic's input limit.
+            let tokens = match limits.cache {
+                None => "tokens",
+                Some(_) => "input-tokens",
+            };
+            vec![
+                ("anthropic-ratelimit-requests-limit".into(), rpm.to_string()),
+                (
+                    "anthropic-ratelimit-requests-remaining".into(),
+                    requests_left.to_string(),
+                ),
+                (
+                    "anthropic-ratelimit-requests-reset".into(),
+                    rfc3339_in(requests_reset),
+                ),
+                (
+                    format!("anthropic-ratelimit-{tokens}-limit"),
+                    tpm.to_string(),
+                ),
+                (
+                    format!("anthropic-ratelimit-{tokens}-remaining"),
+                    tokens_left.to_string(),
+                ),
+                (
+                    format!("anthropic-ratelimit-{tokens}-reset"),
+                    rfc3339_in(tokens_reset),
+                ),
+            ]
+        }
+        Flavor::Gemini => return Vec::new(),
     };
     if wait > 0.0 {
         // Whole seconds, rounded up, as both providers send it.
