@@ -123,3 +123,26 @@ impl State {
         };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reply forgets the settles it carried, and only those.
+    #[test]
+    fn a_reply_forgets_the_settles_it_carried() {
+        let quota = Quota::per_second(core::num::NonZeroU32::MIN);
+        let params = Params {
+            period_us: 1_000_000,
+            burst: 1,
+        };
+        let mut state = State::new(quota, params, 0);
+        for delta in [5, -2, 7] {
+            state.queue_settle(delta);
+        }
+        state.settled(2);
+        assert_eq!(state.settles, [(3, 7)]);
+        state.settled(3);
+        assert!(state.settles.is_empty());
+    }
+}

@@ -197,3 +197,21 @@ fn a_transport_fault_with_a_status_is_that_status() {
         Some((429, Some(Duration::from_secs(2))))
     );
 }
+
+/// Only a whole `Throttled` that sent nothing says the tool never ran.
+#[test]
+fn a_gates_refusal_ran_nothing() {
+    let throttled = |attempts: u32| {
+        let t = crate::Throttled::new(crate::Status::RateLimited, "tool:t", "wait")
+            .with_attempts(attempts);
+        CallToolResult::structured_error(serde_json::to_value(t).unwrap())
+    };
+    assert!(ran_nothing(&throttled(0)));
+    // A handler refused by the API behind it, after sending: it may have run.
+    assert!(!ran_nothing(&throttled(1)));
+    let mut success = throttled(0);
+    success.is_error = Some(false);
+    assert!(!ran_nothing(&success), "not an error");
+    let words = CallToolResult::error(vec![ContentBlock::text("Rate limit exceeded")]);
+    assert!(!ran_nothing(&words), "a limit in words does not say");
+}
