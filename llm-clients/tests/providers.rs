@@ -345,6 +345,7 @@ const CACHED: Limits = Limits {
         read: 0.9,
         write: 0.05,
     }),
+    latency: Duration::ZERO,
 };
 
 /// An Anthropic request's cost, estimated as the input limit will count

@@ -60,6 +60,9 @@ pub struct Limits {
     /// Anthropic: how much of each prompt the usage states as cache reads
     /// and as cache writes (the rest is `input_tokens`).
     pub cache: Option<Cache>,
+    /// How long a served reply takes (a model's time), after its start is
+    /// recorded; a refusal comes at once.
+    pub latency: Duration,
 }
 
 impl Default for Limits {
@@ -69,6 +72,7 @@ impl Default for Limits {
             tpm: TPM,
             rpd: None,
             cache: None,
+            latency: Duration::ZERO,
         }
     }
 }
@@ -340,6 +344,9 @@ async fn serve(stream: TcpStream, config: Config, state: Arc<Mutex<State>>) -> s
         });
         (refused, headers, wait)
     };
+    if refused.is_none() && !limits.latency.is_zero() {
+        tokio::time::sleep(limits.latency).await;
+    }
     let Usage {
         input,
         output,
