@@ -190,6 +190,12 @@ end
 if nset > 0 then
   local field = 'w' .. ARGV[settle_arg]
   local last = tonumber(redis.call('HGET', key, field)) or 0
+  -- This script never stored more than the newest sequence a call carries
+  -- (a writer's queue is sent whole, newest last): a higher one was
+  -- written by someone else, and would make every settle skipped.
+  if last > tonumber(ARGV[settle_arg + 2 * nset]) then
+    last = 0
+  end
   local before_settles = tat
   for i = 0, nset - 1 do
     local seq = tonumber(ARGV[settle_arg + 2 + 2 * i])

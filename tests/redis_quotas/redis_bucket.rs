@@ -902,3 +902,38 @@ async fn a_settle_redis_never_saw_is_sent_again() {
     );
     assert_eq!(bucket.available().await, 97, "once");
 }
+
+/// A writer's applied sequence is only advice: one raised by someone who
+/// can write the key (to skip every later settle) is taken as none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_settle_sequence_skips_nothing() {
+    if !redis_server::available("a_forged_settle_sequence_skips_nothing") {
+        return;
+    }
+    let server = RedisServer::start();
+    let quota = Quota::per_minute(nz(1)).allow_burst(nz(100));
+    let bucket = RedisBucket::builder(&server.url(), "settle:forged", quota)
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    bucket.charge(5).await;
+    assert_eq!(bucket.available().await, 95);
+    // The writer's field is the key's one `w<id>`: raise it far past.
+    let mut conn = redis::Client::open(server.url()).unwrap();
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg("settle:forged")
+        .query(&mut conn)
+        .unwrap();
+    let writer = fields
+        .iter()
+        .find(|f| f.starts_with('w'))
+        .expect("the writer's field");
+    let _: () = redis::cmd("HSET")
+        .arg("settle:forged")
+        .arg(writer)
+        .arg("1000000000000")
+        .query(&mut conn)
+        .unwrap();
+    bucket.charge(5).await;
+    assert_eq!(bucket.available().await, 90, "the next charge is applied");
+}
