@@ -53,7 +53,9 @@
 //! (`w<writer>`, for at least a minute) and skips any it has applied, so a
 //! settle whose reply was lost is sent again with the next round trip and
 //! applied once. A writer's queue is sent whole, oldest first, so what is
-//! applied is always a prefix.
+//! applied is always a prefix, and the stored sequence is never past the
+//! newest a call carries: one that is (written by someone else, to skip
+//! every settle) is taken as none.
 //!
 //! # Refunds
 //!

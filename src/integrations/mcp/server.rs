@@ -42,6 +42,10 @@ type ClientOf = Arc<dyn Fn(&RequestContext<RoleServer>) -> String + Send + Sync>
 ///   header, never the secret itself, else `"anonymous"`; over stdio or
 ///   any transport without HTTP, `"local"` (one client per connection's
 ///   server). Name it yourself with [`client`](Self::client).
+/// * A header is the client's word: a client that sends another key or
+///   session gets another quota. Limits no client may escape are per tool
+///   or global, or name the client from your authentication with
+///   [`client`](Self::client).
 /// * The slot is held until the handler returns.
 ///
 /// # Examples
