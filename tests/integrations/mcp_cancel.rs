@@ -56,6 +56,28 @@ async fn cancellations(server: &McpScripted, n: usize) -> Vec<serde_json::Value>
     server.cancelled()
 }
 
+/// A read with a 200 ms deadline, and an identical one with `joiner`'s that
+/// joins once the first's request is at the server: how each ended.
+async fn led_and_joined(
+    server: &McpScripted,
+    gate: &McpGate,
+    params: &CallToolRequestParams,
+    joiner: Duration,
+) -> (Outcome, Outcome) {
+    let first = gate.spec(params).deadline(Duration::from_millis(200));
+    let joiner = gate.spec(params).deadline(joiner);
+    let led = gate.call(first, params.clone());
+    let joined = async {
+        while server.calls().is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        gate.call(joiner, params.clone()).await
+    };
+    tokio::join!(led, joined)
+}
+
+type Outcome = backpressure::admission::CallResult<rmcp::model::CallToolResult, rmcp::ServiceError>;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_read_runs_on_for_the_callers_that_joined_it() {
     // The first call is answered after 800 ms.
@@ -63,17 +85,7 @@ async fn a_shared_read_runs_on_for_the_callers_that_joined_it() {
     let server = McpScripted::start(vec![slow], Step::Answer(200, &[]), false).await;
     let gate = McpGate::new(Admission::builder().build(), "slow", server.peer()).read("lookup");
     let params = CallToolRequestParams::new("lookup");
-    let first = gate.spec(&params).deadline(Duration::from_millis(200));
-    let joiner = gate.spec(&params).deadline(Duration::from_secs(10));
-    let led = gate.call(first, params.clone());
-    let joined = async {
-        // Joins once the first call's request is at the server.
-        while server.calls().is_empty() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        gate.call(joiner, params.clone()).await
-    };
-    let (led, joined) = tokio::join!(led, joined);
+    let (led, joined) = led_and_joined(&server, &gate, &params, Duration::from_secs(10)).await;
     let refused = led.throttled().expect("the first call's deadline passed");
     assert_eq!(refused.status, Status::TimedOut, "{refused}");
     let (value, provenance, attempts) = match joined {
@@ -99,16 +111,7 @@ async fn a_shared_read_runs_on_for_the_callers_that_joined_it() {
     // Both callers give up: the request is cancelled, once.
     let silent = McpScripted::start(vec![Step::Silent], Step::Answer(200, &[]), false).await;
     let gate = McpGate::new(Admission::builder().build(), "silent", silent.peer()).read("lookup");
-    let first = gate.spec(&params).deadline(Duration::from_millis(200));
-    let joiner = gate.spec(&params).deadline(Duration::from_millis(600));
-    let led = gate.call(first, params.clone());
-    let joined = async {
-        while silent.calls().is_empty() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        gate.call(joiner, params.clone()).await
-    };
-    let (led, joined) = tokio::join!(led, joined);
+    let (led, joined) = led_and_joined(&silent, &gate, &params, Duration::from_millis(600)).await;
     for ended in [led, joined] {
         let refused = ended.throttled().expect("nobody answered");
         assert_eq!(refused.status, Status::TimedOut, "{refused}");
